@@ -1,0 +1,43 @@
+# callbox: the two commands a new user runs are `make demo` and `make test`.
+# Each sets up what it needs: Python deps (PyPI), a Docker engine (Debian's docker.io,
+# only when none answers), and the sandbox image (built offline, idempotent).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+CALLBOX := $(VENV)/bin/callbox
+
+.PHONY: setup engine image test unit demo bench proto proto-check lint
+
+setup:
+	@scripts/setup-python.sh
+
+engine:
+	@scripts/ensure-docker.sh
+
+image: setup engine
+	@$(CALLBOX) image build
+
+proto: setup
+	@scripts/gen-proto.sh
+	@echo "regenerated sandbox/v1 (and harness/v1) from proto/"
+
+proto-check: setup
+	@scripts/gen-proto.sh --check
+
+lint: setup
+	@echo "callbox: ruff + mypy --strict"
+	@$(VENV)/bin/ruff check harness sandbox tests
+	@$(VENV)/bin/mypy harness sandbox
+
+unit: setup
+	@$(VENV)/bin/pytest tests/unit -q
+
+test: setup proto-check lint engine image
+	@echo "callbox: running the test suite (unit, integration, security) on the real engine"
+	@$(VENV)/bin/pytest -q
+
+demo: setup engine image
+	@scripts/demo.sh
+
+bench: setup engine image
+	@$(PY) -m tests.bench.bench_exec

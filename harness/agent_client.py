@@ -1,0 +1,125 @@
+"""A typed client for the in-container agent (sandbox.v1) over its unix socket.
+
+Thin on purpose: it turns gRPC errors into ``AgentCallError`` with the agent's
+structured reason, and leaves shaping results to the callers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import grpc
+
+from harness.errors import AgentCallError
+from sandbox import health
+from sandbox.errors import DETAIL_METADATA_KEY
+from sandbox.v1 import errors_pb2, filesystem_pb2, filesystem_pb2_grpc, process_pb2, process_pb2_grpc
+
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+def translate(error: grpc.RpcError) -> AgentCallError:
+    """Build an AgentCallError from a failed RPC, using the agent's ErrorDetail if present."""
+    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+    message = error.details() if isinstance(error, grpc.Call) else str(error)
+    reason = "UNSPECIFIED"
+    retryable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    trailers = error.trailing_metadata() if isinstance(error, grpc.Call) else None
+    for key, value in trailers or ():
+        if key == DETAIL_METADATA_KEY and isinstance(value, bytes):
+            detail = errors_pb2.ErrorDetail.FromString(value)
+            reason = errors_pb2.ErrorReason.Name(detail.reason).removeprefix("ERROR_REASON_")
+            message = detail.message or message
+            retryable = detail.retryable
+    return AgentCallError(message or code.name, reason=reason, code=code.name, retryable=retryable)
+
+
+class AgentClient:
+    """One channel to one sandbox's agent."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.target = f"unix:{socket_path}"
+        self.channel = grpc.insecure_channel(
+            self.target,
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.enable_retries", 0),
+            ],
+        )
+        self.process = process_pb2_grpc.ProcessStub(self.channel)
+        self.files = filesystem_pb2_grpc.FilesystemStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def health(self, timeout: float = 1.0) -> int:
+        try:
+            return health.check(self.channel, timeout)
+        except grpc.RpcError as error:
+            raise translate(error) from None
+
+    def exec(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str = "",
+        env: Mapping[str, str] | None = None,
+        stdin: bytes = b"",
+        timeout_ms: int = 0,
+        output_cap_bytes: int = 0,
+        exec_id: str = "",
+        kill_grace_ms: int = 0,
+        rpc_timeout: float | None = None,
+    ) -> Iterator[process_pb2.ExecEvent]:
+        """Start a command and yield its events; argv when a sequence, ``bash -c`` when a string."""
+        request = process_pb2.ExecRequest(
+            cwd=cwd, env=dict(env or {}), stdin=stdin, timeout_ms=timeout_ms,
+            output_cap_bytes=output_cap_bytes, exec_id=exec_id, kill_grace_ms=kill_grace_ms,
+        )
+        if isinstance(command, str):
+            request.shell = command
+        else:
+            request.argv.args.extend(command)
+        stream = self.process.Exec(request, timeout=rpc_timeout)
+        try:
+            yield from stream
+        except grpc.RpcError as error:
+            raise translate(error) from None
+        finally:
+            stream.cancel()
+
+    def signal(self, exec_id: str, signum: int) -> int:
+        return int(self._unary(self.process.Signal, process_pb2.SignalRequest(exec_id=exec_id, signal=signum))
+                   .delivered)
+
+    def read_file(self, path: str, *, offset: int = 0, limit: int = 0) -> filesystem_pb2.ReadResponse:
+        response: filesystem_pb2.ReadResponse = self._unary(
+            self.files.Read, filesystem_pb2.ReadRequest(path=path, offset=offset, limit=limit))
+        return response
+
+    def write_file(self, path: str, data: bytes, **options: Any) -> int:
+        request = filesystem_pb2.WriteRequest(path=path, data=data, **options)
+        return int(self._unary(self.files.Write, request).bytes_written)
+
+    def list_dir(self, path: str, **options: Any) -> filesystem_pb2.ListResponse:
+        response: filesystem_pb2.ListResponse = self._unary(
+            self.files.List, filesystem_pb2.ListRequest(path=path, **options))
+        return response
+
+    def stat(self, path: str) -> filesystem_pb2.FileInfo:
+        return self._unary(self.files.Stat, filesystem_pb2.StatRequest(path=path)).info  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _unary(method: Any, request: Any, timeout: float = 30.0) -> Any:
+        try:
+            return method(request, timeout=timeout)
+        except grpc.RpcError as error:
+            raise translate(error) from None

@@ -1,0 +1,241 @@
+"""The ``callbox`` command line (DESIGN 7).
+
+Every failure a user can cause ends in one line ``callbox: <problem>`` and a non-zero
+exit: 2 for usage errors, 125 for callbox's own failures (engine unreachable, image
+missing), otherwise the command's own code (124 timeout, 128+N for signal N, 137 OOM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from pydantic import ValidationError
+
+from harness.errors import CallboxError, UsageError
+from harness.units import parse_size
+
+MAX_STDIN_BYTES = 64 << 20
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _sandbox_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sandbox")
+    group.add_argument("--image", default="callbox-sandbox:latest", help="local sandbox image")
+    group.add_argument("--memory", default="512m", help="memory limit, swap equal to it (default 512m)")
+    group.add_argument("--cpus", type=float, default=1.0, help="CPU quota in cores (default 1)")
+    group.add_argument("--pids", type=int, default=256, help="process/thread limit (default 256)")
+    group.add_argument("--timeout", type=float, default=30.0, help="wall-clock limit in seconds (default 30)")
+    group.add_argument("--network", choices=["none", "allowlist", "open"], default="none",
+                       help="network mode (only none is available yet)")
+    group.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                       help="egress allowlist entry (network allowlist)")
+    group.add_argument("--mount", action="append", default=[], metavar="HOST:CONTAINER[:ro|rw]",
+                       help="bind mount, read-only unless :rw (repeatable)")
+    group.add_argument("--workdir", default="/workspace", help="working directory inside the sandbox")
+    group.add_argument("--env", action="append", default=[], metavar="K=V", help="environment variable")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="callbox", description="Sandboxed tool execution for LLM agents.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    image = sub.add_parser("image", help="build the sandbox image")
+    image_sub = image.add_subparsers(dest="image_command", required=True, parser_class=_Parser)
+    build = image_sub.add_parser("build", help="build the sandbox image offline (idempotent)")
+    build.add_argument("--base", help="use this local base image (Python 3.11+) instead of debootstrap")
+    build.add_argument("--tag", default="callbox-sandbox:latest", help="tag for the built image")
+    build.add_argument("--wheelhouse", type=Path, help="directory of wheels to use instead of PyPI")
+
+    ex = sub.add_parser("exec", help="run one command in a fresh disposable sandbox")
+    _sandbox_options(ex)
+    ex.add_argument("--json", action="store_true", help="print one JSON result object instead of streaming")
+    ex.add_argument("--output-cap", default="1m", help="bytes kept per stream, head and tail (default 1m)")
+    ex.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
+
+    sub.add_parser("ps", help="list live sandboxes")
+    sub.add_parser("gc", help="remove expired or orphaned sandboxes")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(args_list)
+        logging.basicConfig(
+            level=logging.INFO if args.verbose else logging.WARNING,
+            format="callbox: %(message)s",
+        )
+        return _dispatch(args)
+    except CallboxError as error:
+        print(f"callbox: {error.message}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("callbox: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "image":
+        return _image_build(args)
+    if args.command == "exec":
+        return _exec(args)
+    if args.command == "ps":
+        return _ps()
+    if args.command == "gc":
+        return _gc()
+    raise UsageError(f"unknown command {args.command}")
+
+
+def _engine():  # type: ignore[no-untyped-def]  # noqa: ANN202 - imported lazily to keep --help fast
+    from harness.docker_engine import DockerEngine
+
+    return DockerEngine.connect()
+
+
+def _image_build(args: argparse.Namespace) -> int:
+    import docker
+    import docker.errors
+
+    from harness.errors import EngineUnavailable
+    from harness.image import ImageBuildError, build_image
+
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise EngineUnavailable(f"cannot reach the Docker engine: {exc}") from None
+    repo_root = Path(__file__).resolve().parent.parent
+    try:
+        result = build_image(client, repo_root=repo_root, base=args.base, tag=args.tag,
+                             wheelhouse=args.wheelhouse, progress=lambda line: print(f"callbox: {line}",
+                                                                                    file=sys.stderr))
+    except ImageBuildError as exc:
+        raise CallboxError(str(exc)) from None
+    state = "built" if result.built else "up to date"
+    print(f"{result.tag} {state} ({result.image_id[:19]}, {result.seconds:.1f} s)")
+    return 0
+
+
+def _spec_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]  # noqa: ANN202
+    from harness.spec import Mount, SandboxSpec
+
+    env = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--env {item!r}: use K=V")
+        env[name] = value
+    try:
+        mounts = tuple(Mount.parse(m) for m in args.mount)
+        return SandboxSpec(
+            image=args.image, memory=args.memory, cpus=args.cpus, pids=args.pids, network=args.network,
+            allow_hosts=tuple(args.allow_host), mounts=mounts, workdir=args.workdir, env=env,
+            ttl_seconds=max(600, int(args.timeout) + 300),
+        )
+    except ValidationError as exc:
+        raise UsageError(_first_error(exc)) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ()))
+    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg
+
+
+def _exec(args: argparse.Namespace) -> int:
+    from harness.exec_result import collect, gap_marker
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise UsageError("no command given: use `callbox exec [OPTIONS] -- CMD [ARG...]`")
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be a positive number of seconds")
+    try:
+        cap = parse_size(args.output_cap)
+    except ValueError as exc:
+        raise UsageError(f"--output-cap: {exc}") from None
+    spec = _spec_from_args(args)
+    stdin = b""
+    if not sys.stdin.isatty():
+        stdin = sys.stdin.buffer.read(MAX_STDIN_BYTES + 1)
+        if len(stdin) > MAX_STDIN_BYTES:
+            raise UsageError(f"stdin is larger than {MAX_STDIN_BYTES >> 20} MiB")
+
+    def stream(name: str, data: bytes, dropped_before: int) -> None:
+        out = sys.stdout.buffer if name == "stdout" else sys.stderr.buffer
+        if dropped_before:
+            out.write(gap_marker(dropped_before))
+        out.write(data)
+        out.flush()
+
+    engine = _engine()
+    sandbox = engine.create(spec)
+    try:
+        events = sandbox.agent.exec(
+            cmd, cwd=spec.workdir, env=spec.env, stdin=stdin, timeout_ms=int(args.timeout * 1000),
+            output_cap_bytes=cap, rpc_timeout=args.timeout + 60,
+        )
+        result = collect(events, on_output=None if args.json else stream)
+    finally:
+        sandbox.destroy()
+    if args.json:
+        print(json.dumps(result.to_json()))
+    elif result.timed_out:
+        print(f"callbox: timed out after {args.timeout:g} s; the process tree was killed", file=sys.stderr)
+    elif result.oom_killed:
+        print(f"callbox: killed by the OOM killer (memory limit {args.memory})", file=sys.stderr)
+    return result.shell_exit_code
+
+
+def _ps() -> int:
+    engine = _engine()
+    rows = engine.list()
+    print(f"{'SANDBOX':<14}{'CONTAINER':<14}{'STATUS':<10}{'EXPIRES IN':<12}OWNER")
+    now = time.time()
+    for info in rows:
+        left = info.expires - now
+        expires = f"{left:.0f}s" if left > 0 else "expired"
+        print(f"{info.sandbox_id:<14}{info.container_id:<14}{info.status:<10}{expires:<12}{info.owner}")
+    return 0
+
+
+def _gc() -> int:
+    from harness.docker_engine import DockerEngine
+
+    import docker
+    import docker.errors
+
+    from harness.errors import EngineUnavailable
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise EngineUnavailable(f"cannot reach the Docker engine: {exc}") from None
+    engine = DockerEngine(client, reap_on_start=False)
+    removed = engine.gc()
+    for sandbox_id in removed:
+        print(f"removed {sandbox_id}")
+    print(f"{len(removed)} sandbox(es) removed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

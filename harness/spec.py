@@ -1,0 +1,177 @@
+"""What a sandbox is allowed: resources, mounts, network, environment (validated by pydantic).
+
+Every default here is the secure one from DESIGN 4; the engine turns a spec into
+container settings. A spec that loosens a default says so in ``loosened()`` so the
+engine can log it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from harness.units import parse_size
+
+DEFAULT_IMAGE = "callbox-sandbox:latest"
+AGENT_DIR = "/run/callbox"
+TOOL_UID = 1000
+TOOL_GID = 1000
+
+# Host paths that are never mounted into a sandbox, whatever the policy says.
+FORBIDDEN_HOST_PATHS = ("/", "/proc", "/sys", "/dev", "/run", "/var/run", "/boot", "/etc", "/root")
+# Container paths a mount may not cover.
+RESERVED_TARGETS = ("/", "/proc", "/sys", "/dev", AGENT_DIR, "/etc", "/usr", "/bin", "/sbin", "/lib", "/opt")
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Mount(BaseModel):
+    """A host directory or file bind-mounted into the sandbox."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: Path
+    """Host path; canonicalized (symlinks resolved) and checked before use."""
+    target: str
+    """Absolute path inside the sandbox."""
+    read_only: bool = True
+    """Mounted read-only unless the policy says ``rw``."""
+
+    @classmethod
+    def parse(cls, text: str) -> Mount:
+        """Parse ``HOST:CONTAINER[:ro|rw]`` (the ``--mount`` flag)."""
+        parts = text.split(":")
+        mode = "ro"
+        if len(parts) == 3:
+            mode = parts.pop()
+        if len(parts) != 2 or not parts[0] or not parts[1]:
+            raise ValueError(f"--mount {text!r}: use HOST:CONTAINER[:ro|rw]")
+        if mode not in ("ro", "rw"):
+            raise ValueError(f"--mount {text!r}: the mode must be ro or rw, not {mode!r}")
+        return cls(source=Path(parts[0]), target=parts[1], read_only=mode == "ro")
+
+    @field_validator("target")
+    @classmethod
+    def _target_ok(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"mount target {value!r} must be an absolute path inside the sandbox")
+        norm = os.path.normpath(value)
+        for reserved in RESERVED_TARGETS:
+            if norm == reserved or (reserved != "/" and norm.startswith(reserved + "/")):
+                raise ValueError(f"mount target {value!r} would cover {reserved}, which the sandbox needs")
+        return norm
+
+    def canonical(self, allowed_roots: tuple[Path, ...] | None) -> Mount:
+        """Resolve the host path and refuse dangerous or unlisted ones."""
+        try:
+            source = self.source.expanduser().resolve(strict=True)
+        except (FileNotFoundError, RuntimeError):
+            raise ValueError(f"mount source {self.source} does not exist on the host") from None
+        text = str(source)
+        if text in FORBIDDEN_HOST_PATHS or any(
+            text.startswith(p + "/") for p in ("/proc", "/sys", "/dev", "/run", "/var/run", "/boot")
+        ):
+            raise ValueError(f"mount source {source} is a system path and is never mounted into a sandbox")
+        if source.is_socket() or "docker.sock" in text:
+            raise ValueError(f"mount source {source} is a socket; sockets are never mounted into a sandbox")
+        if allowed_roots is not None and not any(source.is_relative_to(r) for r in allowed_roots):
+            roots = ", ".join(str(r) for r in allowed_roots)
+            raise ValueError(f"mount source {source} is outside the allowed mount roots ({roots})")
+        return self.model_copy(update={"source": source})
+
+
+class SandboxSpec(BaseModel):
+    """Settings of one sandbox; the defaults are the hardened ones."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    image: str = DEFAULT_IMAGE
+    """Local image to run (there is no registry: build it with ``callbox image build``)."""
+    memory: int = Field(default=512 << 20, ge=32 << 20)
+    """Memory limit in bytes; swap is set equal to it (no swap)."""
+    cpus: float = Field(default=1.0, gt=0, le=64)
+    """CPU quota in cores."""
+    pids: int = Field(default=256, ge=8, le=65536)
+    """Maximum number of processes and threads."""
+    network: Literal["none", "allowlist", "open"] = "none"
+    """Network mode; only ``none`` is available in this version."""
+    allow_hosts: tuple[str, ...] = ()
+    """Egress allowlist for ``network = allowlist``."""
+    mounts: tuple[Mount, ...] = ()
+    """Bind mounts, each read-only unless marked rw."""
+    allowed_mount_roots: tuple[Path, ...] | None = None
+    """If set, every mount source must lie under one of these host directories."""
+    workdir: str = "/workspace"
+    """Working directory of commands (a scratch tmpfs unless a mount covers it)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment for commands; nothing from the host is passed."""
+    tmp_size: int | None = None
+    """Size of /tmp (tmpfs); default a quarter of the memory limit."""
+    workspace_size: int | None = None
+    """Size of the scratch workspace (tmpfs); default half of the memory limit."""
+    nofile: int = Field(default=1024, ge=64)
+    """Open files per process."""
+    fsize: int = Field(default=1 << 30, ge=1 << 20)
+    """Largest file a process may write, in bytes."""
+    ttl_seconds: int = Field(default=3600, ge=10)
+    """After this the sandbox is expired and ``callbox gc`` removes it."""
+
+    @field_validator("memory", "tmp_size", "workspace_size", "fsize", mode="before")
+    @classmethod
+    def _sizes(cls, value: object) -> object:
+        return parse_size(value) if isinstance(value, str) else value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, val in value.items():
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"environment variable name {name!r} is not valid")
+            if "\0" in val:
+                raise ValueError(f"environment variable {name} contains a NUL byte")
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir_abs(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"workdir {value!r} must be an absolute path inside the sandbox")
+        return os.path.normpath(value)
+
+    @model_validator(mode="after")
+    def _network_available(self) -> SandboxSpec:
+        if self.network != "none":
+            raise ValueError(
+                f"network mode {self.network!r} is not available yet: only 'none' is supported "
+                "(allowlist egress through a filtering proxy is planned)"
+            )
+        for size_name in ("tmp_size", "workspace_size"):
+            size = getattr(self, size_name)
+            if size is not None and size >= self.memory:
+                raise ValueError(
+                    f"{size_name} must be smaller than the memory limit (tmpfs pages count against it)"
+                )
+        return self
+
+    @property
+    def effective_tmp_size(self) -> int:
+        return self.tmp_size if self.tmp_size is not None else self.memory // 4
+
+    @property
+    def effective_workspace_size(self) -> int:
+        return self.workspace_size if self.workspace_size is not None else self.memory // 2
+
+    def loosened(self) -> list[str]:
+        """Settings that are looser than the DESIGN 4 defaults (the engine logs them)."""
+        notes = []
+        if any(not m.read_only for m in self.mounts):
+            notes.append("read-write mount(s): " + ", ".join(m.target for m in self.mounts if not m.read_only))
+        if self.network != "none":
+            notes.append(f"network {self.network}")
+        return notes
+
+

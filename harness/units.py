@@ -1,0 +1,28 @@
+"""Parsing of human sizes such as ``512m`` (Docker's notation)."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """``"512m"`` -> 536870912; plain integers are bytes. Raises ValueError naming the format."""
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError("a size cannot be negative")
+        return text
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a size; use a number with an optional unit k, m or g (e.g. 512m)")
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[unit.lower()])
+
+
+def format_size(n: int) -> str:
+    for unit, size in (("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)

@@ -1,0 +1,49 @@
+"""``python3 -m sandbox``: start the in-container agent."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import pwd
+import sys
+
+from sandbox.server import AgentConfig, serve
+from sandbox.process import ToolUser
+
+
+def parse_args(argv: list[str] | None) -> AgentConfig:
+    parser = argparse.ArgumentParser(prog="callbox-agent", description="The callbox in-container agent.")
+    parser.add_argument("--socket", default="/run/callbox/agent.sock", help="unix socket to serve on")
+    parser.add_argument("--workspace", default="/workspace", help="base directory for relative paths")
+    parser.add_argument("--root", action="append", default=[], help="a directory file operations may touch")
+    parser.add_argument("--uid", type=int, help="uid tool processes run as (default: the sandbox user)")
+    parser.add_argument("--gid", type=int, help="gid tool processes run as (default: the uid's group)")
+    parser.add_argument("--max-concurrent", type=int, default=64, help="concurrent commands at most")
+    args = parser.parse_args(argv)
+    user = _tool_user(args.uid, args.gid)
+    roots = args.root or [args.workspace, "/tmp"]
+    return AgentConfig(args.socket, args.workspace, roots, user, max_concurrent=args.max_concurrent)
+
+
+def _tool_user(uid: int | None, gid: int | None) -> ToolUser:
+    if uid is None:
+        entry = pwd.getpwnam("sandbox")
+        return ToolUser(entry.pw_uid, gid if gid is not None else entry.pw_gid, entry.pw_dir, entry.pw_name)
+    if uid == 0:
+        raise SystemExit("callbox-agent: tool processes never run as uid 0")
+    try:
+        entry = pwd.getpwuid(uid)
+        home, name = entry.pw_dir, entry.pw_name
+        default_gid = entry.pw_gid
+    except KeyError:
+        home, name, default_gid = "/home/sandbox", "sandbox", uid
+    return ToolUser(uid, gid if gid is not None else default_gid, home, name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return serve(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

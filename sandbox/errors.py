@@ -1,0 +1,52 @@
+"""Structured RPC errors: a gRPC status code plus an ErrorDetail in trailing metadata."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import grpc
+
+from sandbox.v1 import errors_pb2
+
+DETAIL_METADATA_KEY = "callbox-error-bin"
+
+_CODES: dict[int, grpc.StatusCode] = {
+    errors_pb2.ERROR_REASON_INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    errors_pb2.ERROR_REASON_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    errors_pb2.ERROR_REASON_WRONG_TYPE: grpc.StatusCode.FAILED_PRECONDITION,
+    errors_pb2.ERROR_REASON_PATH_ESCAPE: grpc.StatusCode.PERMISSION_DENIED,
+    errors_pb2.ERROR_REASON_PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    errors_pb2.ERROR_REASON_ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    errors_pb2.ERROR_REASON_TOO_LARGE: grpc.StatusCode.OUT_OF_RANGE,
+    errors_pb2.ERROR_REASON_SPAWN_FAILED: grpc.StatusCode.FAILED_PRECONDITION,
+    errors_pb2.ERROR_REASON_NO_SUCH_PROCESS: grpc.StatusCode.NOT_FOUND,
+    errors_pb2.ERROR_REASON_BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors_pb2.ERROR_REASON_INTERNAL: grpc.StatusCode.INTERNAL,
+}
+
+_RETRYABLE = frozenset({errors_pb2.ERROR_REASON_BUSY})
+
+
+class AgentError(Exception):
+    """An error a request caused; the server turns it into a status with details."""
+
+    def __init__(self, reason: errors_pb2.ErrorReason.ValueType, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+    @property
+    def code(self) -> grpc.StatusCode:
+        return _CODES.get(self.reason, grpc.StatusCode.UNKNOWN)
+
+    def detail(self) -> errors_pb2.ErrorDetail:
+        return errors_pb2.ErrorDetail(
+            reason=self.reason, message=self.message, retryable=self.reason in _RETRYABLE
+        )
+
+
+def abort(context: grpc.ServicerContext, error: AgentError) -> NoReturn:
+    """End the RPC with the error's status code and its ErrorDetail attached."""
+    context.set_trailing_metadata(((DETAIL_METADATA_KEY, error.detail().SerializeToString()),))
+    context.abort(error.code, error.message)
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover

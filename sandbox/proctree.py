@@ -1,0 +1,112 @@
+"""Find and kill every process that belongs to one command, however it detached.
+
+Each command starts with a unique *marker* supplementary group. Tool processes have
+no CAP_SETGID, so neither they nor their descendants can drop it: a child that calls
+``setsid``, double-forks, or reparents to init still carries it. ``/proc/PID/status``
+is world-readable, so the agent finds the whole tree by scanning for the marker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+from collections.abc import Iterator
+
+PROC = "/proc"
+# Far above any uid/gid a distribution allocates; never owns a file.
+MARKER_BASE = 3_000_000_000
+MARKER_SPAN = 1_000_000
+
+
+class MarkerAllocator:
+    """Hands out marker gids, unique among the agent's live commands."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counter = itertools.count()
+        self._live: set[int] = set()
+
+    def acquire(self) -> int:
+        with self._lock:
+            while True:
+                gid = MARKER_BASE + next(self._counter) % MARKER_SPAN
+                if gid not in self._live:
+                    self._live.add(gid)
+                    return gid
+
+    def release(self, gid: int) -> None:
+        with self._lock:
+            self._live.discard(gid)
+
+
+def _status_fields(pid: str) -> tuple[str, list[int]] | None:
+    """Return (state letter, supplementary groups) of a process, or None if it is gone."""
+    try:
+        with open(f"{PROC}/{pid}/status", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    state = ""
+    groups: list[int] = []
+    for line in text.splitlines():
+        if line.startswith("State:"):
+            state = line.split()[1] if len(line.split()) > 1 else ""
+        elif line.startswith("Groups:"):
+            groups = [int(g) for g in line.split()[1:] if g.isdigit()]
+    return state, groups
+
+
+def marked_pids(marker: int) -> Iterator[int]:
+    """Yield the live (non-zombie) processes carrying the marker group."""
+    try:
+        entries = os.listdir(PROC)
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        fields = _status_fields(entry)
+        if fields is None:
+            continue
+        state, groups = fields
+        if state != "Z" and marker in groups:
+            yield int(entry)
+
+
+def signal_marked(marker: int, signum: int) -> int:
+    """Send a signal to every live process carrying the marker; return how many got it."""
+    delivered = 0
+    for pid in marked_pids(marker):
+        try:
+            os.kill(pid, signum)
+            delivered += 1
+        except ProcessLookupError:
+            continue
+    return delivered
+
+
+def kill_marked(marker: int, max_rounds: int = 200) -> int:
+    """SIGKILL every marked process until a scan finds none; return processes killed.
+
+    A fork bomb may fork between scans, so the scan repeats; processes already killed
+    cannot fork, so the set shrinks every round and the pids limit bounds it.
+    """
+    killed = 0
+    for _ in range(max_rounds):
+        pids = list(marked_pids(marker))
+        if not pids:
+            return killed
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                continue
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                continue
+    return killed

@@ -1,0 +1,111 @@
+"""The agent's gRPC server: process, filesystem and health services on a unix socket."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+
+from sandbox.errors import AgentError, abort
+from sandbox.fs import FilesystemService
+from sandbox.health import SERVING, HealthService
+from sandbox.identity import FsIdentity
+from sandbox.process import Execution, ProcessRunner, ToolUser
+from sandbox.v1 import filesystem_pb2_grpc, process_pb2, process_pb2_grpc
+
+log = logging.getLogger("callbox.agent")
+
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+class ProcessService(process_pb2_grpc.ProcessServicer):
+    """Exec and Signal over the ProcessRunner."""
+
+    def __init__(self, runner: ProcessRunner) -> None:
+        self.runner = runner
+
+    def Exec(  # noqa: N802 - gRPC method name
+        self, request: process_pb2.ExecRequest, context: grpc.ServicerContext
+    ) -> Iterator[process_pb2.ExecEvent]:
+        def on_start(execution: Execution) -> None:
+            # Fires when the RPC ends for any reason; after a normal end it is a no-op.
+            context.add_callback(execution.cancel)
+
+        try:
+            yield from self.runner.run(request, on_start)
+        except AgentError as error:
+            abort(context, error)
+
+    def Signal(  # noqa: N802 - gRPC method name
+        self, request: process_pb2.SignalRequest, context: grpc.ServicerContext
+    ) -> process_pb2.SignalResponse:
+        try:
+            return process_pb2.SignalResponse(delivered=self.runner.signal(request.exec_id, request.signal))
+        except AgentError as error:
+            abort(context, error)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    socket: str
+    workspace: str
+    roots: Sequence[str]
+    user: ToolUser | None
+    max_concurrent: int = 64
+    workers: int = 128
+
+
+def build_server(config: AgentConfig) -> tuple[grpc.Server, ProcessRunner, HealthService]:
+    runner = ProcessRunner(config.user, config.workspace, config.max_concurrent)
+    identity = FsIdentity(config.user.uid, config.user.gid) if config.user else None
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="rpc"),
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    process_pb2_grpc.add_ProcessServicer_to_server(ProcessService(runner), server)
+    filesystem_pb2_grpc.add_FilesystemServicer_to_server(
+        FilesystemService(roots=list(config.roots), workspace=config.workspace, identity=identity), server
+    )
+    health = HealthService()
+    server.add_generic_rpc_handlers((health.handler(),))
+    return server, runner, health
+
+
+def serve(config: AgentConfig) -> int:
+    """Serve until SIGTERM or SIGINT; return the process exit code."""
+    socket_dir = os.path.dirname(config.socket)
+    os.makedirs(socket_dir, mode=0o700, exist_ok=True)
+    os.chmod(socket_dir, 0o700)
+    if os.path.exists(config.socket):
+        os.unlink(config.socket)
+    server, runner, health = build_server(config)
+    old_umask = os.umask(0o177)
+    try:
+        server.add_insecure_port(f"unix:{config.socket}")
+        server.start()
+    finally:
+        os.umask(old_umask)
+    health.set("", SERVING)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("agent serving on %s", config.socket)
+    stop.wait()
+    runner.cancel_all()
+    server.stop(grace=2).wait()
+    return 0
