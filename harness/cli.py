@@ -14,12 +14,16 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
 from harness.errors import CallboxError, UsageError
 from harness.units import parse_size
+
+if TYPE_CHECKING:
+    from harness.docker_engine import DockerEngine
+    from harness.spec import SandboxSpec
 
 MAX_STDIN_BYTES = 64 << 20
 
@@ -100,7 +104,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise UsageError(f"unknown command {args.command}")
 
 
-def _engine():  # type: ignore[no-untyped-def]  # noqa: ANN202 - imported lazily to keep --help fast
+def _engine() -> DockerEngine:
+    # Imported here so `--help` and usage errors never load the docker SDK.
     from harness.docker_engine import DockerEngine
 
     return DockerEngine.connect()
@@ -130,7 +135,7 @@ def _image_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _spec_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]  # noqa: ANN202
+def _spec_from_args(args: argparse.Namespace) -> SandboxSpec:
     from harness.spec import Mount, SandboxSpec
 
     env = {}
@@ -206,7 +211,7 @@ def _exec(args: argparse.Namespace) -> int:
 
 def _ps() -> int:
     engine = _engine()
-    rows = engine.list()
+    rows = engine.list_sandboxes()
     print(f"{'SANDBOX':<14}{'CONTAINER':<14}{'STATUS':<10}{'EXPIRES IN':<12}OWNER")
     now = time.time()
     for info in rows:
@@ -217,11 +222,10 @@ def _ps() -> int:
 
 
 def _gc() -> int:
-    from harness.docker_engine import DockerEngine
-
     import docker
     import docker.errors
 
+    from harness.docker_engine import DockerEngine
     from harness.errors import EngineUnavailable
 
     try:

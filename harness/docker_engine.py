@@ -133,8 +133,8 @@ class DockerEngine:
         uid, gid = _tool_identity(spec)
         sandbox_id = uuid.uuid4().hex[:12]
         socket_dir = self.run_root / sandbox_id
-        socket_dir.mkdir(parents=True, mode=0o700)
-        os.chmod(self.run_root, 0o711)
+        self.run_root.mkdir(parents=True, mode=0o700, exist_ok=True)
+        socket_dir.mkdir(mode=0o700)
         try:
             container = self._run_container(spec, sandbox_id, socket_dir, uid, gid)
         except BaseException:
@@ -270,7 +270,7 @@ class DockerEngine:
             if exc.status_code != 409:  # 409: removal already in progress
                 raise
 
-    def list(self) -> list[SandboxInfo]:
+    def list_sandboxes(self) -> list[SandboxInfo]:
         infos = []
         for c in self.client.api.containers(all=True, filters={"label": f"{labels.MANAGED}=1"}):
             lab: dict[str, str] = c.get("Labels") or {}

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
+# gRPC's fork handlers restart its threads in a forked child, which crashes the child
+# between fork and exec; the agent forks only to exec, so it needs none of them.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
 import argparse
 import logging
 import pwd
 import sys
 
-from sandbox.server import AgentConfig, serve
 from sandbox.process import ToolUser
+from sandbox.server import AgentConfig, serve
 
 
 def parse_args(argv: list[str] | None) -> AgentConfig:

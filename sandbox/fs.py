@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import secrets
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import grpc
 
@@ -61,6 +62,14 @@ DEFAULT_FILE_MODE = 0o644
 DIR_MODE = 0o755
 
 _R = TypeVar("_R")
+
+
+class _HasPath(Protocol):
+    @property
+    def path(self) -> str: ...
+
+
+_Q = TypeVar("_Q", bound=_HasPath)
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _DIR_READ = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SETID = stat.S_ISUID | stat.S_ISGID
@@ -72,6 +81,21 @@ _EXISTS = errors_pb2.ERROR_REASON_ALREADY_EXISTS
 _TOO_LARGE = errors_pb2.ERROR_REASON_TOO_LARGE
 _ESCAPE = errors_pb2.ERROR_REASON_PATH_ESCAPE
 _INTERNAL = errors_pb2.ERROR_REASON_INTERNAL
+
+
+def _maps_os_errors(
+    method: Callable[[FilesystemService, _Q], _R],
+) -> Callable[[FilesystemService, _Q], _R]:
+    """Make an operation raise only AgentError: OSErrors become one sentence naming the path."""
+
+    @functools.wraps(method)
+    def wrapper(self: FilesystemService, request: _Q) -> _R:
+        try:
+            return method(self, request)
+        except OSError as exc:
+            raise os_error(exc, request.path or "the path") from None
+
+    return wrapper
 
 
 class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
@@ -133,7 +157,7 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
                 return op()
         except AgentError as exc:
             abort(context, exc)
-        except OSError as exc:
+        except OSError as exc:  # e.g. from the identity switch; operations map their own
             abort(context, os_error(exc, path or "the path"))
         except Exception:
             log.exception("Filesystem.%s failed unexpectedly", rpc)
@@ -141,6 +165,7 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
 
     # --- operations (raise AgentError; run inside acting()) -----------------------------------
 
+    @_maps_os_errors
     def read(self, request: filesystem_pb2.ReadRequest) -> filesystem_pb2.ReadResponse:
         if request.limit > MAX_READ_BYTES:
             raise AgentError(
@@ -160,6 +185,7 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
         truncated = request.offset + len(data) < st.st_size
         return filesystem_pb2.ReadResponse(data=data, size=st.st_size, truncated=truncated)
 
+    @_maps_os_errors
     def write(self, request: filesystem_pb2.WriteRequest) -> filesystem_pb2.WriteResponse:
         mode = _file_mode(request.mode)
         with self._resolver.resolve(
@@ -176,6 +202,7 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
                 written = _replace(res, request.data, mode, no_overwrite=request.no_overwrite)
         return filesystem_pb2.WriteResponse(bytes_written=written)
 
+    @_maps_os_errors
     def list_dir(self, request: filesystem_pb2.ListRequest) -> filesystem_pb2.ListResponse:
         depth = min(request.depth or 1, MAX_LIST_DEPTH)
         limit = request.limit or DEFAULT_LIST_LIMIT
@@ -188,12 +215,14 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
             os.close(fd)
         return filesystem_pb2.ListResponse(entries=lister.entries, truncated=lister.truncated)
 
+    @_maps_os_errors
     def stat(self, request: filesystem_pb2.StatRequest) -> filesystem_pb2.StatResponse:
         with self._resolver.resolve(request.path, follow_final=False) as res:
             st = os.stat(res.name, dir_fd=res.dir_fd, follow_symlinks=False)
             target = _link_target(res.name, res.dir_fd) if stat.S_ISLNK(st.st_mode) else ""
         return filesystem_pb2.StatResponse(info=_info(request.path, st, target))
 
+    @_maps_os_errors
     def remove(self, request: filesystem_pb2.RemoveRequest) -> filesystem_pb2.RemoveResponse:
         with self._resolver.resolve(request.path, follow_final=False) as res:
             if res.is_root:
@@ -212,10 +241,9 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
             _remove_tree(res, st.st_dev)
         return filesystem_pb2.RemoveResponse()
 
+    @_maps_os_errors
     def make_dir(self, request: filesystem_pb2.MakeDirRequest) -> filesystem_pb2.MakeDirResponse:
-        with self._resolver.resolve(
-            request.path, follow_final=False, make_parents=request.parents
-        ) as res:
+        with self._resolver.resolve(request.path, follow_final=False, make_parents=request.parents) as res:
             try:
                 os.mkdir(res.name, DIR_MODE, dir_fd=res.dir_fd)
             except FileExistsError:
@@ -493,10 +521,8 @@ def _remove_entry(dir_fd: int, name: str, device: int, display: str) -> int | No
     except FileNotFoundError:
         return None
     if not stat.S_ISDIR(st.st_mode):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=dir_fd)
-        except FileNotFoundError:
-            pass
         return None
     if st.st_dev != device:
         raise AgentError(_DENIED, f"{display} contains a mount point; it was not removed completely.")

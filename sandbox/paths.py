@@ -37,9 +37,11 @@ it (and the configured roots), never a host path or a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import posixpath
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -90,10 +92,8 @@ def os_error(exc: OSError, display: str) -> AgentError:
 
 
 def _close(fd: int) -> None:
-    try:
+    with contextlib.suppress(OSError):  # closing a valid fd does not fail in practice
         os.close(fd)
-    except OSError:  # pragma: no cover - closing a valid fd does not fail in practice
-        pass
 
 
 def _readlink(name: str, dir_fd: int) -> str | None:
@@ -268,8 +268,8 @@ class _Walk:
         return self._result(self.fds[-1], name, keep=len(self.fds) - 1)
 
     def _result(self, dir_fd: int, name: str, *, keep: int, is_root: bool = False) -> Resolved:
+        parts = [*self.names, name] if name != "." else list(self.names)
         self._release(keep=keep)
-        parts = [*self.names, name] if name != "." else self.names
         return Resolved(
             dir_fd=dir_fd,
             name=name,
@@ -283,7 +283,7 @@ class _Walk:
     def _release(self, keep: int | None) -> None:
         """Close every owned fd on the stack except index ``keep``."""
         for index, fd in enumerate(self.fds):
-            if index != 0 and index != keep:
+            if index not in (0, keep):
                 _close(fd)
         self.fds = [self.fds[0]]
         self.names = []
@@ -316,11 +316,11 @@ class _Walk:
                     target = _readlink(comp, cur)
                     if target is not None:
                         return target
-                    if exc.errno == errno.ENOTDIR and _exists(comp, cur):
+                    if exc.errno == errno.ENOTDIR and _is_other(comp, cur):
                         raise AgentError(
                             _WRONG_TYPE, f"A component of {self.display} is not a directory."
                         ) from None
-                    continue  # it changed under us; look again
+                    continue  # it changed under us (symlink <-> directory); look again
                 if exc.errno == errno.ENOENT:
                     self._missing_parent(comp, cur)
                     continue
@@ -367,12 +367,13 @@ class _Walk:
         return rest
 
 
-def _exists(name: str, dir_fd: int) -> bool:
+def _is_other(name: str, dir_fd: int) -> bool:
+    """True if ``name`` exists and is neither a directory nor a symlink."""
     try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return False
-    return True
+    return not (stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode))
 
 
 def _normpath(path: str) -> str:
@@ -390,4 +391,4 @@ def _normalise_root(root: str) -> str:
 
 
 def _is_within(path: str, root: str) -> bool:
-    return root == "/" or path == root or path.startswith(root + "/")
+    return root in ("/", path) or path.startswith(root + "/")

@@ -10,6 +10,7 @@ killed too (nothing outlives its call). A non-zero exit is data, not an error.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -76,10 +77,8 @@ class Execution:
         with self._fd_lock:
             if self._closed:
                 return
-            try:
+            with contextlib.suppress(OSError):
                 os.write(self.wake_w, b"x")
-            except OSError:
-                pass
 
     def close_wake_pipe(self, wake_r: int) -> None:
         with self._fd_lock:

@@ -15,7 +15,7 @@ import grpc
 from sandbox.errors import AgentError, abort
 from sandbox.fs import FilesystemService
 from sandbox.health import SERVING, HealthService
-from sandbox.identity import FsIdentity
+from sandbox.identity import FsIdentity, drop_supplementary_groups
 from sandbox.process import Execution, ProcessRunner, ToolUser
 from sandbox.v1 import filesystem_pb2_grpc, process_pb2, process_pb2_grpc
 
@@ -30,7 +30,7 @@ class ProcessService(process_pb2_grpc.ProcessServicer):
     def __init__(self, runner: ProcessRunner) -> None:
         self.runner = runner
 
-    def Exec(  # noqa: N802 - gRPC method name
+    def Exec(
         self, request: process_pb2.ExecRequest, context: grpc.ServicerContext
     ) -> Iterator[process_pb2.ExecEvent]:
         def on_start(execution: Execution) -> None:
@@ -42,7 +42,7 @@ class ProcessService(process_pb2_grpc.ProcessServicer):
         except AgentError as error:
             abort(context, error)
 
-    def Signal(  # noqa: N802 - gRPC method name
+    def Signal(
         self, request: process_pb2.SignalRequest, context: grpc.ServicerContext
     ) -> process_pb2.SignalResponse:
         try:
@@ -88,6 +88,10 @@ def serve(config: AgentConfig) -> int:
     os.chmod(socket_dir, 0o700)
     if os.path.exists(config.socket):
         os.unlink(config.socket)
+    if config.user is not None and os.geteuid() == 0:
+        # File operations act as the tool user via setfsuid/setfsgid; root's own
+        # supplementary groups would still count in those permission checks.
+        drop_supplementary_groups()
     server, runner, health = build_server(config)
     old_umask = os.umask(0o177)
     try:

@@ -1,0 +1,121 @@
+"""`callbox exec`, `ps` and `gc` through the real CLI, as a user runs them."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import IMAGE
+from tests.integration.helpers import callbox
+
+pytestmark = pytest.mark.docker
+
+
+def test_exec_json_prints_the_result_object(engine):
+    proc = callbox("exec", "--image", IMAGE, "--json", "--", "echo", "hi")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert {"exit_code", "signal", "timed_out", "oom_killed", "duration_ms", "stdout", "stderr",
+            "stdout_truncated", "stderr_truncated"} <= result.keys()
+    assert result["stdout"] == "hi\n"
+    assert result["exit_code"] == 0
+    assert result["timed_out"] is False
+
+
+def test_exec_streams_and_exits_with_the_command_code(engine):
+    proc = callbox("exec", "--image", IMAGE, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
+    assert proc.returncode == 7
+    assert proc.stdout == b"out\n"
+    assert proc.stderr == b"err\n"
+
+
+def test_exec_pipes_stdin(engine):
+    proc = callbox("exec", "--image", IMAGE, "--", "tr", "a-z", "A-Z", stdin=b"hello sandbox\n")
+    assert proc.returncode == 0
+    assert proc.stdout == b"HELLO SANDBOX\n"
+
+
+def test_exec_timeout_exits_124(engine):
+    proc = callbox("exec", "--image", IMAGE, "--timeout", "1", "--json", "--", "sleep", "60")
+    assert proc.returncode == 124
+    assert json.loads(proc.stdout)["timed_out"] is True
+
+
+def test_exec_oom_exits_137(engine):
+    proc = callbox("exec", "--image", IMAGE, "--memory", "96m", "--", "python3", "-c",
+                   "b = bytearray(b'x') * (200 << 20)")
+    assert proc.returncode == 137
+    assert b"OOM" in proc.stderr
+
+
+def test_exec_binary_output_is_exact_when_streaming_and_in_json(engine):
+    proc = callbox("exec", "--image", IMAGE, "--", "printf", "\\377\\000\\001")
+    assert proc.stdout == b"\xff\x00\x01"
+    proc = callbox("exec", "--image", IMAGE, "--json", "--", "printf", "\\377\\000\\001")
+    result = json.loads(proc.stdout)
+    assert base64.b64decode(result["stdout_base64"]) == b"\xff\x00\x01"
+
+
+def test_bad_flag_is_one_line_and_exit_2():
+    proc = callbox("exec", "--memroy", "1g", "--", "true")
+    assert proc.returncode == 2
+    lines = proc.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("callbox:"), proc.stderr
+    assert b"Traceback" not in proc.stderr
+
+
+def test_missing_image_is_a_clear_error(engine):
+    proc = callbox("exec", "--image", "callbox-no-such-image:latest", "--", "true")
+    assert proc.returncode == 125
+    assert b"not found" in proc.stderr and b"callbox image build" in proc.stderr
+    assert b"Traceback" not in proc.stderr
+
+
+def test_unreachable_engine_is_a_clear_error():
+    proc = callbox("exec", "--", "true", env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    assert proc.returncode == 125
+    assert b"cannot reach the Docker engine" in proc.stderr
+    assert b"Traceback" not in proc.stderr
+
+
+def test_gc_removes_sandbox_whose_owner_was_sigkilled(engine):
+    owner = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time
+            from harness.docker_engine import DockerEngine
+            from harness.spec import SandboxSpec
+            box = DockerEngine.connect().create(SandboxSpec(image={IMAGE!r}))
+            print(box.id, flush=True)
+            time.sleep(600)
+        """)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    sandbox_id = ""
+    try:
+        assert owner.stdout is not None
+        sandbox_id = owner.stdout.readline().strip()
+        assert len(sandbox_id) == 12, "owner did not create a sandbox"
+        listed = callbox("ps")
+        assert sandbox_id.encode() in listed.stdout
+        # while the owner lives, gc leaves it alone
+        assert sandbox_id.encode() not in callbox("gc").stdout
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        gc = callbox("gc")
+        assert gc.returncode == 0
+        assert f"removed {sandbox_id}".encode() in gc.stdout
+        assert sandbox_id.encode() not in callbox("ps").stdout
+        names = [c.name for c in engine.client.containers.list(all=True)]
+        assert f"callbox-{sandbox_id}" not in names
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        if sandbox_id:
+            engine.destroy(sandbox_id)
