@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import signal
 import threading
 from collections.abc import Iterator
@@ -25,7 +26,9 @@ class MarkerAllocator:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counter = itertools.count()
+        # A random start keeps two agents that can see each other's processes (say, one
+        # in a test on the host and one in a container) from sharing markers.
+        self._counter = itertools.count(secrets.randbelow(MARKER_SPAN))
         self._live: set[int] = set()
 
     def acquire(self) -> int:
