@@ -47,6 +47,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+import requests.exceptions
 
 from harness.errors import CallboxError
 
@@ -448,9 +449,7 @@ def split_tag(tag: str) -> tuple[str, str]:
     """``repo[:tag]`` -> (repo, tag), validated like Docker does (lowercase name, no digest)."""
     match = _REFERENCE.fullmatch(tag)
     if match is None or len(match.group(1)) > 255:
-        raise ImageBuildError(
-            f"invalid image tag {tag!r}: use NAME[:TAG] with a lowercase name (e.g. {DEFAULT_TAG})"
-        )
+        raise ImageBuildError(f"invalid image tag {tag!r}: use NAME[:TAG] with a lowercase name (e.g. {DEFAULT_TAG})")
     return match.group(1), match.group(2) or "latest"
 
 
@@ -655,9 +654,7 @@ def _build_base(client: docker.DockerClient, tag: str, suite: str, cache: Path, 
             with contextlib.suppress(OSError):
                 text = (rootfs / "debootstrap/debootstrap.log").read_text(errors="replace")
                 detail += text.splitlines()[-15:]
-            raise ImageBuildError(
-                f"debootstrap {suite} failed (exit {rc}); last output:\n" + "\n".join(detail[-30:])
-            )
+            raise ImageBuildError(f"debootstrap {suite} failed (exit {rc}); last output:\n" + "\n".join(detail[-30:]))
         progress(f"debootstrap done in {time.monotonic() - started:.0f} s")
         _prune_rootfs(rootfs)
         progress(f"importing base as {tag}...")
@@ -687,9 +684,7 @@ def _build_base(client: docker.DockerClient, tag: str, suite: str, cache: Path, 
 # Wheels
 
 
-def _wheelhouse_dir(
-    cache: Path, info: BaseInfo, platforms: list[str], pins: dict[str, str]
-) -> tuple[Path, str]:
+def _wheelhouse_dir(cache: Path, info: BaseInfo, platforms: list[str], pins: dict[str, str]) -> tuple[Path, str]:
     key_doc = {"python": info.python, "platforms": platforms, "pins": sorted(pins.items()), "impl": "cp"}
     key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()
     return cache / "wheelhouse" / f"cp{info.python[0]}{info.python[1]}-{info.machine}-{key[:12]}", key
@@ -724,9 +719,7 @@ def _download_wheels(
     dest.mkdir(parents=True, exist_ok=True)
     for stale in dest.glob("*.whl"):
         stale.unlink()
-    cmd = pip_download_command(
-        dest=dest, python=info.python, platforms=platforms, pins=pins, wheelhouse=wheelhouse
-    )
+    cmd = pip_download_command(dest=dest, python=info.python, platforms=platforms, pins=pins, wheelhouse=wheelhouse)
     proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", check=False)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
@@ -886,69 +879,69 @@ def build_image(
     if wheelhouse is not None:
         wheelhouse = wheelhouse.expanduser().resolve()
     _ping(client)
-    with _build_lock(cache, progress):
-        # 1. the base
-        if base is not None:
-            base_ref = base
-            base_id = find_image(client, base)
-            if base_id is None:
+    try:
+        with _build_lock(cache, progress):
+            # 1. the base
+            if base is not None:
+                base_ref = base
+                base_id = find_image(client, base)
+                if base_id is None:
+                    raise ImageBuildError(
+                        f"image {base} not found locally; there is no registry here: build or load it first"
+                    )
+            else:
+                suite = host_suite()
+                base_ref = base_tag(suite, platform.machine())
+                base_id = find_image(client, base_ref)
+                if base_id is None:
+                    base_id = _build_base(client, base_ref, suite, cache, progress)
+            info = _probe_base(client, base_ref, base_id, cache)
+            if info.glibc is None:
                 raise ImageBuildError(
-                    f"image {base} not found locally; there is no registry here: build or load it first"
+                    f"the base image {base_ref} is not glibc-based (musl, e.g. Alpine?); "
+                    "the agent's wheels need a glibc (manylinux) base"
                 )
-        else:
-            suite = host_suite()
-            base_ref = base_tag(suite, platform.machine())
-            base_id = find_image(client, base_ref)
-            if base_id is None:
-                base_id = _build_base(client, base_ref, suite, cache, progress)
-        info = _probe_base(client, base_ref, base_id, cache)
-        if info.glibc is None:
-            raise ImageBuildError(
-                f"the base image {base_ref} is not glibc-based (musl, e.g. Alpine?); "
-                "the agent's wheels need a glibc (manylinux) base"
+            if info.python < MIN_PYTHON:
+                raise ImageBuildError(
+                    f"the base image {base_ref} has Python {info.python[0]}.{info.python[1]}; "
+                    f"callbox needs {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer"
+                    + ("" if base is not None else "; pass --base IMAGE with a newer Python")
+                )
+            # 2. the wheels
+            wheel_dir, wheels = _download_wheels(cache, info, pins, wheelhouse, progress)
+            # 3. the agent layer, unless an image with the same content hash exists
+            digest = content_hash(
+                base_id=base_id,
+                dockerfile=dockerfile,
+                sources=[(rel, data) for rel, data, _ in sources],
+                pins=pins,
+                wheels=wheels,
             )
-        if info.python < MIN_PYTHON:
-            raise ImageBuildError(
-                f"the base image {base_ref} has Python {info.python[0]}.{info.python[1]}; "
-                f"callbox needs {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer"
-                + ("" if base is not None else "; pass --base IMAGE with a newer Python")
+            hash_tag = f"{IMAGE_REPO}:{digest[:12]}"
+            tags = [tag] if tag == hash_tag else [tag, hash_tag]
+            try:
+                existing = _image_with_hash(client, digest)
+            except docker.errors.APIError as exc:
+                raise ImageBuildError(f"could not list images: {_docker_error(exc)}") from None
+            if existing is not None:
+                _tag(client, existing, tags)
+                seconds = time.monotonic() - started
+                progress(f"up to date: {tag} ({existing[7:19]}, hash {digest[:12]})")
+                return ImageBuildResult(tag=tag, image_id=existing, content_hash=digest, built=False, seconds=seconds)
+            progress(f"building agent layer on {base_ref} (Python {info.python[0]}.{info.python[1]})...")
+            context = _build_context(
+                dockerfile,
+                sources,
+                wheel_dir,
+                wheels,
+                requirements_text(pins),
             )
-        # 2. the wheels
-        wheel_dir, wheels = _download_wheels(cache, info, pins, wheelhouse, progress)
-        # 3. the agent layer, unless an image with the same content hash exists
-        digest = content_hash(
-            base_id=base_id,
-            dockerfile=dockerfile,
-            sources=[(rel, data) for rel, data, _ in sources],
-            pins=pins,
-            wheels=wheels,
-        )
-        hash_tag = f"{IMAGE_REPO}:{digest[:12]}"
-        tags = [tag] if tag == hash_tag else [tag, hash_tag]
-        try:
-            existing = _image_with_hash(client, digest)
-        except docker.errors.APIError as exc:
-            raise ImageBuildError(f"could not list images: {_docker_error(exc)}") from None
-        if existing is not None:
-            _tag(client, existing, tags)
+            labels = {LABEL_HASH: digest, LABEL_VERSION: str(IMAGE_FORMAT_VERSION), LABEL_BASE: base_ref}
+            image_id = _docker_build(client, context, base_ref=base_ref, tag=tag, labels=labels, progress=progress)
+            _tag(client, image_id, tags)
             seconds = time.monotonic() - started
-            progress(f"up to date: {tag} ({existing[7:19]}, hash {digest[:12]})")
-            return ImageBuildResult(
-                tag=tag, image_id=existing, content_hash=digest, built=False, seconds=seconds
-            )
-        progress(f"building agent layer on {base_ref} (Python {info.python[0]}.{info.python[1]})...")
-        context = _build_context(
-            dockerfile,
-            sources,
-            wheel_dir,
-            wheels,
-            requirements_text(pins),
-        )
-        labels = {LABEL_HASH: digest, LABEL_VERSION: str(IMAGE_FORMAT_VERSION), LABEL_BASE: base_ref}
-        image_id = _docker_build(
-            client, context, base_ref=base_ref, tag=tag, labels=labels, progress=progress
-        )
-        _tag(client, image_id, tags)
-        seconds = time.monotonic() - started
-        progress(f"built {tag} ({image_id[7:19]}, hash {digest[:12]}) in {seconds:.0f} s")
-        return ImageBuildResult(tag=tag, image_id=image_id, content_hash=digest, built=True, seconds=seconds)
+            progress(f"built {tag} ({image_id[7:19]}, hash {digest[:12]}) in {seconds:.0f} s")
+            return ImageBuildResult(tag=tag, image_id=image_id, content_hash=digest, built=True, seconds=seconds)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        # ImageBuildError covers what we expect; this is the engine failing or going away mid-build.
+        raise ImageBuildError(f"the Docker engine failed during the image build: {_docker_error(exc)}") from None
