@@ -369,7 +369,9 @@ def pip_download_command(
         cmd += ["--platform", plat]
     if wheelhouse is not None:
         cmd += ["--no-index", "--find-links", str(wheelhouse)]
-    cmd += ["-d", str(dest), "pip"]
+    # The pip wheel that installs the others inside the build: the host's own version,
+    # so a fresh machine gets the same one (it is not an agent dependency).
+    cmd += ["-d", str(dest), f"pip=={importlib.metadata.version('pip')}"]
     cmd += [f"{name}=={version}" for name, version in sorted(pins.items())]
     return cmd
 

@@ -32,7 +32,7 @@ def engine():  # type: ignore[no-untyped-def]
         _unavailable(f"no Docker engine: {exc.message} (run `make test`, which starts one)")
     try:
         eng.client.images.get(IMAGE)
-    except Exception:  # noqa: BLE001 - any lookup failure means the image is not usable
+    except Exception:
         _unavailable(f"image {IMAGE} is missing (run `make image`)")
     return eng
 

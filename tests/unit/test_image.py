@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import json
 import re
@@ -313,7 +314,8 @@ def test_pip_download_command_online():
     assert "--abi cp311" in joined
     assert "--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64" in joined
     assert "--no-index" not in cmd
-    assert cmd[-5:] == ["-d", "/c/wh", "pip", "grpcio==1.85.3", "psutil==7.2.2"]
+    pip_pin = f"pip=={importlib.metadata.version('pip')}"
+    assert cmd[-5:] == ["-d", "/c/wh", pip_pin, "grpcio==1.85.3", "psutil==7.2.2"]
 
 
 def test_pip_download_command_air_gapped():
