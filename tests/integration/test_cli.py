@@ -119,3 +119,28 @@ def test_gc_removes_sandbox_whose_owner_was_sigkilled(engine):
             owner.wait()
         if sandbox_id:
             engine.destroy(sandbox_id)
+
+
+def test_sigterm_to_callbox_exec_destroys_its_sandbox(engine):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "exec", "--image", IMAGE, "--", "sh", "-c", "echo ready; sleep 60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n"  # the sandbox exists and the command runs
+        assert _owned_by(engine, proc.pid), "no sandbox found for the CLI process"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert _owned_by(engine, proc.pid) == [], "the sandbox was leaked"
+
+
+def _owned_by(engine, pid: int) -> list[str]:  # type: ignore[no-untyped-def]
+    return [
+        c["Id"] for c in engine.client.api.containers(all=True, filters={"label": "callbox.managed=1"})
+        if f"/{pid}/" in c["Labels"].get("callbox.owner", "")
+    ]
