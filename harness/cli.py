@@ -154,7 +154,8 @@ def _spec_from_args(args: argparse.Namespace) -> SandboxSpec:
             raise UsageError(f"--env {item!r}: use K=V")
         env[name] = value
     try:
-        mounts = tuple(Mount.parse(m) for m in args.mount)
+        # Canonicalize now, so a bad mount is a usage error before any engine is contacted.
+        mounts = tuple(Mount.parse(m).canonical(None) for m in args.mount)
         return SandboxSpec(
             image=args.image, memory=args.memory, cpus=args.cpus, pids=args.pids, network=args.network,
             allow_hosts=tuple(args.allow_host), mounts=mounts, workdir=args.workdir, env=env,
@@ -186,11 +187,7 @@ def _exec(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"--output-cap: {exc}") from None
     spec = _spec_from_args(args)
-    stdin = b""
-    if not sys.stdin.isatty():
-        stdin = sys.stdin.buffer.read(MAX_STDIN_BYTES + 1)
-        if len(stdin) > MAX_STDIN_BYTES:
-            raise UsageError(f"stdin is larger than {MAX_STDIN_BYTES >> 20} MiB")
+    stdin = _read_stdin()
 
     def stream(name: str, data: bytes, dropped_before: int) -> None:
         out = sys.stdout.buffer if name == "stdout" else sys.stderr.buffer
@@ -216,6 +213,19 @@ def _exec(args: argparse.Namespace) -> int:
     elif result.oom_killed:
         print(f"callbox: killed by the OOM killer (memory limit {args.memory})", file=sys.stderr)
     return result.shell_exit_code
+
+
+def _read_stdin() -> bytes:
+    """The caller's piped stdin (nothing when it is a terminal or closed)."""
+    if sys.stdin is None or sys.stdin.isatty():
+        return b""
+    try:
+        data = sys.stdin.buffer.read(MAX_STDIN_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read stdin: {exc.strerror or exc}") from None
+    if len(data) > MAX_STDIN_BYTES:
+        raise UsageError(f"stdin is larger than {MAX_STDIN_BYTES >> 20} MiB")
+    return data
 
 
 def _ps() -> int:

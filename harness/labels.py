@@ -36,9 +36,10 @@ class Owner:
         if len(parts) != 3:
             return None
         try:
-            return cls(parts[0], int(parts[1]), float(parts[2]))
+            owner = cls(parts[0], int(parts[1]), float(parts[2]))
         except ValueError:
             return None
+        return owner if owner.pid > 0 else None
 
     @classmethod
     def current(cls) -> Owner:

@@ -21,12 +21,14 @@ AGENT_DIR = "/run/callbox"
 TOOL_UID = 1000
 TOOL_GID = 1000
 
-# Host paths that are never mounted into a sandbox, whatever the policy says.
-FORBIDDEN_HOST_PATHS = ("/", "/proc", "/sys", "/dev", "/run", "/var/run", "/boot", "/etc", "/root")
+# Host paths that are never mounted into a sandbox, whatever the policy says: these
+# system trees and anything under them, and these directories themselves.
+FORBIDDEN_HOST_TREES = ("/proc", "/sys", "/dev", "/run", "/var/run", "/boot", "/etc")
+FORBIDDEN_HOST_DIRS = ("/", "/root", "/home", "/usr", "/var", "/opt", "/bin", "/sbin", "/lib", "/lib64")
 # Container paths a mount may not cover.
 RESERVED_TARGETS = ("/", "/proc", "/sys", "/dev", AGENT_DIR, "/etc", "/usr", "/bin", "/sbin", "/lib", "/opt")
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Mount(BaseModel):
@@ -59,7 +61,8 @@ class Mount(BaseModel):
     def _target_ok(cls, value: str) -> str:
         if not value.startswith("/"):
             raise ValueError(f"mount target {value!r} must be an absolute path inside the sandbox")
-        norm = os.path.normpath(value)
+        # normpath keeps a leading "//" (POSIX allows it); Docker does not: "//proc" is "/proc".
+        norm = "/" + os.path.normpath(value).lstrip("/")
         for reserved in RESERVED_TARGETS:
             if norm == reserved or (reserved != "/" and norm.startswith(reserved + "/")):
                 raise ValueError(f"mount target {value!r} would cover {reserved}, which the sandbox needs")
@@ -69,16 +72,19 @@ class Mount(BaseModel):
         """Resolve the host path and refuse dangerous or unlisted ones."""
         try:
             source = self.source.expanduser().resolve(strict=True)
-        except (FileNotFoundError, RuntimeError):
+        except (FileNotFoundError, NotADirectoryError):
             raise ValueError(f"mount source {self.source} does not exist on the host") from None
+        except (OSError, RuntimeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ValueError(f"mount source {self.source} cannot be used: {reason}") from None
         text = str(source)
-        if text in FORBIDDEN_HOST_PATHS or any(
-            text.startswith(p + "/") for p in ("/proc", "/sys", "/dev", "/run", "/var/run", "/boot")
-        ):
+        if text in FORBIDDEN_HOST_DIRS or any(text == p or text.startswith(p + "/") for p in FORBIDDEN_HOST_TREES):
             raise ValueError(f"mount source {source} is a system path and is never mounted into a sandbox")
         if source.is_socket() or "docker.sock" in text:
             raise ValueError(f"mount source {source} is a socket; sockets are never mounted into a sandbox")
-        if allowed_roots is not None and not any(source.is_relative_to(r) for r in allowed_roots):
+        if allowed_roots is not None and not any(
+            source.is_relative_to(r.expanduser().resolve()) for r in allowed_roots
+        ):
             roots = ", ".join(str(r) for r in allowed_roots)
             raise ValueError(f"mount source {source} is outside the allowed mount roots ({roots})")
         return self.model_copy(update={"source": source})
@@ -129,7 +135,7 @@ class SandboxSpec(BaseModel):
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
         for name, val in value.items():
-            if not _ENV_NAME.match(name):
+            if not _ENV_NAME.fullmatch(name):
                 raise ValueError(f"environment variable name {name!r} is not valid")
             if "\0" in val:
                 raise ValueError(f"environment variable {name} contains a NUL byte")

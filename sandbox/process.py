@@ -185,6 +185,11 @@ class ProcessRunner:
             raise AgentError(
                 errors_pb2.ERROR_REASON_SPAWN_FAILED, f"{argv[0]}: permission denied"
             ) from None
+        except BlockingIOError:
+            raise AgentError(
+                errors_pb2.ERROR_REASON_BUSY,
+                f"cannot start {argv[0]}: the sandbox's process limit is reached; retry when processes exit",
+            ) from None
         except OSError as exc:
             raise AgentError(
                 errors_pb2.ERROR_REASON_SPAWN_FAILED, f"{argv[0]}: {exc.strerror or exc}"

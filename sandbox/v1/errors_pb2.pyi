@@ -50,7 +50,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_NO_SUCH_PROCESS: _ErrorReason.ValueType  # 9
     """No running process has that exec id."""
     ERROR_REASON_BUSY: _ErrorReason.ValueType  # 10
-    """The agent has too many concurrent processes already."""
+    """The agent runs too many commands already, or the sandbox reached its process
+    limit (pids); retryable once processes exit.
+    """
     ERROR_REASON_INTERNAL: _ErrorReason.ValueType  # 11
     """A bug or broken environment inside the agent."""
 
@@ -76,7 +78,9 @@ ERROR_REASON_SPAWN_FAILED: ErrorReason.ValueType  # 8
 ERROR_REASON_NO_SUCH_PROCESS: ErrorReason.ValueType  # 9
 """No running process has that exec id."""
 ERROR_REASON_BUSY: ErrorReason.ValueType  # 10
-"""The agent has too many concurrent processes already."""
+"""The agent runs too many commands already, or the sandbox reached its process
+limit (pids); retryable once processes exit.
+"""
 ERROR_REASON_INTERNAL: ErrorReason.ValueType  # 11
 """A bug or broken environment inside the agent."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -1,0 +1,1 @@
+"""Side-by-side performance benchmarks (``make bench``); see tests/bench/README.md."""

@@ -1,0 +1,177 @@
+"""Usage errors of the CLI: exit 2 and one `callbox: ...` line, decided before any engine is contacted.
+
+DOCKER_HOST points at a socket that does not exist, so a code path that wrongly reaches for
+the engine fails with 125 ("cannot reach the Docker engine") instead of touching a real one,
+and stdin is a real /dev/null so `exec` does not trip over pytest's captured stdin.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness import cli
+
+
+@pytest.fixture(autouse=True)
+def no_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such-docker.sock")
+    with open(os.devnull) as devnull:
+        monkeypatch.setattr(sys, "stdin", devnull)
+        yield
+
+
+def _usage_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """Run the CLI; assert exit 2 and a single `callbox:` line; return that line."""
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    assert code == 2, f"exit {code}, stderr: {captured.err!r}"
+    assert "Traceback" not in captured.err
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("callbox: ")
+    assert captured.out == ""
+    return lines[0]
+
+
+def test_unknown_top_level_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["--no-such-flag", "ps"])
+    assert "--no-such-flag" in line
+    assert "--help" in line
+
+
+def test_unknown_exec_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["exec", "--frobnicate", "--", "true"])
+    assert "--frobnicate" in line
+
+
+def test_unknown_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["launch-missiles"])
+    assert "launch-missiles" in line
+
+
+def test_no_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, [])
+    assert "required" in line
+
+
+def test_exec_without_a_command_names_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["exec"])
+    assert "no command given" in line
+    assert "callbox exec [OPTIONS] -- CMD" in line
+
+
+def test_exec_with_only_the_separator_names_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["exec", "--json", "--"])
+    assert "-- CMD" in line
+
+
+@pytest.mark.parametrize("timeout", ["0", "-5"])
+def test_exec_non_positive_timeout(capsys: pytest.CaptureFixture[str], timeout: str) -> None:
+    line = _usage_error(capsys, ["exec", "--timeout", timeout, "--", "true"])
+    assert "--timeout" in line
+
+
+def test_exec_timeout_not_a_number(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["exec", "--timeout", "soon", "--", "true"])
+    assert "soon" in line
+
+
+def test_exec_env_without_equals(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["exec", "--env", "NOEQUALS", "--", "true"])
+    assert "NOEQUALS" in line
+    assert "K=V" in line
+
+
+def test_exec_env_with_an_invalid_name(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["exec", "--env", "1BAD=x", "--", "true"])
+    assert "1BAD" in line
+
+
+def test_exec_bad_memory_names_the_format(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["exec", "--memory", "lots", "--", "true"])
+    assert "'lots' is not a size" in line
+
+
+def test_exec_bad_output_cap(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["exec", "--output-cap", "huge", "--", "true"])
+    assert "--output-cap" in line
+
+
+def test_exec_mount_without_a_target(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["exec", "--mount", "/tmp", "--", "true"])
+    assert "HOST:CONTAINER" in line
+
+
+def test_exec_mount_with_a_bad_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["exec", "--mount", "/tmp:/data:rx", "--", "true"])
+    assert "ro or rw" in line
+
+
+def test_exec_mount_on_a_reserved_target(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["exec", "--mount", "/tmp:/proc", "--", "true"])
+    assert "/proc" in line
+
+
+def test_exec_mount_of_a_missing_source_is_refused_before_the_engine(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    line = _usage_error(capsys, ["exec", "--mount", "/nonexistent-xyz:/data", "--", "true"])
+    assert "/nonexistent-xyz" in line
+    assert "does not exist" in line
+
+
+def test_exec_mount_of_a_system_path_is_refused_before_the_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["exec", "--mount", "/etc:/data", "--", "true"])
+    assert "system path" in line
+
+
+@pytest.mark.parametrize("network", ["allowlist", "open"])
+def test_exec_network_other_than_none(capsys: pytest.CaptureFixture[str], network: str) -> None:
+    line = _usage_error(capsys, ["exec", "--network", network, "--allow-host", "example.com:443", "--", "true"])
+    assert f"network mode '{network}' is not available" in line
+    assert "only 'none'" in line
+    assert "Value error" not in line
+    assert "validation error" not in line
+
+
+def test_exec_unknown_network_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["exec", "--network", "host", "--", "true"])
+    assert "host" in line
+
+
+def test_exec_pids_out_of_range_is_readable(capsys: pytest.CaptureFixture[str]) -> None:
+    line = _usage_error(capsys, ["exec", "--pids", "1", "--", "true"])
+    assert "pids" in line
+
+
+def test_unreachable_engine_is_125_and_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Sanity check of the fixture: a valid exec fails closed on the missing engine."""
+    code = cli.main(["exec", "--", "true"])
+    captured = capsys.readouterr()
+    assert code == 125
+    assert captured.err.startswith("callbox: cannot reach the Docker engine")
+    assert len(captured.err.splitlines()) == 1
+    assert "Traceback" not in captured.err
+
+
+def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: callbox" in out
+    assert "exec" in out
+
+
+def test_exec_help_exits_zero_and_lists_the_sandbox_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["exec", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--memory", "--cpus", "--pids", "--timeout", "--network", "--mount", "--env", "--json"):
+        assert flag in out
