@@ -138,7 +138,8 @@ class DockerEngine:
         try:
             container = self._run_container(spec, sandbox_id, socket_dir, uid, gid)
         except BaseException:
-            shutil.rmtree(socket_dir, ignore_errors=True)
+            # Also on Ctrl-C mid-request: the engine may have created the container already.
+            self.destroy(sandbox_id)
             raise
         sandbox = Sandbox(self, sandbox_id, container, socket_dir, spec, uid, gid)
         try:

@@ -1,23 +1,26 @@
-"""``python3 -m sandbox``: start the in-container agent."""
+"""``python3 -m sandbox``: start the in-container agent.
+
+The process spawner is forked first, while this process is still single-threaded and
+has not imported gRPC; only then is the gRPC server imported and started.
+"""
 
 from __future__ import annotations
 
 import os
 
-# gRPC's fork handlers restart its threads in a forked child, which crashes the child
-# between fork and exec; the agent forks only to exec, so it needs none of them.
+# The agent never forks after gRPC starts (the spawner does that), so gRPC's fork
+# handlers, which restart its threads in a child, are never wanted.
 os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
 
 import argparse
-import logging
 import pwd
 import sys
 
-from sandbox.process import ToolUser
-from sandbox.server import AgentConfig, serve
+from sandbox.launch import ToolUser
+from sandbox.spawner import Spawner
 
 
-def parse_args(argv: list[str] | None) -> AgentConfig:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="callbox-agent", description="The callbox in-container agent.")
     parser.add_argument("--socket", default="/run/callbox/agent.sock", help="unix socket to serve on")
     parser.add_argument("--workspace", default="/workspace", help="base directory for relative paths")
@@ -25,10 +28,7 @@ def parse_args(argv: list[str] | None) -> AgentConfig:
     parser.add_argument("--uid", type=int, help="uid tool processes run as (default: the sandbox user)")
     parser.add_argument("--gid", type=int, help="gid tool processes run as (default: the uid's group)")
     parser.add_argument("--max-concurrent", type=int, default=64, help="concurrent commands at most")
-    args = parser.parse_args(argv)
-    user = _tool_user(args.uid, args.gid)
-    roots = args.root or [args.workspace, "/tmp"]
-    return AgentConfig(args.socket, args.workspace, roots, user, max_concurrent=args.max_concurrent)
+    return parser
 
 
 def _tool_user(uid: int | None, gid: int | None) -> ToolUser:
@@ -47,8 +47,22 @@ def _tool_user(uid: int | None, gid: int | None) -> ToolUser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    user = _tool_user(args.uid, args.gid)
+    spawner = Spawner()
+    import logging
+
+    from sandbox.server import AgentConfig, serve
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return serve(parse_args(argv))
+    config = AgentConfig(
+        socket=args.socket, workspace=args.workspace, roots=args.root or [args.workspace, "/tmp"],
+        user=user, max_concurrent=args.max_concurrent, spawner=spawner,
+    )
+    try:
+        return serve(config)
+    finally:
+        spawner.close()
 
 
 if __name__ == "__main__":

@@ -94,13 +94,20 @@ def kill_marked(marker: int, max_rounds: int = 200) -> int:
     """SIGKILL every marked process until a scan finds none; return processes killed.
 
     A fork bomb may fork between scans, so the scan repeats; processes already killed
-    cannot fork, so the set shrinks every round and the pids limit bounds it.
+    cannot fork, so the set shrinks every round and the pids limit bounds it. A process
+    forked during a scan by a parent that exits before the scan reads it can be missed
+    once, so it takes two empty scans in a row to stop.
     """
     killed = 0
+    empty = 0
     for _ in range(max_rounds):
         pids = list(marked_pids(marker))
         if not pids:
-            return killed
+            empty += 1
+            if empty == 2:
+                return killed
+            continue
+        empty = 0
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGSTOP)

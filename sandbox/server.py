@@ -16,7 +16,9 @@ from sandbox.errors import AgentError, abort
 from sandbox.fs import FilesystemService
 from sandbox.health import SERVING, HealthService
 from sandbox.identity import FsIdentity, drop_supplementary_groups
-from sandbox.process import Execution, ProcessRunner, ToolUser
+from sandbox.launch import SpawnerLauncher, ToolUser
+from sandbox.process import Execution, ProcessRunner
+from sandbox.spawner import Spawner
 from sandbox.v1 import filesystem_pb2_grpc, process_pb2, process_pb2_grpc
 
 log = logging.getLogger("callbox.agent")
@@ -59,10 +61,13 @@ class AgentConfig:
     user: ToolUser | None
     max_concurrent: int = 64
     workers: int = 128
+    spawner: Spawner | None = None
+    """Starts tool processes; None starts them from this process (slower, for tests)."""
 
 
 def build_server(config: AgentConfig) -> tuple[grpc.Server, ProcessRunner, HealthService]:
-    runner = ProcessRunner(config.user, config.workspace, config.max_concurrent)
+    launcher = SpawnerLauncher(config.spawner) if config.spawner is not None else None
+    runner = ProcessRunner(config.user, config.workspace, config.max_concurrent, launcher)
     identity = FsIdentity(config.user.uid, config.user.gid) if config.user else None
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="rpc"),

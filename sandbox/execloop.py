@@ -1,0 +1,214 @@
+"""The selector loop of one command: pipes, leader exit, deadline, cancellation.
+
+One loop per command waits on the leader's pidfd, both output pipes, the stdin pipe
+while there is input left, and a wake-up pipe (cancellation), so output streams as it
+arrives and the deadline is kept without polling. On timeout every process of the
+command gets SIGTERM, then SIGKILL after the grace. When the leader exits, whatever it
+left behind is killed (nothing outlives its call) and the pipes are drained.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from google.protobuf.duration_pb2 import Duration
+
+from sandbox.cgroup import oom_kill_count
+from sandbox.outputcap import HeadTailBuffer
+from sandbox.v1 import process_pb2
+
+if TYPE_CHECKING:
+    from sandbox.process import Execution
+
+DEFAULT_OUTPUT_CAP = 1 << 20
+DEFAULT_KILL_GRACE_MS = 500
+# Largest Output message: what one wake-up may gather from a pipe.
+READ_CHUNK = 1 << 20
+# After the leader exits and its leftovers are killed, wait at most this long for the
+# pipes to close (a process of another command could hold a duplicated descriptor).
+DRAIN_LIMIT_S = 2.0
+
+
+class ExecLoop:
+    """The selector loop of one command: pipes, leader exit, deadline, cancellation."""
+
+    def __init__(
+        self,
+        request: process_pb2.ExecRequest,
+        execution: Execution,
+        started_at: float,
+        timeout_ms: int,
+    ) -> None:
+        cap = request.output_cap_bytes or DEFAULT_OUTPUT_CAP
+        self.execution = execution
+        assert execution.child is not None
+        self.child = execution.child
+        self.wake_r = execution.wake_r
+        self.started_at = started_at
+        self.deadline = started_at + timeout_ms / 1000
+        self.grace = (request.kill_grace_ms or DEFAULT_KILL_GRACE_MS) / 1000
+        self.kill_at: float | None = None
+        self.drain_until: float | None = None
+        self.timed_out = False
+        self.buffers = {"stdout": HeadTailBuffer(cap), "stderr": HeadTailBuffer(cap)}
+        self.stdin_data = memoryview(request.stdin)
+        self.seq = 0
+        self.ended_at: float | None = None
+        # True once a sweep after the leader's exit found no process of this command left.
+        self.swept = False
+
+    def _output(self, stream: str, data: bytes, dropped_before: int = 0) -> process_pb2.ExecEvent:
+        event = process_pb2.ExecEvent(
+            output=process_pb2.Output(seq=self.seq, dropped_before=dropped_before, **{stream: data})
+        )
+        self.seq += 1
+        return event
+
+    def events(self) -> Iterator[process_pb2.ExecEvent]:
+        child = self.child
+        sel = selectors.DefaultSelector()
+        streams = {child.stdout: "stdout", child.stderr: "stderr"}
+        for fd in streams:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ, "pipe")
+        pidfd = child.open_pidfd()
+        sel.register(pidfd, selectors.EVENT_READ, "exit")
+        sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        if child.stdin is not None:
+            os.set_blocking(child.stdin, False)
+            sel.register(child.stdin, selectors.EVENT_WRITE, "stdin")
+        try:
+            while streams or child.returncode is None:
+                ready = sel.select(self._next_timeout())
+                now = time.monotonic()
+                for key, _ in ready:
+                    if key.data == "pipe":
+                        fd = int(key.fd)
+                        chunk = self._read(fd)
+                        if chunk is None:
+                            continue
+                        if not chunk:
+                            sel.unregister(fd)
+                            del streams[fd]
+                            continue
+                        live = self.buffers[streams[fd]].feed(chunk)
+                        if live:
+                            yield self._output(streams[fd], live)
+                    elif key.data == "exit":
+                        sel.unregister(pidfd)
+                        child.reap()
+                        self.ended_at = now
+                        # Nothing outlives its call: kill what the leader left behind.
+                        self.execution.kill_all()
+                        self.swept = True
+                        self.drain_until = now + DRAIN_LIMIT_S
+                    elif key.data == "stdin":
+                        self._write_stdin(sel)
+                    elif key.data == "wake":
+                        os.read(self.wake_r, 64)
+                if self.execution.cancelled.is_set():
+                    self.execution.kill_all()
+                self._enforce_deadline(now)
+                if self.drain_until is not None and now >= self.drain_until and child.returncode is not None:
+                    break
+            yield from self._tails()
+        finally:
+            sel.close()
+            os.close(pidfd)
+
+    @staticmethod
+    def _read(fd: int) -> bytes | None:
+        """Read what the pipe holds, up to READ_CHUNK: b"" at EOF, None if nothing yet."""
+        parts: list[bytes] = []
+        size = 0
+        while size < READ_CHUNK:
+            try:
+                part = os.read(fd, READ_CHUNK - size)
+            except BlockingIOError:
+                break
+            if not part:
+                if not parts:
+                    return b""
+                break
+            parts.append(part)
+            size += len(part)
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _write_stdin(self, sel: selectors.BaseSelector) -> None:
+        stdin = self.child.stdin
+        assert stdin is not None
+        try:
+            written = os.write(stdin, self.stdin_data[:65536])
+            self.stdin_data = self.stdin_data[written:]
+        except BlockingIOError:
+            return
+        except BrokenPipeError:
+            self.stdin_data = self.stdin_data[:0]
+        if not self.stdin_data:
+            sel.unregister(stdin)
+            os.close(stdin)
+            self.child.stdin = None
+
+    def _next_timeout(self) -> float:
+        now = time.monotonic()
+        targets = [t for t in (self.deadline, self.kill_at, self.drain_until) if t is not None]
+        if self.child.returncode is not None:
+            targets = [t for t in (self.drain_until,) if t is not None]
+        return max(0.0, min(targets) - now) if targets else 1.0
+
+    def _enforce_deadline(self, now: float) -> None:
+        if self.child.returncode is not None:
+            return
+        if not self.timed_out and now >= self.deadline:
+            self.timed_out = True
+            self.execution.signal_all(signal.SIGTERM)
+            self.kill_at = now + self.grace
+        elif self.kill_at is not None and now >= self.kill_at:
+            self.execution.kill_all()
+            self.kill_at = None
+
+    def _tails(self) -> Iterator[process_pb2.ExecEvent]:
+        for stream, buffer in self.buffers.items():
+            tail, dropped = buffer.finish()
+            if tail or dropped:
+                yield self._output(stream, tail, dropped_before=dropped)
+
+    def exited(self, oom_before: int | None) -> process_pb2.ExecEvent:
+        code = self.child.returncode
+        assert code is not None
+        ended = self.ended_at or time.monotonic()
+        signum = -code if code < 0 else 0
+        oom_after = oom_kill_count()
+        # The leader itself, or a child whose death the shell reports as 128 + 9.
+        killed = signum == signal.SIGKILL or code == 128 + signal.SIGKILL
+        oom = (
+            killed
+            and not self.timed_out
+            and oom_before is not None
+            and oom_after is not None
+            and oom_after > oom_before
+        )
+        duration = Duration()
+        duration.FromNanoseconds(int((ended - self.started_at) * 1e9))
+        stats = {
+            name: process_pb2.StreamStats(total_bytes=b.total, dropped_bytes=b.dropped)
+            for name, b in self.buffers.items()
+        }
+        return process_pb2.ExecEvent(
+            exited=process_pb2.Exited(
+                exit_code=code if code >= 0 else -1,
+                signal=signum,
+                timed_out=self.timed_out,
+                oom_killed=oom,
+                duration=duration,
+                stdout=stats["stdout"],
+                stderr=stats["stderr"],
+            )
+        )

@@ -1,0 +1,258 @@
+"""A small pre-forked process that starts tool processes for the agent.
+
+Starting a process as another user with an extra group makes CPython fork instead of
+vfork, and forking the agent (large, with gRPC's threads) costs over a millisecond and
+is fragile. So the agent forks this spawner once, at start-up, before gRPC is even
+imported: a single-threaded process with a few MiB of memory. The agent sends it one
+request per command (argv, environment, cwd, identity, and the three stdio pipe ends
+as SCM_RIGHTS descriptors); the spawner starts the process, answers with its pid or
+the errno of the failure, and reports each exit status when the child ends. The agent
+watches the child with a pidfd, as it would its own child.
+
+The spawner runs as root in the container with the agent's capabilities, so tool
+processes can neither signal nor trace it; it is reached only through an anonymous
+socketpair. It exits when the agent closes its end.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import json
+import os
+import selectors
+import socket
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MAX_MESSAGE = 1 << 20
+
+
+@dataclass(frozen=True)
+class SpawnRequest:
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str
+    uid: int | None
+    gid: int | None
+    groups: Sequence[int] | None
+
+
+class SpawnerDied(RuntimeError):
+    """The spawner process is gone; no new command can start."""
+
+
+class _Pending:
+    """A reply the agent is waiting for: a spawn result or an exit status."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.value: dict[str, Any] = {}
+
+
+class Spawner:
+    """Agent side: start commands through the pre-forked spawner process."""
+
+    def __init__(self) -> None:
+        agent_end, spawner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # the spawner
+            agent_end.close()
+            try:
+                _serve(spawner_end)
+            finally:
+                os._exit(0)
+        spawner_end.close()
+        self.pid = pid
+        self._sock = agent_end
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self._replies: dict[int, _Pending] = {}
+        self._exits: dict[int, _Pending] = {}
+        self._dead = False
+        self._reader = threading.Thread(target=self._read_loop, name="spawner-reader", daemon=True)
+        self._reader.start()
+
+    def spawn(self, request: SpawnRequest, stdin: int, stdout: int, stderr: int) -> tuple[int, int]:
+        """Start the command; return its pid and a pidfd for it, or raise the start's OSError.
+
+        The pidfd is opened by the spawner before it can reap the child, so it always
+        refers to this child, even if the child has already exited.
+        """
+        with self._lock:
+            if self._dead:
+                raise SpawnerDied("the process spawner has exited")
+            self._next_id += 1
+            request_id = self._next_id
+            reply = self._replies[request_id] = _Pending()
+        header = json.dumps({
+            "id": request_id, "argv": list(request.argv), "env": dict(request.env), "cwd": request.cwd,
+            "uid": request.uid, "gid": request.gid,
+            "groups": list(request.groups) if request.groups is not None else None,
+        }).encode()
+        fds = array.array("i", [stdin, stdout, stderr])
+        try:
+            with self._send_lock:
+                self._sock.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        except OSError:
+            with self._lock:
+                self._replies.pop(request_id, None)
+            raise SpawnerDied("the process spawner has exited") from None
+        reply.event.wait()
+        value = reply.value
+        if "pid" in value:
+            return int(value["pid"]), int(value["pidfd"])
+        if value.get("died"):
+            raise SpawnerDied("the process spawner has exited")
+        raise OSError(int(value.get("errno", 0)), str(value.get("error", "spawn failed")))
+
+    def wait(self, pid: int) -> int:
+        """Block until the spawner reports the child's exit; return it as Popen.returncode."""
+        pending = self._exit_slot(pid)
+        pending.event.wait()
+        with self._lock:
+            self._exits.pop(pid, None)
+        if pending.value.get("died"):
+            raise SpawnerDied("the process spawner exited before reporting the exit status")
+        return int(pending.value["returncode"])
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+    def _exit_slot(self, pid: int) -> _Pending:
+        with self._lock:
+            slot = self._exits.get(pid)
+            if slot is None:
+                slot = self._exits[pid] = _Pending()
+                if self._dead:
+                    slot.value = {"died": True}
+                    slot.event.set()
+            return slot
+
+    def _read_loop(self) -> None:
+        fd_size = array.array("i").itemsize
+        while True:
+            try:
+                data, ancdata, _flags, _addr = self._sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(fd_size))
+            except OSError:
+                data, ancdata = b"", []
+            if not data:
+                self._mark_dead()
+                return
+            message = json.loads(data)
+            fds = _received_fds(ancdata)
+            if fds:
+                message["pidfd"] = fds[0]
+            if "exit" in message:
+                slot = self._exit_slot(int(message["exit"]))
+                slot.value = message
+                slot.event.set()
+            else:
+                with self._lock:
+                    reply = self._replies.pop(int(message["id"]), None)
+                if reply is not None:
+                    reply.value = message
+                    reply.event.set()
+
+    def _mark_dead(self) -> None:
+        with self._lock:
+            self._dead = True
+            waiting = [*self._replies.values(), *self._exits.values()]
+            self._replies.clear()
+        for pending in waiting:
+            if not pending.event.is_set():
+                pending.value = {"died": True}
+                pending.event.set()
+
+
+# ---- the spawner process ------------------------------------------------------------
+
+
+def _serve(sock: socket.socket) -> None:
+    """Spawner main loop: start requested commands, report exits, stop on EOF."""
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ, None)
+    children: dict[int, subprocess.Popen[bytes]] = {}
+    while True:
+        for key, _ in sel.select():
+            if key.data is None:
+                if not _handle_request(sock, sel, children):
+                    return
+            else:
+                proc = children.pop(key.data)
+                sel.unregister(key.fd)
+                os.close(key.fd)
+                returncode = proc.wait()
+                with contextlib.suppress(OSError):
+                    sock.send(json.dumps({"exit": proc.pid, "returncode": returncode}).encode())
+
+
+def _handle_request(
+    sock: socket.socket, sel: selectors.BaseSelector, children: dict[int, subprocess.Popen[bytes]]
+) -> bool:
+    fds = array.array("i")
+    try:
+        data, ancdata, _flags, _addr = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(3 * fds.itemsize))
+    except OSError:
+        return False
+    if not data:
+        return False
+    fds.extend(_received_fds(ancdata))
+    request = json.loads(data)
+    try:
+        if len(fds) != 3:
+            raise OSError(0, "expected three stdio descriptors")
+        proc = _start(request, fds[0], fds[1], fds[2])
+    except OSError as exc:
+        reply = {"id": request["id"], "errno": exc.errno or 0, "error": exc.strerror or str(exc)}
+    else:
+        pidfd = os.pidfd_open(proc.pid)
+        children[proc.pid] = proc
+        sel.register(pidfd, selectors.EVENT_READ, proc.pid)
+        reply = {"id": request["id"], "pid": proc.pid}
+        # The agent gets its own pidfd, opened before this loop can reap the child.
+        sock.sendmsg([json.dumps(reply).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                      array.array("i", [pidfd]))])
+        return True
+    finally:
+        for fd in fds:
+            os.close(fd)
+    sock.send(json.dumps(reply).encode())
+    return True
+
+
+def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    fds = array.array("i")
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return list(fds)
+
+
+def _start(request: dict[str, Any], stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
+    ids: dict[str, object] = {}
+    if request.get("uid") is not None:
+        ids["user"] = request["uid"]
+    if request.get("gid") is not None:
+        ids["group"] = request["gid"]
+    if request.get("groups") is not None:
+        ids["extra_groups"] = request["groups"]
+    return subprocess.Popen(  # type: ignore[call-overload,no-any-return]
+        request["argv"],
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        cwd=request["cwd"],
+        env=request["env"],
+        start_new_session=True,
+        close_fds=True,
+        **ids,
+    )
