@@ -126,11 +126,11 @@ class ProcessRunner:
         execution = self._register(request.exec_id or uuid.uuid4().hex)
         swept = False
         try:
-            if on_start is not None:
-                on_start(execution)
             oom_before = oom_kill_count()
             started_at = time.monotonic()
             child = execution.child = self._spawn(request, argv, cwd, execution.marker)
+            if on_start is not None:
+                on_start(execution)
             yield process_pb2.ExecEvent(started=process_pb2.Started(pid=child.pid, exec_id=execution.exec_id))
             loop = ExecLoop(request, execution, started_at, timeout_ms)
             yield from loop.events()
