@@ -73,16 +73,21 @@ class SandboxInfo:
 class Sandbox:
     """A running sandbox and the client of its agent. Destroy it when done (or use ``with``)."""
 
-    def __init__(self, engine: DockerEngine, sandbox_id: str, container: Container, socket_dir: Path,
+    def __init__(self, engine: DockerEngine, sandbox_id: str, container_id: str, socket_dir: Path,
                  spec: SandboxSpec, tool_uid: int, tool_gid: int) -> None:
         self.engine = engine
         self.id = sandbox_id
-        self.container = container
+        self.container_id = container_id
         self.socket_dir = socket_dir
         self.spec = spec
         self.tool_uid = tool_uid
         self.tool_gid = tool_gid
         self.agent = AgentClient(str(socket_dir / "agent.sock"))
+
+    @property
+    def container(self) -> Container:
+        """The docker SDK's high-level object for this sandbox's container (one API call)."""
+        return self.engine.client.containers.get(self.container_id)
 
     def destroy(self) -> None:
         self.agent.close()
@@ -129,19 +134,18 @@ class DockerEngine:
         spec = spec.model_copy(update={"mounts": mounts})
         for note in spec.loosened():
             log.warning("sandbox policy loosens a default: %s", note)
-        self._require_image(spec.image)
         uid, gid = _tool_identity(spec)
         sandbox_id = uuid.uuid4().hex[:12]
         socket_dir = self.run_root / sandbox_id
         self.run_root.mkdir(parents=True, mode=0o700, exist_ok=True)
         socket_dir.mkdir(mode=0o700)
         try:
-            container = self._run_container(spec, sandbox_id, socket_dir, uid, gid)
+            container_id = self._run_container(spec, sandbox_id, socket_dir, uid, gid)
         except BaseException:
             # Also on Ctrl-C mid-request: the engine may have created the container already.
             self.destroy(sandbox_id)
             raise
-        sandbox = Sandbox(self, sandbox_id, container, socket_dir, spec, uid, gid)
+        sandbox = Sandbox(self, sandbox_id, container_id, socket_dir, spec, uid, gid)
         try:
             self._wait_ready(sandbox, ready_timeout)
         except BaseException:
@@ -149,19 +153,9 @@ class DockerEngine:
             raise
         return sandbox
 
-    def _require_image(self, image: str) -> None:
-        try:
-            self.client.images.get(image)
-        except docker.errors.ImageNotFound:
-            raise ImageNotFound(
-                f"image {image} not found locally; build it with `callbox image build` "
-                "(there is no registry to pull from)"
-            ) from None
-        except docker.errors.DockerException as exc:
-            raise EngineUnavailable(f"the Docker engine failed to look up image {image}: {_short(exc)}") from None
-
     def _run_container(self, spec: SandboxSpec, sandbox_id: str, socket_dir: Path,
-                       uid: int, gid: int) -> Container:
+                       uid: int, gid: int) -> str:
+        """Create and start the container through the low-level API (no extra inspect calls)."""
         now = time.time()
         label_values = {
             labels.MANAGED: "1",
@@ -188,17 +182,10 @@ class DockerEngine:
         }
         if spec.workdir not in tmpfs and not any(m.target == spec.workdir for m in spec.mounts):
             tmpfs[spec.workdir] = f"rw,nosuid,nodev,size={spec.effective_workspace_size},mode=0755,{owned}"
+        api = self.client.api
         try:
-            container: Container = self.client.containers.run(
-                spec.image,
-                command=command,
-                name=f"callbox-{sandbox_id}",
-                hostname="sandbox",
-                detach=True,
+            host_config = api.create_host_config(
                 init=True,
-                user="0:0",
-                environment={},
-                labels=label_values,
                 cap_drop=["ALL"],
                 cap_add=["SETUID", "SETGID", "KILL"],
                 security_opt=["no-new-privileges:true", f"seccomp={seccomp_profile()}"],
@@ -219,19 +206,33 @@ class DockerEngine:
                 privileged=False,
                 auto_remove=False,
             )
+            created = api.create_container(
+                spec.image,
+                command=command,
+                name=f"callbox-{sandbox_id}",
+                hostname="sandbox",
+                user="0:0",
+                environment={},
+                labels=label_values,
+                host_config=host_config,
+            )
+            api.start(created["Id"])
         except docker.errors.ImageNotFound:
-            raise ImageNotFound(f"image {spec.image} not found locally; run `callbox image build`") from None
+            raise ImageNotFound(
+                f"image {spec.image} not found locally; build it with `callbox image build` "
+                "(there is no registry to pull from)"
+            ) from None
         except docker.errors.DockerException as exc:
             self._remove_by_name(f"callbox-{sandbox_id}")
             raise SandboxStartError(f"the Docker engine could not start the sandbox: {_short(exc)}") from None
-        return container
+        return str(created["Id"])
 
     def _wait_ready(self, sandbox: Sandbox, timeout: float) -> None:
         """Wait for the agent's socket, then its health check; fail fast if the container dies."""
         deadline = time.monotonic() + timeout
         sock = sandbox.socket_dir / "agent.sock"
         next_status_check = time.monotonic() + 0.2
-        delay = 0.001
+        delay = 0.0005
         while time.monotonic() < deadline:
             if sock.exists():
                 try:
@@ -244,15 +245,16 @@ class DockerEngine:
                 self._fail_if_exited(sandbox)
                 next_status_check = time.monotonic() + 0.2
             time.sleep(delay)
-            delay = min(delay * 2, 0.01)
+            delay = min(delay * 2, 0.002)
         self._fail_if_exited(sandbox)
         raise SandboxStartError(f"the sandbox agent did not become ready within {timeout:.0f} s")
 
     @staticmethod
     def _fail_if_exited(sandbox: Sandbox) -> None:
-        sandbox.container.reload()
-        if sandbox.container.status in ("exited", "dead"):
-            logs = sandbox.container.logs(tail=20).decode("utf-8", "replace").strip()
+        api = sandbox.engine.client.api
+        state = api.inspect_container(sandbox.container_id)["State"]
+        if state.get("Status") in ("exited", "dead"):
+            logs = api.logs(sandbox.container_id, tail=20).decode("utf-8", "replace").strip()
             raise SandboxStartError(f"the sandbox agent exited during start-up: {logs or 'no output'}")
 
     # ---- destroy, list, gc -------------------------------------------------------------------

@@ -101,7 +101,7 @@ def test_no_host_environment_leaks_into_the_sandbox(make_sandbox, monkeypatch):
 
 
 def test_container_has_hardened_host_config(sandbox, engine):
-    attrs = engine.client.api.inspect_container(sandbox.container.id)
+    attrs = engine.client.api.inspect_container(sandbox.container_id)
     host = attrs["HostConfig"]
     assert host["CapDrop"] == ["ALL"]
     assert sorted(host["CapAdd"]) == ["KILL", "SETGID", "SETUID"]
