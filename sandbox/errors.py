@@ -10,21 +10,36 @@ from sandbox.v1 import errors_pb2
 
 DETAIL_METADATA_KEY = "callbox-error-bin"
 
+#: The error reasons of ``proto/sandbox/v1/errors.proto``, without the ``ERROR_REASON_`` prefix; the one
+#: place the agent's modules take them from.
+UNSPECIFIED = errors_pb2.ERROR_REASON_UNSPECIFIED
+INVALID_ARGUMENT = errors_pb2.ERROR_REASON_INVALID_ARGUMENT
+NOT_FOUND = errors_pb2.ERROR_REASON_NOT_FOUND
+WRONG_TYPE = errors_pb2.ERROR_REASON_WRONG_TYPE
+PATH_ESCAPE = errors_pb2.ERROR_REASON_PATH_ESCAPE
+PERMISSION_DENIED = errors_pb2.ERROR_REASON_PERMISSION_DENIED
+ALREADY_EXISTS = errors_pb2.ERROR_REASON_ALREADY_EXISTS
+TOO_LARGE = errors_pb2.ERROR_REASON_TOO_LARGE
+SPAWN_FAILED = errors_pb2.ERROR_REASON_SPAWN_FAILED
+NO_SUCH_PROCESS = errors_pb2.ERROR_REASON_NO_SUCH_PROCESS
+BUSY = errors_pb2.ERROR_REASON_BUSY
+INTERNAL = errors_pb2.ERROR_REASON_INTERNAL
+
 _CODES: dict[int, grpc.StatusCode] = {
-    errors_pb2.ERROR_REASON_INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    errors_pb2.ERROR_REASON_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    errors_pb2.ERROR_REASON_WRONG_TYPE: grpc.StatusCode.FAILED_PRECONDITION,
-    errors_pb2.ERROR_REASON_PATH_ESCAPE: grpc.StatusCode.PERMISSION_DENIED,
-    errors_pb2.ERROR_REASON_PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
-    errors_pb2.ERROR_REASON_ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    errors_pb2.ERROR_REASON_TOO_LARGE: grpc.StatusCode.OUT_OF_RANGE,
-    errors_pb2.ERROR_REASON_SPAWN_FAILED: grpc.StatusCode.FAILED_PRECONDITION,
-    errors_pb2.ERROR_REASON_NO_SUCH_PROCESS: grpc.StatusCode.NOT_FOUND,
-    errors_pb2.ERROR_REASON_BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    errors_pb2.ERROR_REASON_INTERNAL: grpc.StatusCode.INTERNAL,
+    INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    WRONG_TYPE: grpc.StatusCode.FAILED_PRECONDITION,
+    PATH_ESCAPE: grpc.StatusCode.PERMISSION_DENIED,
+    PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    TOO_LARGE: grpc.StatusCode.OUT_OF_RANGE,
+    SPAWN_FAILED: grpc.StatusCode.FAILED_PRECONDITION,
+    NO_SUCH_PROCESS: grpc.StatusCode.NOT_FOUND,
+    BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    INTERNAL: grpc.StatusCode.INTERNAL,
 }
 
-_RETRYABLE = frozenset({errors_pb2.ERROR_REASON_BUSY})
+_RETRYABLE = frozenset({BUSY})
 
 
 class AgentError(Exception):

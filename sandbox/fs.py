@@ -48,10 +48,20 @@ from typing import Protocol, TypeVar
 
 import grpc
 
-from sandbox.errors import AgentError, abort
+from sandbox.errors import (
+    ALREADY_EXISTS,
+    INTERNAL,
+    INVALID_ARGUMENT,
+    PATH_ESCAPE,
+    PERMISSION_DENIED,
+    TOO_LARGE,
+    WRONG_TYPE,
+    AgentError,
+    abort,
+)
 from sandbox.identity import FsIdentity
 from sandbox.paths import Resolved, Resolver, os_error
-from sandbox.v1 import errors_pb2, filesystem_pb2, filesystem_pb2_grpc
+from sandbox.v1 import filesystem_pb2, filesystem_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +83,6 @@ _Q = TypeVar("_Q", bound=_HasPath)
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _DIR_READ = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SETID = stat.S_ISUID | stat.S_ISGID
-
-_INVALID = errors_pb2.ERROR_REASON_INVALID_ARGUMENT
-_WRONG_TYPE = errors_pb2.ERROR_REASON_WRONG_TYPE
-_DENIED = errors_pb2.ERROR_REASON_PERMISSION_DENIED
-_EXISTS = errors_pb2.ERROR_REASON_ALREADY_EXISTS
-_TOO_LARGE = errors_pb2.ERROR_REASON_TOO_LARGE
-_ESCAPE = errors_pb2.ERROR_REASON_PATH_ESCAPE
-_INTERNAL = errors_pb2.ERROR_REASON_INTERNAL
 
 
 def _maps_os_errors(
@@ -161,7 +163,7 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
             abort(context, os_error(exc, path or "the path"))
         except Exception:
             log.exception("Filesystem.%s failed unexpectedly", rpc)
-            abort(context, AgentError(_INTERNAL, f"The agent failed internally during {rpc}."))
+            abort(context, AgentError(INTERNAL, f"The agent failed internally during {rpc}."))
 
     # --- operations (raise AgentError; run inside acting()) -----------------------------------
 
@@ -169,7 +171,7 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
     def read(self, request: filesystem_pb2.ReadRequest) -> filesystem_pb2.ReadResponse:
         if request.limit > MAX_READ_BYTES:
             raise AgentError(
-                _TOO_LARGE,
+                TOO_LARGE,
                 f"A read is limited to {MAX_READ_BYTES} bytes; read {request.path} in chunks "
                 "using offset and limit.",
             )
@@ -226,18 +228,18 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
     def remove(self, request: filesystem_pb2.RemoveRequest) -> filesystem_pb2.RemoveResponse:
         with self._resolver.resolve(request.path, follow_final=False) as res:
             if res.is_root:
-                raise AgentError(_DENIED, f"{res.display} is an allowed root and cannot be removed.")
+                raise AgentError(PERMISSION_DENIED, f"{res.display} is an allowed root and cannot be removed.")
             st = os.stat(res.name, dir_fd=res.dir_fd, follow_symlinks=False)
             if not stat.S_ISDIR(st.st_mode):
                 os.unlink(res.name, dir_fd=res.dir_fd)
                 return filesystem_pb2.RemoveResponse()
             if not request.recursive:
                 raise AgentError(
-                    _WRONG_TYPE,
+                    WRONG_TYPE,
                     f"{res.display} is a directory; pass recursive=true to remove it and its contents.",
                 )
             if self._resolver.roots_under(res.path):
-                raise AgentError(_DENIED, f"{res.display} contains an allowed root and cannot be removed.")
+                raise AgentError(PERMISSION_DENIED, f"{res.display} contains an allowed root and cannot be removed.")
             _remove_tree(res, st.st_dev)
         return filesystem_pb2.RemoveResponse()
 
@@ -248,9 +250,9 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
                 os.mkdir(res.name, DIR_MODE, dir_fd=res.dir_fd)
             except FileExistsError:
                 if not request.exist_ok:
-                    raise AgentError(_EXISTS, f"{res.display} already exists.") from None
+                    raise AgentError(ALREADY_EXISTS, f"{res.display} already exists.") from None
                 if not self._is_dir(request.path):
-                    raise AgentError(_EXISTS, f"{res.display} exists and is not a directory.") from None
+                    raise AgentError(ALREADY_EXISTS, f"{res.display} exists and is not a directory.") from None
         return filesystem_pb2.MakeDirResponse()
 
     def _is_dir(self, path: str) -> bool:
@@ -299,7 +301,7 @@ def _link_target(name: str, dir_fd: int) -> str:
 
 def _file_mode(requested: int) -> int:
     if requested > 0o7777:
-        raise AgentError(_INVALID, f"The mode {requested:#o} is not a permission mode (at most 0o7777).")
+        raise AgentError(INVALID_ARGUMENT, f"The mode {requested:#o} is not a permission mode (at most 0o7777).")
     return requested or DEFAULT_FILE_MODE
 
 
@@ -311,14 +313,14 @@ def _open_dir(res: Resolved) -> int:
     try:
         return os.open(res.name, _DIR_READ, dir_fd=res.dir_fd)
     except NotADirectoryError:
-        raise AgentError(_WRONG_TYPE, f"{res.display} is not a directory.") from None
+        raise AgentError(WRONG_TYPE, f"{res.display} is not a directory.") from None
 
 
 def _require_regular(st: os.stat_result, display: str) -> None:
     if stat.S_ISDIR(st.st_mode):
-        raise AgentError(_WRONG_TYPE, f"{display} is a directory; list it instead of reading it.")
+        raise AgentError(WRONG_TYPE, f"{display} is a directory; list it instead of reading it.")
     if not stat.S_ISREG(st.st_mode):
-        raise AgentError(_WRONG_TYPE, f"{display} is not a regular file.")
+        raise AgentError(WRONG_TYPE, f"{display} is not a regular file.")
 
 
 def _lstat_or_none(res: Resolved) -> os.stat_result | None:
@@ -330,13 +332,13 @@ def _lstat_or_none(res: Resolved) -> os.stat_result | None:
 
 def _check_write_target(st: os.stat_result, display: str, *, no_overwrite: bool) -> None:
     if stat.S_ISDIR(st.st_mode):
-        raise AgentError(_WRONG_TYPE, f"{display} is a directory; give the path of a file to write.")
+        raise AgentError(WRONG_TYPE, f"{display} is a directory; give the path of a file to write.")
     if stat.S_ISLNK(st.st_mode):
-        raise AgentError(_ESCAPE, f"{display} was replaced by a symbolic link during the operation.")
+        raise AgentError(PATH_ESCAPE, f"{display} was replaced by a symbolic link during the operation.")
     if not stat.S_ISREG(st.st_mode):
-        raise AgentError(_WRONG_TYPE, f"{display} is not a regular file.")
+        raise AgentError(WRONG_TYPE, f"{display} is not a regular file.")
     if no_overwrite:
-        raise AgentError(_EXISTS, f"{display} already exists and no_overwrite was set.")
+        raise AgentError(ALREADY_EXISTS, f"{display} already exists and no_overwrite was set.")
 
 
 def _pread(fd: int, limit: int, offset: int) -> bytes:
@@ -389,7 +391,7 @@ def _publish_new(tmp: str, res: Resolved) -> None:
     try:
         os.link(tmp, res.name, src_dir_fd=res.dir_fd, dst_dir_fd=res.dir_fd, follow_symlinks=False)
     except FileExistsError:
-        raise AgentError(_EXISTS, f"{res.display} already exists and no_overwrite was set.") from None
+        raise AgentError(ALREADY_EXISTS, f"{res.display} already exists and no_overwrite was set.") from None
     os.unlink(tmp, dir_fd=res.dir_fd)
 
 
@@ -400,7 +402,7 @@ def _append(res: Resolved, data: bytes, mode: int, *, no_overwrite: bool) -> int
         created = True
     except FileExistsError:
         if no_overwrite:
-            raise AgentError(_EXISTS, f"{res.display} already exists and no_overwrite was set.") from None
+            raise AgentError(ALREADY_EXISTS, f"{res.display} already exists and no_overwrite was set.") from None
         fd = os.open(res.name, flags, dir_fd=res.dir_fd)
         created = False
     try:
@@ -525,7 +527,7 @@ def _remove_entry(dir_fd: int, name: str, device: int, display: str) -> int | No
             os.unlink(name, dir_fd=dir_fd)
         return None
     if st.st_dev != device:
-        raise AgentError(_DENIED, f"{display} contains a mount point; it was not removed completely.")
+        raise AgentError(PERMISSION_DENIED, f"{display} contains a mount point; it was not removed completely.")
     try:
         return os.open(name, _DIR_READ, dir_fd=dir_fd)
     except OSError as exc:

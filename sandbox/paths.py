@@ -46,49 +46,49 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from sandbox.errors import AgentError
-from sandbox.v1 import errors_pb2
+from sandbox.errors import (
+    ALREADY_EXISTS,
+    INTERNAL,
+    INVALID_ARGUMENT,
+    NOT_FOUND,
+    PATH_ESCAPE,
+    PERMISSION_DENIED,
+    TOO_LARGE,
+    WRONG_TYPE,
+    AgentError,
+)
 
 MAX_SYMLINK_HOPS = 40
 MAX_PATH_LENGTH = 4096
 _RACE_RETRIES = 8
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-_INVALID = errors_pb2.ERROR_REASON_INVALID_ARGUMENT
-_NOT_FOUND = errors_pb2.ERROR_REASON_NOT_FOUND
-_WRONG_TYPE = errors_pb2.ERROR_REASON_WRONG_TYPE
-_ESCAPE = errors_pb2.ERROR_REASON_PATH_ESCAPE
-_DENIED = errors_pb2.ERROR_REASON_PERMISSION_DENIED
-_EXISTS = errors_pb2.ERROR_REASON_ALREADY_EXISTS
-_TOO_LARGE = errors_pb2.ERROR_REASON_TOO_LARGE
-_INTERNAL = errors_pb2.ERROR_REASON_INTERNAL
-
 
 def os_error(exc: OSError, display: str) -> AgentError:
     """Turn an OSError from an operation on ``display`` into a one-sentence AgentError."""
     code = exc.errno
     if code == errno.ENOENT:
-        return AgentError(_NOT_FOUND, f"{display} does not exist.")
+        return AgentError(NOT_FOUND, f"{display} does not exist.")
     if code in (errno.ENOTDIR, errno.EISDIR, errno.ENXIO):
-        return AgentError(_WRONG_TYPE, f"{display} has the wrong type for this operation.")
+        return AgentError(WRONG_TYPE, f"{display} has the wrong type for this operation.")
     if code in (errno.EACCES, errno.EPERM):
-        return AgentError(_DENIED, f"Permission denied for {display}.")
+        return AgentError(PERMISSION_DENIED, f"Permission denied for {display}.")
     if code == errno.EROFS:
-        return AgentError(_DENIED, f"{display} is on a read-only filesystem.")
+        return AgentError(PERMISSION_DENIED, f"{display} is on a read-only filesystem.")
     if code == errno.EBUSY:
-        return AgentError(_DENIED, f"{display} is in use (for example a mount point).")
+        return AgentError(PERMISSION_DENIED, f"{display} is in use (for example a mount point).")
     if code == errno.EEXIST:
-        return AgentError(_EXISTS, f"{display} already exists.")
+        return AgentError(ALREADY_EXISTS, f"{display} already exists.")
     if code == errno.ENOTEMPTY:
-        return AgentError(_WRONG_TYPE, f"{display} is a directory that is not empty.")
+        return AgentError(WRONG_TYPE, f"{display} is a directory that is not empty.")
     if code == errno.ELOOP:
-        return AgentError(_ESCAPE, f"{display} was replaced by a symbolic link during the operation.")
+        return AgentError(PATH_ESCAPE, f"{display} was replaced by a symbolic link during the operation.")
     if code == errno.ENAMETOOLONG:
-        return AgentError(_INVALID, f"{display} is too long, or one of its names is.")
+        return AgentError(INVALID_ARGUMENT, f"{display} is too long, or one of its names is.")
     if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return AgentError(_TOO_LARGE, f"No space left to write {display}.")
+        return AgentError(TOO_LARGE, f"No space left to write {display}.")
     name = errno.errorcode.get(code or 0, "unknown error")
-    return AgentError(_INTERNAL, f"Operation on {display} failed ({name}).")
+    return AgentError(INTERNAL, f"Operation on {display} failed ({name}).")
 
 
 def _close(fd: int) -> None:
@@ -177,11 +177,11 @@ class Resolver:
     def absolute(self, path: str) -> str:
         """Validate ``path`` and return it absolute (relative to the workspace) and normalised."""
         if not path:
-            raise AgentError(_INVALID, "The path is empty; give a file or directory path.")
+            raise AgentError(INVALID_ARGUMENT, "The path is empty; give a file or directory path.")
         if "\x00" in path:
-            raise AgentError(_INVALID, f"The path {path!r} contains a NUL character.")
+            raise AgentError(INVALID_ARGUMENT, f"The path {path!r} contains a NUL character.")
         if len(path) > MAX_PATH_LENGTH:
-            raise AgentError(_INVALID, f"The path is longer than {MAX_PATH_LENGTH} characters.")
+            raise AgentError(INVALID_ARGUMENT, f"The path is longer than {MAX_PATH_LENGTH} characters.")
         return _normpath(posixpath.join(self.workspace, path))
 
     def roots_under(self, abs_path: str) -> list[str]:
@@ -197,7 +197,7 @@ class Resolver:
         abs_path = self.absolute(path)
         match = self.match_root(abs_path)
         if match is None:
-            raise AgentError(_ESCAPE, f"{path} is outside the allowed roots ({self.roots_text()}).")
+            raise AgentError(PATH_ESCAPE, f"{path} is outside the allowed roots ({self.roots_text()}).")
         root, rest = match
         walk = _Walk(self, path, root, follow_final=follow_final, make_parents=make_parents)
         return walk.run(rest)
@@ -291,7 +291,7 @@ class _Walk:
     def _up(self) -> None:
         if len(self.fds) == 1:
             raise AgentError(
-                _ESCAPE,
+                PATH_ESCAPE,
                 f"{self.display} climbs above the root {self.root} through a symbolic link.",
             )
         _close(self.fds.pop())
@@ -318,18 +318,18 @@ class _Walk:
                         return target
                     if exc.errno == errno.ENOTDIR and _is_other(comp, cur):
                         raise AgentError(
-                            _WRONG_TYPE, f"A component of {self.display} is not a directory."
+                            WRONG_TYPE, f"A component of {self.display} is not a directory."
                         ) from None
                     continue  # it changed under us (symlink <-> directory); look again
                 if exc.errno == errno.ENOENT:
                     self._missing_parent(comp, cur)
                     continue
                 raise os_error(exc, self.display) from None
-        raise AgentError(_ESCAPE, f"{self.display} kept changing while being resolved; try again.")
+        raise AgentError(PATH_ESCAPE, f"{self.display} kept changing while being resolved; try again.")
 
     def _missing_parent(self, comp: str, cur: int) -> None:
         if not self.make_parents:
-            raise AgentError(_NOT_FOUND, f"A parent directory of {self.display} does not exist.")
+            raise AgentError(NOT_FOUND, f"A parent directory of {self.display} does not exist.")
         try:
             os.mkdir(comp, 0o755, dir_fd=cur)
         except FileExistsError:
@@ -341,11 +341,11 @@ class _Walk:
         self.hops += 1
         if self.hops > MAX_SYMLINK_HOPS:
             raise AgentError(
-                _INVALID,
+                INVALID_ARGUMENT,
                 f"{self.display} has too many levels of symbolic links (more than {MAX_SYMLINK_HOPS}).",
             )
         if not target:
-            raise AgentError(_NOT_FOUND, f"{self.display} contains an empty symbolic link.")
+            raise AgentError(NOT_FOUND, f"{self.display} contains an empty symbolic link.")
         if target.startswith("/"):
             components = self._rebase(target)
         else:
@@ -357,7 +357,7 @@ class _Walk:
         match = self.resolver.match_root(_normpath(target))
         if match is None:
             raise AgentError(
-                _ESCAPE,
+                PATH_ESCAPE,
                 f"{self.display} leads outside the allowed roots ({self.resolver.roots_text()}) "
                 "through a symbolic link.",
             )

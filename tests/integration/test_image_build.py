@@ -1,4 +1,4 @@
-"""The sandbox image, built for real (harness/image.py) and inspected with the real engine.
+"""The sandbox image, built for real (harness/image/) and inspected with the real engine.
 
 The first test builds the image if needed (a cold build debootstraps a base: about a minute);
 every later call must find it up to date within seconds.

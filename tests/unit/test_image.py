@@ -1,4 +1,4 @@
-"""Pure logic of the image builder (harness/image.py) and the shipped seccomp profile: no Docker."""
+"""Pure logic of the image builder (harness/image/) and the shipped seccomp profile: no Docker."""
 
 from __future__ import annotations
 
@@ -12,25 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from harness import image
-from harness.image import (
+from harness.image import ImageBuildError, base, build, context, probe, wheels
+from harness.image.base import base_tag
+from harness.image.build import content_hash, sandbox_sources
+from harness.image.engine import split_tag
+from harness.image.probe import parse_probe
+from harness.image.sources import (
     AptSource,
-    ImageBuildError,
     apt_sources,
-    base_tag,
-    content_hash,
     find_mirror,
     host_suite,
-    manylinux_platforms,
     parse_deb822_sources,
     parse_one_line_sources,
     parse_os_release,
-    parse_probe,
-    pip_download_command,
-    requirements_text,
-    sandbox_sources,
-    split_tag,
 )
+from harness.image.wheels import manylinux_platforms, pip_download_command, requirements_text
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -135,8 +131,12 @@ def test_find_mirror_needs_the_exact_suite_and_a_usable_scheme():
 
 
 def test_no_mirror_host_is_written_into_the_builder():
-    source = (REPO / "harness" / "image.py").read_text()
-    assert not re.search(r"https?://", source), "the mirror must come from apt sources or debootstrap"
+    modules = sorted((REPO / "harness" / "image").glob("*.py"))
+    assert modules
+    for module in modules:
+        source = module.read_text()
+        hint = "the mirror must come from apt sources or debootstrap"
+        assert not re.search(r"https?://", source), f"{module.name}: {hint}"
 
 
 # --- suite ------------------------------------------------------------------------------------------
@@ -173,13 +173,13 @@ def test_base_tag_is_content_addressed():
     assert base_tag("bookworm", "x86_64") == tag
     assert base_tag("trixie", "x86_64") != tag
     assert base_tag("bookworm", "aarch64") != tag
-    assert base_tag("bookworm", "x86_64", (*image.BASE_PACKAGES, "jq")) != tag
+    assert base_tag("bookworm", "x86_64", (*base.BASE_PACKAGES, "jq")) != tag
 
 
 def test_base_packages_cover_the_tools():
     for pkg in ("bash", "coreutils", "python3", "git", "procps", "ripgrep", "patch", "curl", "ca-certificates"):
-        assert pkg in image.BASE_PACKAGES
-    assert "passwd" in image.BASE_PACKAGES  # useradd/groupadd for the Dockerfile
+        assert pkg in base.BASE_PACKAGES
+    assert "passwd" in base.BASE_PACKAGES  # useradd/groupadd for the Dockerfile
 
 
 # --- content hash -----------------------------------------------------------------------------------
@@ -224,7 +224,7 @@ def test_content_hash_changes_with_every_input(change):
 
 def test_content_hash_changes_with_the_format_version(monkeypatch):
     before = _hash()
-    monkeypatch.setattr(image, "IMAGE_FORMAT_VERSION", image.IMAGE_FORMAT_VERSION + 1)
+    monkeypatch.setattr(build, "IMAGE_FORMAT_VERSION", build.IMAGE_FORMAT_VERSION + 1)
     assert _hash() != before
 
 
@@ -267,13 +267,13 @@ def test_sandbox_sources_requires_the_package(tmp_path):
 def test_dependency_pins_are_the_installed_versions():
     from importlib.metadata import version
 
-    pins = image.dependency_pins()
+    pins = wheels.dependency_pins()
     assert pins == {name: version(name) for name in ("grpcio", "protobuf", "psutil")}
 
 
 def test_dependency_pins_missing_package_is_a_readable_error():
     with pytest.raises(ImageBuildError, match="not installed"):
-        image.dependency_pins(("surely-not-installed-callbox-dep",))
+        wheels.dependency_pins(("surely-not-installed-callbox-dep",))
 
 
 def test_requirements_text():
@@ -328,18 +328,18 @@ def test_pip_download_command_air_gapped():
 
 
 def test_cached_wheels_manifest(tmp_path):
-    assert image._cached_wheels(tmp_path, "k") is None
+    assert wheels._cached_wheels(tmp_path, "k") is None
     (tmp_path / "pip-1-py3-none-any.whl").write_text("x")
-    (tmp_path / image._WHEEL_MANIFEST).write_text(json.dumps({"key": "k", "files": ["pip-1-py3-none-any.whl"]}))
-    assert image._cached_wheels(tmp_path, "k") == ["pip-1-py3-none-any.whl"]
-    assert image._cached_wheels(tmp_path, "other") is None
+    (tmp_path / wheels._WHEEL_MANIFEST).write_text(json.dumps({"key": "k", "files": ["pip-1-py3-none-any.whl"]}))
+    assert wheels._cached_wheels(tmp_path, "k") == ["pip-1-py3-none-any.whl"]
+    assert wheels._cached_wheels(tmp_path, "other") is None
     (tmp_path / "pip-1-py3-none-any.whl").unlink()
-    assert image._cached_wheels(tmp_path, "k") is None
+    assert wheels._cached_wheels(tmp_path, "k") is None
 
 
 def test_parse_probe():
     info = parse_probe('warning: x\n{"python": [3, 11], "glibc": [2, 36], "machine": "x86_64"}\n')
-    assert info == image.BaseInfo(python=(3, 11), glibc=(2, 36), machine="x86_64")
+    assert info == probe.BaseInfo(python=(3, 11), glibc=(2, 36), machine="x86_64")
     assert parse_probe('{"python": [3, 12], "glibc": null, "machine": "aarch64"}').glibc is None
     with pytest.raises(ValueError, match="unexpected"):
         parse_probe("(3, 11)\n")
@@ -349,7 +349,7 @@ def test_probe_script_runs_here():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-I", "-c", image._PROBE_SCRIPT], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-I", "-c", probe._PROBE_SCRIPT], capture_output=True, text=True)
     info = parse_probe(out.stdout)
     assert info.python == sys.version_info[:2]
 
@@ -377,14 +377,14 @@ def test_split_tag_rejects(tag):
 
 def test_cache_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert image.cache_dir() == tmp_path / "callbox"
+    assert build.cache_dir() == tmp_path / "callbox"
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert image.cache_dir() == tmp_path / "home" / ".cache" / "callbox"
+    assert build.cache_dir() == tmp_path / "home" / ".cache" / "callbox"
 
 
 def test_default_repo_root_holds_the_sources():
-    root = image.default_repo_root()
+    root = build.default_repo_root()
     assert (root / "sandbox" / "__init__.py").is_file()
     assert (root / "images" / "Dockerfile").is_file()
 
@@ -392,7 +392,7 @@ def test_default_repo_root_holds_the_sources():
 def test_build_context_layout(tmp_path):
     wheel = tmp_path / "pip-26.3-py3-none-any.whl"
     wheel.write_bytes(b"PK")
-    ctx = image._build_context(
+    ctx = context.build_context(
         "FROM x\n",
         [("sandbox/__init__.py", b"", 0), ("sandbox/v1/a_pb2.py", b"a = 1\n", 0)],
         tmp_path,
@@ -419,7 +419,7 @@ def test_prune_keeps_copyright_files_only(tmp_path):
     (doc / "nocopy").mkdir()
     (doc / "nocopy/README").write_text("x")
     (doc / "linked").symlink_to("git")
-    image._prune_dir(doc, ("copyright",))
+    base._prune_dir(doc, ("copyright",))
     assert sorted(p.relative_to(doc).as_posix() for p in doc.rglob("*")) == ["git", "git/copyright"]
     assert doc.is_dir()
 
@@ -431,7 +431,7 @@ def test_prune_rootfs_resets_host_files(tmp_path):
     (tmp_path / "var/cache/apt/archives/x.deb").write_text("x")
     (tmp_path / "etc/resolv.conf").write_text("nameserver 10.0.0.1\n")
     (tmp_path / "etc/hostname").write_text("build-host\n")
-    image._prune_rootfs(tmp_path)
+    base._prune_rootfs(tmp_path)
     assert [p.name for p in (tmp_path / "var/lib/apt/lists").iterdir()] == ["partial"]
     assert not list((tmp_path / "var/cache/apt/archives").glob("*.deb"))
     assert (tmp_path / "etc/resolv.conf").read_text() == ""
@@ -440,13 +440,13 @@ def test_prune_rootfs_resets_host_files(tmp_path):
 
 
 def test_mounts_under_nothing_for_a_fresh_dir(tmp_path):
-    assert image._mounts_under(tmp_path) == []
+    assert base._mounts_under(tmp_path) == []
 
 
 def test_debootstrap_missing_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(image.shutil, "which", lambda *a, **k: None)
+    monkeypatch.setattr(base.shutil, "which", lambda *a, **k: None)
     with pytest.raises(ImageBuildError, match="apt-get install debootstrap"):
-        image._debootstrap_binary()
+        base._debootstrap_binary()
 
 
 # --- the Dockerfile ---------------------------------------------------------------------------------
