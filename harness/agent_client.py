@@ -17,6 +17,8 @@ from sandbox.errors import DETAIL_METADATA_KEY
 from sandbox.v1 import errors_pb2, filesystem_pb2, filesystem_pb2_grpc, process_pb2, process_pb2_grpc
 
 MAX_MESSAGE_BYTES = 64 << 20
+DEFAULT_AGENT_TIMEOUT_MS = 30_000  # the agent's default when a request sets none
+RPC_MARGIN_S = 30.0
 
 
 def translate(error: grpc.RpcError) -> AgentCallError:
@@ -88,6 +90,9 @@ class AgentClient:
             request.shell = command
         else:
             request.argv.args.extend(command)
+        if rpc_timeout is None:
+            # Never wait forever on a wedged agent: the command's own limit plus a margin.
+            rpc_timeout = (timeout_ms or DEFAULT_AGENT_TIMEOUT_MS) / 1000 + RPC_MARGIN_S
         stream = self.process.Exec(request, timeout=rpc_timeout)
         try:
             yield from stream

@@ -40,6 +40,11 @@ log = logging.getLogger("callbox.engine")
 AGENT_SOCKET = f"{AGENT_DIR}/agent.sock"
 HOME = "/home/sandbox"
 READY_TIMEOUT_S = 30.0
+# The agent starts its RPC threads up front (32 commands + 8 spare) so a fork bomb cannot
+# starve it; they and gRPC's own threads count against the pids limit, so the engine adds
+# this reserve on top of the spec's limit, which is what tool processes get.
+AGENT_MAX_CONCURRENT = 32
+AGENT_PIDS_RESERVE = 64
 
 
 @cache
@@ -166,7 +171,8 @@ class DockerEngine:
             labels.SOCKET_DIR: str(socket_dir),
         }
         roots = sorted({spec.workdir, "/workspace", "/tmp", HOME, *(m.target for m in spec.mounts)})
-        command = ["--socket", AGENT_SOCKET, "--uid", str(uid), "--gid", str(gid), "--workspace", spec.workdir]
+        command = ["--socket", AGENT_SOCKET, "--uid", str(uid), "--gid", str(gid), "--workspace", spec.workdir,
+                   "--max-concurrent", str(AGENT_MAX_CONCURRENT)]
         for root in roots:
             command += ["--root", root]
         mounts = [DockerMount(AGENT_DIR, str(socket_dir), type="bind", propagation="rprivate")]
@@ -194,7 +200,7 @@ class DockerEngine:
                 mounts=mounts,
                 network_mode="none",
                 ipc_mode="private",
-                pids_limit=spec.pids,
+                pids_limit=spec.pids + AGENT_PIDS_RESERVE,
                 mem_limit=spec.memory,
                 memswap_limit=spec.memory,
                 nano_cpus=int(spec.cpus * 1e9),

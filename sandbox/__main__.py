@@ -27,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--root", action="append", default=[], help="a directory file operations may touch")
     parser.add_argument("--uid", type=int, help="uid tool processes run as (default: the sandbox user)")
     parser.add_argument("--gid", type=int, help="gid tool processes run as (default: the uid's group)")
-    parser.add_argument("--max-concurrent", type=int, default=64, help="concurrent commands at most")
+    parser.add_argument("--max-concurrent", type=int, default=32, help="concurrent commands at most")
     return parser
 
 

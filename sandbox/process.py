@@ -81,7 +81,7 @@ class ProcessRunner:
     """Starts commands and tracks the live ones by exec id."""
 
     def __init__(
-        self, user: ToolUser | None, workspace: str, max_concurrent: int = 64, launcher: Launcher | None = None
+        self, user: ToolUser | None, workspace: str, max_concurrent: int = 32, launcher: Launcher | None = None
     ) -> None:
         self.user = user
         self.workspace = workspace

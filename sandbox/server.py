@@ -59,18 +59,37 @@ class AgentConfig:
     workspace: str
     roots: Sequence[str]
     user: ToolUser | None
-    max_concurrent: int = 64
-    workers: int = 128
+    max_concurrent: int = 32
+    spare_workers: int = 8
+    """RPC threads beyond one per concurrent command (health, Signal, file operations)."""
     spawner: Spawner | None = None
     """Starts tool processes; None starts them from this process (slower, for tests)."""
+
+
+def prestarted_pool(workers: int) -> futures.ThreadPoolExecutor:
+    """A thread pool whose threads all exist before the first RPC.
+
+    Threads count against the container's pids limit. A fork bomb in the sandbox can
+    use up every pid; a pool that starts threads on demand would then fail to start
+    one, and gRPC's request loop would wedge. Starting them all now means serving
+    never needs a new thread.
+    """
+    pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc")
+    barrier = threading.Barrier(workers + 1)
+    for _ in range(workers):
+        pool.submit(barrier.wait)
+    barrier.wait()
+    return pool
 
 
 def build_server(config: AgentConfig) -> tuple[grpc.Server, ProcessRunner, HealthService]:
     launcher = SpawnerLauncher(config.spawner) if config.spawner is not None else None
     runner = ProcessRunner(config.user, config.workspace, config.max_concurrent, launcher)
     identity = FsIdentity(config.user.uid, config.user.gid) if config.user else None
+    workers = config.max_concurrent + config.spare_workers
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="rpc"),
+        prestarted_pool(workers),
+        maximum_concurrent_rpcs=workers,
         options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

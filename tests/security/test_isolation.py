@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.docker_engine import AGENT_PIDS_RESERVE
 from tests.integration.helpers import run
 
 pytestmark = pytest.mark.docker
@@ -110,7 +111,7 @@ def test_container_has_hardened_host_config(sandbox, engine):
     assert host["Privileged"] is False
     assert host["Init"] is True
     assert host["Memory"] == host["MemorySwap"] == 512 << 20
-    assert host["PidsLimit"] == 256
+    assert host["PidsLimit"] == 256 + AGENT_PIDS_RESERVE
     assert host["IpcMode"] == "private"
     assert any(o.startswith("no-new-privileges") for o in host["SecurityOpt"])
     assert any(o.startswith("seccomp=") and "io_uring_setup" not in o for o in host["SecurityOpt"])
