@@ -1,0 +1,282 @@
+"""Definitions and result items in each API's exact shape, written out literally."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.calls import ErrorCode, ToolOutput, ToolResult
+from harness.formats import FORMATS, parse_format, result_item, tool_definition, tool_definitions
+from harness.registry import Tool, ToolAnnotations, ToolDefinition
+
+
+class ReadArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="File to read.")
+    limit: int | None = Field(None, description="Most lines to return.")
+
+
+READ = ToolDefinition(
+    name="read_file",
+    description="Read a text file in the workspace.",
+    input_model=ReadArgs,
+    annotations=ToolAnnotations(read_only=True, destructive=False, idempotent=True, title="Read file"),
+    path_fields=("path",),
+)
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string", "description": "File to read."},
+        "limit": {"description": "Most lines to return.", "anyOf": [{"type": "integer"}, {"type": "null"}]},
+    },
+    "required": ["path", "limit"],
+    "additionalProperties": False,
+}
+
+OK = ToolResult(call_id="call_abc123", text="line one\nline two\n", structured={"lines": 2, "truncated": False})
+DENIED = ToolResult.failure(
+    "toolu_01XYZ",
+    ErrorCode.DENIED,
+    'Denied by policy rule tools.shell.rules[0] deny "rm -rf *": deleting the workspace is not allowed.',
+)
+
+
+# --- definitions --------------------------------------------------------------------------
+
+
+def test_openai_responses_definition() -> None:
+    assert tool_definition(READ, "openai") == {
+        "type": "function",
+        "name": "read_file",
+        "description": "Read a text file in the workspace.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "File to read."},
+                "limit": {"description": "Most lines to return.", "anyOf": [{"type": "integer"}, {"type": "null"}]},
+            },
+            "required": ["path", "limit"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    }
+
+
+def test_chat_completions_definition() -> None:
+    assert tool_definition(READ, "chat") == {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a text file in the workspace.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "File to read."},
+                    "limit": {
+                        "description": "Most lines to return.",
+                        "anyOf": [{"type": "integer"}, {"type": "null"}],
+                    },
+                },
+                "required": ["path", "limit"],
+                "additionalProperties": False,
+            },
+            "strict": True,
+        },
+    }
+
+
+def test_anthropic_definition() -> None:
+    assert tool_definition(READ, "anthropic") == {
+        "name": "read_file",
+        "description": "Read a text file in the workspace.",
+        "input_schema": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "File to read."},
+                "limit": {"description": "Most lines to return.", "anyOf": [{"type": "integer"}, {"type": "null"}]},
+            },
+            "required": ["path", "limit"],
+            "additionalProperties": False,
+        },
+    }
+
+
+def test_mcp_definition() -> None:
+    assert tool_definition(READ, "mcp") == {
+        "name": "read_file",
+        "description": "Read a text file in the workspace.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "File to read."},
+                "limit": {"description": "Most lines to return.", "anyOf": [{"type": "integer"}, {"type": "null"}]},
+            },
+            "required": ["path", "limit"],
+            "additionalProperties": False,
+        },
+        "annotations": {
+            "title": "Read file",
+            "readOnlyHint": True,
+            "destructiveHint": False,
+            "idempotentHint": True,
+            "openWorldHint": False,
+        },
+    }
+
+
+def test_mcp_definition_omits_a_missing_title_and_keeps_default_hints() -> None:
+    shell = ToolDefinition(name="shell", description="Run a command.", input_model=ReadArgs)
+    assert tool_definition(shell, "mcp")["annotations"] == {
+        "readOnlyHint": False,
+        "destructiveHint": True,
+        "idempotentHint": False,
+        "openWorldHint": False,
+    }
+
+
+def test_definitions_accept_tools_keep_order_and_are_json() -> None:
+    def handler(_context: Any, _args: Any) -> ToolOutput:
+        return ToolOutput(text="")
+
+    other = ToolDefinition(name="a_second", description="Second.", input_model=ReadArgs)
+    listed = tool_definitions([Tool(READ, handler), other], "anthropic")
+    assert [d["name"] for d in listed] == ["read_file", "a_second"]
+    assert listed[0]["input_schema"] == SCHEMA
+    for fmt in FORMATS:
+        json.dumps(tool_definitions([READ, other], parse_format(fmt)))
+
+
+def test_definition_schema_is_not_shared_between_calls() -> None:
+    first = tool_definition(READ, "openai")
+    first["parameters"]["properties"].clear()
+    assert tool_definition(READ, "openai")["parameters"] == SCHEMA
+
+
+# --- results ------------------------------------------------------------------------------
+
+
+def test_openai_results() -> None:
+    assert result_item(OK, "openai") == {
+        "type": "function_call_output",
+        "call_id": "call_abc123",
+        "output": "line one\nline two\n",
+    }
+    assert result_item(DENIED, "openai") == {
+        "type": "function_call_output",
+        "call_id": "toolu_01XYZ",
+        "output": 'Denied by policy rule tools.shell.rules[0] deny "rm -rf *": deleting the workspace is not allowed.',
+    }
+
+
+def test_chat_results() -> None:
+    assert result_item(OK, "chat") == {
+        "role": "tool",
+        "tool_call_id": "call_abc123",
+        "content": "line one\nline two\n",
+    }
+    assert result_item(DENIED, "chat") == {
+        "role": "tool",
+        "tool_call_id": "toolu_01XYZ",
+        "content": 'Denied by policy rule tools.shell.rules[0] deny "rm -rf *": deleting the workspace is not allowed.',
+    }
+
+
+def test_anthropic_results() -> None:
+    assert result_item(OK, "anthropic") == {
+        "type": "tool_result",
+        "tool_use_id": "call_abc123",
+        "content": "line one\nline two\n",
+        "is_error": False,
+    }
+    assert result_item(DENIED, "anthropic") == {
+        "type": "tool_result",
+        "tool_use_id": "toolu_01XYZ",
+        "content": 'Denied by policy rule tools.shell.rules[0] deny "rm -rf *": deleting the workspace is not allowed.',
+        "is_error": True,
+    }
+
+
+def test_mcp_results() -> None:
+    assert result_item(OK, "mcp") == {
+        "content": [{"type": "text", "text": "line one\nline two\n"}],
+        "structuredContent": {"lines": 2, "truncated": False},
+        "isError": False,
+    }
+    assert result_item(DENIED, "mcp") == {
+        "content": [
+            {
+                "type": "text",
+                "text": 'Denied by policy rule tools.shell.rules[0] deny "rm -rf *": '
+                "deleting the workspace is not allowed.",
+            }
+        ],
+        "isError": True,
+    }
+
+
+def test_error_with_structured_detail_keeps_it_in_mcp_only() -> None:
+    timed_out = ToolResult(
+        call_id="c1",
+        text="Exit code: 124\nWall time: 30.0 seconds\nOutput:\nThe command timed out after 30 s.",
+        is_error=True,
+        error=ErrorCode.TIMED_OUT,
+        structured={"exit_code": 124, "timed_out": True},
+        meta={"duration_ms": 30001},
+    )
+    assert result_item(timed_out, "mcp")["structuredContent"] == {"exit_code": 124, "timed_out": True}
+    for fmt in ("openai", "chat", "anthropic"):
+        item = result_item(timed_out, parse_format(fmt))
+        assert "structuredContent" not in item
+        assert "duration_ms" not in json.dumps(item)  # meta never reaches the model
+        assert timed_out.text in item.values()
+
+
+def test_error_without_words_still_says_it_failed() -> None:
+    silent = ToolResult(call_id="c2", text="", is_error=True, error=ErrorCode.TOOL_FAILED)
+    expected = "The tool call failed (tool_failed) without a message."
+    assert result_item(silent, "openai")["output"] == expected
+    assert result_item(silent, "chat")["content"] == expected
+    assert result_item(silent, "anthropic")["content"] == expected
+    assert result_item(silent, "mcp")["content"] == [{"type": "text", "text": expected}]
+
+
+def test_empty_success_text_is_kept_empty() -> None:
+    empty = ToolResult(call_id="c3", text="")
+    assert result_item(empty, "openai")["output"] == ""
+    assert result_item(empty, "anthropic") == {
+        "type": "tool_result",
+        "tool_use_id": "c3",
+        "content": "",
+        "is_error": False,
+    }
+
+
+# --- format names -------------------------------------------------------------------------
+
+
+def test_formats_tuple() -> None:
+    assert FORMATS == ("openai", "chat", "anthropic", "mcp")
+
+
+@pytest.mark.parametrize(("text", "expected"), [("openai", "openai"), (" MCP ", "mcp"), ("Chat", "chat")])
+def test_parse_format(text: str, expected: str) -> None:
+    assert parse_format(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "responses", "claude", "open ai"])
+def test_parse_format_rejects_unknown_names_listing_the_choices(text: str) -> None:
+    with pytest.raises(ValueError, match=r"choose one of: openai, chat, anthropic, mcp") as info:
+        parse_format(text)
+    assert repr(text) in str(info.value)
+
+
+def test_unknown_format_value_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown format 'xml'"):
+        tool_definition(READ, "xml")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown format 'xml'"):
+        result_item(OK, "xml")  # type: ignore[arg-type]
