@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
+from harness import cli_calls
 from harness.errors import CallboxError, UsageError
 from harness.units import parse_size
 
@@ -30,50 +31,56 @@ if TYPE_CHECKING:
 MAX_STDIN_BYTES = 64 << 20
 
 
-class _Parser(argparse.ArgumentParser):
+class UsageParser(argparse.ArgumentParser):
     """argparse that raises UsageError instead of printing usage and exiting."""
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-def _sandbox_options(parser: argparse.ArgumentParser) -> None:
+def sandbox_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -> None:
+    """The sandbox flags of `exec` (with DESIGN 4 defaults) and `call` (None: the policy decides)."""
+
+    def d(value: object) -> object:
+        return value if defaults else None
+
     group = parser.add_argument_group("sandbox")
-    group.add_argument("--image", default="callbox-sandbox:latest", help="local sandbox image")
-    group.add_argument("--memory", default="512m", help="memory limit, swap equal to it (default 512m)")
-    group.add_argument("--cpus", type=float, default=1.0, help="CPU quota in cores (default 1)")
-    group.add_argument("--pids", type=int, default=256, help="process/thread limit (default 256)")
-    group.add_argument("--timeout", type=float, default=30.0, help="wall-clock limit in seconds (default 30)")
-    group.add_argument("--network", choices=["none", "allowlist", "open"], default="none",
+    group.add_argument("--image", default=d("callbox-sandbox:latest"), help="local sandbox image")
+    group.add_argument("--memory", default=d("512m"), help="memory limit, swap equal to it (default 512m)")
+    group.add_argument("--cpus", type=float, default=d(1.0), help="CPU quota in cores (default 1)")
+    group.add_argument("--pids", type=int, default=d(256), help="process limit for tools (default 256)")
+    group.add_argument("--network", choices=["none", "allowlist", "open"], default=d("none"),
                        help="network mode (only none is available yet)")
     group.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
                        help="egress allowlist entry (network allowlist)")
     group.add_argument("--mount", action="append", default=[], metavar="HOST:CONTAINER[:ro|rw]",
                        help="bind mount, read-only unless :rw (repeatable)")
-    group.add_argument("--workdir", default="/workspace", help="working directory inside the sandbox")
+    group.add_argument("--workdir", default=d("/workspace"), help="working directory inside the sandbox")
     group.add_argument("--env", action="append", default=[], metavar="K=V", help="environment variable")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="callbox", description="Sandboxed tool execution for LLM agents.")
+    parser = UsageParser(prog="callbox", description="Sandboxed tool execution for LLM agents.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=UsageParser)
 
     image = sub.add_parser("image", help="build the sandbox image")
-    image_sub = image.add_subparsers(dest="image_command", required=True, parser_class=_Parser)
+    image_sub = image.add_subparsers(dest="image_command", required=True, parser_class=UsageParser)
     build = image_sub.add_parser("build", help="build the sandbox image offline (idempotent)")
     build.add_argument("--base", help="use this local base image (Python 3.11+) instead of debootstrap")
     build.add_argument("--tag", default="callbox-sandbox:latest", help="tag for the built image")
     build.add_argument("--wheelhouse", type=Path, help="directory of wheels to use instead of PyPI")
 
     ex = sub.add_parser("exec", help="run one command in a fresh disposable sandbox")
-    _sandbox_options(ex)
+    sandbox_options(ex)
+    ex.add_argument("--timeout", type=float, default=30.0, help="wall-clock limit in seconds (default 30)")
     ex.add_argument("--json", action="store_true", help="print one JSON result object instead of streaming")
     ex.add_argument("--output-cap", default="1m", help="bytes kept per stream, head and tail (default 1m)")
     ex.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
 
     sub.add_parser("ps", help="list live sandboxes")
     sub.add_parser("gc", help="remove expired or orphaned sandboxes")
+    cli_calls.add_parsers(sub)
     return parser
 
 
@@ -110,6 +117,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _ps()
     if args.command == "gc":
         return _gc()
+    if args.command in cli_calls.COMMANDS:
+        return cli_calls.run(args)
     raise UsageError(f"unknown command {args.command}")
 
 
@@ -144,10 +153,13 @@ def _image_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _spec_from_args(args: argparse.Namespace) -> SandboxSpec:
+def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, **extra: object) -> SandboxSpec:
+    """The sandbox flags applied over ``base`` (DESIGN 4 defaults when None); flags left
+    unset (None) keep the base's value, mounts and env add to it."""
     from harness.spec import Mount, SandboxSpec
 
-    env = {}
+    fields: dict[str, object] = base.model_dump() if base is not None else {}
+    env = dict(base.env) if base is not None else {}
     for item in args.env:
         name, sep, value = item.partition("=")
         if not sep or not name:
@@ -156,18 +168,22 @@ def _spec_from_args(args: argparse.Namespace) -> SandboxSpec:
     try:
         # Canonicalize now, so a bad mount is a usage error before any engine is contacted.
         mounts = tuple(Mount.parse(m).canonical(None) for m in args.mount)
-        return SandboxSpec(
-            image=args.image, memory=args.memory, cpus=args.cpus, pids=args.pids, network=args.network,
-            allow_hosts=tuple(args.allow_host), mounts=mounts, workdir=args.workdir, env=env,
-            ttl_seconds=max(600, int(args.timeout) + 300),
-        )
+        flags = {"image": args.image, "memory": args.memory, "cpus": args.cpus, "pids": args.pids,
+                 "network": args.network, "workdir": args.workdir}
+        fields.update({k: v for k, v in flags.items() if v is not None})
+        fields["env"] = env
+        fields["mounts"] = (*(base.mounts if base is not None else ()), *mounts)
+        if args.allow_host:
+            fields["allow_hosts"] = tuple(args.allow_host)
+        fields.update(extra)
+        return SandboxSpec.model_validate(fields)
     except ValidationError as exc:
-        raise UsageError(_first_error(exc)) from None
+        raise UsageError(first_error(exc)) from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
-def _first_error(exc: ValidationError) -> str:
+def first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err.get("loc", ()))
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
@@ -186,7 +202,7 @@ def _exec(args: argparse.Namespace) -> int:
         cap = parse_size(args.output_cap)
     except ValueError as exc:
         raise UsageError(f"--output-cap: {exc}") from None
-    spec = _spec_from_args(args)
+    spec = spec_from_args(args, ttl_seconds=max(600, int(args.timeout) + 300))
     stdin = _read_stdin()
 
     def stream(name: str, data: bytes, dropped_before: int) -> None:
