@@ -60,6 +60,7 @@ from harness import labels
 from harness.docker_engine import HOME, DockerEngine, Sandbox, seccomp_profile
 from harness.exec_result import ExecResult, collect
 from harness.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
+from tests.bench.bench_overhead import bench_overhead
 
 MIN_SAMPLES = 30
 MIB = 1 << 20
@@ -73,6 +74,7 @@ TARGET_EXEC_P50_MS = 2.0
 TARGET_COLD_START_FACTOR = 1.3
 TARGET_STREAM_FACTOR = 1.5
 TARGET_IDLE_MEMORY_MIB = 45.0
+TARGET_OVERHEAD_P50_MS = 0.3
 
 
 LOAD_SEEN: list[float] = []  # 1-minute load average at every progress line: how busy the machine was
@@ -587,6 +589,11 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
             "`sleep` process RSS in the bare container", data["bare_main_rss"], "— (info)")
         add("4d. memory: agent process PSS (host view)", "mem", data["callbox_main_pss"],
             "`sleep` process PSS in the bare container", data["bare_main_pss"], "— (info)")
+    if "harness_overhead" in data:
+        add("6. harness overhead per call: validate + authorize + audit (no sandbox)", "time",
+            data["harness_overhead"], "—", None, f"p50 ≤ {TARGET_OVERHEAD_P50_MS:g} ms",
+            lambda r: r.cb(p50) <= TARGET_OVERHEAD_P50_MS)
+        add("6a. of which argument validation", "time", data["validate_only"], "—", None, "— (info)")
     if "callbox_health" in data:
         add("5a. floor: gRPC unary Health/Check on the agent socket (interleaved)", "time",
             data["callbox_health"], "—", None, "— (info)")
@@ -645,7 +652,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", metavar="FILE", help="also write the raw samples and the table as JSON")
     parser.add_argument("--stream-mib", type=int, default=None, help="stream size in MiB (default 64; 8 with --quick)")
     parser.add_argument("--image", default=SandboxSpec().image, help="sandbox image (default %(default)s)")
-    parser.add_argument("--only", action="append", choices=["roundtrip", "cold", "stream", "memory"],
+    parser.add_argument("--only", action="append", choices=["roundtrip", "cold", "stream", "memory", "overhead"],
                         help="run only these sections (repeatable); the default is all")
     args = parser.parse_args(argv)
     if args.quick:
@@ -675,7 +682,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sections = set(args.only or ["roundtrip", "cold", "stream", "memory"])
+    sections = set(args.only or ["roundtrip", "cold", "stream", "memory", "overhead"])
     engine = DockerEngine.connect(reap_on_start=False)  # leave other sessions' sandboxes alone
     try:
         engine.client.images.get(args.image)
@@ -702,6 +709,9 @@ def main(argv: list[str] | None = None) -> int:
                 data.update(bench_cold_start(res, spec, args.samples, slow_warmup))
             if "memory" in sections:
                 data.update(bench_memory(res, spec, args.samples, args.quick))
+            if "overhead" in sections:
+                progress("harness overhead per call (no sandbox)")
+                data.update(bench_overhead(max(args.samples, 1000), 100))
         except KeyboardInterrupt:
             progress("interrupted: cleaning up")
             raise
