@@ -1,0 +1,28 @@
+"""The README's examples stay true: its policy example loads and decides as described."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.calls import Action
+from harness.policy import load_policy
+from harness.tools import builtin_registry
+from harness.tools.shell import SHELL
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_policy_example_loads_and_decides_as_documented(tmp_path):
+    block = README.read_text().split("```toml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "policy.toml"
+    path.write_text(block)
+    policy = load_policy(path)
+    policy.check_tools(t.definition for t in builtin_registry().tools())
+
+    def decide(command: str) -> Action:
+        return policy.decide(SHELL.definition, {"command": command, "workdir": None, "timeout_ms": None}).action
+
+    assert decide("ls -la") is Action.ALLOW
+    assert decide("rm -rf /workspace") is Action.DENY
+    assert decide("git push origin main") is Action.ASK
+    assert policy.budgets.max_output_bytes == 30000
