@@ -119,6 +119,12 @@ class AgentClient:
             self.files.List, filesystem_pb2.ListRequest(path=path, **options))
         return response
 
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        self._unary(self.files.Remove, filesystem_pb2.RemoveRequest(path=path, recursive=recursive))
+
+    def make_dir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> None:
+        self._unary(self.files.MakeDir, filesystem_pb2.MakeDirRequest(path=path, parents=parents, exist_ok=exist_ok))
+
     def stat(self, path: str) -> filesystem_pb2.FileInfo:
         return self._unary(self.files.Stat, filesystem_pb2.StatRequest(path=path)).info  # type: ignore[no-any-return]
 
