@@ -37,6 +37,14 @@ log = logging.getLogger("callbox.harness")
 WAIT_MARGIN_S = 60.0
 
 
+def _freeform(call: ToolCall, tool: Tool | None) -> ToolCall:
+    """Wrap plain-text arguments of a freeform tool as the JSON object its model expects."""
+    field = tool.definition.freeform_field if tool is not None else None
+    if field is None or not isinstance(call.arguments, str) or call.arguments.lstrip().startswith("{"):
+        return call
+    return ToolCall(call.name, {field: call.arguments}, call.call_id)
+
+
 def _connect_with_retries() -> DockerEngine:
     """Engine set-up is safe to retry (nothing has run yet); commands never are."""
     retrying = tenacity.Retrying(
@@ -105,6 +113,7 @@ class Harness:
         except CallRejected as rejected:
             return ToolResult.failure(str(call.call_id)[:128], rejected.code, rejected.message)
         tool = self.registry.get(call.name)
+        call = _freeform(call, tool)
         claim = self.audit.claim_call(self.run_id, call.call_id, call.name, call.arguments)
         if not claim.fresh:
             return self._repeat(call, tool, claim, on_output)

@@ -49,6 +49,9 @@ class ToolDefinition:
     """The argument holding a shell command (policy command patterns apply to it)."""
     path_fields: tuple[str, ...] = ()
     """The arguments holding paths (policy path globs apply to them)."""
+    freeform_field: str | None = None
+    """If set, arguments that arrive as plain text instead of a JSON object (a freeform
+    tool call, as Codex sends apply_patch) become ``{freeform_field: text}``."""
     _schema: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def input_schema(self) -> dict[str, Any]:
@@ -118,14 +121,13 @@ class ToolRegistry:
         except StrictSchemaError as exc:
             raise RegistryError(f"tool {name!r}: its input schema cannot be made strict: {exc}") from exc
         properties: dict[str, Any] = schema["properties"]
-        hinted = ([definition.command_field] if definition.command_field is not None else []) + list(
-            definition.path_fields
-        )
+        hinted = [definition.command_field, definition.freeform_field, *definition.path_fields]
         for hint in hinted:
-            if hint not in properties:
+            if hint is not None and hint not in properties:
                 raise RegistryError(
-                    f"tool {name!r} names {hint!r} as a command or path field, but {model.__name__} has no "
-                    f"such field (it has: {', '.join(properties) or 'none'}); fix command_field/path_fields"
+                    f"tool {name!r} names {hint!r} as a command, freeform or path field, but {model.__name__} "
+                    f"has no such field (it has: {', '.join(properties) or 'none'}); "
+                    "fix command_field/freeform_field/path_fields"
                 )
         self._tools[name] = tool
 
