@@ -113,7 +113,7 @@ def test_handler_must_be_callable() -> None:
 def test_command_and_path_fields_must_exist() -> None:
     reg = ToolRegistry()
     reg.register(make("ok", command_field="text", path_fields=("path",)))
-    with pytest.raises(RegistryError, match="names 'cmd' as a command or path field") as info:
+    with pytest.raises(RegistryError, match="names 'cmd' as a command, freeform or path field") as info:
         reg.register(make("bad1", command_field="cmd"))
     assert "(it has: text, path)" in info.value.message
     with pytest.raises(RegistryError, match="names 'file'"):
