@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -105,13 +106,23 @@ def build_server(config: AgentConfig) -> tuple[grpc.Server, ProcessRunner, Healt
     return server, runner, health
 
 
+def _socket_dir_owner(socket_dir: str) -> FsIdentity | None:
+    """Create the socket directory (0700) if missing; return its owner when that is not us.
+
+    The engine bind-mounts a directory the harness created; the agent has no
+    CAP_DAC_OVERRIDE, so it enters a directory of another owner only as that owner.
+    """
+    os.makedirs(socket_dir, mode=0o700, exist_ok=True)
+    st = os.stat(socket_dir)
+    if st.st_uid == os.geteuid():
+        os.chmod(socket_dir, 0o700)
+        return None
+    return FsIdentity(st.st_uid, st.st_gid)
+
+
 def serve(config: AgentConfig) -> int:
     """Serve until SIGTERM or SIGINT; return the process exit code."""
-    socket_dir = os.path.dirname(config.socket)
-    os.makedirs(socket_dir, mode=0o700, exist_ok=True)
-    os.chmod(socket_dir, 0o700)
-    if os.path.exists(config.socket):
-        os.unlink(config.socket)
+    owner = _socket_dir_owner(os.path.dirname(config.socket))
     if config.user is not None and os.geteuid() == 0:
         # File operations act as the tool user via setfsuid/setfsgid; root's own
         # supplementary groups would still count in those permission checks.
@@ -119,7 +130,12 @@ def serve(config: AgentConfig) -> int:
     server, runner, health = build_server(config)
     old_umask = os.umask(0o177)
     try:
-        server.add_insecure_port(f"unix:{config.socket}")
+        # The socket belongs to whoever owns its directory (the harness's user on the
+        # host), so a harness that is not root can connect and nobody else can.
+        with owner.acting() if owner is not None else contextlib.nullcontext():
+            if os.path.lexists(config.socket):
+                os.unlink(config.socket)
+            server.add_insecure_port(f"unix:{config.socket}")
         server.start()
     finally:
         os.umask(old_umask)

@@ -138,6 +138,8 @@ def test_io_uring_is_refused_by_seccomp(sandbox):
 def test_agent_socket_directory_is_private(sandbox):
     mode = Path(sandbox.socket_dir).stat().st_mode & 0o777
     assert mode == 0o700
+    sock = Path(sandbox.socket_dir, "agent.sock").stat()
+    assert (sock.st_mode & 0o777, sock.st_uid) == (0o600, os.geteuid())  # only the harness's user
     inside = run(sandbox, "ls /run/callbox")
     assert inside.exit_code != 0
     assert b"Permission denied" in inside.stderr.data()
