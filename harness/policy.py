@@ -91,7 +91,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from harness.calls import TOOL_NAME_PATTERN, Action, Decision
 from harness.errors import CallboxError
 from harness.spec import DEFAULT_IMAGE, Mount, SandboxSpec
-from harness.units import format_size, parse_size
+from harness.units import ByteSize, format_size
 from harness.validation import describe_validation_error, render_path
 
 __all__ = [
@@ -164,7 +164,7 @@ class SandboxSettings(BaseModel):
 
     image: str = DEFAULT_IMAGE
     """Local image to run (``callbox image build`` makes the default one)."""
-    memory: int = _spec_default("memory")
+    memory: ByteSize = _spec_default("memory")
     """Memory limit (``"512m"`` or bytes); swap is set equal to it. Default 512m."""
     cpus: float = _spec_default("cpus")
     """CPU quota in cores. Default 1."""
@@ -182,21 +182,16 @@ class SandboxSettings(BaseModel):
     """Working directory of commands; relative paths in calls and rules are taken against it."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for commands; nothing from the host is passed."""
-    tmp_size: int | None = None
+    tmp_size: ByteSize | None = None
     """Size of the /tmp tmpfs; default a quarter of the memory limit."""
-    workspace_size: int | None = None
+    workspace_size: ByteSize | None = None
     """Size of the scratch workspace tmpfs; default half of the memory limit."""
     nofile: int = _spec_default("nofile")
     """Open files per process. Default 1024."""
-    fsize: int = _spec_default("fsize")
+    fsize: ByteSize = _spec_default("fsize")
     """Largest file a process may write (``"1g"`` or bytes). Default 1g."""
     ttl_seconds: int = _spec_default("ttl_seconds")
     """After this many seconds the sandbox is expired and ``callbox gc`` removes it."""
-
-    @field_validator("memory", "tmp_size", "workspace_size", "fsize", mode="before")
-    @classmethod
-    def _sizes(cls, value: object) -> object:
-        return parse_size(value) if isinstance(value, str) else value
 
     @field_validator("workdir")
     @classmethod

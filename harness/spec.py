@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from harness.units import parse_size
+from harness.units import ByteSize
 
 DEFAULT_IMAGE = "callbox-sandbox:latest"
 AGENT_DIR = "/run/callbox"
@@ -97,7 +97,7 @@ class SandboxSpec(BaseModel):
 
     image: str = DEFAULT_IMAGE
     """Local image to run (there is no registry: build it with ``callbox image build``)."""
-    memory: int = Field(default=512 << 20, ge=32 << 20)
+    memory: ByteSize = Field(default=512 << 20, ge=32 << 20)
     """Memory limit in bytes; swap is set equal to it (no swap)."""
     cpus: float = Field(default=1.0, gt=0, le=64)
     """CPU quota in cores."""
@@ -115,21 +115,16 @@ class SandboxSpec(BaseModel):
     """Working directory of commands (a scratch tmpfs unless a mount covers it)."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment for commands; nothing from the host is passed."""
-    tmp_size: int | None = None
+    tmp_size: ByteSize | None = None
     """Size of /tmp (tmpfs); default a quarter of the memory limit."""
-    workspace_size: int | None = None
+    workspace_size: ByteSize | None = None
     """Size of the scratch workspace (tmpfs); default half of the memory limit."""
     nofile: int = Field(default=1024, ge=64)
     """Open files per process."""
-    fsize: int = Field(default=1 << 30, ge=1 << 20)
+    fsize: ByteSize = Field(default=1 << 30, ge=1 << 20)
     """Largest file a process may write, in bytes."""
     ttl_seconds: int = Field(default=3600, ge=10)
     """After this the sandbox is expired and ``callbox gc`` removes it."""
-
-    @field_validator("memory", "tmp_size", "workspace_size", "fsize", mode="before")
-    @classmethod
-    def _sizes(cls, value: object) -> object:
-        return parse_size(value) if isinstance(value, str) else value
 
     @field_validator("env")
     @classmethod

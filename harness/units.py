@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated
+
+from pydantic import BeforeValidator
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -26,3 +29,11 @@ def format_size(n: int) -> str:
         if n >= size and n % size == 0:
             return f"{n // size}{unit}"
     return str(n)
+
+
+def _size_or_value(value: object) -> object:
+    return parse_size(value) if isinstance(value, str) else value
+
+
+ByteSize = Annotated[int, BeforeValidator(_size_or_value)]
+"""A pydantic field type: bytes, also written as a size string such as ``"512m"``."""
