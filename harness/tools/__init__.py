@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from harness.registry import ToolRegistry
+from harness.tools.editor import EDITOR
 from harness.tools.shell import SHELL
 
 
 def builtin_registry() -> ToolRegistry:
     registry = ToolRegistry()
-    registry.register(SHELL)
+    for tool in (SHELL, EDITOR):
+        registry.register(tool)
     return registry
