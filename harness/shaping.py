@@ -27,7 +27,7 @@ def strip_terminal_codes(text: str) -> str:
     return _ANSI.sub("", text.replace("\r\n", "\n"))
 
 
-def _head_cut(data: bytes, size: int) -> int:
+def head_cut(data: bytes, size: int) -> int:
     """Largest cut <= size that does not split a UTF-8 sequence at the end of data[:cut]."""
     cut = min(size, len(data))
     while 0 < cut < len(data) and (data[cut] & 0xC0) == 0x80:
@@ -35,7 +35,7 @@ def _head_cut(data: bytes, size: int) -> int:
     return cut
 
 
-def _tail_cut(data: bytes, size: int) -> int:
+def tail_cut(data: bytes, size: int) -> int:
     """Smallest start >= len(data) - size that begins on a UTF-8 character boundary."""
     start = max(0, len(data) - size)
     while start < len(data) and (data[start] & 0xC0) == 0x80:
@@ -65,8 +65,8 @@ def bound_text(text: str, budget: int, *, keep_terminal_codes: bool = False) -> 
     # The marker's own bytes count against the budget too, so the result fits it.
     reserve = len(dropped_marker(len(data)).encode())
     room = max(0, budget - reserve)
-    head_end = _head_cut(data, room - room // 2)
-    tail_start = _tail_cut(data, room // 2)
+    head_end = head_cut(data, room - room // 2)
+    tail_start = tail_cut(data, room // 2)
     tail_start = max(tail_start, head_end)
     dropped = tail_start - head_end
     shaped = data[:head_end].decode() + dropped_marker(dropped) + data[tail_start:].decode()

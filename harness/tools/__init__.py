@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from harness.registry import ToolRegistry
 from harness.tools.editor import EDITOR
+from harness.tools.files import FILE_TOOLS
 from harness.tools.shell import SHELL
 
 
 def builtin_registry() -> ToolRegistry:
     registry = ToolRegistry()
-    for tool in (SHELL, EDITOR):
+    for tool in (SHELL, EDITOR, *FILE_TOOLS):
         registry.register(tool)
     return registry

@@ -1,27 +1,70 @@
 """``shell``: run one command line with bash in the run's sandbox (Codex-style result text).
 
-The result text is what Codex-trained models expect::
+The result text is what Codex-trained models read after a shell call (openai/codex,
+``format_exec_output_for_model_freeform``)::
 
     Exit code: 0
     Wall time: 0.2 seconds
     Output:
     ...
 
-A timeout or an OOM kill says so in words; output beyond the agent's cap keeps its
-head and tail with a marker (the harness then applies the model's output budget).
+and, when the output did not fit::
+
+    Exit code: 0
+    Wall time: 1 seconds
+    Total output lines: 20000
+    Output:
+    line 1
+    ...
+    line 8…113466 chars truncated…line 19996
+    ...
+
+* ``Wall time`` is rounded to tenths of a second and printed the way Rust prints an
+  ``f32`` (``0``, ``0.2``, ``12``), as Codex does.
+* A timeout puts Codex's line ``command timed out after N milliseconds`` (N the time the
+  command ran) before the output, with exit code 124; an out-of-memory kill puts
+  ``command was killed by the out-of-memory killer (sandbox memory limit)`` there, with
+  exit code 137; a signal gives 128 + N.
+* Output beyond the budget keeps a head and a tail with Codex's byte-policy marker
+  ``…N chars truncated…`` between them (N counts the characters removed, plus the bytes the
+  sandbox's own output cap dropped, which were never decoded); ``Total output lines`` is
+  printed only then. It counts the lines that reached the harness: all of them up to
+  :data:`AGENT_OUTPUT_CAP` bytes per stream, a lower bound beyond (see there). Cuts never split a
+  UTF-8 character (they use :mod:`harness.shaping`'s cut helpers).
+
+Budget: unlike Codex, whose marker and header come on top of its byte budget, the whole
+result text here stays within ``ToolContext.output_budget`` (the policy's
+``max_output_bytes``), so the dispatcher's own, generic truncation never applies on top.
+Terminal escape sequences are stripped before measuring (the dispatcher would strip them
+anyway), so the budget is spent on text the model actually reads.
+
+Streaming: every output chunk reaches ``ToolContext.on_output`` as ``(stream, bytes)`` while
+the command runs (the sandbox streams the head of each stream live; a tail kept by its
+output cap arrives when the command ends).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.calls import ErrorCode, ToolOutput
 from harness.context import ToolContext
 from harness.errors import AgentCallError
-from harness.exec_result import ExecResult, collect, gap_marker
+from harness.exec_result import collect
 from harness.registry import Tool, ToolAnnotations, ToolDefinition
+from harness.shaping import head_cut, strip_terminal_codes, tail_cut
 
-AGENT_OUTPUT_CAP = 1 << 20
+AGENT_OUTPUT_CAP = 8 << 20
+"""Bytes per stream the sandbox keeps (head + tail) when the output budget is smaller.
+
+Larger than the agent's 1 MiB default because ``Total output lines`` can only count the
+lines that reach the harness: up to this much output per stream the count is exact; beyond
+it the sandbox drops the middle unseen and the count is a lower bound
+(``structured["total_output_lines_exact"]`` is then false)."""
+MAX_AGENT_OUTPUT_CAP = 32 << 20
+OOM_LINE = "command was killed by the out-of-memory killer (sandbox memory limit)"
 
 
 class ShellArgs(BaseModel):
@@ -38,14 +81,91 @@ class ShellArgs(BaseModel):
     )
 
 
-def _render(result: ExecResult, output: bytes, timeout_s: float) -> str:
-    lines = [f"Exit code: {result.shell_exit_code}", f"Wall time: {result.duration_ms / 1000:.1f} seconds"]
-    if result.timed_out:
-        lines.append(f"The command timed out after {timeout_s:g} seconds and its processes were killed.")
-    elif result.oom_killed:
-        lines.append("The command was killed by the out-of-memory killer (sandbox memory limit).")
-    lines.append("Output:")
-    return "\n".join(lines) + "\n" + output.decode("utf-8", errors="replace")
+# ---- the result text (pure; tests/unit/test_shell_format.py) ------------------------------------
+
+
+def wall_time(duration_ms: float) -> str:
+    """Seconds rounded to tenths, printed like Rust's ``Display`` for ``f32`` (``0``, ``0.2``, ``3``)."""
+    tenths = int(max(0.0, duration_ms) / 100 + 0.5)  # round half away from zero, like f32::round
+    whole, frac = divmod(tenths, 10)
+    return f"{whole}" if frac == 0 else f"{whole}.{frac}"
+
+
+def count_lines(text: str) -> int:
+    """Lines as Rust's ``str::lines`` counts them: a final line without a newline counts."""
+    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+
+
+def truncation_marker(removed: int) -> str:
+    """Codex's marker for a byte budget (``truncate_middle_chars``)."""
+    return f"…{removed} chars truncated…"
+
+
+@dataclass(frozen=True)
+class FormattedExec:
+    text: str
+    truncated: bool
+    total_lines: int
+    removed_chars: int
+    """Characters cut out here, plus bytes the sandbox dropped (``unseen_bytes``)."""
+
+
+def format_exec_output(
+    *,
+    exit_code: int,
+    duration_ms: float,
+    output: str,
+    budget: int,
+    timed_out: bool = False,
+    oom_killed: bool = False,
+    unseen_bytes: int = 0,
+) -> FormattedExec:
+    """The Codex result text for one command, at most ``budget`` UTF-8 bytes when it can be.
+
+    ``output`` is stdout and stderr as they arrived; ``unseen_bytes`` is what the sandbox's
+    output cap dropped from the middle (always inside the part cut here; see ``run_shell``).
+    Only a budget too small for the header itself can make the text longer than ``budget``.
+    """
+    content = strip_terminal_codes(output)
+    if timed_out:
+        content = f"command timed out after {int(duration_ms)} milliseconds\n{content}"
+    elif oom_killed:
+        content = f"{OOM_LINE}\n{content}"
+    total_lines = count_lines(content)
+    header = [f"Exit code: {exit_code}", f"Wall time: {wall_time(duration_ms)} seconds"]
+
+    def assemble(body: str, *, with_total: bool) -> str:
+        lines = [*header, f"Total output lines: {total_lines}"] if with_total else list(header)
+        return "\n".join([*lines, "Output:", body])
+
+    data = content.encode("utf-8")
+    fixed = len(assemble("", with_total=False).encode())
+    if unseen_bytes == 0 and fixed + len(data) <= budget:
+        return FormattedExec(assemble(content, with_total=False), False, total_lines, 0)
+
+    fixed = len(assemble("", with_total=True).encode())
+    # The marker's digits count too: reserve the longest it can be.
+    reserve = len(truncation_marker(len(data) + unseen_bytes).encode())
+    room = max(0, budget - fixed - reserve)
+    left = room // 2  # Codex's split_budget: the tail gets the odd byte
+    head_end = head_cut(data, left)
+    tail_start = max(tail_cut(data, room - left), head_end)
+    removed = len(data[head_end:tail_start].decode("utf-8")) + unseen_bytes
+    body = data[:head_end].decode("utf-8") + truncation_marker(removed) + data[tail_start:].decode("utf-8")
+    return FormattedExec(assemble(body, with_total=True), True, total_lines, removed)
+
+
+# ---- the handler ------------------------------------------------------------------------------
+
+
+def agent_output_cap(budget: int) -> int:
+    """Per-stream cap for the sandbox: never below the model's budget.
+
+    With a cap of at least the budget, whatever the sandbox drops lies between a head and a
+    tail that are each at least half the budget long, so it always falls inside the part
+    :func:`format_exec_output` cuts out, and one marker can account for both.
+    """
+    return min(max(AGENT_OUTPUT_CAP, budget), MAX_AGENT_OUTPUT_CAP)
 
 
 def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
@@ -53,10 +173,11 @@ def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
     sandbox = ctx.sandbox()
 
     combined = bytearray()  # stdout and stderr in arrival order, as a terminal shows them
+    unseen = 0
 
     def forward(stream: str, data: bytes, dropped_before: int) -> None:
-        if dropped_before:
-            combined.extend(gap_marker(dropped_before))
+        nonlocal unseen
+        unseen += dropped_before
         combined.extend(data)
         if ctx.on_output is not None:
             ctx.on_output(stream, data)
@@ -64,29 +185,37 @@ def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
     try:
         events = sandbox.agent.exec(
             args.command, cwd=args.workdir or "", timeout_ms=max(1, int(timeout_s * 1000)),
-            output_cap_bytes=AGENT_OUTPUT_CAP,
+            output_cap_bytes=agent_output_cap(ctx.output_budget),
         )
         result = collect(events, on_output=forward)
     except AgentCallError as error:
         return ToolOutput(text=f"The command could not be run: {error.message}", is_error=True,
-                          error=ErrorCode.TOOL_FAILED)
+                          error=ErrorCode.TOOL_FAILED, structured={"reason": error.reason})
+    exit_code = result.shell_exit_code  # 124 after a timeout (Codex's code too), 128+N for signal N
+    formatted = format_exec_output(
+        exit_code=exit_code, duration_ms=result.duration_ms,
+        output=bytes(combined).decode("utf-8", errors="replace"), budget=ctx.output_budget,
+        timed_out=result.timed_out, oom_killed=result.oom_killed, unseen_bytes=unseen,
+    )
     error_code = None
     if result.timed_out:
         error_code = ErrorCode.TIMED_OUT
     elif result.oom_killed:
         error_code = ErrorCode.OOM_KILLED
-    elif result.shell_exit_code != 0:
+    elif exit_code != 0:
         error_code = ErrorCode.NONZERO_EXIT
     return ToolOutput(
-        text=_render(result, bytes(combined), timeout_s),
+        text=formatted.text,
         is_error=error_code is not None,
         error=error_code,
         structured={
-            "exit_code": result.shell_exit_code,
+            "exit_code": exit_code,
             "timed_out": result.timed_out,
             "oom_killed": result.oom_killed,
             "duration_ms": round(result.duration_ms, 3),
-            "truncated": result.stdout.truncated or result.stderr.truncated,
+            "truncated": formatted.truncated,
+            "total_output_lines": formatted.total_lines,
+            "total_output_lines_exact": unseen == 0,
         },
         raw_bytes=result.stdout.total_bytes + result.stderr.total_bytes,
     )
