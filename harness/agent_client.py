@@ -7,6 +7,7 @@ structured reason, and leaves shaping results to the callers.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
 import grpc
@@ -14,7 +15,15 @@ import grpc
 from harness.errors import AgentCallError
 from sandbox import health
 from sandbox.errors import DETAIL_METADATA_KEY
-from sandbox.v1 import errors_pb2, filesystem_pb2, filesystem_pb2_grpc, process_pb2, process_pb2_grpc
+from sandbox.v1 import (
+    errors_pb2,
+    filesystem_pb2,
+    filesystem_pb2_grpc,
+    process_pb2,
+    process_pb2_grpc,
+    shell_pb2,
+    shell_pb2_grpc,
+)
 
 MAX_MESSAGE_BYTES = 64 << 20
 DEFAULT_AGENT_TIMEOUT_MS = 30_000  # the agent's default when a request sets none
@@ -127,6 +136,53 @@ class AgentClient:
 
     def stat(self, path: str) -> filesystem_pb2.FileInfo:
         return self._unary(self.files.Stat, filesystem_pb2.StatRequest(path=path)).info  # type: ignore[no-any-return]
+
+    # ---- the persistent bash sessions (Shell service) ---------------------------------
+
+    @cached_property
+    def shell(self) -> shell_pb2_grpc.ShellStub:
+        return shell_pb2_grpc.ShellStub(self.channel)
+
+    def shell_run(
+        self,
+        command: str,
+        *,
+        session_id: str = "",
+        timeout_ms: int = 0,
+        output_cap_bytes: int = 0,
+        env: Mapping[str, str] | None = None,
+        rpc_timeout: float | None = None,
+    ) -> Iterator[shell_pb2.ShellEvent]:
+        """Run a command in a bash session (started on first use); yield Output events, then ShellDone.
+
+        A session runs one command at a time: a call made while another runs waits for it (up to
+        its own timeout) before its own timeout starts, so the default RPC deadline allows both.
+        """
+        request = shell_pb2.ShellRunRequest(
+            session_id=session_id, command=command, timeout_ms=timeout_ms, output_cap_bytes=output_cap_bytes,
+            env=dict(env or {}),
+        )
+        if rpc_timeout is None:
+            rpc_timeout = 2 * (timeout_ms or DEFAULT_AGENT_TIMEOUT_MS) / 1000 + RPC_MARGIN_S
+        stream = self.shell.Run(request, timeout=rpc_timeout)
+        try:
+            yield from stream
+        except grpc.RpcError as error:
+            raise translate(error) from None
+        finally:
+            stream.cancel()
+
+    def shell_restart(
+        self, session_id: str = "", *, env: Mapping[str, str] | None = None, timeout: float = 30.0
+    ) -> shell_pb2.ShellRestartResponse:
+        """Kill the session's whole process tree and start a fresh shell (``env`` added to its environment)."""
+        response: shell_pb2.ShellRestartResponse = self._unary(
+            self.shell.Restart, shell_pb2.ShellRestartRequest(session_id=session_id, env=dict(env or {})), timeout)
+        return response
+
+    def shell_close(self, session_id: str = "", *, timeout: float = 30.0) -> bool:
+        """Kill the session's whole process tree and forget it; False if there was none."""
+        return bool(self._unary(self.shell.Close, shell_pb2.ShellCloseRequest(session_id=session_id), timeout).closed)
 
     @staticmethod
     def _unary(method: Any, request: Any, timeout: float = 30.0) -> Any:

@@ -24,6 +24,7 @@ SPAWN_FAILED = errors_pb2.ERROR_REASON_SPAWN_FAILED
 NO_SUCH_PROCESS = errors_pb2.ERROR_REASON_NO_SUCH_PROCESS
 BUSY = errors_pb2.ERROR_REASON_BUSY
 INTERNAL = errors_pb2.ERROR_REASON_INTERNAL
+SESSION_BROKEN = errors_pb2.ERROR_REASON_SESSION_BROKEN
 
 _CODES: dict[int, grpc.StatusCode] = {
     INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
@@ -37,6 +38,7 @@ _CODES: dict[int, grpc.StatusCode] = {
     NO_SUCH_PROCESS: grpc.StatusCode.NOT_FOUND,
     BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
     INTERNAL: grpc.StatusCode.INTERNAL,
+    SESSION_BROKEN: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 _RETRYABLE = frozenset({BUSY})

@@ -19,8 +19,9 @@ from sandbox.health import SERVING, HealthService
 from sandbox.identity import FsIdentity, drop_supplementary_groups
 from sandbox.launch import SpawnerLauncher, ToolUser
 from sandbox.process import Execution, ProcessRunner
+from sandbox.shell import ShellManager, ShellService
 from sandbox.spawner import Spawner
-from sandbox.v1 import filesystem_pb2_grpc, process_pb2, process_pb2_grpc
+from sandbox.v1 import filesystem_pb2_grpc, process_pb2, process_pb2_grpc, shell_pb2_grpc
 
 log = logging.getLogger("callbox.agent")
 
@@ -100,6 +101,9 @@ def build_server(config: AgentConfig) -> tuple[grpc.Server, ProcessRunner, Healt
     process_pb2_grpc.add_ProcessServicer_to_server(ProcessService(runner), server)
     filesystem_pb2_grpc.add_FilesystemServicer_to_server(
         FilesystemService(roots=list(config.roots), workspace=config.workspace, identity=identity), server
+    )
+    shell_pb2_grpc.add_ShellServicer_to_server(
+        ShellService(ShellManager(config.user, config.workspace, launcher)), server
     )
     health = HealthService()
     server.add_generic_rpc_handlers((health.handler(),))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from harness.registry import ToolRegistry
+from harness.tools.apply_patch import APPLY_PATCH
+from harness.tools.bash import BASH
 from harness.tools.editor import EDITOR
 from harness.tools.files import FILE_TOOLS
 from harness.tools.shell import SHELL
@@ -10,6 +12,6 @@ from harness.tools.shell import SHELL
 
 def builtin_registry() -> ToolRegistry:
     registry = ToolRegistry()
-    for tool in (SHELL, EDITOR, *FILE_TOOLS):
+    for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS):
         registry.register(tool)
     return registry

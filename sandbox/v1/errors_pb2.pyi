@@ -55,6 +55,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """
     ERROR_REASON_INTERNAL: _ErrorReason.ValueType  # 11
     """A bug or broken environment inside the agent."""
+    ERROR_REASON_SESSION_BROKEN: _ErrorReason.ValueType  # 12
+    """The bash session cannot run commands until it is restarted (a command
+    timed out, bash exited, or a call was cancelled mid-command).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper): ...
 
@@ -83,6 +87,10 @@ limit (pids); retryable once processes exit.
 """
 ERROR_REASON_INTERNAL: ErrorReason.ValueType  # 11
 """A bug or broken environment inside the agent."""
+ERROR_REASON_SESSION_BROKEN: ErrorReason.ValueType  # 12
+"""The bash session cannot run commands until it is restarted (a command
+timed out, bash exited, or a call was cancelled mid-command).
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final
