@@ -1,0 +1,1 @@
+"""Model adapters: OpenAI Responses and Chat Completions, Anthropic Messages, scripted."""
