@@ -1,0 +1,221 @@
+"""The Anthropic Messages API (``client.messages.create``) behind the ModelAdapter interface.
+
+Request: ``model``, ``max_tokens`` (required by the API; 8192 unless set), ``system`` = the
+system prompt, ``messages`` = the context, ``tools`` =
+``harness.formats.tool_definitions(tools, "anthropic")`` and ``tool_choice``:
+
+============================  =================================================================
+ToolChoice                    sent as
+============================  =================================================================
+``"auto"``                    ``{"type": "auto"}``
+``"required"``                ``{"type": "any"}``
+``"none"``                    ``{"type": "none"}`` (the tools are still sent)
+``ForcedTool(name)``          ``{"type": "tool", "name": name}``
+``AllowedTools(names, mode)`` emulated: the API has no allowed-subset mode, so only the
+                              subset's definitions are sent (in the order offered), with
+                              ``{"type": "auto"}`` (mode auto) or ``{"type": "any"}``
+                              (mode required). Earlier ``tool_use`` blocks naming other tools
+                              stay in the context; the API accepts them.
+============================  =================================================================
+
+With no tools at all neither ``tools`` nor ``tool_choice`` is sent.
+
+Response: ``tool_use`` blocks (``id``, ``name``, ``input``) are the calls, in order, with the
+input object serialized as compact JSON text for ``arguments``; the text is the ``text``
+blocks joined; ``items`` is one ``{"role": "assistant", "content": [...blocks...]}`` with
+every block (thinking included, signature and all) as the API sent it, nulls and empty text
+blocks dropped (the API rejects empty text blocks on input). Usage: ``input_tokens`` plus
+the cache creation and cache read tokens (the API reports those apart), ``output_tokens``;
+``stop_reason`` as sent (``end_turn``, ``tool_use``, ``max_tokens``, ...).
+
+Results: ONE user message whose content is the ``tool_result`` blocks, in order.
+
+Streaming (``stream=True``): through the SDK's ``messages.stream`` helper (the same request
+with ``stream: true``), which accumulates the events into the final message; ``on_text``
+receives each text delta as it arrives, and is only called while streaming.
+
+Without streaming the SDK refuses requests whose ``max_tokens`` it expects to take longer
+than ten minutes (over about 21,000) unless ``timeout_s`` is set: stream those.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import anthropic
+
+from harness.calls import ToolResult
+from harness.formats import Format, tool_definitions
+from harness.models.base import (
+    AllowedTools,
+    Context,
+    ForcedTool,
+    ModelError,
+    ModelToolCall,
+    ModelTurn,
+    ToolChoice,
+    Usage,
+)
+from harness.models.factory import (
+    TextSink,
+    api_error,
+    append_items,
+    append_results,
+    as_dict,
+    check_tool_choice,
+    json_text,
+    new_context,
+    resolve_base_url,
+    resolve_key,
+)
+from harness.registry import ToolDefinition
+
+__all__ = ["DEFAULT_MAX_TOKENS", "AnthropicMessagesModel", "anthropic_tool_choice", "parse_message"]
+
+API = "Anthropic Messages API"
+KEY_VARIABLE = "ANTHROPIC_API_KEY"
+TOKEN_VARIABLE = "ANTHROPIC_AUTH_TOKEN"  # noqa: S105 (a variable name, not a secret)
+BASE_URL_VARIABLE = "ANTHROPIC_BASE_URL"
+DEFAULT_MAX_TOKENS = 8192
+
+
+def anthropic_tool_choice(choice: ToolChoice) -> dict[str, Any]:
+    """``choice`` in the Messages API's shape (AllowedTools as its mode: the subset is
+    emulated by the tools sent)."""
+    if isinstance(choice, ForcedTool):
+        return {"type": "tool", "name": choice.name}
+    if isinstance(choice, AllowedTools):
+        return {"type": "any" if choice.mode == "required" else "auto"}
+    if choice == "required":
+        return {"type": "any"}
+    return {"type": choice}
+
+
+class AnthropicMessagesModel:
+    """A Claude model behind the Messages API (``anthropic:NAME``)."""
+
+    format: Format = "anthropic"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        stream: bool = False,
+        on_text: TextSink | None = None,
+        timeout_s: float | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        request_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.name = f"anthropic:{model}"
+        self.stream = stream
+        self.on_text = on_text
+        self.max_tokens = max_tokens
+        self.request_options = dict(request_options or {})
+        self.base_url = resolve_base_url(base_url, BASE_URL_VARIABLE)
+        options: dict[str, Any] = {"base_url": self.base_url, "max_retries": 0}
+        token = os.environ.get(TOKEN_VARIABLE, "").strip()
+        if not api_key and not os.environ.get(KEY_VARIABLE, "").strip() and token:
+            options["auth_token"] = token
+        else:
+            options["api_key"] = resolve_key(api_key, KEY_VARIABLE, base_url=self.base_url, provider="Anthropic")
+        if timeout_s is not None:
+            options["timeout"] = timeout_s
+        self.client = anthropic.Anthropic(**options)
+
+    # --- the interface ---------------------------------------------------------------------
+
+    def start(self, system: str, task: str) -> Context:
+        return new_context("anthropic", system, task)
+
+    def complete(self, context: Context, tools: list[ToolDefinition], tool_choice: ToolChoice) -> ModelTurn:
+        body = self.request(context, tools, tool_choice)
+        try:
+            if self.stream:
+                with self.client.messages.stream(**body) as events:
+                    for event in events:
+                        if event.type == "text" and event.text and self.on_text is not None:
+                            self.on_text(event.text)
+                    message = events.get_final_message()
+            else:
+                message = self.client.messages.create(**body)
+        except anthropic.APIError as exc:
+            raise api_error(
+                exc,
+                api=API,
+                key_variable=KEY_VARIABLE,
+                base_url=self.base_url,
+                timeout_error=anthropic.APITimeoutError,
+                connection_error=anthropic.APIConnectionError,
+                status_error=anthropic.APIStatusError,
+            ) from None
+        except ValueError as exc:  # the SDK's own refusals (e.g. "streaming is required")
+            raise ModelError(f"the {API} request was refused by the SDK: {exc}", retryable=False) from None
+        return parse_message(message.to_dict(mode="json", exclude_none=True))
+
+    def append_turn(self, context: Context, turn: ModelTurn) -> None:
+        append_items(context, turn.items)
+
+    def append_results(self, context: Context, results: list[ToolResult]) -> None:
+        append_results(context, results, "anthropic")
+
+    # --- the request -------------------------------------------------------------------------
+
+    def request(self, context: Context, tools: list[ToolDefinition], tool_choice: ToolChoice) -> dict[str, Any]:
+        """The keyword arguments of ``messages.create`` for this turn."""
+        choice = check_tool_choice(tool_choice, [tool.name for tool in tools])
+        body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": context.items}
+        if context.system:
+            body["system"] = context.system
+        if tools:
+            offered = tools
+            if isinstance(choice, AllowedTools):
+                offered = [tool for tool in tools if tool.name in choice.names]
+            body["tools"] = tool_definitions(offered, "anthropic")
+            body["tool_choice"] = anthropic_tool_choice(choice)
+        body.update(self.request_options)
+        return body
+
+
+# --- the response -------------------------------------------------------------------------------
+
+
+def parse_message(data: dict[str, Any]) -> ModelTurn:
+    """A Messages API message (as a dict) as a ModelTurn."""
+    texts: list[str] = []
+    calls: list[ModelToolCall] = []
+    blocks: list[dict[str, Any]] = []
+    for block in data.get("content") or []:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            text = str(block.get("text") or "")
+            if not text:
+                continue
+            texts.append(text)
+        elif kind == "tool_use":
+            raw_input = block.get("input")
+            calls.append(
+                ModelToolCall(
+                    call_id=str(block.get("id") or ""),
+                    name=str(block.get("name") or ""),
+                    arguments=json_text(raw_input if raw_input is not None else {}),
+                )
+            )
+        blocks.append(block)
+    usage = as_dict(data.get("usage"))
+    input_tokens = sum(
+        int(usage.get(key) or 0) for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    )
+    items: tuple[dict[str, Any], ...] = ({"role": "assistant", "content": blocks},) if blocks else ()
+    return ModelTurn(
+        text="".join(texts),
+        tool_calls=tuple(calls),
+        items=items,
+        usage=Usage(input_tokens=input_tokens, output_tokens=int(usage.get("output_tokens") or 0)),
+        stop_reason=str(data.get("stop_reason") or ""),
+    )

@@ -1,0 +1,295 @@
+"""A model that replays a transcript: for demos, tests, and ``callbox run TRANSCRIPT.jsonl``.
+
+The transcript is JSONL: one model turn per line, in order. Blank lines and lines whose
+first non-blank character is ``#`` are skipped. Each turn is an object with these keys
+(all optional; any other key is an error, so a typo cannot silently end the run):
+
+``text``
+    What the model says (string, default ``""``). A turn without tool calls is final.
+``tool_calls``
+    A list of calls, issued in this order within the turn. Each call is an object with
+    ``name`` (required), ``arguments`` and ``call_id``. ``arguments`` may be an object
+    (sent on as compact JSON text) or a string (sent verbatim, so malformed JSON can be
+    scripted too); default ``{}``. ``call_id`` defaults to ``call_<turn>_<n>`` (both
+    counted from 1, e.g. ``call_2_1``).
+``usage``
+    ``{"input_tokens": int, "output_tokens": int, "cost_usd": float}`` (each optional).
+``stop_reason``
+    Default ``tool_calls`` for a turn with calls, ``stop`` otherwise.
+``comment``
+    Ignored: a note for the reader of the transcript.
+
+Example::
+
+    # list the files, then answer
+    {"text": "Let me look.", "tool_calls": [{"call_id": "c1", "name": "shell", "arguments": {"command": "ls"}}]}
+    {"text": "There are two files.", "usage": {"input_tokens": 120, "output_tokens": 9}}
+
+The model keeps its context in one provider's shapes, the Responses API's (``openai``) by
+default, or ``chat`` / ``anthropic`` (``format=``): ``start``, ``append_turn`` and
+``append_results`` behave exactly as that provider's adapter, and each turn's ``items`` are
+what that provider would have sent (Responses: a ``message`` item with the text, then one
+``function_call`` item per call; Chat: one assistant message with ``tool_calls``;
+Anthropic: one assistant message with ``text`` and ``tool_use`` blocks, whose ``input`` is
+the arguments object, or ``{"_arguments": TEXT}`` when the string is not a JSON object).
+
+``complete`` returns the next turn whatever it is asked (after the same tool_choice check
+the real adapters make), and records the request in ``requests`` (tools offered,
+tool_choice, context length and a copy of the items) so tests can assert what the loop
+asked. When the transcript is exhausted it raises ``ModelError(retryable=False)``: "the
+transcript has no more turns".
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.calls import ToolResult
+from harness.formats import Format
+from harness.models.base import Context, ModelError, ModelToolCall, ModelTurn, ToolChoice, Usage
+from harness.models.factory import (
+    ModelConfigError,
+    TextSink,
+    append_items,
+    append_results,
+    check_tool_choice,
+    json_text,
+    new_context,
+)
+from harness.registry import ToolDefinition
+
+__all__ = ["ScriptError", "ScriptedModel", "ScriptedRequest", "parse_turn"]
+
+_TURN_KEYS = frozenset({"text", "tool_calls", "usage", "stop_reason", "comment"})
+_CALL_KEYS = frozenset({"call_id", "name", "arguments"})
+_USAGE_KEYS = frozenset({"input_tokens", "output_tokens", "cost_usd"})
+_CONTEXT_FORMATS = ("openai", "chat", "anthropic")
+
+
+class ScriptError(ModelConfigError):
+    """The transcript cannot be read; the message names the file, the line and the fix."""
+
+
+@dataclass(frozen=True)
+class ScriptedRequest:
+    """What the loop asked for one turn."""
+
+    tools: tuple[str, ...]
+    tool_choice: ToolChoice
+    context_length: int
+    items: list[dict[str, Any]]
+    system: str
+
+
+class ScriptedModel:
+    """Replays model turns from a transcript (see the module docstring for the format)."""
+
+    def __init__(
+        self,
+        turns: Iterable[Mapping[str, Any]],
+        *,
+        format: Format = "openai",
+        name: str = "scripted",
+        sources: Sequence[str] | None = None,
+    ) -> None:
+        """``turns`` as parsed JSON objects; ``sources`` names where each came from (for errors)."""
+        if format not in _CONTEXT_FORMATS:
+            raise ScriptError(f"the scripted model cannot speak {format!r}; use one of: {', '.join(_CONTEXT_FORMATS)}")
+        self.format: Format = format
+        self.name = name
+        self.on_text: TextSink | None = None
+        """Never called: a scripted turn arrives whole (kept for the adapters' common shape)."""
+        self.stream = False
+        raw_turns = list(turns)
+        labels = list(sources) if sources is not None else [f"turn {n}" for n in range(1, len(raw_turns) + 1)]
+        if len(labels) != len(raw_turns):
+            raise ValueError("sources must name one place per turn")
+        self.turns: list[ModelTurn] = [
+            parse_turn(raw, number=number, fmt=format, where=label)
+            for number, (raw, label) in enumerate(zip(raw_turns, labels, strict=True), start=1)
+        ]
+        self.requests: list[ScriptedRequest] = []
+        """One entry per ``complete`` call, in order."""
+        self.position = 0
+        """How many turns were replayed."""
+
+    @classmethod
+    def from_file(cls, path: str | Path, *, format: Format = "openai") -> ScriptedModel:
+        """The model replaying the JSONL file at ``path``; ScriptError if it cannot be read."""
+        file = Path(path)
+        try:
+            text = file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ScriptError(f"transcript {str(file)!r} not found") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ScriptError(f"cannot read transcript {str(file)!r}: {exc}") from None
+        turns: list[Mapping[str, Any]] = []
+        sources: list[str] = []
+        for line_number, line in enumerate(text.splitlines(), start=1):
+            stripped = line.strip()
+            if not stripped or stripped.startswith("#"):
+                continue
+            try:
+                value = json.loads(stripped)
+            except json.JSONDecodeError as exc:
+                raise ScriptError(f"{file}:{line_number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(value, dict):
+                raise ScriptError(f"{file}:{line_number}: each line must be a JSON object (one model turn)")
+            turns.append(value)
+            sources.append(f"{file}:{line_number}")
+        if not turns:
+            raise ScriptError(f"transcript {str(file)!r} holds no turns; write one JSON object per line")
+        return cls(turns, format=format, name=f"scripted:{file}", sources=sources)
+
+    @property
+    def remaining(self) -> int:
+        """Turns not yet replayed."""
+        return len(self.turns) - self.position
+
+    # --- the interface ---------------------------------------------------------------------
+
+    def start(self, system: str, task: str) -> Context:
+        return new_context(self.format, system, task)
+
+    def complete(self, context: Context, tools: list[ToolDefinition], tool_choice: ToolChoice) -> ModelTurn:
+        self.requests.append(
+            ScriptedRequest(
+                tools=tuple(tool.name for tool in tools),
+                tool_choice=tool_choice,
+                context_length=len(context.items),
+                items=copy.deepcopy(context.items),
+                system=context.system,
+            )
+        )
+        check_tool_choice(tool_choice, [tool.name for tool in tools])
+        if self.position >= len(self.turns):
+            raise ModelError(f"the transcript has no more turns (all {len(self.turns)} were replayed)", retryable=False)
+        turn = self.turns[self.position]
+        self.position += 1
+        return turn
+
+    def append_turn(self, context: Context, turn: ModelTurn) -> None:
+        append_items(context, turn.items)
+
+    def append_results(self, context: Context, results: list[ToolResult]) -> None:
+        append_results(context, results, self.format)
+
+
+# --- one turn -------------------------------------------------------------------------------------
+
+
+def parse_turn(raw: Mapping[str, Any], *, number: int, fmt: Format, where: str) -> ModelTurn:
+    """One transcript turn as the ModelTurn ``fmt``'s adapter would have returned."""
+    if not isinstance(raw, Mapping):
+        raise ScriptError(f"{where}: a turn must be a JSON object")
+    unknown = sorted(set(raw) - _TURN_KEYS)
+    if unknown:
+        raise ScriptError(
+            f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+            f"a turn may have: {', '.join(sorted(_TURN_KEYS))}"
+        )
+    text = raw.get("text", "")
+    if not isinstance(text, str):
+        raise ScriptError(f"{where}: 'text' must be a string")
+    raw_calls = raw.get("tool_calls", [])
+    if not isinstance(raw_calls, list):
+        raise ScriptError(f"{where}: 'tool_calls' must be a list of calls")
+    calls: list[ModelToolCall] = []
+    objects: list[dict[str, Any]] = []
+    for index, call in enumerate(raw_calls, start=1):
+        call_where = f"{where}: tool_calls[{index - 1}]"
+        if not isinstance(call, Mapping):
+            raise ScriptError(f"{call_where} must be an object with name, arguments and call_id")
+        extra = sorted(set(call) - _CALL_KEYS)
+        if extra:
+            listed = ", ".join(map(repr, extra))
+            raise ScriptError(f"{call_where}: unknown key(s) {listed}; use name, arguments, call_id")
+        name = call.get("name")
+        if not isinstance(name, str) or not name:
+            raise ScriptError(f"{call_where} needs a 'name' (the tool to call)")
+        call_id = call.get("call_id", f"call_{number}_{index}")
+        if not isinstance(call_id, str):
+            raise ScriptError(f"{call_where}: 'call_id' must be a string")
+        arguments = call.get("arguments", {})
+        if not isinstance(arguments, (str, dict)):
+            raise ScriptError(f"{call_where}: 'arguments' must be an object or a string")
+        calls.append(ModelToolCall(call_id=call_id, name=name, arguments=json_text(arguments)))
+        objects.append(arguments if isinstance(arguments, dict) else _as_object(arguments))
+    usage = _usage(raw.get("usage", {}), where)
+    stop_reason = raw.get("stop_reason", "tool_calls" if calls else "stop")
+    if not isinstance(stop_reason, str):
+        raise ScriptError(f"{where}: 'stop_reason' must be a string")
+    return ModelTurn(
+        text=text,
+        tool_calls=tuple(calls),
+        items=_items(fmt, text, calls, objects),
+        usage=usage,
+        stop_reason=stop_reason,
+    )
+
+
+def _usage(raw: object, where: str) -> Usage:
+    if not isinstance(raw, Mapping):
+        raise ScriptError(f"{where}: 'usage' must be an object")
+    extra = sorted(set(raw) - _USAGE_KEYS)
+    if extra:
+        listed = ", ".join(map(repr, extra))
+        raise ScriptError(f"{where}: unknown usage key(s) {listed}; use {', '.join(sorted(_USAGE_KEYS))}")
+    tokens: dict[str, int] = {}
+    for key in ("input_tokens", "output_tokens"):
+        value = raw.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ScriptError(f"{where}: usage {key} must be a whole number >= 0")
+        tokens[key] = value
+    cost = raw.get("cost_usd")
+    if cost is not None and (not isinstance(cost, (int, float)) or isinstance(cost, bool) or cost < 0):
+        raise ScriptError(f"{where}: usage cost_usd must be a number >= 0")
+    return Usage(
+        input_tokens=tokens["input_tokens"],
+        output_tokens=tokens["output_tokens"],
+        cost_usd=float(cost) if cost is not None else None,
+    )
+
+
+def _as_object(arguments: str) -> dict[str, Any]:
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return {"_arguments": arguments}
+    return value if isinstance(value, dict) else {"_arguments": arguments}
+
+
+def _items(
+    fmt: Format, text: str, calls: list[ModelToolCall], objects: list[dict[str, Any]]
+) -> tuple[dict[str, Any], ...]:
+    """The assistant items ``fmt``'s API would have returned for this turn."""
+    if fmt == "openai":
+        items: list[dict[str, Any]] = []
+        if text:
+            items.append({"type": "message", "role": "assistant", "content": text})
+        items.extend(
+            {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments}
+            for call in calls
+        )
+        return tuple(items)
+    if fmt == "chat":
+        message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
+        if calls:
+            message["tool_calls"] = [
+                {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                for call in calls
+            ]
+        return (message,)
+    blocks: list[dict[str, Any]] = []
+    if text:
+        blocks.append({"type": "text", "text": text})
+    blocks.extend(
+        {"type": "tool_use", "id": call.call_id, "name": call.name, "input": obj}
+        for call, obj in zip(calls, objects, strict=True)
+    )
+    return ({"role": "assistant", "content": blocks},) if blocks else ()
