@@ -20,6 +20,14 @@ A call that must wait for a human gets ``create_approval``; ``resolve_approval``
 any process) approves or denies it, and ``consume_approval`` flips approved -> consumed
 atomically so an approved call runs exactly once even if two harness processes resume it.
 
+A paused agent run (issue 5 item 3) is checkpointed with ``save_checkpoint``: its state
+(JSON, see ``harness.checkpoint``) goes into the ``checkpoints`` table and the run is marked
+``end_reason = "approval_pending"``; ``claim_checkpoint`` (the resuming process) atomically
+takes it back, re-opening the run, so two processes cannot resume the same pause. The
+``checkpoints`` table is created on first use (``CREATE TABLE IF NOT EXISTS`` in the same
+transaction) rather than by a schema-version bump: it is purely additive, and a bumped
+``user_version`` would make every older callbox refuse the database as "newer".
+
 Timestamps are Unix epoch seconds (floats).
 """
 
@@ -302,6 +310,20 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class CheckpointRecord:
+    """A paused run's saved state (``save_checkpoint``)."""
+
+    run_id: str
+    saved: float
+    status: str
+    """paused (waiting to be resumed) | resumed (claimed by ``owner``)"""
+    owner: str
+    """host/pid/start-time of the process that saved or claimed it."""
+    state: str
+    """The loop's state as JSON text (``harness.checkpoint.Checkpoint``)."""
+
+
+@dataclass(frozen=True)
 class Approval:
     id: str
     run_id: str
@@ -411,6 +433,17 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_to_1}
 """Version n -> the function that upgrades a version n-1 database, run inside the same
 ``BEGIN IMMEDIATE`` transaction that then sets ``PRAGMA user_version = n``. Statements only
 (no ``executescript``, which would commit half-way)."""
+
+
+_CHECKPOINTS_TABLE = """CREATE TABLE IF NOT EXISTS checkpoints (
+    run_id  TEXT PRIMARY KEY REFERENCES runs(id),
+    saved   REAL NOT NULL,
+    status  TEXT NOT NULL CHECK (status IN ('paused', 'resumed')),
+    owner   TEXT NOT NULL,
+    state   TEXT NOT NULL
+)"""
+PAUSED_REASON = "approval_pending"
+"""The ``end_reason`` a run has while it is paused with a checkpoint."""
 
 
 # --------------------------------------------------------------------------- SQL
@@ -755,6 +788,94 @@ class AuditStore:
                 raise _unknown_run(run_id)
 
         self._write(body)
+
+    def update_run_meta(self, run_id: str, meta: Mapping[str, Any]) -> None:
+        """Merge ``meta`` into the run's meta (keys given replace stored ones)."""
+
+        def body(c: sqlite3.Connection) -> None:
+            row = c.execute("SELECT meta FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise _unknown_run(run_id)
+            merged = {**json.loads(row[0]), **meta}
+            text = json.dumps(merged, ensure_ascii=False, default=_json_default, sort_keys=True)
+            c.execute("UPDATE runs SET meta = ? WHERE id = ?", (_storable(text), run_id))
+
+        self._write(body)
+
+    # -- checkpoints (paused runs)
+
+    def save_checkpoint(self, run_id: str, state_json: str) -> None:
+        """Store the paused state of ``run_id`` (replacing an earlier one) and mark the run
+        ``approval_pending``: paused, not finally ended (``claim_checkpoint`` re-opens it)."""
+        now = time.time()
+        owner = self._owner_label()
+        state = _storable(state_json)
+
+        def body(c: sqlite3.Connection) -> None:
+            c.execute(_CHECKPOINTS_TABLE)
+            if c.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
+                raise _unknown_run(run_id)
+            c.execute(
+                "INSERT INTO checkpoints (run_id, saved, status, owner, state) VALUES (?, ?, 'paused', ?, ?) "
+                "ON CONFLICT (run_id) DO UPDATE SET saved = excluded.saved, status = 'paused', "
+                "owner = excluded.owner, state = excluded.state",
+                (run_id, now, owner, state),
+            )
+            cur = c.execute(
+                "UPDATE runs SET ended = ?, end_reason = ? WHERE id = ? AND (ended IS NULL OR end_reason = ?)",
+                (now, PAUSED_REASON, run_id, PAUSED_REASON),
+            )
+            if cur.rowcount == 0:
+                reason = c.execute("SELECT end_reason FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
+                raise AuditError(f"run {run_id} already ended ({reason}); it cannot be paused")
+
+        self._write(body)
+
+    def load_checkpoint(self, run_id: str) -> CheckpointRecord | None:
+        """The saved checkpoint of ``run_id`` (paused or already claimed), or None."""
+
+        def body(c: sqlite3.Connection) -> Any:
+            exists = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'checkpoints'"
+            if c.execute(exists).fetchone() is None:
+                return None
+            return c.execute(
+                "SELECT run_id, saved, status, owner, state FROM checkpoints WHERE run_id = ?", (run_id,)
+            ).fetchone()
+
+        row = self._read(body)
+        return None if row is None else CheckpointRecord(*row)
+
+    def claim_checkpoint(self, run_id: str) -> CheckpointRecord:
+        """Take the checkpoint of a paused run to resume it, atomically across processes:
+        paused -> resumed (owner: this process) and the run re-opened (no end reason). A
+        checkpoint claimed by a process that has died may be claimed again. AuditError, saying
+        why, when there is nothing to resume or another live process resumed it."""
+        owner = self._owner_label()
+        this_host = socket.gethostname()
+
+        def body(c: sqlite3.Connection) -> CheckpointRecord:
+            c.execute(_CHECKPOINTS_TABLE)
+            run = c.execute("SELECT ended, end_reason FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if run is None:
+                raise _unknown_run(run_id)
+            row = c.execute(
+                "SELECT run_id, saved, status, owner, state FROM checkpoints WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise AuditError(f"run {run_id} has no checkpoint: only a run paused for approval can be resumed")
+            record = CheckpointRecord(*row)
+            ended, end_reason = run
+            if ended is not None and end_reason != PAUSED_REASON:
+                raise AuditError(f"run {run_id} already ended ({end_reason}); there is nothing to resume")
+            if record.status == "resumed":
+                holder = Owner.parse(record.owner)
+                if holder is None or owner_alive(holder, this_host) is not False:
+                    raise AuditError(f"run {run_id} is already being resumed by process {record.owner}")
+            c.execute("UPDATE checkpoints SET status = 'resumed', owner = ? WHERE run_id = ?", (owner, run_id))
+            c.execute("UPDATE runs SET ended = NULL, end_reason = NULL WHERE id = ?", (run_id,))
+            return dataclasses.replace(record, status="resumed", owner=owner)
+
+        return self._write(body)
 
     def get_run(self, run_id: str) -> RunRecord:
         row = self._read(lambda c: c.execute(f"{_RUN_SELECT} WHERE r.id = ?", (run_id,)).fetchone())

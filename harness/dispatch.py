@@ -93,6 +93,30 @@ class Harness:
                 )(engine.create, self.spec)
             return self._sandbox
 
+    @property
+    def active_sandbox(self) -> Sandbox | None:
+        """The run's sandbox if one was started or attached; never starts one."""
+        return self._sandbox
+
+    def connect_engine(self) -> DockerEngine:
+        """An engine from this harness's factory (to attach a kept sandbox)."""
+        return self._engine_factory()
+
+    def attach(self, sandbox: Sandbox) -> None:
+        """Run this run's calls in an existing sandbox (a paused run's, from
+        ``DockerEngine.attach``) instead of starting one; ``close`` destroys it as usual."""
+        with self._sandbox_lock:
+            if self._sandbox is not None and self._sandbox is not sandbox:
+                raise RuntimeError(f"run {self.run_id} already has sandbox {self._sandbox.id}")
+            self._sandbox = sandbox
+
+    def detach(self) -> Sandbox | None:
+        """Stop using the run's sandbox without destroying it (a paused run keeps it);
+        ``close`` then leaves it alone. Returns it (None if none was started)."""
+        with self._sandbox_lock:
+            sandbox, self._sandbox = self._sandbox, None
+            return sandbox
+
     def close(self) -> None:
         with self._sandbox_lock:
             if self._sandbox is not None:

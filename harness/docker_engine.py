@@ -5,6 +5,21 @@ inside answers its health check on the per-sandbox unix socket, and returns a
 ``Sandbox`` holding the agent client. ``destroy`` removes the container and its
 socket directory. Labels name the owner and expiry so ``gc`` can reap leftovers,
 also after the harness was killed; the engine runs gc when it starts.
+
+Keeping a sandbox past its process (a paused run, issue 5 item 3): Docker cannot change
+a container's labels after creation, so ``keep(sandbox, run_id=..., until=...)`` writes a
+small record ``<run root>/kept/<sandbox id>.json`` on the host (next to the per-sandbox
+socket directories, never inside one: those are mounted into the container). The record
+names the owner ``run:<run_id>``, the time it is kept until, and what ``attach`` needs to
+reconnect (container id, socket directory, spec, tool uid/gid). ``gc`` consults it: a
+kept sandbox is removed when ``until`` has passed, and never for being orphaned (its
+creating process may be long gone); a sandbox without a record is reaped exactly as
+before (expired, or its owner process dead). A record gc cannot read (another user's run
+root) counts as kept until the container's label expiry, so gc stays conservative; a
+record whose container is gone is removed. ``attach(sandbox_id)`` (another process,
+later) returns a ``Sandbox`` connected to the kept container's agent, or raises
+``SandboxExpired`` saying when it expired or that it is gone (removing what is left).
+``destroy`` removes the record along with the container.
 """
 
 from __future__ import annotations
@@ -31,7 +46,7 @@ from docker.types import Ulimit
 
 from harness import labels
 from harness.agent_client import AgentClient
-from harness.errors import AgentCallError, EngineUnavailable, ImageNotFound, SandboxStartError
+from harness.errors import AgentCallError, CallboxError, EngineUnavailable, ImageNotFound, SandboxStartError
 from harness.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
 from sandbox.health import SERVING
 
@@ -40,6 +55,9 @@ log = logging.getLogger("callbox.engine")
 AGENT_SOCKET = f"{AGENT_DIR}/agent.sock"
 HOME = "/home/sandbox"
 READY_TIMEOUT_S = 30.0
+KEPT_DIR = "kept"
+"""Under the run root: one ``<sandbox id>.json`` record per kept sandbox (see ``keep``)."""
+ATTACH_TIMEOUT_S = 10.0
 # The agent starts its RPC threads up front (32 commands + 8 spare) so a fork bomb cannot
 # starve it; they and gRPC's own threads count against the pids limit, so the engine adds
 # this reserve on top of the spec's limit, which is what tool processes get.
@@ -73,6 +91,53 @@ class SandboxInfo:
     expires: float
     created: float
     image: str
+
+
+class SandboxExpired(CallboxError):
+    """A kept sandbox cannot be attached: it expired or its container is gone."""
+
+    def __init__(self, message: str, *, sandbox_id: str, expired_at: float | None) -> None:
+        super().__init__(message)
+        self.sandbox_id = sandbox_id
+        self.expired_at = expired_at
+        """When it expired (or was due to expire), if known."""
+
+
+@dataclass(frozen=True)
+class KeptSandbox:
+    """The record ``DockerEngine.keep`` writes: a sandbox that outlives its process."""
+
+    sandbox_id: str
+    run_id: str
+    until: float
+    """Unix time after which gc removes it."""
+    container_id: str
+    socket_dir: str
+    spec: dict[str, Any]
+    """The SandboxSpec it was created with (``model_dump(mode="json")``)."""
+    tool_uid: int
+    tool_gid: int
+    kept_at: float
+
+    @property
+    def owner(self) -> str:
+        return f"run:{self.run_id}"
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "sandbox_id": self.sandbox_id, "owner": self.owner, "run_id": self.run_id, "until": self.until,
+            "container_id": self.container_id, "socket_dir": self.socket_dir, "spec": self.spec,
+            "tool_uid": self.tool_uid, "tool_gid": self.tool_gid, "kept_at": self.kept_at,
+        }, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> KeptSandbox:
+        data = json.loads(text)
+        return cls(
+            sandbox_id=str(data["sandbox_id"]), run_id=str(data["run_id"]), until=float(data["until"]),
+            container_id=str(data["container_id"]), socket_dir=str(data["socket_dir"]), spec=dict(data["spec"]),
+            tool_uid=int(data["tool_uid"]), tool_gid=int(data["tool_gid"]), kept_at=float(data["kept_at"]),
+        )
 
 
 class Sandbox:
@@ -269,6 +334,7 @@ class DockerEngine:
         """Remove the sandbox's container and socket directory; a missing one is not an error."""
         self._remove_by_name(f"callbox-{sandbox_id}")
         shutil.rmtree(self.run_root / sandbox_id, ignore_errors=True)
+        self._kept_path(sandbox_id).unlink(missing_ok=True)
 
     def _remove_by_name(self, name: str) -> None:
         try:
@@ -287,15 +353,16 @@ class DockerEngine:
                 sandbox_id=lab.get(labels.SANDBOX_ID, "?"),
                 container_id=c["Id"][:12],
                 status=c.get("State", "?"),
-                owner=lab.get(labels.OWNER, "?"),
-                expires=_float(lab.get(labels.EXPIRES)),
+                owner=kept.owner if (kept := self._kept_for(lab)) is not None else lab.get(labels.OWNER, "?"),
+                expires=kept.until if kept is not None else _float(lab.get(labels.EXPIRES)),
                 created=_float(lab.get(labels.CREATED)),
                 image=c.get("Image", "?"),
             ))
         return sorted(infos, key=lambda i: i.created)
 
     def gc(self, now: float | None = None) -> list[str]:
-        """Remove sandboxes that expired or whose owner process is gone; return their ids."""
+        """Remove sandboxes that expired or whose owner process is gone; return their ids.
+        A kept sandbox (``keep``) is removed only once its keep has expired."""
         now = time.time() if now is None else now
         removed = []
         try:
@@ -306,15 +373,23 @@ class DockerEngine:
         for c in containers:
             lab = c.get("Labels") or {}
             sandbox_id = lab.get(labels.SANDBOX_ID, "")
-            if labels.is_expired(lab, now) or labels.is_orphaned(lab, self.hostname):
+            kept = self._kept_for(lab)
+            if kept is not None:
+                doomed = kept.until <= now  # kept for a paused run: only its expiry counts
+            else:
+                doomed = labels.is_expired(lab, now) or labels.is_orphaned(lab, self.hostname)
+            if doomed:
                 self._remove_by_name(c["Id"])
                 socket_dir = lab.get(labels.SOCKET_DIR)
                 if socket_dir and Path(socket_dir).parent == self.run_root:
                     shutil.rmtree(socket_dir, ignore_errors=True)
+                if kept is not None and Path(socket_dir or "").parent == self.run_root:
+                    self._kept_path(sandbox_id).unlink(missing_ok=True)
                 removed.append(sandbox_id or c["Id"][:12])
             else:
                 live_ids.add(sandbox_id)
         self._remove_stale_socket_dirs(live_ids)
+        self._remove_stale_kept_records(live_ids)
         return removed
 
     def _remove_stale_socket_dirs(self, live_ids: set[str]) -> None:
@@ -325,6 +400,124 @@ class DockerEngine:
                 age = time.time() - entry.stat().st_mtime
                 if age > 60:  # never race a sandbox being created right now
                     shutil.rmtree(entry, ignore_errors=True)
+
+
+    # ---- keep a sandbox past its process, attach to it later ----------------------------------
+
+    def _kept_path(self, sandbox_id: str, run_root: Path | None = None) -> Path:
+        return (run_root or self.run_root) / KEPT_DIR / f"{sandbox_id}.json"
+
+    def keep(self, sandbox: Sandbox, *, run_id: str, until: float | None = None) -> KeptSandbox:
+        """Keep ``sandbox`` for run ``run_id`` after this process exits, until ``until``
+        (Unix time; default its label expiry, i.e. creation + the spec's ttl_seconds).
+        Keeping it again replaces the record. Returns the record written."""
+        if until is None:
+            try:
+                found = self.client.api.inspect_container(sandbox.container_id)["Config"].get("Labels") or {}
+            except docker.errors.DockerException as exc:
+                raise EngineUnavailable(f"cannot inspect sandbox {sandbox.id}: {_short(exc)}") from None
+            until = _float(found.get(labels.EXPIRES))
+        record = KeptSandbox(
+            sandbox_id=sandbox.id, run_id=run_id, until=until, container_id=sandbox.container_id,
+            socket_dir=str(sandbox.socket_dir), spec=sandbox.spec.model_dump(mode="json"),
+            tool_uid=sandbox.tool_uid, tool_gid=sandbox.tool_gid, kept_at=time.time(),
+        )
+        path = self._kept_path(sandbox.id)
+        path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(record.to_json())
+        os.replace(temporary, path)  # atomic: gc never reads half a record
+        return record
+
+    def kept_sandbox(self, sandbox_id: str) -> KeptSandbox | None:
+        """The keep record of ``sandbox_id`` under this engine's run root, if any."""
+        try:
+            return KeptSandbox.from_json(self._kept_path(sandbox_id).read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring unreadable keep record of sandbox %s: %s", sandbox_id, exc)
+            return None
+
+    def _kept_for(self, lab: dict[str, str]) -> KeptSandbox | None:
+        """The keep record of the container with labels ``lab`` (looked up in the run root its
+        socket directory lives in). An unreadable record counts as kept until the label
+        expiry: gc must not reap as an orphan what it cannot tell is kept."""
+        sandbox_id = lab.get(labels.SANDBOX_ID, "")
+        socket_dir = lab.get(labels.SOCKET_DIR)
+        if not sandbox_id or not socket_dir:
+            return None
+        path = self._kept_path(sandbox_id, Path(socket_dir).parent)
+        try:
+            return KeptSandbox.from_json(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("cannot read the keep record %s (%s); treating the sandbox as kept until its expiry",
+                        path, exc)
+            return KeptSandbox(
+                sandbox_id=sandbox_id, run_id="?", until=_float(lab.get(labels.EXPIRES)), container_id="",
+                socket_dir=socket_dir, spec={}, tool_uid=-1, tool_gid=-1, kept_at=0.0,
+            )
+
+    def _remove_stale_kept_records(self, live_ids: set[str]) -> None:
+        directory = self.run_root / KEPT_DIR
+        if not directory.is_dir():
+            return
+        for entry in directory.glob("*.json"):
+            if entry.stem not in live_ids and time.time() - entry.stat().st_mtime > 60:
+                entry.unlink(missing_ok=True)
+
+    def attach(self, sandbox_id: str, *, ready_timeout: float = ATTACH_TIMEOUT_S) -> Sandbox:
+        """Reconnect to a kept sandbox (from another process than the one that created it).
+
+        Raises ``SandboxExpired`` if it is not kept, its keep expired (it is then removed),
+        or its container is gone or stopped; ``SandboxStartError`` if its agent does not
+        answer. The returned Sandbox stays kept until ``destroy``."""
+        kept = self.kept_sandbox(sandbox_id)
+        if kept is None:
+            raise SandboxExpired(
+                f"sandbox {sandbox_id} is not kept (it expired and was removed, or was never kept); its files are gone",
+                sandbox_id=sandbox_id, expired_at=None,
+            )
+        when = _when(kept.until)
+        if kept.until <= time.time():
+            self.destroy(sandbox_id)
+            raise SandboxExpired(f"sandbox {sandbox_id} expired at {when}; its files are gone",
+                                 sandbox_id=sandbox_id, expired_at=kept.until)
+        try:
+            state = self.client.api.inspect_container(kept.container_id)["State"]
+        except docker.errors.NotFound:
+            self.destroy(sandbox_id)
+            raise SandboxExpired(
+                f"sandbox {sandbox_id} is gone (its container was removed before its expiry at {when}); "
+                "its files are gone", sandbox_id=sandbox_id, expired_at=kept.until,
+            ) from None
+        except docker.errors.DockerException as exc:
+            raise EngineUnavailable(f"cannot inspect sandbox {sandbox_id}: {_short(exc)}") from None
+        if not state.get("Running"):
+            self.destroy(sandbox_id)
+            raise SandboxExpired(f"sandbox {sandbox_id} is gone (its container stopped: {state.get('Status')}); "
+                                 "its files are gone", sandbox_id=sandbox_id, expired_at=kept.until)
+        spec = SandboxSpec.model_validate(kept.spec)
+        sandbox = Sandbox(self, sandbox_id, kept.container_id, Path(kept.socket_dir), spec, kept.tool_uid,
+                          kept.tool_gid)
+        try:
+            healthy = sandbox.agent.health(timeout=ready_timeout) == SERVING
+        except AgentCallError as exc:
+            sandbox.agent.close()
+            raise SandboxStartError(f"the agent of kept sandbox {sandbox_id} does not answer: {exc}") from None
+        if not healthy:
+            sandbox.agent.close()
+            raise SandboxStartError(f"the agent of kept sandbox {sandbox_id} is not serving")
+        return sandbox
+
+
+def _when(stamp: float) -> str:
+    """A Unix time as ``2025-01-02 03:04:05 UTC``."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stamp))
 
 
 def _tool_identity(spec: SandboxSpec) -> tuple[int, int]:

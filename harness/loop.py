@@ -1,0 +1,1088 @@
+"""The agent loop (issue 5 items 1-3 and 5): an explicit state machine.
+
+::
+
+    start ──> SELECT_TOOLS ──> CALL_MODEL ──(final answer)──────────────────────> FINISH ──> DONE
+                  ^                 │ (tool calls)                                  ^
+                  │                 v                                               │
+                  │            EXECUTE_CALLS ──> APPEND_RESULTS ──(a call pending)──> PAUSE ──> DONE
+                  │                                   │
+                  └──────(within limits)─── CHECK_LIMITS ──(a limit reached)──> FINISH
+
+    resume ──> ATTACH_SANDBOX ──> RESEND_CALLS ──> APPEND_RESULTS ──> ...
+                    └──(sandbox expired or gone)──> FINISH
+
+``Loop.next_step`` runs the current state's handler (one small method each) and returns
+the state it leads to; ``Loop.run`` steps until DONE and returns a :class:`RunOutcome`.
+
+**SELECT_TOOLS** starts a turn. The tools exposed are the registry's tools that the
+policy's ``allowed_tools`` allows, narrowed by the stage covering this turn
+(``LoopConfig.stages``: the first whose ``turns`` range contains it). The tool_choice is
+the run's current one; on the first turn of a stage that sets ``tool_choice``, that one
+(the initial ``tool_choice`` likewise applies from turn 1). ``none`` offers no tools;
+``{"allowed": [...]}`` offers every exposed tool and restricts calls to the subset (the
+Responses API's allowed_tools, which keeps the tools list, and prompt caches, stable).
+
+**CALL_MODEL** asks the adapter, retrying only a ``ModelError`` with ``retryable`` (at most
+``model_retries`` times, exponential backoff through tenacity); a non-retryable error, or
+the last retry failing, ends the run with ``error:model``. The adapter's items are
+appended. A turn without tool calls ends the run with ``final``.
+
+**EXECUTE_CALLS** turns every ModelToolCall into ``harness.call(ToolCall(name, arguments,
+call_id), on_output=...)`` (validation, policy, approvals, at-most-once and audit are the
+harness's, including refusing unknown tools and tools outside the policy's
+``allowed_tools``), except a call of a tool that a stage or the tool_choice kept out of
+this turn, which gets a ``tool_not_allowed`` result from the loop itself. Independence rule for
+concurrency: consecutive calls of tools annotated ``read_only`` run concurrently in
+threads (up to ``max_parallel``); any other call runs alone, after everything before it
+and before anything after it. So writes keep the model's order, a read after a write sees
+it, and only runs of reads overlap. After a turn that called tools, a ``required`` or
+forced tool_choice becomes ``auto`` (an allowed-tools subset with mode ``required``
+becomes mode ``auto``), so the model is never forced to keep calling tools once done.
+
+**APPEND_RESULTS** appends exactly one result per call, in the order the model issued
+them (``model.append_results``), then applies the context budget
+(:mod:`harness.context_budget`). If any call is pending approval, nothing is appended:
+the turn goes to PAUSE instead.
+
+**CHECK_LIMITS**, in this order: ``loop_detected`` (the last ``loop_detection`` calls were
+the same tool with the same arguments, compared as canonical JSON, across turns),
+``budget:tool_calls`` (the policy's ``max_tool_calls`` authorized calls reached, as the
+audit store counts them), ``budget:wall_time`` (the policy's ``max_wall_time_s`` of active
+run time: a pause does not count), ``budget:input_tokens``, ``budget:output_tokens``,
+``budget:cost`` (totals the adapter reported; cost only when it reports one), and
+``max_turns``. Otherwise the next turn starts.
+
+**PAUSE** (``approval_pending``): the other calls of the turn have run; their results are
+held in the checkpoint, not appended yet. The run's sandbox (if one started) is kept
+(``DockerEngine.keep``: gc leaves it until ``paused_sandbox_ttl_s`` or its own expiry)
+and detached from the harness so closing the harness leaves it alone; the state is saved
+(:mod:`harness.checkpoint`); the run is marked ``approval_pending`` in the audit store,
+which is a paused state, not a final end: ``resume`` re-opens it and its final reason is
+recorded when it really ends. ``resume`` (any process): attaches the kept sandbox (if it
+expired or is gone the run ends with ``error:sandbox_expired`` and says when, rather than
+silently starting a fresh one), re-sends the pending calls under their call_ids (an
+approved call runs exactly once, a denied one returns the denial, a still-pending one
+pauses the run again), appends the whole turn's results in order and continues.
+
+**FINISH** records the reason with ``audit.end_run``. Every run ends with one of ``final``,
+``max_turns``, ``budget:tool_calls``, ``budget:wall_time``, ``budget:input_tokens``,
+``budget:output_tokens``, ``budget:cost``, ``loop_detected``, ``approval_pending``
+(paused), ``error:model``, ``error:sandbox_expired``, ``error:sandbox_unavailable``,
+``error:config`` (a stage names a tool this turn cannot offer), ``error:harness`` (the
+audit store or engine failed), ``error:internal`` (a bug, logged) or
+``error:interrupted`` (Ctrl-C; re-raised).
+
+**Events**: ``on_event`` receives small frozen dataclasses (:data:`Event`), each with a
+``kind`` and ``to_dict()`` for JSON lines. Events from concurrent calls are delivered one
+at a time (under a lock), from the thread running the call; an exception in the callback
+is logged and does not disturb the run.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any, ClassVar, Literal
+
+import tenacity
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from harness import checkpoint as checkpoints
+from harness.audit import arguments_digest, result_to_json
+from harness.calls import ErrorCode, ToolCall, ToolResult
+from harness.checkpoint import Checkpoint, CheckpointError, PausedCall, SandboxRef
+from harness.context_budget import elide
+from harness.dispatch import Harness
+from harness.docker_engine import DockerEngine, SandboxExpired
+from harness.errors import CallboxError
+from harness.models.base import (
+    AllowedTools,
+    Context,
+    ForcedTool,
+    ModelAdapter,
+    ModelError,
+    ModelToolCall,
+    ModelTurn,
+    ToolChoice,
+    Usage,
+)
+from harness.registry import ToolDefinition
+from harness.validation import CallRejected, validate_call
+
+__all__ = [
+    "AllowTools",
+    "ContextElided",
+    "Event",
+    "ForceTool",
+    "Loop",
+    "LoopConfig",
+    "LoopConfigError",
+    "ModelReplied",
+    "ModelRetrying",
+    "RunEnded",
+    "RunOutcome",
+    "RunStarted",
+    "Stage",
+    "Step",
+    "ToolCallFinished",
+    "ToolCallStarted",
+    "ToolOutputChunk",
+    "TurnStarted",
+    "resume",
+    "run_agent",
+]
+
+log = logging.getLogger("callbox.loop")
+
+PAUSED = "approval_pending"
+
+
+class LoopConfigError(CallboxError):
+    """A loop configuration that cannot work with this registry and policy."""
+
+    exit_code = 2
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+class ForceTool(BaseModel):
+    """tool_choice ``{"tool": NAME}``: the model must call this tool."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tool: str
+    """The tool to force."""
+
+
+class AllowTools(BaseModel):
+    """tool_choice ``{"allowed": [...], "mode": "auto"|"required"}``: only these tools."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allowed: tuple[str, ...] = Field(min_length=1)
+    """The tools the model may call this turn (all exposed tools stay listed)."""
+    mode: Literal["auto", "required"] = "auto"
+    """``required``: the model must call one of them."""
+
+
+ChoiceSetting = Literal["auto", "required", "none"] | ForceTool | AllowTools
+"""A tool_choice as configured (and checkpointed) as JSON."""
+
+_TURNS = re.compile(r"\s*(\d+)\s*(?:(-)\s*(\d+)?)?\s*")
+
+
+class Stage(BaseModel):
+    """A per-stage override: ``{turns = "1-2", tools = [...], tool_choice = ...}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    turns: str
+    """Turns it covers, counted from 1: ``"3"``, ``"1-2"``, or ``"4-"`` (turn 4 onwards)."""
+    tools: tuple[str, ...] | None = None
+    """Tools exposed in these turns (within the policy's allowed_tools); None: all of them."""
+    tool_choice: ChoiceSetting | None = None
+    """tool_choice from the stage's first turn on (reset to auto after a tool-calling turn
+    like any other); None: keep the current one."""
+
+    @field_validator("turns")
+    @classmethod
+    def _turns(cls, value: str) -> str:
+        match = _TURNS.fullmatch(value)
+        if match is None:
+            raise ValueError(f'turns {value!r} must be "N", "N-M" or "N-" with turns counted from 1')
+        first = int(match.group(1))
+        last = match.group(3)
+        if first < 1 or (last is not None and int(last) < first):
+            raise ValueError(f"turns {value!r} is an empty range (turns are counted from 1)")
+        return value.strip()
+
+    def covers(self, turn: int) -> bool:
+        match = _TURNS.fullmatch(self.turns)
+        assert match is not None  # validated
+        first = int(match.group(1))
+        if match.group(2) is None:
+            return turn == first
+        last = match.group(3)
+        return turn >= first and (last is None or turn <= int(last))
+
+
+class LoopConfig(BaseModel):
+    """How one agent run is driven and when it must stop."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_turns: int = Field(default=50, ge=1)
+    """Model turns at most; a run still calling tools after this many ends with ``max_turns``."""
+    tool_choice: ChoiceSetting = "auto"
+    """tool_choice of the first turn: ``auto``, ``required``, ``none``, ``{"tool": NAME}`` or
+    ``{"allowed": [...], "mode": ...}``. ``required`` and forced become ``auto`` after a turn
+    that called tools."""
+    stages: tuple[Stage, ...] = ()
+    """Per-stage overrides of the exposed tools and tool_choice; the first stage covering a
+    turn applies to it."""
+    max_input_tokens: int | None = Field(default=None, ge=1)
+    """Total input tokens the model may consume in the run (``budget:input_tokens``)."""
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    """Total output tokens the model may produce in the run (``budget:output_tokens``)."""
+    max_cost_usd: float | None = Field(default=None, gt=0)
+    """Total cost in USD (``budget:cost``); checked only if the adapter reports cost."""
+    loop_detection: int | None = Field(default=5, ge=2)
+    """End with ``loop_detected`` once this many calls in a row are the same tool with the
+    same arguments; None turns detection off."""
+    model_retries: int = Field(default=3, ge=0)
+    """Retries of a model call that failed with a retryable ModelError."""
+    retry_wait_s: float = Field(default=1.0, ge=0)
+    """First backoff before a retry (doubling each time, at most ``retry_wait_max_s``)."""
+    retry_wait_max_s: float = Field(default=30.0, ge=0)
+    """Longest backoff between two retries."""
+    parallel_tool_calls: bool = True
+    """Run consecutive read-only calls of one turn concurrently (results keep the model's order)."""
+    max_parallel: int = Field(default=8, ge=1)
+    """Threads for concurrent read-only calls."""
+    context_budget_bytes: int | None = Field(default=None, ge=1024)
+    """Serialized context size to stay under by eliding old tool outputs
+    (:mod:`harness.context_budget`); None: never elide."""
+    keep_latest_outputs: int = Field(default=3, ge=0)
+    """Latest tool outputs never elided."""
+    paused_sandbox_ttl_s: float | None = Field(default=None, ge=0)
+    """How long a paused run's sandbox is kept from the pause; None: until the sandbox's own
+    expiry (its creation plus the policy's ``sandbox.ttl_seconds``)."""
+
+
+def to_tool_choice(setting: ChoiceSetting) -> ToolChoice:
+    """A configured tool_choice as the adapter interface's ToolChoice."""
+    if isinstance(setting, ForceTool):
+        return ForcedTool(setting.tool)
+    if isinstance(setting, AllowTools):
+        return AllowedTools(tuple(setting.allowed), setting.mode)
+    return setting
+
+
+def choice_to_json(choice: ToolChoice) -> Any:
+    """A ToolChoice as the JSON a config or checkpoint holds."""
+    if isinstance(choice, ForcedTool):
+        return {"tool": choice.name}
+    if isinstance(choice, AllowedTools):
+        return {"allowed": list(choice.names), "mode": choice.mode}
+    return choice
+
+
+def choice_from_json(value: Any) -> ToolChoice:
+    class _Holder(BaseModel):
+        choice: ChoiceSetting
+
+    return to_tool_choice(_Holder.model_validate({"choice": value}).choice)
+
+
+def describe_choice(choice: ToolChoice) -> str:
+    """``auto`` / ``required`` / ``none`` / ``tool:NAME`` / ``allowed:a,b`` (+ ``/required``)."""
+    if isinstance(choice, ForcedTool):
+        return f"tool:{choice.name}"
+    if isinstance(choice, AllowedTools):
+        suffix = "/required" if choice.mode == "required" else ""
+        return f"allowed:{','.join(choice.names)}{suffix}"
+    return choice
+
+
+def relaxed(choice: ToolChoice) -> ToolChoice:
+    """The tool_choice after a turn that called tools: never forced to call again."""
+    if choice == "required" or isinstance(choice, ForcedTool):
+        return "auto"
+    if isinstance(choice, AllowedTools) and choice.mode == "required":
+        return AllowedTools(choice.names, "auto")
+    return choice
+
+
+# --------------------------------------------------------------------------- events
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, ToolResult):
+        return json.loads(result_to_json(value))
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: _jsonable(v) for k, v in asdict(value).items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class _EventBase:
+    kind: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, with ``"event": kind`` first (bytes decoded as UTF-8)."""
+        return {"event": self.kind, **{f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}}
+
+
+@dataclass(frozen=True)
+class RunStarted(_EventBase):
+    kind: ClassVar[str] = "run_started"
+    run_id: str
+    model: str
+    resumed: bool
+
+
+@dataclass(frozen=True)
+class TurnStarted(_EventBase):
+    kind: ClassVar[str] = "turn_started"
+    turn: int
+    tools: tuple[str, ...]
+    """Names of the tools offered this turn."""
+    tool_choice: str
+    """As :func:`describe_choice` writes it."""
+
+
+@dataclass(frozen=True)
+class ModelRetrying(_EventBase):
+    kind: ClassVar[str] = "model_retry"
+    turn: int
+    attempt: int
+    """The attempt that failed (1 is the first)."""
+    error: str
+
+
+@dataclass(frozen=True)
+class ModelReplied(_EventBase):
+    kind: ClassVar[str] = "model_turn"
+    turn: int
+    text: str
+    calls: tuple[ModelToolCall, ...]
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class ToolCallStarted(_EventBase):
+    kind: ClassVar[str] = "tool_call_started"
+    turn: int
+    call_id: str
+    name: str
+    arguments: str | dict[str, Any]
+    decision: str
+    """What the policy says before it runs: allow | ask | deny | approved (an approval was
+    granted) | rejected (unknown or not offered tool, invalid arguments)."""
+
+
+@dataclass(frozen=True)
+class ToolOutputChunk(_EventBase):
+    kind: ClassVar[str] = "tool_output"
+    call_id: str
+    stream: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class ToolCallFinished(_EventBase):
+    kind: ClassVar[str] = "tool_result"
+    turn: int
+    call_id: str
+    name: str
+    decision: str
+    """What happened, as recorded: allow | ask (pending) | deny | approved | rejected."""
+    result: ToolResult
+
+
+@dataclass(frozen=True)
+class ContextElided(_EventBase):
+    kind: ClassVar[str] = "context_elided"
+    turn: int
+    call_ids: tuple[str, ...]
+    bytes_before: int
+    bytes_after: int
+
+
+@dataclass(frozen=True)
+class RunEnded(_EventBase):
+    kind: ClassVar[str] = "run_ended"
+    run_id: str
+    reason: str
+    turns: int
+    tool_calls: int
+    seconds: float
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float | None
+    final_text: str
+    message: str
+    """A sentence for a person: why it stopped, what to do (resume command, expiry, ...)."""
+    pending_approvals: tuple[str, ...]
+
+
+Event = (RunStarted | TurnStarted | ModelRetrying | ModelReplied | ToolCallStarted | ToolOutputChunk
+         | ToolCallFinished | ContextElided | RunEnded)
+EventSink = Callable[[Event], None]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run ended (or paused)."""
+
+    run_id: str
+    reason: str
+    final_text: str
+    turns: int
+    tool_calls: int
+    seconds: float
+    usage: Usage
+    message: str = ""
+    pending_approvals: tuple[str, ...] = ()
+
+    @property
+    def paused(self) -> bool:
+        return self.reason == PAUSED
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+class Step(enum.StrEnum):
+    ATTACH_SANDBOX = "attach_sandbox"
+    RESEND_CALLS = "resend_calls"
+    SELECT_TOOLS = "select_tools"
+    CALL_MODEL = "call_model"
+    EXECUTE_CALLS = "execute_calls"
+    APPEND_RESULTS = "append_results"
+    CHECK_LIMITS = "check_limits"
+    PAUSE = "pause"
+    FINISH = "finish"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one turn offers."""
+
+    tools: list[ToolDefinition]
+    choice: ToolChoice
+    callable: tuple[str, ...]
+    """The tools the model may call this turn, in registry order."""
+
+
+@dataclass
+class RunState:
+    """Everything the loop knows about its run (what a checkpoint saves)."""
+
+    run_id: str
+    context: Context
+    choice: ToolChoice
+    turn: int = 0
+    stage: int | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    tool_calls: int = 0
+    prior_seconds: float = 0.0
+    streak_key: str | None = None
+    streak_count: int = 0
+    calls: list[ModelToolCall] = field(default_factory=list)
+    """The current turn's calls, in the model's order."""
+    results: list[ToolResult | None] = field(default_factory=list)
+    """Their results, by position (None: not run yet)."""
+    approvals: dict[str, str] = field(default_factory=dict)
+    """call_id -> approval id, for the current turn's pending calls."""
+    sandbox: SandboxRef | None = None
+    final_text: str = ""
+    reason: str = ""
+    message: str = ""
+
+
+def _plan(choice: ToolChoice, exposed: list[ToolDefinition]) -> _Plan | str:
+    """What a turn offers under ``choice``; a string says why it cannot be offered."""
+    names = [d.name for d in exposed]
+    listed = ", ".join(names) or "none"
+    if choice == "none":
+        return _Plan([], choice, ())
+    if choice == "required" and not names:
+        return "tool_choice is required, but no tool is exposed in this turn"
+    if isinstance(choice, ForcedTool):
+        if choice.name not in names:
+            return f"tool_choice forces {choice.name!r}, which is not exposed in this turn (exposed: {listed})"
+        return _Plan(exposed, choice, tuple(names))
+    if isinstance(choice, AllowedTools):
+        subset = tuple(n for n in choice.names if n in names)
+        if not subset:
+            return (f"tool_choice allows only {', '.join(choice.names)}, none of which is exposed in this turn "
+                    f"(exposed: {listed})")
+        return _Plan(exposed, AllowedTools(subset, choice.mode), subset)
+    return _Plan(exposed, choice, tuple(names))
+
+
+def _call_key(call: ModelToolCall) -> str:
+    return f"{call.name}\0{arguments_digest(call.arguments)}"
+
+
+class Loop:
+    """One agent run, driven step by step (``next_step``) or to the end (``run``)."""
+
+    def __init__(
+        self,
+        model: ModelAdapter,
+        harness: Harness,
+        state: RunState,
+        config: LoopConfig,
+        *,
+        on_event: EventSink | None = None,
+        first_step: Step = Step.SELECT_TOOLS,
+        engine: DockerEngine | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model = model
+        self.harness = harness
+        self.state = state
+        self.config = config
+        self.step = first_step
+        self._on_event = on_event
+        self._event_lock = threading.Lock()
+        self._engine = engine
+        self._clock = clock
+        self._segment_start = clock()
+        self._plan: _Plan | None = None
+        self._resumed = first_step is Step.ATTACH_SANDBOX
+        self._announced = False
+        self._handlers: dict[Step, Callable[[], Step]] = {
+            Step.ATTACH_SANDBOX: self._attach_sandbox,
+            Step.RESEND_CALLS: self._resend_calls,
+            Step.SELECT_TOOLS: self._select_tools,
+            Step.CALL_MODEL: self._call_model,
+            Step.EXECUTE_CALLS: self._execute_calls,
+            Step.APPEND_RESULTS: self._append_results,
+            Step.CHECK_LIMITS: self._check_limits,
+            Step.PAUSE: self._pause,
+            Step.FINISH: self._finish,
+        }
+        self._check_config()
+
+    # ---- construction -------------------------------------------------------------------
+
+    @classmethod
+    def start(
+        cls,
+        model: ModelAdapter,
+        harness: Harness,
+        *,
+        task: str,
+        system: str = "",
+        config: LoopConfig | None = None,
+        on_event: EventSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> Loop:
+        """A new run of ``task`` on the harness's run."""
+        config = config or LoopConfig()
+        state = RunState(run_id=harness.run_id, context=model.start(system, task),
+                         choice=to_tool_choice(config.tool_choice))
+        try:
+            loop = cls(model, harness, state, config, on_event=on_event, clock=clock)
+        except LoopConfigError as exc:
+            harness.audit.end_run(harness.run_id, "error:config")
+            raise exc from None
+        harness.audit.update_run_meta(harness.run_id, {"model": model.name, "task": task[:2000], "loop": True})
+        return loop
+
+    @classmethod
+    def resume(
+        cls,
+        run_id: str,
+        model: ModelAdapter,
+        harness: Harness,
+        *,
+        config: LoopConfig | None = None,
+        on_event: EventSink | None = None,
+        engine: DockerEngine | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> Loop:
+        """Continue a paused run from its checkpoint (in any process). ``harness`` must be
+        built for ``run_id`` (``Checkpoint.policy_model()``/``spec_model()`` give the paused
+        run's policy and spec); ``config`` replaces the checkpointed one if given."""
+        if harness.run_id != run_id:
+            raise ValueError(f"the harness is for run {harness.run_id}, not {run_id}")
+        found = checkpoints.load(harness.audit, run_id)
+        if found is None:
+            raise CheckpointError(f"run {run_id} has no checkpoint: only a run paused for approval can be resumed")
+        cls._prepare(found, model, harness, config, on_event, engine, clock)  # check before claiming
+        claimed = checkpoints.claim(harness.audit, run_id)
+        loop = cls._prepare(claimed, model, harness, config, on_event, engine, clock)
+        # The harness's wall-time budget counts active time too, not the pause.
+        harness.started = time.time() - claimed.seconds
+        return loop
+
+    @classmethod
+    def _prepare(
+        cls,
+        cp: Checkpoint,
+        model: ModelAdapter,
+        harness: Harness,
+        config: LoopConfig | None,
+        on_event: EventSink | None,
+        engine: DockerEngine | None,
+        clock: Callable[[], float],
+    ) -> Loop:
+        if cp.format != model.format:
+            raise CheckpointError(
+                f"run {cp.run_id} was paused with {cp.model} ({cp.format} context); resume it with a model "
+                f"of the same API, not {model.name} ({model.format})"
+            )
+        if cp.model != model.name:
+            log.warning("run %s was paused with %s and resumes with %s", cp.run_id, cp.model, model.name)
+        try:
+            config = config or LoopConfig.model_validate(cp.config)
+            choice = choice_from_json(cp.tool_choice)
+        except ValueError as exc:
+            raise CheckpointError(f"the checkpoint of run {cp.run_id} has an unusable configuration: {exc}") from None
+        state = RunState(
+            run_id=cp.run_id,
+            context=Context(system=cp.system, items=list(cp.items)),
+            choice=choice,
+            turn=cp.turn,
+            stage=cp.stage,
+            input_tokens=cp.input_tokens,
+            output_tokens=cp.output_tokens,
+            cost_usd=cp.cost_usd,
+            tool_calls=cp.tool_calls,
+            prior_seconds=cp.seconds,
+            streak_key=cp.streak_key,
+            streak_count=cp.streak_count,
+            calls=[ModelToolCall(c.call_id, c.name, _arguments_text(c.arguments)) for c in cp.calls],
+            results=[c.result for c in cp.calls],
+            approvals={c.call_id: c.approval_id for c in cp.calls if c.approval_id is not None},
+            sandbox=cp.sandbox,
+        )
+        return cls(model, harness, state, config, on_event=on_event, first_step=Step.ATTACH_SANDBOX,
+                   engine=engine, clock=clock)
+
+    def _check_config(self) -> None:
+        """Every tool the config names must be registered and allowed by the policy."""
+        cfg = self.config
+        names: list[tuple[str, str]] = []
+
+        def choice_names(where: str, setting: ChoiceSetting | None) -> None:
+            if isinstance(setting, ForceTool):
+                names.append((where, setting.tool))
+            elif isinstance(setting, AllowTools):
+                names.extend((where, n) for n in setting.allowed)
+
+        choice_names("tool_choice", cfg.tool_choice)
+        for index, stage in enumerate(cfg.stages):
+            names.extend((f"stages[{index}].tools", n) for n in stage.tools or ())
+            choice_names(f"stages[{index}].tool_choice", stage.tool_choice)
+        problems = []
+        for where, name in names:
+            if name not in self.harness.registry:
+                problems.append(f"{where} names {name!r}, which is not a registered tool")
+            elif not self.harness.policy.tool_allowed(name):
+                problems.append(f"{where} names {name!r}, which the policy's allowed_tools does not allow")
+        if problems:
+            known = ", ".join(self.harness.registry.names()) or "none"
+            raise LoopConfigError(f"loop config: {'; '.join(problems)} (registered tools: {known})")
+
+    # ---- driving ------------------------------------------------------------------------
+
+    def run(self) -> RunOutcome:
+        """Step until the run ends or pauses. Ctrl-C (or an error while recording the end)
+        is recorded as ``error:interrupted`` (``error:internal``) and raised."""
+        try:
+            while self.step is not Step.DONE:
+                self.next_step()
+        except BaseException as exc:
+            if self.step is not Step.DONE:
+                reason = "error:internal" if isinstance(exc, Exception) else "error:interrupted"
+                self.state.reason = reason
+                try:
+                    self.harness.audit.end_run(self.state.run_id, reason)
+                except Exception:  # the original error matters more
+                    log.exception("could not record the end of run %s", self.state.run_id)
+            raise
+        return self.outcome
+
+    def next_step(self) -> Step:
+        """Run the current state's handler; return (and move to) the state it leads to."""
+        if self.step is Step.DONE:
+            return Step.DONE
+        if not self._announced:
+            self._announced = True
+            self._emit(RunStarted(self.state.run_id, self.model.name, self._resumed))
+        current = self.step
+        try:
+            following = self._handlers[current]()
+        except CallboxError as exc:
+            if current is Step.FINISH:
+                raise
+            log.warning("run %s: %s failed: %s", self.state.run_id, current, exc.message)
+            following = self._end("error:harness", exc.message)
+        except Exception as exc:
+            if current is Step.FINISH:
+                raise
+            log.exception("run %s: %s failed", self.state.run_id, current)
+            following = self._end("error:internal", f"{type(exc).__name__}: {exc}")
+        self.step = following
+        return following
+
+    @property
+    def outcome(self) -> RunOutcome:
+        s = self.state
+        return RunOutcome(
+            run_id=s.run_id, reason=s.reason, final_text=s.final_text, turns=s.turn, tool_calls=s.tool_calls,
+            seconds=round(self.seconds(), 3), usage=Usage(s.input_tokens, s.output_tokens, s.cost_usd),
+            message=s.message, pending_approvals=tuple(s.approvals.values()) if s.reason == PAUSED else (),
+        )
+
+    def seconds(self) -> float:
+        """Active run time: earlier segments (before a pause) plus this one."""
+        return self.state.prior_seconds + (self._clock() - self._segment_start)
+
+    # ---- the states ---------------------------------------------------------------------
+
+    def _attach_sandbox(self) -> Step:
+        ref = self.state.sandbox
+        if ref is None:
+            return Step.RESEND_CALLS
+        engine = self._engine or self.harness.connect_engine()
+        try:
+            sandbox = engine.attach(ref.id)
+        except SandboxExpired as exc:
+            run = self.state.run_id
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ref.expires))
+            if time.time() >= ref.expires:
+                return self._end("error:sandbox_expired",
+                                 f"the sandbox of run {run} expired at {when}; its files are gone")
+            return self._end("error:sandbox_expired",
+                             f"the sandbox of run {run} is gone before its expiry at {when} ({exc.message})")
+        except CallboxError as exc:
+            return self._end("error:sandbox_unavailable",
+                             f"the sandbox of run {self.state.run_id} cannot be used: {exc.message}")
+        self.harness.attach(sandbox)
+        return Step.RESEND_CALLS
+
+    def _resend_calls(self) -> Step:
+        s = self.state
+        self._run_calls([i for i, result in enumerate(s.results) if result is None])
+        return Step.APPEND_RESULTS
+
+    def _select_tools(self) -> Step:
+        s = self.state
+        s.turn += 1
+        index, stage = self._stage_for(s.turn)
+        if index is not None and index != s.stage:
+            s.stage = index
+            if stage is not None and stage.tool_choice is not None:
+                s.choice = to_tool_choice(stage.tool_choice)
+        policy = self.harness.policy
+        wanted = None if stage is None else stage.tools
+        exposed = [t.definition for t in self.harness.registry.tools()
+                   if policy.tool_allowed(t.name) and (wanted is None or t.name in wanted)]
+        plan = _plan(s.choice, exposed)
+        if isinstance(plan, str):
+            return self._end("error:config", f"turn {s.turn}: {plan}")
+        self._plan = plan
+        self._emit(TurnStarted(s.turn, tuple(d.name for d in plan.tools), describe_choice(plan.choice)))
+        return Step.CALL_MODEL
+
+    def _call_model(self) -> Step:
+        s = self.state
+        plan = self._plan
+        assert plan is not None
+        try:
+            turn = self._complete(plan)
+        except ModelError as exc:
+            return self._end("error:model", f"the model failed: {exc.message}")
+        s.input_tokens += turn.usage.input_tokens
+        s.output_tokens += turn.usage.output_tokens
+        if turn.usage.cost_usd is not None:
+            s.cost_usd = (s.cost_usd or 0.0) + turn.usage.cost_usd
+        self.model.append_turn(s.context, turn)
+        self._emit(ModelReplied(s.turn, turn.text, turn.tool_calls, turn.usage))
+        if turn.is_final:
+            s.final_text = turn.text
+            return self._end("final")
+        s.calls = list(turn.tool_calls)
+        s.results = [None] * len(s.calls)
+        s.approvals = {}
+        return Step.EXECUTE_CALLS
+
+    def _execute_calls(self) -> Step:
+        s = self.state
+        self._run_calls(list(range(len(s.calls))))
+        s.tool_calls += len(s.calls)
+        for call in s.calls:
+            key = _call_key(call)
+            s.streak_count = s.streak_count + 1 if key == s.streak_key else 1
+            s.streak_key = key
+        s.choice = relaxed(s.choice)
+        return Step.APPEND_RESULTS
+
+    def _append_results(self) -> Step:
+        s = self.state
+        results = [r for r in s.results if r is not None]
+        assert len(results) == len(s.calls), "every call has a result before they are appended"
+        s.approvals = {
+            r.call_id: str(r.meta.get("approval_id", "")) for r in results if r.error is ErrorCode.APPROVAL_PENDING
+        }
+        if s.approvals:
+            return Step.PAUSE
+        self.model.append_results(s.context, results)
+        s.calls, s.results = [], []
+        budget = self.config.context_budget_bytes
+        if budget is not None:
+            elision = elide(s.context.items, budget, keep_latest=self.config.keep_latest_outputs)
+            if elision.changed:
+                self._emit(ContextElided(s.turn, elision.call_ids, elision.bytes_before, elision.bytes_after))
+        return Step.CHECK_LIMITS
+
+    def _check_limits(self) -> Step:
+        reason = self._limit_reached()
+        return self._end(reason) if reason else Step.SELECT_TOOLS
+
+    def _pause(self) -> Step:
+        s = self.state
+        sandbox = self.harness.active_sandbox
+        ref: SandboxRef | None = None
+        if sandbox is not None:
+            ttl = self.config.paused_sandbox_ttl_s
+            kept = sandbox.engine.keep(sandbox, run_id=s.run_id, until=None if ttl is None else time.time() + ttl)
+            ref = SandboxRef(sandbox.id, kept.until)
+        s.sandbox = ref
+        checkpoints.save(self.harness.audit, self._checkpoint())
+        if sandbox is not None:
+            self.harness.detach()
+            sandbox.agent.close()
+        s.reason = PAUSED
+        ids = ", ".join(s.approvals.values())
+        kept_note = ""
+        if ref is not None:
+            kept_note = (f"; its sandbox {ref.id} is kept until "
+                         f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(ref.expires))}")
+        s.message = (f"run {s.run_id} is paused: waiting for approval {ids} "
+                     f"(`callbox approvals approve|deny ID`), then `callbox run --resume {s.run_id}`{kept_note}")
+        self._emit(self._ended())
+        return Step.DONE
+
+    def _finish(self) -> Step:
+        self.harness.audit.end_run(self.state.run_id, self.state.reason)
+        self._emit(self._ended())
+        return Step.DONE
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _end(self, reason: str, message: str = "") -> Step:
+        self.state.reason = reason
+        self.state.message = message
+        return Step.FINISH
+
+    def _ended(self) -> RunEnded:
+        out = self.outcome
+        return RunEnded(
+            run_id=out.run_id, reason=out.reason, turns=out.turns, tool_calls=out.tool_calls, seconds=out.seconds,
+            input_tokens=out.usage.input_tokens, output_tokens=out.usage.output_tokens,
+            cost_usd=out.usage.cost_usd, final_text=out.final_text, message=out.message,
+            pending_approvals=out.pending_approvals,
+        )
+
+    def _stage_for(self, turn: int) -> tuple[int | None, Stage | None]:
+        for index, stage in enumerate(self.config.stages):
+            if stage.covers(turn):
+                return index, stage
+        return None, None
+
+    def _complete(self, plan: _Plan) -> ModelTurn:
+        cfg = self.config
+        turn_number = self.state.turn
+
+        def before_sleep(retry_state: tenacity.RetryCallState) -> None:
+            outcome = retry_state.outcome
+            error = outcome.exception() if outcome is not None else None
+            self._emit(ModelRetrying(turn_number, retry_state.attempt_number, str(error)))
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(lambda e: isinstance(e, ModelError) and e.retryable),
+            stop=tenacity.stop_after_attempt(cfg.model_retries + 1),
+            wait=tenacity.wait_exponential(multiplier=cfg.retry_wait_s, max=cfg.retry_wait_max_s),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        return retrying(self.model.complete, self.state.context, plan.tools, plan.choice)
+
+    def _limit_reached(self) -> str | None:
+        s, cfg = self.state, self.config
+        budgets = self.harness.policy.budgets
+        if cfg.loop_detection is not None and s.streak_count >= cfg.loop_detection:
+            return "loop_detected"
+        if self.harness.audit.count_calls(s.run_id) >= budgets.max_tool_calls:
+            return "budget:tool_calls"
+        if self.seconds() >= budgets.max_wall_time_s:
+            return "budget:wall_time"
+        if cfg.max_input_tokens is not None and s.input_tokens >= cfg.max_input_tokens:
+            return "budget:input_tokens"
+        if cfg.max_output_tokens is not None and s.output_tokens >= cfg.max_output_tokens:
+            return "budget:output_tokens"
+        if cfg.max_cost_usd is not None and s.cost_usd is not None and s.cost_usd >= cfg.max_cost_usd:
+            return "budget:cost"
+        if s.turn >= cfg.max_turns:
+            return "max_turns"
+        return None
+
+    # -- calls
+
+    def _run_calls(self, positions: Sequence[int]) -> None:
+        """Run the calls at ``positions`` (in order) and store their results by position:
+        consecutive read-only calls concurrently, every other call on its own."""
+        s = self.state
+        for group in self._groups(positions):
+            if len(group) == 1:
+                s.results[group[0]] = self._one_call(s.calls[group[0]])
+                continue
+            with ThreadPoolExecutor(max_workers=min(len(group), self.config.max_parallel),
+                                    thread_name_prefix="callbox-call") as pool:
+                for position, result in zip(group, pool.map(lambda p: self._one_call(s.calls[p]), group),
+                                            strict=True):
+                    s.results[position] = result
+
+    def _groups(self, positions: Sequence[int]) -> list[list[int]]:
+        groups: list[list[int]] = []
+        reads: list[int] = []
+        for position in positions:
+            if self._concurrent(self.state.calls[position]):
+                reads.append(position)
+                continue
+            if reads:
+                groups.append(reads)
+                reads = []
+            groups.append([position])
+        if reads:
+            groups.append(reads)
+        return groups
+
+    def _concurrent(self, call: ModelToolCall) -> bool:
+        if not self.config.parallel_tool_calls:
+            return False
+        tool = self.harness.registry.get(call.name)
+        return tool is not None and tool.definition.annotations.read_only
+
+    def _one_call(self, call: ModelToolCall) -> ToolResult:
+        turn = self.state.turn
+        plan = self._plan
+        if plan is not None and call.name not in plan.callable and self._exposable(call.name):
+            offered = ", ".join(plan.callable) or "none"
+            result = ToolResult.failure(
+                call.call_id[:128], ErrorCode.TOOL_NOT_ALLOWED,
+                f"tool {call.name!r} is not offered in this turn; the tools you may call now are: {offered}",
+            )
+            self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, "rejected"))
+            self._emit(ToolCallFinished(turn, call.call_id, call.name, "rejected", result))
+            return result
+        self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, self._preview(call)))
+
+        def sink(stream: str, data: bytes) -> None:
+            self._emit(ToolOutputChunk(call.call_id, stream, data))
+
+        result = self.harness.call(ToolCall(call.name, call.arguments, call.call_id), on_output=sink)
+        self._emit(ToolCallFinished(turn, call.call_id, call.name, self._decision_of(call, result), result))
+        return result
+
+    def _exposable(self, name: str) -> bool:
+        """Registered and allowed by the policy: a call of any other tool goes to the harness,
+        which refuses (and records) it; the loop only refuses what this turn did not offer."""
+        return name in self.harness.registry and self.harness.policy.tool_allowed(name)
+
+    def _preview(self, call: ModelToolCall) -> str:
+        """The decision the call is about to get, for the live view (the harness decides)."""
+        harness = self.harness
+        approval = harness.audit.find_approval(harness.run_id, call.call_id)
+        if approval is not None:
+            return {"pending": "ask", "denied": "deny"}.get(approval.state, "approved")
+        tool = harness.registry.get(call.name)
+        if tool is None or not harness.policy.tool_allowed(call.name):
+            return "rejected"
+        arguments: str | dict[str, Any] = call.arguments
+        field_name = tool.definition.freeform_field
+        if field_name is not None and isinstance(arguments, str) and not arguments.lstrip().startswith("{"):
+            arguments = {field_name: arguments}
+        try:
+            args = validate_call(tool.definition, arguments)
+        except CallRejected:
+            return "rejected"
+        return harness.policy.decide(tool.definition, args, workdir=harness.spec.workdir).action.value
+
+    def _decision_of(self, call: ModelToolCall, result: ToolResult) -> str:
+        if result.error is ErrorCode.APPROVAL_PENDING:
+            return "ask"
+        if result.error is ErrorCode.APPROVAL_DENIED:
+            return "deny"
+        record = self.harness.audit.get_call(self.harness.run_id, call.call_id)
+        if record is None or record.decision is None:
+            return "rejected"
+        if record.decision.rule.startswith("approval "):
+            return "approved"
+        return record.decision.action.value
+
+    def _checkpoint(self) -> Checkpoint:
+        s = self.state
+        calls = [
+            PausedCall(
+                call_id=call.call_id, name=call.name, arguments=call.arguments,
+                result=None if result is None or result.error is ErrorCode.APPROVAL_PENDING else result,
+                approval_id=s.approvals.get(call.call_id),
+            )
+            for call, result in zip(s.calls, s.results, strict=True)
+        ]
+        return Checkpoint(
+            run_id=s.run_id, model=self.model.name, format=self.model.format, system=s.context.system,
+            items=list(s.context.items), turn=s.turn, calls=calls, tool_choice=choice_to_json(s.choice),
+            stage=s.stage, input_tokens=s.input_tokens, output_tokens=s.output_tokens, cost_usd=s.cost_usd,
+            tool_calls=s.tool_calls, seconds=self.seconds(), streak_key=s.streak_key, streak_count=s.streak_count,
+            config=self.config.model_dump(mode="json"), sandbox=s.sandbox,
+            policy=self.harness.policy.model_dump(mode="json"), spec=self.harness.spec.model_dump(mode="json"),
+        )
+
+    def _emit(self, event: Event) -> None:
+        if self._on_event is None:
+            return
+        with self._event_lock:
+            try:
+                self._on_event(event)
+            except Exception:
+                log.exception("the on_event callback failed on %s", event.kind)
+
+
+def _arguments_text(arguments: str | dict[str, Any]) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def run_agent(
+    model: ModelAdapter,
+    harness: Harness,
+    *,
+    task: str,
+    system: str = "",
+    config: LoopConfig | None = None,
+    on_event: EventSink | None = None,
+) -> RunOutcome:
+    """Run ``task`` to its end (or pause) on the harness's run."""
+    return Loop.start(model, harness, task=task, system=system, config=config, on_event=on_event).run()
+
+
+def resume(
+    run_id: str,
+    model: ModelAdapter,
+    harness: Harness,
+    *,
+    config: LoopConfig | None = None,
+    on_event: EventSink | None = None,
+    engine: DockerEngine | None = None,
+) -> RunOutcome:
+    """Continue the paused run ``run_id`` to its end (or its next pause)."""
+    return Loop.resume(run_id, model, harness, config=config, on_event=on_event, engine=engine).run()
