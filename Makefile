@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CALLBOX := $(VENV)/bin/callbox
 
-.PHONY: setup engine image test unit demo bench proto proto-check lint
+.PHONY: setup engine image test unit demo tour bench proto proto-check lint
 
 setup:
 	@scripts/setup-python.sh
@@ -38,6 +38,9 @@ test: setup proto-check lint engine image
 
 demo: setup engine image
 	@scripts/demo.sh
+
+tour: setup engine image
+	@scripts/tour.sh
 
 bench: setup engine image
 	@$(PY) -m tests.bench.bench_exec

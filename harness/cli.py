@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
-from harness import cli_calls
+from harness import cli_calls, cli_run
 from harness.errors import CallboxError, UsageError
 from harness.units import parse_size
 
@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("ps", help="list live sandboxes")
     sub.add_parser("gc", help="remove expired or orphaned sandboxes")
     cli_calls.add_parsers(sub)
+    cli_run.add_parser(sub)
     return parser
 
 
@@ -119,6 +120,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _gc()
     if args.command in cli_calls.COMMANDS:
         return cli_calls.run(args)
+    if args.command == "run":
+        return cli_run.run(args)
     raise UsageError(f"unknown command {args.command}")
 
 

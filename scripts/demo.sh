@@ -1,49 +1,31 @@
 #!/usr/bin/env bash
-# A short tour of `callbox exec`: each step runs in a fresh, hardened, disposable sandbox.
-# (The full agent-loop demo arrives with `callbox run`.)
-set -uo pipefail
+# `make demo`: a scripted agent session against the sample project in examples/.
+# The model's turns come from examples/demo-transcript.jsonl; everything else is real:
+# a disposable hardened sandbox with a copy of the project mounted read-write, the
+# policy, the audit store, the tools (list_dir, read_file, shell, apply_patch).
+set -euo pipefail
 cd "$(dirname "$0")/.."
 CB=.venv/bin/callbox
-step() { printf '\n\033[1m== %s\033[0m\n$ %s\n' "$1" "$2"; }
-expect() {  # expect CODE: check the last exit code
-    local got=$1 want=$2
-    if [ "$got" -eq "$want" ]; then printf '(exit %s, as expected)\n' "$got"; else
-        printf 'demo FAILED: exit %s, expected %s\n' "$got" "$want"; exit 1; fi
-}
 
-step "hello from a sandbox" "callbox exec -- sh -c 'echo hello from \$(hostname) as \$(id -un)'"
-$CB exec -- sh -c 'echo hello from $(hostname) as $(id -un)'; expect $? 0
+work=$(mktemp -d "${TMPDIR:-/tmp}/callbox-demo.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+cp -r examples/demo-project "$work/project"
+if [ "$(id -u)" -eq 0 ]; then
+    # Tools run as the owner of a read-write mount; never as root.
+    chown -R 1000:1000 "$work/project"
+fi
 
-step "one JSON result object" "callbox exec --json -- sh -c 'echo out; echo err >&2; exit 3'"
-$CB exec --json -- sh -c 'echo out; echo err >&2; exit 3'; expect $? 3
+printf 'callbox demo: a copy of examples/demo-project is mounted at /workspace/project\n\n'
+status=0
+$CB run examples/demo-transcript.jsonl --mount "$work/project:/workspace/project:rw" \
+    --workdir /workspace/project || status=$?
+if [ "$status" -ne 0 ]; then
+    printf '\ndemo FAILED: callbox run exited with %s\n' "$status"
+    exit 1
+fi
 
-step "no capabilities, no new privileges, read-only root" \
-     "callbox exec -- sh -c 'grep -E \"CapEff|NoNewPrivs\" /proc/self/status; touch /usr/x'"
-$CB exec -- sh -c 'grep -E "CapEff|NoNewPrivs" /proc/self/status; touch /usr/x'; expect $? 1
-
-step "no network: only loopback exists" "callbox exec -- ls /sys/class/net"
-$CB exec -- ls /sys/class/net; expect $? 0
-
-step "stdin is piped in" "seq 1 1000 | callbox exec -- wc -l"
-seq 1 1000 | $CB exec -- wc -l; expect $? 0
-
-step "a timeout kills the whole tree (even a SIGTERM-ignoring child): exit 124" \
-     "callbox exec --timeout 2 -- sh -c 'trap \"\" TERM; sleep 60 & sleep 60'"
-$CB exec --timeout 2 -- sh -c 'trap "" TERM; sleep 60 & sleep 60'; expect $? 124
-
-step "the OOM killer is reported: exit 137" \
-     "callbox exec --memory 96m -- python3 -c 'bytearray(b\"x\") * (300 << 20)'"
-$CB exec --memory 96m -- python3 -c 'bytearray(b"x") * (300 << 20)'; expect $? 137
-
-step "169 MB of output is cut at the source to head + tail" \
-     "callbox exec --output-cap 64 -- seq 1 20000000"
-$CB exec --output-cap 64 -- seq 1 20000000; expect $? 0
-
-dir=$(mktemp -d); chmod 755 "$dir"; echo "written on the host" > "$dir/note.txt"
-step "a read-only mount" "callbox exec --mount $dir:/data:ro -- sh -c 'cat /data/note.txt; touch /data/new'"
-$CB exec --mount "$dir:/data:ro" -- sh -c 'cat /data/note.txt; touch /data/new'; expect $? 1
-rm -rf "$dir"
-
-step "nothing is left behind" "callbox ps"
-$CB ps
-printf '\ndemo finished: every step behaved as expected\n'
+printf '\nWhat changed in the project (the copy; examples/ is untouched):\n'
+diff -u examples/demo-project/stats/core.py "$work/project/stats/core.py" \
+    --label a/stats/core.py --label b/stats/core.py || true
+printf '\nThe tests, run once more on the host copy:\n'
+(cd "$work/project" && python3 -m unittest 2>&1 | tail -n 3)
