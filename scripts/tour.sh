@@ -8,7 +8,7 @@ step() { printf '\n\033[1m== %s\033[0m\n$ %s\n' "$1" "$2"; }
 expect() {  # expect CODE: check the last exit code
     local got=$1 want=$2
     if [ "$got" -eq "$want" ]; then printf '(exit %s, as expected)\n' "$got"; else
-        printf 'demo FAILED: exit %s, expected %s\n' "$got" "$want"; exit 1; fi
+        printf 'tour FAILED: exit %s, expected %s\n' "$got" "$want"; exit 1; fi
 }
 
 step "hello from a sandbox" "callbox exec -- sh -c 'echo hello from \$(hostname) as \$(id -un)'"
@@ -46,4 +46,4 @@ rm -rf "$dir"
 
 step "nothing is left behind" "callbox ps"
 $CB ps
-printf '\ndemo finished: every step behaved as expected\n'
+printf '\ntour finished: every step behaved as expected\n'
