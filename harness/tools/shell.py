@@ -184,7 +184,7 @@ def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
 
     try:
         events = sandbox.agent.exec(
-            args.command, cwd=args.workdir or "", timeout_ms=max(1, int(timeout_s * 1000)),
+            args.command, cwd=args.workdir or "", env=sandbox.spec.env, timeout_ms=max(1, int(timeout_s * 1000)),
             output_cap_bytes=agent_output_cap(ctx.output_budget),
         )
         result = collect(events, on_output=forward)

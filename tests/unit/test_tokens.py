@@ -1,0 +1,138 @@
+"""Bearer tokens of the gRPC executor (harness.tokens) and address parsing: no server, no container."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from harness.grpc_server import ServeError, parse_address
+from harness.tokens import (
+    TokenError,
+    TokenSet,
+    bearer_token,
+    client_token,
+    default_token_file,
+    load_token_file,
+    parse_tokens,
+    server_tokens,
+)
+
+A = "a" * 24
+B = "b" * 24
+
+
+def _file(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
+    path = tmp_path / "tokens"
+    path.write_text(text)
+    os.chmod(path, mode)
+    return path
+
+
+def test_token_file_lines_names_and_comments(tmp_path):
+    tokens = load_token_file(_file(tmp_path, f"# clients\n\nalice:{A}\n  bob : {B}  \n"))
+    assert tokens.names == ["alice", "bob"]
+    assert tokens.lookup(A) == "alice" and tokens.lookup(B) == "bob"
+    assert tokens.lookup("a" * 23) is None and tokens.lookup("") is None and tokens.lookup(None) is None
+    assert A not in repr(tokens)
+
+
+def test_a_bare_token_line_is_the_default_client():
+    assert parse_tokens(A, source="x").names == ["default"]
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (f"alice:{A}\nalice:{B}\n", "listed twice"),
+        (f"alice:{A}\nbob:{A}\n", "another client's"),
+        ("alice:short\n", "too short"),
+        (f"al ice:{A}\n", "not valid"),
+        ("# nothing\n", "holds no token"),
+        (f"alice:{'x' * 10} {'y' * 10}\n", "without spaces"),
+    ],
+)
+def test_bad_token_files_name_the_line(text, words):
+    with pytest.raises(TokenError, match=words) as info:
+        parse_tokens(text, source="f")
+    if "no token" not in words:
+        assert "f:" in info.value.message
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path):
+    with pytest.raises(TokenError, match="chmod 600"):
+        load_token_file(_file(tmp_path, f"alice:{A}\n", mode=0o644))
+    with pytest.raises(TokenError, match="does not exist"):
+        load_token_file(tmp_path / "missing")
+
+
+def test_bearer_metadata():
+    assert bearer_token([("authorization", f"Bearer {A}")]) == A
+    assert bearer_token([("x", "y"), ("Authorization", f"bearer   {A} ")]) == A
+    assert bearer_token([("authorization", f"Basic {A}")]) is None
+    assert bearer_token([]) is None and bearer_token(None) is None
+
+
+def test_first_start_generates_saves_and_announces_a_token_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    env: dict[str, str] = {}
+    said: list[str] = []
+    first = server_tokens(env=env, announce=said.append)
+    path = default_token_file()
+    assert path == tmp_path / "state" / "callbox" / "grpc-tokens"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    token = first.token("default")
+    assert len(said) == 1 and token in said[0] and str(path) in said[0]
+    again = server_tokens(env=env, announce=said.append)
+    assert again.token("default") == token and len(said) == 1
+    assert client_token(env=env) == token
+
+
+def test_token_sources_in_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    listed = _file(tmp_path, f"alice:{A}\nbob:{B}\n")
+    env = {"CALLBOX_TOKEN": "c" * 20, "CALLBOX_TOKEN_FILE": str(listed)}
+    assert server_tokens(listed, env=env).names == ["alice", "bob"]  # an explicit file first
+    assert server_tokens(env=env).names == ["default"]  # then CALLBOX_TOKEN
+    assert server_tokens(env={"CALLBOX_TOKEN_FILE": str(listed)}).names == ["alice", "bob"]
+    assert not default_token_file().exists()  # nothing was generated
+    assert client_token(env=env) == "c" * 20
+    assert client_token(env={"CALLBOX_TOKEN_FILE": str(listed)}) == A
+    with pytest.raises(TokenError, match="too short"):
+        server_tokens(env={"CALLBOX_TOKEN": "short"})
+
+
+def test_token_set_needs_a_client():
+    with pytest.raises(TokenError):
+        TokenSet({}, source="empty")
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "value"),
+    [
+        ("unix:/run/x.sock", "unix", "/run/x.sock"),
+        ("unix:///run/x.sock", "unix", "/run/x.sock"),
+        ("/tmp/e.sock", "unix", "/tmp/e.sock"),
+        ("127.0.0.1:50051", "tcp", "127.0.0.1:50051"),
+        ("[::1]:0", "tcp", "[::1]:0"),
+        (":7000", "tcp", "0.0.0.0:7000"),
+        ("localhost:1", "tcp", "localhost:1"),
+    ],
+)
+def test_addresses(text, kind, value):
+    address = parse_address(text)
+    assert (address.kind, address.value) == (kind, value)
+
+
+def test_default_address_is_a_unix_socket():
+    address = parse_address(None)
+    assert address.kind == "unix" and address.value.endswith("/executor.sock")
+
+
+@pytest.mark.parametrize("text", ["localhost", "host:port", "1.2.3.4:70000", "[::1:5", "unix:"])
+def test_bad_addresses(text):
+    with pytest.raises(ServeError):
+        parse_address(text)
