@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
-from harness import cli_calls, cli_run
+from harness import cli_calls, cli_run, cli_serve
 from harness.errors import CallboxError, UsageError
 from harness.units import parse_size
 
@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("gc", help="remove expired or orphaned sandboxes")
     cli_calls.add_parsers(sub)
     cli_run.add_parser(sub)
+    cli_serve.add_parsers(sub)
     return parser
 
 
@@ -122,6 +123,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return cli_calls.run(args)
     if args.command == "run":
         return cli_run.run(args)
+    if args.command in cli_serve.COMMANDS:
+        return cli_serve.run(args)
     raise UsageError(f"unknown command {args.command}")
 
 

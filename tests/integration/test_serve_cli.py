@@ -1,0 +1,49 @@
+"""`callbox serve --grpc ... --mcp-http ...` as a user starts it: one process, both doors, clean stop."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from harness.client import ExecutorClient
+
+pytestmark = pytest.mark.docker
+
+
+def test_serve_both_doors_then_sigterm_destroys_sandboxes(engine, tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice:" + "a" * 32 + "\n")
+    tokens.chmod(0o600)
+    sock = tmp_path / "executor.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "serve", "--grpc", f"unix:{sock}", "--mcp-http", "127.0.0.1:0",
+         "--token-file", str(tokens), "--audit-db", str(tmp_path / "audit.sqlite3")],
+        stderr=subprocess.PIPE, text=True, env={**os.environ},
+    )
+    try:
+        assert proc.stderr is not None
+        lines = [proc.stderr.readline(), proc.stderr.readline()]
+        assert any("gRPC executor listening" in line for line in lines), lines
+        assert any(re.search(r"MCP server \(streamable HTTP\) on http://127\.0\.0\.1:\d+", line) for line in lines)
+        with ExecutorClient(f"unix:{sock}", token="a" * 32) as client:
+            box = client.create_sandbox()
+            result = client.call(box, "shell", '{"command": "echo served"}', call_id="c1")
+            assert "served" in result.text and not result.is_error
+        assert len(_owned_by(engine, proc.pid)) == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert _owned_by(engine, proc.pid) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _owned_by(engine, pid: int) -> list[str]:  # type: ignore[no-untyped-def]
+    return [c["Id"] for c in engine.client.api.containers(all=True, filters={"label": "callbox.managed=1"})
+            if f"/{pid}/" in c["Labels"].get("callbox.owner", "")]
