@@ -209,6 +209,7 @@ class DockerEngine:
         socket_dir = self.run_root / sandbox_id
         self.run_root.mkdir(parents=True, mode=0o700, exist_ok=True)
         socket_dir.mkdir(mode=0o700)
+        write_expiry(socket_dir, time.time() + spec.ttl_seconds)
         try:
             container_id = self._run_container(spec, sandbox_id, socket_dir, uid, gid)
         except BaseException:
@@ -377,7 +378,8 @@ class DockerEngine:
             if kept is not None:
                 doomed = kept.until <= now  # kept for a paused run: only its expiry counts
             else:
-                doomed = labels.is_expired(lab, now) or labels.is_orphaned(lab, self.hostname)
+                doomed = (labels.is_expired(lab, now) or labels.is_orphaned(lab, self.hostname)
+                          or _expiry_passed(lab.get(labels.SOCKET_DIR), now))
             if doomed:
                 self._remove_by_name(c["Id"])
                 socket_dir = lab.get(labels.SOCKET_DIR)
@@ -422,6 +424,7 @@ class DockerEngine:
             socket_dir=str(sandbox.socket_dir), spec=sandbox.spec.model_dump(mode="json"),
             tool_uid=sandbox.tool_uid, tool_gid=sandbox.tool_gid, kept_at=time.time(),
         )
+        write_expiry(sandbox.socket_dir, until)  # the agent stops itself then, harness or not
         path = self._kept_path(sandbox.id)
         path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -518,6 +521,23 @@ class DockerEngine:
 def _when(stamp: float) -> str:
     """A Unix time as ``2025-01-02 03:04:05 UTC``."""
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stamp))
+
+
+def write_expiry(socket_dir: Path, expires: float) -> None:
+    """Tell the sandbox's agent when to stop on its own (read from its socket directory)."""
+    temporary = socket_dir / ".expires.tmp"
+    temporary.write_text(f"{expires:.0f}\n")
+    os.replace(temporary, socket_dir / "expires")
+
+
+def _expiry_passed(socket_dir: str | None, now: float) -> bool:
+    """Whether the expiry file the agent obeys (see ``write_expiry``) has passed."""
+    if not socket_dir:
+        return False
+    try:
+        return float((Path(socket_dir) / "expires").read_text().strip()) <= now
+    except (OSError, ValueError):
+        return False
 
 
 def _tool_identity(spec: SandboxSpec) -> tuple[int, int]:

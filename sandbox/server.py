@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from sandbox.v1 import filesystem_pb2_grpc, process_pb2, process_pb2_grpc, shell
 log = logging.getLogger("callbox.agent")
 
 MAX_MESSAGE_BYTES = 64 << 20
+EXPIRY_FILE = "expires"
+EXPIRY_RECHECK_S = 5.0
 
 
 class ProcessService(process_pb2_grpc.ProcessServicer):
@@ -110,6 +113,20 @@ def build_server(config: AgentConfig) -> tuple[grpc.Server, ProcessRunner, Healt
     return server, runner, health
 
 
+def _expired(expiry_file: str, owner: FsIdentity | None) -> bool:
+    """Whether the expiry the harness wrote (Unix time, in the socket directory) has passed.
+
+    The harness writes the file when it creates the sandbox and rewrites it when it keeps a
+    paused run's sandbox longer; a missing or unreadable file never expires the sandbox.
+    """
+    try:
+        with owner.acting() if owner is not None else contextlib.nullcontext(), open(expiry_file) as f:
+            expires = float(f.read().strip() or "inf")
+    except (OSError, ValueError):
+        return False
+    return time.time() >= expires
+
+
 def _socket_dir_owner(socket_dir: str) -> FsIdentity | None:
     """Create the socket directory (0700) if missing; return its owner when that is not us.
 
@@ -153,7 +170,12 @@ def serve(config: AgentConfig) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     log.info("agent serving on %s", config.socket)
-    stop.wait()
+    expiry_file = os.path.join(os.path.dirname(config.socket), EXPIRY_FILE)
+    while not stop.wait(timeout=EXPIRY_RECHECK_S):
+        if _expired(expiry_file, owner):
+            # Nobody will ever clean up after us: stop, so the container stops too.
+            log.info("the sandbox expired (%s); stopping", expiry_file)
+            break
     runner.cancel_all()
     server.stop(grace=2).wait()
     return 0
