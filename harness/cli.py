@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import ValidationError
 
-from harness import cli_calls, cli_run, cli_serve
+from harness import cli_calls, cli_doctor, cli_run, cli_serve
 from harness.errors import CallboxError, UsageError
 from harness.units import parse_size
 
@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_calls.add_parsers(sub)
     cli_run.add_parser(sub)
     cli_serve.add_parsers(sub)
+    cli_doctor.add_parsers(sub)
     return parser
 
 
@@ -125,6 +126,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return cli_run.run(args)
     if args.command in cli_serve.COMMANDS:
         return cli_serve.run(args)
+    if args.command in cli_doctor.COMMANDS:
+        return cli_doctor.run(args)
     raise UsageError(f"unknown command {args.command}")
 
 
