@@ -250,7 +250,7 @@ class DockerEngine:
         tmpfs = {
             "/tmp": f"rw,nosuid,nodev,size={spec.effective_tmp_size},mode=1777",
             "/workspace": f"rw,nosuid,nodev,size={spec.effective_workspace_size},mode=0755,{owned}",
-            HOME: f"rw,nosuid,nodev,size={16 << 20},mode=0755,{owned}",
+            HOME: f"rw,nosuid,nodev,size={spec.small_tmpfs_size},mode=0755,{owned}",
         }
         if spec.workdir not in tmpfs and not any(m.target == spec.workdir for m in spec.mounts):
             tmpfs[spec.workdir] = f"rw,nosuid,nodev,size={spec.effective_workspace_size},mode=0755,{owned}"
@@ -277,6 +277,11 @@ class DockerEngine:
                 ],
                 privileged=False,
                 auto_remove=False,
+                # Tool processes raise their own OOM score to the maximum before they exec
+                # (sandbox/spawner.py), so the agent is never the OOM killer's first choice.
+                # (Lowering the agent's score instead needs CAP_SYS_RESOURCE in the daemon,
+                # which not every host grants.)
+                shm_size=spec.small_tmpfs_size,
             )
             created = api.create_container(
                 spec.image,

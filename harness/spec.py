@@ -156,15 +156,32 @@ class SandboxSpec(BaseModel):
                 raise ValueError(
                     f"{size_name} must be smaller than the memory limit (tmpfs pages count against it)"
                 )
+        if self.tmpfs_total > self.memory // 2:
+            raise ValueError(
+                f"the tmpfs mounts would take {self.tmpfs_total >> 20} MiB of the {self.memory >> 20} MiB "
+                "memory limit (tmpfs pages count against it); keep tmp_size + workspace_size under half "
+                "of memory, or raise memory"
+            )
         return self
 
     @property
     def effective_tmp_size(self) -> int:
-        return self.tmp_size if self.tmp_size is not None else self.memory // 4
+        return self.tmp_size if self.tmp_size is not None else self.memory // 8
 
     @property
     def effective_workspace_size(self) -> int:
-        return self.workspace_size if self.workspace_size is not None else self.memory // 2
+        return self.workspace_size if self.workspace_size is not None else self.memory // 4
+
+    @property
+    def small_tmpfs_size(self) -> int:
+        """Size of the home directory tmpfs and of /dev/shm each."""
+        return min(16 << 20, self.memory // 16)
+
+    @property
+    def tmpfs_total(self) -> int:
+        """Memory all tmpfs mounts can pin: /tmp, the workspace, the home directory, /dev/shm.
+        Filling them must leave room for the agent, or the OOM killer has nothing to free."""
+        return self.effective_tmp_size + self.effective_workspace_size + 2 * self.small_tmpfs_size
 
     def loosened(self) -> list[str]:
         """Settings that are looser than the DESIGN 4 defaults (the engine logs them)."""

@@ -245,14 +245,38 @@ def _start(request: dict[str, Any], stdin: int, stdout: int, stderr: int) -> sub
         ids["group"] = request["gid"]
     if request.get("groups") is not None:
         ids["extra_groups"] = request["groups"]
-    return subprocess.Popen(  # type: ignore[call-overload,no-any-return]
-        request["argv"],
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
-        cwd=request["cwd"],
-        env=request["env"],
-        start_new_session=True,
-        close_fds=True,
-        **ids,
-    )
+    # Tool processes are the OOM killer's first choice, so a memory bomb of many small
+    # processes cannot get the agent killed. The child inherits the score at fork; the
+    # spawner raises its own around the fork and lowers it back, which needs no privilege
+    # as long as it goes no lower than where it started.
+    previous = _set_oom_score_adj(b"1000")
+    try:
+        return subprocess.Popen(  # type: ignore[call-overload,no-any-return]
+            request["argv"],
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=request["cwd"],
+            env=request["env"],
+            start_new_session=True,
+            close_fds=True,
+            **ids,
+        )
+    finally:
+        if previous is not None:
+            _set_oom_score_adj(previous)
+
+
+OOM_SCORE_ADJ = "/proc/self/oom_score_adj"
+
+
+def _set_oom_score_adj(value: bytes) -> bytes | None:
+    """Set this process's OOM score adjustment; return the previous one (None if unavailable)."""
+    try:
+        with open(OOM_SCORE_ADJ, "r+b", buffering=0) as f:
+            previous = f.read().strip()
+            f.seek(0)
+            f.write(value)
+            return previous
+    except OSError:
+        return None

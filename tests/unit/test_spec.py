@@ -282,12 +282,19 @@ def test_defaults_are_the_hardened_ones() -> None:
     assert spec.loosened() == []
 
 
-def test_default_tmpfs_sizes_are_below_the_memory_limit() -> None:
+def test_default_tmpfs_sizes_leave_room_for_the_agent() -> None:
     spec = SandboxSpec()
-    assert spec.effective_tmp_size == 128 * MiB
-    assert spec.effective_workspace_size == 256 * MiB
-    assert spec.effective_tmp_size < spec.memory
-    assert spec.effective_workspace_size < spec.memory
+    assert spec.effective_tmp_size == 64 * MiB
+    assert spec.effective_workspace_size == 128 * MiB
+    assert spec.small_tmpfs_size == 16 * MiB  # home directory and /dev/shm each
+    assert spec.tmpfs_total == 224 * MiB
+    assert spec.tmpfs_total <= spec.memory // 2
+
+
+def test_tmpfs_adding_up_past_half_the_memory_is_refused() -> None:
+    with pytest.raises(ValidationError, match="keep tmp_size \\+ workspace_size under half of memory"):
+        SandboxSpec(memory="256m", tmp_size="100m", workspace_size="100m")
+    assert SandboxSpec(memory="256m", tmp_size="32m", workspace_size="64m").tmpfs_total == 128 * MiB
 
 
 def test_sizes_accept_docker_notation() -> None:
@@ -326,7 +333,7 @@ def test_tmpfs_as_large_as_memory_is_refused(field: str) -> None:
         SandboxSpec(memory="256m", **{field: "256m"})
     with pytest.raises(ValidationError, match="smaller than the memory limit"):
         SandboxSpec(memory="256m", **{field: "1g"})
-    assert getattr(SandboxSpec(memory="256m", **{field: "255m"}), field) == 255 * MiB
+    assert getattr(SandboxSpec(memory="256m", **{field: "32m"}), field) == 32 * MiB
 
 
 @pytest.mark.parametrize("name", ["PATH_2", "_X", "a", "A1"])

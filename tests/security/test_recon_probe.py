@@ -1,0 +1,54 @@
+"""Our own reconnaissance probe (``probes/recon.py``) finds no route out of a sandbox.
+
+The probe runs inside a fresh sandbox as the tool user, with the sandbox's python3, and
+looks around the way container-escape tools do (mounted sockets, writable host paths,
+capabilities, gateways and metadata addresses, kernel interfaces, cgroups, processes,
+devices). Its report lists every finding that would matter; the test asserts there is
+none, and also that the probe really looked (so an empty list is not a probe that saw
+nothing).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import run
+
+pytestmark = pytest.mark.docker
+
+PROBE = Path(__file__).with_name("probes") / "recon.py"
+
+
+def test_recon_probe_finds_no_route_out(sandbox):
+    result = run(sandbox, ["python3", "-"], stdin=PROBE.read_bytes(), timeout_ms=60_000)
+    assert result.exit_code == 0, result.stderr.data().decode(errors="replace")
+    report = json.loads(result.stdout.data())
+    facts = report["facts"]
+
+    # the probe looked: as the tool user, across the tree, the mounts and the kernel
+    assert facts["identity"]["uid"].split()[0] == "1000"
+    assert facts["tree"]["entries"] > 1000 and not facts["tree"]["truncated"]
+    assert len(facts["mounts"]) > 5
+    assert facts["kernel"]["/sys"]["entries"] > 1000
+    assert facts["kernel"]["/proc/sys"]["entries"] > 100
+    assert facts["processes"][0]["pid"] == 1
+
+    # what it saw
+    assert facts["network"]["interfaces"] == ["lo"]
+    assert facts["network"]["routes"] == []
+    assert facts["network"]["probes"]["169.254.169.254:80"]["tcp"].startswith("ENETUNREACH")
+    assert facts["network"]["vsock"] in ("EPERM", "EAFNOSUPPORT", "AF_VSOCK unknown to this python")
+    assert facts["tree"]["socket_files"] == {}
+    assert set(facts["unix_sockets"].values()) <= {"refused: EACCES", "refused: ECONNREFUSED", "refused: ENOENT"}
+    assert facts["tree"]["writable_dirs"] == [] and facts["tree"]["writable_files"] == []
+    assert set(facts["tree"]["private_writable"]) <= {"/dev/shm", "/dev/mqueue"}
+    assert facts["user_namespace"] == "EPERM"
+    caps = facts["identity"]["capabilities"]
+    assert {caps[k] for k in ("CapInh", "CapPrm", "CapEff", "CapAmb")} == {"0000000000000000"}
+    assert facts["identity"]["no_new_privs"] == "1"
+
+    # and the verdict: nothing that would matter
+    assert report["findings"] == [], json.dumps(report["findings"], indent=1)
