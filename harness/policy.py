@@ -183,9 +183,9 @@ class SandboxSettings(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for commands; nothing from the host is passed."""
     tmp_size: ByteSize | None = None
-    """Size of the /tmp tmpfs; default a quarter of the memory limit."""
+    """Size of the /tmp tmpfs; default an eighth of the memory limit."""
     workspace_size: ByteSize | None = None
-    """Size of the scratch workspace tmpfs; default half of the memory limit."""
+    """Size of the scratch workspace tmpfs; default a quarter of the memory limit."""
     nofile: int = _spec_default("nofile")
     """Open files per process. Default 1024."""
     fsize: ByteSize = _spec_default("fsize")

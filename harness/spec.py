@@ -116,9 +116,9 @@ class SandboxSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment for commands; nothing from the host is passed."""
     tmp_size: ByteSize | None = None
-    """Size of /tmp (tmpfs); default a quarter of the memory limit."""
+    """Size of /tmp (tmpfs); default an eighth of the memory limit."""
     workspace_size: ByteSize | None = None
-    """Size of the scratch workspace (tmpfs); default half of the memory limit."""
+    """Size of the scratch workspace (tmpfs); default a quarter of the memory limit."""
     nofile: int = Field(default=1024, ge=64)
     """Open files per process."""
     fsize: ByteSize = Field(default=1 << 30, ge=1 << 20)
