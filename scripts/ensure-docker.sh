@@ -32,16 +32,29 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
 fi
 
-# Is a daemon already running but still starting up? Then only wait for it.
-if ! pgrep -x dockerd >/dev/null 2>&1; then
+# A live (not zombie) dockerd that is still starting up is only waited for.
+dockerd_alive() {
+    local pid state
+    for pid in $(pgrep -x dockerd); do
+        state=$(ps -o stat= -p "$pid" 2>/dev/null || true)
+        case "$state" in Z*|"") ;; *) return 0 ;; esac
+    done
+    return 1
+}
+start_dockerd() {
     say "starting dockerd (log: /var/log/callbox-dockerd.log)..."
     # Debian's docker.io also needs containerd; dockerd starts its own when none runs.
     nohup dockerd >/var/log/callbox-dockerd.log 2>&1 </dev/null &
-fi
-for _ in $(seq 1 120); do
+}
+dockerd_alive || start_dockerd
+for i in $(seq 1 120); do
     if engine_answers; then
         say "Docker engine is up: $(docker version --format '{{.Server.Version}}' 2>/dev/null)"
         exit 0
+    fi
+    # A daemon that was exiting when we looked (killed with its session) is gone by now.
+    if [ $((i % 10)) -eq 0 ] && ! dockerd_alive; then
+        start_dockerd
     fi
     sleep 0.5
 done
