@@ -45,7 +45,6 @@ from typing import Any
 
 import anthropic
 
-from harness.calls import ToolResult
 from harness.formats import Format, tool_definitions
 from harness.models.base import (
     AllowedTools,
@@ -58,14 +57,12 @@ from harness.models.base import (
     Usage,
 )
 from harness.models.factory import (
+    ProviderContext,
     TextSink,
     api_error,
-    append_items,
-    append_results,
     as_dict,
     check_tool_choice,
     json_text,
-    new_context,
     resolve_base_url,
     resolve_key,
 )
@@ -92,7 +89,7 @@ def anthropic_tool_choice(choice: ToolChoice) -> dict[str, Any]:
     return {"type": choice}
 
 
-class AnthropicMessagesModel:
+class AnthropicMessagesModel(ProviderContext):
     """A Claude model behind the Messages API (``anthropic:NAME``)."""
 
     format: Format = "anthropic"
@@ -128,9 +125,6 @@ class AnthropicMessagesModel:
 
     # --- the interface ---------------------------------------------------------------------
 
-    def start(self, system: str, task: str) -> Context:
-        return new_context("anthropic", system, task)
-
     def complete(self, context: Context, tools: list[ToolDefinition], tool_choice: ToolChoice) -> ModelTurn:
         body = self.request(context, tools, tool_choice)
         try:
@@ -155,12 +149,6 @@ class AnthropicMessagesModel:
         except ValueError as exc:  # the SDK's own refusals (e.g. "streaming is required")
             raise ModelError(f"the {API} request was refused by the SDK: {exc}", retryable=False) from None
         return parse_message(message.to_dict(mode="json", exclude_none=True))
-
-    def append_turn(self, context: Context, turn: ModelTurn) -> None:
-        append_items(context, turn.items)
-
-    def append_results(self, context: Context, results: list[ToolResult]) -> None:
-        append_results(context, results, "anthropic")
 
     # --- the request -------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from harness.calls import ToolResult
 from harness.errors import CallboxError
 from harness.formats import Format, result_item
-from harness.models.base import AllowedTools, Context, ForcedTool, ModelError, ToolChoice
+from harness.models.base import AllowedTools, Context, ForcedTool, ModelError, ModelTurn, ToolChoice
 
 if TYPE_CHECKING:
     from harness.models.base import ModelAdapter
@@ -192,6 +192,22 @@ def resolve_key(explicit: str | None, variable: str, *, base_url: str | None, pr
 
 
 # --- contexts in each provider's shapes -----------------------------------------------------
+
+
+class ProviderContext:
+    """The context half of the ModelAdapter interface, the same for every adapter: the
+    conversation is kept in ``self.format``'s item shapes."""
+
+    format: Format
+
+    def start(self, system: str, task: str) -> Context:
+        return new_context(self.format, system, task)
+
+    def append_turn(self, context: Context, turn: ModelTurn) -> None:
+        append_items(context, turn.items)
+
+    def append_results(self, context: Context, results: list[ToolResult]) -> None:
+        append_results(context, results, self.format)
 
 
 def new_context(fmt: Format, system: str, task: str) -> Context:

@@ -46,7 +46,6 @@ from typing import Any
 
 import openai
 
-from harness.calls import ToolResult
 from harness.formats import Format, tool_definitions
 from harness.models.base import (
     AllowedTools,
@@ -59,14 +58,12 @@ from harness.models.base import (
     Usage,
 )
 from harness.models.factory import (
+    ProviderContext,
     TextSink,
     api_error,
-    append_items,
-    append_results,
     as_dict,
     check_tool_choice,
     json_text,
-    new_context,
     resolve_base_url,
     resolve_key,
 )
@@ -94,7 +91,7 @@ def chat_tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
     return choice
 
 
-class OpenAIChatModel:
+class OpenAIChatModel(ProviderContext):
     """A model behind Chat Completions (``openai-chat:NAME``)."""
 
     format: Format = "chat"
@@ -128,9 +125,6 @@ class OpenAIChatModel:
 
     # --- the interface ---------------------------------------------------------------------
 
-    def start(self, system: str, task: str) -> Context:
-        return new_context("chat", system, task)
-
     def complete(self, context: Context, tools: list[ToolDefinition], tool_choice: ToolChoice) -> ModelTurn:
         body = self.request(context, tools, tool_choice)
         try:
@@ -150,12 +144,6 @@ class OpenAIChatModel:
                 status_error=openai.APIStatusError,
             ) from None
         return parse_completion(data)
-
-    def append_turn(self, context: Context, turn: ModelTurn) -> None:
-        append_items(context, turn.items)
-
-    def append_results(self, context: Context, results: list[ToolResult]) -> None:
-        append_results(context, results, "chat")
 
     # --- the request -------------------------------------------------------------------------
 

@@ -37,7 +37,6 @@ from typing import Any
 
 import openai
 
-from harness.calls import ToolResult
 from harness.formats import Format, tool_definitions
 from harness.models.base import (
     AllowedTools,
@@ -50,14 +49,12 @@ from harness.models.base import (
     Usage,
 )
 from harness.models.factory import (
+    ProviderContext,
     TextSink,
     api_error,
-    append_items,
-    append_results,
     as_dict,
     check_tool_choice,
     json_text,
-    new_context,
     resolve_base_url,
     resolve_key,
 )
@@ -83,7 +80,7 @@ def responses_tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
     return choice
 
 
-class OpenAIResponsesModel:
+class OpenAIResponsesModel(ProviderContext):
     """A model behind the Responses API (``openai:NAME``)."""
 
     format: Format = "openai"
@@ -117,9 +114,6 @@ class OpenAIResponsesModel:
 
     # --- the interface ---------------------------------------------------------------------
 
-    def start(self, system: str, task: str) -> Context:
-        return new_context("openai", system, task)
-
     def complete(self, context: Context, tools: list[ToolDefinition], tool_choice: ToolChoice) -> ModelTurn:
         body = self.request(context, tools, tool_choice)
         try:
@@ -131,12 +125,6 @@ class OpenAIResponsesModel:
         except openai.APIError as exc:
             raise self._error(exc) from None
         return parse_response(data)
-
-    def append_turn(self, context: Context, turn: ModelTurn) -> None:
-        append_items(context, turn.items)
-
-    def append_results(self, context: Context, results: list[ToolResult]) -> None:
-        append_results(context, results, "openai")
 
     # --- the request -------------------------------------------------------------------------
 

@@ -49,17 +49,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.calls import ToolResult
 from harness.formats import Format
 from harness.models.base import Context, ModelError, ModelToolCall, ModelTurn, ToolChoice, Usage
 from harness.models.factory import (
     ModelConfigError,
+    ProviderContext,
     TextSink,
-    append_items,
-    append_results,
     check_tool_choice,
     json_text,
-    new_context,
 )
 from harness.registry import ToolDefinition
 
@@ -86,7 +83,7 @@ class ScriptedRequest:
     system: str
 
 
-class ScriptedModel:
+class ScriptedModel(ProviderContext):
     """Replays model turns from a transcript (see the module docstring for the format)."""
 
     def __init__(
@@ -153,9 +150,6 @@ class ScriptedModel:
 
     # --- the interface ---------------------------------------------------------------------
 
-    def start(self, system: str, task: str) -> Context:
-        return new_context(self.format, system, task)
-
     def complete(self, context: Context, tools: list[ToolDefinition], tool_choice: ToolChoice) -> ModelTurn:
         self.requests.append(
             ScriptedRequest(
@@ -172,12 +166,6 @@ class ScriptedModel:
         turn = self.turns[self.position]
         self.position += 1
         return turn
-
-    def append_turn(self, context: Context, turn: ModelTurn) -> None:
-        append_items(context, turn.items)
-
-    def append_results(self, context: Context, results: list[ToolResult]) -> None:
-        append_results(context, results, self.format)
 
 
 # --- one turn -------------------------------------------------------------------------------------
