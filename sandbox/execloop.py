@@ -34,6 +34,26 @@ READ_CHUNK = 1 << 20
 DRAIN_LIMIT_S = 2.0
 
 
+def read_available(fd: int, limit: int = READ_CHUNK) -> bytes | None:
+    """Read what a non-blocking descriptor holds, up to ``limit``: b"" at EOF, None if nothing yet."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit:
+        try:
+            part = os.read(fd, limit - size)
+        except BlockingIOError:
+            break
+        if not part:
+            if not parts:
+                return b""
+            break
+        parts.append(part)
+        size += len(part)
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 class ExecLoop:
     """The selector loop of one command: pipes, leader exit, deadline, cancellation."""
 
@@ -89,7 +109,7 @@ class ExecLoop:
                 for key, _ in ready:
                     if key.data == "pipe":
                         fd = int(key.fd)
-                        chunk = self._read(fd)
+                        chunk = read_available(fd)
                         if chunk is None:
                             continue
                         if not chunk:
@@ -120,26 +140,6 @@ class ExecLoop:
         finally:
             sel.close()
             os.close(pidfd)
-
-    @staticmethod
-    def _read(fd: int) -> bytes | None:
-        """Read what the pipe holds, up to READ_CHUNK: b"" at EOF, None if nothing yet."""
-        parts: list[bytes] = []
-        size = 0
-        while size < READ_CHUNK:
-            try:
-                part = os.read(fd, READ_CHUNK - size)
-            except BlockingIOError:
-                break
-            if not part:
-                if not parts:
-                    return b""
-                break
-            parts.append(part)
-            size += len(part)
-        if not parts:
-            return None
-        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _write_stdin(self, sel: selectors.BaseSelector) -> None:
         stdin = self.child.stdin

@@ -83,6 +83,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from sandbox import proctree
 from sandbox.errors import BUSY, INTERNAL, INVALID_ARGUMENT, SESSION_BROKEN, SPAWN_FAILED, TOO_LARGE, AgentError, abort
+from sandbox.execloop import read_available
 from sandbox.identity import FsIdentity
 from sandbox.launch import BASE_ENV, Child, DirectLauncher, Identity, Launcher, ToolUser
 from sandbox.outputcap import HeadTailBuffer
@@ -102,7 +103,6 @@ BASH = ("bash", "--noprofile", "--norc")
 """Found on the tool environment's PATH; bash's messages then start with ``bash:`` as in a terminal."""
 READY_TIMEOUT_S = 10.0
 KILL_WAIT_S = 5.0
-READ_CHUNK = 1 << 20
 DRAIN_LIMIT = 4 << 20
 """At most this much is drained per stream once a command returned (a pipe holds 1 MiB)."""
 MAX_STATUS_RECORD = 1 << 16
@@ -322,7 +322,7 @@ class Session:
                             f"bash exited while starting (returncode {self.child.returncode})"
                             + (f": {errors}" if errors else ""),
                         )
-                    data = _read_some(self.status_fd)
+                    data = read_available(self.status_fd)
                     if data:
                         self.status_buf += data
                 record = parse_status(self.status_buf)
@@ -332,7 +332,7 @@ class Session:
 
     def _pending_stderr(self) -> str:
         assert self.child is not None
-        data = _read_some(self.child.stderr) or b""
+        data = read_available(self.child.stderr) or b""
         return data.decode("utf-8", errors="replace").strip()[:500]
 
     def kill_tree(self) -> None:
@@ -475,7 +475,7 @@ class _RunLoop:
                 for key, _ in ready:
                     fd = int(key.fd)
                     if key.data == "pipe":
-                        chunk = _read_some(fd)
+                        chunk = read_available(fd)
                         if chunk is None:
                             continue
                         if not chunk:  # every holder closed it (say, `exec >/dev/null` in the shell)
@@ -506,7 +506,7 @@ class _RunLoop:
 
     def _read_status(self, sel: selectors.BaseSelector) -> None:
         session = self.session
-        data = _read_some(session.status_fd)
+        data = read_available(session.status_fd)
         if data is None:
             return
         if not data:
@@ -540,7 +540,7 @@ class _RunLoop:
         for fd in list(session.streams):
             drained = 0
             while drained < DRAIN_LIMIT:
-                chunk = _read_some(fd)
+                chunk = read_available(fd)
                 if not chunk:
                     if chunk is not None:
                         del session.streams[fd]
@@ -577,26 +577,6 @@ class _RunLoop:
         else:
             done.exit_code = -1
         return shell_pb2.ShellEvent(done=done)
-
-
-def _read_some(fd: int) -> bytes | None:
-    """Read what the descriptor holds, up to READ_CHUNK: b"" at EOF, None if nothing yet."""
-    parts: list[bytes] = []
-    size = 0
-    while size < READ_CHUNK:
-        try:
-            part = os.read(fd, READ_CHUNK - size)
-        except BlockingIOError:
-            break
-        if not part:
-            if not parts:
-                return b""
-            break
-        parts.append(part)
-        size += len(part)
-    if not parts:
-        return None
-    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class ShellManager:
