@@ -367,3 +367,77 @@ class MakeDirResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MakeDirResponse: _TypeAlias = MakeDirResponse  # noqa: Y015
+
+@_typing.final
+class UploadChunk(_message.Message):
+    """One message of an Upload stream. The stream's data fields, concatenated, are
+    one tar archive (uncompressed, or gzip-compressed: detected by its magic).
+    Only regular files and directories are accepted: a member that is absolute,
+    has a ".." component, is a symlink, a hard link, a device, a FIFO or any
+    other type, or would pass through a symlink already in the destination,
+    refuses the whole upload, and whatever the upload had written is removed.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEST_FIELD_NUMBER: _builtins.int
+    OVERWRITE_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    dest: _builtins.str
+    """The destination directory (first message only); it must exist. Confined
+    like every other path.
+    """
+    overwrite: _builtins.bool
+    """Replace existing files (first message only); without it an existing file
+    fails the upload with ALREADY_EXISTS. Existing directories are always merged.
+    """
+    max_bytes: _builtins.int
+    """At most this many bytes of file content (first message only); 0 means
+    the agent's limit (1 GiB), and more than that is the agent's limit.
+    """
+    data: _builtins.bytes
+    """The next piece of the tar archive; pieces may have any size."""
+    def __init__(
+        self,
+        *,
+        dest: _builtins.str = ...,
+        overwrite: _builtins.bool = ...,
+        max_bytes: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "dest", b"dest", "max_bytes", b"max_bytes", "overwrite", b"overwrite"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UploadChunk: _TypeAlias = UploadChunk  # noqa: Y015
+
+@_typing.final
+class UploadResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILES_WRITTEN_FIELD_NUMBER: _builtins.int
+    DIRS_CREATED_FIELD_NUMBER: _builtins.int
+    BYTES_WRITTEN_FIELD_NUMBER: _builtins.int
+    files_written: _builtins.int
+    """Regular files written."""
+    dirs_created: _builtins.int
+    """Directories created (existing ones that were merged into are not counted)."""
+    bytes_written: _builtins.int
+    """Bytes of file content written."""
+    def __init__(
+        self,
+        *,
+        files_written: _builtins.int = ...,
+        dirs_created: _builtins.int = ...,
+        bytes_written: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_written", b"bytes_written", "dirs_created", b"dirs_created", "files_written", b"files_written"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UploadResponse: _TypeAlias = UploadResponse  # noqa: Y015

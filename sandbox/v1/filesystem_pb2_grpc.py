@@ -64,6 +64,11 @@ class FilesystemStub:
                 request_serializer=sandbox_dot_v1_dot_filesystem__pb2.MakeDirRequest.SerializeToString,
                 response_deserializer=sandbox_dot_v1_dot_filesystem__pb2.MakeDirResponse.FromString,
                 _registered_method=True)
+        self.Upload = channel.stream_unary(
+                '/sandbox.v1.Filesystem/Upload',
+                request_serializer=sandbox_dot_v1_dot_filesystem__pb2.UploadChunk.SerializeToString,
+                response_deserializer=sandbox_dot_v1_dot_filesystem__pb2.UploadResponse.FromString,
+                _registered_method=True)
 
 
 class FilesystemServicer:
@@ -105,6 +110,13 @@ class FilesystemServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Upload(self, request_iterator, context):
+        """Unpack a tar stream into a directory; see UploadChunk.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FilesystemServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +149,11 @@ def add_FilesystemServicer_to_server(servicer, server):
                     servicer.MakeDir,
                     request_deserializer=sandbox_dot_v1_dot_filesystem__pb2.MakeDirRequest.FromString,
                     response_serializer=sandbox_dot_v1_dot_filesystem__pb2.MakeDirResponse.SerializeToString,
+            ),
+            'Upload': grpc.stream_unary_rpc_method_handler(
+                    servicer.Upload,
+                    request_deserializer=sandbox_dot_v1_dot_filesystem__pb2.UploadChunk.FromString,
+                    response_serializer=sandbox_dot_v1_dot_filesystem__pb2.UploadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +318,33 @@ class Filesystem:
             '/sandbox.v1.Filesystem/MakeDir',
             sandbox_dot_v1_dot_filesystem__pb2.MakeDirRequest.SerializeToString,
             sandbox_dot_v1_dot_filesystem__pb2.MakeDirResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Upload(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/sandbox.v1.Filesystem/Upload',
+            sandbox_dot_v1_dot_filesystem__pb2.UploadChunk.SerializeToString,
+            sandbox_dot_v1_dot_filesystem__pb2.UploadResponse.FromString,
             options,
             channel_credentials,
             insecure,

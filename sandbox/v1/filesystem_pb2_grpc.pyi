@@ -41,6 +41,8 @@ class FilesystemStub:
     Stat: _grpc.UnaryUnaryMultiCallable[_filesystem_pb2.StatRequest, _filesystem_pb2.StatResponse]
     Remove: _grpc.UnaryUnaryMultiCallable[_filesystem_pb2.RemoveRequest, _filesystem_pb2.RemoveResponse]
     MakeDir: _grpc.UnaryUnaryMultiCallable[_filesystem_pb2.MakeDirRequest, _filesystem_pb2.MakeDirResponse]
+    Upload: _grpc.StreamUnaryMultiCallable[_filesystem_pb2.UploadChunk, _filesystem_pb2.UploadResponse]
+    """Unpack a tar stream into a directory; see UploadChunk."""
 
 @_typing.type_check_only
 class FilesystemAsyncStub(FilesystemStub):
@@ -51,6 +53,8 @@ class FilesystemAsyncStub(FilesystemStub):
     Stat: _aio.UnaryUnaryMultiCallable[_filesystem_pb2.StatRequest, _filesystem_pb2.StatResponse]  # type: ignore[assignment]
     Remove: _aio.UnaryUnaryMultiCallable[_filesystem_pb2.RemoveRequest, _filesystem_pb2.RemoveResponse]  # type: ignore[assignment]
     MakeDir: _aio.UnaryUnaryMultiCallable[_filesystem_pb2.MakeDirRequest, _filesystem_pb2.MakeDirResponse]  # type: ignore[assignment]
+    Upload: _aio.StreamUnaryMultiCallable[_filesystem_pb2.UploadChunk, _filesystem_pb2.UploadResponse]  # type: ignore[assignment]
+    """Unpack a tar stream into a directory; see UploadChunk."""
 
 class FilesystemServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -94,5 +98,13 @@ class FilesystemServicer(metaclass=_abc_1.ABCMeta):
         request: _filesystem_pb2.MakeDirRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_filesystem_pb2.MakeDirResponse, _abc.Awaitable[_filesystem_pb2.MakeDirResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Upload(
+        self,
+        request_iterator: _MaybeAsyncIterator[_filesystem_pb2.UploadChunk],
+        context: _ServicerContext,
+    ) -> _typing.Union[_filesystem_pb2.UploadResponse, _abc.Awaitable[_filesystem_pb2.UploadResponse]]:
+        """Unpack a tar stream into a directory; see UploadChunk."""
 
 def add_FilesystemServicer_to_server(servicer: FilesystemServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
