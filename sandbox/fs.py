@@ -1,4 +1,4 @@
-"""The Filesystem gRPC service: Read, Write, List, Stat, Remove and MakeDir inside the roots.
+"""The Filesystem gRPC service: Read, Write, List, Stat, Remove, MakeDir and Upload inside the roots.
 
 Design
 ------
@@ -24,6 +24,9 @@ only through the same confined walk; Stat and Remove act on the link itself.
 * Remove: directories need ``recursive``; the tree is removed through directory fds without
   following symlinks, refuses to cross into another filesystem (a mount point), and roots or
   directories containing a root cannot be removed.
+* Upload: a streamed tar archive unpacked into a directory; every unsafe member (absolute,
+  ``..``, links, devices, through a symlink in the destination) refuses the whole upload and
+  what it wrote is removed again. See :mod:`sandbox.upload`.
 
 Each RPC runs under the configured :class:`sandbox.identity.FsIdentity` (per-thread
 fsuid/fsgid), so permission checks and file ownership are the tool user's. Failures are
@@ -48,6 +51,7 @@ from typing import Protocol, TypeVar
 
 import grpc
 
+from sandbox import upload
 from sandbox.errors import (
     ALREADY_EXISTS,
     INTERNAL,
@@ -152,6 +156,13 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
         self, request: filesystem_pb2.MakeDirRequest, context: grpc.ServicerContext
     ) -> filesystem_pb2.MakeDirResponse:
         return self._call(context, "MakeDir", request.path, lambda: self.make_dir(request))
+
+    def Upload(
+        self, request_iterator: Iterator[filesystem_pb2.UploadChunk], context: grpc.ServicerContext
+    ) -> filesystem_pb2.UploadResponse:
+        return self._call(
+            context, "Upload", "the upload destination", lambda: upload.receive(self._resolver, request_iterator)
+        )
 
     def _call(self, context: grpc.ServicerContext, rpc: str, path: str, op: Callable[[], _R]) -> _R:
         try:
