@@ -6,9 +6,12 @@ structured reason, and leaves shaping results to the callers.
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import grpc
 
@@ -28,6 +31,7 @@ from sandbox.v1 import (
 MAX_MESSAGE_BYTES = 64 << 20
 DEFAULT_AGENT_TIMEOUT_MS = 30_000  # the agent's default when a request sets none
 RPC_MARGIN_S = 30.0
+UPLOAD_CHUNK_BYTES = 1 << 20
 
 
 def translate(error: grpc.RpcError) -> AgentCallError:
@@ -136,6 +140,45 @@ class AgentClient:
 
     def stat(self, path: str) -> filesystem_pb2.FileInfo:
         return self._unary(self.files.Stat, filesystem_pb2.StatRequest(path=path)).info  # type: ignore[no-any-return]
+
+    def upload_tar(
+        self,
+        dest: str,
+        data: bytes | BinaryIO | Path,
+        *,
+        overwrite: bool = False,
+        max_bytes: int = 0,
+        chunk_size: int = UPLOAD_CHUNK_BYTES,
+        timeout: float = 300.0,
+    ) -> filesystem_pb2.UploadResponse:
+        """Stream a tar archive (plain or gzip) into the existing directory ``dest`` in the sandbox.
+
+        ``data`` is the archive itself, a binary file object read from its current position, or a
+        file on the host. The agent unpacks it as the tool user; a member that is absolute, has a
+        ``..`` component, is a link or a special file, or goes through a symlink in ``dest`` refuses
+        the whole upload and nothing is written (``sandbox/upload.py``). ``max_bytes`` lowers the
+        agent's limit on file content (1 GiB).
+        """
+        if not 0 < chunk_size <= MAX_MESSAGE_BYTES // 2:
+            raise ValueError(f"chunk_size must be between 1 and {MAX_MESSAGE_BYTES // 2} bytes")
+        with contextlib.ExitStack() as stack:
+            source: BinaryIO
+            if isinstance(data, Path):
+                source = stack.enter_context(data.open("rb"))
+            elif isinstance(data, bytes):
+                source = io.BytesIO(data)
+            else:
+                source = data
+
+            def chunks() -> Iterator[filesystem_pb2.UploadChunk]:
+                first = filesystem_pb2.UploadChunk(dest=dest, overwrite=overwrite, max_bytes=max_bytes)
+                first.data = source.read(chunk_size)
+                yield first
+                while piece := source.read(chunk_size):
+                    yield filesystem_pb2.UploadChunk(data=piece)
+
+            response: filesystem_pb2.UploadResponse = self._unary(self.files.Upload, chunks(), timeout)
+        return response
 
     # ---- the persistent bash sessions (Shell service) ---------------------------------
 
