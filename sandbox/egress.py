@@ -1,0 +1,570 @@
+"""The egress proxy of the ``allowlist`` network mode: one per sandbox, standard library only.
+
+The engine runs it in its own container, the only peer the sandbox's internal network reaches::
+
+    python3 -I -S egress.py --listen 0.0.0.0:3128 --sandbox-id ID [--allow HOST[:PORT]]... [--test-allow-network CIDR]
+
+It never imports ``sandbox`` or ``harness``. Requests it understands:
+
+- ``CONNECT host:port HTTP/1.x``: answered ``200 Connection established``, then bytes are spliced both
+  ways (half-close aware) until both sides close or nothing moves for 300 s;
+- absolute-form ``METHOD http://host[:port]/path HTTP/1.x``: sent upstream in origin form (``/path?q``)
+  without ``Proxy-Connection``, ``Proxy-Authorization``, ``Connection``, ``Keep-Alive`` (and what
+  ``Connection`` names), with ``Host`` set from the URL (RFC 9112 3.2.2) and ``Connection: close``;
+  the body and the response are spliced through. ``https://`` URLs must use CONNECT.
+
+Allowlist entries (``--allow``, repeatable): ``host``, ``host:port``, ``*.example.com[:port]``, an IPv4
+literal, ``[v6]:port`` or a bare IPv6 literal. Names are case-insensitive and a trailing dot is ignored.
+``*.example.com`` matches subdomains at any depth but not ``example.com`` itself. **An entry without a port
+allows ports 80 and 443 only.** An IP literal in a request must be listed exactly.
+
+The proxy resolves names itself; if any resolved address is not globally routable (loopback, private,
+link-local incl. 169.254.169.254, 100.64.0.0/10, multicast, unspecified, reserved; IPv4-mapped IPv6 is
+unwrapped) the request is refused, listed literals included. It connects only to the addresses it checked.
+``--test-allow-network CIDR`` exempts one network from that check: for tests only, announced on stderr.
+
+Answers: 200 (CONNECT), the upstream's response (forward), 400 malformed or unsupported, 403 refused,
+408 request head not complete within 30 s, 431 head over 16 KiB, 502 resolution or connection failure,
+503 more than 128 open connections. Errors are ``text/plain``, one line, ``Connection: close``.
+
+stdout carries only JSON lines, one per decision and one when an allowed connection closes (a connection
+closed before sending a byte is not logged); ``test_override`` is true when only ``--test-allow-network``
+let the connected address through::
+
+    {"ts": 1.0, "event": "decision", "sandbox_id": "...", "decision": "allow"|"deny", "status": 200,
+     "method": "CONNECT", "host": "...", "port": 443, "address": "1.2.3.4"|null, "reason": null|"...",
+     "client": "10.0.0.2", "test_override": false}
+    {"ts": 2.0, "event": "close", "sandbox_id": "...", "method": ..., "host": ..., "port": ..., "address": ...,
+     "client": ..., "bytes_up": 10, "bytes_down": 20, "duration_s": 1.0}
+
+Exit codes: 0 on SIGTERM/SIGINT, 1 when the listen address cannot be bound, 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import NamedTuple, TextIO
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+LogSink = Callable[[dict[str, object]], None]
+
+DEFAULT_PORTS = (80, 443)
+_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
+_TCHARS = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_REQUEST_LINE = re.compile(rf"({_TCHARS}) (\S+) (HTTP/1\.[01])")
+_HEADER = re.compile(rf"({_TCHARS}):[ \t]*(.*?)[ \t]*")
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_NOT_TEXT = re.compile(rb"[^\x20-\x7e\t\r]")
+_CGNAT = ipaddress.ip_network("100.64.0.0/10")
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_HOP_BY_HOP = {"proxy-connection", "proxy-authorization", "connection", "keep-alive", "host"}
+_PHRASES = {400: "Bad Request", 403: "Forbidden", 408: "Request Timeout", 431: "Request Header Fields Too Large",
+            502: "Bad Gateway", 503: "Service Unavailable"}
+
+
+def _ip(text: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(text) if "%" not in text else None
+    except ValueError:
+        return None
+
+
+def hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_port(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and 0 < int(text) < 65536):
+        raise ValueError(f"bad port {text!r} (expected 1-65535)")
+    return int(text)
+
+
+def split_host_port(text: str) -> tuple[str, int | None]:
+    """``host``, ``host:port``, ``[v6]``, ``[v6]:port`` or a bare IPv6 literal -> (host, port or None)."""
+    if text.startswith("["):
+        end = text.find("]")
+        host, rest = text[: end + 1], text[end + 1 :]
+        if end < 0 or (rest and not rest.startswith(":")):
+            raise ValueError(f"bad bracketed IPv6 address in {text!r}")
+        return host, parse_port(rest[1:]) if rest else None
+    if text.count(":") == 1:
+        host, port = text.split(":")
+        return host, parse_port(port)
+    return text, None
+
+
+def normalize_host(text: str) -> str:
+    """Lower case, no trailing dot, no brackets, IP literals in canonical form; ValueError if invalid."""
+    if not text:
+        raise ValueError("empty host")
+    if not text.isascii():
+        raise ValueError(f"non-ASCII host {text!r} (write internationalised names in their xn-- form)")
+    host = text.lower()
+    if host.startswith("["):
+        literal = _ip(host[1:-1]) if host.endswith("]") else None
+        if literal is None or literal.version != 6:
+            raise ValueError(f"brackets must hold an IPv6 address: {text!r}")
+        return str(literal)
+    if (literal := _ip(host)) is not None:
+        return str(literal)
+    host = host.removesuffix(".")
+    if len(host) > 253 or not all(_LABEL.fullmatch(label) for label in host.split(".")):
+        raise ValueError(f"invalid host name {text!r}")
+    if host.rsplit(".", 1)[-1].isdigit():
+        raise ValueError(f"{text!r} is neither an IP address nor a host name")
+    return host
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One allowlist entry: a name (``*.`` + name when ``wildcard``) or an IP literal, with an optional port."""
+
+    host: str
+    port: int | None = None
+    wildcard: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> Entry:
+        if not text.strip() or text != text.strip():
+            raise ValueError("empty entry or surrounding whitespace")
+        host, port = split_host_port(text)
+        wildcard = host.startswith("*.")
+        host = host.removeprefix("*.") if wildcard else host
+        if "*" in host:
+            raise ValueError("a wildcard must be '*.' followed by a name, e.g. *.example.com")
+        host = normalize_host(host)
+        if wildcard and _ip(host) is not None:
+            raise ValueError("a wildcard must be followed by a name, not an IP address")
+        return cls(host, port, wildcard)
+
+    def matches_host(self, host: str) -> bool:
+        return host.endswith("." + self.host) if self.wildcard else host == self.host
+
+    def allows_port(self, port: int) -> bool:
+        return port in DEFAULT_PORTS if self.port is None else port == self.port
+
+    def __str__(self) -> str:
+        host = "*." + self.host if self.wildcard else self.host
+        return host if self.port is None else hostport(host, self.port)
+
+
+class Allowlist:
+    """The parsed ``--allow`` entries; ``permits(host, port)`` gives a refusal reason or None."""
+
+    def __init__(self, entries: Iterable[Entry]) -> None:
+        self.entries = tuple(dict.fromkeys(entries))
+
+    @classmethod
+    def parse(cls, texts: Iterable[str]) -> Allowlist:
+        entries = []
+        for text in texts:
+            try:
+                entries.append(Entry.parse(text))
+            except ValueError as exc:
+                raise ValueError(f"invalid allowlist entry {text!r}: {exc}") from None
+        return cls(entries)
+
+    def __str__(self) -> str:
+        return ", ".join(map(str, self.entries)) or "nothing"
+
+    def permits(self, host: str, port: int) -> str | None:
+        try:
+            host = normalize_host(host)
+        except ValueError as exc:
+            return str(exc)
+        hits = [entry for entry in self.entries if entry.matches_host(host)]
+        if any(entry.allows_port(port) for entry in hits):
+            return None
+        if hits:
+            return f"port {port} is not allowed for {host} (an entry without a port allows 80 and 443 only; " \
+                   f"allowed: {self})"
+        literal = "IP addresses must be listed exactly; " if _ip(host) is not None else ""
+        return f"{literal}not in this sandbox's allowlist (allowed: {self})"
+
+
+def address_refusal(addr: IPAddress) -> str | None:
+    """Why ``addr`` may not be a destination (``"a loopback address"``...), None if globally routable."""
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return address_refusal(addr.ipv4_mapped)
+        inner = addr.sixtofour or (ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF) if addr in _NAT64 else None)
+        if inner is not None and (why := address_refusal(inner)):
+            return f"{why} ({inner}) embedded in an IPv6 address"
+    checks = (("an unspecified address", addr.is_unspecified), ("a loopback address", addr.is_loopback),
+              ("a link-local address (these include the cloud metadata service)", addr.is_link_local),
+              ("a multicast address", addr.is_multicast),
+              ("in the shared address space 100.64.0.0/10 (carrier-grade NAT)", addr in _CGNAT),
+              ("a private address", addr.is_private), ("a reserved address", addr.is_reserved),
+              ("not a globally routable address", not addr.is_global))
+    return next((why for why, hit in checks if hit), None)
+
+
+class Verdict(NamedTuple):
+    address: IPAddress  # what to connect to (IPv4-mapped IPv6 unwrapped)
+    refusal: str | None
+    test_override: bool  # allowed only because of --test-allow-network
+
+
+def check_address(addr: IPAddress, test_network: IPNetwork | None = None) -> Verdict:
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    why = address_refusal(addr)
+    if why and test_network is not None and addr.version == test_network.version and addr in test_network:
+        return Verdict(addr, None, True)
+    return Verdict(addr, why, False)
+
+
+class Refusal(Exception):
+    def __init__(self, status: int, reason: str, address: IPAddress | None = None) -> None:
+        super().__init__(reason)
+        self.status, self.reason, self.address = status, reason, address
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: tuple[str, int]
+    sandbox_id: str
+    allowlist: Allowlist
+    test_network: IPNetwork | None = None
+    max_clients: int = 128
+    head_limit: int = 16 * 1024
+    head_timeout: float = 30.0
+    connect_timeout: float = 10.0
+    idle_timeout: float = 300.0
+
+
+@dataclass
+class _Request:
+    client: str
+    method: str | None = None
+    host: str | None = None
+    port: int | None = None
+    address: IPAddress | None = None
+    head: bytes = b""  # what to send upstream first (the rewritten head for forward requests)
+    counts: list[int] = field(default_factory=lambda: [0, 0])  # bytes up, bytes down
+
+
+def json_lines(stream: TextIO) -> LogSink:
+    """A log sink writing each record as one JSON line, flushed immediately."""
+    lock = threading.Lock()
+
+    def write(record: dict[str, object]) -> None:
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with lock, suppress(OSError, ValueError):
+            stream.write(line)
+            stream.flush()
+    return write
+
+
+def _read_head(conn: socket.socket, limit: int, timeout: float) -> tuple[bytes, bytes] | None:
+    """(head, bytes after it) or None if the client closed without a byte; the timeout is for the whole head."""
+    buf, deadline = b"", time.monotonic() + timeout
+    while not (end := _HEAD_END.search(buf)):
+        if len(buf) > limit:
+            raise Refusal(431, f"request head larger than {limit} bytes")
+        if _NOT_TEXT.search(buf.split(b"\n", 1)[0]):
+            raise Refusal(400, "not an HTTP request (binary data; is TLS being sent to the proxy directly?)")
+        try:
+            conn.settimeout(max(deadline - time.monotonic(), 0.001))
+            chunk = conn.recv(8192)
+        except TimeoutError:
+            raise Refusal(408, "timed out waiting for the request head") from None
+        if not chunk:
+            if buf:
+                raise Refusal(400, "connection closed before the request head was complete")
+            return None
+        buf += chunk
+    if end.end() > limit:
+        raise Refusal(431, f"request head larger than {limit} bytes")
+    return buf[: end.end()], buf[end.end() :]
+
+
+def _parse_head(head: bytes, req: _Request) -> None:
+    """Fill ``req`` from the request head; raise Refusal(400) for anything but CONNECT or http:// forwarding."""
+    line, *lines = re.split(r"\r?\n", head.decode("latin-1").rstrip("\r\n"))
+    if not (match := _REQUEST_LINE.fullmatch(line)):
+        raise Refusal(400, "malformed request line (expected CONNECT host:port HTTP/1.1 or GET http://host/ HTTP/1.1)")
+    req.method, target, version = match.groups()
+    try:
+        if req.method == "CONNECT":
+            host, port = split_host_port(target)
+            if port is None:
+                raise ValueError("CONNECT needs host:port")
+            req.host, req.port = normalize_host(host), port
+            return
+        if not (url := re.fullmatch(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)([^#]*)(#.*)?", target)):
+            raise ValueError("this is an egress proxy: send absolute-form requests (GET http://host/path) "
+                             "or CONNECT host:port")
+        scheme, authority, path = url.group(1).lower(), url.group(2), url.group(3) or "/"
+        if scheme != "http":
+            raise ValueError(f"{scheme}:// URLs cannot be forwarded; use CONNECT for https (and other protocols)")
+        if "@" in authority:
+            raise ValueError("credentials in the URL are not supported")
+        host, port = split_host_port(authority)
+        req.host, req.port = normalize_host(host), port or 80
+        host_header = hostport(req.host, port) if port else f"[{req.host}]" if ":" in req.host else req.host
+    except ValueError as exc:
+        raise Refusal(400, str(exc)) from None
+    headers, drop = [], set(_HOP_BY_HOP)
+    for text in lines:
+        if not (header := _HEADER.fullmatch(text)):
+            raise Refusal(400, "malformed header line")
+        headers.append(header.groups())
+        if header.group(1).lower() in ("connection", "proxy-connection"):
+            drop.update(token.strip().lower() for token in header.group(2).split(","))
+    kept = [f"{name}: {value}\r\n" for name, value in headers if name.lower() not in drop]
+    start = f"{req.method} {path if path.startswith('/') else '/' + path} {version}\r\nHost: {host_header}\r\n"
+    req.head = (start + "".join(kept) + "Connection: close\r\n\r\n").encode("latin-1")
+
+
+def _respond(conn: socket.socket, status: int, body: str, drain: bool = True) -> None:
+    data = body.encode("ascii", "backslashreplace")
+    head = f"HTTP/1.1 {status} {_PHRASES[status]}\r\nContent-Type: text/plain\r\n" \
+           f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    with suppress(OSError):
+        conn.sendall(head.encode() + data)
+        conn.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + 2.0  # drain what the client still sends: closing on unread data resets
+        while drain and (left := deadline - time.monotonic()) > 0:  # the connection and can lose the answer
+            conn.settimeout(left)
+            if not conn.recv(65536):
+                break
+
+
+class EgressProxy:
+    """Listens on ``config.listen``; ``serve_forever()`` until ``stop()`` (thread- and signal-safe)."""
+
+    def __init__(self, config: Config, log: LogSink | None = None) -> None:
+        self.config, self.log = config, log or json_lines(sys.stdout)
+        host = config.listen[0].strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, config.listen[1]), family=family, backlog=128)
+        self.address: tuple[str, int] = self._listener.getsockname()[:2]
+        self._slots = threading.BoundedSemaphore(config.max_clients)
+        self._wake_r, self._wake_w = os.pipe()
+        self._stopping = False
+
+    def serve_forever(self) -> None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._listener, selectors.EVENT_READ)
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            while not self._stopping:
+                if not any(key.fileobj is self._listener for key, _ in sel.select()):
+                    continue
+                try:
+                    conn, peer = self._listener.accept()
+                except OSError:
+                    continue
+                req = _Request(client=str(peer[0]))
+                if not self._slots.acquire(blocking=False):
+                    conn.settimeout(0.5)
+                    self._deny(conn, req, Refusal(503, f"more than {self.config.max_clients} open connections"))
+                    conn.close()
+                    continue
+                try:
+                    threading.Thread(target=self._handle, args=(conn, req), daemon=True).start()
+                except RuntimeError:  # no thread to be had: drop this connection, keep serving
+                    conn.close()
+                    self._slots.release()
+
+    def stop(self) -> None:
+        self._stopping = True
+        with suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def close(self) -> None:
+        for fd in (self._wake_r, self._wake_w):
+            with suppress(OSError):
+                os.close(fd)
+        self._listener.close()
+
+    def _record(self, event: str, req: _Request, **fields: object) -> None:
+        self.log({"ts": time.time(), "event": event, "sandbox_id": self.config.sandbox_id, **fields,
+                  "method": req.method, "host": req.host, "port": req.port,
+                  "address": None if req.address is None else str(req.address), "client": req.client})
+
+    def _deny(self, conn: socket.socket, req: _Request, refusal: Refusal) -> None:
+        """Log the refusal and answer it (no draining for 503, which is sent from the accept loop)."""
+        req.address = refusal.address or req.address
+        self._record("decision", req, decision="deny", status=refusal.status, reason=refusal.reason,
+                     test_override=False)
+        target = "" if req.host is None or req.port is None else hostport(req.host, req.port)
+        lead = {403: "refused", 502: "could not reach", 503: "is busy"}.get(refusal.status)
+        first = f"callbox egress proxy {lead} {target}".rstrip() if lead else "callbox egress proxy: bad request"
+        _respond(conn, refusal.status, f"{first}: {refusal.reason}\n", drain=refusal.status != 503)
+
+    def _handle(self, conn: socket.socket, req: _Request) -> None:
+        try:
+            try:
+                upstream, rest, override = self._open(conn, req)
+            except Refusal as refusal:
+                return self._deny(conn, req, refusal)
+            except Exception as exc:  # a bug must not take the proxy down; the client still gets an answer
+                print(f"callbox egress proxy: internal error: {exc!r}", file=sys.stderr, flush=True)
+                return self._deny(conn, req, Refusal(502, "internal proxy error"))
+            if upstream is None:
+                return None
+            self._record("decision", req, decision="allow", status=200, reason=None, test_override=override)
+            started = time.monotonic()
+            with upstream:
+                self._splice(conn, upstream, req, rest)
+            self._record("close", req, bytes_up=req.counts[0], bytes_down=req.counts[1],
+                         duration_s=round(time.monotonic() - started, 3))
+            return None
+        finally:
+            conn.close()
+            self._slots.release()
+
+    def _open(self, conn: socket.socket, req: _Request) -> tuple[socket.socket | None, bytes, bool]:
+        """Read, parse and check the request and connect upstream; (None, ...) if the client sent nothing."""
+        if (got := _read_head(conn, self.config.head_limit, self.config.head_timeout)) is None:
+            return None, b"", False
+        head, rest = got
+        _parse_head(head, req)
+        assert req.host is not None and req.port is not None
+        if why := self.config.allowlist.permits(req.host, req.port):
+            raise Refusal(403, why)
+        literal = _ip(req.host)
+        if literal is not None:
+            addresses = [literal]
+        else:
+            try:
+                infos = socket.getaddrinfo(req.host, req.port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG)
+            except (OSError, UnicodeError) as exc:
+                raise Refusal(502, f"cannot resolve {req.host}: {getattr(exc, 'strerror', None) or exc}") from None
+            addresses = list(dict.fromkeys(ipaddress.ip_address(str(info[4][0])) for info in infos))
+        verdicts = [check_address(addr, self.config.test_network) for addr in addresses]
+        for addr, verdict in zip(addresses, verdicts, strict=True):
+            if verdict.refusal:
+                subject = str(addr) if literal is not None else f"{req.host} resolves to {addr}, which"
+                raise Refusal(403, f"{subject} is {verdict.refusal}; only globally routable addresses are allowed",
+                              addr)
+        failure = "no addresses"
+        for verdict in verdicts:
+            req.address = verdict.address
+            family = socket.AF_INET6 if verdict.address.version == 6 else socket.AF_INET
+            upstream = socket.socket(family, socket.SOCK_STREAM)
+            upstream.settimeout(self.config.connect_timeout)
+            try:
+                upstream.connect((str(verdict.address), req.port))
+            except OSError as exc:
+                upstream.close()
+                failure = f"cannot connect to {verdict.address}: {exc.strerror or exc}"
+                continue
+            return upstream, rest, verdict.test_override
+        raise Refusal(502, failure)
+
+    def _splice(self, conn: socket.socket, upstream: socket.socket, req: _Request, rest: bytes) -> None:
+        last = [time.monotonic()]
+        for sock in (conn, upstream):
+            sock.settimeout(self.config.idle_timeout)
+
+        def abort() -> None:
+            for sock in (conn, upstream):
+                with suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        def pump(src: socket.socket, dst: socket.socket, index: int) -> None:
+            try:
+                while True:
+                    try:
+                        data = src.recv(65536)
+                    except TimeoutError:
+                        if time.monotonic() - last[0] < self.config.idle_timeout:
+                            continue
+                        return abort()
+                    if not data:
+                        with suppress(OSError):
+                            dst.shutdown(socket.SHUT_WR)
+                        return None
+                    last[0] = time.monotonic()
+                    dst.sendall(data)
+                    req.counts[index] += len(data)
+            except OSError:
+                return abort()
+
+        try:
+            if req.method == "CONNECT":
+                conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            upstream.sendall(req.head + rest)
+            req.counts[0] += len(req.head + rest)
+        except OSError:
+            return abort()
+        down = threading.Thread(target=pump, args=(upstream, conn, 1), daemon=True)
+        down.start()
+        pump(conn, upstream, 0)
+        down.join()
+        return None
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    """The command line as a Config; usage errors exit 2 with one line on stderr."""
+    parser = argparse.ArgumentParser(prog="callbox-egress", description="callbox egress proxy (allowlist mode)")
+    parser.add_argument("--listen", default="0.0.0.0:3128", help="HOST:PORT to listen on (port 0: any free port)")
+    parser.add_argument("--sandbox-id", required=True, help="the sandbox this proxy serves (in every log line)")
+    parser.add_argument("--allow", action="append", default=[], metavar="HOST[:PORT]",
+                        help="allowlist entry, repeatable; without a port: 80 and 443 only")
+    parser.add_argument("--test-allow-network", metavar="CIDR", help="TESTS ONLY: exempt CIDR from the address check")
+    args = parser.parse_args(argv)
+    try:
+        allowlist = Allowlist.parse(args.allow)
+    except ValueError as exc:
+        parser.error(str(exc))
+    host, _, port_text = args.listen.rpartition(":")
+    if not host or not (port_text.isascii() and port_text.isdigit() and int(port_text) < 65536):
+        parser.error(f"bad --listen {args.listen!r} (expected HOST:PORT; port 0 picks a free port)")
+    network = None
+    if args.test_allow_network is not None:
+        try:
+            network = ipaddress.ip_network(args.test_allow_network)
+        except ValueError as exc:
+            parser.error(f"bad --test-allow-network {args.test_allow_network!r}: {exc}")
+    return Config(listen=(host, int(port_text)), sandbox_id=args.sandbox_id, allowlist=allowlist, test_network=network)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    if config.test_network is not None:
+        print(f"WARNING: --test-allow-network {config.test_network}: destinations in it bypass the private/loopback "
+              "address check. This is for tests only and must never be used for real sandboxes.", file=sys.stderr)
+    for entry in config.allowlist.entries:
+        literal = _ip(entry.host)
+        if literal is not None and (why := check_address(literal, config.test_network).refusal):
+            print(f"warning: --allow {entry} is {why}; requests to it will be refused", file=sys.stderr)
+    try:
+        proxy = EgressProxy(config)
+    except OSError as exc:
+        print(f"callbox egress proxy: cannot listen on {hostport(*config.listen)}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 1
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: proxy.stop())
+    print(f"egress proxy for sandbox {config.sandbox_id} listening on {hostport(*proxy.address)} "
+          f"(allowed: {config.allowlist})", file=sys.stderr, flush=True)
+    try:
+        proxy.serve_forever()
+    finally:
+        proxy.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
