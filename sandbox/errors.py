@@ -47,14 +47,17 @@ _RETRYABLE = frozenset({BUSY})
 class AgentError(Exception):
     """An error a request caused; the server turns it into a status with details."""
 
-    def __init__(self, reason: errors_pb2.ErrorReason.ValueType, message: str) -> None:
+    def __init__(self, reason: errors_pb2.ErrorReason.ValueType, message: str,
+                 code: grpc.StatusCode | None = None) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
+        self._code = code
 
     @property
     def code(self) -> grpc.StatusCode:
-        return _CODES.get(self.reason, grpc.StatusCode.UNKNOWN)
+        """The status code: the one given, else the reason's."""
+        return self._code or _CODES.get(self.reason, grpc.StatusCode.UNKNOWN)
 
     def detail(self) -> errors_pb2.ErrorDetail:
         return errors_pb2.ErrorDetail(

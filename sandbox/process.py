@@ -16,6 +16,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import grpc
+
 from sandbox import proctree
 from sandbox.cgroup import oom_kill_count
 from sandbox.errors import AgentError
@@ -90,6 +92,7 @@ class ProcessRunner:
         self._markers = proctree.MarkerAllocator()
         self._lock = threading.Lock()
         self._live: dict[str, Execution] = {}
+        self._stopping: str | None = None
 
     # ---- public API -------------------------------------------------------------
 
@@ -109,6 +112,14 @@ class ProcessRunner:
             live = list(self._live.values())
         for execution in live:
             execution.cancel()
+
+    def stop(self, why: str) -> None:
+        """The agent is stopping: kill every command and refuse new ones. The calls of the
+        killed commands end with an UNAVAILABLE error saying ``why`` instead of an Exited
+        that would pass for the command's own SIGKILL."""
+        with self._lock:
+            self._stopping = why
+        self.cancel_all()
 
     def run(
         self, request: process_pb2.ExecRequest, on_start: Callable[[Execution], None] | None = None
@@ -135,6 +146,8 @@ class ProcessRunner:
             loop = ExecLoop(request, execution, started_at, timeout_ms)
             yield from loop.events()
             swept = loop.swept
+            if self._stopping is not None and execution.cancelled.is_set():
+                raise self._stopping_error()
             yield loop.exited(oom_before)
         finally:
             self._finish(execution, swept)
@@ -144,6 +157,8 @@ class ProcessRunner:
     def _register(self, exec_id: str) -> Execution:
         """Reserve the exec id and a marker, atomically with the checks."""
         with self._lock:
+            if self._stopping is not None:
+                raise self._stopping_error()
             if len(self._live) >= self.max_concurrent:
                 raise AgentError(
                     errors_pb2.ERROR_REASON_BUSY,
@@ -155,6 +170,11 @@ class ProcessRunner:
             execution = Execution(exec_id, self._markers.acquire(), wake_r, wake_w)
             self._live[exec_id] = execution
             return execution
+
+    def _stopping_error(self) -> AgentError:
+        return AgentError(errors_pb2.ERROR_REASON_UNSPECIFIED,
+                          f"the sandbox is stopping ({self._stopping}); the command was killed",
+                          code=grpc.StatusCode.UNAVAILABLE)
 
     def _finish(self, execution: Execution, swept: bool) -> None:
         child = execution.child

@@ -171,11 +171,13 @@ def serve(config: AgentConfig) -> int:
     signal.signal(signal.SIGINT, on_signal)
     log.info("agent serving on %s", config.socket)
     expiry_file = os.path.join(os.path.dirname(config.socket), EXPIRY_FILE)
+    why = "its container is being stopped: the Docker engine stopped or restarted, or `docker stop`"
     while not stop.wait(timeout=EXPIRY_RECHECK_S):
         if _expired(expiry_file, owner):
             # Nobody will ever clean up after us: stop, so the container stops too.
             log.info("the sandbox expired (%s); stopping", expiry_file)
+            why = "it reached its expiry"
             break
-    runner.cancel_all()
+    runner.stop(why)
     server.stop(grace=2).wait()
     return 0

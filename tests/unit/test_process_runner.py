@@ -585,6 +585,21 @@ def test_cancel_all_kills_every_running_command(runner: ProcessRunner) -> None:
         assert bg.rest(timeout=1)[-1].exited.signal == signal.SIGKILL
 
 
+def test_stop_ends_running_commands_with_an_error_not_an_exit_and_refuses_new_ones(runner: ProcessRunner) -> None:
+    # The agent is stopping (SIGTERM from `docker stop` or a daemon shutdown): a killed
+    # command must not look like one that died of its own SIGKILL.
+    bg = Background(runner, argv("sleep", "100", exec_id="stopping")).start()
+    assert bg.next_event().WhichOneof("event") == "started"
+    runner.stop("its container is being stopped")
+    assert bg.done.wait(timeout=5)
+    with pytest.raises(AgentError) as info:
+        bg.next_event(timeout=1)
+    assert info.value.code.name == "UNAVAILABLE"
+    assert info.value.message == "the sandbox is stopping (its container is being stopped); the command was killed"
+    with pytest.raises(AgentError, match="the sandbox is stopping"):
+        run(runner, argv("true"))
+
+
 def test_cancel_after_the_command_finished_is_harmless(runner: ProcessRunner) -> None:
     executions: list[Execution] = []
     r = run(runner, argv("true"), on_start=executions.append)
