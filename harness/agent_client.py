@@ -34,19 +34,32 @@ RPC_MARGIN_S = 30.0
 UPLOAD_CHUNK_BYTES = 1 << 20
 
 
+SANDBOX_GONE = (
+    "the sandbox stopped answering: its container stopped or was killed, or the Docker engine went away"
+)
+"""What an UNAVAILABLE without the agent's own detail means: the socket is gone or refused."""
+
+
 def translate(error: grpc.RpcError) -> AgentCallError:
-    """Build an AgentCallError from a failed RPC, using the agent's ErrorDetail if present."""
+    """Build an AgentCallError from a failed RPC, using the agent's ErrorDetail if present.
+
+    Without one, UNAVAILABLE means the connection itself failed (``Socket closed``, ``failed
+    to connect``): the message then says that the sandbox went away, with gRPC's words after."""
     code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
     message = error.details() if isinstance(error, grpc.Call) else str(error)
     reason = "UNSPECIFIED"
     retryable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
     trailers = error.trailing_metadata() if isinstance(error, grpc.Call) else None
+    from_agent = False
     for key, value in trailers or ():
         if key == DETAIL_METADATA_KEY and isinstance(value, bytes):
             detail = errors_pb2.ErrorDetail.FromString(value)
             reason = errors_pb2.ErrorReason.Name(detail.reason).removeprefix("ERROR_REASON_")
             message = detail.message or message
             retryable = detail.retryable
+            from_agent = True
+    if code == grpc.StatusCode.UNAVAILABLE and not from_agent:
+        message = f"{SANDBOX_GONE} ({message})" if message else SANDBOX_GONE
     return AgentCallError(message or code.name, reason=reason, code=code.name, retryable=retryable)
 
 
