@@ -31,15 +31,17 @@ import shutil
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, wraps
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import docker
 import docker.errors
 import grpc
+import requests
 from docker.models.containers import Container
 from docker.types import Mount as DockerMount
 from docker.types import Ulimit
@@ -58,6 +60,8 @@ READY_TIMEOUT_S = 30.0
 KEPT_DIR = "kept"
 """Under the run root: one ``<sandbox id>.json`` record per kept sandbox (see ``keep``)."""
 ATTACH_TIMEOUT_S = 10.0
+STOPPED = ("exited", "dead")
+"""Container states gc reaps at once: the agent in it is gone and nothing restarts it."""
 # The agent starts its RPC threads up front (32 commands + 8 spare) so a fork bomb cannot
 # starve it; they and gRPC's own threads count against the pids limit, so the engine adds
 # this reserve on top of the spec's limit, which is what tool processes get.
@@ -78,6 +82,30 @@ def default_run_root() -> Path:
         return Path("/run/callbox")
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     return Path(runtime) / "callbox" if runtime else Path(f"/tmp/callbox-{os.getuid()}")
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _engine_calls(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Losing the engine mid-request (dockerd stopped or restarting) raises the requests
+    library's own errors, which docker-py passes through; make them EngineUnavailable."""
+
+    @wraps(method)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except requests.exceptions.RequestException as exc:
+            if isinstance(exc, docker.errors.DockerException):  # APIError is both: an answer, not a loss
+                raise
+            host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+            raise EngineUnavailable(
+                f"lost the Docker engine at {host} ({_short(exc)}): it stopped or is restarting; "
+                "start dockerd again (`make test` and `make demo` start it)"
+            ) from None
+
+    return call
 
 
 @dataclass(frozen=True)
@@ -199,6 +227,7 @@ class DockerEngine:
 
     # ---- create ---------------------------------------------------------------------------
 
+    @_engine_calls
     def create(self, spec: SandboxSpec, *, ready_timeout: float = READY_TIMEOUT_S) -> Sandbox:
         mounts = tuple(m.canonical(spec.allowed_mount_roots) for m in spec.mounts)
         spec = spec.model_copy(update={"mounts": mounts})
@@ -329,13 +358,18 @@ class DockerEngine:
     @staticmethod
     def _fail_if_exited(sandbox: Sandbox) -> None:
         api = sandbox.engine.client.api
-        state = api.inspect_container(sandbox.container_id)["State"]
-        if state.get("Status") in ("exited", "dead"):
+        try:
+            state = api.inspect_container(sandbox.container_id)["State"]
+            if state.get("Status") not in STOPPED:
+                return
             logs = api.logs(sandbox.container_id, tail=20).decode("utf-8", "replace").strip()
-            raise SandboxStartError(f"the sandbox agent exited during start-up: {logs or 'no output'}")
+        except docker.errors.NotFound:  # it stopped, and a gc (another process) removed it
+            raise SandboxStartError("the sandbox container stopped during start-up and was removed") from None
+        raise SandboxStartError(f"the sandbox agent exited during start-up: {logs or 'no output'}")
 
     # ---- destroy, list, gc -------------------------------------------------------------------
 
+    @_engine_calls
     def destroy(self, sandbox_id: str) -> None:
         """Remove the sandbox's container and socket directory; a missing one is not an error."""
         self._remove_by_name(f"callbox-{sandbox_id}")
@@ -351,6 +385,7 @@ class DockerEngine:
             if exc.status_code != 409:  # 409: removal already in progress
                 raise
 
+    @_engine_calls
     def list_sandboxes(self) -> list[SandboxInfo]:
         infos = []
         for c in self.client.api.containers(all=True, filters={"label": f"{labels.MANAGED}=1"}):
@@ -366,9 +401,12 @@ class DockerEngine:
             ))
         return sorted(infos, key=lambda i: i.created)
 
+    @_engine_calls
     def gc(self, now: float | None = None) -> list[str]:
-        """Remove sandboxes that expired or whose owner process is gone; return their ids.
-        A kept sandbox (``keep``) is removed only once its keep has expired."""
+        """Remove sandboxes that expired, whose owner process is gone or whose container
+        stopped (its agent is gone for good: the engine restarted, it was killed, or it
+        expired); return their ids. A kept sandbox (``keep``) is removed only once its keep
+        has expired (``attach`` removes a stopped one)."""
         now = time.time() if now is None else now
         removed = []
         try:
@@ -384,7 +422,7 @@ class DockerEngine:
                 doomed = kept.until <= now  # kept for a paused run: only its expiry counts
             else:
                 doomed = (labels.is_expired(lab, now) or labels.is_orphaned(lab, self.hostname)
-                          or _expiry_passed(lab.get(labels.SOCKET_DIR), now))
+                          or _expiry_passed(lab.get(labels.SOCKET_DIR), now) or c.get("State") in STOPPED)
             if doomed:
                 self._remove_by_name(c["Id"])
                 socket_dir = lab.get(labels.SOCKET_DIR)
@@ -414,6 +452,7 @@ class DockerEngine:
     def _kept_path(self, sandbox_id: str, run_root: Path | None = None) -> Path:
         return (run_root or self.run_root) / KEPT_DIR / f"{sandbox_id}.json"
 
+    @_engine_calls
     def keep(self, sandbox: Sandbox, *, run_id: str, until: float | None = None) -> KeptSandbox:
         """Keep ``sandbox`` for run ``run_id`` after this process exits, until ``until``
         (Unix time; default its label expiry, i.e. creation + the spec's ttl_seconds).
@@ -478,6 +517,7 @@ class DockerEngine:
             if entry.stem not in live_ids and time.time() - entry.stat().st_mtime > 60:
                 entry.unlink(missing_ok=True)
 
+    @_engine_calls
     def attach(self, sandbox_id: str, *, ready_timeout: float = ATTACH_TIMEOUT_S) -> Sandbox:
         """Reconnect to a kept sandbox (from another process than the one that created it).
 
