@@ -14,6 +14,7 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from sandbox import upload
@@ -294,3 +295,17 @@ def test_the_destination_is_confined_and_must_be_a_directory(root, dest, reason)
     with pytest.raises(AgentError) as caught:
         receive(resolver, stream(dest, archive(file("f", b"1"))))
     assert caught.value.reason == reason
+
+
+def test_a_stream_that_breaks_off_leaves_nothing_behind(root):
+    resolver, ws = root
+    data = archive(directory("n"), file("n/f", b"x" * 5000), file("g", b"y" * 5000))
+
+    def broken() -> Iterator[pb.UploadChunk]:
+        yield from stream("dst", data[:7000], chunk=1000)
+        raise grpc.RpcError()  # what the server's request iterator raises when the client cancels
+
+    with pytest.raises(AgentError) as caught:
+        receive(resolver, broken())
+    assert caught.value.reason == INVALID_ARGUMENT and "broke off" in caught.value.message
+    assert tree(ws / "dst") == []
