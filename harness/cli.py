@@ -50,9 +50,12 @@ def sandbox_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -
     group.add_argument("--cpus", type=float, default=d(1.0), help="CPU quota in cores (default 1)")
     group.add_argument("--pids", type=int, default=d(256), help="process limit for tools (default 256)")
     group.add_argument("--network", choices=["none", "allowlist", "open"], default=d("none"),
-                       help="network mode (only none is available yet)")
+                       help="none (default): no network; allowlist: HTTP(S) only through the filtering "
+                            "egress proxy, to --allow-host entries; open: outside access, never the host, "
+                            "other sandboxes or metadata (needs root for the packet filter)")
     group.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
-                       help="egress allowlist entry (network allowlist)")
+                       help="egress allowlist entry for --network allowlist (repeatable): exact name, "
+                            "*.example.com for subdomains, an IP literal; no port means 80 and 443")
     group.add_argument("--mount", action="append", default=[], metavar="HOST:CONTAINER[:ro|rw]",
                        help="bind mount, read-only unless :rw (repeatable)")
     group.add_argument("--workdir", default=d("/workspace"), help="working directory inside the sandbox")
@@ -184,6 +187,8 @@ def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, **
         fields["mounts"] = (*(base.mounts if base is not None else ()), *mounts)
         if args.allow_host:
             fields["allow_hosts"] = tuple(args.allow_host)
+        elif fields.get("network") != "allowlist":
+            fields["allow_hosts"] = ()  # the policy's list does not apply to another mode
         fields.update(extra)
         return SandboxSpec.model_validate(fields)
     except ValidationError as exc:
@@ -225,7 +230,7 @@ def _exec(args: argparse.Namespace) -> int:
     sandbox = engine.create(spec)
     try:
         events = sandbox.agent.exec(
-            cmd, cwd=spec.workdir, env=spec.env, stdin=stdin, timeout_ms=int(args.timeout * 1000),
+            cmd, cwd=spec.workdir, env=sandbox.spec.env, stdin=stdin, timeout_ms=int(args.timeout * 1000),
             output_cap_bytes=cap, rpc_timeout=args.timeout + 60,
         )
         result = collect(events, on_output=None if args.json else stream)

@@ -49,6 +49,8 @@ from docker.types import Ulimit
 from harness import labels
 from harness.agent_client import AgentClient
 from harness.errors import AgentCallError, CallboxError, EngineUnavailable, ImageNotFound, SandboxStartError
+from harness.netfilter import PacketFilter
+from harness.networking import ROLE, Attachment, EgressEvent, SandboxNetworks
 from harness.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
 from sandbox.health import SERVING
 
@@ -181,6 +183,17 @@ class Sandbox:
         self.tool_uid = tool_uid
         self.tool_gid = tool_gid
         self.agent = AgentClient(str(socket_dir / "agent.sock"))
+        self.proxy_url: str | None = None
+        """The egress proxy (``network = "allowlist"``), as tool processes see it."""
+        self._egress_seen = 0
+
+    def new_egress_events(self) -> list[EgressEvent]:
+        """The egress proxy's decisions since the last call (empty unless allowlist)."""
+        if self.spec.network != "allowlist":
+            return []
+        events = self.engine.networks.egress_events(self.id, skip=self._egress_seen)
+        self._egress_seen += len(events)
+        return events
 
     @property
     def container(self) -> Container:
@@ -189,7 +202,7 @@ class Sandbox:
 
     def destroy(self) -> None:
         self.agent.close()
-        self.engine.destroy(self.id)
+        self.engine.destroy(self.id, network=self.spec.network)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -202,11 +215,20 @@ class DockerEngine:
     """Creates, lists, destroys and reaps sandboxes on one Docker engine."""
 
     def __init__(self, client: docker.DockerClient, *, run_root: Path | None = None,
-                 reap_on_start: bool = True) -> None:
+                 reap_on_start: bool = True, egress_test_network: str | None = None,
+                 egress_test_hosts: dict[str, str] | None = None) -> None:
         self.client = client
         self.run_root = run_root or default_run_root()
         self.owner = labels.Owner.current()
         self.hostname = socket.gethostname()
+        if egress_test_network is None:
+            egress_test_network = os.environ.get("CALLBOX_EGRESS_TEST_NETWORK") or None
+        if egress_test_hosts is None:
+            egress_test_hosts = _parse_hosts(os.environ.get("CALLBOX_EGRESS_TEST_HOSTS", ""))
+        self.networks = SandboxNetworks(
+            client, PacketFilter(self.run_root / "netfilter.lock"), self.run_root / "egress",
+            test_network=egress_test_network, test_hosts=egress_test_hosts,
+        )
         if reap_on_start:
             for sandbox_id in self.gc():
                 log.info("reaped leftover sandbox %s", sandbox_id)
@@ -240,22 +262,28 @@ class DockerEngine:
         socket_dir.mkdir(mode=0o700)
         write_expiry(socket_dir, time.time() + spec.ttl_seconds)
         try:
-            container_id = self._run_container(spec, sandbox_id, socket_dir, uid, gid)
+            attachment, container_id = self._run_container(spec, sandbox_id, socket_dir, uid, gid)
         except BaseException:
             # Also on Ctrl-C mid-request: the engine may have created the container already.
-            self.destroy(sandbox_id)
+            self.destroy(sandbox_id, network=spec.network)
             raise
+        if attachment.env:
+            spec = spec.model_copy(update={"env": {**spec.env, **attachment.env}})
         sandbox = Sandbox(self, sandbox_id, container_id, socket_dir, spec, uid, gid)
+        sandbox.proxy_url = attachment.proxy_url
         try:
             self._wait_ready(sandbox, ready_timeout)
+            if attachment.proxy_url is not None:
+                self.networks.wait_proxy_ready(sandbox_id)
         except BaseException:
             sandbox.destroy()
             raise
         return sandbox
 
     def _run_container(self, spec: SandboxSpec, sandbox_id: str, socket_dir: Path,
-                       uid: int, gid: int) -> str:
-        """Create and start the container through the low-level API (no extra inspect calls)."""
+                       uid: int, gid: int) -> tuple[Attachment, str]:
+        """Create the sandbox's network (if any), then create and start the container
+        through the low-level API (no extra inspect calls)."""
         now = time.time()
         label_values = {
             labels.MANAGED: "1",
@@ -265,6 +293,18 @@ class DockerEngine:
             labels.EXPIRES: f"{now + spec.ttl_seconds:.0f}",
             labels.SOCKET_DIR: str(socket_dir),
         }
+        hardening: dict[str, Any] = {
+            "init": True,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges:true", f"seccomp={seccomp_profile()}"],
+            "ipc_mode": "private",
+            "privileged": False,
+            "auto_remove": False,
+        }
+        attachment = self.networks.attach(sandbox_id, spec, label_values, {
+            **hardening,
+            "ulimits": [Ulimit(name="nofile", soft=1024, hard=1024), Ulimit(name="core", soft=0, hard=0)],
+        })
         roots = sorted({spec.workdir, "/workspace", "/tmp", HOME, *(m.target for m in spec.mounts)})
         command = ["--socket", AGENT_SOCKET, "--uid", str(uid), "--gid", str(gid), "--workspace", spec.workdir,
                    "--max-concurrent", str(AGENT_MAX_CONCURRENT)]
@@ -286,15 +326,12 @@ class DockerEngine:
         api = self.client.api
         try:
             host_config = api.create_host_config(
-                init=True,
-                cap_drop=["ALL"],
+                **hardening,
                 cap_add=["SETUID", "SETGID", "KILL"],
-                security_opt=["no-new-privileges:true", f"seccomp={seccomp_profile()}"],
                 read_only=True,
                 tmpfs=tmpfs,
                 mounts=mounts,
-                network_mode="none",
-                ipc_mode="private",
+                network_mode=attachment.network_mode,
                 pids_limit=spec.pids + AGENT_PIDS_RESERVE,
                 mem_limit=spec.memory,
                 memswap_limit=spec.memory,
@@ -304,8 +341,6 @@ class DockerEngine:
                     Ulimit(name="core", soft=0, hard=0),
                     Ulimit(name="fsize", soft=spec.fsize, hard=spec.fsize),
                 ],
-                privileged=False,
-                auto_remove=False,
                 # Tool processes raise their own OOM score to the maximum before they exec
                 # (sandbox/spawner.py), so the agent is never the OOM killer's first choice.
                 # (Lowering the agent's score instead needs CAP_SYS_RESOURCE in the daemon,
@@ -331,7 +366,7 @@ class DockerEngine:
         except docker.errors.DockerException as exc:
             self._remove_by_name(f"callbox-{sandbox_id}")
             raise SandboxStartError(f"the Docker engine could not start the sandbox: {_short(exc)}") from None
-        return str(created["Id"])
+        return attachment, str(created["Id"])
 
     def _wait_ready(self, sandbox: Sandbox, timeout: float) -> None:
         """Wait for the agent's socket, then its health check; fail fast if the container dies."""
@@ -370,11 +405,15 @@ class DockerEngine:
     # ---- destroy, list, gc -------------------------------------------------------------------
 
     @_engine_calls
-    def destroy(self, sandbox_id: str) -> None:
-        """Remove the sandbox's container and socket directory; a missing one is not an error."""
+    def destroy(self, sandbox_id: str, *, network: str | None = None) -> list[EgressEvent]:
+        """Remove the sandbox's container, its network and egress proxy (unless ``network``
+        says it has none) and its socket directory; a missing one is not an error. Returns
+        the egress proxy's decisions (also logged)."""
         self._remove_by_name(f"callbox-{sandbox_id}")
+        events = [] if network == "none" else self.networks.detach(sandbox_id)
         shutil.rmtree(self.run_root / sandbox_id, ignore_errors=True)
         self._kept_path(sandbox_id).unlink(missing_ok=True)
+        return events
 
     def _remove_by_name(self, name: str) -> None:
         try:
@@ -390,6 +429,8 @@ class DockerEngine:
         infos = []
         for c in self.client.api.containers(all=True, filters={"label": f"{labels.MANAGED}=1"}):
             lab: dict[str, str] = c.get("Labels") or {}
+            if ROLE in lab:
+                continue  # an egress proxy, not a sandbox
             infos.append(SandboxInfo(
                 sandbox_id=lab.get(labels.SANDBOX_ID, "?"),
                 container_id=c["Id"][:12],
@@ -416,6 +457,8 @@ class DockerEngine:
         live_ids = set()
         for c in containers:
             lab = c.get("Labels") or {}
+            if ROLE in lab:
+                continue  # egress proxies go with their sandbox (networks.gc below)
             sandbox_id = lab.get(labels.SANDBOX_ID, "")
             kept = self._kept_for(lab)
             if kept is not None:
@@ -435,6 +478,10 @@ class DockerEngine:
                 live_ids.add(sandbox_id)
         self._remove_stale_socket_dirs(live_ids)
         self._remove_stale_kept_records(live_ids)
+        try:
+            self.networks.gc(live_ids, self.hostname, now)
+        except docker.errors.DockerException as exc:
+            raise EngineUnavailable(f"cannot clean up sandbox networks: {_short(exc)}") from None
         return removed
 
     def _remove_stale_socket_dirs(self, live_ids: set[str]) -> None:
@@ -593,6 +640,17 @@ def _tool_identity(spec: SandboxSpec) -> tuple[int, int]:
             if st.st_uid != 0:
                 return st.st_uid, st.st_gid
     return TOOL_UID, TOOL_GID
+
+
+def _parse_hosts(text: str) -> dict[str, str]:
+    """``name=ip,name=ip`` (the test-only ``CALLBOX_EGRESS_TEST_HOSTS``)."""
+    hosts = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, address = item.partition("=")
+        if not sep or not name or not address:
+            raise CallboxError(f"CALLBOX_EGRESS_TEST_HOSTS entry {item!r} is not name=ip")
+        hosts[name] = address
+    return hosts
 
 
 def _float(value: str | None) -> float:

@@ -12,7 +12,7 @@ Docker engine; its policy is the server's, tightened by the ``CreateSandbox`` ov
   (``meta = {"door": "grpc", "client": NAME}``), so ``GetRun``/``ListRuns`` keep working
   for the client after a server restart; runs of other doors (CLI, MCP) are not shown.
 * **Overrides only tighten.** ``memory_bytes``, ``cpus``, ``pids``, ``ttl_seconds`` at most
-  the server's; ``network`` only ``none``; ``allowed_tools`` a subset of what the server
+  the server's; ``network`` the server's own or ``none``; ``allowed_tools`` a subset of what the server
   exposes; ``mounts`` only under the server policy's ``allowed_mount_roots`` (checked
   lexically before the host path is even resolved, so a client learns nothing about paths
   outside them; no roots means no client mounts), added to the policy's own mounts;
@@ -274,8 +274,12 @@ def sandbox_policy(policy: Policy, overrides: SandboxOverrides, exposed: Sequenc
         if o.pids > s.pids:
             raise _above("pids", str(o.pids), str(s.pids), "pids")
         updates["pids"] = o.pids
-    if o.network is not None and o.network != "none":
-        raise _denied(f"network: {o.network!r} is looser than this server allows; only 'none' may be asked for")
+    if o.network is not None and o.network != s.network:
+        if o.network != "none":
+            raise _denied(f"network: {o.network!r} is looser than this server allows; "
+                          f"only {s.network!r} or 'none' may be asked for")
+        updates["network"] = "none"
+        updates["allow_hosts"] = ()
     if o.ttl_seconds is not None:
         if o.ttl_seconds > s.ttl_seconds:
             raise _above("ttl_seconds", str(o.ttl_seconds), str(s.ttl_seconds), "ttl_seconds")

@@ -171,9 +171,11 @@ class SandboxSettings(BaseModel):
     pids: int = _spec_default("pids")
     """Maximum number of processes and threads. Default 256."""
     network: Literal["none", "allowlist", "open"] = _spec_default("network")
-    """Network mode; only ``none`` is available in this version."""
+    """Network mode: ``none`` (default), ``allowlist`` (egress through the filtering proxy to
+    ``allow_hosts`` only) or ``open``; anything but ``none`` is logged as loosening."""
     allow_hosts: tuple[str, ...] = ()
-    """Egress allowlist (``HOST[:PORT]``) for ``network = "allowlist"``."""
+    """Egress allowlist (``HOST[:PORT]``, ``*.example.com``) for ``network = "allowlist"``;
+    an entry without a port allows 80 and 443."""
     mounts: tuple[MountSetting, ...] = ()
     """Bind mounts (``[[sandbox.mounts]]``), each read-only unless ``mode = "rw"``."""
     allowed_mount_roots: tuple[Path, ...] | None = None

@@ -104,9 +104,12 @@ class SandboxSpec(BaseModel):
     pids: int = Field(default=256, ge=8, le=65536)
     """Maximum number of processes and threads."""
     network: Literal["none", "allowlist", "open"] = "none"
-    """Network mode; only ``none`` is available in this version."""
+    """Network mode: ``none`` (no network at all), ``allowlist`` (HTTP(S) egress only through
+    callbox's filtering proxy, to the hosts in ``allow_hosts``), ``open`` (a bridge of its own
+    with outside access; the host, other sandboxes and link-local metadata stay unreachable)."""
     allow_hosts: tuple[str, ...] = ()
-    """Egress allowlist for ``network = allowlist``."""
+    """Egress allowlist for ``network = allowlist``: ``HOST[:PORT]`` entries, ``*.example.com``
+    wildcards (subdomains, not the apex), case-insensitive; without a port, 80 and 443."""
     mounts: tuple[Mount, ...] = ()
     """Bind mounts, each read-only unless marked rw."""
     allowed_mount_roots: tuple[Path, ...] | None = None
@@ -143,12 +146,25 @@ class SandboxSpec(BaseModel):
             raise ValueError(f"workdir {value!r} must be an absolute path inside the sandbox")
         return os.path.normpath(value)
 
+    @field_validator("allow_hosts")
+    @classmethod
+    def _allow_hosts_valid(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from sandbox.egress import Allowlist  # the proxy's own parser: one syntax on both sides
+
+        Allowlist.parse(value)
+        return value
+
     @model_validator(mode="after")
-    def _network_available(self) -> SandboxSpec:
-        if self.network != "none":
+    def _network_consistent(self) -> SandboxSpec:
+        if self.network == "allowlist" and not self.allow_hosts:
             raise ValueError(
-                f"network mode {self.network!r} is not available yet: only 'none' is supported "
-                "(allowlist egress through a filtering proxy is planned)"
+                "network 'allowlist' needs at least one allowed host (--allow-host HOST[:PORT], "
+                "or allow_hosts in the policy); with none, use network 'none'"
+            )
+        if self.allow_hosts and self.network != "allowlist":
+            raise ValueError(
+                f"allow_hosts only apply to network 'allowlist', but the network is {self.network!r}; "
+                "set network = 'allowlist' (--network allowlist) or drop the hosts"
             )
         for size_name in ("tmp_size", "workspace_size"):
             size = getattr(self, size_name)
@@ -188,7 +204,9 @@ class SandboxSpec(BaseModel):
         notes = []
         if any(not m.read_only for m in self.mounts):
             notes.append("read-write mount(s): " + ", ".join(m.target for m in self.mounts if not m.read_only))
-        if self.network != "none":
+        if self.network == "allowlist":
+            notes.append(f"network allowlist ({', '.join(self.allow_hosts)})")
+        elif self.network != "none":
             notes.append(f"network {self.network}")
         return notes
 

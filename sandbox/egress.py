@@ -37,7 +37,10 @@ let the connected address through::
     {"ts": 2.0, "event": "close", "sandbox_id": "...", "method": ..., "host": ..., "port": ..., "address": ...,
      "client": ..., "bytes_up": 10, "bytes_down": 20, "duration_s": 1.0}
 
-Exit codes: 0 on SIGTERM/SIGINT, 1 when the listen address cannot be bound, 2 for usage errors.
+With ``--log FILE`` the same lines are also appended to FILE (flushed before the client gets its answer).
+
+Exit codes: 0 on SIGTERM/SIGINT, 1 when the listen address cannot be bound or the log cannot be opened,
+2 for usage errors.
 """
 
 from __future__ import annotations
@@ -245,6 +248,9 @@ class Config:
     head_timeout: float = 30.0
     connect_timeout: float = 10.0
     idle_timeout: float = 300.0
+    log_file: str | None = None
+    """Also append the JSON lines here (the engine reads this file: written before the
+    client gets its answer, unlike container stdout, which the engine sees later)."""
 
 
 @dataclass
@@ -519,6 +525,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument("--allow", action="append", default=[], metavar="HOST[:PORT]",
                         help="allowlist entry, repeatable; without a port: 80 and 443 only")
     parser.add_argument("--test-allow-network", metavar="CIDR", help="TESTS ONLY: exempt CIDR from the address check")
+    parser.add_argument("--log", metavar="FILE", help="also append the JSON lines to FILE")
     args = parser.parse_args(argv)
     try:
         allowlist = Allowlist.parse(args.allow)
@@ -533,7 +540,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
             network = ipaddress.ip_network(args.test_allow_network)
         except ValueError as exc:
             parser.error(f"bad --test-allow-network {args.test_allow_network!r}: {exc}")
-    return Config(listen=(host, int(port_text)), sandbox_id=args.sandbox_id, allowlist=allowlist, test_network=network)
+    return Config(listen=(host, int(port_text)), sandbox_id=args.sandbox_id, allowlist=allowlist, test_network=network,
+                  log_file=args.log)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -548,8 +556,21 @@ def main(argv: list[str] | None = None) -> int:
         literal = _ip(entry.host)
         if literal is not None and (why := check_address(literal, config.test_network).refusal):
             print(f"warning: --allow {entry} is {why}; requests to it will be refused", file=sys.stderr)
+    sinks = [json_lines(sys.stdout)]
+    if config.log_file is not None:
+        try:
+            sinks.append(json_lines(open(config.log_file, "a", buffering=1, encoding="utf-8")))  # noqa: SIM115
+        except OSError as exc:
+            print(f"callbox egress proxy: cannot open the log {config.log_file}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 1
+
+    def log(record: dict[str, object]) -> None:
+        for sink in sinks:
+            sink(record)
+
     try:
-        proxy = EgressProxy(config)
+        proxy = EgressProxy(config, log)
     except OSError as exc:
         print(f"callbox egress proxy: cannot listen on {hostport(*config.listen)}: {exc.strerror or exc}",
               file=sys.stderr)

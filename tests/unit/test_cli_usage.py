@@ -130,11 +130,16 @@ def test_exec_mount_of_a_system_path_is_refused_before_the_engine(capsys: pytest
     assert "system path" in line
 
 
-@pytest.mark.parametrize("network", ["allowlist", "open"])
-def test_exec_network_other_than_none(capsys: pytest.CaptureFixture[str], network: str) -> None:
-    line = _usage_error(capsys, ["exec", "--network", network, "--allow-host", "example.com:443", "--", "true"])
-    assert f"network mode '{network}' is not available" in line
-    assert "only 'none'" in line
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--allow-host", "example.com:443"], "only apply to network 'allowlist'"),
+    (["--network", "open", "--allow-host", "example.com:443"], "only apply to network 'allowlist'"),
+    (["--network", "allowlist"], "needs at least one allowed host"),
+    (["--network", "allowlist", "--allow-host", "*.*.example.com"], "invalid allowlist entry '*.*.example.com'"),
+])
+def test_exec_network_flags_are_checked_before_the_engine(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                          needle: str) -> None:
+    line = _usage_error(capsys, ["exec", *argv, "--", "true"])
+    assert needle in line
     assert "Value error" not in line
     assert "validation error" not in line
 

@@ -172,8 +172,9 @@ def test_unknown_keys_are_refused(text: str, problem: str) -> None:
         ('[sandbox]\ncpus = "two"', "key 'sandbox.cpus' must be a number, got 'two'"),
         ('[sandbox]\nworkdir = "work"', "key 'sandbox.workdir': workdir 'work' must be an absolute path inside "
                                         "the sandbox"),
-        ('[sandbox]\nnetwork = "open"', "sandbox: network mode 'open' is not available yet: only 'none' is "
-                                        "supported (allowlist egress through a filtering proxy is planned)"),
+        ('[sandbox]\nnetwork = "allowlist"', "sandbox: network 'allowlist' needs at least one allowed host "
+                                             "(--allow-host HOST[:PORT], or allow_hosts in the policy); with "
+                                             "none, use network 'none'"),
         ('[sandbox]\ntmp_size = "600m"', "sandbox: tmp_size must be smaller than the memory limit (tmpfs pages "
                                          "count against it)"),
         ('[sandbox.env]\n"BAD NAME" = "x"', "key 'sandbox.env': environment variable name 'BAD NAME' is not valid"),

@@ -315,11 +315,28 @@ def test_too_little_memory_is_refused() -> None:
         SandboxSpec(memory="1m")
 
 
-@pytest.mark.parametrize("network", ["allowlist", "open"])
-def test_other_network_modes_are_refused_saying_only_none_is_available(network: str) -> None:
-    with pytest.raises(ValidationError, match="only 'none' is supported") as info:
-        SandboxSpec(network=network, allow_hosts=("example.com:443",))
-    assert network in str(info.value)
+def test_allowlist_mode_takes_hosts_and_normalises_nothing_away() -> None:
+    spec = SandboxSpec(network="allowlist", allow_hosts=("example.com:443", "*.pypi.org"))
+    assert spec.allow_hosts == ("example.com:443", "*.pypi.org")
+    assert spec.loosened() == ["network allowlist (example.com:443, *.pypi.org)"]
+    assert SandboxSpec(network="open").loosened() == ["network open"]
+
+
+def test_allowlist_mode_without_hosts_is_refused() -> None:
+    with pytest.raises(ValidationError, match="needs at least one allowed host"):
+        SandboxSpec(network="allowlist")
+
+
+@pytest.mark.parametrize("network", ["none", "open"])
+def test_hosts_without_allowlist_mode_are_refused(network: str) -> None:
+    with pytest.raises(ValidationError, match="only apply to network 'allowlist'"):
+        SandboxSpec(network=network, allow_hosts=("example.com",))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("entry", ["", "*", "*bad.example.com", "example.com:99999", "exa mple.com", "bücher.de"])
+def test_malformed_allowlist_entries_are_refused_with_the_proxys_own_parser(entry: str) -> None:
+    with pytest.raises(ValidationError, match="invalid allowlist entry"):
+        SandboxSpec(network="allowlist", allow_hosts=(entry,))
 
 
 def test_unknown_network_mode_is_refused() -> None:

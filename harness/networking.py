@@ -1,0 +1,365 @@
+"""Networks of sandboxes that are not ``network = "none"``: bridges, egress proxy, filters.
+
+* ``open``: the sandbox gets a bridge of its own (``cbx<sandbox id>``), so no other
+  container shares its layer 2; the packet filter (``harness.netfilter``) keeps it from
+  the host and link-local metadata, Docker's isolation chains from other bridges.
+* ``allowlist``: the sandbox's bridge is ``--internal`` (no route out at all). Its only
+  peer is an egress proxy, ``sandbox/egress.py`` run from the same image as a second,
+  equally hardened container (``callbox-egress-<sandbox id>``) that also sits on the
+  shared ``callbox-egress`` bridge (inter-container traffic off) and forwards HTTP and
+  CONNECT requests whose host and port the sandbox's allowlist names, after resolving
+  the name itself and refusing private, loopback, link-local, multicast and unspecified
+  addresses. Tool processes get ``HTTP_PROXY``/``HTTPS_PROXY`` pointing at it; a client
+  that ignores them reaches nothing, and DNS inside the sandbox resolves no outside name.
+  The proxy prints one JSON line per decision; the engine reads them back
+  (``egress_events``) for the log and the audit store.
+
+Everything created here carries the sandbox's labels, so ``gc`` finds what a killed
+harness left behind. Test-only override: ``egress_test_network`` (environment variable
+``CALLBOX_EGRESS_TEST_NETWORK``, one CIDR) lets the proxy reach that one private network,
+and ``egress_test_hosts`` (``CALLBOX_EGRESS_TEST_HOSTS="name=ip,..."``, addresses inside
+that network) gives the proxy names for it. Both exist for the test suite's own servers,
+are logged as warnings on every use, and must never be set in production.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from docker.types import Mount as DockerMount
+
+from harness import labels
+from harness.errors import CallboxError, ImageNotFound, SandboxStartError
+from harness.netfilter import BRIDGE_PREFIX, PacketFilter
+from harness.spec import SandboxSpec
+
+log = logging.getLogger("callbox.network")
+egress_log = logging.getLogger("callbox.egress")
+
+ROLE = "callbox.role"
+"""Label telling callbox's helper objects apart from sandboxes: ``egress-proxy``,
+``sandbox-network``, ``egress-network``."""
+EGRESS_NETWORK = "callbox-egress"
+EGRESS_BRIDGE = f"{BRIDGE_PREFIX}egress"
+PROXY_PORT = 3128
+PROXY_UID = 65534
+PROXY_SCRIPT = "/opt/callbox/lib/sandbox/egress.py"
+PROXY_LOG_DIR = "/var/log/callbox-egress"
+EVENTS_FILE = "events.jsonl"
+"""The proxy appends its JSON lines here (host side: ``<run root>/egress/<sandbox id>/``)."""
+PROXY_MEMORY = 128 << 20
+PROXY_PIDS = 256
+PROXY_READY_TIMEOUT_S = 15.0
+NO_PROXY = "localhost,127.0.0.1,::1"
+CREATION_GRACE_S = 120.0
+"""gc spares a sandbox's network and proxy this long while its (live) creator starts the sandbox."""
+
+
+def network_name(sandbox_id: str) -> str:
+    return f"callbox-net-{sandbox_id}"
+
+
+def proxy_name(sandbox_id: str) -> str:
+    return f"callbox-egress-{sandbox_id}"
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """How a sandbox container joins its network."""
+
+    network_mode: str
+    """``none`` or the name of the sandbox's own network."""
+    env: Mapping[str, str]
+    """Environment for tool processes (the proxy variables in allowlist mode)."""
+    proxy_url: str | None = None
+
+
+@dataclass(frozen=True)
+class EgressEvent:
+    """One connection the egress proxy allowed or refused (a line of its log)."""
+
+    sandbox_id: str
+    ts: float
+    decision: str
+    method: str
+    host: str
+    port: int
+    address: str | None
+    reason: str | None
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def parse(cls, sandbox_id: str, line: str) -> EgressEvent | None:
+        try:
+            data = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or data.get("event", "decision") != "decision" or "decision" not in data:
+            return None
+        return cls(
+            sandbox_id=sandbox_id, ts=float(data.get("ts") or 0.0), decision=str(data["decision"]),
+            method=str(data.get("method") or ""), host=str(data.get("host") or ""), port=int(data.get("port") or 0),
+            address=None if data.get("address") is None else str(data["address"]),
+            reason=None if data.get("reason") is None else str(data["reason"]), raw=data,
+        )
+
+
+class SandboxNetworks:
+    """Creates and removes the networks and egress proxies of networked sandboxes."""
+
+    def __init__(self, client: docker.DockerClient, packet_filter: PacketFilter, log_root: Path, *,
+                 test_network: str | None = None, test_hosts: Mapping[str, str] | None = None) -> None:
+        self.client = client
+        self.log_root = log_root
+        """One directory per proxy, mounted into it for its event log."""
+        self.packet_filter = packet_filter
+        self.test_network = _check_test_override(test_network, test_hosts or {})
+        self.test_hosts = dict(test_hosts or {})
+
+    # ---- create ----------------------------------------------------------------------------
+
+    def attach(self, sandbox_id: str, spec: SandboxSpec, base_labels: Mapping[str, str],
+               hardening: Mapping[str, Any]) -> Attachment:
+        """Create what ``spec.network`` needs; the caller removes it with ``detach`` on failure."""
+        if spec.network == "none":
+            return Attachment("none", {})
+        net_labels = {**base_labels, ROLE: "sandbox-network"}
+        with self.packet_filter.locked():
+            self.packet_filter.ensure()
+            self._create_network(network_name(sandbox_id), f"{BRIDGE_PREFIX}{sandbox_id}", net_labels,
+                                 internal=spec.network == "allowlist")
+            if spec.network == "allowlist":
+                self._ensure_egress_network(base_labels)
+                address = self._start_proxy(sandbox_id, spec, base_labels, hardening)
+        if spec.network == "open":
+            return Attachment(network_name(sandbox_id), {})
+        url = f"http://{address}:{PROXY_PORT}"
+        env = {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
+               "NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY}
+        return Attachment(network_name(sandbox_id), env, url)
+
+    def wait_proxy_ready(self, sandbox_id: str, timeout: float = PROXY_READY_TIMEOUT_S) -> None:
+        """Wait until the proxy reports it listens (it starts while the sandbox does)."""
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        api = self.client.api
+        while True:
+            try:
+                state = api.inspect_container(proxy_name(sandbox_id))["State"]
+                err = api.logs(proxy_name(sandbox_id), stdout=False, stderr=True).decode("utf-8", "replace")
+            except docker.errors.DockerException as exc:
+                raise SandboxStartError(f"the egress proxy of sandbox {sandbox_id} is gone: {exc}") from None
+            if "listening" in err:
+                return
+            if not state.get("Running") or time.monotonic() >= deadline:
+                raise SandboxStartError(
+                    f"the egress proxy of sandbox {sandbox_id} did not start: {err.strip()[-500:] or 'no output'}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def _create_network(self, name: str, bridge: str, net_labels: Mapping[str, str], *, internal: bool,
+                        icc: bool = True) -> None:
+        options = {"com.docker.network.bridge.name": bridge}
+        if not icc:
+            options["com.docker.network.bridge.enable_icc"] = "false"
+        try:
+            self.client.api.create_network(name, driver="bridge", internal=internal, options=options,
+                                           labels=dict(net_labels), check_duplicate=True)
+        except docker.errors.APIError as exc:
+            text = str(exc)
+            if "non-overlapping" in text or "address pool" in text:
+                raise SandboxStartError(
+                    "the Docker engine has no free address pool for another sandbox network (each networked "
+                    "sandbox gets its own bridge); remove unused networks (`callbox gc`, `docker network prune`) "
+                    'or give dockerd more, smaller pools, e.g. "default-address-pools": '
+                    '[{"base": "10.213.0.0/16", "size": 28}] in /etc/docker/daemon.json'
+                ) from None
+            raise SandboxStartError(f"the Docker engine could not create network {name}: {_short(exc)}") from None
+
+    def _ensure_egress_network(self, base_labels: Mapping[str, str]) -> None:
+        if self.client.api.networks(names=[EGRESS_NETWORK]):
+            return
+        egress_labels = {labels.MANAGED: "1", ROLE: "egress-network"}
+        self._create_network(EGRESS_NETWORK, EGRESS_BRIDGE, egress_labels, internal=False, icc=False)
+
+    def _start_proxy(self, sandbox_id: str, spec: SandboxSpec, base_labels: Mapping[str, str],
+                     hardening: Mapping[str, Any]) -> str:
+        api = self.client.api
+        log_dir = self.log_root / sandbox_id
+        self.log_root.mkdir(parents=True, mode=0o700, exist_ok=True)
+        log_dir.mkdir(mode=0o700)
+        os.chown(log_dir, PROXY_UID, PROXY_UID)
+        command = ["--listen", f"0.0.0.0:{PROXY_PORT}", "--sandbox-id", sandbox_id,
+                   "--log", f"{PROXY_LOG_DIR}/{EVENTS_FILE}"]
+        for entry in spec.allow_hosts:
+            command += ["--allow", entry]
+        if self.test_network is not None:
+            log.warning("TEST-ONLY egress override: the proxy of sandbox %s may reach %s (hosts %s)",
+                        sandbox_id, self.test_network, self.test_hosts)
+            command += ["--test-allow-network", self.test_network]
+        net = network_name(sandbox_id)
+        host_config = api.create_host_config(
+            **hardening,
+            network_mode=net,
+            read_only=True,
+            mounts=[DockerMount(PROXY_LOG_DIR, str(log_dir), type="bind", propagation="rprivate")],
+            pids_limit=PROXY_PIDS,
+            mem_limit=PROXY_MEMORY,
+            memswap_limit=PROXY_MEMORY,
+            nano_cpus=int(min(spec.cpus, 1.0) * 1e9),
+            extra_hosts=self.test_hosts or None,
+        )
+        try:
+            created = api.create_container(
+                spec.image, entrypoint=["/usr/bin/python3", "-I", "-S", PROXY_SCRIPT], command=command,
+                name=proxy_name(sandbox_id), hostname="egress", user=f"{PROXY_UID}:{PROXY_UID}",
+                environment={}, labels={**base_labels, ROLE: "egress-proxy"}, host_config=host_config,
+            )
+            api.connect_container_to_network(created["Id"], EGRESS_NETWORK)
+            api.start(created["Id"])
+            networks = api.inspect_container(created["Id"])["NetworkSettings"]["Networks"]
+        except docker.errors.ImageNotFound:
+            raise ImageNotFound(
+                f"image {spec.image} not found locally; build it with `callbox image build` "
+                "(there is no registry to pull from)"
+            ) from None
+        except docker.errors.DockerException as exc:
+            raise SandboxStartError(f"the Docker engine could not start the egress proxy: {_short(exc)}") from None
+        address = str((networks.get(net) or {}).get("IPAddress") or "")
+        if not address:
+            raise SandboxStartError(f"the egress proxy of sandbox {sandbox_id} got no address on {net}")
+        return address
+
+    # ---- events ----------------------------------------------------------------------------
+
+    def egress_events(self, sandbox_id: str, *, skip: int = 0) -> list[EgressEvent]:
+        """The proxy's decisions so far, after the first ``skip``. The proxy writes each one
+        before it answers the client, so a call's decisions are all here when it returns."""
+        try:
+            raw = (self.log_root / sandbox_id / EVENTS_FILE).read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            log.warning("cannot read the egress log of sandbox %s: %s", sandbox_id, exc)
+            return []
+        lines = raw.splitlines() if raw.endswith("\n") else raw.splitlines()[:-1]  # never half a line
+        events = [e for line in lines if (e := EgressEvent.parse(sandbox_id, line)) is not None]
+        return events[skip:]
+
+    # ---- remove ----------------------------------------------------------------------------
+
+    def detach(self, sandbox_id: str) -> list[EgressEvent]:
+        """Remove the sandbox's proxy and network (after its container); return the proxy's
+        decisions, each also written to the ``callbox.egress`` log."""
+        events = self.egress_events(sandbox_id)
+        for event in events:
+            egress_log.info("sandbox %s egress %s %s %s:%s%s", sandbox_id, event.decision, event.method,
+                            event.host, event.port, f" ({event.reason})" if event.reason else "")
+        self._remove_container(proxy_name(sandbox_id))
+        self._remove_network(network_name(sandbox_id))
+        shutil.rmtree(self.log_root / sandbox_id, ignore_errors=True)
+        if self._egress_network_exists():
+            with self.packet_filter.locked():
+                self._remove_egress_network_if_unused()
+        return events
+
+    def gc(self, live_ids: set[str], hostname: str, now: float) -> None:
+        """Remove proxies and networks whose sandbox is gone; the packet filter when no
+        callbox network is left."""
+        api = self.client.api
+        kept = set(live_ids)
+        for c in api.containers(all=True, filters={"label": f"{ROLE}=egress-proxy"}):
+            lab = c.get("Labels") or {}
+            if _stale(lab, live_ids, hostname, now):
+                self._remove_container(c["Id"])
+            else:
+                kept.add(lab.get(labels.SANDBOX_ID, ""))
+        if self.log_root.is_dir():
+            for entry in self.log_root.iterdir():
+                if entry.name not in kept and now - entry.stat().st_mtime > CREATION_GRACE_S:
+                    shutil.rmtree(entry, ignore_errors=True)
+        with self.packet_filter.locked():
+            for n in api.networks(filters={"label": f"{ROLE}=sandbox-network"}):
+                if _stale(n.get("Labels") or {}, live_ids, hostname, now):
+                    self._remove_network(n["Id"])
+            self._remove_egress_network_if_unused()
+            if not api.networks(filters={"label": labels.MANAGED}) and self.packet_filter.installed():
+                self.packet_filter.remove()
+                log.info("removed the callbox packet filter (no sandbox network left)")
+
+    def _egress_network_exists(self) -> bool:
+        return bool(self.client.api.networks(names=[EGRESS_NETWORK]))
+
+    def _remove_egress_network_if_unused(self) -> None:
+        api = self.client.api
+        for n in api.networks(names=[EGRESS_NETWORK]):
+            try:
+                if not api.inspect_network(n["Id"]).get("Containers"):
+                    api.remove_network(n["Id"])
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                log.info("egress network kept: %s", _short(exc))
+
+    def _remove_container(self, name: str) -> None:
+        try:
+            self.client.api.remove_container(name, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:
+                raise
+
+    def _remove_network(self, name: str) -> None:
+        try:
+            self.client.api.remove_network(name)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            log.warning("could not remove network %s (gc retries): %s", name, _short(exc))
+
+
+def _stale(lab: Mapping[str, str], live_ids: set[str], hostname: str, now: float) -> bool:
+    """Whether a proxy or network (labelled like its sandbox) outlived its sandbox. Both are
+    created before the sandbox's container, so a young one whose creator lives is spared."""
+    if lab.get(labels.SANDBOX_ID, "") in live_ids:
+        return False
+    values = dict(lab)
+    if labels.is_expired(values, now) or labels.is_orphaned(values, hostname):
+        return True
+    try:
+        return now - float(values.get(labels.CREATED, "0")) > CREATION_GRACE_S
+    except ValueError:
+        return True
+
+
+def _check_test_override(network: str | None, hosts: Mapping[str, str]) -> str | None:
+    if network is None:
+        if hosts:
+            raise CallboxError("egress test hosts need the egress test network they live in")
+        return None
+    try:
+        parsed = ipaddress.ip_network(network, strict=True)
+    except ValueError as exc:
+        raise CallboxError(f"egress test network {network!r} is not a CIDR network: {exc}") from None
+    for name, address in hosts.items():
+        if ipaddress.ip_address(address) not in parsed:
+            raise CallboxError(f"egress test host {name}={address} is outside the test network {network}")
+    return str(parsed)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
