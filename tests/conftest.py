@@ -60,3 +60,29 @@ def make_sandbox(engine) -> Iterator[Callable[..., object]]:  # type: ignore[no-
 @pytest.fixture
 def sandbox(make_sandbox):  # type: ignore[no-untyped-def]
     return make_sandbox()
+
+
+@pytest.fixture(scope="session")
+def destination():  # type: ignore[no-untyped-def]
+    """Servers in a network namespace this test session owns (see tests/netdest.py): the
+    only place network tests may send traffic to."""
+    from tests.netdest import Destination
+
+    if os.geteuid() != 0:
+        _unavailable("network tests need root (a network namespace and callbox's packet filter)")
+    with Destination() as dest:
+        yield dest
+
+
+DEST_HOSTS = {"dest.callbox.test": "198.18.77.2", "api.callbox.test": "198.18.77.2"}
+"""Names the egress proxy of ``net_engine`` resolves to the test destination."""
+
+
+@pytest.fixture(scope="session")
+def net_engine(engine, destination):  # type: ignore[no-untyped-def]
+    """An engine whose egress proxies may reach the test destination's network, and only
+    that private network (the documented test-only override)."""
+    from harness.docker_engine import DockerEngine
+
+    return DockerEngine(engine.client, run_root=engine.run_root, reap_on_start=False,
+                        egress_test_network=destination.network, egress_test_hosts=DEST_HOSTS)

@@ -26,7 +26,6 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import pydantic
 import pytest
 
 from harness.spec import SandboxSpec
@@ -596,12 +595,7 @@ if ARCH == "x86_64":
 # ---- network ------------------------------------------------------------------------------------
 
 
-def test_network_none_is_the_only_mode_a_sandbox_can_get():
-    # "unreachable in every network mode": today there is one; the others are refused up front
-    for mode in ("allowlist", "open"):
-        with pytest.raises(pydantic.ValidationError, match="not available yet"):
-            SandboxSpec(image=IMAGE, network=mode)
-    assert SandboxSpec(image=IMAGE).network == "none"
+# Network "none" here; "open" and "allowlist" in test_network_isolation.py.
 
 
 def test_metadata_address_is_unreachable(box):
