@@ -45,7 +45,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -442,6 +442,22 @@ _CHECKPOINTS_TABLE = """CREATE TABLE IF NOT EXISTS checkpoints (
     owner   TEXT NOT NULL,
     state   TEXT NOT NULL
 )"""
+_EGRESS_TABLE = """CREATE TABLE IF NOT EXISTS egress (
+    id          INTEGER PRIMARY KEY,
+    run_id      TEXT NOT NULL REFERENCES runs(id),
+    call_id     TEXT,
+    sandbox_id  TEXT NOT NULL,
+    ts          REAL NOT NULL,
+    decision    TEXT NOT NULL,
+    method      TEXT,
+    host        TEXT,
+    port        INTEGER,
+    address     TEXT,
+    reason      TEXT,
+    record      TEXT NOT NULL
+)"""
+"""One row per connection the egress proxy of an ``allowlist`` sandbox allowed or refused;
+``call_id`` is the call during which it was seen (NULL: between calls or at the end)."""
 PAUSED_REASON = "approval_pending"
 """The ``end_reason`` a run has while it is paused with a checkpoint."""
 
@@ -830,6 +846,44 @@ class AuditStore:
                 raise AuditError(f"run {run_id} already ended ({reason}); it cannot be paused")
 
         self._write(body)
+
+    def record_egress(self, run_id: str, call_id: str | None, sandbox_id: str,
+                      records: Iterable[Mapping[str, Any]]) -> int:
+        """Store egress proxy decisions (its JSON records: ts, decision, method, host, port,
+        address, reason) for ``run_id``; returns how many were stored."""
+        rows = [
+            (run_id, call_id, sandbox_id, float(r.get("ts") or 0.0), str(r.get("decision") or "?"),
+             r.get("method"), r.get("host"), r.get("port"), r.get("address"), r.get("reason"),
+             json.dumps(dict(r), sort_keys=True))
+            for r in records
+        ]
+        if not rows:
+            return 0
+
+        def body(c: sqlite3.Connection) -> None:
+            c.execute(_EGRESS_TABLE)
+            c.executemany(
+                "INSERT INTO egress (run_id, call_id, sandbox_id, ts, decision, method, host, port, address, "
+                "reason, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows,
+            )
+
+        self._write(body)
+        return len(rows)
+
+    def egress(self, run_id: str) -> list[dict[str, Any]]:
+        """The egress decisions recorded for ``run_id``, oldest first."""
+
+        def body(c: sqlite3.Connection) -> Any:
+            exists = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'egress'"
+            if c.execute(exists).fetchone() is None:
+                return []
+            return c.execute(
+                "SELECT call_id, sandbox_id, ts, decision, method, host, port, address, reason FROM egress "
+                "WHERE run_id = ? ORDER BY ts, id", (run_id,),
+            ).fetchall()
+
+        names = ("call_id", "sandbox_id", "ts", "decision", "method", "host", "port", "address", "reason")
+        return [dict(zip(names, row, strict=True)) for row in self._read(body)]
 
     def load_checkpoint(self, run_id: str) -> CheckpointRecord | None:
         """The saved checkpoint of ``run_id`` (paused or already claimed), or None."""

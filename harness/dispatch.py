@@ -120,8 +120,21 @@ class Harness:
     def close(self) -> None:
         with self._sandbox_lock:
             if self._sandbox is not None:
+                self._record_egress(None)
                 self._sandbox.destroy()
                 self._sandbox = None
+
+    def _record_egress(self, call_id: str | None) -> None:
+        """Put the egress proxy's new decisions (allowlist sandboxes) into the audit store,
+        attributed to ``call_id``."""
+        sandbox = self._sandbox
+        if sandbox is None or sandbox.spec.network != "allowlist":
+            return
+        try:
+            events = sandbox.new_egress_events()
+            self.audit.record_egress(self.run_id, call_id, sandbox.id, [e.raw for e in events])
+        except CallboxError as error:  # the call's result matters more than its audit trail
+            log.error("could not record the egress decisions of sandbox %s: %s", sandbox.id, error.message)
 
     def __enter__(self) -> Harness:
         return self
@@ -246,6 +259,7 @@ class Harness:
         started = time.monotonic()
         output = self._run_handler(tool, ctx, args)
         duration_ms = (time.monotonic() - started) * 1000
+        self._record_egress(call.call_id)
         shaped = bound_text(output.text, budgets.max_output_bytes)
         result = ToolResult(
             call_id=call.call_id, text=shaped.text, is_error=output.is_error, error=output.error,

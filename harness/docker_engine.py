@@ -599,6 +599,8 @@ class DockerEngine:
         spec = SandboxSpec.model_validate(kept.spec)
         sandbox = Sandbox(self, sandbox_id, kept.container_id, Path(kept.socket_dir), spec, kept.tool_uid,
                           kept.tool_gid)
+        sandbox.proxy_url = spec.env.get("HTTP_PROXY") if spec.network == "allowlist" else None
+        sandbox.new_egress_events()  # decisions before this attach belong to the earlier process
         try:
             healthy = sandbox.agent.health(timeout=ready_timeout) == SERVING
         except AgentCallError as exc:

@@ -188,3 +188,28 @@ def test_egress_events_are_json_lines_with_the_sandbox_id(make_box):
     raw = box.engine.client.api.logs(proxy_name(box.id), stdout=True, stderr=False).decode()
     lines = [json.loads(line) for line in raw.splitlines()]
     assert lines and all(line["sandbox_id"] == box.id for line in lines)
+
+
+def test_the_harness_records_every_egress_decision_in_the_audit_store(net_engine, tmp_path):
+    from harness.audit import AuditStore
+    from harness.calls import ToolCall
+    from harness.dispatch import Harness
+    from harness.policy import Policy
+    from harness.registry import ToolRegistry
+    from harness.tools.bash import BASH
+
+    spec = SandboxSpec(image=IMAGE, network="allowlist", allow_hosts=("dest.callbox.test:8080",))
+    with AuditStore(tmp_path / "audit.sqlite3") as audit:
+        with Harness(ToolRegistry([BASH]), Policy(), audit, spec=spec, engine_factory=lambda: net_engine) as harness:
+            ok = harness.call(ToolCall("bash", {"command": f"curl -sS -m 10 http://dest.callbox.test:{HTTP_PORT}/a"},
+                                       "c1"))
+            assert ok.text == f"{BANNER} /a connection=close", ok.text
+            refused = harness.call(ToolCall("bash", {"command": "curl -sS -m 10 http://evil.callbox.test/"}, "c2"))
+            assert "refused evil.callbox.test:80" in refused.text
+            sandbox_id = harness.active_sandbox.id  # type: ignore[union-attr]
+        rows = audit.egress(harness.run_id)
+    assert [(r["call_id"], r["decision"], r["host"], r["port"], r["sandbox_id"]) for r in rows] == [
+        ("c1", "allow", "dest.callbox.test", HTTP_PORT, sandbox_id),
+        ("c2", "deny", "evil.callbox.test", 80, sandbox_id),
+    ]
+    assert rows[0]["address"] == "198.18.77.2" and rows[1]["reason"]
