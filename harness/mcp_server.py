@@ -156,12 +156,22 @@ PROGRESS_MESSAGE_MAX = 4096
 """Bytes of new output one progress notification carries (the newest; older ones are dropped)."""
 
 INSTRUCTIONS = (
-    "Tools run in a disposable, hardened Linux sandbox (a Docker container without network). "
+    "Tools run in a disposable, hardened Linux sandbox (a Docker container {network}). "
     "Each MCP session has its own sandbox: files written by one call are there for the next, "
     "and everything is deleted when the session ends. A call that needs a person's approval "
     "returns an error result naming the approval id; once it is approved "
     "(`callbox approvals approve ID`), send exactly the same call again and it runs once."
 )
+
+
+def instructions(spec: SandboxSpec) -> str:
+    """INSTRUCTIONS with the sandbox's network stated truthfully."""
+    network = {
+        "none": "without network",
+        "allowlist": "whose only network access is HTTP(S) through a proxy to: " + ", ".join(spec.allow_hosts),
+        "open": "with outside network access, but not to the host or link-local metadata",
+    }[spec.network]
+    return INSTRUCTIONS.format(network=network)
 
 SessionScope = Literal["process", "connection"]
 
@@ -565,7 +575,7 @@ class _McpProtocol:
         return types.DiscoverResult(
             supported_versions=list(HANDSHAKE_PROTOCOL_VERSIONS),
             capabilities=self.server.get_capabilities(),
-            instructions=INSTRUCTIONS,
+            instructions=instructions(self.service.spec),
         )
 
     async def refuse_sessionless(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
@@ -604,7 +614,7 @@ def build_mcp_server(
         version=_version(),
         title="callbox",
         description="Sandboxed tool execution: shell, bash, file and patch tools in a disposable container",
-        instructions=INSTRUCTIONS,
+        instructions=instructions(service.spec),
         on_list_tools=protocol.list_tools,
         on_call_tool=protocol.call_tool,
     )
