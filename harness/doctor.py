@@ -149,6 +149,10 @@ class Evidence:
     """callbox's own seccomp profile (compact JSON), to recognise it in SecurityOpt."""
     engine_sockets: tuple[str, ...] = ()
     """Host paths of the engine's socket besides the well-known names."""
+    packet_filter_problem: str | None = None
+    """Why networked sandboxes would be refused here (``PacketFilter.problem``); None: they work."""
+    remote_engine: bool = False
+    """The engine is not on this host, so its packet filter cannot be checked from here."""
 
 
 def _result(check_id: str, title: str, scope: Scope) -> Callable[[Status, str], CheckResult]:
@@ -748,8 +752,20 @@ def check_oom_counter(info: Mapping[str, Any], probe: Probe | None) -> CheckResu
                         "so an OOM kill is reported as a plain SIGKILL (exit 137) without oom_killed")
 
 
+def check_packet_filter(problem: str | None, remote_engine: bool) -> CheckResult:
+    make = _result("host.netfilter", "networked sandboxes can be filtered", "host")
+    if remote_engine:
+        return make("WARN", "the engine is on another host: callbox cannot install its packet filter there, so "
+                            "network modes other than 'none' are refused")
+    if problem is not None:
+        return make("WARN", f"network modes other than 'none' will be refused: {problem}")
+    return make("PASS", "iptables and Docker's DOCKER-USER chain are there: allowlist and open sandboxes get "
+                        "filters that keep them from the host, each other and link-local metadata")
+
+
 def host_checks(ev: Evidence) -> list[CheckResult]:
-    return [check_seccomp_available(ev.info), check_cgroup_limits(ev.info), check_oom_counter(ev.info, ev.probe)]
+    return [check_seccomp_available(ev.info), check_cgroup_limits(ev.info), check_oom_counter(ev.info, ev.probe),
+            check_packet_filter(ev.packet_filter_problem, ev.remote_engine)]
 
 
 def run_checks(ev: Evidence) -> list[CheckResult]:
@@ -839,6 +855,7 @@ def gather(engine: DockerEngine) -> Evidence:
 
     from harness.docker_engine import seccomp_profile
     from harness.errors import EngineUnavailable
+    from harness.networking import engine_is_local
     from harness.spec import SandboxSpec
 
     client = engine.client
@@ -863,4 +880,6 @@ def gather(engine: DockerEngine) -> Evidence:
         probe=probe, runc_cli=_runc_cli() if needs_cli and _local_engine() else None,
         runc_changelog=_read_runc_changelog(), expected_seccomp=seccomp_profile(),
         engine_sockets=(_engine_socket(),),
+        packet_filter_problem=engine.networks.packet_filter.problem() if engine_is_local(client) else None,
+        remote_engine=not engine_is_local(client),
     )

@@ -105,6 +105,17 @@ class PacketFilter:
         if self.ip6tables is not None and self._works(self.ip6tables):
             self._ensure(self.ip6tables, ipv6_rules(), docker_user=False)
 
+    def problem(self) -> str | None:
+        """Why networked sandboxes would be refused on this host, or None when the filter
+        can be installed (root, iptables, Docker's DOCKER-USER chain). Installs nothing."""
+        try:
+            binary = self._require()
+        except PacketFilterUnavailable as exc:
+            return exc.message
+        if self._run(binary, ["-n", "-L", DOCKER_USER], check=False).returncode != 0:
+            return "Docker's DOCKER-USER chain is missing (the daemon runs with iptables disabled)"
+        return None
+
     def installed(self) -> bool:
         """Whether every IPv4 rule is in place (``callbox doctor`` and tests use this)."""
         if self.iptables is None:

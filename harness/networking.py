@@ -41,7 +41,7 @@ from docker.types import Mount as DockerMount
 
 from harness import labels
 from harness.errors import CallboxError, ImageNotFound, SandboxStartError
-from harness.netfilter import BRIDGE_PREFIX, PacketFilter
+from harness.netfilter import BRIDGE_PREFIX, PacketFilter, PacketFilterUnavailable
 from harness.spec import SandboxSpec
 
 log = logging.getLogger("callbox.network")
@@ -134,6 +134,11 @@ class SandboxNetworks:
         """Create what ``spec.network`` needs; the caller removes it with ``detach`` on failure."""
         if spec.network == "none":
             return Attachment("none", {})
+        if not engine_is_local(self.client):
+            raise PacketFilterUnavailable(
+                f"network mode {spec.network!r} needs callbox's packet filter on the engine's host, but the engine "
+                f"is remote ({self.client.api.base_url}); run the harness on the engine's host or use --network none"
+            )
         net_labels = {**base_labels, ROLE: "sandbox-network"}
         with self.packet_filter.locked():
             self.packet_filter.ensure()
@@ -329,6 +334,12 @@ class SandboxNetworks:
             pass
         except docker.errors.APIError as exc:
             log.warning("could not remove network %s (gc retries): %s", name, _short(exc))
+
+
+def engine_is_local(client: docker.DockerClient) -> bool:
+    """Whether the engine listens on a unix socket of this host (so its containers' traffic
+    passes this host's packet filter)."""
+    return str(client.api.base_url) == "http+docker://localhost"
 
 
 def _stale(lab: Mapping[str, str], live_ids: set[str], hostname: str, now: float) -> bool:

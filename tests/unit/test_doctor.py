@@ -622,3 +622,13 @@ def test_read_daemon_config(tmp_path, monkeypatch):
 def test_doctor_usage_errors_exit_2(capsys):
     assert main(["doctor", "--verbose-please"]) == 2
     assert "callbox: unrecognized arguments" in capsys.readouterr().err
+
+
+def test_packet_filter_check() -> None:
+    from harness.doctor import check_packet_filter
+
+    assert check_packet_filter(None, False).status == "PASS"
+    refused = check_packet_filter("this harness runs as uid 1000", False)
+    assert refused.status == "WARN" and "will be refused: this harness runs as uid 1000" in refused.reason
+    remote = check_packet_filter(None, True)
+    assert remote.status == "WARN" and "another host" in remote.reason
