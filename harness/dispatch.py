@@ -118,11 +118,14 @@ class Harness:
             return sandbox
 
     def close(self) -> None:
+        """Destroy the run's sandbox. If that fails (EngineUnavailable: the engine went away)
+        the sandbox is forgotten all the same; gc removes it once it stopped or expired, or
+        this process is gone."""
         with self._sandbox_lock:
             if self._sandbox is not None:
                 self._record_egress(None)
-                self._sandbox.destroy()
-                self._sandbox = None
+                sandbox, self._sandbox = self._sandbox, None
+                sandbox.destroy()
 
     def _record_egress(self, call_id: str | None) -> None:
         """Put the egress proxy's new decisions (allowlist sandboxes) into the audit store,
