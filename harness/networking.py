@@ -59,7 +59,8 @@ PROXY_LOG_DIR = "/var/log/callbox-egress"
 EVENTS_FILE = "events.jsonl"
 """The proxy appends its JSON lines here (host side: ``<run root>/egress/<sandbox id>/``)."""
 PROXY_MEMORY = 128 << 20
-PROXY_PIDS = 256
+PROXY_PIDS = 512
+"""Two threads per open connection (at most 128) and a margin."""
 PROXY_READY_TIMEOUT_S = 15.0
 NO_PROXY = "localhost,127.0.0.1,::1"
 CREATION_GRACE_S = 120.0
