@@ -24,6 +24,7 @@ are logged as warnings on every use, and must never be set in production.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import logging
@@ -205,7 +206,7 @@ class SandboxNetworks:
         api = self.client.api
         log_dir = self.log_root / sandbox_id
         self.log_root.mkdir(parents=True, mode=0o700, exist_ok=True)
-        log_dir.mkdir(mode=0o700)
+        log_dir.mkdir(mode=0o700, parents=True)  # parents: another detach may just have removed the root
         os.chown(log_dir, PROXY_UID, PROXY_UID)
         command = ["--listen", f"0.0.0.0:{PROXY_PORT}", "--sandbox-id", sandbox_id,
                    "--log", f"{PROXY_LOG_DIR}/{EVENTS_FILE}"]
@@ -276,6 +277,8 @@ class SandboxNetworks:
         self._remove_container(proxy_name(sandbox_id))
         self._remove_network(network_name(sandbox_id))
         shutil.rmtree(self.log_root / sandbox_id, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.log_root.rmdir()  # only when it is empty: the last proxy's log is gone
         if self._egress_network_exists():
             with self.packet_filter.locked():
                 self._remove_egress_network_if_unused()

@@ -13,6 +13,9 @@ destroy cycles on a small thread pool, each cycle picking one of these at random
   the same way);
 - ``no_call``: create and destroy.
 
+One cycle in ten runs its sandbox with ``network = "open"`` or ``"allowlist"`` (nothing is
+sent over it), so per-sandbox networks, egress proxies and their logs are checked too.
+
 The choices come from a seeded RNG (the seed is printed; CALLBOX_SOAK_SEED replays one),
 one per cycle, so a run is reproducible whatever the thread scheduling. Every failure
 inside a cycle must be the structured error its outcome expects; anything else is counted
@@ -49,6 +52,7 @@ from harness.agent_client import SANDBOX_GONE
 from harness.docker_engine import DockerEngine, Sandbox
 from harness.errors import AgentCallError, CallboxError
 from harness.exec_result import collect
+from harness.networking import EGRESS_NETWORK
 from harness.spec import SandboxSpec
 from tests.conftest import IMAGE
 from tests.integration.helpers import callbox
@@ -108,8 +112,15 @@ def _gone_within(box: Sandbox, pid: str, seconds: float) -> None:
         time.sleep(0.02)
 
 
+NETWORKS = {"open": {"network": "open"}, "allowlist": {"network": "allowlist", "allow_hosts": ("example.com",)}}
+"""One cycle in ten runs in a networked mode (its bridge, and for allowlist its egress proxy,
+must go too); none of them sends a packet anywhere."""
+
+
 def _cycle(engine: DockerEngine, outcome: str, rng: random.Random) -> Sandbox:
-    box = engine.create(SandboxSpec(image=IMAGE, memory="128m", pids=64, ttl_seconds=600))
+    draw = rng.random()
+    network: dict[str, object] = NETWORKS["open"] if draw < 0.05 else NETWORKS["allowlist"] if draw < 0.1 else {}
+    box = engine.create(SandboxSpec(image=IMAGE, memory="128m", pids=64, ttl_seconds=600, **network))
     try:
         api = engine.client.api
         if outcome == "call":
@@ -244,6 +255,7 @@ def test_lifecycle_soak(soak_engine: DockerEngine, capsys: pytest.CaptureFixture
                 if (n.get("Labels") or {}).get(labels.SANDBOX_ID) in mine
                 or any(sandbox_id in n.get("Name", "") for sandbox_id in mine)]
     assert networks == [], f"leaked networks: {[n['Name'] for n in networks]}"
+    assert api.networks(names=[EGRESS_NETWORK]) == [], "the shared egress network outlived its last proxy"
     left = sorted(p.name for p in engine.run_root.iterdir() if p.is_dir()) if engine.run_root.exists() else []
     assert left == [], f"leaked socket directories (or keep records) under {engine.run_root}: {left[:10]}"
     mounts = [line for line in _mountinfo().splitlines()
