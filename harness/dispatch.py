@@ -131,10 +131,12 @@ class Harness:
         """Put the egress proxy's new decisions (allowlist sandboxes) into the audit store,
         attributed to ``call_id``."""
         sandbox = self._sandbox
-        if sandbox is None or sandbox.spec.network != "allowlist":
+        if sandbox is None:
             return
         try:
-            events = sandbox.new_egress_events()
+            events = sandbox.new_egress_events()  # empty unless allowlist
+            if not events:
+                return
             self.audit.record_egress(self.run_id, call_id, sandbox.id, [e.raw for e in events])
         except CallboxError as error:  # the call's result matters more than its audit trail
             log.error("could not record the egress decisions of sandbox %s: %s", sandbox.id, error.message)

@@ -52,3 +52,29 @@ def test_recon_probe_finds_no_route_out(sandbox):
 
     # and the verdict: nothing that would matter
     assert report["findings"] == [], json.dumps(report["findings"], indent=1)
+
+
+def test_recon_probe_in_an_allowlist_sandbox_finds_only_its_proxy(net_engine):
+    """With ``network = "allowlist"`` the sandbox has an interface and routes by design
+    (Docker gives even an internal network a default route to its gateway); the probe must
+    still connect to nothing (Docker's resolver in its own namespace aside, which resolves
+    no outside name): every packet it sends off its subnet is dropped on this host, and the
+    gateway is the host, which drops everything from a callbox bridge."""
+    from harness.spec import SandboxSpec
+    from tests.conftest import IMAGE
+
+    box = net_engine.create(SandboxSpec(image=IMAGE, network="allowlist", allow_hosts=("dest.callbox.test:8080",)))
+    try:
+        result = run(box, ["python3", "-"], stdin=PROBE.read_bytes(), timeout_ms=180_000)
+    finally:
+        box.destroy()
+    assert result.exit_code == 0, result.stderr.data().decode(errors="replace")
+    report = json.loads(result.stdout.data())
+    network = report["facts"]["network"]
+    assert network["interfaces"] == ["eth0", "lo"]
+    assert network["routes"] and all(route[0] == "eth0" for route in network["routes"]), network["routes"]
+    assert network["nameservers"] == ["127.0.0.11"]
+    connected = sorted(target for target, outcome in network["probes"].items() if outcome["tcp"] == "connected")
+    assert connected in ([], ["127.0.0.11:53"]), network["probes"]
+    expected = {"interface", "route", "reachable"}  # reachable: dropped (timeouts) or datagrams that left the socket
+    assert {f["check"] for f in report["findings"]} <= expected, json.dumps(report["findings"], indent=1)

@@ -763,6 +763,9 @@ class FakeSandbox:
     def destroy(self) -> None:
         self.engine.log.append(f"destroy {self.id}")
 
+    def new_egress_events(self) -> list[object]:
+        return []  # network none: no egress proxy
+
 
 def test_a_pause_keeps_and_detaches_the_sandbox_and_resume_attaches_it(make_harness, audit) -> None:
     engine = FakeEngine()
