@@ -445,6 +445,27 @@ def bench_cold_start(res: Resources, spec: SandboxSpec, samples: int, warmup: in
     return interleaved("cold start", [callbox_create, docker_run_rm, docker_run_keep], samples, warmup, every=5)
 
 
+def bench_network_start(res: Resources, spec: SandboxSpec, samples: int, warmup: int) -> dict[str, list[float]]:
+    """Create → first result in each network mode, interleaved (nothing is sent anywhere)."""
+    modes = {
+        "start_none": spec,
+        "start_open": spec.model_copy(update={"network": "open"}),
+        "start_allowlist": spec.model_copy(update={"network": "allowlist", "allow_hosts": ("example.com",)}),
+    }
+
+    def case(name: str, mode_spec: SandboxSpec) -> Case:
+        def run() -> dict[str, float]:
+            t0 = time.perf_counter_ns()
+            box = res.create_sandbox(mode_spec)
+            checked(collect(box.agent.exec(["true"])), f"first exec ({name})")
+            elapsed = ms_since(t0)
+            res.destroy_sandbox(box)  # untimed
+            return {name: elapsed}
+        return run
+
+    return interleaved("network modes", [case(n, s) for n, s in modes.items()], samples, warmup, every=5)
+
+
 def bench_stream(box: Sandbox, size: int, samples: int, warmup: int) -> dict[str, list[float]]:
     api = box.engine.client.api
     argv = ["head", "-c", str(size), "/dev/zero"]
@@ -589,6 +610,11 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
             "`sleep` process RSS in the bare container", data["bare_main_rss"], "— (info)")
         add("4d. memory: agent process PSS (host view)", "mem", data["callbox_main_pss"],
             "`sleep` process PSS in the bare container", data["bare_main_pss"], "— (info)")
+    if "start_open" in data:
+        add("7a. cold start, network open (own bridge + packet filter): create → first result", "time",
+            data["start_open"], "the same, network none (interleaved)", data["start_none"], "— (info)")
+        add("7b. cold start, network allowlist (+ egress proxy container): create → first result", "time",
+            data["start_allowlist"], "the same, network none (interleaved)", data["start_none"], "— (info)")
     if "harness_overhead" in data:
         add("6. harness overhead per call: validate + authorize + audit (no sandbox)", "time",
             data["harness_overhead"], "—", None, f"p50 ≤ {TARGET_OVERHEAD_P50_MS:g} ms",
@@ -652,7 +678,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", metavar="FILE", help="also write the raw samples and the table as JSON")
     parser.add_argument("--stream-mib", type=int, default=None, help="stream size in MiB (default 64; 8 with --quick)")
     parser.add_argument("--image", default=SandboxSpec().image, help="sandbox image (default %(default)s)")
-    parser.add_argument("--only", action="append", choices=["roundtrip", "cold", "stream", "memory", "overhead"],
+    parser.add_argument("--only", action="append",
+                        choices=["roundtrip", "cold", "stream", "memory", "overhead", "network"],
                         help="run only these sections (repeatable); the default is all")
     args = parser.parse_args(argv)
     if args.quick:
@@ -682,7 +709,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sections = set(args.only or ["roundtrip", "cold", "stream", "memory", "overhead"])
+    sections = set(args.only or ["roundtrip", "cold", "stream", "memory", "overhead", "network"])
     engine = DockerEngine.connect(reap_on_start=False)  # leave other sessions' sandboxes alone
     try:
         engine.client.images.get(args.image)
@@ -709,6 +736,12 @@ def main(argv: list[str] | None = None) -> int:
                 data.update(bench_cold_start(res, spec, args.samples, slow_warmup))
             if "memory" in sections:
                 data.update(bench_memory(res, spec, args.samples, args.quick))
+            if "network" in sections:
+                problem = engine.networks.packet_filter.problem()
+                if problem is None:
+                    data.update(bench_network_start(res, spec, args.samples, slow_warmup))
+                else:
+                    progress(f"network modes skipped: {problem}")
             if "overhead" in sections:
                 progress("harness overhead per call (no sandbox)")
                 data.update(bench_overhead(max(args.samples, 1000), 100))
