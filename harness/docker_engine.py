@@ -267,14 +267,12 @@ class DockerEngine:
             # Also on Ctrl-C mid-request: the engine may have created the container already.
             self.destroy(sandbox_id, network=spec.network)
             raise
-        if attachment.env:
-            spec = spec.model_copy(update={"env": {**spec.env, **attachment.env}})
         sandbox = Sandbox(self, sandbox_id, container_id, socket_dir, spec, uid, gid)
-        sandbox.proxy_url = attachment.proxy_url
         try:
             self._wait_ready(sandbox, ready_timeout)
-            if attachment.proxy_url is not None:
-                self.networks.wait_proxy_ready(sandbox_id)
+            if attachment.proxied:
+                sandbox.proxy_url, proxy_env = self.networks.finish_proxy(sandbox_id)
+                sandbox.spec = spec.model_copy(update={"env": {**spec.env, **proxy_env}})
         except BaseException:
             sandbox.destroy()
             raise

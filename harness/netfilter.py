@@ -99,11 +99,14 @@ class PacketFilter:
             os.close(fd)
 
     def ensure(self) -> None:
-        """Install the chains and jumps if any part is missing (call under ``locked``)."""
+        """Install the chains and jumps if any part is missing (call under ``locked``). One
+        ``iptables -S`` per family when everything is in place already."""
         binary = self._require()
         self._ensure(binary, ipv4_rules(), docker_user=True)
-        if self.ip6tables is not None and self._works(self.ip6tables):
-            self._ensure(self.ip6tables, ipv6_rules(), docker_user=False)
+        if self.ip6tables is not None:
+            listing = self._listing(self.ip6tables)
+            if listing is not None:
+                self._ensure(self.ip6tables, ipv6_rules(), docker_user=False, listing=listing)
 
     def problem(self) -> str | None:
         """Why networked sandboxes would be refused on this host, or None when the filter
@@ -112,7 +115,7 @@ class PacketFilter:
             binary = self._require()
         except PacketFilterUnavailable as exc:
             return exc.message
-        if self._run(binary, ["-n", "-L", DOCKER_USER], check=False).returncode != 0:
+        if f"-N {DOCKER_USER}" not in (self._listing(binary) or []):
             return "Docker's DOCKER-USER chain is missing (the daemon runs with iptables disabled)"
         return None
 
@@ -120,7 +123,8 @@ class PacketFilter:
         """Whether every IPv4 rule is in place (``callbox doctor`` and tests use this)."""
         if self.iptables is None:
             return False
-        return all(self._check(self.iptables, rule) for rule in ipv4_rules())
+        listing = self._listing(self.iptables) or []
+        return all(_line(rule) in listing for rule in ipv4_rules())
 
     def remove(self) -> None:
         """Remove the jumps and chains (call under ``locked``, with no callbox bridge left)."""
@@ -151,22 +155,39 @@ class PacketFilter:
             )
         return self.iptables
 
-    def _ensure(self, binary: str, rules: Sequence[Rule], *, docker_user: bool) -> None:
-        chains = {INPUT_CHAIN} | ({FORWARD_CHAIN} if docker_user else set())
-        if docker_user and self._run(binary, ["-n", "-L", DOCKER_USER], check=False).returncode != 0:
+    def _ensure(self, binary: str, rules: Sequence[Rule], *, docker_user: bool,
+                listing: list[str] | None = None) -> None:
+        listing = listing if listing is not None else self._listing(binary)
+        if listing is None:
+            raise PacketFilterUnavailable(f"{binary} -S failed: cannot read the packet filter")
+        if docker_user and f"-N {DOCKER_USER}" not in listing:
             raise PacketFilterUnavailable(
                 "Docker's DOCKER-USER chain is missing: the daemon runs with iptables disabled, so callbox "
                 "cannot filter sandbox traffic; re-enable iptables in the daemon or use --network none"
             )
-        for chain in sorted(chains):
-            if self._run(binary, ["-n", "-L", chain], check=False).returncode != 0:
+        for chain in sorted({INPUT_CHAIN} | ({FORWARD_CHAIN} if docker_user else set())):
+            if f"-N {chain}" not in listing:
                 self._run(binary, ["-N", chain])
         for rule in rules:
-            if not self._check(binary, rule):
-                op = ["-I", rule.chain, "1"] if rule.first else ["-A", rule.chain]
-                self._run(binary, [*op, *rule.spec])
-                log.info("installed packet filter: %s %s %s", os.path.basename(binary), rule.chain,
-                         " ".join(rule.spec))
+            line = _line(rule)
+            if rule.first:  # a jump must come before anything that could accept the packet
+                in_chain = [entry for entry in listing if entry.startswith(f"-A {rule.chain} ")]
+                if in_chain[:1] == [line]:
+                    continue
+                if line in listing:
+                    self._run(binary, ["-D", rule.chain, *rule.spec])
+                self._run(binary, ["-I", rule.chain, "1", *rule.spec])
+            elif line not in listing:
+                self._run(binary, ["-A", rule.chain, *rule.spec])
+            else:
+                continue
+            log.info("installed packet filter: %s %s %s", os.path.basename(binary), rule.chain, " ".join(rule.spec))
+
+    def _listing(self, binary: str) -> list[str] | None:
+        """The filter table as ``iptables -S`` prints it (one rule or chain per line, in
+        order); None if the command fails (no such table or family on this host)."""
+        done = self._run(binary, ["-S"], check=False)
+        return done.stdout.splitlines() if done.returncode == 0 else None
 
     def _check(self, binary: str, rule: Rule) -> bool:
         return self._run(binary, ["-C", rule.chain, *rule.spec], check=False).returncode == 0
@@ -191,6 +212,11 @@ class PacketFilter:
                 f"{binary} {' '.join(args)} failed (exit {done.returncode}): {done.stderr.strip()[:300]}"
             )
         return done
+
+
+def _line(rule: Rule) -> str:
+    """``rule`` as ``iptables -S`` prints it."""
+    return " ".join(("-A", rule.chain, *rule.spec))
 
 
 def _find(name: str) -> str | None:

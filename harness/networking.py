@@ -24,12 +24,14 @@ are logged as warnings on every use, and must never be set in production.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ipaddress
 import json
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -82,9 +84,8 @@ class Attachment:
 
     network_mode: str
     """``none`` or the name of the sandbox's own network."""
-    env: Mapping[str, str]
-    """Environment for tool processes (the proxy variables in allowlist mode)."""
-    proxy_url: str | None = None
+    proxied: bool = False
+    """An egress proxy is starting for it (``SandboxNetworks.finish_proxy``)."""
 
 
 @dataclass(frozen=True)
@@ -128,33 +129,60 @@ class SandboxNetworks:
         self.packet_filter = packet_filter
         self.test_network = _check_test_override(test_network, test_hosts or {})
         self.test_hosts = dict(test_hosts or {})
+        self._starting: dict[str, concurrent.futures.Future[str]] = {}
+        self._lock = threading.Lock()
 
     # ---- create ----------------------------------------------------------------------------
 
     def attach(self, sandbox_id: str, spec: SandboxSpec, base_labels: Mapping[str, str],
                hardening: Mapping[str, Any]) -> Attachment:
-        """Create what ``spec.network`` needs; the caller removes it with ``detach`` on failure."""
+        """Create what ``spec.network`` needs; the caller removes it with ``detach`` on failure.
+        An allowlist sandbox's proxy starts in the background while the caller starts the
+        sandbox; ``finish_proxy`` waits for it and gives the proxy environment."""
         if spec.network == "none":
-            return Attachment("none", {})
+            return Attachment("none")
         if not engine_is_local(self.client):
             raise PacketFilterUnavailable(
                 f"network mode {spec.network!r} needs callbox's packet filter on the engine's host, but the engine "
                 f"is remote ({self.client.api.base_url}); run the harness on the engine's host or use --network none"
             )
         net_labels = {**base_labels, ROLE: "sandbox-network"}
+        # Under the lock: the filter is in place before the network exists (gc removes it
+        # only when no network is left), and the shared egress network cannot be removed
+        # between its check and the proxy joining it.
         with self.packet_filter.locked():
             self.packet_filter.ensure()
             self._create_network(network_name(sandbox_id), f"{BRIDGE_PREFIX}{sandbox_id}", net_labels,
                                  internal=spec.network == "allowlist")
             if spec.network == "allowlist":
                 self._ensure_egress_network(base_labels)
-                address = self._start_proxy(sandbox_id, spec, base_labels, hardening)
+                container_id = self._create_proxy(sandbox_id, spec, base_labels, hardening)
         if spec.network == "open":
-            return Attachment(network_name(sandbox_id), {})
+            return Attachment(network_name(sandbox_id))
+        starting: concurrent.futures.Future[str] = concurrent.futures.Future()
+
+        def start() -> None:
+            try:
+                starting.set_result(self._start_proxy(sandbox_id, container_id))
+            except BaseException as exc:  # handed to finish_proxy
+                starting.set_exception(exc)
+
+        with self._lock:
+            self._starting[sandbox_id] = starting
+        threading.Thread(target=start, name=f"callbox-egress-{sandbox_id}", daemon=True).start()
+        return Attachment(network_name(sandbox_id), proxied=True)
+
+    def finish_proxy(self, sandbox_id: str, timeout: float = PROXY_READY_TIMEOUT_S) -> tuple[str, dict[str, str]]:
+        """Wait for the proxy ``attach`` started to listen; its URL and the environment that
+        points tool processes at it."""
+        with self._lock:
+            starting = self._starting.pop(sandbox_id)
+        address = starting.result()
+        self.wait_proxy_ready(sandbox_id, timeout)
         url = f"http://{address}:{PROXY_PORT}"
         env = {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
                "NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY}
-        return Attachment(network_name(sandbox_id), env, url)
+        return url, env
 
     def wait_proxy_ready(self, sandbox_id: str, timeout: float = PROXY_READY_TIMEOUT_S) -> None:
         """Wait until the proxy reports it listens (it starts while the sandbox does)."""
@@ -201,8 +229,9 @@ class SandboxNetworks:
         egress_labels = {labels.MANAGED: "1", ROLE: "egress-network"}
         self._create_network(EGRESS_NETWORK, EGRESS_BRIDGE, egress_labels, internal=False, icc=False)
 
-    def _start_proxy(self, sandbox_id: str, spec: SandboxSpec, base_labels: Mapping[str, str],
-                     hardening: Mapping[str, Any]) -> str:
+    def _create_proxy(self, sandbox_id: str, spec: SandboxSpec, base_labels: Mapping[str, str],
+                      hardening: Mapping[str, Any]) -> str:
+        """Create the proxy container on the sandbox's network and the egress network; its id."""
         api = self.client.api
         log_dir = self.log_root / sandbox_id
         self.log_root.mkdir(parents=True, mode=0o700, exist_ok=True)
@@ -235,13 +264,22 @@ class SandboxNetworks:
                 environment={}, labels={**base_labels, ROLE: "egress-proxy"}, host_config=host_config,
             )
             api.connect_container_to_network(created["Id"], EGRESS_NETWORK)
-            api.start(created["Id"])
-            networks = api.inspect_container(created["Id"])["NetworkSettings"]["Networks"]
         except docker.errors.ImageNotFound:
             raise ImageNotFound(
                 f"image {spec.image} not found locally; build it with `callbox image build` "
                 "(there is no registry to pull from)"
             ) from None
+        except docker.errors.DockerException as exc:
+            raise SandboxStartError(f"the Docker engine could not create the egress proxy: {_short(exc)}") from None
+        return str(created["Id"])
+
+    def _start_proxy(self, sandbox_id: str, container_id: str) -> str:
+        """Start the proxy container; its address on the sandbox's network."""
+        api = self.client.api
+        net = network_name(sandbox_id)
+        try:
+            api.start(container_id)
+            networks = api.inspect_container(container_id)["NetworkSettings"]["Networks"]
         except docker.errors.DockerException as exc:
             raise SandboxStartError(f"the Docker engine could not start the egress proxy: {_short(exc)}") from None
         address = str((networks.get(net) or {}).get("IPAddress") or "")
@@ -270,6 +308,10 @@ class SandboxNetworks:
     def detach(self, sandbox_id: str) -> list[EgressEvent]:
         """Remove the sandbox's proxy and network (after its container); return the proxy's
         decisions, each also written to the ``callbox.egress`` log."""
+        with self._lock:
+            starting = self._starting.pop(sandbox_id, None)
+        if starting is not None:
+            concurrent.futures.wait([starting])  # never remove a container while it is being started
         events = self.egress_events(sandbox_id)
         for event in events:
             egress_log.info("sandbox %s egress %s %s %s:%s%s", sandbox_id, event.decision, event.method,

@@ -149,3 +149,18 @@ def test_packet_filter_is_in_place_while_networked_sandboxes_exist(boxes):
     assert f"-A {FORWARD_CHAIN} -d 169.254.0.0/16 -j DROP" in rules
     # our jump comes first in INPUT, before anything that could accept the packet
     assert rules.split("\n-A INPUT ")[1].startswith(f"-i cbx+ -j {INPUT_CHAIN}")
+
+
+def test_a_rule_put_before_the_jump_does_not_shadow_it(net_engine):
+    """Another tool (ufw, an admin) inserting an ACCEPT at the top of INPUT must not let
+    sandbox traffic skip the drop: the next networked sandbox puts the jump back first."""
+    decoy = ["INPUT", "-i", "cbxdecoy", "-j", "RETURN"]  # matches no interface: harmless
+    subprocess.run(["iptables", "-w", "-I", *decoy[:1], "1", *decoy[1:]], check=True)
+    try:
+        box = net_engine.create(SandboxSpec(image=IMAGE, network="open"))
+        box.destroy()
+        rules = subprocess.run(["iptables", "-S", "INPUT"], capture_output=True, text=True, check=True).stdout
+        assert rules.splitlines()[1] == f"-A INPUT -i cbx+ -j {INPUT_CHAIN}", rules
+        assert "-A INPUT -i cbxdecoy -j RETURN" in rules  # moved below, not removed
+    finally:
+        subprocess.run(["iptables", "-w", "-D", *decoy], check=False)
