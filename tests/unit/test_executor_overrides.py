@@ -122,3 +122,15 @@ def test_overrides_from_a_request_keep_unset_fields_unset():
     overrides = SandboxOverrides.from_request(request)
     assert overrides.pids == 10 and overrides.memory_bytes is None and overrides.cpus is None
     assert overrides.allowed_tools == ("shell",) and overrides.mounts == ()
+
+
+def test_an_allowlist_server_may_be_asked_for_no_network_but_nothing_looser():
+    policy = _policy(extra='network = "allowlist"\nallow_hosts = ["pypi.org:443"]\n')
+    assert policy.sandbox_spec().allow_hosts == ("pypi.org:443",)
+    same = sandbox_policy(policy, SandboxOverrides(network="allowlist"), EXPOSED).sandbox_spec()
+    assert (same.network, same.allow_hosts) == ("allowlist", ("pypi.org:443",))
+    tighter = sandbox_policy(policy, SandboxOverrides(network="none"), EXPOSED).sandbox_spec()
+    assert (tighter.network, tighter.allow_hosts) == ("none", ())
+    error = _refused(policy, network="open")
+    assert error.code == grpc.StatusCode.PERMISSION_DENIED
+    assert error.message.startswith("network: 'open' is looser than this server allows; only 'allowlist' or 'none'")
