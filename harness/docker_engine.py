@@ -48,7 +48,14 @@ from docker.types import Ulimit
 
 from harness import labels
 from harness.agent_client import AgentClient
-from harness.errors import AgentCallError, CallboxError, EngineUnavailable, ImageNotFound, SandboxStartError
+from harness.errors import (
+    AgentCallError,
+    CallboxError,
+    EngineUnavailable,
+    ImageNotFound,
+    SandboxStartError,
+    short_reason,
+)
 from harness.netfilter import PacketFilter
 from harness.networking import ROLE, Attachment, EgressEvent, SandboxNetworks
 from harness.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
@@ -103,7 +110,7 @@ def _engine_calls(method: Callable[_P, _R]) -> Callable[_P, _R]:
                 raise
             host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
             raise EngineUnavailable(
-                f"lost the Docker engine at {host} ({_short(exc)}): it stopped or is restarting; "
+                f"lost the Docker engine at {host} ({short_reason(exc)}): it stopped or is restarting; "
                 "start dockerd again (`make test` and `make demo` start it)"
             ) from None
 
@@ -242,7 +249,7 @@ class DockerEngine:
         except docker.errors.DockerException as exc:
             host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
             raise EngineUnavailable(
-                f"cannot reach the Docker engine at {host} ({_short(exc)}); start dockerd "
+                f"cannot reach the Docker engine at {host} ({short_reason(exc)}); start dockerd "
                 "(`make test` and `make demo` start it) or set DOCKER_HOST. No tool runs without a sandbox."
             ) from None
         return cls(client, **kwargs)
@@ -357,13 +364,10 @@ class DockerEngine:
             )
             api.start(created["Id"])
         except docker.errors.ImageNotFound:
-            raise ImageNotFound(
-                f"image {spec.image} not found locally; build it with `callbox image build` "
-                "(there is no registry to pull from)"
-            ) from None
+            raise ImageNotFound.named(spec.image) from None
         except docker.errors.DockerException as exc:
             self._remove_by_name(f"callbox-{sandbox_id}")
-            raise SandboxStartError(f"the Docker engine could not start the sandbox: {_short(exc)}") from None
+            raise SandboxStartError(f"the Docker engine could not start the sandbox: {short_reason(exc)}") from None
         return attachment, str(created["Id"])
 
     def _wait_ready(self, sandbox: Sandbox, timeout: float) -> None:
@@ -451,7 +455,7 @@ class DockerEngine:
         try:
             containers = self.client.api.containers(all=True, filters={"label": f"{labels.MANAGED}=1"})
         except docker.errors.DockerException as exc:
-            raise EngineUnavailable(f"cannot list sandboxes: {_short(exc)}") from None
+            raise EngineUnavailable(f"cannot list sandboxes: {short_reason(exc)}") from None
         live_ids = set()
         for c in containers:
             lab = c.get("Labels") or {}
@@ -479,7 +483,7 @@ class DockerEngine:
         try:
             self.networks.gc(live_ids, self.hostname, now)
         except docker.errors.DockerException as exc:
-            raise EngineUnavailable(f"cannot clean up sandbox networks: {_short(exc)}") from None
+            raise EngineUnavailable(f"cannot clean up sandbox networks: {short_reason(exc)}") from None
         return removed
 
     def _remove_stale_socket_dirs(self, live_ids: set[str]) -> None:
@@ -506,7 +510,7 @@ class DockerEngine:
             try:
                 found = self.client.api.inspect_container(sandbox.container_id)["Config"].get("Labels") or {}
             except docker.errors.DockerException as exc:
-                raise EngineUnavailable(f"cannot inspect sandbox {sandbox.id}: {_short(exc)}") from None
+                raise EngineUnavailable(f"cannot inspect sandbox {sandbox.id}: {short_reason(exc)}") from None
             until = _float(found.get(labels.EXPIRES))
         record = KeptSandbox(
             sandbox_id=sandbox.id, run_id=run_id, until=until, container_id=sandbox.container_id,
@@ -589,7 +593,7 @@ class DockerEngine:
                 "its files are gone", sandbox_id=sandbox_id, expired_at=kept.until,
             ) from None
         except docker.errors.DockerException as exc:
-            raise EngineUnavailable(f"cannot inspect sandbox {sandbox_id}: {_short(exc)}") from None
+            raise EngineUnavailable(f"cannot inspect sandbox {sandbox_id}: {short_reason(exc)}") from None
         if not state.get("Running"):
             self.destroy(sandbox_id)
             raise SandboxExpired(f"sandbox {sandbox_id} is gone (its container stopped: {state.get('Status')}); "
@@ -658,8 +662,3 @@ def _float(value: str | None) -> float:
         return float(value or 0)
     except ValueError:
         return 0.0
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__

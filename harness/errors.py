@@ -29,6 +29,11 @@ class EngineUnavailable(CallboxError):
 class ImageNotFound(CallboxError):
     """The sandbox image is not present locally."""
 
+    @classmethod
+    def named(cls, image: str) -> ImageNotFound:
+        return cls(f"image {image} not found locally; build it with `callbox image build` "
+                   "(there is no registry to pull from)")
+
 
 class SandboxStartError(CallboxError):
     """The container started but its agent never became ready."""
@@ -42,3 +47,9 @@ class AgentCallError(CallboxError):
         self.reason = reason
         self.code = code
         self.retryable = retryable
+
+
+def short_reason(exc: BaseException) -> str:
+    """The first line of an exception's text (at most 300 characters), for one-line messages."""
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__

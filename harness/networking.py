@@ -43,7 +43,7 @@ import docker.errors
 from docker.types import Mount as DockerMount
 
 from harness import labels
-from harness.errors import CallboxError, ImageNotFound, SandboxStartError
+from harness.errors import CallboxError, ImageNotFound, SandboxStartError, short_reason
 from harness.netfilter import BRIDGE_PREFIX, PacketFilter, PacketFilterUnavailable
 from harness.spec import SandboxSpec
 
@@ -221,7 +221,7 @@ class SandboxNetworks:
                     'or give dockerd more, smaller pools, e.g. "default-address-pools": '
                     '[{"base": "10.213.0.0/16", "size": 28}] in /etc/docker/daemon.json'
                 ) from None
-            raise SandboxStartError(f"the Docker engine could not create network {name}: {_short(exc)}") from None
+            raise SandboxStartError(f"the Docker engine could not create network {name}: {short_reason(exc)}") from None
 
     def _ensure_egress_network(self, base_labels: Mapping[str, str]) -> None:
         if self.client.api.networks(names=[EGRESS_NETWORK]):
@@ -265,12 +265,11 @@ class SandboxNetworks:
             )
             api.connect_container_to_network(created["Id"], EGRESS_NETWORK)
         except docker.errors.ImageNotFound:
-            raise ImageNotFound(
-                f"image {spec.image} not found locally; build it with `callbox image build` "
-                "(there is no registry to pull from)"
-            ) from None
+            raise ImageNotFound.named(spec.image) from None
         except docker.errors.DockerException as exc:
-            raise SandboxStartError(f"the Docker engine could not create the egress proxy: {_short(exc)}") from None
+            raise SandboxStartError(
+                f"the Docker engine could not create the egress proxy: {short_reason(exc)}"
+            ) from None
         return str(created["Id"])
 
     def _start_proxy(self, sandbox_id: str, container_id: str) -> str:
@@ -281,7 +280,9 @@ class SandboxNetworks:
             api.start(container_id)
             networks = api.inspect_container(container_id)["NetworkSettings"]["Networks"]
         except docker.errors.DockerException as exc:
-            raise SandboxStartError(f"the Docker engine could not start the egress proxy: {_short(exc)}") from None
+            raise SandboxStartError(
+                f"the Docker engine could not start the egress proxy: {short_reason(exc)}"
+            ) from None
         address = str((networks.get(net) or {}).get("IPAddress") or "")
         if not address:
             raise SandboxStartError(f"the egress proxy of sandbox {sandbox_id} got no address on {net}")
@@ -362,7 +363,7 @@ class SandboxNetworks:
             except docker.errors.NotFound:
                 pass
             except docker.errors.APIError as exc:
-                log.info("egress network kept: %s", _short(exc))
+                log.info("egress network kept: %s", short_reason(exc))
 
     def _remove_container(self, name: str) -> None:
         try:
@@ -379,7 +380,7 @@ class SandboxNetworks:
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
-            log.warning("could not remove network %s (gc retries): %s", name, _short(exc))
+            log.warning("could not remove network %s (gc retries): %s", name, short_reason(exc))
 
 
 def engine_is_local(client: docker.DockerClient) -> bool:
@@ -415,8 +416,3 @@ def _check_test_override(network: str | None, hosts: Mapping[str, str]) -> str |
         if ipaddress.ip_address(address) not in parsed:
             raise CallboxError(f"egress test host {name}={address} is outside the test network {network}")
     return str(parsed)
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
