@@ -518,6 +518,7 @@ class DockerEngine:
             tool_uid=sandbox.tool_uid, tool_gid=sandbox.tool_gid, kept_at=time.time(),
         )
         write_expiry(sandbox.socket_dir, until)  # the agent stops itself then, harness or not
+        self.networks.set_expiry(sandbox.id, until)  # and its egress proxy, if any
         path = self._kept_path(sandbox.id)
         path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -61,6 +61,8 @@ PROXY_SCRIPT = "/opt/callbox/lib/sandbox/egress.py"
 PROXY_LOG_DIR = "/var/log/callbox-egress"
 EVENTS_FILE = "events.jsonl"
 """The proxy appends its JSON lines here (host side: ``<run root>/egress/<sandbox id>/``)."""
+EXPIRY_FILE = "expires"
+"""Next to it: when the proxy stops on its own, like its sandbox's agent (``set_expiry``)."""
 PROXY_MEMORY = 128 << 20
 PROXY_PIDS = 512
 """Two threads per open connection (at most 128) and a margin."""
@@ -237,8 +239,9 @@ class SandboxNetworks:
         self.log_root.mkdir(parents=True, mode=0o700, exist_ok=True)
         log_dir.mkdir(mode=0o700, parents=True)  # parents: another detach may just have removed the root
         os.chown(log_dir, PROXY_UID, PROXY_UID)
+        self.set_expiry(sandbox_id, float(base_labels[labels.EXPIRES]))
         command = ["--listen", f"0.0.0.0:{PROXY_PORT}", "--sandbox-id", sandbox_id,
-                   "--log", f"{PROXY_LOG_DIR}/{EVENTS_FILE}"]
+                   "--log", f"{PROXY_LOG_DIR}/{EVENTS_FILE}", "--expires-file", f"{PROXY_LOG_DIR}/{EXPIRY_FILE}"]
         for entry in spec.allow_hosts:
             command += ["--allow", entry]
         if self.test_network is not None:
@@ -287,6 +290,15 @@ class SandboxNetworks:
         if not address:
             raise SandboxStartError(f"the egress proxy of sandbox {sandbox_id} got no address on {net}")
         return address
+
+    def set_expiry(self, sandbox_id: str, expires: float) -> None:
+        """Tell the sandbox's proxy (if it has one) when to stop on its own, harness or not."""
+        directory = self.log_root / sandbox_id
+        if not directory.is_dir():
+            return
+        temporary = directory / f".{EXPIRY_FILE}.tmp"
+        temporary.write_text(f"{expires:.0f}\n")
+        os.replace(temporary, directory / EXPIRY_FILE)
 
     # ---- events ----------------------------------------------------------------------------
 

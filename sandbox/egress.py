@@ -237,6 +237,10 @@ class Refusal(Exception):
         self.status, self.reason, self.address = status, reason, address
 
 
+EXPIRY_CHECK_S = 5.0
+"""How often the proxy reads its expiry file (the agent checks its own the same way)."""
+
+
 @dataclass(frozen=True)
 class Config:
     listen: tuple[str, int]
@@ -251,6 +255,9 @@ class Config:
     log_file: str | None = None
     """Also append the JSON lines here (the engine reads this file: written before the
     client gets its answer, unlike container stdout, which the engine sees later)."""
+    expires_file: str | None = None
+    """A file holding the Unix time after which the proxy stops on its own (its sandbox's
+    expiry, which the engine may move later); missing or unreadable: never."""
 
 
 @dataclass
@@ -526,6 +533,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
                         help="allowlist entry, repeatable; without a port: 80 and 443 only")
     parser.add_argument("--test-allow-network", metavar="CIDR", help="TESTS ONLY: exempt CIDR from the address check")
     parser.add_argument("--log", metavar="FILE", help="also append the JSON lines to FILE")
+    parser.add_argument("--expires-file", metavar="FILE",
+                        help="stop once the Unix time written in FILE has passed (checked every few seconds)")
     args = parser.parse_args(argv)
     try:
         allowlist = Allowlist.parse(args.allow)
@@ -541,7 +550,24 @@ def parse_args(argv: list[str] | None = None) -> Config:
         except ValueError as exc:
             parser.error(f"bad --test-allow-network {args.test_allow_network!r}: {exc}")
     return Config(listen=(host, int(port_text)), sandbox_id=args.sandbox_id, allowlist=allowlist, test_network=network,
-                  log_file=args.log)
+                  log_file=args.log, expires_file=args.expires_file)
+
+
+def expired(path: str, now: float | None = None) -> bool:
+    """Whether the Unix time in ``path`` has passed; a missing or unreadable file never expires."""
+    try:
+        with open(path, encoding="ascii") as handle:
+            expires = float(handle.read().strip() or "inf")
+    except (OSError, ValueError):
+        return False
+    return (time.time() if now is None else now) >= expires
+
+
+def _stop_when_expired(proxy: EgressProxy, path: str, interval: float = EXPIRY_CHECK_S) -> None:
+    while not expired(path):
+        time.sleep(interval)
+    print(f"callbox egress proxy: the sandbox expired ({path}); stopping", file=sys.stderr, flush=True)
+    proxy.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -578,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: proxy.stop())
+    if config.expires_file is not None:
+        threading.Thread(target=_stop_when_expired, args=(proxy, config.expires_file), daemon=True).start()
     print(f"egress proxy for sandbox {config.sandbox_id} listening on {hostport(*proxy.address)} "
           f"(allowed: {config.allowlist})", file=sys.stderr, flush=True)
     try:

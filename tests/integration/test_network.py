@@ -213,3 +213,20 @@ def test_the_harness_records_every_egress_decision_in_the_audit_store(net_engine
         ("c2", "deny", "evil.callbox.test", 80, sandbox_id),
     ]
     assert rows[0]["address"] == "198.18.77.2" and rows[1]["reason"]
+
+
+def test_an_expired_allowlist_sandbox_stops_with_its_proxy_without_any_harness(make_box):
+    import time
+
+    from harness.docker_engine import write_expiry
+
+    box = make_box(network="allowlist", allow_hosts=("dest.callbox.test:8080",))
+    api = box.engine.client.api
+    past = time.time() - 1
+    write_expiry(box.socket_dir, past)  # what the files say once the expiry has passed
+    box.engine.networks.set_expiry(box.id, past)
+    # both stop on their own (the agent and the proxy each watch their file): wait for it
+    assert api.wait(box.container_id, timeout=60)["StatusCode"] is not None
+    assert api.wait(proxy_name(box.id), timeout=60)["StatusCode"] == 0
+    logs = api.logs(proxy_name(box.id), stdout=False, stderr=True).decode()
+    assert "the sandbox expired" in logs

@@ -520,3 +520,38 @@ def test_script_rejects_bad_entries_and_a_busy_address() -> None:
     assert proc.returncode == 1 and out == ""
     assert "WARNING: --test-allow-network 127.0.0.0/8" in err
     assert "cannot listen on 127.0.0.1:" in err and "in use" in err
+
+
+def test_expiry_file_semantics(tmp_path) -> None:
+    from sandbox.egress import expired
+
+    path = tmp_path / "expires"
+    assert not expired(str(path))  # missing: never
+    path.write_text("garbage\n")
+    assert not expired(str(path))  # unreadable: never
+    path.write_text("1000\n")
+    assert expired(str(path), now=1000.0) and not expired(str(path), now=999.0)
+
+
+def test_the_proxy_stops_itself_when_its_sandbox_expires(tmp_path) -> None:
+    import threading as _threading
+
+    from sandbox.egress import Allowlist, Config, EgressProxy, _stop_when_expired
+
+    proxy = EgressProxy(Config(listen=("127.0.0.1", 0), sandbox_id="x", allowlist=Allowlist.parse([])),
+                        log=lambda record: None)
+    path = tmp_path / "expires"
+    path.write_text("9999999999\n")  # far future: keeps serving
+    served = _threading.Thread(target=proxy.serve_forever)
+    served.start()
+    watcher = _threading.Thread(target=_stop_when_expired, args=(proxy, str(path), 0.01), daemon=True)
+    watcher.start()
+    try:
+        assert served.is_alive()
+        path.write_text("1\n")  # moved into the past, as the engine would
+        served.join(timeout=10)
+        assert not served.is_alive()
+    finally:
+        proxy.stop()
+        served.join(timeout=10)
+        proxy.close()
