@@ -142,17 +142,10 @@ def _engine() -> DockerEngine:
 
 
 def _image_build(args: argparse.Namespace) -> int:
-    import docker
-    import docker.errors
-
-    from harness.errors import EngineUnavailable
+    from harness.docker_engine import connect_client
     from harness.image import ImageBuildError, build_image
 
-    try:
-        client = docker.from_env(timeout=600)
-        client.ping()
-    except docker.errors.DockerException as exc:
-        raise EngineUnavailable(f"cannot reach the Docker engine: {exc}") from None
+    client = connect_client(timeout=600)
     repo_root = Path(__file__).resolve().parent.parent
     try:
         result = build_image(client, repo_root=repo_root, base=args.base, tag=args.tag,
@@ -271,17 +264,9 @@ def _ps() -> int:
 
 
 def _gc() -> int:
-    import docker
-    import docker.errors
+    from harness.docker_engine import DockerEngine, connect_client
 
-    from harness.docker_engine import DockerEngine
-    from harness.errors import EngineUnavailable
-
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as exc:
-        raise EngineUnavailable(f"cannot reach the Docker engine: {exc}") from None
+    client = connect_client()
     engine = DockerEngine(client, reap_on_start=False)
     removed = engine.gc()
     for sandbox_id in removed:

@@ -243,16 +243,7 @@ class DockerEngine:
     @classmethod
     def connect(cls, **kwargs: Any) -> DockerEngine:
         """Connect to the engine named by DOCKER_HOST (default socket); fail closed if unreachable."""
-        try:
-            client = docker.from_env(timeout=60)
-            client.ping()
-        except docker.errors.DockerException as exc:
-            host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-            raise EngineUnavailable(
-                f"cannot reach the Docker engine at {host} ({short_reason(exc)}); start dockerd "
-                "(`make test` and `make demo` start it) or set DOCKER_HOST. No tool runs without a sandbox."
-            ) from None
-        return cls(client, **kwargs)
+        return cls(connect_client(), **kwargs)
 
     # ---- create ---------------------------------------------------------------------------
 
@@ -613,6 +604,21 @@ class DockerEngine:
             sandbox.agent.close()
             raise SandboxStartError(f"the agent of kept sandbox {sandbox_id} is not serving")
         return sandbox
+
+
+def connect_client(timeout: int = 60) -> docker.DockerClient:
+    """A client of the engine named by DOCKER_HOST (default socket) that answered a ping;
+    EngineUnavailable naming the engine and the fix otherwise."""
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        raise EngineUnavailable(
+            f"cannot reach the Docker engine at {host} ({short_reason(exc)}); start dockerd "
+            "(`make test` and `make demo` start it) or set DOCKER_HOST. No tool runs without a sandbox."
+        ) from None
+    return client
 
 
 def _when(stamp: float) -> str:

@@ -153,10 +153,11 @@ def test_the_grpc_executor_refuses_to_create_a_sandbox(no_engine, marker, tmp_pa
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("command", [["ps"], ["gc"], ["doctor"]])
+@pytest.mark.parametrize("command", [["ps"], ["gc"], ["doctor"], ["image", "build"]])
 def test_engine_commands_say_the_engine_is_unreachable(no_engine, command):
     proc = callbox(*command, env=no_engine)
     assert proc.returncode == 125
     stderr = proc.stderr.decode()
-    assert len(stderr.strip().splitlines()) == 1 and stderr.startswith("callbox: cannot reach the Docker engine")
+    assert len(stderr.strip().splitlines()) == 1 and stderr.startswith(f"callbox: {NAMES_THE_ENGINE}")
+    assert "start dockerd" in stderr and "DOCKER_HOST" in stderr  # the fix
     assert "Traceback" not in stderr
