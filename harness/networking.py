@@ -367,7 +367,12 @@ class SandboxNetworks:
         return bool(self.client.api.networks(names=[EGRESS_NETWORK]))
 
     def _remove_egress_network_if_unused(self) -> None:
+        """Remove the shared egress network when no proxy needs it (call under the lock). A
+        proxy that is created but not yet started is not among the network's endpoints, so
+        any existing proxy container keeps it."""
         api = self.client.api
+        if api.containers(all=True, filters={"label": f"{ROLE}=egress-proxy"}):
+            return
         for n in api.networks(names=[EGRESS_NETWORK]):
             try:
                 if not api.inspect_network(n["Id"]).get("Containers"):
