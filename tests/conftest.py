@@ -15,10 +15,12 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 IMAGE = os.environ.get("CALLBOX_TEST_IMAGE", "callbox-sandbox:latest")
 
 
-def _unavailable(reason: str) -> None:
+def unavailable(reason: str, *, module: bool = False) -> None:
+    """Skip with ``reason`` (the whole module if ``module``); under CI=true fail instead,
+    because in CI every Docker and security test must run."""
     if IN_CI:
         pytest.fail(f"CI=true but {reason}", pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=module)
 
 
 @pytest.fixture(scope="session")
@@ -29,11 +31,11 @@ def engine():  # type: ignore[no-untyped-def]
     try:
         eng = DockerEngine.connect()
     except EngineUnavailable as exc:
-        _unavailable(f"no Docker engine: {exc.message} (run `make test`, which starts one)")
+        unavailable(f"no Docker engine: {exc.message} (run `make test`, which starts one)")
     try:
         eng.client.images.get(IMAGE)
     except Exception:
-        _unavailable(f"image {IMAGE} is missing (run `make image`)")
+        unavailable(f"image {IMAGE} is missing (run `make image`)")
     return eng
 
 
@@ -69,7 +71,7 @@ def destination():  # type: ignore[no-untyped-def]
     from tests.netdest import Destination
 
     if os.geteuid() != 0:
-        _unavailable("network tests need root (a network namespace and callbox's packet filter)")
+        unavailable("network tests need root (a network namespace and callbox's packet filter)")
     with Destination() as dest:
         yield dest
 

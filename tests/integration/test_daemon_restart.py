@@ -45,7 +45,7 @@ from harness.exec_result import collect
 from harness.policy import parse_policy
 from harness.spec import SandboxSpec
 from harness.tools import builtin_registry
-from tests.conftest import IMAGE, IN_CI
+from tests.conftest import IMAGE, unavailable
 
 pytestmark = pytest.mark.docker
 
@@ -54,12 +54,6 @@ PIDFILE = Path("/var/run/docker.pid")
 STOP_DEADLINE_S = 90.0  # dockerd gives each container its stop timeout (10 s) before killing it
 START_DEADLINE_S = 120.0
 STOPPING = "the sandbox is stopping (its container is being stopped: the Docker engine stopped or restarted"
-
-
-def _unavailable(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"CI=true but {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 def _alive(pid: int) -> bool:
@@ -74,17 +68,17 @@ def _alive(pid: int) -> bool:
 def _dockerd_pid() -> int:
     """The local dockerd this test may stop, or skip (fail in CI) saying why not."""
     if os.geteuid() != 0:
-        _unavailable("stopping dockerd needs root")
+        unavailable("stopping dockerd needs root")
     host = os.environ.get("DOCKER_HOST", "")
     if host and host not in ("unix:///var/run/docker.sock", "unix:///run/docker.sock"):
-        _unavailable(f"DOCKER_HOST={host} is not the local daemon this test may restart")
+        unavailable(f"DOCKER_HOST={host} is not the local daemon this test may restart")
     try:
         pid = int(PIDFILE.read_text().strip())
     except (OSError, ValueError):
-        _unavailable(f"no dockerd pidfile at {PIDFILE}")
+        unavailable(f"no dockerd pidfile at {PIDFILE}")
         raise
     if not _alive(pid) or Path(f"/proc/{pid}/comm").read_text().strip() != "dockerd":
-        _unavailable(f"{PIDFILE} names pid {pid}, which is not a running dockerd")
+        unavailable(f"{PIDFILE} names pid {pid}, which is not a running dockerd")
     return pid
 
 
@@ -137,7 +131,7 @@ def _says_the_sandbox_went_away(text: str) -> bool:
 def test_daemon_restart_during_calls(engine, run_root: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     client = engine.client
     if client.info().get("LiveRestoreEnabled"):
-        _unavailable("live-restore is on: sandboxes survive a daemon restart, so calls do not fail")
+        unavailable("live-restore is on: sandboxes survive a daemon restart, so calls do not fail")
     pid = _dockerd_pid()
     systemd = _under_systemd(pid)
     image_id = client.images.get(IMAGE).id
