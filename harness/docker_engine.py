@@ -192,14 +192,14 @@ class Sandbox:
         self.agent = AgentClient(str(socket_dir / "agent.sock"))
         self.proxy_url: str | None = None
         """The egress proxy (``network = "allowlist"``), as tool processes see it."""
-        self._egress_seen = 0
+        self._egress_offset = 0
+        """Bytes of the egress proxy's log already handed out by ``new_egress_events``."""
 
     def new_egress_events(self) -> list[EgressEvent]:
         """The egress proxy's decisions since the last call (empty unless allowlist)."""
         if self.spec.network != "allowlist":
             return []
-        events = self.engine.networks.egress_events(self.id, skip=self._egress_seen)
-        self._egress_seen += len(events)
+        events, self._egress_offset = self.engine.networks.egress_events(self.id, offset=self._egress_offset)
         return events
 
     @property

@@ -302,19 +302,24 @@ class SandboxNetworks:
 
     # ---- events ----------------------------------------------------------------------------
 
-    def egress_events(self, sandbox_id: str, *, skip: int = 0) -> list[EgressEvent]:
-        """The proxy's decisions so far, after the first ``skip``. The proxy writes each one
-        before it answers the client, so a call's decisions are all here when it returns."""
+    def egress_events(self, sandbox_id: str, *, offset: int = 0) -> tuple[list[EgressEvent], int]:
+        """The proxy's decisions logged from byte ``offset`` on, and the offset after the
+        last complete line (pass it next time: each call reads only what is new). The proxy
+        writes each decision before it answers the client, so a call's decisions are all
+        here when the call returns."""
         try:
-            raw = (self.log_root / sandbox_id / EVENTS_FILE).read_text(encoding="utf-8", errors="replace")
+            with open(self.log_root / sandbox_id / EVENTS_FILE, "rb") as handle:
+                handle.seek(offset)
+                data = handle.read()
         except FileNotFoundError:
-            return []
+            return [], offset
         except OSError as exc:
             log.warning("cannot read the egress log of sandbox %s: %s", sandbox_id, exc)
-            return []
-        lines = raw.splitlines() if raw.endswith("\n") else raw.splitlines()[:-1]  # never half a line
-        events = [e for line in lines if (e := EgressEvent.parse(sandbox_id, line)) is not None]
-        return events[skip:]
+            return [], offset
+        complete = data[:data.rfind(b"\n") + 1]  # never half a line
+        events = [e for line in complete.decode("utf-8", "replace").splitlines()
+                  if (e := EgressEvent.parse(sandbox_id, line)) is not None]
+        return events, offset + len(complete)
 
     # ---- remove ----------------------------------------------------------------------------
 
@@ -325,7 +330,7 @@ class SandboxNetworks:
             starting = self._starting.pop(sandbox_id, None)
         if starting is not None:
             concurrent.futures.wait([starting])  # never remove a container while it is being started
-        events = self.egress_events(sandbox_id)
+        events, _ = self.egress_events(sandbox_id)
         for event in events:
             egress_log.info("sandbox %s egress %s %s %s:%s%s", sandbox_id, event.decision, event.method,
                             event.host, event.port, f" ({event.reason})" if event.reason else "")
