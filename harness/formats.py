@@ -5,9 +5,18 @@
 * ``anthropic``: the Messages API (tool; ``tool_result`` content block);
 * ``mcp``: the Model Context Protocol (``Tool``; ``CallToolResult``).
 
-Every format gets the same strict schema, and the result text verbatim: it is already the
-sentence the model should read, errors included (Responses and Chat Completions have no
-error flag, so the words carry it).
+Each format gets the argument schema its consumers expect, both derived from the tool's
+input model by :meth:`ToolDefinition.input_schema`:
+
+* ``openai`` and ``chat``: the strict form with ``"strict": true`` (every property
+  required, optional ones nullable), or with ``strict=False`` the plain form and
+  ``"strict": false`` (for endpoints without strict mode);
+* ``anthropic`` and ``mcp``: the plain form (``required`` lists only what is required).
+  Many MCP clients check required arguments themselves, so the strict form would make
+  them refuse any call that leaves out an optional argument.
+
+Results carry the text verbatim: it is already the sentence the model should read,
+errors included (Responses and Chat Completions have no error flag, so the words carry it).
 """
 
 from __future__ import annotations
@@ -17,8 +26,17 @@ from typing import Any, Literal, cast
 
 from harness.calls import ToolResult
 from harness.registry import Tool, ToolDefinition
+from harness.strict_schema import SchemaForm
 
-__all__ = ["FORMATS", "Format", "parse_format", "result_item", "tool_definition", "tool_definitions"]
+__all__ = [
+    "FORMATS",
+    "Format",
+    "parse_format",
+    "result_item",
+    "schema_form",
+    "tool_definition",
+    "tool_definitions",
+]
 
 Format = Literal["openai", "chat", "anthropic", "mcp"]
 FORMATS: tuple[str, ...] = ("openai", "chat", "anthropic", "mcp")
@@ -32,18 +50,31 @@ def parse_format(text: str) -> Format:
     return cast(Format, value)
 
 
-def tool_definition(definition: ToolDefinition | Tool, fmt: Format) -> dict[str, Any]:
-    """The definition of one tool as ``fmt``'s API expects it in its tools list."""
+def schema_form(fmt: Format, *, strict: bool = True) -> SchemaForm:
+    """The argument schema form ``fmt``'s tools list uses (``strict`` matters to OpenAI only)."""
+    if fmt in ("openai", "chat"):
+        return "strict" if strict else "plain"
+    if fmt in ("anthropic", "mcp"):
+        return "plain"
+    raise ValueError(_unknown(fmt))
+
+
+def tool_definition(definition: ToolDefinition | Tool, fmt: Format, *, strict: bool = True) -> dict[str, Any]:
+    """The definition of one tool as ``fmt``'s API expects it in its tools list.
+
+    ``strict=False`` gives OpenAI formats the plain schema and ``"strict": false``;
+    Anthropic and MCP always get the plain schema.
+    """
     if isinstance(definition, Tool):
         definition = definition.definition
-    schema = definition.input_schema()
+    schema = definition.input_schema(schema_form(fmt, strict=strict))
     if fmt == "openai":
         return {
             "type": "function",
             "name": definition.name,
             "description": definition.description,
             "parameters": schema,
-            "strict": True,
+            "strict": strict,
         }
     if fmt == "chat":
         return {
@@ -52,7 +83,7 @@ def tool_definition(definition: ToolDefinition | Tool, fmt: Format) -> dict[str,
                 "name": definition.name,
                 "description": definition.description,
                 "parameters": schema,
-                "strict": True,
+                "strict": strict,
             },
         }
     if fmt == "anthropic":
@@ -75,9 +106,11 @@ def tool_definition(definition: ToolDefinition | Tool, fmt: Format) -> dict[str,
     raise ValueError(_unknown(fmt))
 
 
-def tool_definitions(tools: Iterable[ToolDefinition | Tool], fmt: Format) -> list[dict[str, Any]]:
+def tool_definitions(
+    tools: Iterable[ToolDefinition | Tool], fmt: Format, *, strict: bool = True
+) -> list[dict[str, Any]]:
     """The tools list for ``fmt``'s API, in the order given."""
-    return [tool_definition(tool, fmt) for tool in tools]
+    return [tool_definition(tool, fmt, strict=strict) for tool in tools]
 
 
 def result_item(result: ToolResult, fmt: Format) -> dict[str, Any]:

@@ -3,6 +3,10 @@
 Mistakes in a tool definition (a duplicate or malformed name, an empty description, an
 input model strict mode cannot describe, a policy hint naming a field the model does not
 have) are caught at ``register``, with a message saying how to fix them.
+
+Each definition derives its argument schema from its input model in two forms (see
+:mod:`harness.strict_schema`): ``strict`` for OpenAI strict mode, ``plain`` for everything
+else; :mod:`harness.formats` picks the form each API expects.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import pydantic
 
 from harness.calls import TOOL_NAME_PATTERN, ToolOutput
 from harness.errors import CallboxError
-from harness.strict_schema import StrictSchemaError, strict_json_schema
+from harness.strict_schema import SchemaForm, StrictSchemaError, json_schema
 
 __all__ = ["Handler", "RegistryError", "Tool", "ToolAnnotations", "ToolDefinition", "ToolRegistry"]
 
@@ -52,14 +56,15 @@ class ToolDefinition:
     freeform_field: str | None = None
     """If set, arguments that arrive as plain text instead of a JSON object (a freeform
     tool call, as Codex sends apply_patch) become ``{freeform_field: text}``."""
-    _schema: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
+    _schemas: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def input_schema(self) -> dict[str, Any]:
-        """The strict JSON Schema of the arguments (computed once; each call returns a copy)."""
-        schema = self._schema
+    def input_schema(self, form: SchemaForm = "strict") -> dict[str, Any]:
+        """The JSON Schema of the arguments in ``form``: ``strict`` (OpenAI strict mode) or
+        ``plain`` (only the real requirements). Computed once per form; each call returns a copy."""
+        schema = self._schemas.get(form)
         if schema is None:
-            schema = strict_json_schema(self.input_model)
-            object.__setattr__(self, "_schema", schema)
+            schema = json_schema(self.input_model, form)
+            self._schemas[form] = schema
         return copy.deepcopy(schema)
 
 
@@ -117,7 +122,8 @@ class ToolRegistry:
                 "pass a pydantic.BaseModel subclass describing the arguments"
             )
         try:
-            schema = definition.input_schema()
+            schema = definition.input_schema("strict")
+            definition.input_schema("plain")
         except StrictSchemaError as exc:
             raise RegistryError(f"tool {name!r}: its input schema cannot be made strict: {exc}") from exc
         properties: dict[str, Any] = schema["properties"]

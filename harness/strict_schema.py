@@ -1,8 +1,9 @@
-"""A pydantic model's JSON Schema, rewritten to satisfy OpenAI strict mode.
+"""A pydantic model's JSON Schema in the two forms tool APIs expect.
 
-Strict mode (Structured Outputs, ``"strict": true`` on a function tool) accepts a subset
-of JSON Schema and adds two rules: every object has ``"additionalProperties": false``
-and lists every property in ``required``. So here:
+**Strict** (:func:`strict_json_schema`), for OpenAI function tools with ``"strict": true``
+(Structured Outputs). Strict mode accepts a subset of JSON Schema and adds two rules:
+every object has ``"additionalProperties": false`` and lists every property in
+``required``. So here:
 
 * an optional field (one with a default, or typed ``X | None``) is made *nullable* and
   required: the model sends ``null`` to mean "use the default". A non-``None`` default is
@@ -15,10 +16,27 @@ and lists every property in ``required``. So here:
   validated with the pydantic model itself, which enforces them;
 * ``$defs``/``$ref`` stay (recursive models work); a ``$ref`` that carries a sibling
   ``description`` is inlined, since strict mode does not accept siblings next to ``$ref``;
-  ``oneOf`` (pydantic's discriminated unions) becomes ``anyOf``;
-* what strict mode cannot express raises :class:`StrictSchemaError` naming the field and
-  the fix: free-form objects (``dict[str, X]``, ``extra="allow"``), fields typed ``Any``,
-  tuples with per-position types, a root that is not an object, unknown keywords.
+  ``oneOf`` (pydantic's discriminated unions) becomes ``anyOf``.
+
+**Plain** (:func:`plain_json_schema`), for everything that reads ordinary JSON Schema
+(Anthropic, MCP clients, OpenAI without strict mode). Clients such as MCP SDKs check
+``required`` themselves and refuse a call that leaves a required argument out, so:
+
+* ``required`` lists only the fields the model has no default for;
+* an optional field whose default is ``None`` loses its ``null`` branch (leaving it out
+  says the same, and costs the model no tokens); ``null`` stays where it means something
+  else than the default (``X | None`` with a non-``None`` default, or a required
+  ``X | None``). Server-side validation still accepts an explicit ``null`` either way;
+* a non-``None`` default is kept as ``default``; validation keywords (``minLength``,
+  ``maxItems``, ...) and ``examples`` are kept; ``title`` is dropped;
+* every ``$ref`` is inlined, so the schema is self-contained; only a recursive model
+  keeps the ``$defs`` entry it refers back to.
+
+Both forms come from one walk over pydantic's schema (:func:`json_schema`), with
+``additionalProperties: false`` on every object. A model either form cannot express
+raises :class:`StrictSchemaError` naming the field and the fix: free-form objects
+(``dict[str, X]``, ``extra="allow"``), fields typed ``Any``, tuples with per-position
+types, a root that is not an object, unknown keywords.
 """
 
 from __future__ import annotations
@@ -32,7 +50,18 @@ from typing import Any, Literal
 
 import pydantic
 
-__all__ = ["StrictSchemaError", "nulls_to_defaults", "strict_json_schema"]
+__all__ = [
+    "SchemaForm",
+    "StrictSchemaError",
+    "json_schema",
+    "nulls_to_defaults",
+    "plain_json_schema",
+    "strict_json_schema",
+]
+
+SchemaForm = Literal["strict", "plain"]
+"""``strict``: OpenAI strict mode (every property required, optional ones nullable);
+``plain``: ordinary JSON Schema (only real requirements, defaults shown)."""
 
 
 class StrictSchemaError(ValueError):
@@ -61,6 +90,10 @@ _KEPT = frozenset(
         "minItems",
         "maxItems",
     }
+)
+# Kept in the plain form as well: standard JSON Schema that clients and models understand.
+_PLAIN_KEPT = _KEPT | frozenset(
+    {"minLength", "maxLength", "uniqueItems", "minProperties", "maxProperties", "examples", "deprecated"}
 )
 # Keywords handled structurally below.
 _STRUCTURAL = frozenset({"properties", "required", "additionalProperties", "items", "anyOf", "$ref", "$defs", "format"})
@@ -94,6 +127,18 @@ _TYPE_KEYS = ("type", "anyOf", "oneOf", "allOf", "$ref", "enum", "const")
 
 def strict_json_schema(model: type[pydantic.BaseModel]) -> dict[str, Any]:
     """The strict JSON Schema of ``model``'s input (a new dict each call)."""
+    return json_schema(model, "strict")
+
+
+def plain_json_schema(model: type[pydantic.BaseModel]) -> dict[str, Any]:
+    """The plain JSON Schema of ``model``'s input (a new dict each call)."""
+    return json_schema(model, "plain")
+
+
+def json_schema(model: type[pydantic.BaseModel], form: SchemaForm) -> dict[str, Any]:
+    """The JSON Schema of ``model``'s input in ``form`` (a new dict each call)."""
+    if form not in ("strict", "plain"):
+        raise ValueError(f"unknown schema form {form!r}; choose 'strict' or 'plain'")
     if not (isinstance(model, type) and issubclass(model, pydantic.BaseModel)):
         raise TypeError(f"expected a pydantic BaseModel subclass, got {model!r}")
     raw = model.model_json_schema(mode="validation")
@@ -101,10 +146,12 @@ def strict_json_schema(model: type[pydantic.BaseModel]) -> dict[str, Any]:
     name = model.__name__
 
     root = raw
-    ref = root.get("$ref")
-    if isinstance(ref, str) and len(root) == 1:
+    root_ref = root.get("$ref")
+    if isinstance(root_ref, str) and len(root) == 1:
         # A recursive root model: pydantic puts it in $defs and points at it.
-        root = copy.deepcopy(_resolve(ref, defs, name))
+        root = copy.deepcopy(_resolve(root_ref, defs, name))
+    else:
+        root_ref = None
     if root.get("type") != "object" or "anyOf" in root or "oneOf" in root:
         raise StrictSchemaError(
             name,
@@ -112,9 +159,12 @@ def strict_json_schema(model: type[pydantic.BaseModel]) -> dict[str, Any]:
             "tool arguments must be a JSON object: wrap the value in a model with named fields",
         )
 
-    converter = _Converter(defs)
-    out = converter.convert(root, name)
-    converted_defs = {def_name: converter.convert(schema, def_name) for def_name, schema in defs.items()}
+    converter = _Converter(defs, plain=form == "plain")
+    out = converter.convert_expanding(root_ref, root, name)
+    converted_defs = {
+        def_name: converter.convert_expanding(f"#/$defs/{def_name}", schema, def_name)
+        for def_name, schema in defs.items()
+    }
     used = _reachable(out, converted_defs)
     if used:
         out["$defs"] = {def_name: converted_defs[def_name] for def_name in converted_defs if def_name in used}
@@ -122,9 +172,22 @@ def strict_json_schema(model: type[pydantic.BaseModel]) -> dict[str, Any]:
 
 
 class _Converter:
-    def __init__(self, defs: Mapping[str, Any]) -> None:
+    def __init__(self, defs: Mapping[str, Any], *, plain: bool) -> None:
         self.defs = defs
+        self.plain = plain
+        self.kept = _PLAIN_KEPT if plain else _KEPT
         self.inlining: list[str] = []
+
+    def convert_expanding(self, ref: str | None, node: Any, where: str) -> dict[str, Any]:
+        """``convert`` for the schema ``ref`` names: in the plain form, where every reference
+        is inlined, a reference back to it inside stays a reference."""
+        if not self.plain or ref is None:
+            return self.convert(node, where)
+        self.inlining.append(ref)
+        try:
+            return self.convert(node, where)
+        finally:
+            self.inlining.pop()
 
     def convert(self, node: Any, where: str) -> dict[str, Any]:
         if not isinstance(node, dict):
@@ -135,7 +198,7 @@ class _Converter:
                 "accepts any JSON value (typed Any, object or left without a type)",
                 "give it a concrete type (str, int, a Literal, a model, a list of those)",
             )
-        node = {key: value for key, value in node.items() if key not in _DROPPED}
+        node = {key: value for key, value in node.items() if key not in _DROPPED or key in self.kept}
 
         if "oneOf" in node:  # pydantic's discriminated unions; anyOf means the same here
             if "anyOf" in node:
@@ -152,12 +215,12 @@ class _Converter:
             node = {**parts[0], **node}
 
         ref = node.get("$ref")
-        if ref is not None and len(node) > 1:
+        if ref is not None and (len(node) > 1 or self.plain):
             return self._inline(node, ref, where)
 
         out: dict[str, Any] = {}
         for key, value in node.items():
-            if key in _KEPT or key == "$ref":
+            if key in self.kept or key == "$ref":
                 out[key] = value
             elif key == "format":
                 if value in _FORMATS:
@@ -204,13 +267,20 @@ class _Converter:
             prop_schema = self.convert(schema, field_where)
             if prop not in required:
                 default = schema.get("default") if isinstance(schema, dict) else None
-                if default is not None:
-                    prop_schema = _with_note(prop_schema, f"Default: {json.dumps(default)}.")
-                prop_schema = _nullable(prop_schema)
+                if self.plain:
+                    prop_schema = _with_default(prop_schema, default)
+                else:
+                    if default is not None:
+                        prop_schema = _with_note(prop_schema, f"Default: {json.dumps(default)}.")
+                    prop_schema = _nullable(prop_schema)
             converted[prop] = prop_schema
         out["type"] = "object"
         out["properties"] = converted
-        out["required"] = list(converted)
+        if not self.plain:
+            out["required"] = list(converted)
+        elif required:
+            # Draft 4 validators refuse an empty list, and leaving it out says the same.
+            out["required"] = [prop for prop in converted if prop in required]
         out["additionalProperties"] = False
 
     def _inline(self, node: dict[str, Any], ref: Any, where: str) -> dict[str, Any]:
@@ -218,7 +288,10 @@ class _Converter:
         if not isinstance(ref, str):
             raise StrictSchemaError(where, f"has a non-string $ref {ref!r}", "use pydantic's generated schema")
         if ref in self.inlining:
-            # Inlining again would never end; keep the reference and lose the sibling text.
+            # Inlining again would never end; keep the reference (strict mode: and lose the
+            # sibling text, which it does not accept next to $ref).
+            if self.plain and "description" in siblings:
+                return {"$ref": ref, "description": siblings["description"]}
             return {"$ref": ref}
         target = _resolve(ref, self.defs, where)
         self.inlining.append(ref)
@@ -250,6 +323,32 @@ def _with_note(schema: dict[str, Any], note: str) -> dict[str, Any]:
     description = schema.get("description")
     text = f"{description.rstrip()} {note}" if isinstance(description, str) and description.strip() else note
     return {**schema, "description": text}
+
+
+def _with_default(schema: dict[str, Any], default: Any) -> dict[str, Any]:
+    """An optional field's plain schema: a ``None`` default is the same as leaving the field
+    out, so its ``null`` branch goes; another default is stated and ``null`` is left as is."""
+    if default is not None:
+        return _ordered({**schema, "default": default})
+    return _without_null(schema)
+
+
+def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
+    kind = schema.get("type")
+    if isinstance(kind, list) and "null" in kind:
+        rest = [k for k in kind if k != "null"]
+        if rest:
+            return {**schema, "type": rest[0] if len(rest) == 1 else rest}
+    variants = schema.get("anyOf")
+    if not isinstance(variants, list):
+        return schema
+    kept = [v for v in variants if not (isinstance(v, dict) and v.get("type") == "null" and len(v) == 1)]
+    if not kept or len(kept) == len(variants):
+        return schema
+    outer = {key: value for key, value in schema.items() if key != "anyOf"}
+    if len(kept) > 1:
+        return _ordered({**outer, "anyOf": kept})
+    return _ordered({**kept[0], **outer})
 
 
 def _accepts_null(schema: Mapping[str, Any]) -> bool:

@@ -28,13 +28,22 @@ READ = ToolDefinition(
     path_fields=("path",),
 )
 
-SCHEMA = {
+STRICT_SCHEMA = {
     "type": "object",
     "properties": {
         "path": {"type": "string", "description": "File to read."},
         "limit": {"description": "Most lines to return.", "anyOf": [{"type": "integer"}, {"type": "null"}]},
     },
     "required": ["path", "limit"],
+    "additionalProperties": False,
+}
+PLAIN_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string", "description": "File to read."},
+        "limit": {"type": "integer", "description": "Most lines to return."},
+    },
+    "required": ["path"],
     "additionalProperties": False,
 }
 
@@ -98,9 +107,9 @@ def test_anthropic_definition() -> None:
             "type": "object",
             "properties": {
                 "path": {"type": "string", "description": "File to read."},
-                "limit": {"description": "Most lines to return.", "anyOf": [{"type": "integer"}, {"type": "null"}]},
+                "limit": {"type": "integer", "description": "Most lines to return."},
             },
-            "required": ["path", "limit"],
+            "required": ["path"],
             "additionalProperties": False,
         },
     }
@@ -114,9 +123,9 @@ def test_mcp_definition() -> None:
             "type": "object",
             "properties": {
                 "path": {"type": "string", "description": "File to read."},
-                "limit": {"description": "Most lines to return.", "anyOf": [{"type": "integer"}, {"type": "null"}]},
+                "limit": {"type": "integer", "description": "Most lines to return."},
             },
-            "required": ["path", "limit"],
+            "required": ["path"],
             "additionalProperties": False,
         },
         "annotations": {
@@ -146,7 +155,7 @@ def test_definitions_accept_tools_keep_order_and_are_json() -> None:
     other = ToolDefinition(name="a_second", description="Second.", input_model=ReadArgs)
     listed = tool_definitions([Tool(READ, handler), other], "anthropic")
     assert [d["name"] for d in listed] == ["read_file", "a_second"]
-    assert listed[0]["input_schema"] == SCHEMA
+    assert listed[0]["input_schema"] == PLAIN_SCHEMA
     for fmt in FORMATS:
         json.dumps(tool_definitions([READ, other], parse_format(fmt)))
 
@@ -154,7 +163,7 @@ def test_definitions_accept_tools_keep_order_and_are_json() -> None:
 def test_definition_schema_is_not_shared_between_calls() -> None:
     first = tool_definition(READ, "openai")
     first["parameters"]["properties"].clear()
-    assert tool_definition(READ, "openai")["parameters"] == SCHEMA
+    assert tool_definition(READ, "openai")["parameters"] == STRICT_SCHEMA
 
 
 # --- results ------------------------------------------------------------------------------

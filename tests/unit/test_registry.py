@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from harness.calls import ToolOutput
 from harness.errors import CallboxError
 from harness.registry import RegistryError, Tool, ToolAnnotations, ToolDefinition, ToolRegistry
-from harness.strict_schema import strict_json_schema
+from harness.strict_schema import SchemaForm, json_schema
 
 
 class EchoArgs(BaseModel):
@@ -151,21 +151,24 @@ def test_registry_error_is_a_callbox_error() -> None:
     assert RegistryError("x").exit_code == 125
 
 
-def test_input_schema_is_computed_once_and_returned_as_a_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[type[BaseModel]] = []
+def test_input_schema_is_computed_once_per_form_and_returned_as_a_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[type[BaseModel], str]] = []
 
-    def counting(model: type[BaseModel]) -> dict[str, Any]:
-        calls.append(model)
-        return strict_json_schema(model)
+    def counting(model: type[BaseModel], form: SchemaForm) -> dict[str, Any]:
+        calls.append((model, form))
+        return json_schema(model, form)
 
-    monkeypatch.setattr("harness.registry.strict_json_schema", counting)
+    monkeypatch.setattr("harness.registry.json_schema", counting)
     definition = ToolDefinition(name="echo", description="Echo.", input_model=EchoArgs)
     first = definition.input_schema()
     first["properties"].clear()
     second = definition.input_schema()
-    assert calls == [EchoArgs]
     assert list(second["properties"]) == ["text", "path"]
     assert second["required"] == ["text", "path"]
+    plain = definition.input_schema("plain")
+    plain["properties"].clear()
+    assert list(definition.input_schema("plain")["properties"]) == ["text", "path"]
+    assert calls == [(EchoArgs, "strict"), (EchoArgs, "plain")]
 
 
 def test_definition_equality_ignores_the_cache() -> None:
@@ -174,6 +177,7 @@ def test_definition_equality_ignores_the_cache() -> None:
     one.input_schema()
     assert one == two
     assert "_schema" not in repr(one)
+    assert "_schemas" not in repr(one)
 
 
 def test_annotation_defaults_follow_mcp() -> None:
