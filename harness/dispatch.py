@@ -1,6 +1,6 @@
 """One run's tool calls: validate, authorize, execute at most once, record, shape.
 
-``Harness.call`` is the whole path of DESIGN 1 for one call. Whatever the model got
+``Harness.call`` is the whole path of one call. Whatever the model got
 wrong (bad call id, unknown tool, bad JSON, schema violation, denied, over budget,
 timed out) comes back as a ``ToolResult`` with ``is_error``; only broken
 infrastructure raises. The run's sandbox starts on the first call that needs it and
@@ -24,17 +24,20 @@ from harness.audit import AuditStore, Claim, arguments_digest
 from harness.calls import Action, Decision, ErrorCode, ToolCall, ToolOutput, ToolResult
 from harness.context import OutputSink, ToolContext
 from harness.docker_engine import DockerEngine, Sandbox
-from harness.errors import CallboxError, EngineUnavailable, SandboxStartError
+from harness.errors import AgentCallError, CallboxError, EngineUnavailable, SandboxStartError
 from harness.policy import Policy
 from harness.registry import Tool, ToolRegistry
 from harness.shaping import bound_text
 from harness.spec import SandboxSpec
+from harness.tools.shell import sandbox_gone
 from harness.validation import CallRejected, check_call_id, validate_call
 
 log = logging.getLogger("callbox.harness")
 
 # How long a duplicate call waits for the process that is running the original.
 WAIT_MARGIN_S = 60.0
+# How long a sandbox may take to answer a health check after a tool failed in it.
+GONE_CHECK_S = 2.0
 
 
 def _freeform(call: ToolCall, tool: Tool | None) -> ToolCall:
@@ -262,7 +265,7 @@ class Harness:
             output_budget=budgets.max_output_bytes, on_output=on_output,
         )
         started = time.monotonic()
-        output = self._run_handler(tool, ctx, args)
+        output = self._unless_gone(self._run_handler(tool, ctx, args))
         duration_ms = (time.monotonic() - started) * 1000
         self._record_egress(call.call_id)
         shaped = bound_text(output.text, budgets.max_output_bytes)
@@ -293,6 +296,24 @@ class Harness:
             log.exception("tool %s failed inside the harness", tool.definition.name)
             return ToolOutput(text=f"the tool {tool.definition.name!r} failed inside the harness (a bug); "
                                    "the error is in the harness log", is_error=True, error=ErrorCode.INTERNAL)
+
+    def _unless_gone(self, output: ToolOutput) -> ToolOutput:
+        """A tool failure in a sandbox that no longer answers is ``sandbox_unavailable``
+        (retryable, as the file tools and shell report it), whichever tool saw it."""
+        sandbox = self._sandbox
+        if output.error is not ErrorCode.TOOL_FAILED or sandbox is None:
+            return output
+        try:
+            sandbox.agent.health(timeout=GONE_CHECK_S)
+        except AgentCallError as error:
+            if not sandbox_gone(error):
+                return output
+            return ToolOutput(
+                text=f"the sandbox did not answer. {output.text}", is_error=True,
+                error=ErrorCode.SANDBOX_UNAVAILABLE, structured={**(output.structured or {}), "reason": error.reason},
+                raw_bytes=output.raw_bytes,
+            )
+        return output
 
     def _finish(self, call: ToolCall, result: ToolResult, decision: Decision | None = None) -> ToolResult:
         self.audit.finish_call(

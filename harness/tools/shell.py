@@ -38,6 +38,11 @@ result text here stays within ``ToolContext.output_budget`` (the policy's
 Terminal escape sequences are stripped before measuring (the dispatcher would strip them
 anyway), so the budget is spent on text the model actually reads.
 
+A sandbox that is gone (its container removed or stopped, the engine away) is the
+retryable ``sandbox_unavailable``, worded like the file tools' (``the sandbox did not
+answer. ...``); ``structured["command_started"]`` says whether the command had started
+before it went away, so a caller knows whether sending it again could repeat its effects.
+
 Streaming: every output chunk reaches ``ToolContext.on_output`` as ``(stream, bytes)`` while
 the command runs (the sandbox streams the head of each stream live; a tail kept by its
 output cap arrives when the command ends).
@@ -45,6 +50,7 @@ output cap arrives when the command ends).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,6 +61,7 @@ from harness.errors import AgentCallError
 from harness.exec_result import collect
 from harness.registry import Tool, ToolAnnotations, ToolDefinition
 from harness.shaping import head_cut, strip_terminal_codes, tail_cut
+from sandbox.v1 import process_pb2
 
 AGENT_OUTPUT_CAP = 8 << 20
 """Bytes per stream the sandbox keeps (head + tail) when the output budget is smaller.
@@ -65,6 +72,9 @@ it the sandbox drops the middle unseen and the count is a lower bound
 (``structured["total_output_lines_exact"]`` is then false)."""
 MAX_AGENT_OUTPUT_CAP = 32 << 20
 OOM_LINE = "command was killed by the out-of-memory killer (sandbox memory limit)"
+UNREACHABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"})
+"""gRPC codes of an agent call that never reached a live agent or lost it (the file tools'
+set): with no reason of the agent's own they mean the sandbox is gone, not a refusal."""
 
 
 class ShellArgs(BaseModel):
@@ -174,6 +184,13 @@ def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
 
     combined = bytearray()  # stdout and stderr in arrival order, as a terminal shows them
     unseen = 0
+    started = False
+
+    def watch(events: Iterator[process_pb2.ExecEvent]) -> Iterator[process_pb2.ExecEvent]:
+        nonlocal started
+        for event in events:
+            started = started or event.WhichOneof("event") == "started"
+            yield event
 
     def forward(stream: str, data: bytes, dropped_before: int) -> None:
         nonlocal unseen
@@ -187,10 +204,9 @@ def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
             args.command, cwd=args.workdir or "", env=sandbox.spec.env, timeout_ms=max(1, int(timeout_s * 1000)),
             output_cap_bytes=agent_output_cap(ctx.output_budget),
         )
-        result = collect(events, on_output=forward)
+        result = collect(watch(events), on_output=forward)
     except AgentCallError as error:
-        return ToolOutput(text=f"The command could not be run: {error.message}", is_error=True,
-                          error=ErrorCode.TOOL_FAILED, structured={"reason": error.reason})
+        return agent_failure(error, started=started)
     exit_code = result.shell_exit_code  # 124 after a timeout (Codex's code too), 128+N for signal N
     formatted = format_exec_output(
         exit_code=exit_code, duration_ms=result.duration_ms,
@@ -219,6 +235,23 @@ def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
         },
         raw_bytes=result.stdout.total_bytes + result.stderr.total_bytes,
     )
+
+
+def sandbox_gone(error: AgentCallError) -> bool:
+    """The agent call failed because the sandbox no longer answers (not a refusal)."""
+    return error.reason == "UNSPECIFIED" and error.code in UNREACHABLE_CODES
+
+
+def agent_failure(error: AgentCallError, *, started: bool) -> ToolOutput:
+    """The error result for an exec the agent failed or could not run."""
+    structured = {"reason": error.reason, "command_started": started}
+    if sandbox_gone(error):
+        then = ("The command had started and may have had effects before it went away"
+                if started else "The command did not start")
+        return ToolOutput(text=f"the sandbox did not answer. {error.message.rstrip('.')}. {then}.", is_error=True,
+                          error=ErrorCode.SANDBOX_UNAVAILABLE, structured=structured)
+    return ToolOutput(text=f"The command could not be run: {error.message}", is_error=True,
+                      error=ErrorCode.TOOL_FAILED, structured=structured)
 
 
 SHELL = Tool(

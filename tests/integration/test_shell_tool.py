@@ -152,3 +152,28 @@ def test_through_the_dispatcher_the_budget_is_never_hit(engine, tmp_path):
     assert "bytes of output dropped" not in result.text and dropped_marker(0)[:5] not in result.text
     assert "Total output lines: 50000\n" in result.text and MARKER.search(result.text)
     assert b"".join(streamed) == "".join(f"{i}\n" for i in range(1, 50001)).encode()
+
+
+@pytest.mark.parametrize("tool", ["shell", "bash", "read_file"])
+def test_a_sandbox_destroyed_under_the_harness_is_sandbox_unavailable(engine, tmp_path, tool):
+    """shell and bash say what the file tools say when the sandbox is gone: the retryable
+    ``sandbox_unavailable``, with the agent's reason and whether the command had started."""
+    from harness.tools import builtin_registry
+
+    arguments = {"read_file": {"path": "/workspace/a.txt"}}.get(tool, {"command": "echo never"})
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, Harness(
+        builtin_registry(), Policy(), audit, spec=SandboxSpec(image=IMAGE), engine_factory=lambda: engine
+    ) as harness:
+        first = harness.call(ToolCall("write_file", {"path": "/workspace/a.txt", "content": "x"}, "c0"))
+        assert not first.is_error, first.text
+        box = harness.active_sandbox
+        assert box is not None
+        engine.client.containers.get(box.container_id).remove(force=True)  # gone under the harness
+        result = harness.call(ToolCall(tool, arguments, "c1"))
+    assert (result.is_error, result.error) == (True, ErrorCode.SANDBOX_UNAVAILABLE), result.text
+    assert result.error.retryable
+    assert result.text.lower().startswith("the sandbox did not answer"), result.text
+    assert "stopped answering" in result.text, result.text
+    assert result.structured is not None and result.structured["reason"] == "UNSPECIFIED"
+    if tool == "shell":
+        assert result.structured["command_started"] is False  # nothing ran: safe to send again
