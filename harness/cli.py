@@ -1,27 +1,31 @@
-"""The ``callbox`` command line (DESIGN 7).
+"""The ``callbox`` command line.
 
 Every failure a user can cause ends in one line ``callbox: <problem>`` and a non-zero
 exit: 2 for usage errors, 125 for callbox's own failures (engine unreachable, image
 missing), otherwise the command's own code (124 timeout, 128+N for signal N, 137 OOM).
+Output into a pipe whose reader left (``callbox tools | head``) ends quietly with 141.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
+import select
 import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 from pydantic import ValidationError
 
 from harness import cli_calls, cli_doctor, cli_run, cli_serve
-from harness.errors import CallboxError, UsageError
+from harness.errors import CallboxError, UsageError, short_reason
 from harness.units import parse_size
 
 if TYPE_CHECKING:
@@ -95,10 +99,25 @@ def _terminate(signum: int, _frame: object) -> NoReturn:
     raise SystemExit(128 + signum)
 
 
+EXIT_CLOSED_OUTPUT = 128 + signal.SIGPIPE
+"""141: what a shell reports for a process its pipe's reader left (``callbox tools | head``)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
+    try:
+        code = _main(args_list)
+        sys.stdout.flush()  # buffered output meets a closed pipe here, not at interpreter exit
+        return code
+    except BrokenPipeError as exc:
+        # Python ignores SIGPIPE, so a reader that left shows up as this exception, raised
+        # through every `finally` (a sandbox in use is destroyed on the way out).
+        return _output_closed(exc)
+
+
+def _main(args_list: list[str]) -> int:
     try:
         args = build_parser().parse_args(args_list)
         logging.basicConfig(
@@ -112,6 +131,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("callbox: interrupted", file=sys.stderr)
         return 130
+
+
+def _output_closed(exc: BrokenPipeError) -> int:
+    """End quietly with 141 when stdout or stderr lost its reader; any other broken pipe is
+    callbox's own failure."""
+    closed = [s for s in (sys.stdout, sys.stderr) if _reader_gone(s) is not False]
+    if not closed:
+        print(f"callbox: {short_reason(exc)}", file=sys.stderr)
+        return 125
+    for stream in closed:
+        # Nothing more can reach that reader; point the descriptor at /dev/null so the
+        # interpreter's final flush does not report the same broken pipe again.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+    return EXIT_CLOSED_OUTPUT
+
+
+def _reader_gone(stream: TextIO | None) -> bool | None:
+    """Whether ``stream`` is a pipe or socket whose other end was closed (None: cannot tell)."""
+    if stream is None:
+        return None
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return None
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    try:
+        events = poller.poll(0)
+    except OSError:
+        return None
+    return any(mask & (select.POLLERR | select.POLLHUP) for _, mask in events)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -226,7 +279,13 @@ def _exec(args: argparse.Namespace) -> int:
             cmd, cwd=spec.workdir, env=sandbox.spec.env, stdin=stdin, timeout_ms=int(args.timeout * 1000),
             output_cap_bytes=cap, rpc_timeout=args.timeout + 60,
         )
-        result = collect(events, on_output=None if args.json else stream)
+        try:
+            result = collect(events, on_output=None if args.json else stream)
+        finally:
+            # On any way out (a reader that left raises BrokenPipeError in stream()), the
+            # RPC is cancelled before the sandbox is destroyed.
+            if isinstance(events, Generator):
+                events.close()
     finally:
         sandbox.destroy()
     if args.json:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -144,3 +145,44 @@ def _owned_by(engine, pid: int) -> list[str]:  # type: ignore[no-untyped-def]
         c["Id"] for c in engine.client.api.containers(all=True, filters={"label": "callbox.managed=1"})
         if f"/{pid}/" in c["Labels"].get("callbox.owner", "")
     ]
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_exec_into_a_closed_pipe_ends_quietly_and_destroys_its_sandbox(engine, stream: str):
+    """`callbox exec -- seq 1 100000 | head -1`: the reader leaves; callbox stops reading,
+    destroys the sandbox and exits 141 without a traceback."""
+    redirect = "" if stream == "stdout" else " >&2"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "exec", "--image", IMAGE, "--", "sh", "-c",
+         f"seq 1 1000000{redirect}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        reader, other = (proc.stdout, proc.stderr) if stream == "stdout" else (proc.stderr, proc.stdout)
+        assert reader is not None and other is not None
+        assert reader.readline() == b"1\n"
+        assert _owned_by(engine, proc.pid), "no sandbox found for the CLI process"
+        reader.close()
+        assert proc.wait(60) == 141
+        rest = other.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert b"Traceback" not in rest and b"Error" not in rest, rest
+    if stream == "stdout":
+        assert rest == b""
+    assert _owned_by(engine, proc.pid) == [], "the sandbox was leaked"
+
+
+def test_tools_and_audit_into_a_closed_pipe_exit_141_quietly(tmp_path):
+    env = {**os.environ, "CALLBOX_AUDIT_DB": str(tmp_path / "audit.sqlite3")}
+    for argv in (["tools"], ["audit"]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader is gone before callbox writes anything
+        try:
+            proc = subprocess.run([sys.executable, "-m", "harness.cli", *argv], stdout=write_end,
+                                  stderr=subprocess.PIPE, env=env, timeout=60, check=False)
+        finally:
+            os.close(write_end)
+        assert (proc.returncode, proc.stderr) == (141, b""), argv

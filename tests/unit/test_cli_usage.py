@@ -7,6 +7,7 @@ and stdin is a real /dev/null so `exec` does not trip over pytest's captured std
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator
@@ -180,3 +181,38 @@ def test_exec_help_exits_zero_and_lists_the_sandbox_options(capsys: pytest.Captu
     out = capsys.readouterr().out
     for flag in ("--memory", "--cpus", "--pids", "--timeout", "--network", "--mount", "--env", "--json"):
         assert flag in out
+
+
+@contextlib.contextmanager
+def closed_stdout(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """stdout is a pipe whose reader has gone, as in `callbox tools | head -c 10`. Entered in
+    the test itself: capsys installs its own stdout when the test starts, after fixtures."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "w", encoding="utf-8") as stdout:
+        monkeypatch.setattr(sys, "stdout", stdout)
+        yield
+
+
+@pytest.mark.parametrize("argv", [["tools"], ["tools", "--format", "mcp"], ["audit"], ["audit", "--json"],
+                                  ["approvals", "list"]])
+def test_a_closed_stdout_ends_quietly_with_141(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+    monkeypatch.setenv("CALLBOX_AUDIT_DB", str(tmp_path / "audit.sqlite3"))
+    with closed_stdout(monkeypatch):
+        code = cli.main(argv)
+    assert code == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_a_broken_pipe_elsewhere_is_a_callbox_failure(capfd: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """stdout and stderr still have their readers: the broken pipe is callbox's own failure."""
+
+    def broken(_args: object) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "_dispatch", broken)
+    assert cli.main(["ps"]) == 125
+    lines = capfd.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("callbox: ") and "Broken pipe" in lines[0]
