@@ -1,4 +1,4 @@
-"""Checking a tool call's arguments before anything runs (DESIGN 1 and 6, issue 3 item 3).
+"""Checking a tool call's arguments before anything runs.
 
 Arguments arrive as JSON text (OpenAI) or an already-parsed object (Anthropic, MCP).
 :func:`validate_call` turns them into the tool's pydantic input model or raises
@@ -20,9 +20,12 @@ Checks, in order (each one's code):
 * the top level must be an object -> ``invalid_arguments``;
 * no string (value or key) may contain a NUL character; the message names where, e.g.
   ``files[2].path`` -> ``invalid_arguments``;
-* the input model: ``null`` for an optional field means "use the default" (the strict
-  schema makes every optional field nullable; see :func:`harness.strict_schema.nulls_to_defaults`),
-  then ``input_model.model_validate``; pydantic's errors become one message listing every
+* the input model: ``null`` for an optional field means "use the default", exactly like
+  leaving the field out (the strict schema sent to OpenAI makes every optional field
+  nullable and required, the plain one sent to Anthropic and MCP lets it be omitted; both
+  are accepted whichever schema the caller saw; see
+  :func:`harness.strict_schema.nulls_to_defaults`), then ``input_model.model_validate``;
+  pydantic's errors become one message listing every
   problem as a sentence (``argument 'timeout_ms' must be an integer, got 'abc'``;
   ``unexpected argument 'foo' (allowed: command, workdir, timeout_ms)``;
   ``missing required argument 'command'``) -> ``invalid_arguments``.
@@ -325,8 +328,9 @@ def validate_call(
     """The call's arguments as an instance of ``definition.input_model``, or ``CallRejected``."""
     args = parse_arguments(raw, max_bytes=max_bytes, max_depth=max_depth)
     model = definition.input_model
-    # Strict schemas let the model send null for "use the default"; text without the word
-    # null has no nulls, so the rewrite is skipped on the common path.
+    # null for an optional field means "use the default" (strict schemas make the model send
+    # it; plain-schema callers may too); text without the word null has no nulls, so the
+    # rewrite is skipped on the common path.
     if not isinstance(raw, str) or "null" in raw:
         args = _nulls_to_defaults(model, args)
     try:

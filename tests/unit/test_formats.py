@@ -1,16 +1,28 @@
-"""Definitions and result items in each API's exact shape, written out literally."""
+"""Definitions and result items in each API's exact shape, written out literally; the
+schema form each format gets, checked on every built-in tool."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import jsonschema
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.calls import ErrorCode, ToolOutput, ToolResult
-from harness.formats import FORMATS, parse_format, result_item, tool_definition, tool_definitions
+from harness.formats import (
+    FORMATS,
+    Format,
+    parse_format,
+    result_item,
+    schema_form,
+    tool_definition,
+    tool_definitions,
+)
 from harness.registry import Tool, ToolAnnotations, ToolDefinition
+from harness.strict_schema import strict_json_schema
+from harness.tools import builtin_registry
 
 
 class ReadArgs(BaseModel):
@@ -164,6 +176,149 @@ def test_definition_schema_is_not_shared_between_calls() -> None:
     first = tool_definition(READ, "openai")
     first["parameters"]["properties"].clear()
     assert tool_definition(READ, "openai")["parameters"] == STRICT_SCHEMA
+
+
+def test_openai_formats_without_strict_mode_get_the_plain_schema() -> None:
+    responses = tool_definition(READ, "openai", strict=False)
+    assert responses["strict"] is False
+    assert responses["parameters"] == PLAIN_SCHEMA
+    chat = tool_definitions([READ], "chat", strict=False)[0]["function"]
+    assert chat["strict"] is False
+    assert chat["parameters"] == PLAIN_SCHEMA
+    # Anthropic and MCP have no strict variant: the flag changes nothing there
+    assert tool_definition(READ, "mcp", strict=False) == tool_definition(READ, "mcp")
+    assert tool_definition(READ, "anthropic", strict=False) == tool_definition(READ, "anthropic")
+
+
+def test_schema_form_per_format() -> None:
+    assert [schema_form(parse_format(fmt)) for fmt in FORMATS] == ["strict", "strict", "plain", "plain"]
+    assert [schema_form(parse_format(fmt), strict=False) for fmt in FORMATS] == ["plain"] * 4
+    with pytest.raises(ValueError, match="unknown format 'xml'"):
+        schema_form("xml")  # type: ignore[arg-type]
+
+
+# --- built-in tools in every format ------------------------------------------------------
+
+BUILTINS = builtin_registry()
+# What each built-in tool really requires (everything else has a default).
+REQUIRED = {
+    "shell": ["command"],
+    "bash": [],
+    "str_replace_based_edit_tool": ["command", "path"],
+    "apply_patch": ["patch"],
+    "read_file": ["path"],
+    "write_file": ["path", "content"],
+    "list_dir": [],
+    "search": ["pattern"],
+}
+
+
+def schema_of(definition: dict[str, Any], fmt: Format) -> dict[str, Any]:
+    if fmt == "openai":
+        return definition["parameters"]
+    if fmt == "chat":
+        return definition["function"]["parameters"]
+    if fmt == "anthropic":
+        return definition["input_schema"]
+    return definition["inputSchema"]
+
+
+def nodes(schema: Any) -> list[dict[str, Any]]:
+    """Every sub-schema (dict) of ``schema``, itself included."""
+    found: list[dict[str, Any]] = []
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            found.append(node)
+            for key, value in node.items():
+                if key in ("properties", "$defs"):
+                    stack.extend(value.values())
+                elif key not in ("enum", "const", "required", "default", "examples"):
+                    stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
+
+
+def test_every_builtin_tool_is_covered() -> None:
+    assert BUILTINS.names() == list(REQUIRED)
+
+
+@pytest.mark.parametrize("fmt", ["anthropic", "mcp"])
+@pytest.mark.parametrize("name", list(REQUIRED))
+def test_builtin_plain_schema_requires_only_real_requirements(name: str, fmt: Format) -> None:
+    tool = BUILTINS.get(name)
+    assert tool is not None
+    schema = schema_of(tool_definition(tool, fmt), fmt)
+    assert schema.get("required", []) == REQUIRED[name]
+    assert "required" not in schema or schema["required"], "no empty required list"
+    # the same properties as the strict form, in the same order, and nothing else goes in
+    assert list(schema["properties"]) == list(strict_json_schema(tool.definition.input_model)["properties"])
+    assert schema["additionalProperties"] is False
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for node in nodes(schema):
+        assert node.get("type") != "null" and "null" not in node.get("type", []), f"{name}: null branch {node}"
+        assert "$ref" not in node and "$defs" not in node and "title" not in node
+        assert node.get("default", 0) is not None
+
+
+@pytest.mark.parametrize("fmt", ["openai", "chat"])
+@pytest.mark.parametrize("name", list(REQUIRED))
+def test_builtin_strict_schema_is_the_strict_form(name: str, fmt: Format) -> None:
+    tool = BUILTINS.get(name)
+    assert tool is not None
+    definition = tool_definition(tool, fmt)
+    schema = schema_of(definition, fmt)
+    assert schema == strict_json_schema(tool.definition.input_model)
+    assert schema["required"] == list(schema["properties"])
+    assert (definition if fmt == "openai" else definition["function"])["strict"] is True
+    optional = [prop for prop in schema["properties"] if prop not in REQUIRED[name]]
+    for prop in optional:
+        branch = schema["properties"][prop]
+        assert "null" in branch.get("type", []) or {"type": "null"} in branch.get("anyOf", []), (name, prop)
+
+
+SHELL_PLAIN = {
+    "type": "object",
+    "description": "Run a shell command in the sandbox and return its exit code and output.",
+    "properties": {
+        "command": {
+            "type": "string",
+            "description": "The command line, run with `bash -c` in the sandbox.",
+            "minLength": 1,
+        },
+        "workdir": {"type": "string", "description": "Working directory inside the sandbox (default: the workspace)."},
+        "timeout_ms": {
+            "type": "integer",
+            "description": "Kill the command after this many milliseconds (capped by policy).",
+            "minimum": 1,
+        },
+    },
+    "required": ["command"],
+    "additionalProperties": False,
+}
+
+
+def test_builtin_shell_in_mcp_and_anthropic() -> None:
+    shell = BUILTINS.get("shell")
+    assert shell is not None
+    assert tool_definition(shell, "mcp")["inputSchema"] == SHELL_PLAIN
+    assert tool_definition(shell, "anthropic")["input_schema"] == SHELL_PLAIN
+
+
+def test_builtin_defaults_are_shown_in_the_plain_form() -> None:
+    def props(name: str) -> dict[str, Any]:
+        tool = BUILTINS.get(name)
+        assert tool is not None
+        return dict(tool.definition.input_schema("plain")["properties"])
+
+    assert props("read_file")["start_line"]["default"] == 1
+    assert props("write_file")["create_only"]["default"] is False
+    assert [props("list_dir")[key]["default"] for key in ("path", "depth", "include_hidden")] == [".", 1, False]
+    assert [props("search")[key].get("default") for key in ("path", "literal", "glob", "max_results")] == [
+        ".", False, None, 100,
+    ]
 
 
 # --- results ------------------------------------------------------------------------------

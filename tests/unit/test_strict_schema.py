@@ -1,13 +1,21 @@
-"""Strict JSON Schema generation: OpenAI strict-mode rules on the shapes tools use."""
+"""JSON Schema generation in both forms: OpenAI strict-mode rules, and plain JSON Schema
+(only real requirements, no null branches for defaults), on the shapes tools use."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import jsonschema
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
-from harness.strict_schema import StrictSchemaError, nulls_to_defaults, strict_json_schema
+from harness.strict_schema import (
+    StrictSchemaError,
+    json_schema,
+    nulls_to_defaults,
+    plain_json_schema,
+    strict_json_schema,
+)
 
 # --- models -------------------------------------------------------------------------------
 
@@ -427,3 +435,217 @@ def test_self_reference_with_a_description_is_inlined_once() -> None:
     assert following["properties"]["following"] == {"$ref": "#/$defs/Link"}
     assert schema["$defs"]["Link"]["properties"]["following"]["properties"]["following"] == {"$ref": "#/$defs/Link"}
     assert_strict(schema)
+
+
+# --- the plain form ------------------------------------------------------------------------
+
+
+def assert_plain(schema: dict[str, Any]) -> None:
+    """Plain JSON Schema rules, checked on every node: a valid 2020-12 schema, objects closed,
+    ``required`` a subset of the properties, no titles, no ``default: null``."""
+    jsonschema.Draft202012Validator.check_schema(schema)
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, list):
+            for i, item in enumerate(node):
+                walk(item, f"{where}[{i}]")
+            return
+        if not isinstance(node, dict):
+            return
+        assert "title" not in node, where
+        assert node.get("default", 0) is not None, where
+        if node.get("type") == "object" or "properties" in node:
+            assert node["additionalProperties"] is False, where
+            if "required" in node:
+                assert node["required"], f"empty required list at {where}"
+                assert set(node["required"]) <= set(node["properties"]), where
+        for key, value in node.items():
+            if key in ("properties", "$defs"):
+                for name, sub in value.items():
+                    walk(sub, f"{where}.{key}.{name}")
+            elif key not in ("enum", "const", "required", "default", "examples"):
+                walk(value, f"{where}.{key}")
+
+    assert schema["type"] == "object"
+    walk(schema, "$")
+
+
+def test_plain_flat_model_requires_only_what_has_no_default() -> None:
+    schema = plain_json_schema(Shell)
+    assert schema == {
+        "type": "object",
+        "description": "Run a command.",
+        "properties": {
+            "command": {"type": "string", "description": "The shell command to run."},
+            # a None default is the same as leaving it out: no null branch
+            "workdir": {"type": "string", "description": "Directory to run it in."},
+            # a real default is stated as one, not in the description
+            "timeout": {
+                "type": "integer",
+                "description": "Seconds before the command is killed.",
+                "maximum": 600,
+                "minimum": 1,
+                "default": 30,
+            },
+        },
+        "required": ["command"],
+        "additionalProperties": False,
+    }
+    assert_plain(schema)
+
+
+def test_plain_nested_models_are_inlined() -> None:
+    schema = plain_json_schema(Shape)
+    point = {
+        "type": "object",
+        "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+        "required": ["x", "y"],
+        "additionalProperties": False,
+    }
+    assert schema == {
+        "type": "object",
+        "description": "A shape made of points.",
+        "properties": {
+            "kind": {"type": "string", "description": "What to draw.", "enum": ["line", "polygon"]},
+            "origin": {**point, "description": "Where it starts."},
+            "points": {"type": "array", "items": point},
+            "label": point,
+            "color": {"type": "string", "enum": ["red", "blue"], "default": "red"},
+        },
+        "required": ["kind", "origin", "points"],
+        "additionalProperties": False,
+    }
+    assert_plain(schema)
+
+
+def test_plain_recursive_model_keeps_only_the_reference_back() -> None:
+    schema = plain_json_schema(Tree)
+    node = {
+        "type": "object",
+        "description": "A tree node.",
+        "properties": {
+            "name": {"type": "string"},
+            "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}, "default": []},
+        },
+        "required": ["name"],
+        "additionalProperties": False,
+    }
+    assert schema == {
+        "type": "object",
+        "properties": {"root": node},
+        "required": ["root"],
+        "additionalProperties": False,
+        "$defs": {"Node": node},
+    }
+    assert_plain(schema)
+    jsonschema.validate({"root": {"name": "a", "children": [{"name": "b", "children": []}]}}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"root": {"name": "a", "children": [{"name": "b", "extra": 1}]}}, schema)
+
+
+def test_plain_recursive_root_model_is_expanded_once() -> None:
+    schema = plain_json_schema(Node)
+    assert "$ref" not in schema
+    assert schema["required"] == ["name"]
+    assert schema["properties"]["children"]["items"] == {"$ref": "#/$defs/Node"}
+    assert schema["$defs"]["Node"]["properties"] == schema["properties"]
+    assert_plain(schema)
+
+
+def test_plain_self_reference_keeps_its_description() -> None:
+    schema = plain_json_schema(Link)
+    following = {"$ref": "#/$defs/Link", "description": "The next link."}
+    assert schema["properties"]["following"] == following
+    assert schema["$defs"]["Link"]["properties"]["following"] == following
+    assert_plain(schema)
+
+
+def test_plain_discriminated_union_is_inlined() -> None:
+    schema = plain_json_schema(Owner)
+    cat, dog = schema["properties"]["animal"]["anyOf"]
+    assert cat == {
+        "type": "object",
+        "properties": {"pet": {"type": "string", "const": "cat"}, "meows": {"type": "boolean"}},
+        "required": ["pet", "meows"],
+        "additionalProperties": False,
+    }
+    assert dog["properties"]["pet"] == {"type": "string", "const": "dog"}
+    assert "$defs" not in schema and "discriminator" not in str(schema)
+    assert_plain(schema)
+
+
+def test_plain_keeps_validation_keywords_and_known_formats() -> None:
+    schema = plain_json_schema(Constrained)
+    assert schema["properties"] == {
+        "name": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 10, "minLength": 1},
+        "when": {"type": "string", "format": "date-time"},
+        "path": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3, "minItems": 1},
+    }
+    assert_plain(schema)
+
+
+class Meaningful(BaseModel):
+    """null means something for these fields, so the plain form keeps it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int | None = Field(30, description="null: no limit.")
+    parent: str | None = Field(description="null: at the top.")
+    note: str | None = None
+
+
+def test_plain_keeps_null_where_it_is_not_the_default() -> None:
+    schema = plain_json_schema(Meaningful)
+    assert schema["properties"] == {
+        "limit": {"description": "null: no limit.", "anyOf": [{"type": "integer"}, {"type": "null"}], "default": 30},
+        "parent": {"description": "null: at the top.", "anyOf": [{"type": "string"}, {"type": "null"}]},
+        "note": {"type": "string"},
+    }
+    assert schema["required"] == ["parent"]
+    assert_plain(schema)
+    jsonschema.validate({"limit": None, "parent": None}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"limit": 5}, schema)  # parent is required
+
+
+def test_plain_empty_and_all_optional_models_have_no_required_list() -> None:
+    class NoArgs(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    class AllOptional(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        depth: int = 1
+
+    assert plain_json_schema(NoArgs) == {"type": "object", "properties": {}, "additionalProperties": False}
+    assert plain_json_schema(AllOptional) == {
+        "type": "object",
+        "properties": {"depth": {"type": "integer", "default": 1}},
+        "additionalProperties": False,
+    }
+
+
+def test_plain_form_refuses_what_strict_refuses() -> None:
+    class Env(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        env: dict[str, str]
+
+    with pytest.raises(StrictSchemaError) as info:
+        plain_json_schema(Env)
+    assert info.value.field == "Env.env"
+
+
+def test_json_schema_names_the_forms() -> None:
+    assert json_schema(Shell, "strict") == strict_json_schema(Shell)
+    assert json_schema(Shell, "plain") == plain_json_schema(Shell)
+    with pytest.raises(ValueError, match="choose 'strict' or 'plain'"):
+        json_schema(Shell, "loose")  # type: ignore[arg-type]
+
+
+def test_plain_form_is_a_new_dict_each_call() -> None:
+    first = plain_json_schema(Shape)
+    first["properties"]["origin"]["properties"].clear()
+    assert plain_json_schema(Shape)["properties"]["points"]["items"]["properties"] == {
+        "x": {"type": "integer"},
+        "y": {"type": "integer"},
+    }
