@@ -543,8 +543,10 @@ class DockerEngine:
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("cannot read the keep record %s (%s); treating the sandbox as kept until its expiry",
-                        path, exc)
+            # Another user's run root is not readable by design (0700): its sandboxes are
+            # that user's to judge, so say nothing. A record we should read but cannot is news.
+            report = log.debug if isinstance(exc, PermissionError) else log.warning
+            report("cannot read the keep record %s (%s); treating the sandbox as kept until its expiry", path, exc)
             return KeptSandbox(
                 sandbox_id=sandbox_id, run_id="?", until=_float(lab.get(labels.EXPIRES)), container_id="",
                 socket_dir=socket_dir, spec={}, tool_uid=-1, tool_gid=-1, kept_at=0.0,
