@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from harness import cli_calls, cli_doctor, cli_run, cli_serve
 from harness.errors import CallboxError, UsageError, short_reason
-from harness.units import parse_size
+from harness.units import parse_size, timeout_seconds
 
 if TYPE_CHECKING:
     from harness.docker_engine import DockerEngine
@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("exec", help="run one command in a fresh disposable sandbox")
     sandbox_options(ex)
-    ex.add_argument("--timeout", type=float, default=30.0, help="wall-clock limit in seconds (default 30)")
+    ex.add_argument("--timeout", type=timeout_seconds, default=30.0,
+                    help="wall-clock limit in seconds, at most 86400 (default 30)")
     ex.add_argument("--json", action="store_true", help="print one JSON result object instead of streaming")
     ex.add_argument("--output-cap", default="1m", help="bytes kept per stream, head and tail (default 1m)")
     ex.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
@@ -256,8 +257,6 @@ def _exec(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         raise UsageError("no command given: use `callbox exec [OPTIONS] -- CMD [ARG...]`")
-    if args.timeout <= 0:
-        raise UsageError("--timeout must be a positive number of seconds")
     try:
         cap = parse_size(args.output_cap)
     except ValueError as exc:

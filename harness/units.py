@@ -1,7 +1,9 @@
-"""Parsing of human sizes such as ``512m`` (Docker's notation)."""
+"""Parsing of human sizes such as ``512m`` (Docker's notation) and of timeouts in seconds."""
 
 from __future__ import annotations
 
+import argparse
+import math
 import re
 from typing import Annotated
 
@@ -37,3 +39,31 @@ def _size_or_value(value: object) -> object:
 
 ByteSize = Annotated[int, BeforeValidator(_size_or_value)]
 """A pydantic field type: bytes, also written as a size string such as ``"512m"``."""
+
+
+MAX_TIMEOUT_S = 24 * 3600
+"""The longest timeout a command may have: the agent refuses more."""
+
+
+def parse_seconds(text: str, *, maximum: float = MAX_TIMEOUT_S) -> float:
+    """``"30"`` -> 30.0: a finite number of seconds above 0 and at most ``maximum``.
+    Raises ValueError saying which of these ``text`` is not."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(seconds):
+        raise ValueError(f"{text!r} is not a finite number of seconds")
+    if seconds <= 0:
+        raise ValueError(f"{text} must be more than 0 seconds")
+    if seconds > maximum:
+        raise ValueError(f"{text} must be at most {maximum:g} seconds ({maximum / 3600:g} h)")
+    return seconds
+
+
+def timeout_seconds(text: str) -> float:
+    """An argparse ``type`` for ``--timeout``: :func:`parse_seconds`, its message as the usage error."""
+    try:
+        return parse_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

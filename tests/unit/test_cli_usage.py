@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli
+from harness import cli, units
 
 
 @pytest.fixture(autouse=True)
@@ -71,10 +71,38 @@ def test_exec_with_only_the_separator_names_the_fix(capsys: pytest.CaptureFixtur
     assert "-- CMD" in line
 
 
-@pytest.mark.parametrize("timeout", ["0", "-5"])
+@pytest.mark.parametrize("timeout", ["0", "-5", "-0", "0.0"])
 def test_exec_non_positive_timeout(capsys: pytest.CaptureFixture[str], timeout: str) -> None:
     line = _usage_error(capsys, ["exec", "--timeout", timeout, "--", "true"])
     assert "--timeout" in line
+    assert "more than 0 seconds" in line
+
+
+@pytest.mark.parametrize("timeout", ["nan", "NaN", "inf", "-inf", "Infinity"])
+def test_exec_timeout_must_be_finite(capsys: pytest.CaptureFixture[str], timeout: str) -> None:
+    line = _usage_error(capsys, ["exec", f"--timeout={timeout}", "--", "true"])
+    assert "--timeout" in line
+    assert "finite number of seconds" in line
+
+
+@pytest.mark.parametrize("timeout", ["100000", "1e9", "86400.5", "1e308"])
+def test_exec_timeout_above_a_day_is_a_usage_error_in_seconds(capsys: pytest.CaptureFixture[str],
+                                                               timeout: str) -> None:
+    line = _usage_error(capsys, ["exec", "--timeout", timeout, "--", "true"])
+    assert "--timeout" in line
+    assert "at most 86400 seconds" in line
+    assert "timeout_ms" not in line
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("86400", 86400.0), ("0.001", 0.001), ("2", 2.0), (" 1.5 ", 1.5)])
+def test_timeout_type_accepts_seconds_up_to_a_day(text: str, seconds: float) -> None:
+    assert units.timeout_seconds(text) == seconds
+
+
+def test_timeout_limit_is_the_agents() -> None:
+    from sandbox import process
+
+    assert units.MAX_TIMEOUT_S * 1000 == process.MAX_TIMEOUT_MS
 
 
 def test_exec_timeout_not_a_number(capsys: pytest.CaptureFixture[str]) -> None:
