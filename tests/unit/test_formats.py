@@ -215,12 +215,14 @@ REQUIRED = {
 
 def schema_of(definition: dict[str, Any], fmt: Format) -> dict[str, Any]:
     if fmt == "openai":
-        return definition["parameters"]
-    if fmt == "chat":
-        return definition["function"]["parameters"]
-    if fmt == "anthropic":
-        return definition["input_schema"]
-    return definition["inputSchema"]
+        schema: dict[str, Any] = definition["parameters"]
+    elif fmt == "chat":
+        schema = definition["function"]["parameters"]
+    elif fmt == "anthropic":
+        schema = definition["input_schema"]
+    else:
+        schema = definition["inputSchema"]
+    return schema
 
 
 def nodes(schema: Any) -> list[dict[str, Any]]:
