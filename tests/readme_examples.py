@@ -105,3 +105,19 @@ def output_matches(expected: tuple[str, ...] | list[str], actual: list[str]) -> 
         return result
 
     return fit(0, 0)
+
+
+def python_blocks(text: str) -> list[tuple[int, str]]:
+    """Every ``python`` block of ``text`` as (line of its first code line, code)."""
+    found = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == "```python":
+            start = i + 1
+            i = start
+            while i < len(lines) and lines[i].strip() != "```":
+                i += 1
+            found.append((start + 1, "\n".join(lines[start:i]) + "\n"))
+        i += 1
+    return found

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import unavailable
-from tests.readme_examples import Example, console_examples, output_matches
+from tests.readme_examples import Example, console_examples, output_matches, python_blocks
 
 pytestmark = pytest.mark.docker
 
@@ -234,3 +234,48 @@ def test_a_normal_user_is_not_told_about_another_users_kept_sandbox(normal_user_
     assert status == 0, lines
     assert not [line for line in lines if "keep record" in line], lines
     assert box.engine.kept_sandbox(box.id) is not None  # still kept: the other user's gc did not touch it
+
+
+PYTHON_BLOCKS = python_blocks(README.read_text())
+GRPC_ADDRESS = "unix:/run/callbox/executor.sock"
+
+
+def test_readme_has_python_examples() -> None:
+    assert len(PYTHON_BLOCKS) >= 2, "the README's Python examples were not found"
+
+
+@pytest.mark.parametrize(("line", "code"), PYTHON_BLOCKS, ids=[f"README:{line}" for line, _ in PYTHON_BLOCKS])
+def test_readme_python_block(line: int, code: str, shell: Shell, tmp_path: Path) -> None:
+    """Each Python example runs as written. One that talks to `callbox serve --grpc` at its
+    default socket gets a server of its own on a socket of the test's (the only change)."""
+    env = dict(shell.env)
+    server = None
+    try:
+        if GRPC_ADDRESS in code:
+            sock = Path(tempfile.mkdtemp(prefix="cbx-", dir="/tmp")) / "executor.sock"
+            sock.parent.chmod(0o777)
+            tokens = tmp_path / "tokens"
+            tokens.write_text("readme:" + "r" * 32 + "\n")
+            tokens.chmod(0o600)
+            server = subprocess.Popen(
+                [str(ROOT / ".venv" / "bin" / "callbox"), "serve", "--grpc", f"unix:{sock}", "--token-file",
+                 str(tokens), "--audit-db", str(tmp_path / "audit.sqlite3")],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )
+            assert server.stdout is not None
+            for out_line in server.stdout:  # wait for the server to say it listens
+                if "listening" in out_line or str(sock) in out_line:
+                    break
+            else:
+                pytest.fail(f"callbox serve exited {server.wait()} before listening")
+            sock.chmod(0o777)
+            code = code.replace(GRPC_ADDRESS, f"unix:{sock}")
+            env["CALLBOX_TOKEN"] = "r" * 32
+        argv = [*shell.prefix, "env", "-i", *(f"{k}={v}" for k, v in env.items()), "python3", "-"]
+        done = subprocess.run(argv, cwd=shell.cwd, input=code.encode(), capture_output=True, timeout=300)
+        out = (done.stdout + done.stderr).decode(errors="replace")
+        assert done.returncode == 0 and "Traceback" not in out, f"README:{line} as {shell.who}:\n{out}"
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
