@@ -252,7 +252,8 @@ def first_error(exc: ValidationError) -> str:
 
 
 def _exec(args: argparse.Namespace) -> int:
-    from harness.exec_result import collect, gap_marker
+    from harness.errors import AgentCallError
+    from harness.exec_result import ExecResult, collect, gap_marker, start_failure_exit_code
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
@@ -280,6 +281,11 @@ def _exec(args: argparse.Namespace) -> int:
         )
         try:
             result = collect(events, on_output=None if args.json else stream)
+        except AgentCallError as error:
+            code = start_failure_exit_code(error)
+            if code is None:
+                raise
+            result = ExecResult.not_started(code, error.message)
         finally:
             # On any way out (a reader that left raises BrokenPipeError in stream()), the
             # RPC is cancelled before the sandbox is destroyed.
@@ -289,6 +295,8 @@ def _exec(args: argparse.Namespace) -> int:
         sandbox.destroy()
     if args.json:
         print(json.dumps(result.to_json()))
+    elif result.error is not None:
+        print(f"callbox: {result.error}", file=sys.stderr)
     elif result.timed_out:
         print(f"callbox: timed out after {args.timeout:g} s; the process tree was killed", file=sys.stderr)
     elif result.oom_killed:

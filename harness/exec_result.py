@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.errors import AgentCallError
+from sandbox.errors import COMMAND_NOT_FOUND
 from sandbox.v1 import process_pb2
 
 OutputCallback = Callable[[str, bytes, int], None]
@@ -57,6 +59,17 @@ class ExecResult:
     stdout: StreamResult
     stderr: StreamResult
     pid: int = 0
+    error: str | None = None
+    """Why the command never started (then ``exit_code`` is the shell's 127 or 126)."""
+
+    @classmethod
+    def not_started(cls, exit_code: int, message: str) -> ExecResult:
+        """A command that could not start, as a shell reports it: ``exit_code`` and the
+        message on stderr."""
+        stderr = StreamResult(head=bytearray(f"callbox: {message}\n".encode()))
+        stderr.total_bytes = len(stderr.head)
+        return cls(exit_code=exit_code, signal=0, timed_out=False, oom_killed=False, duration_ms=0.0,
+                   stdout=StreamResult(), stderr=stderr, error=message)
 
     @property
     def shell_exit_code(self) -> int:
@@ -70,7 +83,8 @@ class ExecResult:
         return self.exit_code
 
     def to_json(self) -> dict[str, Any]:
-        """The ``callbox exec --json`` object (DESIGN 7), plus exact bytes when not UTF-8."""
+        """The ``callbox exec --json`` object, plus exact bytes when not UTF-8 and ``error``
+        when the command never started."""
         out: dict[str, Any] = {
             "exit_code": self.exit_code,
             "signal": self.signal,
@@ -89,7 +103,22 @@ class ExecResult:
         out["stderr_truncated"] = self.stderr.truncated
         out["stdout_dropped_bytes"] = self.stdout.dropped_bytes
         out["stderr_dropped_bytes"] = self.stderr.dropped_bytes
+        if self.error is not None:
+            out["error"] = self.error
         return out
+
+
+COMMAND_NOT_FOUND_EXIT = 127
+NOT_EXECUTABLE_EXIT = 126
+
+
+def start_failure_exit_code(error: AgentCallError) -> int | None:
+    """The code a shell gives a command the agent could not start: 127 when it does not
+    exist, 126 when it exists but cannot be run (not executable, not a program); None when
+    the failure is not the command's (busy, the sandbox went away, ...)."""
+    if error.reason != "SPAWN_FAILED":
+        return None
+    return COMMAND_NOT_FOUND_EXIT if error.message.endswith(COMMAND_NOT_FOUND) else NOT_EXECUTABLE_EXIT
 
 
 def collect(events: Iterable[process_pb2.ExecEvent], on_output: OutputCallback | None = None) -> ExecResult:

@@ -43,6 +43,10 @@ _CODES: dict[int, grpc.StatusCode] = {
 
 _RETRYABLE = frozenset({BUSY})
 
+COMMAND_NOT_FOUND = "command not found"
+"""How a SPAWN_FAILED message ends when the program does not exist (``ls: command not
+found``, as a shell says it); the harness tells 127 from 126 by it."""
+
 
 class AgentError(Exception):
     """An error a request caused; the server turns it into a status with details."""

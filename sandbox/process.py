@@ -20,7 +20,7 @@ import grpc
 
 from sandbox import proctree
 from sandbox.cgroup import oom_kill_count
-from sandbox.errors import AgentError
+from sandbox.errors import COMMAND_NOT_FOUND, AgentError
 from sandbox.execloop import ExecLoop
 from sandbox.launch import BASE_ENV, Child, DirectLauncher, Identity, Launcher, ToolUser
 from sandbox.spawner import SpawnerDied
@@ -217,7 +217,7 @@ class ProcessRunner:
         try:
             return self.launcher.launch(argv, cwd, env, self._identity(marker), with_stdin=bool(request.stdin))
         except FileNotFoundError:
-            raise AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED, f"{argv[0]}: command not found") from None
+            raise AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED, f"{argv[0]}: {COMMAND_NOT_FOUND}") from None
         except PermissionError:
             raise AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED, f"{argv[0]}: permission denied") from None
         except BlockingIOError:

@@ -186,3 +186,27 @@ def test_tools_and_audit_into_a_closed_pipe_exit_141_quietly(tmp_path):
         finally:
             os.close(write_end)
         assert (proc.returncode, proc.stderr) == (141, b""), argv
+
+
+def test_exec_of_a_missing_command_exits_127_like_a_shell(engine):
+    proc = callbox("exec", "--image", IMAGE, "--", "nosuchcmd", "--flag")
+    assert proc.returncode == 127
+    assert proc.stderr == b"callbox: nosuchcmd: command not found\n"
+    assert proc.stdout == b""
+
+
+def test_exec_of_a_file_that_is_not_executable_exits_126(engine):
+    proc = callbox("exec", "--image", IMAGE, "--", "/etc/hostname")
+    assert proc.returncode == 126
+    assert proc.stderr == b"callbox: /etc/hostname: permission denied\n"
+
+
+def test_exec_json_of_a_missing_command_still_prints_the_result_object(engine):
+    proc = callbox("exec", "--image", IMAGE, "--json", "--", "nosuchcmd")
+    assert proc.returncode == 127
+    assert proc.stderr == b""
+    result = json.loads(proc.stdout)
+    assert result["exit_code"] == 127
+    assert result["stderr"] == "callbox: nosuchcmd: command not found\n"
+    assert result["error"] == "nosuchcmd: command not found"
+    assert result["stdout"] == "" and result["signal"] == 0 and result["timed_out"] is False
