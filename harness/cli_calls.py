@@ -18,9 +18,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from harness.calls import ErrorCode
 from harness.formats import FORMATS, parse_format, result_item, tool_definitions
 
 COMMANDS = ("tools", "call", "approvals", "audit")
+
+CALLBOX_FAILURES = frozenset({ErrorCode.SANDBOX_UNAVAILABLE, ErrorCode.INTERNAL})
+"""Error results that are callbox's own failure, not the call's: ``call`` exits 125 for them."""
 
 
 def add_parsers(sub: Any) -> None:
@@ -107,6 +111,10 @@ def _call(args: argparse.Namespace) -> int:
                   f"with `callbox approvals approve|deny {result.meta['approval_id']}`, then send the call "
                   f"again with --run-id {harness.run_id} --call-id {call.call_id}", file=sys.stderr)
     print(json.dumps(result_item(result, parse_format(args.format))))
+    if result.error in CALLBOX_FAILURES:
+        # The item is printed all the same (the caller owes the model a result for its call_id).
+        print(f"callbox: {(result.text.splitlines() or ['no reason given'])[0]}", file=sys.stderr)
+        return 125
     return 1 if result.is_error else 0
 
 

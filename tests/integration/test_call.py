@@ -181,3 +181,28 @@ def test_two_harness_processes_writing_the_audit_store_lose_nothing(engine, audi
         audit = callbox("audit", "--run", f"run-{n}", "--json", env=audit_env)
         calls = json.loads(audit.stdout)
         assert sorted(c["call_id"] for c in calls) == sorted(f"c{i}" for i in range(100))
+
+
+def _callbox_failed(proc: subprocess.CompletedProcess[bytes]) -> dict[str, object]:
+    """Exit 125 with one `callbox:` line on stderr, and the result item still on stdout."""
+    assert proc.returncode == 125, (proc.returncode, proc.stderr)
+    lines = proc.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("callbox: the sandbox is unavailable: "), proc.stderr
+    assert b"Traceback" not in proc.stderr
+    item: dict[str, object] = json.loads(proc.stdout)
+    return item
+
+
+@pytest.mark.parametrize("fmt", ["openai", "anthropic"])
+def test_call_with_the_engine_unreachable_exits_125(audit_env, tmp_path, fmt):
+    proc = callbox("call", "shell", '{"command": "ls"}', "--format", fmt,
+                   env={**audit_env, "DOCKER_HOST": f"unix://{tmp_path}/no-such-docker.sock"})
+    item = _callbox_failed(proc)
+    assert "cannot reach the Docker engine" in proc.stderr.decode()
+    assert "cannot reach the Docker engine" in json.dumps(item)
+
+
+def test_call_with_a_missing_image_exits_125(engine, audit_env):
+    proc = callbox("call", "shell", '{"command": "ls"}', "--image", "callbox-no-such-image:latest", env=audit_env)
+    _callbox_failed(proc)
+    assert b"callbox image build" in proc.stderr
