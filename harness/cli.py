@@ -69,6 +69,7 @@ def sandbox_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -
 def build_parser() -> argparse.ArgumentParser:
     parser = UsageParser(prog="callbox", description="Sandboxed tool execution for LLM agents.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=UsageParser)
 
     image = sub.add_parser("image", help="build the sandbox image")
@@ -93,6 +94,25 @@ def build_parser() -> argparse.ArgumentParser:
     cli_serve.add_parsers(sub)
     cli_doctor.add_parsers(sub)
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: ``callbox X.Y.Z`` from the installed package's metadata, exit 0
+    (looked up only when asked, so other commands do not pay for it)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **_kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print callbox's version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object) -> NoReturn:
+        import importlib.metadata
+
+        try:
+            version = importlib.metadata.version("callbox")
+        except importlib.metadata.PackageNotFoundError:  # a checkout that was never installed
+            version = "(not installed)"
+        print(f"callbox {version}")
+        parser.exit(0)
 
 
 def _terminate(signum: int, _frame: object) -> NoReturn:

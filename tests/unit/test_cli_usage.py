@@ -244,3 +244,14 @@ def test_a_broken_pipe_elsewhere_is_a_callbox_failure(capfd: pytest.CaptureFixtu
     assert cli.main(["ps"]) == 125
     lines = capfd.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("callbox: ") and "Broken pipe" in lines[0]
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.metadata
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"callbox {importlib.metadata.version('callbox')}\n"
+    assert captured.err == ""
