@@ -43,7 +43,7 @@ class UsageParser(argparse.ArgumentParser):
 
 
 def sandbox_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -> None:
-    """The sandbox flags of `exec` (with DESIGN 4 defaults) and `call` (None: the policy decides)."""
+    """The sandbox flags of `exec` (with the hardened defaults) and `call` (None: the policy decides)."""
 
     def d(value: object) -> object:
         return value if defaults else None
@@ -60,8 +60,13 @@ def sandbox_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -
     group.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
                        help="egress allowlist entry for --network allowlist (repeatable): exact name, "
                             "*.example.com for subdomains, an IP literal; no port means 80 and 443")
-    group.add_argument("--mount", action="append", default=[], metavar="HOST:CONTAINER[:ro|rw]",
-                       help="bind mount, read-only unless :rw (repeatable)")
+    group.add_argument("--mount", action="append", default=[], metavar="HOST:CONTAINER[:ro|rw[,uid=N,gid=N]]",
+                       help="bind mount, read-only unless :rw (repeatable); a mount at /workspace, /tmp or "
+                            "/home/sandbox replaces the scratch tmpfs there. Tools run as uid=N,gid=N of a rw "
+                            "mount (never 0), else its owner if not root, else 1000; each rw mount must be "
+                            "writable by that user")
+    group.add_argument("--noexec", action="store_true", default=d(False),
+                       help="mount /workspace, /tmp and the home directory noexec (default: executable)")
     group.add_argument("--workdir", default=d("/workspace"), help="working directory inside the sandbox")
     group.add_argument("--env", action="append", default=[], metavar="K=V", help="environment variable")
 
@@ -233,8 +238,9 @@ def _image_build(args: argparse.Namespace) -> int:
 
 
 def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, **extra: object) -> SandboxSpec:
-    """The sandbox flags applied over ``base`` (DESIGN 4 defaults when None); flags left
-    unset (None) keep the base's value, mounts and env add to it."""
+    """The sandbox flags applied over ``base`` (the hardened defaults when None); flags left
+    unset (None) keep the base's value, mounts and env add to it. The spec is checked against
+    this host (mounts, their writability, cpus, memory) before any engine is contacted."""
     from harness.spec import Mount, SandboxSpec
 
     fields: dict[str, object] = base.model_dump() if base is not None else {}
@@ -245,10 +251,9 @@ def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, **
             raise UsageError(f"--env {item!r}: use K=V")
         env[name] = value
     try:
-        # Canonicalize now, so a bad mount is a usage error before any engine is contacted.
-        mounts = tuple(Mount.parse(m).canonical(None) for m in args.mount)
+        mounts = tuple(Mount.parse(m) for m in args.mount)
         flags = {"image": args.image, "memory": args.memory, "cpus": args.cpus, "pids": args.pids,
-                 "network": args.network, "workdir": args.workdir}
+                 "network": args.network, "workdir": args.workdir, "noexec": args.noexec or None}
         fields.update({k: v for k, v in flags.items() if v is not None})
         fields["env"] = env
         fields["mounts"] = (*(base.mounts if base is not None else ()), *mounts)
@@ -257,7 +262,7 @@ def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, **
         elif fields.get("network") != "allowlist":
             fields["allow_hosts"] = ()  # the policy's list does not apply to another mode
         fields.update(extra)
-        return SandboxSpec.model_validate(fields)
+        return SandboxSpec.model_validate(fields).for_host()
     except ValidationError as exc:
         raise UsageError(first_error(exc)) from None
     except ValueError as exc:

@@ -1,12 +1,14 @@
 """Disposable, hardened sandboxes on a Docker engine (driven through the docker SDK).
 
-``create`` starts a container with every DESIGN 4 default, waits until the agent
+``create`` checks the spec against the engine's host (``SandboxSpec.for_host``: cpus,
+memory, mounts and their writability, before anything is created), starts a container
+with every hardened default, waits until the agent
 inside answers its health check on the per-sandbox unix socket, and returns a
 ``Sandbox`` holding the agent client. ``destroy`` removes the container and its
 socket directory. Labels name the owner and expiry so ``gc`` can reap leftovers,
 also after the harness was killed; the engine runs gc when it starts.
 
-Keeping a sandbox past its process (a paused run, issue 5 item 3): Docker cannot change
+Keeping a sandbox past its process (a paused run): Docker cannot change
 a container's labels after creation, so ``keep(sandbox, run_id=..., until=...)`` writes a
 small record ``<run root>/kept/<sandbox id>.json`` on the host (next to the per-sandbox
 socket directories, never inside one: those are mounted into the container). The record
@@ -58,13 +60,12 @@ from harness.errors import (
 )
 from harness.netfilter import PacketFilter
 from harness.networking import ROLE, Attachment, EgressEvent, SandboxNetworks
-from harness.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
+from harness.spec import AGENT_DIR, HOME, HostLimits, SandboxSpec
 from sandbox.health import SERVING
 
 log = logging.getLogger("callbox.engine")
 
 AGENT_SOCKET = f"{AGENT_DIR}/agent.sock"
-HOME = "/home/sandbox"
 READY_TIMEOUT_S = 30.0
 KEPT_DIR = "kept"
 """Under the run root: one ``<sandbox id>.json`` record per kept sandbox (see ``keep``)."""
@@ -236,6 +237,7 @@ class DockerEngine:
             client, PacketFilter(self.run_root / "netfilter.lock"), self.run_root / "egress",
             test_network=egress_test_network, test_hosts=egress_test_hosts,
         )
+        self._host: HostLimits | None = None
         if reap_on_start:
             for sandbox_id in self.gc():
                 log.info("reaped leftover sandbox %s", sandbox_id)
@@ -248,11 +250,25 @@ class DockerEngine:
     # ---- create ---------------------------------------------------------------------------
 
     @_engine_calls
+    def host_limits(self) -> HostLimits:
+        """The engine host's CPUs, memory and data root (asked once per engine)."""
+        if self._host is None:
+            info = self.client.info()
+            root = str(info.get("DockerRootDir") or "")
+            self._host = HostLimits(
+                cpus=int(info["NCPU"]) if info.get("NCPU") else None,
+                memory=int(info["MemTotal"]) if info.get("MemTotal") else None,
+                where="the Docker engine's host", engine_paths=(root,) if root.startswith("/") else (),
+            )
+        return self._host
+
+    @_engine_calls
     def create(self, spec: SandboxSpec, *, ready_timeout: float = READY_TIMEOUT_S) -> Sandbox:
-        mounts = tuple(m.canonical(spec.allowed_mount_roots) for m in spec.mounts)
-        spec = spec.model_copy(update={"mounts": mounts})
+        """Start a sandbox for ``spec``; a spec this host cannot run (``SpecError``: too many
+        cpus, a missing or unwritable mount, ...) is refused before any container exists."""
+        spec = spec.for_host(self.host_limits())
         for note in spec.loosened():
-            log.warning("sandbox policy loosens a default: %s", note)
+            log.warning("this policy loosens a hardened default: %s", note)
         uid, gid = _tool_identity(spec)
         sandbox_id = uuid.uuid4().hex[:12]
         socket_dir = self.run_root / sandbox_id
@@ -311,14 +327,10 @@ class DockerEngine:
             DockerMount(m.target, str(m.source), type="bind", read_only=m.read_only, propagation="rprivate")
             for m in spec.mounts
         ]
-        owned = f"uid={uid},gid={gid}"
-        tmpfs = {
-            "/tmp": f"rw,nosuid,nodev,size={spec.effective_tmp_size},mode=1777",
-            "/workspace": f"rw,nosuid,nodev,size={spec.effective_workspace_size},mode=0755,{owned}",
-            HOME: f"rw,nosuid,nodev,size={spec.small_tmpfs_size},mode=0755,{owned}",
-        }
-        if spec.workdir not in tmpfs and not any(m.target == spec.workdir for m in spec.mounts):
-            tmpfs[spec.workdir] = f"rw,nosuid,nodev,size={spec.effective_workspace_size},mode=0755,{owned}"
+        # A scratch place a mount covers gets no tmpfs (it would hide the mount or sit under
+        # it); mounts below a scratch place land on top of its tmpfs, as Docker mounts the
+        # shallower path first.
+        tmpfs = {place: spec.tmpfs_options(place, uid, gid) for place in spec.scratch_tmpfs()}
         api = self.client.api
         try:
             host_config = api.create_host_config(
@@ -341,7 +353,7 @@ class DockerEngine:
                 # (sandbox/spawner.py), so the agent is never the OOM killer's first choice.
                 # (Lowering the agent's score instead needs CAP_SYS_RESOURCE in the daemon,
                 # which not every host grants.)
-                shm_size=spec.small_tmpfs_size,
+                shm_size=spec.shm_size,
             )
             created = api.create_container(
                 spec.image,
@@ -646,13 +658,10 @@ def _expiry_passed(socket_dir: str | None, now: float) -> bool:
 
 
 def _tool_identity(spec: SandboxSpec) -> tuple[int, int]:
-    """Tool processes take the owner of the first non-root rw mount, else the sandbox user."""
-    for mount in spec.mounts:
-        if not mount.read_only:
-            st = mount.source.stat()
-            if st.st_uid != 0:
-                return st.st_uid, st.st_gid
-    return TOOL_UID, TOOL_GID
+    """The uid/gid tool processes run as: what a rw mount asks for, else the owner of the
+    first rw mount not owned by root, else the sandbox user; never 0, and every rw mount
+    writable by it (``SandboxSpec.tool_identity`` raises SpecError otherwise)."""
+    return spec.tool_identity()
 
 
 def _parse_hosts(text: str) -> dict[str, str]:

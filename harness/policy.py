@@ -1,4 +1,4 @@
-"""The policy: what a run's sandboxes may do and which tool calls may run (DESIGN 4 and 6).
+"""The policy: what a run's sandboxes may do and which tool calls may run.
 
 A policy is a TOML file (``--policy FILE``; without it the packaged, commented
 ``harness/data/default-policy.toml``), read with :mod:`tomllib` and validated by the
@@ -10,12 +10,16 @@ Sections:
 
 ``[sandbox]``
     The :class:`~harness.spec.SandboxSpec` settings a policy may set, with the same
-    secure defaults; ``[[sandbox.mounts]]`` (``source``, ``target``, ``mode = "ro"|"rw"``)
-    and ``allowed_mount_roots``. Relative mount sources and roots are taken against the
-    policy file's directory. Sizes take ``"512m"`` or bytes. Loosening a DESIGN 4 default
-    (a ``rw`` mount, network other than ``none``, memory/cpus/pids/nofile/fsize above the
-    default) is logged as a warning on ``callbox.policy`` naming the key
-    (:meth:`Policy.loosened`).
+    secure defaults; ``[[sandbox.mounts]]`` (``source``, ``target``, ``mode = "ro"|"rw"``,
+    and for a rw mount ``uid``/``gid``: the tool user, never 0) and ``allowed_mount_roots``.
+    Relative mount sources and roots are taken against the policy file's directory. Sizes
+    take ``"512m"`` or bytes. Loading a policy also checks it against this host
+    (:meth:`~harness.spec.SandboxSpec.for_host`): every mount source exists, is no system
+    path, lies under ``allowed_mount_roots`` and, if rw, is writable by the tool user;
+    cpus and memory fit the host. Loosening a hardened default (a ``rw`` mount, network
+    other than ``none``, memory/cpus/pids/nofile/fsize above the default) is logged as a
+    warning on ``callbox.policy`` naming the key (:meth:`Policy.loosened`); ``noexec``
+    is a tightening.
 
 ``allowed_tools``
     The tools exposed to the model in this run (absent: all registered tools). A call
@@ -90,7 +94,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from harness.calls import TOOL_NAME_PATTERN, Action, Decision
 from harness.errors import CallboxError
-from harness.spec import DEFAULT_IMAGE, Mount, SandboxSpec
+from harness.spec import DEFAULT_IMAGE, HostLimits, Mount, SandboxSpec, SpecError
 from harness.units import ByteSize, format_size
 from harness.validation import describe_validation_error, render_path
 
@@ -155,10 +159,15 @@ class MountSetting(BaseModel):
     """Absolute path inside the sandbox, e.g. ``/workspace``."""
     mode: Literal["ro", "rw"] = "ro"
     """``ro`` (default) or ``rw``; a ``rw`` mount loosens a default and is logged."""
+    uid: int | None = None
+    """rw only: the uid tool processes run as (never 0); default the owner of the first rw
+    mount not owned by root, else 1000. Every rw mount must be writable by it."""
+    gid: int | None = None
+    """rw only, with ``uid``: the gid tool processes run as (never 0); default ``uid``'s number."""
 
 
 class SandboxSettings(BaseModel):
-    """``[sandbox]``: the sandbox a call runs in; every default is DESIGN 4's secure one."""
+    """``[sandbox]``: the sandbox a call runs in; every default is the hardened one."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -188,6 +197,10 @@ class SandboxSettings(BaseModel):
     """Size of the /tmp tmpfs; default an eighth of the memory limit."""
     workspace_size: ByteSize | None = None
     """Size of the scratch workspace tmpfs; default a quarter of the memory limit."""
+    home_size: ByteSize | None = None
+    """Size of the home directory tmpfs; default a sixteenth of the memory limit."""
+    noexec: bool = _spec_default("noexec")
+    """Mount /workspace, /tmp and the home directory noexec (a tightening; see SandboxSpec.noexec)."""
     nofile: int = _spec_default("nofile")
     """Open files per process. Default 1024."""
     fsize: ByteSize = _spec_default("fsize")
@@ -482,7 +495,7 @@ class Policy(BaseModel):
         mounts: list[Mount] = []
         for index, m in enumerate(s.mounts):
             try:
-                mounts.append(Mount(source=m.source, target=m.target, read_only=m.mode == "ro"))
+                mounts.append(Mount(source=m.source, target=m.target, read_only=m.mode == "ro", uid=m.uid, gid=m.gid))
             except ValidationError as exc:
                 prefix = f"sandbox.mounts[{index}]"
                 problems = [_under(prefix, p) for p in describe_validation_error(exc, Mount, noun="key")]
@@ -501,6 +514,8 @@ class Policy(BaseModel):
                 env=dict(s.env),
                 tmp_size=s.tmp_size,
                 workspace_size=s.workspace_size,
+                home_size=s.home_size,
+                noexec=s.noexec,
                 nofile=s.nofile,
                 fsize=s.fsize,
                 ttl_seconds=s.ttl_seconds,
@@ -509,8 +524,16 @@ class Policy(BaseModel):
             problems = [_under("sandbox", p) for p in describe_validation_error(exc, SandboxSpec, noun="key")]
             raise PolicyError("; ".join(problems)) from None
 
+    def host_checked_spec(self, host: HostLimits | None = None) -> SandboxSpec:
+        """:meth:`sandbox_spec` checked against ``host`` (default this machine): mounts exist,
+        are allowed and writable by the tool user, cpus and memory fit; a PolicyError names the key."""
+        try:
+            return self.sandbox_spec().for_host(host)
+        except SpecError as exc:
+            raise PolicyError(f"key 'sandbox.{exc.key}': {exc.message}") from None
+
     def loosened(self) -> list[str]:
-        """One note per setting looser than the DESIGN 4 defaults, naming its key."""
+        """One note per setting looser than the hardened defaults, naming its key."""
         s = self.sandbox
         notes = [
             f"sandbox.mounts[{i}] mounts {m.source} read-write at {m.target}"
@@ -746,8 +769,9 @@ def _default_policy_where() -> str:
     return str(resources.files("harness").joinpath(DEFAULT_POLICY_RESOURCE))
 
 
-def load_policy(path: Path | None = None) -> Policy:
-    """Read and validate a policy file (None: the packaged default) and log its loosenings."""
+def load_policy(path: Path | None = None, *, host: HostLimits | None = None) -> Policy:
+    """Read and validate a policy file (None: the packaged default), check its sandbox
+    against ``host`` (default this machine) and log its loosenings."""
     if path is None:
         data = resources.files("harness").joinpath(DEFAULT_POLICY_RESOURCE).read_bytes()
         label, base_dir = f"default policy {_default_policy_where()}", None
@@ -766,14 +790,16 @@ def load_policy(path: Path | None = None) -> Policy:
         except OSError as exc:
             raise PolicyError(f"{label} cannot be read: {exc.strerror or exc}") from None
         base_dir = path.parent
-    policy = parse_policy(data, source=label, base_dir=base_dir)
+    policy = parse_policy(data, source=label, base_dir=base_dir, host=host)
     for note in policy.loosened():
-        log.warning("%s loosens a DESIGN 4 default: %s", label, note)
+        log.warning("%s loosens a hardened default: %s", label, note)
     return policy
 
 
-def parse_policy(text: str | bytes, *, source: str = "policy", base_dir: Path | None = None) -> Policy:
-    """Validate policy TOML; ``source`` names it in errors, ``base_dir`` anchors relative mount paths."""
+def parse_policy(text: str | bytes, *, source: str = "policy", base_dir: Path | None = None,
+                 host: HostLimits | None = None) -> Policy:
+    """Validate policy TOML and check its sandbox against ``host`` (default this machine);
+    ``source`` names it in errors, ``base_dir`` anchors relative mount paths."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -793,7 +819,7 @@ def parse_policy(text: str | bytes, *, source: str = "policy", base_dir: Path | 
     if base_dir is not None:
         policy = _anchor_paths(policy, base_dir)
     try:
-        policy.sandbox_spec()
+        policy.host_checked_spec(host)
     except PolicyError as exc:
         raise PolicyError(_problems_message(source, [exc.message])) from None
     return policy

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import tomllib
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from harness.policy import (
     load_policy,
     parse_policy,
 )
-from harness.spec import Mount, SandboxSpec
+from harness.spec import HostLimits, Mount, SandboxSpec
 
 
 @dataclass(frozen=True)
@@ -41,14 +42,25 @@ MULTI = Tool("multi", path_fields=("paths",))
 OTHER = Tool("other")
 
 
+BIG_HOST = HostLimits(cpus=64, memory=64 << 30)
+
+
 def policy(text: str) -> Policy:
     return parse_policy(text, source="policy file test.toml")
 
 
-def error(text: str) -> str:
+def error(text: str, host: HostLimits | None = None) -> str:
     with pytest.raises(PolicyError) as info:
-        parse_policy(text, source="policy file test.toml")
+        parse_policy(text, source="policy file test.toml", host=host)
     return info.value.message
+
+
+def writable_dir(path: Path) -> Path:
+    """A directory the tool user can write (as root: owned by uid 1000, as tool processes are then)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        os.chown(path, 1000, 1000)
+    return path
 
 
 def _docs_suffix() -> str:
@@ -148,9 +160,9 @@ def test_load_from_a_file_names_the_file(tmp_path: Path) -> None:
                          "budgets)"),
         ('[sandbox]\nmemroy = "1g"', "unexpected key 'sandbox.memroy' (allowed: image, memory, cpus, pids, "
                                      "network, allow_hosts, mounts, allowed_mount_roots, workdir, env, tmp_size, "
-                                     "workspace_size, nofile, fsize, ttl_seconds)"),
+                                     "workspace_size, home_size, noexec, nofile, fsize, ttl_seconds)"),
         ('[[sandbox.mounts]]\nsource = "/srv"\ntarget = "/data"\nreadonly = true',
-         "unexpected key 'sandbox.mounts[0].readonly' (allowed: source, target, mode)"),
+         "unexpected key 'sandbox.mounts[0].readonly' (allowed: source, target, mode, uid, gid)"),
         ('[tools.shell]\nallow = true', "unexpected key 'tools.shell.allow' (allowed: decision, rules)"),
         ('[[tools.my-tool.rules]]\naction = "deny"\npath = "x"\nwhy = "no"',
          "unexpected key 'tools.my-tool.rules[0].why' (allowed: action, command, path, reason)"),
@@ -223,34 +235,38 @@ def test_several_problems_are_all_listed() -> None:
 
 def test_sandbox_spec_from_settings(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
+    project = writable_dir(tmp_path / "x")
     path = tmp_path / "p.toml"
     path.write_text(
         '[sandbox]\nmemory = "256m"\ncpus = 0.5\nenv = {LANG = "C.UTF-8"}\nallowed_mount_roots = ["."]\n'
+        'home_size = "16m"\nnoexec = true\n'
         '[[sandbox.mounts]]\nsource = "data"\ntarget = "/data"\n'
-        '[[sandbox.mounts]]\nsource = "/srv/x"\ntarget = "/workspace"\nmode = "rw"\n'
+        f'[[sandbox.mounts]]\nsource = "{project}"\ntarget = "/workspace"\nmode = "rw"\n'
     )
     spec = load_policy(path).sandbox_spec()
     assert spec.memory == 256 << 20
     assert spec.cpus == 0.5
     assert spec.env == {"LANG": "C.UTF-8"}
+    assert (spec.home_size, spec.noexec) == (16 << 20, True)
     # Relative mount sources and roots are taken against the policy file's directory.
     assert spec.mounts == (
         Mount(source=tmp_path / "data", target="/data", read_only=True),
-        Mount(source=Path("/srv/x"), target="/workspace", read_only=False),
+        Mount(source=project, target="/workspace", read_only=False),
     )
     assert spec.allowed_mount_roots == (tmp_path,)
 
 
 def test_loosening_is_logged_naming_each_key(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    project = writable_dir(tmp_path / "x")
     path = tmp_path / "loose.toml"
     path.write_text(
         '[sandbox]\nmemory = "2g"\ncpus = 4\npids = 1024\nnofile = 4096\nfsize = "4g"\n'
-        '[[sandbox.mounts]]\nsource = "/srv/x"\ntarget = "/workspace"\nmode = "rw"\n'
+        f'[[sandbox.mounts]]\nsource = "{project}"\ntarget = "/workspace"\nmode = "rw"\n'
     )
     with caplog.at_level(logging.WARNING, logger="callbox.policy"):
-        loaded = load_policy(path)
+        loaded = load_policy(path, host=BIG_HOST)
     notes = [
-        "sandbox.mounts[0] mounts /srv/x read-write at /workspace",
+        f"sandbox.mounts[0] mounts {project} read-write at /workspace",
         "sandbox.memory = 2g is above the default 512m",
         "sandbox.cpus = 4 is above the default 1",
         "sandbox.pids = 1024 is above the default 256",
@@ -261,17 +277,113 @@ def test_loosening_is_logged_naming_each_key(tmp_path: Path, caplog: pytest.LogC
     records = [r for r in caplog.records if r.name == "callbox.policy"]
     assert [r.levelno for r in records] == [logging.WARNING] * len(notes)
     assert [r.getMessage() for r in records] == [
-        f"policy file {path} loosens a DESIGN 4 default: {note}" for note in notes
+        f"policy file {path} loosens a hardened default: {note}" for note in notes
     ]
 
 
 def test_tightening_is_not_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "tight.toml"
-    path.write_text('[sandbox]\nmemory = "256m"\ncpus = 0.5\npids = 64\n[[sandbox.mounts]]\nsource = "/srv"\n'
-                    'target = "/data"\n')
+    path.write_text('[sandbox]\nmemory = "256m"\ncpus = 0.5\npids = 64\nnoexec = true\n[[sandbox.mounts]]\n'
+                    f'source = "{tmp_path}"\ntarget = "/data"\n')
     with caplog.at_level(logging.WARNING, logger="callbox.policy"):
         assert load_policy(path).loosened() == []
     assert caplog.records == []
+
+
+# ---- the sandbox checked against this host when the policy loads ----------------------------
+
+
+def test_a_missing_mount_source_is_refused_at_load_naming_file_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('[[sandbox.mounts]]\nsource = "."\ntarget = "/a"\n'
+                    '[[sandbox.mounts]]\nsource = "gone"\ntarget = "/b"\nmode = "rw"\n')
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert info.value.message == (
+        f"policy file {path}: key 'sandbox.mounts[1].source': mount source {tmp_path}/gone does not exist on "
+        "the host" + _docs_suffix()
+    )
+    assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize("source", ["/etc", "/var/lib/docker", "/var/lib"])
+def test_a_forbidden_mount_source_is_refused_at_load(source: str) -> None:
+    if not os.path.exists(source):
+        pytest.skip(f"{source} does not exist on this host")
+    message = error(f'[[sandbox.mounts]]\nsource = "{source}"\ntarget = "/data"\n')
+    assert message.startswith(f"policy file test.toml: key 'sandbox.mounts[0].source': mount source {source} is a "
+                              "system path")
+
+
+def test_a_mount_outside_the_allowed_roots_is_refused_at_load(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    message = error(f'[sandbox]\nallowed_mount_roots = ["{tmp_path}/in"]\n'
+                    f'[[sandbox.mounts]]\nsource = "{tmp_path}/out"\ntarget = "/data"\n')
+    assert f"key 'sandbox.mounts[0].source': mount source {tmp_path}/out is outside the allowed mount roots" in message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs a root-owned directory the test can make")
+def test_a_root_owned_rw_mount_is_refused_at_load(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir(mode=0o755)
+    message = error(f'[[sandbox.mounts]]\nsource = "{project}"\ntarget = "/workspace/project"\nmode = "rw"\n')
+    assert message.startswith(
+        f"policy file test.toml: key 'sandbox.mounts[0].source': rw mount {project} (at /workspace/project) is not "
+        "writable by the tool user uid 1000, gid 1000")
+    assert "owner root (uid 0), group root (gid 0), mode 0755" in message
+    assert "uid and gid on its [[sandbox.mounts]] entry" in message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_uid_and_gid_keys_pick_the_tool_user(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, 0, 4343)
+    shared.chmod(0o775)
+    loaded = policy(f'[[sandbox.mounts]]\nsource = "{shared}"\ntarget = "/out"\nmode = "rw"\nuid = 4242\ngid = 4343\n')
+    spec = loaded.host_checked_spec()
+    assert (spec.mounts[0].uid, spec.mounts[0].gid, spec.tool_identity()) == (4242, 4343, (4242, 4343))
+
+
+@pytest.mark.parametrize(
+    ("keys", "problem"),
+    [
+        ('mode = "rw"\nuid = 0', "key 'sandbox.mounts[0].uid': tool processes never run as root: pick a uid/gid of 1 "
+                                 "or more, not 0"),
+        ('mode = "rw"\nuid = 5\ngid = 0', "key 'sandbox.mounts[0].gid': tool processes never run as root: pick a "
+                                          "uid/gid of 1 or more, not 0"),
+        ('uid = 5', "sandbox.mounts[0]: uid/gid apply to rw mounts only (the tool user writes there); /data is ro"),
+        ('mode = "rw"\ngid = 5', "sandbox.mounts[0]: gid=5 needs uid= as well (the tool user's uid)"),
+    ],
+)
+def test_bad_mount_ids_name_their_key(tmp_path: Path, keys: str, problem: str) -> None:
+    message = error(f'[[sandbox.mounts]]\nsource = "{tmp_path}"\ntarget = "/data"\n{keys}\n')
+    assert message == f"policy file test.toml: {problem}" + _docs_suffix()
+
+
+def test_two_mounts_at_one_target_are_refused_at_load(tmp_path: Path) -> None:
+    message = error(f'[[sandbox.mounts]]\nsource = "{tmp_path}"\ntarget = "/data"\n'
+                    f'[[sandbox.mounts]]\nsource = "{tmp_path}"\ntarget = "/data/"\n')
+    assert message == (
+        "policy file test.toml: key 'sandbox.mounts': mounts[0] and mounts[1] both mount at /data; a container path "
+        "takes one mount: pick another target for one of them" + _docs_suffix()
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "problem"),
+    [
+        ("cpus = 4", HostLimits(cpus=2), "key 'sandbox.cpus': cpus 4 is more than the 2 CPU(s) of this host; use at "
+                                         "most 2"),
+        ('memory = "1t"', HostLimits(memory=24 << 30), "key 'sandbox.memory': memory 1024.0 GiB is more than the "
+                                                       "24.0 GiB of memory of this host; use at most 24576m"),
+        ("cpus = 0.001", None, "key 'sandbox.cpus': cpus 0.001 is below the minimum of 0.01 (the smallest CPU "
+                               "quota Docker accepts)"),
+    ],
+)
+def test_cpus_and_memory_are_checked_against_the_host(text: str, host: HostLimits | None, problem: str) -> None:
+    assert error(f"[sandbox]\n{text}\n", host) == f"policy file test.toml: {problem}" + _docs_suffix()
 
 
 def test_loosening_starts_just_above_the_default() -> None:

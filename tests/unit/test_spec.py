@@ -1,8 +1,9 @@
-"""Sizes, mounts and SandboxSpec: the secure defaults of DESIGN 4 and every refusal."""
+"""Sizes, mounts and SandboxSpec: the hardened defaults and every refusal."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from harness.spec import DEFAULT_IMAGE, Mount, SandboxSpec
+from harness.spec import DEFAULT_IMAGE, HOME, Mount, SandboxSpec
 from harness.units import format_size, parse_size
 
 MiB = 1 << 20
@@ -85,7 +86,32 @@ def test_mount_parse_bad_mode() -> None:
 
 @pytest.mark.parametrize("text", ["/src", ":/data", "/src:", "", "/a:/b:ro:extra", "::ro"])
 def test_mount_parse_missing_parts(text: str) -> None:
-    with pytest.raises(ValueError, match=r"use HOST:CONTAINER\[:ro\|rw\]"):
+    with pytest.raises(ValueError, match=r"use HOST:CONTAINER\[:ro\|rw\[,uid=N\]\[,gid=N\]\]"):
+        Mount.parse(text)
+
+
+def test_mount_parse_takes_the_tool_uid_and_gid() -> None:
+    mount = Mount.parse("/src:/data:rw,uid=1001,gid=1002")
+    assert (mount.read_only, mount.uid, mount.gid, mount.tool_ids) == (False, 1001, 1002, (1001, 1002))
+    assert Mount.parse("/src:/data:rw,uid=4242").tool_ids == (4242, 4242)  # gid defaults to the uid's number
+    assert Mount.parse("/src:/data:rw").tool_ids is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("/src:/data:rw,uid=0", "never run as root: pick a uid/gid of 1 or more, not 0"),
+        ("/src:/data:rw,uid=5,gid=0", "never run as root"),
+        ("/src:/data:rw,uid=abc", "uid takes a number, e.g. uid=1001"),
+        ("/src:/data:rw,gid", "gid takes a number"),
+        ("/src:/data:rw,gid=7", "gid=7 needs uid= as well"),
+        ("/src:/data:ro,uid=7", "uid/gid apply to rw mounts only"),
+        ("/src:/data:uid=7", "uid/gid apply to rw mounts only"),
+        ("/src:/data:rw,exec", "the mode must be ro or rw, not 'exec'"),
+    ],
+)
+def test_mount_parse_refuses_bad_ids(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         Mount.parse(text)
 
 
@@ -286,15 +312,111 @@ def test_default_tmpfs_sizes_leave_room_for_the_agent() -> None:
     spec = SandboxSpec()
     assert spec.effective_tmp_size == 64 * MiB
     assert spec.effective_workspace_size == 128 * MiB
-    assert spec.small_tmpfs_size == 16 * MiB  # home directory and /dev/shm each
-    assert spec.tmpfs_total == 224 * MiB
+    assert spec.effective_home_size == spec.small_tmpfs_size == 32 * MiB  # room for a pip cache
+    assert spec.shm_size == 16 * MiB
+    assert spec.scratch_tmpfs() == {"/workspace": 128 * MiB, "/tmp": 64 * MiB, HOME: 32 * MiB}
+    assert spec.tmpfs_total == 240 * MiB
     assert spec.tmpfs_total <= spec.memory // 2
 
 
+@pytest.mark.parametrize("memory", ["32m", "96m", "256m", "1g", "8g"])
+def test_default_tmpfs_sizes_stay_under_half_of_any_memory(memory: str) -> None:
+    spec = SandboxSpec(memory=memory)
+    assert spec.tmpfs_total < spec.memory // 2
+    assert spec.effective_home_size == spec.memory // 16
+
+
 def test_tmpfs_adding_up_past_half_the_memory_is_refused() -> None:
-    with pytest.raises(ValidationError, match="keep tmp_size \\+ workspace_size under half of memory"):
+    with pytest.raises(ValidationError, match="keep tmp_size \\+ workspace_size \\+ home_size under half of memory"):
         SandboxSpec(memory="256m", tmp_size="100m", workspace_size="100m")
-    assert SandboxSpec(memory="256m", tmp_size="32m", workspace_size="64m").tmpfs_total == 128 * MiB
+    with pytest.raises(ValidationError, match="the tmpfs mounts would take 168 MiB of the 256 MiB"):
+        SandboxSpec(memory="256m", home_size="64m")
+    assert SandboxSpec(memory="256m", tmp_size="32m", workspace_size="64m").tmpfs_total == 120 * MiB
+
+
+def test_home_size_must_be_smaller_than_memory() -> None:
+    with pytest.raises(ValidationError, match="home_size must be smaller than the memory limit"):
+        SandboxSpec(memory="256m", home_size="256m")
+    assert SandboxSpec(memory="1g", home_size="100m").effective_home_size == 100 * MiB
+
+
+# ---- scratch places and the mounts that replace them -------------------------------------
+
+
+@pytest.mark.parametrize("target", ["/workspace", "/tmp", HOME])
+def test_a_mount_at_a_scratch_place_replaces_its_tmpfs(target: str) -> None:
+    spec = SandboxSpec(mounts=(Mount.parse(f"/src:{target}:rw"),))
+    assert target not in spec.scratch_tmpfs()
+    assert set(spec.scratch_tmpfs()) == {"/workspace", "/tmp", HOME} - {target}
+    # its size no longer counts against the memory limit
+    assert spec.tmpfs_total == SandboxSpec().tmpfs_total - SandboxSpec().scratch_tmpfs()[target]
+
+
+def test_a_mount_at_a_parent_of_a_scratch_place_wins_there_too() -> None:
+    spec = SandboxSpec(mounts=(Mount.parse("/src:/home"),))
+    assert HOME not in spec.scratch_tmpfs()
+    assert set(spec.scratch_tmpfs()) == {"/workspace", "/tmp"}
+
+
+def test_a_mount_below_a_scratch_place_keeps_the_tmpfs_around_it() -> None:
+    spec = SandboxSpec(mounts=(Mount.parse("/src:/workspace/project:rw"),))
+    assert set(spec.scratch_tmpfs()) == {"/workspace", "/tmp", HOME}
+
+
+def test_a_mount_that_only_shares_a_prefix_does_not_replace_a_scratch_place() -> None:
+    spec = SandboxSpec(mounts=(Mount.parse("/src:/workspace2"), Mount.parse("/src2:/tm")))
+    assert set(spec.scratch_tmpfs()) == {"/workspace", "/tmp", HOME}
+
+
+def test_workdir_gets_a_tmpfs_only_when_nothing_holds_it() -> None:
+    assert "/work" in SandboxSpec(workdir="/work").scratch_tmpfs()
+    assert "/src" not in SandboxSpec(workdir="/src", mounts=(Mount.parse("/h:/src"),)).scratch_tmpfs()
+    # a workdir inside a mount is the host's directory: no tmpfs over it
+    covered = SandboxSpec(workdir="/src/sub", mounts=(Mount.parse("/h:/src"),)).scratch_tmpfs()
+    assert set(covered) == {"/workspace", "/tmp", HOME}
+
+
+@pytest.mark.parametrize("place", ["/workspace", "/tmp", HOME])
+def test_scratch_places_are_executable_by_default_and_noexec_on_request(place: str) -> None:
+    options = SandboxSpec().tmpfs_options(place, 1000, 1000).split(",")
+    assert "exec" in options and "noexec" not in options
+    assert {"rw", "nosuid", "nodev"} <= set(options)
+    tight = SandboxSpec(noexec=True).tmpfs_options(place, 1000, 1000).split(",")
+    assert "noexec" in tight and "exec" not in tight
+    assert {"rw", "nosuid", "nodev"} <= set(tight)
+
+
+def test_scratch_ownership() -> None:
+    spec = SandboxSpec()
+    assert spec.tmpfs_options("/tmp", 1001, 1002).endswith("mode=1777")
+    assert spec.tmpfs_options("/workspace", 1001, 1002).endswith("mode=0755,uid=1001,gid=1002")
+    assert f"size={32 * MiB}" in spec.tmpfs_options(HOME, 1001, 1002)
+
+
+def test_noexec_is_not_a_loosening() -> None:
+    assert SandboxSpec(noexec=True).loosened() == []
+
+
+def test_two_mounts_at_one_target_are_refused() -> None:
+    with pytest.raises(ValidationError, match=(r"mounts\[0\] and mounts\[2\] both mount at /data; a container "
+                                               "path takes one mount: pick another target for one of them")):
+        SandboxSpec(mounts=(Mount.parse("/a:/data"), Mount.parse("/b:/other"), Mount.parse("/c:/data/:rw")))
+
+
+@pytest.mark.parametrize(
+    ("cpus", "message"),
+    [
+        (0.001, "cpus 0.001 is below the minimum of 0.01 (the smallest CPU quota Docker accepts)"),
+        (0, "cpus 0 is below the minimum of 0.01"),
+        (-1, "cpus -1 is below the minimum of 0.01"),
+        (float("nan"), "is not a number of cores"),
+        (float("inf"), "is not a number of cores"),
+    ],
+)
+def test_cpus_below_the_minimum_are_refused_with_a_whole_message(cpus: float, message: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        SandboxSpec(cpus=cpus)
+    assert SandboxSpec(cpus=0.01).cpus == 0.01
 
 
 def test_sizes_accept_docker_notation() -> None:
