@@ -92,8 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--output-cap", default="1m", help="bytes kept per stream, head and tail (default 1m)")
     ex.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
 
-    sub.add_parser("ps", help="list live sandboxes")
-    sub.add_parser("gc", help="remove expired or orphaned sandboxes")
+    ps = sub.add_parser("ps", help="list live sandboxes")
+    ps.add_argument("--json", action="store_true",
+                    help="print a JSON list of {sandbox_id, container_id, status, expires_at, expires_in_s, "
+                         "expired, owner}")
+    gc = sub.add_parser("gc", help="remove expired or orphaned sandboxes")
+    gc.add_argument("--json", action="store_true", help="print one JSON object {removed: [ids], count}")
     cli_calls.add_parsers(sub)
     cli_run.add_parser(sub)
     cli_serve.add_parsers(sub)
@@ -199,9 +203,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "exec":
         return _exec(args)
     if args.command == "ps":
-        return _ps()
+        return _ps(args)
     if args.command == "gc":
-        return _gc()
+        return _gc(args)
     if args.command in cli_calls.COMMANDS:
         return cli_calls.run(args)
     if args.command == "run":
@@ -342,24 +346,37 @@ def _read_stdin() -> bytes:
     return data
 
 
-def _ps() -> int:
+def _ps(args: argparse.Namespace) -> int:
     engine = _engine()
-    rows = engine.list_sandboxes()
-    print(f"{'SANDBOX':<14}{'CONTAINER':<14}{'STATUS':<10}{'EXPIRES IN':<12}OWNER")
     now = time.time()
-    for info in rows:
-        left = info.expires - now
-        expires = f"{left:.0f}s" if left > 0 else "expired"
-        print(f"{info.sandbox_id:<14}{info.container_id:<14}{info.status:<10}{expires:<12}{info.owner}")
+    rows = [{
+        "sandbox_id": info.sandbox_id,
+        "container_id": info.container_id,
+        "status": info.status,
+        "expires_at": info.expires,
+        "expires_in_s": round(info.expires - now),
+        "expired": info.expires <= now,
+        "owner": info.owner,
+    } for info in engine.list_sandboxes()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'SANDBOX':<14}{'CONTAINER':<14}{'STATUS':<10}{'EXPIRES IN':<12}OWNER")
+    for row in rows:
+        expires = "expired" if row["expired"] else f"{row['expires_in_s']}s"
+        print(f"{row['sandbox_id']:<14}{row['container_id']:<14}{row['status']:<10}{expires:<12}{row['owner']}")
     return 0
 
 
-def _gc() -> int:
+def _gc(args: argparse.Namespace) -> int:
     from harness.docker_engine import DockerEngine, connect_client
 
     client = connect_client()
     engine = DockerEngine(client, reap_on_start=False)
     removed = engine.gc()
+    if args.json:
+        print(json.dumps({"removed": removed, "count": len(removed)}))
+        return 0
     for sandbox_id in removed:
         print(f"removed {sandbox_id}")
     print(f"{len(removed)} sandbox(es) removed")

@@ -210,3 +210,20 @@ def test_exec_json_of_a_missing_command_still_prints_the_result_object(engine):
     assert result["stderr"] == "callbox: nosuchcmd: command not found\n"
     assert result["error"] == "nosuchcmd: command not found"
     assert result["stdout"] == "" and result["signal"] == 0 and result["timed_out"] is False
+
+
+def test_ps_and_gc_json(engine, make_sandbox):
+    box = make_sandbox()
+    proc = callbox("ps", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert isinstance(rows, list)
+    (row,) = [r for r in rows if r["sandbox_id"] == box.id]
+    assert set(row) == {"sandbox_id", "container_id", "status", "expires_at", "expires_in_s", "expired", "owner"}
+    assert row["status"] == "running" and row["expired"] is False and row["expires_in_s"] > 0
+    assert f"/{os.getpid()}/" in row["owner"]
+    gc = callbox("gc", "--json")
+    assert gc.returncode == 0, gc.stderr
+    summary = json.loads(gc.stdout)
+    assert set(summary) == {"removed", "count"}
+    assert summary["count"] == len(summary["removed"]) and box.id not in summary["removed"]
