@@ -268,7 +268,8 @@ class _Converter:
             if prop not in required:
                 default = schema.get("default") if isinstance(schema, dict) else None
                 if self.plain:
-                    prop_schema = _with_default(prop_schema, default)
+                    stated = isinstance(schema, dict) and "default" in schema
+                    prop_schema = _with_default(prop_schema, default, stated=stated)
                 else:
                     if default is not None:
                         prop_schema = _with_note(prop_schema, f"Default: {json.dumps(default)}.")
@@ -325,9 +326,12 @@ def _with_note(schema: dict[str, Any], note: str) -> dict[str, Any]:
     return {**schema, "description": text}
 
 
-def _with_default(schema: dict[str, Any], default: Any) -> dict[str, Any]:
+def _with_default(schema: dict[str, Any], default: Any, *, stated: bool) -> dict[str, Any]:
     """An optional field's plain schema: a ``None`` default is the same as leaving the field
-    out, so its ``null`` branch goes; another default is stated and ``null`` is left as is."""
+    out, so its ``null`` branch goes; another default is stated and ``null`` is left as is
+    (as it is when the default is computed, ``default_factory``, and so not in the schema)."""
+    if not stated:
+        return schema
     if default is not None:
         return _ordered({**schema, "default": default})
     return _without_null(schema)

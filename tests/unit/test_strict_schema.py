@@ -593,6 +593,7 @@ class Meaningful(BaseModel):
     limit: int | None = Field(30, description="null: no limit.")
     parent: str | None = Field(description="null: at the top.")
     note: str | None = None
+    tags: list[str] | None = Field(default_factory=list)
 
 
 def test_plain_keeps_null_where_it_is_not_the_default() -> None:
@@ -601,6 +602,8 @@ def test_plain_keeps_null_where_it_is_not_the_default() -> None:
         "limit": {"description": "null: no limit.", "anyOf": [{"type": "integer"}, {"type": "null"}], "default": 30},
         "parent": {"description": "null: at the top.", "anyOf": [{"type": "string"}, {"type": "null"}]},
         "note": {"type": "string"},
+        # a computed default is not in the schema, so null (None, not []) may mean something
+        "tags": {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]},
     }
     assert schema["required"] == ["parent"]
     assert_plain(schema)
