@@ -6,7 +6,7 @@ One file, shared by every harness process on the host (``callbox call``, ``callb
 keys on. Every write is one ``BEGIN IMMEDIATE`` transaction, so concurrent writers from
 several processes queue on SQLite's write lock instead of failing or losing records.
 
-The call lifecycle the harness drives (DESIGN 6, issue 3 items 5-7)::
+The call lifecycle the harness drives::
 
     claim = store.claim_call(run_id, call_id, tool, arguments)   # atomic across processes
     if not claim.fresh:                  # a replay, or a concurrent duplicate
@@ -20,7 +20,7 @@ A call that must wait for a human gets ``create_approval``; ``resolve_approval``
 any process) approves or denies it, and ``consume_approval`` flips approved -> consumed
 atomically so an approved call runs exactly once even if two harness processes resume it.
 
-A paused agent run (issue 5 item 3) is checkpointed with ``save_checkpoint``: its state
+A paused agent run is checkpointed with ``save_checkpoint``: its state
 (JSON, see ``harness.checkpoint``) goes into the ``checkpoints`` table and the run is marked
 ``end_reason = "approval_pending"``; ``claim_checkpoint`` (the resuming process) atomically
 takes it back, re-opening the run, so two processes cannot resume the same pause. The
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -46,21 +45,51 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from harness.audit_records import (
+    ARGUMENTS_CAP,
+    Approval,
+    CallRecord,
+    CheckpointRecord,
+    Claim,
+    RunRecord,
+    _approval_from_row,
+    _call_from_row,
+    _json_default,
+    _prepare_arguments,
+    _run_from_row,
+    _storable,
+    arguments_digest,
+    canonical_json,
+    result_from_json,
+    result_to_json,
+)
 from harness.calls import Action, Decision, ErrorCode, ToolResult
 from harness.errors import CallboxError
 from harness.labels import Owner, owner_alive
+
+__all__ = [
+    "ARGUMENTS_CAP",
+    "Approval",
+    "AuditError",
+    "AuditStore",
+    "CallRecord",
+    "CheckpointRecord",
+    "Claim",
+    "RunRecord",
+    "arguments_digest",
+    "canonical_json",
+    "default_audit_path",
+    "result_from_json",
+    "result_to_json",
+]
 
 log = logging.getLogger("callbox.audit")
 
 SCHEMA_VERSION = 1
 """Stored in ``PRAGMA user_version``; ``MIGRATIONS[n]`` upgrades a database from n-1 to n."""
-
-ARGUMENTS_CAP = 64 * 1024
-"""Stored arguments are cut at this many UTF-8 bytes (the digest always covers all of them)."""
 
 BUSY_TIMEOUT_S = 10.0
 """How long a connection waits for another process's write lock before giving up."""
@@ -101,265 +130,6 @@ def default_audit_path() -> Path:
     base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "state"
     return base / "callbox" / "audit.sqlite3"
 
-
-# --------------------------------------------------------------------------- serialization
-
-
-def _json_default(value: object) -> object:
-    """Never let an odd value in ``meta`` break the audit write (it is stored as text)."""
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=repr)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
-
-
-def result_to_json(result: ToolResult) -> str:
-    """The full ToolResult as JSON; ``result_from_json`` gives back an equal ToolResult for
-    JSON-typed ``structured``/``meta`` values (a tuple comes back as a list)."""
-    return json.dumps(
-        {
-            "call_id": result.call_id,
-            "text": result.text,
-            "is_error": result.is_error,
-            "error": None if result.error is None else result.error.value,
-            "structured": result.structured,
-            "meta": result.meta,
-        },
-        ensure_ascii=False,
-        separators=(",", ":"),
-        default=_json_default,
-    )
-
-
-def result_from_json(payload: str) -> ToolResult:
-    data = json.loads(payload)
-    meta: dict[str, Any] = data.get("meta") or {}
-    raw_error = data.get("error")
-    error: ErrorCode | None = None
-    if raw_error is not None:
-        try:
-            error = ErrorCode(raw_error)
-        except ValueError:  # written by a newer callbox
-            error = ErrorCode.INTERNAL
-            meta = {**meta, "stored_error_code": raw_error}
-    return ToolResult(
-        call_id=data["call_id"],
-        text=data["text"],
-        is_error=bool(data["is_error"]),
-        error=error,
-        structured=data.get("structured"),
-        meta=meta,
-    )
-
-
-def _storable(text: str) -> str:
-    """SQLite needs valid UTF-8: lone surrogates become visible escapes."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
-
-
-def canonical_json(value: object) -> str:
-    """Sorted keys, no whitespace, UTF-8 kept: equal argument objects give equal text."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_json_default)
-
-
-def arguments_digest(arguments: str | Mapping[str, Any]) -> str:
-    """sha256 of the canonical JSON of the arguments (of the raw text when it is not JSON)."""
-    return _prepare_arguments(arguments).digest
-
-
-@dataclass(frozen=True)
-class _Args:
-    text: str
-    digest: str
-    truncated: bool
-    size: int
-
-
-def _prepare_arguments(arguments: str | Mapping[str, Any]) -> _Args:
-    if isinstance(arguments, str):
-        text = arguments
-        try:
-            canonical = canonical_json(json.loads(arguments))
-        except (ValueError, RecursionError):  # invalid JSON is still recorded, digest of the raw text
-            canonical = arguments
-    else:
-        try:
-            canonical = canonical_json(arguments)
-        except (TypeError, ValueError, RecursionError):
-            canonical = repr(arguments)
-        text = canonical
-    digest = hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
-    text = _storable(text)
-    raw = text.encode("utf-8")
-    truncated = len(raw) > ARGUMENTS_CAP
-    if truncated:
-        text = raw[:ARGUMENTS_CAP].decode("utf-8", "ignore")
-    return _Args(text, digest, truncated, len(raw))
-
-
-# --------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    id: str
-    created: float
-    ended: float | None
-    end_reason: str | None
-    meta: dict[str, Any]
-    calls: int
-    """Calls recorded for this run (any state, any outcome)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "created": self.created,
-            "ended": self.ended,
-            "end_reason": self.end_reason,
-            "meta": self.meta,
-            "calls": self.calls,
-        }
-
-
-@dataclass(frozen=True)
-class CallRecord:
-    run_id: str
-    call_id: str
-    tool: str
-    args_digest: str
-    arguments: str
-    """The arguments as received (cut at ARGUMENTS_CAP bytes when ``arguments_truncated``)."""
-    arguments_truncated: bool
-    bytes_in: int
-    state: str
-    """claimed | running | done"""
-    decision: Decision | None
-    authorized: bool
-    owner: str
-    """host/pid/start-time of the process that claimed it (see ``harness.labels.Owner``)."""
-    started: float
-    finished: float | None = None
-    duration_ms: float | None = None
-    exit_code: int | None = None
-    is_error: bool | None = None
-    error_code: str | None = None
-    bytes_out: int | None = None
-    truncated: bool | None = None
-    result_text: str | None = None
-    result: ToolResult | None = field(default=None, compare=False)
-    """The stored ToolResult once ``state == "done"``; a replay returns exactly this."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, for ``callbox audit --json`` (without the duplicate full result)."""
-        return {
-            "run_id": self.run_id,
-            "call_id": self.call_id,
-            "tool": self.tool,
-            "args_digest": self.args_digest,
-            "arguments": self.arguments,
-            "arguments_truncated": self.arguments_truncated,
-            "bytes_in": self.bytes_in,
-            "state": self.state,
-            "decision": None if self.decision is None else self.decision.action.value,
-            "rule": None if self.decision is None else self.decision.rule,
-            "reason": None if self.decision is None else self.decision.reason,
-            "authorized": self.authorized,
-            "owner": self.owner,
-            "started": self.started,
-            "finished": self.finished,
-            "duration_ms": self.duration_ms,
-            "exit_code": self.exit_code,
-            "is_error": self.is_error,
-            "error_code": self.error_code,
-            "bytes_out": self.bytes_out,
-            "truncated": self.truncated,
-            "result_text": self.result_text,
-        }
-
-
-@dataclass(frozen=True)
-class Claim:
-    """The answer to ``claim_call``.
-
-    ``fresh=True``: this caller owns the execution and must end it with ``finish_call``.
-    ``fresh=False``: the call_id was already claimed; ``record`` is what is stored (when
-    ``state == "done"``, ``result`` is the recorded result to return without executing).
-    """
-
-    fresh: bool
-    record: CallRecord
-    conflict: bool = False
-    """Not fresh, and the stored tool or arguments digest differ from this claim's."""
-
-    @property
-    def state(self) -> str:
-        return self.record.state
-
-    @property
-    def result(self) -> ToolResult | None:
-        return self.record.result
-
-    @property
-    def decision(self) -> Decision | None:
-        return self.record.decision
-
-
-@dataclass(frozen=True)
-class CheckpointRecord:
-    """A paused run's saved state (``save_checkpoint``)."""
-
-    run_id: str
-    saved: float
-    status: str
-    """paused (waiting to be resumed) | resumed (claimed by ``owner``)"""
-    owner: str
-    """host/pid/start-time of the process that saved or claimed it."""
-    state: str
-    """The loop's state as JSON text (``harness.checkpoint.Checkpoint``)."""
-
-
-@dataclass(frozen=True)
-class Approval:
-    id: str
-    run_id: str
-    call_id: str
-    tool: str
-    args_digest: str
-    arguments: str
-    arguments_truncated: bool
-    rule: str
-    reason: str
-    state: str
-    """pending | approved | denied | consumed"""
-    created: float
-    resolved: float | None
-    resolved_by: str | None
-    resolution_reason: str | None
-    consumed: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "run_id": self.run_id,
-            "call_id": self.call_id,
-            "tool": self.tool,
-            "args_digest": self.args_digest,
-            "arguments": self.arguments,
-            "arguments_truncated": self.arguments_truncated,
-            "rule": self.rule,
-            "reason": self.reason,
-            "state": self.state,
-            "created": self.created,
-            "resolved": self.resolved,
-            "resolved_by": self.resolved_by,
-            "resolution_reason": self.resolution_reason,
-            "consumed": self.consumed,
-        }
 
 
 # --------------------------------------------------------------------------- schema
@@ -500,67 +270,6 @@ _COUNT_AUTHORIZED = (
     "AND (error_code IS NULL OR error_code != 'budget_exceeded')"
 )
 
-
-def _decision_from(action: str | None, rule: str | None, reason: str | None) -> Decision | None:
-    if action is None:
-        return None
-    return Decision(Action(action), rule or "", reason or "")
-
-
-def _call_from_row(row: tuple[Any, ...]) -> CallRecord:
-    (run_id, call_id, tool, digest, arguments, args_truncated, bytes_in, state, decision, rule, reason,
-     authorized, owner, started, finished, duration_ms, exit_code, is_error, error_code, bytes_out,
-     truncated, result_text, result_json) = row  # fmt: skip
-    return CallRecord(
-        run_id=run_id,
-        call_id=call_id,
-        tool=tool,
-        args_digest=digest,
-        arguments=arguments,
-        arguments_truncated=bool(args_truncated),
-        bytes_in=bytes_in,
-        state=state,
-        decision=_decision_from(decision, rule, reason),
-        authorized=bool(authorized),
-        owner=owner,
-        started=started,
-        finished=finished,
-        duration_ms=duration_ms,
-        exit_code=exit_code,
-        is_error=None if is_error is None else bool(is_error),
-        error_code=error_code,
-        bytes_out=bytes_out,
-        truncated=None if truncated is None else bool(truncated),
-        result_text=result_text,
-        result=None if result_json is None else result_from_json(result_json),
-    )
-
-
-def _approval_from_row(row: tuple[Any, ...]) -> Approval:
-    (aid, run_id, call_id, tool, digest, arguments, args_truncated, rule, reason, state, created,
-     resolved, resolved_by, resolution_reason, consumed) = row  # fmt: skip
-    return Approval(
-        id=aid,
-        run_id=run_id,
-        call_id=call_id,
-        tool=tool,
-        args_digest=digest,
-        arguments=arguments,
-        arguments_truncated=bool(args_truncated),
-        rule=rule,
-        reason=reason,
-        state=state,
-        created=created,
-        resolved=resolved,
-        resolved_by=resolved_by,
-        resolution_reason=resolution_reason,
-        consumed=consumed,
-    )
-
-
-def _run_from_row(row: tuple[Any, ...]) -> RunRecord:
-    rid, created, ended, end_reason, meta, calls = row
-    return RunRecord(id=rid, created=created, ended=ended, end_reason=end_reason, meta=json.loads(meta), calls=calls)
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
