@@ -139,7 +139,7 @@ def test_initialize_and_list_tools(servers, tmp_path, transport):
             for tool in listed.tools:
                 definition = registry.get(tool.name).definition
                 assert tool.description == definition.description
-                assert tool.input_schema == definition.input_schema()
+                assert tool.input_schema == definition.input_schema("plain")
                 hints = definition.annotations
                 assert tool.annotations is not None
                 assert tool.annotations.read_only_hint is hints.read_only
