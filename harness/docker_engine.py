@@ -60,12 +60,15 @@ from harness.errors import (
 )
 from harness.netfilter import PacketFilter
 from harness.networking import ROLE, Attachment, EgressEvent, SandboxNetworks
-from harness.spec import AGENT_DIR, HOME, HostLimits, SandboxSpec
+from harness.spec import AGENT_DIR, TMP, HostLimits, SandboxSpec
+from harness.spec import HOME as _HOME
 from sandbox.health import SERVING
 
 log = logging.getLogger("callbox.engine")
 
 AGENT_SOCKET = f"{AGENT_DIR}/agent.sock"
+HOME = _HOME
+"""The tool user's home directory (the benchmark builds containers with it)."""
 READY_TIMEOUT_S = 30.0
 KEPT_DIR = "kept"
 """Under the run root: one ``<sandbox id>.json`` record per kept sandbox (see ``keep``)."""
@@ -317,7 +320,9 @@ class DockerEngine:
             **hardening,
             "ulimits": [Ulimit(name="nofile", soft=1024, hard=1024), Ulimit(name="core", soft=0, hard=0)],
         })
-        roots = sorted({spec.workdir, "/workspace", "/tmp", HOME, *(m.target for m in spec.mounts)})
+        # File operations reach the scratch places that have a tmpfs and every mount (a mount
+        # above a scratch place, like /home, holds whatever the host has there, maybe nothing).
+        roots = sorted({spec.workdir, *spec.scratch_tmpfs(), *(m.target for m in spec.mounts)})
         command = ["--socket", AGENT_SOCKET, "--uid", str(uid), "--gid", str(gid), "--workspace", spec.workdir,
                    "--max-concurrent", str(AGENT_MAX_CONCURRENT)]
         for root in roots:
@@ -361,7 +366,7 @@ class DockerEngine:
                 name=f"callbox-{sandbox_id}",
                 hostname="sandbox",
                 user="0:0",
-                environment={},
+                environment=_agent_environment(spec),
                 labels=label_values,
                 host_config=host_config,
             )
@@ -655,6 +660,14 @@ def _expiry_passed(socket_dir: str | None, now: float) -> bool:
         return float((Path(socket_dir) / "expires").read_text().strip()) <= now
     except (OSError, ValueError):
         return False
+
+
+def _agent_environment(spec: SandboxSpec) -> dict[str, str]:
+    """The agent's own environment (tool processes get theirs from the agent, never this).
+    The agent keeps runtime files in a directory it and the tool user can both write; a
+    mount replacing /tmp may be writable by the tool user only (the agent has no
+    CAP_DAC_OVERRIDE), so then it uses /dev/shm (a mode 1777 tmpfs) instead."""
+    return {} if TMP in spec.scratch_tmpfs() else {"TMPDIR": "/dev/shm"}
 
 
 def _tool_identity(spec: SandboxSpec) -> tuple[int, int]:
