@@ -62,6 +62,7 @@ from harness.audit_records import (
     _run_from_row,
     _storable,
     arguments_digest,
+    call_view,
     canonical_json,
     result_from_json,
     result_to_json,
@@ -816,17 +817,21 @@ class AuditStore:
         return None if row[0] is None else float(row[0])
 
     def calls_for_run(self, run_id: str) -> list[dict[str, Any]]:
-        """Every call of the run in the order they were claimed (AuditError if no such run)."""
+        """Every call of the run in the order they were claimed (AuditError if no such run),
+        each with the decision that stands and its approval (``audit_records.call_view``)."""
 
-        def body(c: sqlite3.Connection) -> list[Any] | None:
+        def body(c: sqlite3.Connection) -> tuple[list[Any], list[Any]] | None:
             if c.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
                 return None
-            return c.execute(_SELECT_RUN_CALLS, (run_id,)).fetchall()
+            calls = c.execute(_SELECT_RUN_CALLS, (run_id,)).fetchall()
+            return calls, c.execute(f"{_SELECT_APPROVALS} WHERE run_id = ?", (run_id,)).fetchall()
 
-        rows = self._read(body)
-        if rows is None:
+        found = self._read(body)
+        if found is None:
             raise _unknown_run(run_id)
-        return [_call_from_row(r).to_dict() for r in rows]
+        calls, approval_rows = found
+        approvals = {a.call_id: a for a in map(_approval_from_row, approval_rows)}
+        return [call_view(record, approvals.get(record.call_id)) for record in map(_call_from_row, calls)]
 
     def recent_calls(self, limit: int = 50) -> list[dict[str, Any]]:
         """The last ``limit`` calls across runs, newest first."""

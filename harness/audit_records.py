@@ -343,3 +343,36 @@ def _approval_from_row(row: tuple[Any, ...]) -> Approval:
 def _run_from_row(row: tuple[Any, ...]) -> RunRecord:
     rid, created, ended, end_reason, meta, calls = row
     return RunRecord(id=rid, created=created, ended=ended, end_reason=end_reason, meta=json.loads(meta), calls=calls)
+
+
+# --------------------------------------------------------------------------- what stands
+
+
+def final_decision(recorded: Decision | None, approval: Approval | None) -> Decision | None:
+    """The decision that stands for a call: the policy's, unless it asked a person, whose
+    answer then decides (a denial is ``deny`` with the person's reason; a pending one is
+    still ``ask``). The rule names the policy rule that asked, who answered and the approval."""
+    if approval is None:
+        return recorded
+    if approval.state == "denied":
+        why = f": {approval.resolution_reason}" if approval.resolution_reason else ""
+        return Decision(Action.DENY, f"{approval.rule}; denied by {approval.resolved_by} (approval {approval.id}){why}",
+                        approval.resolution_reason or "")
+    if approval.state in ("approved", "consumed"):
+        return Decision(Action.ALLOW, f"{approval.rule}; approved by {approval.resolved_by} (approval {approval.id})",
+                        approval.resolution_reason or approval.reason)
+    return Decision(Action.ASK, f"{approval.rule}; waiting for a person (approval {approval.id})", approval.reason)
+
+
+def call_view(record: CallRecord, approval: Approval | None) -> dict[str, Any]:
+    """A call as ``callbox audit --run`` shows it: its record, with the decision that stands
+    (:func:`final_decision`) and its approval, if it had one."""
+    view = record.to_dict()
+    decision = final_decision(record.decision, approval)
+    if decision is not None:
+        view.update(decision=decision.action.value, rule=decision.rule, reason=decision.reason)
+    view["approval"] = None if approval is None else {
+        "id": approval.id, "state": approval.state, "resolved_by": approval.resolved_by,
+        "resolution_reason": approval.resolution_reason,
+    }
+    return view

@@ -7,6 +7,22 @@ each tool call with its arguments and the policy's decision, tool output as it s
 and a summary; ``--json`` prints one JSON event per line instead. ``--resume RUN_ID``
 continues a run that paused for an approval, also in a new process.
 
+Tool output on the terminal is what the model reads: it streams live up to a quarter of
+the policy's ``max_output_bytes`` (whole lines), then the rest of the model's result text
+(its head, the truncation marker and its tail) follows when the call ends, so a huge output
+shows as the model sees it, never in full. Escape sequences and control characters are
+removed from it as from the model's text.
+
+A setting that loosens a hardened default (a read-write mount, a network) is said once on
+stderr before the run starts: ``callbox: this policy loosens a hardened default: ...`` for
+the sandbox options; the policy file's own loosenings are said, naming their keys, when it
+is loaded. The engine does not repeat them when the run's sandbox starts.
+
+A paused run prints the command that continues it, exactly runnable (shell-quoted, absolute
+paths): the transcript or ``--model``/``--base-url``, ``--policy`` and ``--audit-db`` of the
+run. A resumed run keeps the policy, sandbox and loop settings it was checkpointed with;
+loop options given again (``--max-turns``) replace the checkpointed ones.
+
 Exit status: 0 when the model gave its final answer; 3 when the run paused for an
 approval; 1 when a limit ended it (max_turns, budget:*, loop_detected); 125 for
 ``error:*``; 2 for bad usage.
@@ -15,11 +31,21 @@ approval; 1 when a limit ended it (max_turns, budget:*, loop_detected); 125 for
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
+import logging
+import shlex
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+
+LOOSENS = "this policy loosens a hardened default: %s"
+"""The words of the engine's warning for each loosened setting (``DockerEngine.create``)."""
 
 DEFAULT_SYSTEM = (
     "You are a careful software engineer working in an isolated Linux sandbox. Use the tools "
@@ -31,14 +57,18 @@ SCRIPTED_TASK = "(scripted run: the transcript holds the model's turns)"
 def add_parser(sub: Any) -> None:
     from harness.cli import sandbox_options
 
-    run = sub.add_parser("run", help="run the agent loop (a scripted transcript or a real model)")
+    run = sub.add_parser(
+        "run", help="run the agent loop (a scripted transcript or a real model)",
+        epilog="exit status: 0 final answer, 3 paused for approval, 1 another limit (max_turns, budget:*, "
+               "loop_detected), 125 an error (error:*, e.g. error:sandbox_unavailable), 2 bad usage",
+    )
     run.add_argument("transcript", nargs="?", type=Path, help="JSONL transcript of model turns (scripted model)")
     run.add_argument("--model", help="PROVIDER:NAME, e.g. openai:gpt-5, openai-chat:NAME, anthropic:NAME")
     run.add_argument("--task", help="what the model should do (required with --model)")
     run.add_argument("--system", default=DEFAULT_SYSTEM, help="system prompt")
     run.add_argument("--base-url", help="API base URL (OpenAI-compatible servers: vLLM, llama.cpp, Ollama)")
-    run.add_argument("--max-turns", type=int, default=50, help="model turns at most (default 50)")
-    run.add_argument("--tool-choice", default="auto", choices=["auto", "required", "none"],
+    run.add_argument("--max-turns", type=int, help="model turns at most (default 50)")
+    run.add_argument("--tool-choice", choices=["auto", "required", "none"],
                      help="tool_choice of the first turn (default auto)")
     run.add_argument("--resume", metavar="RUN_ID", help="continue a run that paused for an approval")
     run.add_argument("--policy", type=Path, help="policy file (default: the packaged default policy)")
@@ -47,9 +77,13 @@ def add_parser(sub: Any) -> None:
     sandbox_options(run, defaults=False)
 
 
+LOOP_OPTIONS = {"max_turns": "--max-turns", "tool_choice": "--tool-choice"}
+"""LoopConfig fields set from the command line, and their flags."""
+
+
 def run(args: argparse.Namespace) -> int:
     from harness.audit import AuditStore
-    from harness.loop import LoopConfig, RunOutcome
+    from harness.loop import RunOutcome
 
     if args.transcript is None and args.model is None and args.resume is None:
         raise UsageError("give a TRANSCRIPT.jsonl, or --model PROVIDER:NAME --task TEXT, or --resume RUN_ID")
@@ -57,13 +91,49 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give either a TRANSCRIPT or --model, not both")
     if args.model is not None and args.task is None and args.resume is None:
         raise UsageError("--model needs --task TEXT (what the model should do)")
-    config = LoopConfig(max_turns=args.max_turns, tool_choice=args.tool_choice)
-    show = _json_printer() if args.json else _LiveView().show
+    options = {name: getattr(args, name) for name in LOOP_OPTIONS if getattr(args, name) is not None}
+    loop_config(options)  # bad values are usage errors before anything starts
     with AuditStore(args.audit_db) as audit:
-        outcome: RunOutcome = _resume(args, audit, config, show) if args.resume else _start(args, audit, config, show)
+        outcome: RunOutcome = _resume(args, audit, options) if args.resume else _start(args, audit, options)
         if not args.json:
             print(f"audit record: run {outcome.run_id} in {audit.path} (`callbox audit --run {outcome.run_id}`)")
     return _exit_status(outcome.reason)
+
+
+def loop_config(options: dict[str, Any], base: dict[str, Any] | None = None) -> Any:
+    """A LoopConfig of ``base`` (a checkpointed one; None: the defaults) with the command
+    line's ``options`` over it; a value the config refuses is a UsageError naming its flag."""
+    from pydantic import ValidationError
+
+    from harness.loop import LoopConfig
+
+    try:
+        return LoopConfig.model_validate({**(base or {}), **options})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = str(err.get("loc", ("",))[0])
+        flag = LOOP_OPTIONS.get(where, where)
+        message = str(err.get("msg", "invalid value")).removeprefix("Value error, ").lower()
+        raise UsageError(f"{flag} {options.get(where, '')!s}: {message}") from None
+
+
+def resume_command(args: argparse.Namespace, run_id: str, audit_path: Path) -> str:
+    """The command that continues ``run_id`` as this one was started, shell-quoted and with
+    absolute paths, so it runs as printed from any directory and any environment."""
+    words = ["callbox", "run"]
+    if args.transcript is not None:
+        words.append(str(Path(args.transcript).resolve()))
+    elif args.model is not None:
+        words += ["--model", args.model]
+        if args.base_url:
+            words += ["--base-url", args.base_url]
+    words += ["--resume", run_id]
+    if args.policy is not None:
+        words += ["--policy", str(Path(args.policy).resolve())]
+    words += ["--audit-db", str(Path(audit_path).resolve())]
+    if args.json:
+        words.append("--json")
+    return shlex.join(words)
 
 
 def _model(args: argparse.Namespace, *, turns_done: int = 0) -> Any:
@@ -78,7 +148,7 @@ def _model(args: argparse.Namespace, *, turns_done: int = 0) -> Any:
     return make_model(args.model, base_url=args.base_url)
 
 
-def _start(args: argparse.Namespace, audit: Any, config: Any, show: Any) -> Any:
+def _start(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any:
     from harness.cli import spec_from_args
     from harness.dispatch import Harness
     from harness.loop import run_agent
@@ -89,11 +159,14 @@ def _start(args: argparse.Namespace, audit: Any, config: Any, show: Any) -> Any:
     spec = spec_from_args(args, policy.sandbox_spec())
     model = _model(args)
     task = args.task or SCRIPTED_TASK
-    with Harness(builtin_registry(), policy, audit, spec=spec) as harness:
-        return run_agent(model, harness, task=task, system=args.system, config=config, on_event=show)
+    show = _show(args, policy)
+    announced = policy.sandbox_spec().loosened()  # load_policy said these, naming their keys
+    with _loosened_said_once(spec, announced), Harness(builtin_registry(), policy, audit, spec=spec) as harness:
+        return run_agent(model, harness, task=task, system=args.system, config=loop_config(options),
+                         on_event=show, resume_command=resume_command(args, harness.run_id, audit.path))
 
 
-def _resume(args: argparse.Namespace, audit: Any, config: Any, show: Any) -> Any:
+def _resume(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any:
     from harness import checkpoint
     from harness.dispatch import Harness
     from harness.loop import resume
@@ -103,9 +176,41 @@ def _resume(args: argparse.Namespace, audit: Any, config: Any, show: Any) -> Any
     if saved is None:
         raise UsageError(f"run {args.resume} has no checkpoint: it never paused for an approval")
     model = _model(args, turns_done=saved.turn)
-    with Harness(builtin_registry(), saved.policy_model(), audit, run_id=args.resume,
-                 spec=saved.spec_model()) as harness:
-        return resume(args.resume, model, harness, config=config, on_event=show)
+    config = loop_config(options, saved.config) if options else None
+    policy, spec = saved.policy_model(), saved.spec_model()
+    show = _show(args, policy)
+    with _loosened_said_once(spec, []), Harness(builtin_registry(), policy, audit, run_id=args.resume,
+                                                spec=spec) as harness:
+        return resume(args.resume, model, harness, config=config, on_event=show,
+                      resume_command=resume_command(args, args.resume, audit.path))
+
+
+def _show(args: argparse.Namespace, policy: Any) -> Any:
+    if args.json:
+        return _json_printer()
+    return _LiveView(live_bytes=max(1024, policy.budgets.max_output_bytes // 4)).show
+
+
+@contextmanager
+def _loosened_said_once(spec: Any, announced: list[str]) -> Iterator[None]:
+    """Say each loosened default of the run's sandbox once, now (before the run), unless it is
+    ``announced`` already (the policy file's own, logged when it was loaded), and keep the
+    engine from repeating it when the sandbox starts in the middle of a tool call."""
+    notes = spec.loosened()
+    for note in notes:
+        if note not in announced:
+            print(f"callbox: {LOOSENS % note}", file=sys.stderr, flush=True)
+
+    def repeated(record: logging.LogRecord) -> bool:
+        return not (record.msg == LOOSENS and isinstance(record.args, tuple) and record.args[:1]
+                    and record.args[0] in notes)
+
+    engine_log = logging.getLogger("callbox.engine")
+    engine_log.addFilter(repeated)
+    try:
+        yield
+    finally:
+        engine_log.removeFilter(repeated)
 
 
 def _exit_status(reason: str) -> int:
@@ -125,16 +230,29 @@ def _json_printer() -> Any:
     return show
 
 
+@dataclass
+class _Live:
+    """What the terminal showed of one call's streamed output."""
+
+    decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(
+        errors="replace"))
+    shown: list[str] = field(default_factory=list)
+    size: int = 0
+    pending: str = ""
+    """The last, incomplete line (shown once it is complete, or at the end)."""
+    cut: bool = False
+    """The live part is used up: the rest comes from the model's result text."""
+
+
 class _LiveView:
     """Renders loop events on the terminal with rich."""
 
-    MAX_RESULT_LINES = 12
-
-    def __init__(self) -> None:
+    def __init__(self, live_bytes: int = 7500) -> None:
         from rich.console import Console
 
         self.console = Console(highlight=False, soft_wrap=True)
-        self.streamed: set[str] = set()
+        self.live_bytes = live_bytes
+        self.streams: dict[str, _Live] = {}
 
     def show(self, event: Any) -> None:
         handler = getattr(self, f"_on_{event.kind}", None)
@@ -164,22 +282,49 @@ class _LiveView:
         self.console.print(f"[bold]→ {_esc(e.name)}[/] [dim]{_esc(arguments)}[/] [{colour}]({e.decision})[/]")
 
     def _on_tool_output(self, e: Any) -> None:
-        self.streamed.add(e.call_id)
-        self.console.out(e.data.decode("utf-8", errors="replace"), end="", style="dim", highlight=False)
+        """Whole lines, cleaned as the model's text is, up to ``live_bytes`` per call."""
+        from harness.shaping import strip_terminal_codes
+
+        live = self.streams.setdefault(e.call_id, _Live())
+        if live.cut:
+            return
+        text = live.pending + strip_terminal_codes(live.decoder.decode(e.data))
+        complete, newline, pending = text.rpartition("\n")
+        lines = complete + newline
+        if live.size + len((lines + pending).encode()) > self.live_bytes:
+            room = lines.encode()[: self.live_bytes - live.size].decode(errors="ignore")
+            lines, pending = room[: room.rfind("\n") + 1], ""
+            live.cut = True
+        live.pending = pending
+        live.shown.append(lines)
+        live.size += len(lines.encode())
+        self._out(lines)
 
     def _on_tool_result(self, e: Any) -> None:
         result = e.result
+        live = self.streams.pop(e.call_id, None)
+        if live is not None:
+            shown = "".join(live.shown)
+            if live.cut:
+                # the rest of what the model reads: its head past the live part, marker, tail
+                at = result.text.find(shown) if shown else -1
+                rest = result.text[at + len(shown):] if at >= 0 else result.text
+                if at < 0:
+                    self.console.print("[dim]  (what the model reads of this output:)[/]")
+                self._out(rest if rest.endswith("\n") or not rest else rest + "\n")
+            elif live.pending:
+                self._out(live.pending + "\n")
         mark = "[red]✗[/]" if result.is_error else "[green]✓[/]"
         code = f" [red]{result.error}[/]" if result.error else ""
         self.console.print(f"{mark} {_esc(e.name)} {e.call_id}{code}")
-        if e.call_id in self.streamed:
+        if live is not None:
             return
-        lines = result.text.splitlines()
-        shown = lines[: self.MAX_RESULT_LINES]
-        for line in shown:
+        for line in result.text.splitlines():  # the model's text, already bounded by its budget
             self.console.print(f"  [dim]{_esc(line)}[/]")
-        if len(lines) > len(shown):
-            self.console.print(f"  [dim]… {len(lines) - len(shown)} more lines[/]")
+
+    def _out(self, text: str) -> None:
+        if text:
+            self.console.out(text, end="", style="dim", highlight=False)
 
     def _on_context_elided(self, e: Any) -> None:
         self.console.print(f"[dim]context budget: elided {len(e.call_ids)} old tool outputs "
@@ -197,9 +342,15 @@ class _LiveView:
         table.add_row("tool calls", str(e.tool_calls))
         table.add_row("time", f"{e.seconds:.1f} s")
         table.add_row("tokens in/out", f"{e.input_tokens}/{e.output_tokens}")
-        if e.message:
-            table.add_row("note", e.message)
         self.console.print(table)
+        message = e.message
+        if e.resume_command:
+            message = message.replace(f": {e.resume_command}", " the command below")
+        if message:
+            self.console.print(f"[bold]note:[/] {_esc(message)}")
+        if e.resume_command:
+            self.console.print("to continue once the approval is resolved:")
+            self.console.out(f"  {e.resume_command}", highlight=False)
 
 
 def _esc(text: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import tenacity
 
 from harness.audit import AuditStore, Claim, arguments_digest
+from harness.audit_records import final_decision
 from harness.calls import Action, Decision, ErrorCode, ToolCall, ToolOutput, ToolResult
 from harness.context import OutputSink, ToolContext
 from harness.docker_engine import DockerEngine, Sandbox
@@ -238,7 +239,7 @@ class Harness:
             result = ToolResult.failure(
                 call.call_id, ErrorCode.APPROVAL_DENIED, f"a person denied this call (approval {approval.id}){why}"
             )
-            return self._finish(call, result, decision)
+            return self._finish(call, result, final_decision(decision, approval))
         if approval.args_digest != arguments_digest(call.arguments):
             return ToolResult.failure(
                 call.call_id, ErrorCode.BAD_CALL_ID,

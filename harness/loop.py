@@ -39,6 +39,9 @@ and before anything after it. So writes keep the model's order, a read after a w
 it, and only runs of reads overlap. After a turn that called tools, a ``required`` or
 forced tool_choice becomes ``auto`` (an allowed-tools subset with mode ``required``
 becomes mode ``auto``), so the model is never forced to keep calling tools once done.
+A call whose result is ``sandbox_unavailable`` (no engine answers, or the sandbox is gone)
+ends the run with ``error:sandbox_unavailable`` and that result's text: the calls after it
+are not run (every one of them would fail the same way) and the model is not asked again.
 
 **APPEND_RESULTS** appends exactly one result per call, in the order the model issued
 them (``model.append_results``), then applies the context budget
@@ -262,6 +265,7 @@ class Loop:
         first_step: Step = Step.SELECT_TOOLS,
         engine: DockerEngine | None = None,
         clock: Callable[[], float] = time.monotonic,
+        resume_command: str | None = None,
     ) -> None:
         self.model = model
         self.harness = harness
@@ -272,6 +276,7 @@ class Loop:
         self._event_lock = threading.Lock()
         self._engine = engine
         self._clock = clock
+        self._resume_command = resume_command
         self._segment_start = clock()
         self._plan: _Plan | None = None
         self._resumed = first_step is Step.ATTACH_SANDBOX
@@ -302,13 +307,16 @@ class Loop:
         config: LoopConfig | None = None,
         on_event: EventSink | None = None,
         clock: Callable[[], float] = time.monotonic,
+        resume_command: str | None = None,
     ) -> Loop:
-        """A new run of ``task`` on the harness's run."""
+        """A new run of ``task`` on the harness's run. ``resume_command``: the command a person
+        runs to continue the run if it pauses (the CLI's, exactly runnable), put in the pause's
+        message and outcome."""
         config = config or LoopConfig()
         state = RunState(run_id=harness.run_id, context=model.start(system, task),
                          choice=to_tool_choice(config.tool_choice))
         try:
-            loop = cls(model, harness, state, config, on_event=on_event, clock=clock)
+            loop = cls(model, harness, state, config, on_event=on_event, clock=clock, resume_command=resume_command)
         except LoopConfigError as exc:
             harness.audit.end_run(harness.run_id, "error:config")
             raise exc from None
@@ -326,6 +334,7 @@ class Loop:
         on_event: EventSink | None = None,
         engine: DockerEngine | None = None,
         clock: Callable[[], float] = time.monotonic,
+        resume_command: str | None = None,
     ) -> Loop:
         """Continue a paused run from its checkpoint (in any process). ``harness`` must be
         built for ``run_id`` (``Checkpoint.policy_model()``/``spec_model()`` give the paused
@@ -335,9 +344,9 @@ class Loop:
         found = checkpoints.load(harness.audit, run_id)
         if found is None:
             raise CheckpointError(f"run {run_id} has no checkpoint: only a run paused for approval can be resumed")
-        cls._prepare(found, model, harness, config, on_event, engine, clock)  # check before claiming
+        cls._prepare(found, model, harness, config, on_event, engine, clock, resume_command)  # check before claiming
         claimed = checkpoints.claim(harness.audit, run_id)
-        loop = cls._prepare(claimed, model, harness, config, on_event, engine, clock)
+        loop = cls._prepare(claimed, model, harness, config, on_event, engine, clock, resume_command)
         # The harness's wall-time budget counts active time too, not the pause.
         harness.started = time.time() - claimed.seconds
         return loop
@@ -352,6 +361,7 @@ class Loop:
         on_event: EventSink | None,
         engine: DockerEngine | None,
         clock: Callable[[], float],
+        resume_command: str | None,
     ) -> Loop:
         if cp.format != model.format:
             raise CheckpointError(
@@ -384,7 +394,7 @@ class Loop:
             sandbox=cp.sandbox,
         )
         return cls(model, harness, state, config, on_event=on_event, first_step=Step.ATTACH_SANDBOX,
-                   engine=engine, clock=clock)
+                   engine=engine, clock=clock, resume_command=resume_command)
 
     def _check_config(self) -> None:
         """Every tool the config names must be registered and allowed by the policy."""
@@ -460,6 +470,7 @@ class Loop:
             run_id=s.run_id, reason=s.reason, final_text=s.final_text, turns=s.turn, tool_calls=s.tool_calls,
             seconds=round(self.seconds(), 3), usage=Usage(s.input_tokens, s.output_tokens, s.cost_usd),
             message=s.message, pending_approvals=tuple(s.approvals.values()) if s.reason == PAUSED else (),
+            resume_command=(self._resume_command or "") if s.reason == PAUSED else "",
         )
 
     def seconds(self) -> float:
@@ -492,7 +503,7 @@ class Loop:
     def _resend_calls(self) -> Step:
         s = self.state
         self._run_calls([i for i, result in enumerate(s.results) if result is None])
-        return Step.APPEND_RESULTS
+        return self._unless_unavailable() or Step.APPEND_RESULTS
 
     def _select_tools(self) -> Step:
         s = self.state
@@ -538,13 +549,20 @@ class Loop:
     def _execute_calls(self) -> Step:
         s = self.state
         self._run_calls(list(range(len(s.calls))))
-        s.tool_calls += len(s.calls)
+        s.tool_calls += sum(r is not None for r in s.results)
         for call in s.calls:
             key = _call_key(call)
             s.streak_count = s.streak_count + 1 if key == s.streak_key else 1
             s.streak_key = key
         s.choice = relaxed(s.choice)
-        return Step.APPEND_RESULTS
+        return self._unless_unavailable() or Step.APPEND_RESULTS
+
+    def _unless_unavailable(self) -> Step | None:
+        """End the run if a call found the sandbox unavailable: every later call would too."""
+        for result in self.state.results:
+            if result is not None and result.error is ErrorCode.SANDBOX_UNAVAILABLE:
+                return self._end("error:sandbox_unavailable", result.text)
+        return None
 
     def _append_results(self) -> Step:
         s = self.state
@@ -582,13 +600,16 @@ class Loop:
             self.harness.detach()
             sandbox.agent.close()
         s.reason = PAUSED
-        ids = ", ".join(s.approvals.values())
+        ids = list(s.approvals.values())
+        resolve = " and ".join(f"`callbox approvals approve {i}` (or `deny {i} --reason ...`)" for i in ids)
         kept_note = ""
         if ref is not None:
             kept_note = (f"; its sandbox {ref.id} is kept until "
                          f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(ref.expires))}")
-        s.message = (f"run {s.run_id} is paused: waiting for approval {ids} "
-                     f"(`callbox approvals approve|deny ID`), then `callbox run --resume {s.run_id}`{kept_note}")
+        then = (f"then continue it with: {self._resume_command}" if self._resume_command
+                else f"then resume run {s.run_id} with the model it ran with")
+        s.message = (f"run {s.run_id} is paused waiting for approval {', '.join(ids)}{kept_note}; "
+                     f"resolve it with {resolve}, {then}")
         self._emit(self._ended())
         return Step.DONE
 
@@ -610,7 +631,7 @@ class Loop:
             run_id=out.run_id, reason=out.reason, turns=out.turns, tool_calls=out.tool_calls, seconds=out.seconds,
             input_tokens=out.usage.input_tokens, output_tokens=out.usage.output_tokens,
             cost_usd=out.usage.cost_usd, final_text=out.final_text, message=out.message,
-            pending_approvals=out.pending_approvals,
+            pending_approvals=out.pending_approvals, resume_command=out.resume_command,
         )
 
     def _stage_for(self, turn: int) -> tuple[int | None, Stage | None]:
@@ -663,6 +684,8 @@ class Loop:
         consecutive read-only calls concurrently, every other call on its own."""
         s = self.state
         for group in self._groups(positions):
+            if any(r is not None and r.error is ErrorCode.SANDBOX_UNAVAILABLE for r in s.results):
+                return  # the run ends: the calls after it are not run
             if len(group) == 1:
                 s.results[group[0]] = self._one_call(s.calls[group[0]])
                 continue
@@ -794,9 +817,11 @@ def run_agent(
     system: str = "",
     config: LoopConfig | None = None,
     on_event: EventSink | None = None,
+    resume_command: str | None = None,
 ) -> RunOutcome:
     """Run ``task`` to its end (or pause) on the harness's run."""
-    return Loop.start(model, harness, task=task, system=system, config=config, on_event=on_event).run()
+    return Loop.start(model, harness, task=task, system=system, config=config, on_event=on_event,
+                      resume_command=resume_command).run()
 
 
 def resume(
@@ -807,6 +832,8 @@ def resume(
     config: LoopConfig | None = None,
     on_event: EventSink | None = None,
     engine: DockerEngine | None = None,
+    resume_command: str | None = None,
 ) -> RunOutcome:
     """Continue the paused run ``run_id`` to its end (or its next pause)."""
-    return Loop.resume(run_id, model, harness, config=config, on_event=on_event, engine=engine).run()
+    return Loop.resume(run_id, model, harness, config=config, on_event=on_event, engine=engine,
+                       resume_command=resume_command).run()

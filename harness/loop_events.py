@@ -132,6 +132,8 @@ class RunEnded(_EventBase):
     message: str
     """A sentence for a person: why it stopped, what to do (resume command, expiry, ...)."""
     pending_approvals: tuple[str, ...]
+    resume_command: str = ""
+    """Paused: the command that continues the run, if the caller gave one."""
 
 
 Event = (RunStarted | TurnStarted | ModelRetrying | ModelReplied | ToolCallStarted | ToolOutputChunk
@@ -152,6 +154,8 @@ class RunOutcome:
     usage: Usage
     message: str = ""
     pending_approvals: tuple[str, ...] = ()
+    resume_command: str = ""
+    """Paused: the command that continues the run, if the caller gave one."""
 
     @property
     def paused(self) -> bool:

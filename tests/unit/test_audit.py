@@ -581,6 +581,35 @@ def test_calls_for_run_and_recent_calls(store: AuditStore) -> None:
     assert store.get_run(r1).calls == 2
 
 
+def test_calls_for_run_shows_the_decision_that_stands_after_a_person_decided(store: AuditStore) -> None:
+    run = store.start_run()
+    asked = Decision(Action.ASK, 'tools.shell.rules[0] (ask command "*push*")', "pushing needs a person")
+    for call_id in ("denied", "approved", "pending", "plain"):
+        store.claim_call(run, call_id, "shell", {"command": f"git push {call_id}"})
+        store.record_decision(run, call_id, ALLOW if call_id == "plain" else asked)
+    ids = {c: store.create_approval(run, c, "shell", {"command": f"git push {c}"}, asked.rule, asked.reason).id
+           for c in ("denied", "approved", "pending")}
+    store.resolve_approval(ids["denied"], False, by="alice", reason="not on a Friday")
+    store.resolve_approval(ids["approved"], True, by="bob", reason=None)
+    rows = {r["call_id"]: r for r in store.calls_for_run(run)}
+
+    denied = rows["denied"]
+    assert (denied["decision"], denied["reason"]) == ("deny", "not on a Friday")
+    assert denied["rule"] == (f'tools.shell.rules[0] (ask command "*push*"); denied by alice '
+                              f"(approval {ids['denied']}): not on a Friday")
+    assert denied["approval"] == {"id": ids["denied"], "state": "denied", "resolved_by": "alice",
+                                  "resolution_reason": "not on a Friday"}
+    approved = rows["approved"]
+    assert approved["decision"] == "allow"
+    assert approved["rule"].endswith(f"; approved by bob (approval {ids['approved']})")
+    pending = rows["pending"]
+    assert pending["decision"] == "ask"
+    assert pending["rule"].endswith(f"; waiting for a person (approval {ids['pending']})")
+    assert rows["plain"]["decision"] == "allow" and rows["plain"]["approval"] is None
+    assert all(r["state"] == "claimed" for r in rows.values())  # the call's own lifecycle is unchanged
+    json.dumps(list(rows.values()))
+
+
 def test_wait_for_result_times_out_with_none(store: AuditStore) -> None:
     run = store.start_run()
     store.claim_call(run, "c1", "shell", "{}")

@@ -596,7 +596,8 @@ def test_a_call_needing_approval_pauses_after_the_other_calls_ran(make_harness, 
     assert tools.ran == {"echo": 3}  # the other calls of the turn ran, guarded did not
     (approval,) = audit.list_approvals(run_id="run-pause")
     assert outcome.pending_approvals == (approval.id,)
-    assert "approve|deny ID`), then `callbox run --resume run-pause`" in outcome.message
+    assert f"`callbox approvals approve {approval.id}`" in outcome.message
+    assert "then resume run run-pause with the model it ran with" in outcome.message
     run_record = audit.get_run("run-pause")
     assert run_record.end_reason == "approval_pending"  # paused, re-opened by resume
     cp = checkpoints.load(audit, "run-pause")
@@ -829,3 +830,38 @@ def test_a_broken_audit_store_ends_with_error_harness(make_harness, audit, monke
     outcome = run(FakeModel([calls(("c1", "echo", {"text": "x"}))]), harness)
     assert (outcome.reason, outcome.message) == ("error:harness", "the audit database is locked")
     assert audit.get_run(harness.run_id).end_reason == "error:harness"
+
+
+def test_a_pause_names_the_command_that_resumes_it(make_harness) -> None:
+    harness = make_harness(ASK_GUARDED, run_id="run-hint")
+    model = FakeModel([calls(("g1", "guarded", {"text": "x"}))])
+    command = "callbox run /abs/t.jsonl --resume run-hint --audit-db '/a b/audit.db'"
+    outcome = Loop.start(model, harness, task="t", resume_command=command).run()
+    assert outcome.reason == "approval_pending"
+    assert outcome.message.endswith(f"then continue it with: {command}")
+    assert outcome.resume_command == command
+
+
+def test_the_run_stops_at_the_first_call_that_finds_the_sandbox_unavailable(audit, tools) -> None:
+    from harness.errors import EngineUnavailable
+
+    def gone(_ctx: Any, _args: TextArgs) -> ToolOutput:
+        tools.count("gone")
+        raise EngineUnavailable("cannot reach the Docker engine at unix:///closed.sock")
+
+    registry = ToolRegistry([*tools.registry().tools(),
+                             Tool(ToolDefinition("gone", "Needs the sandbox.", TextArgs), gone)])
+    events: list[Any] = []
+    with Harness(registry, Policy(), audit, run_id="run-gone", engine_factory=no_engine) as harness:
+        model = FakeModel([
+            calls(("w1", "write", {"text": "a"}), ("u1", "gone", {"text": "b"}), ("u2", "gone", {"text": "c"}),
+                  ("w2", "write", {"text": "d"})),
+            final("never asked"),
+        ])
+        outcome = run(model, harness, events=events)
+    assert outcome.reason == "error:sandbox_unavailable"
+    assert "cannot reach the Docker engine at unix:///closed.sock" in outcome.message
+    assert tools.ran == {"write": 1, "gone": 1}  # nothing after the first unavailable call ran
+    assert len(model.requests) == 1  # the model is not asked again
+    assert [e.call_id for e in events if isinstance(e, ToolCallFinished)] == ["w1", "u1"]
+    assert audit.get_run("run-gone").end_reason == "error:sandbox_unavailable"
