@@ -23,17 +23,26 @@ from harness.image.errors import ImageBuildError
 from harness.image.sources import apt_sources, find_mirror
 
 BASE_REPO = "callbox-base"
-#: Packages on top of debootstrap's minbase; passwd provides useradd/groupadd.
+#: Packages on top of debootstrap's minbase: what a coding agent expects to find. debootstrap adds their
+#: dependencies (not their recommends); passwd provides useradd/groupadd for the Dockerfile.
 BASE_PACKAGES: tuple[str, ...] = (
     "bash",
     "coreutils",
     "python3",
+    "python3-pip",
+    "python3-venv",
+    "build-essential",
+    "make",
     "git",
-    "procps",
     "ripgrep",
     "patch",
     "curl",
     "ca-certificates",
+    "xz-utils",
+    "file",
+    "unzip",
+    "procps",
+    "less",
     "passwd",
 )
 #: What is removed from the debootstrapped tree to keep the base small, as (directory, file names kept

@@ -93,11 +93,33 @@ def test_sandbox_user_and_workspace(client, built):
 def test_tools_present(client, built):
     out = run(
         client,
-        "rg --version && git --version && curl --version && patch --version && ps --version && bash --version",
+        "rg --version && git --version && curl --version && patch --version && ps --version && bash --version && "
+        "gcc --version && g++ --version && cc --version && make --version && python3 -m pip --version && "
+        "python3 -m venv --help && xz --version && file --version && unzip -v && less --version",
         user="1000",
     )
-    for word in ("ripgrep", "git version", "curl", "GNU patch", "procps", "GNU bash"):
-        assert word in out
+    for word in ("ripgrep", "git version", "curl", "GNU patch", "procps", "GNU bash", "gcc (Debian", "g++ (Debian",
+                 "GNU Make", "pip ", "usage: venv", "xz (XZ Utils)", "file-", "UnZip", "less "):
+        assert word in out, word
+
+
+def test_system_git_and_pip_config(client, built):
+    git = run(client, "git config --system --list", user="1000").split()
+    assert set(git) == {"safe.directory=*", "user.name=callbox", "sandbox", "user.email=sandbox@callbox.invalid",
+                        "init.defaultbranch=main"}, git
+    assert run(client, "git config --show-origin user.email", user="1000").split() == [
+        "file:/etc/gitconfig", "sandbox@callbox.invalid"]
+    pip = run(client, "python3 -m pip config list", user="1000").splitlines()
+    assert sorted(pip) == ["global.break-system-packages='true'", "global.disable-pip-version-check='true'"]
+
+
+def test_image_size_and_pruned_docs(client, built):
+    size = client.images.get(built.image_id).attrs["Size"]
+    assert size < 600_000_000, f"the image grew to {size / 1e6:.0f} MB"
+    out = run(client, "find /usr/share/man /usr/share/info -type f | wc -l; "
+                      "find /usr/share/doc -type f ! -name copyright | wc -l; "
+                      "find /usr/share/locale -type f ! -name locale.alias | wc -l")
+    assert out.split() == ["0", "0", "0"]
 
 
 def test_agent_libraries_only_on_the_agents_path(client, built):
@@ -184,4 +206,29 @@ def test_base_with_old_python_is_refused(client, built):
                         progress=lambda _: None)  # fmt: skip
         assert find_image(client, "callbox-test-never:1") is None
     finally:
+        client.images.remove(fake, force=True)
+
+
+def test_user_base_keeps_its_pip_config_and_needs_no_git(client, built):
+    base = client.images.get(built.image_id).labels["callbox.image.base"]
+    fake, tag = "callbox-test-userbase:latest", "callbox-test-userbase-sandbox:1"
+    dockerfile = (
+        f"FROM {base}\n"
+        "RUN rm -f /usr/bin/git && printf '[global]\\ntimeout = 7\\n' > /etc/pip.conf\n"
+    )
+    client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=fake, rm=True, pull=False)
+    result = None
+    try:
+        result = build_image(client, repo_root=default_repo_root(), base=fake, tag=tag, progress=lambda _: None)
+        assert result.built and result.image_id != built.image_id
+        out = run(client, "cat /etc/pip.conf; ls /etc/gitconfig 2>&1; command -v git || echo no-git", image=tag,
+                  user="1000")
+        assert out.splitlines() == ["[global]", "timeout = 7", "ls: cannot access '/etc/gitconfig': "
+                                    "No such file or directory", "no-git"]
+        help_out = client.containers.run(tag, command=["--help"], network_mode="none", remove=True)
+        assert b"usage" in help_out.lower()
+    finally:
+        if result is not None:
+            for name in (tag, f"callbox-sandbox:{result.content_hash[:12]}"):
+                client.images.remove(name, force=True)
         client.images.remove(fake, force=True)

@@ -177,9 +177,14 @@ def test_base_tag_is_content_addressed():
 
 
 def test_base_packages_cover_the_tools():
-    for pkg in ("bash", "coreutils", "python3", "git", "procps", "ripgrep", "patch", "curl", "ca-certificates"):
+    tools = (
+        "bash", "coreutils", "python3", "python3-pip", "python3-venv", "build-essential", "make", "git", "ripgrep",
+        "patch", "curl", "ca-certificates", "xz-utils", "file", "unzip", "procps", "less",
+    )
+    for pkg in tools:
         assert pkg in base.BASE_PACKAGES
     assert "passwd" in base.BASE_PACKAGES  # useradd/groupadd for the Dockerfile
+    assert len(set(base.BASE_PACKAGES)) == len(base.BASE_PACKAGES)
 
 
 # --- content hash -----------------------------------------------------------------------------------
@@ -462,6 +467,17 @@ def test_dockerfile_contract():
     assert re.search(r"^FROM \$\{BASE_IMAGE\}", text, re.MULTILINE)
     assert 'sys.path.insert(0, "/opt/callbox/lib")' in text
     assert "from sandbox.__main__ import main" in text
+    # system-wide tool defaults, in files rather than ENV
+    for setting in (
+        "git config --system --replace-all safe.directory '*'",
+        "git config --system user.name 'callbox sandbox'",
+        "git config --system user.email 'sandbox@callbox.invalid'",
+        "git config --system init.defaultBranch main",
+        "'disable-pip-version-check = true'",
+        "'break-system-packages = true'",
+        "> /etc/pip.conf",
+    ):
+        assert setting in text, setting
     # classic builder (Docker 20.10 without BuildKit): no heredocs, no RUN --mount, no COPY --chmod
     instructions = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     assert not re.search(r"<<-?\s*['\"]?[A-Za-z]", instructions)
