@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+import unicodedata
 from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TextIO
@@ -156,11 +157,25 @@ def _main(args_list: list[str]) -> int:
         )
         return _dispatch(args)
     except CallboxError as error:
-        print(f"callbox: {error.message}", file=sys.stderr)
+        say(error.message)
         return error.exit_code
     except KeyboardInterrupt:
         print("callbox: interrupted", file=sys.stderr)
         return 130
+
+
+_UNPRINTABLE = ("Cc", "Cf", "Cs", "Zl", "Zp")
+
+
+def one_line(text: str) -> str:
+    """``text`` as one printable line: control and format characters, line separators and
+    lone surrogates (a newline or an escape sequence in an argument echoed back) are escaped."""
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) in _UNPRINTABLE else c for c in text)
+
+
+def say(message: str) -> None:
+    """Print ``callbox: <message>`` on stderr, on one line."""
+    print(f"callbox: {one_line(message)}", file=sys.stderr)
 
 
 def _output_closed(exc: BrokenPipeError) -> int:
@@ -168,7 +183,7 @@ def _output_closed(exc: BrokenPipeError) -> int:
     callbox's own failure."""
     closed = [s for s in (sys.stdout, sys.stderr) if _reader_gone(s) is not False]
     if not closed:
-        print(f"callbox: {short_reason(exc)}", file=sys.stderr)
+        say(short_reason(exc))
         return 125
     for stream in closed:
         # Nothing more can reach that reader; point the descriptor at /dev/null so the
@@ -325,7 +340,7 @@ def _exec(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json()))
     elif result.error is not None:
-        print(f"callbox: {result.error}", file=sys.stderr)
+        say(result.error)
     elif result.timed_out:
         print(f"callbox: timed out after {args.timeout:g} s; the process tree was killed", file=sys.stderr)
     elif result.oom_killed:

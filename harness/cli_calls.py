@@ -87,7 +87,7 @@ def _tools(args: argparse.Namespace) -> int:
 def _call(args: argparse.Namespace) -> int:
     from harness.audit import AuditStore
     from harness.calls import ToolCall
-    from harness.cli import spec_from_args
+    from harness.cli import say, spec_from_args
     from harness.dispatch import Harness
     from harness.policy import load_policy
     from harness.tools import builtin_registry
@@ -113,7 +113,7 @@ def _call(args: argparse.Namespace) -> int:
     print(json.dumps(result_item(result, parse_format(args.format))))
     if result.error in CALLBOX_FAILURES:
         # The item is printed all the same (the caller owes the model a result for its call_id).
-        print(f"callbox: {(result.text.splitlines() or ['no reason given'])[0]}", file=sys.stderr)
+        say((result.text.splitlines() or ["no reason given"])[0])
         return 125
     return 1 if result.is_error else 0
 

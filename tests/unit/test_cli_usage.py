@@ -255,3 +255,12 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
     captured = capsys.readouterr()
     assert captured.out == f"callbox {importlib.metadata.version('callbox')}\n"
     assert captured.err == ""
+
+
+@pytest.mark.parametrize("argv", [["mcp", "\r"], ["exec", "--memory", "1\n2\x1b[31m", "--", "true"],
+                                  ["tools", "--policy", "a\u202eb\u2028c"]])
+def test_control_characters_echoed_back_are_escaped_on_the_one_line(capsys: pytest.CaptureFixture[str],
+                                                                    argv: list[str]) -> None:
+    line = _usage_error(capsys, argv)
+    assert not any(c in line for c in "\r\n\x1b\u202e\u2028")
+    assert any(escaped in line for escaped in ("\\r", "\\n", "\\x1b", "\\u202e", "\\u2028"))
