@@ -90,7 +90,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,12 +97,13 @@ import tenacity
 
 from harness import checkpoint as checkpoints
 from harness.audit import arguments_digest
-from harness.calls import ErrorCode, ToolCall, ToolResult
+from harness.calls import ErrorCode, ToolResult
 from harness.checkpoint import Checkpoint, CheckpointError, PausedCall, SandboxRef
 from harness.context_budget import elide
 from harness.dispatch import Harness
 from harness.docker_engine import DockerEngine, SandboxExpired
 from harness.errors import CallboxError
+from harness.loop_calls import CallRunner
 from harness.loop_config import (
     AllowTools,
     ChoiceSetting,
@@ -144,7 +144,6 @@ from harness.models.base import (
     Usage,
 )
 from harness.registry import ToolDefinition
-from harness.validation import CallRejected, validate_call
 
 __all__ = [
     "AllowTools",
@@ -277,6 +276,7 @@ class Loop:
         self._engine = engine
         self._clock = clock
         self._resume_command = resume_command
+        self._calls = CallRunner(harness, config, self._emit)
         self._segment_start = clock()
         self._plan: _Plan | None = None
         self._resumed = first_step is Step.ATTACH_SANDBOX
@@ -680,98 +680,9 @@ class Loop:
     # -- calls
 
     def _run_calls(self, positions: Sequence[int]) -> None:
-        """Run the calls at ``positions`` (in order) and store their results by position:
-        consecutive read-only calls concurrently, every other call on its own."""
         s = self.state
-        for group in self._groups(positions):
-            if any(r is not None and r.error is ErrorCode.SANDBOX_UNAVAILABLE for r in s.results):
-                return  # the run ends: the calls after it are not run
-            if len(group) == 1:
-                s.results[group[0]] = self._one_call(s.calls[group[0]])
-                continue
-            with ThreadPoolExecutor(max_workers=min(len(group), self.config.max_parallel),
-                                    thread_name_prefix="callbox-call") as pool:
-                for position, result in zip(group, pool.map(lambda p: self._one_call(s.calls[p]), group),
-                                            strict=True):
-                    s.results[position] = result
-
-    def _groups(self, positions: Sequence[int]) -> list[list[int]]:
-        groups: list[list[int]] = []
-        reads: list[int] = []
-        for position in positions:
-            if self._concurrent(self.state.calls[position]):
-                reads.append(position)
-                continue
-            if reads:
-                groups.append(reads)
-                reads = []
-            groups.append([position])
-        if reads:
-            groups.append(reads)
-        return groups
-
-    def _concurrent(self, call: ModelToolCall) -> bool:
-        if not self.config.parallel_tool_calls:
-            return False
-        tool = self.harness.registry.get(call.name)
-        return tool is not None and tool.definition.annotations.read_only
-
-    def _one_call(self, call: ModelToolCall) -> ToolResult:
-        turn = self.state.turn
-        plan = self._plan
-        if plan is not None and call.name not in plan.callable and self._exposable(call.name):
-            offered = ", ".join(plan.callable) or "none"
-            result = ToolResult.failure(
-                call.call_id[:128], ErrorCode.TOOL_NOT_ALLOWED,
-                f"tool {call.name!r} is not offered in this turn; the tools you may call now are: {offered}",
-            )
-            self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, "rejected"))
-            self._emit(ToolCallFinished(turn, call.call_id, call.name, "rejected", result))
-            return result
-        self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, self._preview(call)))
-
-        def sink(stream: str, data: bytes) -> None:
-            self._emit(ToolOutputChunk(call.call_id, stream, data))
-
-        result = self.harness.call(ToolCall(call.name, call.arguments, call.call_id), on_output=sink)
-        self._emit(ToolCallFinished(turn, call.call_id, call.name, self._decision_of(call, result), result))
-        return result
-
-    def _exposable(self, name: str) -> bool:
-        """Registered and allowed by the policy: a call of any other tool goes to the harness,
-        which refuses (and records) it; the loop only refuses what this turn did not offer."""
-        return name in self.harness.registry and self.harness.policy.tool_allowed(name)
-
-    def _preview(self, call: ModelToolCall) -> str:
-        """The decision the call is about to get, for the live view (the harness decides)."""
-        harness = self.harness
-        approval = harness.audit.find_approval(harness.run_id, call.call_id)
-        if approval is not None:
-            return {"pending": "ask", "denied": "deny"}.get(approval.state, "approved")
-        tool = harness.registry.get(call.name)
-        if tool is None or not harness.policy.tool_allowed(call.name):
-            return "rejected"
-        arguments: str | dict[str, Any] = call.arguments
-        field_name = tool.definition.freeform_field
-        if field_name is not None and isinstance(arguments, str) and not arguments.lstrip().startswith("{"):
-            arguments = {field_name: arguments}
-        try:
-            args = validate_call(tool.definition, arguments)
-        except CallRejected:
-            return "rejected"
-        return harness.policy.decide(tool.definition, args, workdir=harness.spec.workdir).action.value
-
-    def _decision_of(self, call: ModelToolCall, result: ToolResult) -> str:
-        if result.error is ErrorCode.APPROVAL_PENDING:
-            return "ask"
-        if result.error is ErrorCode.APPROVAL_DENIED:
-            return "deny"
-        record = self.harness.audit.get_call(self.harness.run_id, call.call_id)
-        if record is None or record.decision is None:
-            return "rejected"
-        if record.decision.rule.startswith("approval "):
-            return "approved"
-        return record.decision.action.value
+        offered = None if self._plan is None else self._plan.callable
+        self._calls.run(s.calls, s.results, positions, turn=s.turn, offered=offered)
 
     def _checkpoint(self) -> Checkpoint:
         s = self.state
