@@ -10,8 +10,17 @@ Built on the official ``mcp`` SDK's low-level ``Server`` (full control of ``inpu
   starts lazily.
 * :func:`build_mcp_server` (protocol): ``tools/list`` and ``tools/call`` on a low-level
   ``Server``, mapping results to ``CallToolResult`` and output to progress notifications.
-* transports: :func:`run_mcp_stdio` (``callbox mcp``), :func:`serve_mcp_http` /
-  :func:`run_mcp_http` (``callbox serve --mcp-http ADDR``, streamable HTTP on ``/mcp``).
+* transports: :func:`run_mcp_stdio` (``callbox mcp``, in :mod:`harness.mcp_stdio`),
+  :func:`serve_mcp_http` / :func:`run_mcp_http` (``callbox serve --mcp-http ADDR``,
+  streamable HTTP on ``/mcp``).
+
+Cancellation
+    A call the client cancels (``notifications/cancelled``), or one still running when its
+    session ends (the client closed stdin, sent ``DELETE`` or went idle; the server stops),
+    has its agent RPCs cancelled, the same mechanism as the gRPC door's cancelled
+    ``CallTool``: the agent then kills the command's whole process tree (a ``bash`` call's
+    shell with it, which the next ``bash`` call reports). The call ends with an error result
+    in the audit log; a cancelled request gets no response, as the spec says.
 
 Sessions and sandboxes
     One :class:`McpSession` per MCP session, one sandbox per session, started by the first
@@ -29,8 +38,8 @@ Sessions and sandboxes
       clients in ``auto`` mode then use the handshake), and refuses a 2026-07-28 request with
       ``-32022`` (unsupported protocol version) naming the versions it serves.
 
-    A call still running when its session ends is cut off: the sandbox goes, and the call
-    ends with an error result in the audit log. A server killed with SIGKILL leaves its
+    A call still running when its session ends is cut off: its processes are killed, the
+    sandbox goes, and the call ends with an error result in the audit log. A server killed with SIGKILL leaves its
     sandboxes behind; ``callbox gc`` (and every engine start) reaps them, their owner being
     dead. A session that outlives the policy's ``sandbox.ttl_seconds`` may have its sandbox
     reaped as expired.
@@ -72,12 +81,10 @@ when pending, ``callbox/approval_id``.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import dataclasses
 import ipaddress
 import logging
-import os
 import signal
 import socket
 import sys
@@ -90,15 +97,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
 import anyio.to_thread
 import mcp_types as types
 import uvicorn
 from mcp.server.connection import Connection
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
@@ -112,7 +116,10 @@ from harness.calls import ErrorCode, ToolCall, ToolResult
 from harness.dispatch import Harness
 from harness.docker_engine import Sandbox
 from harness.errors import CallboxError, SandboxStartError, UsageError
+from harness.executor_service import CallScope, make_cancellable
+from harness.executor_service import _current as _rpc_scope
 from harness.formats import result_item, tool_definition
+from harness.mcp_progress import OutputPump, progress_requested
 from harness.policy import Policy, load_policy
 from harness.registry import ToolRegistry
 from harness.spec import SandboxSpec
@@ -149,11 +156,6 @@ GRACEFUL_SHUTDOWN_S = 5.0
 CALL_ID_META_KEY = "callbox/call_id"
 """Request ``_meta`` key: the client's own call id (an idempotency key) for a ``tools/call``."""
 _META = "callbox/"
-
-PROGRESS_INTERVAL_S = 0.1
-HEARTBEAT_S = 5.0
-PROGRESS_MESSAGE_MAX = 4096
-"""Bytes of new output one progress notification carries (the newest; older ones are dropped)."""
 
 INSTRUCTIONS = (
     "Tools run in a disposable, hardened Linux sandbox (a Docker container {network}). "
@@ -192,9 +194,13 @@ class SessionEnded(CallboxError):
 
 class _SessionHarness(Harness):
     """A Harness whose sandbox cannot come back after ``close``: a call still running when its
-    session ends (its worker thread abandoned) must not start a new container nobody destroys."""
+    session ends (its worker thread abandoned) must not start a new container nobody destroys.
+    Its sandbox's agent RPCs are tracked by the calling thread's CallScope (``make_cancellable``,
+    as in the gRPC door), so cancelling a call's scope kills what the call started."""
 
     _closed = False
+    _cancellable: Sandbox | None = None
+    _cancellable_lock = threading.Lock()
 
     def sandbox(self) -> Sandbox:
         if self._closed:
@@ -203,6 +209,10 @@ class _SessionHarness(Harness):
         if self._closed:  # the session ended while the sandbox was starting
             super().close()
             raise SandboxStartError("the MCP session has ended; its sandbox is gone")
+        with self._cancellable_lock:
+            if self._cancellable is not box:
+                make_cancellable(box)
+                self._cancellable = box
         return box
 
     def close(self) -> None:
@@ -229,6 +239,8 @@ class McpSession:
         self._awaiting: dict[tuple[str, str], str] = {}
         """(tool, arguments digest) -> call id of a call waiting for (or just given) approval."""
         self._closed = False
+        self._scopes: set[CallScope] = set()
+        """The running calls' agent RPCs, cancelled when the session ends."""
         service.audit.update_run_meta(self.run_id, {"door": "mcp", **meta})
         log.info("MCP session started: run %s %s", self.run_id, meta)
 
@@ -239,10 +251,13 @@ class McpSession:
 
     def call(
         self, name: str, arguments: dict[str, Any], *, call_id: str | None = None,
-        on_output: Callable[[str, bytes], None] | None = None,
+        on_output: Callable[[str, bytes], None] | None = None, scope: CallScope | None = None,
     ) -> ToolResult:
-        """Run one ``tools/call``; see the module docstring for how the call id is chosen."""
+        """Run one ``tools/call``; see the module docstring for how the call id is chosen.
+        ``scope.cancel()``, from any thread, cancels the call's agent RPCs (killing its
+        processes in the sandbox)."""
         key = (name, arguments_digest(arguments))
+        scope = scope or CallScope()
         with self._lock:
             if self._closed:
                 raise SessionEnded("this MCP session has ended")
@@ -251,7 +266,14 @@ class McpSession:
             if call_id is None:
                 self._seq += 1
                 call_id = f"mcp-{self._seq:06d}"
-        result = self.harness.call(ToolCall(name, arguments, call_id), on_output=on_output)
+            self._scopes.add(scope)
+        _rpc_scope.scope = scope
+        try:
+            result = self.harness.call(ToolCall(name, arguments, call_id), on_output=on_output)
+        finally:
+            _rpc_scope.scope = None
+            with self._lock:
+                self._scopes.discard(scope)
         with self._lock:
             if result.error is ErrorCode.APPROVAL_PENDING:
                 self._awaiting[key] = call_id
@@ -265,6 +287,9 @@ class McpSession:
             if self._closed:
                 return
             self._closed = True
+            running = list(self._scopes)
+        for scope in running:
+            scope.cancel()
         sandbox_id = self.sandbox_id
         try:
             self.harness.close()
@@ -393,62 +418,6 @@ class McpToolService:
 # ---- protocol: tools/list and tools/call on a low-level Server ---------------------------
 
 
-class _OutputPump:
-    """Output chunks from the tool's worker thread, turned into progress notifications on the
-    event loop. Bounded: if the client reads slower than the tool writes, only the newest
-    ``PROGRESS_MESSAGE_MAX`` bytes wait (the count of skipped ones is reported)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._buffer = bytearray()
-        self._skipped = 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._started = time.monotonic()
-        self._last_sent = self._started
-        self._progress = 0.0
-
-    def push(self, _stream: str, data: bytes) -> None:
-        with self._lock:
-            self._buffer += data
-            excess = len(self._buffer) - PROGRESS_MESSAGE_MAX
-            if excess > 0:
-                del self._buffer[:excess]
-                self._skipped += excess
-
-    def _take(self) -> tuple[bytes, int]:
-        with self._lock:
-            data, skipped = bytes(self._buffer), self._skipped
-            self._buffer.clear()
-            self._skipped = 0
-            return data, skipped
-
-    async def report(self, ctx: ServerRequestContext[Any, Any], *, final: bool = False) -> None:
-        data, skipped = self._take()
-        now = time.monotonic()
-        elapsed = now - self._started
-        if data:
-            message = self._decoder.decode(data, final=final)
-            if skipped:
-                message = f"…{skipped} bytes of output skipped…{message}"
-            if not message:
-                return
-        elif not final and now - self._last_sent >= HEARTBEAT_S:
-            message = f"still running after {elapsed:.0f} s"
-        else:
-            return
-        self._progress = max(round(elapsed, 3), round(self._progress + 0.001, 3))
-        self._last_sent = now
-        await ctx.session.report_progress(self._progress, None, message)
-
-    async def forward(self, ctx: ServerRequestContext[Any, Any]) -> None:
-        while True:
-            await anyio.sleep(PROGRESS_INTERVAL_S)
-            await self.report(ctx)
-
-
-def _progress_requested(ctx: ServerRequestContext[Any, Any]) -> bool:
-    meta: Any = ctx.meta or {}
-    return meta.get("progress_token") is not None or meta.get("progressToken") is not None
 
 
 def _client_call_id(ctx: ServerRequestContext[Any, Any]) -> str | None:
@@ -523,15 +492,16 @@ class _McpProtocol:
             slot = self._slot(ctx)
         except SessionEnded as ended:
             raise MCPError(code=INTERNAL_ERROR, message=ended.message) from None
-        pump = _OutputPump() if _progress_requested(ctx) else None
+        pump = OutputPump() if progress_requested(ctx) else None
         client_call_id = _client_call_id(ctx)
+        scope = CallScope()
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(DEFAULT_MAX_CONCURRENT_CALLS)
 
         def run() -> tuple[ToolResult, McpSession]:
             session = slot.session()
             result = session.call(name, arguments, call_id=client_call_id,
-                                  on_output=pump.push if pump is not None else None)
+                                  on_output=pump.push if pump is not None else None, scope=scope)
             return result, session
 
         try:
@@ -546,6 +516,11 @@ class _McpProtocol:
                 await pump.report(ctx, final=True)
         except SessionEnded as ended:
             raise MCPError(code=INTERNAL_ERROR, message=ended.message) from None
+        except anyio.get_cancelled_exc_class():
+            # The client cancelled the request or went away: the worker thread is abandoned,
+            # so stop what it started in the sandbox.
+            scope.cancel()
+            raise
         if result.error in (ErrorCode.UNKNOWN_TOOL, ErrorCode.TOOL_NOT_ALLOWED):
             available = ", ".join(self.service.exposed()) or "none"
             raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {name}; the available tools are: {available}")
@@ -652,67 +627,14 @@ def _terminate_ignored() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-class _StdinLines(anyio.AsyncFile[str]):
-    """stdin, line by line, read by a daemon thread.
-
-    anyio's own file reads run in worker threads that cannot be abandoned, so a server
-    blocked reading stdin could not stop on SIGTERM (its cancellation would wait for the
-    next line) and such a thread would also hold up interpreter exit. ``stdio_server`` only
-    iterates its stdin, which is all this overrides."""
-
-    def __init__(self) -> None:
-        fp = open(os.dup(sys.stdin.fileno()), encoding="utf-8", errors="replace", newline="\n")  # noqa: SIM115
-        super().__init__(fp)
-        self._reader = fp
-
-    async def __aiter__(self) -> AsyncIterator[str]:
-        send, receive = anyio.create_memory_object_stream[str](16)
-        token = anyio.lowlevel.current_token()
-
-        def pump() -> None:
-            try:
-                for line in iter(self._reader.readline, ""):
-                    anyio.from_thread.run(send.send, line, token=token)
-            except Exception:  # the loop ended or the stream closed: stop reading
-                log.debug("stdin reader stopped", exc_info=True)
-            finally:
-                with contextlib.suppress(Exception):
-                    anyio.from_thread.run_sync(send.close, token=token)
-
-        threading.Thread(target=pump, name="callbox-mcp-stdin", daemon=True).start()
-        async with receive:
-            async for line in receive:
-                yield line
-
-
-async def _serve_stdio(service: McpToolService) -> None:
-    server = build_mcp_server(service, session_scope="process", transport="stdio")
-
-    async def stop_on_signal(scope: anyio.CancelScope) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                log.info("MCP stdio server: %s, shutting down", signal.Signals(signum).name)
-                scope.cancel()
-                return
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(stop_on_signal, tg.cancel_scope)
-        async with stdio_server(stdin=_StdinLines()) as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
-        tg.cancel_scope.cancel()
-
-
 def run_mcp_stdio(*, policy_path: Path | None = None, audit_path: Path | None = None) -> None:
     """``callbox mcp``: serve MCP over stdin/stdout until stdin closes (or SIGTERM/SIGINT),
-    then destroy the session's sandbox. Logs go to stderr. A bad policy raises PolicyError
-    before anything is read from stdin."""
-    _log_to_stderr()
-    service = McpToolService.open(policy_path=policy_path, audit_path=audit_path)
-    try:
-        anyio.run(_serve_stdio, service)
-    finally:
-        with _terminate_ignored():
-            service.close()
+    then destroy the session's sandbox (``harness.mcp_stdio``). Logs go to stderr. A bad
+    policy raises PolicyError before anything is read from stdin; input that is not
+    JSON-RPC raises UsageError once stdin has ended."""
+    from harness.mcp_stdio import run_stdio
+
+    run_stdio(policy_path=policy_path, audit_path=audit_path)
 
 
 # ---- transport: streamable HTTP -----------------------------------------------------------

@@ -18,6 +18,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -463,6 +464,104 @@ def test_stdio_stdout_is_only_json_rpc_and_sigterm_removes_the_sandbox(servers, 
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+# ---- cancellation -------------------------------------------------------------------------
+
+# The leader starts a child that ignores SIGTERM and a grandchild in a session of its own,
+# records their pids, says so on stdout, and waits: cancelling the call must kill all three.
+TREE = ("(trap '' TERM; exec sleep 300) & echo $! > /tmp/child; setsid sleep 301 & echo $! > /tmp/grandchild; "
+        "echo $$ > /tmp/leader; echo started; wait")
+# Waits (bounded by `timeout`) for each recorded process to be gone; `tail --pid` returns
+# when the process exits, so nothing polls here beyond tail's own 50 ms check.
+AWAIT_GONE = ("for f in leader child grandchild; do timeout 15 tail --pid=$(cat /tmp/$f) -s 0.05 -f /dev/null "
+              "|| echo \"$f still running\"; done; pgrep -a -f 'sleep 30[01]' || echo 'no sleep left'")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_cancelled_call_kills_its_process_tree(servers, tmp_path, transport):
+    policy = _policy(tmp_path)
+
+    async def flow() -> None:
+        async with servers.client(transport, policy) as client:
+            started = anyio.Event()
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                if message and "started" in message:
+                    started.set()
+
+            async with anyio.create_task_group() as tg:
+                long_call = {"command": TREE, "timeout_ms": 300_000}  # no timeout kills it first
+                tg.start_soon(partial(client.call_tool, "shell", long_call, progress_callback=on_progress))
+                await started.wait()
+                tg.cancel_scope.cancel()  # the SDK sends notifications/cancelled
+
+            checked = await client.call_tool("shell", {"command": AWAIT_GONE, "timeout_ms": 60_000})
+            assert checked.is_error is False, _text(checked)
+            assert "still running" not in _text(checked)
+            assert "no sleep left" in _text(checked), _text(checked)
+
+    _run(flow)
+
+
+# ---- stdin that is not JSON-RPC ------------------------------------------------------------
+
+
+def _callbox_mcp(tmp_path: Path, stdin: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CALLBOX_AUDIT_DB": str(tmp_path / "audit.sqlite3")}
+    return subprocess.run([str(ROOT / ".venv" / "bin" / "callbox"), "mcp", "--policy", str(_policy(tmp_path))],
+                          input=stdin, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+def test_stdin_that_is_not_json_rpc_is_answered_reported_and_exits_2(tmp_path):
+    proc = _callbox_mcp(tmp_path, "garbage\n")
+    assert proc.returncode == 2, proc
+    [reply] = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert reply["jsonrpc"] == "2.0" and reply["id"] is None
+    assert reply["error"]["code"] == -32700
+    assert "stdin line 1 is not JSON" in reply["error"]["message"]
+    assert "stdin line 1 is not JSON (Invalid JSON: expected value at line 1 column 1): 'garbage'" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("callbox: stdin carried 1 line that is not JSON-RPC (the first: stdin line 1 "), last
+    assert "Traceback" not in proc.stderr
+
+
+def test_stdin_mixing_json_rpc_and_other_json_serves_the_messages_and_exits_2(tmp_path):
+    env = {**os.environ, "CALLBOX_AUDIT_DB": str(tmp_path / "audit.sqlite3")}
+    proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "callbox"), "mcp", "--policy", str(_policy(tmp_path))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+
+        def exchange(line: str) -> dict[str, Any]:
+            proc.stdin.write(line + "\n")  # type: ignore[union-attr]
+            proc.stdin.flush()  # type: ignore[union-attr]
+            reply = proc.stdout.readline()  # type: ignore[union-attr]
+            assert reply, proc.stderr.read()  # type: ignore[union-attr]
+            return json.loads(reply)  # type: ignore[no-any-return]
+
+        initialize = exchange(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}))
+        assert initialize["result"]["serverInfo"]["name"] == "callbox"
+        refused = exchange("\n" + json.dumps({"hello": "world"}))  # the blank line is skipped
+        assert refused["id"] is None and refused["error"]["code"] == -32600  # JSON, but not JSON-RPC
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n")
+        assert exchange(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "ping"})) == {
+            "jsonrpc": "2.0", "id": 2, "result": {}}  # still serving after the refused line
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 2
+        stderr = proc.stderr.read()
+        assert "stdin line 3 is JSON but not a JSON-RPC message: '{\"hello\": \"world\"}'" in stderr
+        assert stderr.strip().splitlines()[-1].startswith("callbox: stdin carried 1 line that is not JSON-RPC")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_stdin_that_ends_at_once_exits_0_quietly(tmp_path):
+    proc = _callbox_mcp(tmp_path, "")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
 
 
 # ---- addresses (no engine needed, but cheap enough to keep here) ----------------------------
