@@ -313,11 +313,11 @@ class SandboxSpec(BaseModel):
     @field_validator("cpus")
     @classmethod
     def _cpus_ok(cls, value: float) -> float:
+        # The key (cpus) is named by whoever reports the error: the CLI, the policy loader.
         if math.isnan(value) or math.isinf(value):
-            raise ValueError(f"cpus {value:g} is not a number of cores (at least {MIN_CPUS:g})")
+            raise ValueError(f"{value:g} is not a number of cores (at least {MIN_CPUS:g})")
         if value < MIN_CPUS:
-            raise ValueError(f"cpus {value:g} is below the minimum of {MIN_CPUS:g} "
-                             "(the smallest CPU quota Docker accepts)")
+            raise ValueError(f"{value:g} is below the minimum of {MIN_CPUS:g} (the smallest CPU quota Docker accepts)")
         return value
 
     @field_validator("env")

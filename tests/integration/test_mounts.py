@@ -201,3 +201,19 @@ def test_a_mounted_project_is_executable_too(engine, tmp_path):
                    "chmod +x /workspace/project/build.sh; /workspace/project/build.sh",
                    "--mount", f"{host}:/workspace/project:rw")
     assert (proc.returncode, proc.stdout) == (0, "built\n"), proc.stderr
+
+
+def test_the_engine_refuses_what_its_host_cannot_run_before_creating_anything(engine, tmp_path):
+    from harness.spec import SpecError
+
+    cpus = engine.host_limits().cpus
+    cases = [
+        (SandboxSpec(image=IMAGE, cpus=cpus + 1), f"cpus {cpus + 1} is more than the {cpus} CPU(s) of the Docker "
+                                                  f"engine's host; use at most {cpus}"),
+        (SandboxSpec(image=IMAGE, memory="64t"), "memory 65536.0 GiB is more than the "),
+        (SandboxSpec(image=IMAGE, mounts=(Mount.parse(f"{tmp_path}/gone:/data"),)), "does not exist on the host"),
+    ]
+    for spec, message in cases:
+        with pytest.raises(SpecError) as caught:
+            engine.create(spec)
+        assert message in caught.value.message

@@ -378,7 +378,7 @@ def test_two_mounts_at_one_target_are_refused_at_load(tmp_path: Path) -> None:
                                          "most 2"),
         ('memory = "1t"', HostLimits(memory=24 << 30), "key 'sandbox.memory': memory 1024.0 GiB is more than the "
                                                        "24.0 GiB of memory of this host; use at most 24576m"),
-        ("cpus = 0.001", None, "key 'sandbox.cpus': cpus 0.001 is below the minimum of 0.01 (the smallest CPU "
+        ("cpus = 0.001", None, "key 'sandbox.cpus': 0.001 is below the minimum of 0.01 (the smallest CPU "
                                "quota Docker accepts)"),
     ],
 )

@@ -406,9 +406,9 @@ def test_two_mounts_at_one_target_are_refused() -> None:
 @pytest.mark.parametrize(
     ("cpus", "message"),
     [
-        (0.001, "cpus 0.001 is below the minimum of 0.01 (the smallest CPU quota Docker accepts)"),
-        (0, "cpus 0 is below the minimum of 0.01"),
-        (-1, "cpus -1 is below the minimum of 0.01"),
+        (0.001, "0.001 is below the minimum of 0.01 (the smallest CPU quota Docker accepts)"),
+        (0, "0 is below the minimum of 0.01"),
+        (-1, "-1 is below the minimum of 0.01"),
         (float("nan"), "is not a number of cores"),
         (float("inf"), "is not a number of cores"),
     ],

@@ -253,7 +253,8 @@ def test_cli_host_refusals_are_one_line(capsys: pytest.CaptureFixture[str], tmp_
     count = os.cpu_count() or 1
     tail = ["--", "true"] if command == ["exec"] else ["--audit-db", str(tmp_path / "a.db")]
     cases = [
-        (["--cpus", "0.001"], "cpus 0.001 is below the minimum of 0.01 (the smallest CPU quota Docker accepts)"),
+        (["--cpus", "0.001"], "callbox: cpus: 0.001 is below the minimum of 0.01 (the smallest CPU quota Docker "
+                              "accepts)\n"),
         (["--cpus", str(count + 1)], f"cpus {count + 1} is more than the {count} CPU(s) of this host"),
         (["--memory", "64t"], f"memory 65536.0 GiB is more than the {psutil.virtual_memory().total / GiB:.1f} GiB"),
         (["--mount", f"{tmp_path}/gone:/data"], f"mount source {tmp_path}/gone does not exist on the host"),
@@ -270,3 +271,15 @@ def test_cli_host_refusals_are_one_line(capsys: pytest.CaptureFixture[str], tmp_
         assert message in err, (flags, err)
     if ROOT:
         assert re.search(r"mode 0755; chown it to a non-root user", err)
+
+
+def test_a_policy_with_a_missing_mount_stops_run_and_call_before_anything_runs(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[[sandbox.mounts]]\nsource = "missing"\ntarget = "/workspace/project"\nmode = "rw"\n')
+    transcript = Path(__file__).resolve().parents[2] / "examples" / "demo-transcript.jsonl"
+    expected = (f"callbox: policy file {policy}: key 'sandbox.mounts[0].source': mount source {tmp_path}/missing "
+                "does not exist on the host")
+    for argv in (["run", str(transcript)], ["call", "shell", '{"command": "true"}']):
+        err = cli_refusal(capsys, [*argv, "--policy", str(policy), "--audit-db", str(tmp_path / "a.db")])
+        assert err.startswith(expected), err
