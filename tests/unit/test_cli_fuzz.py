@@ -240,6 +240,25 @@ KNOWN_KEYS: dict[str, list[str]] = {
 }
 
 
+_NUMBERS = [0, -1, 1, 8, 256, 2**63 - 1, 0.5, 1e9, float("nan"), float("inf"), "512m", "1g", "-1", "1e400m"]
+PLAUSIBLE: dict[str, list[Any]] = {
+    "allowed_tools": [["shell"], ["shell", "bash"], ["nosuchtool"], [""], []],
+    "default_decision": ["allow", "ask", "deny", "maybe"],
+    "decision": ["allow", "ask", "deny", "maybe"],
+    "image": ["callbox-sandbox:latest", "", "UPPER:case", "a" * 300],
+    "network": ["none", "allowlist", "open", "host"],
+    "allow_hosts": [["example.com"], ["*.example.com:443"], ["*.*.x"], ["[::1]:99999"], []],
+    "workdir": ["/workspace", "/", "relative", "/proc", "/workspace/../etc"],
+    "env": [{"A": "b"}, {"1BAD": "x"}, {"PATH": "/x"}, {"": ""}],
+    "mounts": [[{"source": "/tmp", "target": "/data"}], [{"source": "rel", "target": "/w", "mode": "rw"}]],
+    "allowed_mount_roots": [["/tmp"], ["rel"], [], ["~"]],
+    "noexec": [True, False, "yes"],
+    "rules": [[{"action": "deny", "command": "*rm*"}], [{"action": "ask", "path": "/etc/**"}],
+              [{"action": "deny", "command": "regex:("}], [{"action": "deny", "path": "../x"}]],
+}
+"""Values near the valid ones per key (the rest is random), so documents get past the first check."""
+
+
 def _toml(value: Any) -> str:
     """A TOML inline value (null has no TOML form: an empty table stands in)."""
     if value is None:
@@ -269,7 +288,8 @@ def _policy_document(draw: st.DrawFn) -> str:
         if table:
             lines.append(f"[{table}]")
         for key in chosen:
-            lines.append(f"{key} = {_toml(draw(_toml_value))}")
+            near = st.sampled_from(PLAUSIBLE.get(key, _NUMBERS))
+            lines.append(f"{key} = {_toml(draw(near if draw(st.integers(0, 2)) > 0 else _toml_value))}")
     if draw(st.booleans()):
         rule = {k: draw(st.one_of(st.sampled_from(["allow", "ask", "deny", "*rm*", "regex:(", "**", "../x", ""]),
                                   _toml_value))
