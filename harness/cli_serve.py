@@ -30,14 +30,26 @@ def add_parsers(sub: Any) -> None:
                        help="allow gRPC over TCP without TLS, and MCP over HTTP on a non-loopback address")
     serve.add_argument("--tls-cert", type=Path, help="TLS certificate (PEM) for gRPC over TCP")
     serve.add_argument("--tls-key", type=Path, help="TLS private key (PEM) for gRPC over TCP")
-    serve.add_argument("--max-per-client", type=int, default=16, help="live sandboxes per client (default 16)")
-    serve.add_argument("--max-sandboxes", type=int, default=64, help="live sandboxes in total (default 64)")
+    serve.add_argument("--max-per-client", type=positive_int, default=16,
+                       help="live sandboxes per client (default 16)")
+    serve.add_argument("--max-sandboxes", type=positive_int, default=64, help="live sandboxes in total (default 64)")
     serve.add_argument("--policy", type=Path, help="policy file (default: the packaged default policy)")
     serve.add_argument("--audit-db", type=Path, help="audit store (default $CALLBOX_AUDIT_DB or the state dir)")
 
     mcp = sub.add_parser("mcp", help="MCP server over stdio (one sandbox per session)")
     mcp.add_argument("--policy", type=Path, help="policy file (default: the packaged default policy)")
     mcp.add_argument("--audit-db", type=Path, help="audit store (default $CALLBOX_AUDIT_DB or the state dir)")
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -53,6 +53,24 @@ def _stub(*_args: Any, **_kwargs: Any) -> Any:
     raise _Started
 
 
+def _grpc_stub(addr: str | None, **options: Any) -> Any:
+    """The checks serve_grpc makes of what the command line hands it, then no server."""
+    from harness.executor_service import Limits
+    from harness.grpc_server import parse_address
+
+    parse_address(addr)
+    Limits(max_sandboxes_per_client=options["max_sandboxes_per_client"],
+           max_sandboxes_total=options["max_sandboxes_total"])
+    raise _Started
+
+
+def _mcp_http_stub(addr: str, **_options: Any) -> Any:
+    from harness.mcp_server import parse_addr
+
+    parse_addr(addr)
+    raise _Started
+
+
 @pytest.fixture
 def no_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Nothing reachable, nothing written outside ``tmp_path``; signal handlers put back."""
@@ -76,8 +94,8 @@ def no_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     import harness.loop
     import harness.mcp_server
 
-    monkeypatch.setattr(harness.grpc_server, "serve_grpc", _stub)
-    monkeypatch.setattr(harness.mcp_server, "serve_mcp_http", _stub)
+    monkeypatch.setattr(harness.grpc_server, "serve_grpc", _grpc_stub)
+    monkeypatch.setattr(harness.mcp_server, "serve_mcp_http", _mcp_http_stub)
     monkeypatch.setattr(harness.mcp_server, "run_mcp_stdio", _stub)
     monkeypatch.setattr(harness.loop, "run_agent", _stub)
     monkeypatch.setattr(harness.loop, "resume", _stub)
@@ -151,13 +169,15 @@ def _argv(draw: st.DrawFn, path: tuple[str, ...]) -> list[str]:
             value = draw(st.sampled_from(sorted(map(str, action.choices))))
         elif action.type is Path:
             value = draw(_path_value)
-        elif action.type is int:
-            value = draw(st.one_of(st.integers(-5, 100).map(str), _value))
+        elif action.type is int or getattr(action.type, "__name__", "") == "positive_int":
+            value = draw(st.integers(-3, 100).map(str) if draw(st.integers(0, 2)) > 0 else _value)
         else:
             value = draw(_value)
         words += [f"{flag}={value}"] if draw(st.booleans()) else [flag, value]
     if draw(st.integers(0, 9)) == 0:
         words.append(draw(_value))  # a stray word
+    if path == ("serve",) and draw(st.integers(0, 3)) > 0:
+        words += draw(st.sampled_from([["--grpc"], ["--grpc", "unix:x.sock"], ["--mcp-http", "127.0.0.1:0"]]))
     if path == ("exec",) and draw(st.integers(0, 5)) > 0:
         words += ["--", draw(st.sampled_from(["true", "nosuchcmd", "", "--", "-x"]))]
     elif draw(st.integers(0, 9)) == 0:

@@ -264,3 +264,10 @@ def test_control_characters_echoed_back_are_escaped_on_the_one_line(capsys: pyte
     line = _usage_error(capsys, argv)
     assert not any(c in line for c in "\r\n\x1b\u202e\u2028")
     assert any(escaped in line for escaped in ("\\r", "\\n", "\\x1b", "\\u202e", "\\u2028"))
+
+
+@pytest.mark.parametrize("argv", [["--max-per-client", "0"], ["--max-sandboxes=-1"], ["--max-sandboxes", "x"]])
+def test_serve_limits_must_be_positive_integers(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    line = _usage_error(capsys, ["serve", "--grpc", *argv])
+    assert argv[0].split("=")[0] in line
+    assert "a whole number of at least 1" in line
