@@ -40,7 +40,9 @@ class ToolUser:
     name: str = "sandbox"
 
     def environment(self) -> dict[str, str]:
-        return {**BASE_ENV, "HOME": self.home, "USER": self.name, "LOGNAME": self.name}
+        # Scripts that `pip install --user` writes land in ~/.local/bin: on PATH, after the system's.
+        path = f"{BASE_ENV['PATH']}:{self.home.rstrip('/')}/.local/bin"
+        return {**BASE_ENV, "PATH": path, "HOME": self.home, "USER": self.name, "LOGNAME": self.name}
 
 
 @dataclass(frozen=True)

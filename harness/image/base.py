@@ -31,6 +31,7 @@ BASE_PACKAGES: tuple[str, ...] = (
     "python3",
     "python3-pip",
     "python3-venv",
+    "python3-dev",
     "build-essential",
     "make",
     "git",

@@ -124,6 +124,7 @@ def _check_venv(out: str) -> None:
     assert "venv import: 42 /workspace/venv/" in out, out
     assert "probe says 42" in out, out
     assert "user import: 42 /home/sandbox/.local/" in out, out
+    assert "/home/sandbox/.local/bin/callbox-probe" in out, out
 
 
 def _check_git(out: str) -> None:
@@ -149,7 +150,34 @@ def _check_make(out: str) -> None:
     assert "after clean: no objects" in out, out
 
 
+def _check_extension(out: str) -> None:
+    assert "extension says 5" in out, out
+    assert re.search(r"spam\.cpython-3\d+-\S+\.so", out), out
+
+
 WORKLOADS = (
+    Workload("c-extension", (
+        textwrap.dedent("""\
+            mkdir -p ext && cd ext
+            cat > spam.c <<'EOF'
+            #define PY_SSIZE_T_CLEAN
+            #include <Python.h>
+            static PyObject *add(PyObject *self, PyObject *args) {
+                long a, b;
+                if (!PyArg_ParseTuple(args, "ll", &a, &b)) return NULL;
+                return PyLong_FromLong(a + b);
+            }
+            static PyMethodDef methods[] = {{"add", add, METH_VARARGS, "a + b"}, {NULL, NULL, 0, NULL}};
+            static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "spam", NULL, -1, methods};
+            PyMODINIT_FUNC PyInit_spam(void) { return PyModule_Create(&module); }
+            EOF
+            cat > setup.py <<'EOF'
+            from setuptools import Extension, setup
+            setup(name="spam", version="1.0", ext_modules=[Extension("spam", ["spam.c"])])
+            EOF"""),
+        "cd ext && python3 setup.py -q build_ext --inplace && ls spam*.so",
+        "cd ext && python3 -c 'import spam; print(\"extension says\", spam.add(2, 3))'",
+    ), _check_extension),
     Workload("c", (
         textwrap.dedent("""\
             cat > hello.c <<'EOF'
@@ -172,6 +200,7 @@ WORKLOADS = (
         "venv/bin/callbox-probe",
         f"python3 -m pip install -q --user --no-index --find-links {WHEELS} callbox-probe",
         "python3 -c 'import callbox_probe as p; print(\"user import:\", p.VALUE, p.__file__)'",
+        "callbox-probe && command -v callbox-probe",  # ~/.local/bin is on PATH
     ), _check_venv),
     Workload("git", (
         "git init -q project && cd project && echo one > a.txt && git add a.txt && git commit -q -m 'first commit'",
