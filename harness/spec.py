@@ -456,7 +456,21 @@ class SandboxSpec(BaseModel):
                 raise SpecError(f"mounts[{index}].source", str(exc)) from None
         spec = self.model_copy(update={"mounts": tuple(mounts)})
         spec.tool_identity()
+        spec._check_workdir_in_mount()
         return spec
+
+    def _check_workdir_in_mount(self) -> None:
+        """A working directory inside a mount must exist there: the sandbox cannot make it
+        (its root is read-only) and the agent cannot start with a root it cannot open."""
+        covering = [m for m in self.mounts if self.workdir == m.target or self.workdir.startswith(m.target + "/")]
+        if not covering:
+            return
+        mount = max(covering, key=lambda m: len(m.target))
+        host_path = mount.source / os.path.relpath(self.workdir, mount.target)
+        if not host_path.is_dir():
+            raise SpecError("workdir", f"workdir {self.workdir} is inside the mount of {mount.source}, where "
+                                       f"{host_path} is not a directory; create it on the host or choose "
+                                       "another workdir")
 
     def tool_identity(self) -> tuple[int, int]:
         """The uid and gid tool processes run as, checked against the rw mounts (canonical

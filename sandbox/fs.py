@@ -108,7 +108,15 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
     """sandbox.v1.Filesystem, confined to ``roots``; relative paths start at ``workspace``."""
 
     def __init__(self, roots: Sequence[str], workspace: str, identity: FsIdentity | None) -> None:
-        self._resolver = Resolver(roots, workspace)
+        try:
+            self._resolver = Resolver(roots, workspace)
+        except ValueError:
+            if identity is None:
+                raise
+            # A root inside a directory only the tool user may enter (a private project
+            # mounted from the host) is reachable to that user, not to the agent.
+            with identity.acting():
+                self._resolver = Resolver(roots, workspace)
         self._identity = identity
 
     @property

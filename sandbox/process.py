@@ -126,9 +126,9 @@ class ProcessRunner:
     ) -> Iterator[process_pb2.ExecEvent]:
         """Run the request's command and yield Started, Output..., Exited."""
         argv = self._argv(request)
+        # Whether the working directory exists and may be entered is the child's chdir to
+        # tell, made with the tool user's permissions (see _spawn), not the agent's.
         cwd = request.cwd or self.workspace
-        if not os.path.isdir(cwd):
-            raise AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED, f"working directory {cwd} does not exist")
         timeout_ms = request.timeout_ms or DEFAULT_TIMEOUT_MS
         if timeout_ms > MAX_TIMEOUT_MS:
             raise AgentError(
@@ -216,16 +216,27 @@ class ProcessRunner:
         env.update(request.env)
         try:
             return self.launcher.launch(argv, cwd, env, self._identity(marker), with_stdin=bool(request.stdin))
-        except FileNotFoundError:
-            raise AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED, f"{argv[0]}: {COMMAND_NOT_FOUND}") from None
-        except PermissionError:
-            raise AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED, f"{argv[0]}: permission denied") from None
-        except BlockingIOError:
-            raise AgentError(
-                errors_pb2.ERROR_REASON_BUSY,
-                f"cannot start {argv[0]}: the sandbox's process limit is reached; retry when processes exit",
-            ) from None
         except SpawnerDied as exc:
             raise AgentError(errors_pb2.ERROR_REASON_INTERNAL, f"cannot start {argv[0]}: {exc}") from None
         except OSError as exc:
-            raise AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED, f"{argv[0]}: {exc.strerror or exc}") from None
+            raise _start_error(exc, argv[0], cwd) from None
+
+
+def _start_error(exc: OSError, program: str, cwd: str) -> AgentError:
+    """Why ``program`` did not start, in a shell's words. The child changes into ``cwd``
+    with the tool user's permissions: a failure there names the directory, not the program."""
+    if isinstance(exc, BlockingIOError):
+        return AgentError(
+            errors_pb2.ERROR_REASON_BUSY,
+            f"cannot start {program}: the sandbox's process limit is reached; retry when processes exit",
+        )
+    if exc.filename is not None and exc.filename == cwd:
+        if isinstance(exc, FileNotFoundError | NotADirectoryError):
+            return AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED, f"working directory {cwd} does not exist")
+        return AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED,
+                          f"cannot enter the working directory {cwd}: {exc.strerror or exc} (as the tool user)")
+    if isinstance(exc, FileNotFoundError):
+        return AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED, f"{program}: {COMMAND_NOT_FOUND}")
+    if isinstance(exc, PermissionError):
+        return AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED, f"{program}: permission denied")
+    return AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED, f"{program}: {exc.strerror or exc}")

@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sandbox.identity import FsIdentity
+
 MAX_MESSAGE = 1 << 20
 
 
@@ -108,6 +110,9 @@ class Spawner:
             return int(value["pid"]), int(value["pidfd"])
         if value.get("died"):
             raise SpawnerDied("the process spawner has exited")
+        filename = value.get("filename")
+        if filename is not None:
+            raise OSError(int(value.get("errno", 0)), str(value.get("error", "spawn failed")), str(filename))
         raise OSError(int(value.get("errno", 0)), str(value.get("error", "spawn failed")))
 
     def wait(self, pid: int) -> int:
@@ -213,6 +218,8 @@ def _handle_request(
         proc = _start(request, fds[0], fds[1], fds[2])
     except OSError as exc:
         reply = {"id": request["id"], "errno": exc.errno or 0, "error": exc.strerror or str(exc)}
+        if exc.filename is not None:
+            reply["filename"] = os.fsdecode(exc.filename)
     else:
         pidfd = os.pidfd_open(proc.pid)
         children[proc.pid] = proc
@@ -250,18 +257,26 @@ def _start(request: dict[str, Any], stdin: int, stdout: int, stderr: int) -> sub
     # spawner raises its own around the fork and lowers it back, which needs no privilege
     # as long as it goes no lower than where it started.
     previous = _set_oom_score_adj(b"1000")
+    # The child changes into the working directory before it drops to the tool user, and
+    # the spawner has no CAP_DAC_OVERRIDE: a directory only the tool user may enter (a
+    # 0700 project mounted from the host) would be refused. The kernel checks that chdir
+    # against the filesystem ids, which the child inherits from this thread, so the fork
+    # happens while they are the tool user's.
+    acting = FsIdentity(request["uid"], request.get("gid") or request["uid"]).acting() \
+        if request.get("uid") is not None else contextlib.nullcontext()
     try:
-        return subprocess.Popen(  # type: ignore[call-overload,no-any-return]
-            request["argv"],
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            cwd=request["cwd"],
-            env=request["env"],
-            start_new_session=True,
-            close_fds=True,
-            **ids,
-        )
+        with acting:
+            return subprocess.Popen(  # type: ignore[call-overload,no-any-return]
+                request["argv"],
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                cwd=request["cwd"],
+                env=request["env"],
+                start_new_session=True,
+                close_fds=True,
+                **ids,
+            )
     finally:
         if previous is not None:
             _set_oom_score_adj(previous)

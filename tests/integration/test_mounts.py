@@ -125,6 +125,36 @@ def test_files_written_to_a_rw_mount_belong_to_its_owner(engine, tmp_path, owner
         assert (path.stat().st_uid, path.stat().st_gid) == (owner, owner), path
 
 
+def test_a_private_project_only_its_owner_may_enter_works_as_the_workdir(engine, tmp_path):
+    """A 0700 directory (what `mktemp -d` makes) mounted at /workspace: the command starts
+    in it although the agent itself may not enter it, as the tool user may."""
+    host = project(tmp_path / "p")
+    host.chmod(0o700)
+    (host / "sub").mkdir(mode=0o700)
+    if ROOT:
+        os.chown(host / "sub", 1000, 1000)
+    proc = exec_sh("pwd; cat from-host.txt; echo made > made.txt", "--mount", f"{host}:/workspace:rw")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["/workspace", "written on the host"]
+    assert (host / "made.txt").read_text() == "made\n"
+    proc = exec_sh("pwd", "--mount", f"{host}:/workspace:rw", "--workdir", "/workspace/sub")
+    assert (proc.returncode, proc.stdout) == (0, "/workspace/sub\n"), proc.stderr
+
+
+@needs_root
+def test_a_workdir_the_tool_user_may_not_enter_is_named_in_the_error(engine, tmp_path):
+    host = project(tmp_path / "p")
+    (host / "locked").mkdir(mode=0o700)
+    os.chown(host / "locked", 4242, 4242)
+    proc = exec_sh("pwd", "--mount", f"{host}:/workspace:rw", "--workdir", "/workspace/locked")
+    assert proc.returncode == 126, proc.stderr
+    assert "cannot enter the working directory /workspace/locked: Permission denied" in proc.stderr
+    proc = exec_sh("pwd", "--mount", f"{host}:/workspace:rw", "--workdir", "/workspace/missing")
+    assert proc.returncode == 2, proc.stderr  # refused before a sandbox starts
+    assert f"{host}/missing is not a directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_a_read_only_mount_refuses_writes(engine, tmp_path):
     host = project(tmp_path / "p")
     proc = exec_sh("cat /data/from-host.txt; echo x > /data/new.txt", "--mount", f"{host}:/data:ro")

@@ -283,3 +283,15 @@ def test_a_policy_with_a_missing_mount_stops_run_and_call_before_anything_runs(
     for argv in (["run", str(transcript)], ["call", "shell", '{"command": "true"}']):
         err = cli_refusal(capsys, [*argv, "--policy", str(policy), "--audit-db", str(tmp_path / "a.db")])
         assert err.startswith(expected), err
+
+
+def test_a_workdir_inside_a_mount_must_exist_there(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    mount = Mount.parse(f"{tmp_path}:/workspace/project:ro")
+    assert SandboxSpec(mounts=(mount,), workdir="/workspace/project/sub").for_host(HostLimits()).workdir
+    assert SandboxSpec(mounts=(mount,), workdir="/workspace/project").for_host(HostLimits())
+    error = refusal(SandboxSpec(mounts=(mount,), workdir="/workspace/project/nope"))
+    assert error.key == "workdir"
+    assert f"{tmp_path}/nope is not a directory" in str(error)
+    # A workdir beside the mount (not inside it) gets a scratch tmpfs of its own, as before.
+    assert SandboxSpec(mounts=(mount,), workdir="/workspace/projects").for_host(HostLimits())
