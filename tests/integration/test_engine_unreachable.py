@@ -92,7 +92,7 @@ def test_callbox_call_fails_closed_with_an_error_result(no_engine, marker):
     assert [(c["call_id"], c["state"]) for c in calls] == [("c1", "done")]
 
 
-def test_callbox_run_gets_an_error_result_for_every_call(no_engine, marker, tmp_path):
+def test_callbox_run_stops_at_the_first_call_that_finds_no_sandbox(no_engine, marker, tmp_path):
     transcript = tmp_path / "transcript.jsonl"
     turns = [
         {"text": "t1", "tool_calls": [{"call_id": "c1", "name": "shell", "arguments": {"command": f"touch {marker}"}}]},
@@ -106,11 +106,13 @@ def test_callbox_run_gets_an_error_result_for_every_call(no_engine, marker, tmp_
     proc = callbox("run", str(transcript), "--json", env=no_engine)
     events = [json.loads(line) for line in proc.stdout.decode().splitlines()]
     results = {e["call_id"]: e["result"] for e in events if e["event"] == "tool_result"}
-    assert sorted(results) == ["c1", "c2", "c3"], proc.stderr
-    for result in results.values():
-        assert result["is_error"] is True
-        assert result["error"] == "sandbox_unavailable"
-        _clear(result["text"])
+    assert sorted(results) == ["c1"], proc.stderr  # nothing after the first unavailable sandbox
+    assert results["c1"]["is_error"] is True
+    assert results["c1"]["error"] == "sandbox_unavailable"
+    _clear(results["c1"]["text"])
+    ended = [e for e in events if e["event"] == "run_ended"]
+    assert len(ended) == 1 and ended[0]["reason"] == "error:sandbox_unavailable", events
+    assert proc.returncode == 125, proc.stderr
     assert not marker.exists()
 
 
