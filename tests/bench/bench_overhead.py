@@ -1,4 +1,4 @@
-"""Harness overhead per call, without the sandbox round trip (DESIGN 8: p50 ≤ 0.3 ms).
+"""Harness overhead per call, without the sandbox round trip (target: p50 ≤ 0.3 ms).
 
 A real ``Harness`` with the default policy and a file-backed audit store runs a tool
 whose handler returns at once, so what is timed is exactly validate + authorize +
