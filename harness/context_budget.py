@@ -1,6 +1,6 @@
 """Keeping a long run's context under a byte budget by eliding old tool outputs.
 
-The rule (issue 5 item 5), applied by the loop after each turn's results are appended:
+The rule, applied by the loop after each turn's results are appended:
 
 * **Size** is the UTF-8 byte length of the context items serialized as compact JSON
   (``json.dumps(items, ensure_ascii=False, separators=(",", ":"))``), the system prompt

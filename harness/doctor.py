@@ -1,4 +1,4 @@
-"""``callbox doctor``: what this host gives a sandbox, checked item by item (issue 7).
+"""``callbox doctor``: what this host gives a sandbox, checked item by item.
 
 The container items are the CIS Docker Benchmark's section 5 ("Container Runtime"),
 numbered as in **CIS Docker Benchmark v1.2.0** (2019-07-29); the same numbering is used

@@ -309,7 +309,7 @@ def sandbox_policy(policy: Policy, overrides: SandboxOverrides, exposed: Sequenc
         raise _invalid(exc.message.replace("sandbox.", "")) from None
     for note in tightened.loosened():
         if note not in policy.loosened():
-            log.warning("a client's sandbox loosens a DESIGN 4 default: %s", note)
+            log.warning("a client's sandbox loosens a hardened default: %s", note)
     return tightened
 
 

@@ -1,10 +1,10 @@
 """Packet filters that keep networked sandboxes away from the host, each other and metadata.
 
-Docker alone is not enough (DESIGN 4): a container on an ``--internal`` network still
-reaches the host through its bridge's gateway address, and a container on any bridge
-reaches every address of the host (the INPUT chain), the link-local cloud metadata
-service (169.254.169.254) and whatever else the host routes to. callbox names every
-bridge it creates ``cbx…`` (see ``harness.networking``), so two small chains cover
+Docker alone does not keep a sandbox off the host: a container on an ``--internal``
+network still reaches the host through its bridge's gateway address, and a container on
+any bridge reaches every address of the host (the INPUT chain), the link-local cloud
+metadata service (169.254.169.254) and whatever else the host routes to. callbox names
+every bridge it creates ``cbx…`` (see ``harness.networking``), so two small chains cover
 them all, whatever the subnet:
 
 * ``CALLBOX-INPUT``, jumped to first from ``INPUT`` for ``-i cbx+`` (IPv4 and, where

@@ -1,6 +1,6 @@
 """Build the sandbox image offline and idempotently (``callbox image build``).
 
-Two layers, no registry needed (DESIGN.md section 5):
+Two layers, no registry needed:
 
 1. **Base** (skipped with ``base=IMAGE``): a Debian root filesystem made with
    ``debootstrap --variant=minbase --include=...`` for the host's suite (VERSION_CODENAME from

@@ -1,4 +1,4 @@
-"""The Docker daemon stops in the middle of calls, then comes back (issue 7).
+"""The Docker daemon stops in the middle of calls, then comes back.
 
 ``test_daemon_restart_during_calls`` stops dockerd (SIGTERM to the pid in its pidfile,
 then waits for the process to be gone) while a low-level ``agent.exec`` stream and a

@@ -1,4 +1,4 @@
-"""Soak: many sandbox lifecycles with random interruptions leak nothing (issue 7).
+"""Soak: many sandbox lifecycles with random interruptions leak nothing.
 
 ``test_lifecycle_soak`` runs CALLBOX_SOAK_CYCLES (default 1,000) create -> (call) ->
 destroy cycles on a small thread pool, each cycle picking one of these at random:

@@ -1,4 +1,4 @@
-"""The attack suite of issue 7: what a tool process tries, and that each attempt fails safely.
+"""The attack suite: what a tool process tries, and that each attempt fails safely.
 
 Every test runs the attack as the tool user inside a real sandbox (the real engine, the
 real image) and asserts the safe outcome, not merely that something raised: the syscall

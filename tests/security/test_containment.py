@@ -1,4 +1,4 @@
-"""Resource attacks stay inside their sandbox (issue 7, "Attack suite").
+"""Resource attacks stay inside their sandbox (part of the attack suite).
 
 Each attack runs in sandbox A while the test measures the round trip of a command in
 another sandbox B (it must answer within 1 s), and afterwards A is still usable or

@@ -1,4 +1,4 @@
-"""Path safety of ``str_replace_based_edit_tool`` (issue 4): every escape is refused, nothing outside is touched.
+"""Path safety of ``str_replace_based_edit_tool``: every escape is refused, nothing outside is touched.
 
 What proves "nothing outside the root was read or written":
 

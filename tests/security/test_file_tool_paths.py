@@ -1,4 +1,4 @@
-"""Path safety of the file tools (issue 4, "Path safety"), through the real tools and agent.
+"""Path safety of the file tools, through the real tools and agent.
 
 Every case asks read_file / write_file / list_dir / search for something outside the
 allowed roots (/workspace, /tmp, /home/sandbox) and checks two things: the call is refused

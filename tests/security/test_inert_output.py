@@ -1,4 +1,4 @@
-"""Tool output that imitates a tool call or a result marker is inert text (issue 7).
+"""Tool output that imitates a tool call or a result marker is inert text.
 
 A command in the sandbox prints text shaped like everything the harness and the model APIs
 treat as structure: an OpenAI Responses ``function_call`` item, a Chat Completions

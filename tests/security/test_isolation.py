@@ -1,4 +1,4 @@
-"""The hardened defaults of DESIGN 4 hold in a real sandbox."""
+"""The hardened container defaults hold in a real sandbox."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tar uploads with ``..``, absolute, symlink, hardlink or special members are refused (issue 7, attack suite).
+"""Tar uploads with ``..``, absolute, symlink, hardlink or special members are refused (part of the attack suite).
 
 Every case uploads, through ``AgentClient.upload_tar`` into a real sandbox, an archive whose
 first members are harmless (a file, a directory with a file) and whose last member is the attack,

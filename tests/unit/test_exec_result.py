@@ -13,7 +13,7 @@ from google.protobuf.duration_pb2 import Duration
 from harness.exec_result import ExecResult, StreamResult, collect, gap_marker
 from sandbox.v1 import process_pb2
 
-DESIGN_KEYS = {
+CORE_KEYS = {
     "exit_code",
     "signal",
     "timed_out",
@@ -186,7 +186,7 @@ def test_shell_exit_code(kwargs: dict[str, int], code: int) -> None:
 def test_to_json_has_exactly_the_design_keys_plus_the_extras() -> None:
     result = collect(Stream().out("stdout", b"hi\n").exited(exit_code=1))
     obj = result.to_json()
-    assert set(obj) == DESIGN_KEYS | EXTRA_KEYS
+    assert set(obj) == CORE_KEYS | EXTRA_KEYS
     assert obj["exit_code"] == 1
     assert obj["signal"] == 0
     assert obj["timed_out"] is False
@@ -228,7 +228,7 @@ def test_non_utf8_output_gets_exact_base64_and_a_replacement_text() -> None:
     assert obj["stderr"] == raw.decode("utf-8", errors="replace")
     assert "\ufffd" in obj["stderr"]
     assert "stdout_base64" not in obj
-    assert set(obj) == DESIGN_KEYS | EXTRA_KEYS | {"stderr_base64"}
+    assert set(obj) == CORE_KEYS | EXTRA_KEYS | {"stderr_base64"}
 
 
 def test_on_output_is_called_in_event_order_with_dropped_before() -> None:
