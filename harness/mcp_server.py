@@ -74,6 +74,10 @@ Progress
     there is no ``total``. The server sends no log notifications (it does not declare the
     logging capability); its own logs go to stderr, so stdout stays clean for JSON-RPC.
 
+``structuredContent`` (exit code, truncation, file metadata, ...) also holds the result's
+text under ``"text"``: clients such as Pydantic AI's (FastMCP) hand the model the structured
+content instead of the text blocks when there is some.
+
 Results carry ``_meta`` with ``callbox/run_id``, ``callbox/call_id``, ``callbox/sandbox_id``
 (once the session's sandbox exists), and for errors ``callbox/error`` (the error code) and,
 when pending, ``callbox/approval_id``.
@@ -156,6 +160,8 @@ GRACEFUL_SHUTDOWN_S = 5.0
 CALL_ID_META_KEY = "callbox/call_id"
 """Request ``_meta`` key: the client's own call id (an idempotency key) for a ``tools/call``."""
 _META = "callbox/"
+STRUCTURED_TEXT_KEY = "text"
+"""``structuredContent`` key holding the result's text (the same as its text content block)."""
 
 INSTRUCTIONS = (
     "Tools run in a disposable, hardened Linux sandbox (a Docker container {network}). "
@@ -531,6 +537,10 @@ class _McpProtocol:
         if result.error is ErrorCode.APPROVAL_PENDING:
             result = dataclasses.replace(result, text=_approval_text(result))
         item = result_item(result, "mcp")
+        if isinstance(item.get("structuredContent"), dict):
+            # Clients that follow the spec's convention (the text block is the structured
+            # content serialized) give the model structuredContent alone: it must carry the text.
+            item["structuredContent"] = {**item["structuredContent"], STRUCTURED_TEXT_KEY: result.text}
         meta: dict[str, Any] = {f"{_META}run_id": session.run_id, f"{_META}call_id": result.call_id}
         if session.sandbox_id is not None:
             meta[f"{_META}sandbox_id"] = session.sandbox_id

@@ -184,6 +184,7 @@ def test_tool_results_errors_and_protocol_errors(servers, tmp_path, transport, e
             assert ok.is_error is False
             assert "hi" in _text(ok) and "Exit code: 0" in _text(ok)
             assert ok.structured_content is not None and ok.structured_content["exit_code"] == 0
+            assert ok.structured_content["text"] == _text(ok)  # for clients that read only structuredContent
             meta = ok.meta or {}
             assert meta["callbox/call_id"] == "mcp-000001"
             run_id, sandbox_id = meta["callbox/run_id"], meta["callbox/sandbox_id"]
