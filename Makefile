@@ -6,10 +6,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CALLBOX := $(VENV)/bin/callbox
 
-.PHONY: setup engine image test unit demo tour bench proto proto-check lint
+.PHONY: setup npm-tools engine image test unit demo tour bench proto proto-check lint
 
 setup:
 	@scripts/setup-python.sh
+
+npm-tools:
+	@scripts/setup-npm-tools.sh
 
 engine:
 	@scripts/ensure-docker.sh
@@ -32,7 +35,7 @@ lint: setup
 unit: setup
 	@$(VENV)/bin/pytest tests/unit -q
 
-test: setup proto-check lint engine image
+test: setup npm-tools proto-check lint engine image
 	@echo "callbox: running the test suite (unit, integration, security) on the real engine"
 	@$(VENV)/bin/pytest -q
 
