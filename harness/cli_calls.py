@@ -88,6 +88,7 @@ def _call(args: argparse.Namespace) -> int:
     from harness.audit import AuditStore
     from harness.calls import ToolCall
     from harness.cli import say, spec_from_args
+    from harness.cli_notices import loosened_said_once
     from harness.dispatch import Harness
     from harness.policy import load_policy
     from harness.tools import builtin_registry
@@ -100,7 +101,8 @@ def _call(args: argparse.Namespace) -> int:
         sys.stderr.buffer.write(data)
         sys.stderr.buffer.flush()
 
-    with AuditStore(args.audit_db) as audit, Harness(
+    announced = policy.sandbox_spec().loosened()  # load_policy said these, naming their keys
+    with loosened_said_once(spec, announced), AuditStore(args.audit_db) as audit, Harness(
         builtin_registry(), policy, audit, run_id=args.run_id, spec=spec
     ) as harness:
         result = harness.call(call, on_output=stream if args.stream else None)

@@ -33,19 +33,13 @@ from __future__ import annotations
 import argparse
 import codecs
 import json
-import logging
 import shlex
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.cli_notices import loosened_said_once
 from harness.errors import UsageError
-
-LOOSENS = "this policy loosens a hardened default: %s"
-"""The words of the engine's warning for each loosened setting (``DockerEngine.create``)."""
 
 DEFAULT_SYSTEM = (
     "You are a careful software engineer working in an isolated Linux sandbox. Use the tools "
@@ -161,7 +155,7 @@ def _start(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any
     task = args.task or SCRIPTED_TASK
     show = _show(args, policy)
     announced = policy.sandbox_spec().loosened()  # load_policy said these, naming their keys
-    with _loosened_said_once(spec, announced), Harness(builtin_registry(), policy, audit, spec=spec) as harness:
+    with loosened_said_once(spec, announced), Harness(builtin_registry(), policy, audit, spec=spec) as harness:
         return run_agent(model, harness, task=task, system=args.system, config=loop_config(options),
                          on_event=show, resume_command=resume_command(args, harness.run_id, audit.path))
 
@@ -179,7 +173,7 @@ def _resume(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> An
     config = loop_config(options, saved.config) if options else None
     policy, spec = saved.policy_model(), saved.spec_model()
     show = _show(args, policy)
-    with _loosened_said_once(spec, []), Harness(builtin_registry(), policy, audit, run_id=args.resume,
+    with loosened_said_once(spec, []), Harness(builtin_registry(), policy, audit, run_id=args.resume,
                                                 spec=spec) as harness:
         return resume(args.resume, model, harness, config=config, on_event=show,
                       resume_command=resume_command(args, args.resume, audit.path))
@@ -191,26 +185,6 @@ def _show(args: argparse.Namespace, policy: Any) -> Any:
     return _LiveView(live_bytes=max(1024, policy.budgets.max_output_bytes // 4)).show
 
 
-@contextmanager
-def _loosened_said_once(spec: Any, announced: list[str]) -> Iterator[None]:
-    """Say each loosened default of the run's sandbox once, now (before the run), unless it is
-    ``announced`` already (the policy file's own, logged when it was loaded), and keep the
-    engine from repeating it when the sandbox starts in the middle of a tool call."""
-    notes = spec.loosened()
-    for note in notes:
-        if note not in announced:
-            print(f"callbox: {LOOSENS % note}", file=sys.stderr, flush=True)
-
-    def repeated(record: logging.LogRecord) -> bool:
-        return not (record.msg == LOOSENS and isinstance(record.args, tuple) and record.args[:1]
-                    and record.args[0] in notes)
-
-    engine_log = logging.getLogger("callbox.engine")
-    engine_log.addFilter(repeated)
-    try:
-        yield
-    finally:
-        engine_log.removeFilter(repeated)
 
 
 def _exit_status(reason: str) -> int:
