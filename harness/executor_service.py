@@ -66,7 +66,7 @@ from harness.errors import CallboxError, EngineUnavailable, ImageNotFound
 from harness.formats import Format, result_item, tool_definitions
 from harness.policy import MountSetting, Policy, PolicyError, SandboxSettings
 from harness.registry import ToolRegistry
-from harness.spec import Mount
+from harness.spec import Mount, SpecError
 from harness.tokens import TokenSet, bearer_token
 from harness.units import format_size
 from harness.v1 import executor_pb2, executor_pb2_grpc
@@ -500,6 +500,11 @@ def _format(value: int) -> Format:
 
 
 def _creation_failure(error: CallboxError) -> ServiceError:
+    if isinstance(error, SpecError):
+        # The engine's host cannot run this spec (an unwritable rw mount, too many CPUs):
+        # the request must change, so retrying it as it is cannot help.
+        return ServiceError(Reason.ERROR_REASON_INVALID_ARGUMENT, f"{error.key}: {error.message}",
+                            code=grpc.StatusCode.INVALID_ARGUMENT, retryable=False)
     if isinstance(error, ImageNotFound):
         return ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, error.message,
                             code=grpc.StatusCode.FAILED_PRECONDITION, retryable=False)

@@ -342,6 +342,12 @@ def test_overrides_tighten_and_anything_looser_is_denied(engine, server, share):
         with pytest.raises(ExecutorError) as small:
             client.create_sandbox(memory="1m")
         assert small.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        if os.geteuid() == 0:  # the share is root's: the tool user cannot write it
+            with pytest.raises(ExecutorError) as unwritable:
+                client.create_sandbox(mounts=[f"{share}/project:/data:rw"])
+            assert unwritable.value.code == grpc.StatusCode.INVALID_ARGUMENT, unwritable.value
+            assert unwritable.value.message.startswith("mounts[0].source: "), unwritable.value
+            assert "uid 1000" in unwritable.value.message and "chown" in unwritable.value.message
 
         info = client.create_sandbox_info(memory="256m", pids=64, ttl_seconds=600, env={"GREETING": "hi-there"},
                                           mounts=[f"{share}/project:/data:ro"], allowed_tools=["shell", "bash"])
