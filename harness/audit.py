@@ -16,6 +16,14 @@ The call lifecycle the harness drives::
         ...execute...
     store.finish_call(run_id, call_id, result, decision=..., exit_code=..., ...)
 
+A call whose recorded result is a retryable failure from a command that did not start
+(``audit_records.retry_safe``: no engine answered, no sandbox could be had) does not keep
+its call_id from running: ``claim_call`` with the same tool and arguments claims it again
+(``fresh=True``, ``claim.attempt`` > 1) in the same transaction that moves the failed
+attempt into the ``call_attempts`` table, so the failure stays in the audit record
+(``CallRecord.earlier_attempts``) and two concurrent retries still get one fresh claim.
+The ``call_attempts`` table is created on first use, like ``checkpoints``.
+
 A call that must wait for a human gets ``create_approval``; ``resolve_approval`` (CLI, API,
 any process) approves or denies it, and ``consume_approval`` flips approved -> consumed
 atomically so an approved call runs exactly once even if two harness processes resume it.
@@ -50,12 +58,15 @@ from typing import Any, TypeVar
 
 from harness.audit_records import (
     ARGUMENTS_CAP,
+    ATTEMPT_COLUMNS,
     Approval,
+    Attempt,
     CallRecord,
     CheckpointRecord,
     Claim,
     RunRecord,
     _approval_from_row,
+    _attempt_from_row,
     _call_from_row,
     _json_default,
     _prepare_arguments,
@@ -66,6 +77,7 @@ from harness.audit_records import (
     canonical_json,
     result_from_json,
     result_to_json,
+    retry_safe,
 )
 from harness.calls import Action, Decision, ErrorCode, ToolResult
 from harness.errors import CallboxError
@@ -74,6 +86,7 @@ from harness.labels import Owner, owner_alive
 __all__ = [
     "ARGUMENTS_CAP",
     "Approval",
+    "Attempt",
     "AuditError",
     "AuditStore",
     "CallRecord",
@@ -229,6 +242,27 @@ _EGRESS_TABLE = """CREATE TABLE IF NOT EXISTS egress (
 )"""
 """One row per connection the egress proxy of an ``allowlist`` sandbox allowed or refused;
 ``call_id`` is the call during which it was seen (NULL: between calls or at the end)."""
+_ATTEMPTS_TABLE = """CREATE TABLE IF NOT EXISTS call_attempts (
+    id          INTEGER PRIMARY KEY,
+    run_id      TEXT NOT NULL REFERENCES runs(id),
+    call_id     TEXT NOT NULL,
+    attempt     INTEGER NOT NULL,
+    owner       TEXT NOT NULL,
+    started     REAL NOT NULL,
+    finished    REAL,
+    duration_ms REAL,
+    decision    TEXT,
+    rule        TEXT,
+    reason      TEXT,
+    exit_code   INTEGER,
+    error_code  TEXT,
+    bytes_out   INTEGER,
+    result_text TEXT,
+    result_json TEXT,
+    UNIQUE (run_id, call_id, attempt)
+)"""
+"""One row per superseded attempt of a call (a retry-safe failure that a retry replaced);
+the call's row in ``calls`` always holds its latest attempt."""
 PAUSED_REASON = "approval_pending"
 """The ``end_reason`` a run has while it is paused with a checkpoint."""
 
@@ -266,11 +300,40 @@ _FINISH_CALL = (
     "authorized = max(authorized, ?) "
     "WHERE run_id = ? AND call_id = ? AND state != 'done'"
 )
+_HAS_ATTEMPTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'call_attempts'"
+_ARCHIVE_ATTEMPT = (
+    "INSERT INTO call_attempts (run_id, call_id, attempt, owner, started, finished, duration_ms, decision, rule, "
+    "reason, exit_code, error_code, bytes_out, result_text, result_json) "
+    "SELECT run_id, call_id, ?, owner, started, finished, duration_ms, decision, rule, reason, exit_code, "
+    "error_code, bytes_out, result_text, result_json FROM calls WHERE run_id = ? AND call_id = ? AND state = 'done'"
+)
+_RECLAIM_CALL = (
+    "UPDATE calls SET state = 'claimed', owner = ?, started = ?, finished = NULL, duration_ms = NULL, "
+    "exit_code = NULL, is_error = NULL, error_code = NULL, bytes_out = NULL, truncated = NULL, "
+    "result_text = NULL, result_json = NULL, decision = NULL, rule = NULL, reason = NULL, authorized = 0 "
+    "WHERE run_id = ? AND call_id = ? AND state = 'done'"
+)
 _COUNT_AUTHORIZED = (
     "SELECT COUNT(*) FROM calls WHERE run_id = ? AND authorized = 1 "
     "AND (error_code IS NULL OR error_code != 'budget_exceeded')"
 )
 
+
+
+def _earlier_attempts(
+    c: sqlite3.Connection, run_id: str, call_id: str | None = None
+) -> dict[str, tuple[Attempt, ...]]:
+    """The superseded attempts of one call (or of every call of the run), by call_id."""
+    if c.execute(_HAS_ATTEMPTS).fetchone() is None:
+        return {}
+    sql = f"SELECT call_id, {ATTEMPT_COLUMNS} FROM call_attempts WHERE run_id = ?"  # noqa: S608
+    params: tuple[str, ...] = (run_id,)
+    if call_id is not None:
+        sql, params = f"{sql} AND call_id = ?", (run_id, call_id)
+    found: dict[str, list[Attempt]] = {}
+    for row in c.execute(f"{sql} ORDER BY call_id, attempt", params).fetchall():
+        found.setdefault(row[0], []).append(_attempt_from_row(row[1:]))
+    return {key: tuple(value) for key, value in found.items()}
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -662,6 +725,11 @@ class AuditStore:
         Exactly one claimant of a (run, call_id) gets ``fresh=True``; every other one gets the
         stored record. A run that was never started is created. ``arguments_json`` is the JSON
         text the model sent (or the parsed object); invalid JSON is recorded as is.
+
+        A call recorded as done with a retry-safe failure (``retry_safe``: retryable, and the
+        command did not start) is claimed again, fresh, by the first claimant with the same
+        tool and arguments: the failed attempt moves to ``record.earlier_attempts`` and the
+        call is ``claimed`` anew, atomically, so only one retry of it runs.
         """
         args = _prepare_arguments(arguments_json)
         owner = self._owner_label()
@@ -678,15 +746,26 @@ class AuditStore:
                 )  # fmt: skip
                 return Claim(fresh=True, record=record)
             row = c.execute(_SELECT_CALL, (run_id, call_id)).fetchone()
-            existing = _call_from_row(row)
+            existing = _call_from_row(row, _earlier_attempts(c, run_id, call_id).get(call_id, ()))
             conflict = existing.tool != tool or existing.args_digest != args.digest
-            return Claim(fresh=False, record=existing, conflict=conflict)
+            if conflict or existing.state != "done" or not retry_safe(existing.result):
+                return Claim(fresh=False, record=existing, conflict=conflict)
+            c.execute(_ATTEMPTS_TABLE)
+            c.execute(_ARCHIVE_ATTEMPT, (existing.attempts, run_id, call_id))
+            c.execute(_RECLAIM_CALL, (owner, now, run_id, call_id))
+            row = c.execute(_SELECT_CALL, (run_id, call_id)).fetchone()
+            return Claim(fresh=True, record=_call_from_row(row, _earlier_attempts(c, run_id, call_id)[call_id]))
 
         return self._write(body)
 
     def get_call(self, run_id: str, call_id: str) -> CallRecord | None:
-        row = self._read(lambda c: c.execute(_SELECT_CALL, (run_id, call_id)).fetchone())
-        return None if row is None else _call_from_row(row)
+        def body(c: sqlite3.Connection) -> CallRecord | None:
+            row = c.execute(_SELECT_CALL, (run_id, call_id)).fetchone()
+            if row is None:
+                return None
+            return _call_from_row(row, _earlier_attempts(c, run_id, call_id).get(call_id, ()))
+
+        return self._read(body)
 
     def record_decision(self, run_id: str, call_id: str, decision: Decision) -> None:
         """Store the policy's decision and rule before anything runs (an ``allow`` marks the
@@ -820,10 +899,11 @@ class AuditStore:
         """Every call of the run in the order they were claimed (AuditError if no such run),
         each with the decision that stands and its approval (``audit_records.call_view``)."""
 
-        def body(c: sqlite3.Connection) -> tuple[list[Any], list[Any]] | None:
+        def body(c: sqlite3.Connection) -> tuple[list[CallRecord], list[Any]] | None:
             if c.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
                 return None
-            calls = c.execute(_SELECT_RUN_CALLS, (run_id,)).fetchall()
+            earlier = _earlier_attempts(c, run_id)
+            calls = [_call_from_row(r, earlier.get(r[1], ())) for r in c.execute(_SELECT_RUN_CALLS, (run_id,))]
             return calls, c.execute(f"{_SELECT_APPROVALS} WHERE run_id = ?", (run_id,)).fetchall()
 
         found = self._read(body)
@@ -831,12 +911,16 @@ class AuditStore:
             raise _unknown_run(run_id)
         calls, approval_rows = found
         approvals = {a.call_id: a for a in map(_approval_from_row, approval_rows)}
-        return [call_view(record, approvals.get(record.call_id)) for record in map(_call_from_row, calls)]
+        return [call_view(record, approvals.get(record.call_id)) for record in calls]
 
     def recent_calls(self, limit: int = 50) -> list[dict[str, Any]]:
         """The last ``limit`` calls across runs, newest first."""
-        rows = self._read(lambda c: c.execute(_SELECT_RECENT_CALLS, (limit,)).fetchall())
-        return [_call_from_row(r).to_dict() for r in rows]
+
+        def body(c: sqlite3.Connection) -> list[CallRecord]:
+            rows = c.execute(_SELECT_RECENT_CALLS, (limit,)).fetchall()
+            return [_call_from_row(r, _earlier_attempts(c, r[0], r[1]).get(r[1], ())) for r in rows]
+
+        return [record.to_dict() for record in self._read(body)]
 
     # -- approvals
 

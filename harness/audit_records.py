@@ -5,6 +5,11 @@ A call's record also says what finally happened to it: a call that waited for a 
 carries its approval (:class:`Approval`), and :func:`final_decision` is the decision that
 stands (a person's denial is ``deny``, naming who denied it and why), whatever the policy
 first said.
+
+A call_id normally has one attempt. The exception is a result :func:`retry_safe` accepts
+(a retryable error from a command that did not start): sending the same call again runs
+it, and the failed attempt is kept as an :class:`Attempt` in the record's
+``earlier_attempts``, so ``attempts`` counts every time the call was claimed to run.
 """
 
 from __future__ import annotations
@@ -120,7 +125,47 @@ def _prepare_arguments(arguments: str | Mapping[str, Any]) -> _Args:
     return _Args(text, digest, truncated, len(raw))
 
 
+def retry_safe(result: ToolResult | None) -> bool:
+    """Whether a recorded result may be superseded by running the same call again: its
+    error is retryable and the result says the command did not start
+    (``structured["command_started"] is False``; the shell tool reports it, and the
+    dispatcher sets it when the tool never got a sandbox). Anything else (a success, a
+    command that started, a result that does not say) is final for its call_id."""
+    if result is None or result.error is None or not result.error.retryable:
+        return False
+    return (result.structured or {}).get("command_started") is False
+
+
 # --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """An earlier, superseded attempt of a call: the retry-safe failure it ended with."""
+
+    attempt: int
+    """1 for the first attempt of the call_id."""
+    owner: str
+    started: float
+    finished: float | None
+    duration_ms: float | None
+    decision: Decision | None
+    error_code: str | None
+    result_text: str | None
+    result: ToolResult | None = field(default=None, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "owner": self.owner,
+            "started": self.started,
+            "finished": self.finished,
+            "duration_ms": self.duration_ms,
+            "decision": None if self.decision is None else self.decision.action.value,
+            "rule": None if self.decision is None else self.decision.rule,
+            "error_code": self.error_code,
+            "result_text": self.result_text,
+        }
 
 
 @dataclass(frozen=True)
@@ -171,6 +216,14 @@ class CallRecord:
     result_text: str | None = None
     result: ToolResult | None = field(default=None, compare=False)
     """The stored ToolResult once ``state == "done"``; a replay returns exactly this."""
+    earlier_attempts: tuple[Attempt, ...] = ()
+    """Attempts superseded by a retry (see :func:`retry_safe`), oldest first; the fields
+    above are those of the latest attempt."""
+
+    @property
+    def attempts(self) -> int:
+        """How many times this call_id was claimed to run (1 unless it was retried)."""
+        return len(self.earlier_attempts) + 1
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for ``callbox audit --json`` (without the duplicate full result)."""
@@ -197,6 +250,8 @@ class CallRecord:
             "bytes_out": self.bytes_out,
             "truncated": self.truncated,
             "result_text": self.result_text,
+            "attempts": self.attempts,
+            "earlier_attempts": [a.to_dict() for a in self.earlier_attempts],
         }
 
 
@@ -204,7 +259,9 @@ class CallRecord:
 class Claim:
     """The answer to ``claim_call``.
 
-    ``fresh=True``: this caller owns the execution and must end it with ``finish_call``.
+    ``fresh=True``: this caller owns the execution and must end it with ``finish_call``:
+    the call_id is new, or its recorded result was a retry-safe failure (``attempt`` > 1,
+    the failure kept in ``record.earlier_attempts``).
     ``fresh=False``: the call_id was already claimed; ``record`` is what is stored (when
     ``state == "done"``, ``result`` is the recorded result to return without executing).
     """
@@ -225,6 +282,10 @@ class Claim:
     @property
     def decision(self) -> Decision | None:
         return self.record.decision
+
+    @property
+    def attempt(self) -> int:
+        return self.record.attempts
 
 
 @dataclass(frozen=True)
@@ -289,7 +350,7 @@ def _decision_from(action: str | None, rule: str | None, reason: str | None) -> 
     return Decision(Action(action), rule or "", reason or "")
 
 
-def _call_from_row(row: tuple[Any, ...]) -> CallRecord:
+def _call_from_row(row: tuple[Any, ...], earlier: tuple[Attempt, ...] = ()) -> CallRecord:
     (run_id, call_id, tool, digest, arguments, args_truncated, bytes_in, state, decision, rule, reason,
      authorized, owner, started, finished, duration_ms, exit_code, is_error, error_code, bytes_out,
      truncated, result_text, result_json) = row  # fmt: skip
@@ -315,7 +376,25 @@ def _call_from_row(row: tuple[Any, ...]) -> CallRecord:
         truncated=None if truncated is None else bool(truncated),
         result_text=result_text,
         result=None if result_json is None else result_from_json(result_json),
+        earlier_attempts=earlier,
     )
+
+
+def _attempt_from_row(row: tuple[Any, ...]) -> Attempt:
+    """A row of ``ATTEMPT_COLUMNS`` (after run_id and call_id)."""
+    (attempt, owner, started, finished, duration_ms, decision, rule, reason, error_code, result_text,
+     result_json) = row  # fmt: skip
+    return Attempt(
+        attempt=attempt, owner=owner, started=started, finished=finished, duration_ms=duration_ms,
+        decision=_decision_from(decision, rule, reason), error_code=error_code, result_text=result_text,
+        result=None if result_json is None else result_from_json(result_json),
+    )  # fmt: skip
+
+
+ATTEMPT_COLUMNS = (
+    "attempt, owner, started, finished, duration_ms, decision, rule, reason, error_code, result_text, result_json"
+)
+"""The columns of an earlier attempt, in the order :func:`_attempt_from_row` reads them."""
 
 
 def _approval_from_row(row: tuple[Any, ...]) -> Approval:

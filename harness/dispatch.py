@@ -8,10 +8,19 @@ is destroyed by ``close``. Every call is claimed in the audit store first, so a
 replayed or concurrent duplicate call_id returns the recorded result instead of
 running again; an ``ask`` decision leaves the call pending until an approval is
 resolved, after which sending the same call again runs it exactly once.
+
+The one recorded result a retry does not get back is a retry-safe failure
+(``sandbox_unavailable`` with ``command_started`` false: the engine did not answer, the
+sandbox could not start or was gone before the command started): the store claims the
+call again and it goes through the whole path once more, policy included, with the failed
+attempt kept in its audit record. A tool that reports ``sandbox_unavailable`` without
+ever having been handed a sandbox cannot have started anything, so its result is marked
+``command_started: false`` here, whatever the tool said.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -58,6 +67,19 @@ def _connect_with_retries() -> DockerEngine:
         reraise=True,
     )
     return retrying(DockerEngine.connect)
+
+
+class _CallSandbox:
+    """The run's sandbox as one call's handler sees it, noting whether it got one."""
+
+    def __init__(self, harness: Harness) -> None:
+        self._harness = harness
+        self.handed_out = False
+
+    def sandbox(self) -> Sandbox:
+        sandbox = self._harness.sandbox()
+        self.handed_out = True
+        return sandbox
 
 
 class Harness:
@@ -175,8 +197,21 @@ class Harness:
             code = ErrorCode.BUDGET_EXCEEDED if decision.rule.startswith("budgets.") else ErrorCode.DENIED
             return self._finish(call, ToolResult.failure(call.call_id, code, decision.reason), decision)
         if decision.action is Action.ASK:
-            return self._ask(call, decision)
+            approved = self._approved_before(call, claim)
+            if approved is None:
+                return self._ask(call, decision)
+            decision = approved
         return self._execute(call, tool, args, decision, on_output)
+
+    def _approved_before(self, call: ToolCall, claim: Claim) -> Decision | None:
+        """For a retry of a call a person approved whose attempt never started: that
+        approval (already consumed by the failed attempt) still stands for these arguments."""
+        if claim.attempt == 1:
+            return None
+        approval = self.audit.find_approval(self.run_id, call.call_id)
+        if approval is None or approval.state != "consumed" or approval.args_digest != claim.record.args_digest:
+            return None
+        return Decision(Action.ALLOW, f"approval {approval.id}", approval.reason)
 
     def _unavailable(self, call: ToolCall, tool: Tool | None) -> ToolResult:
         exposed = [n for n in self.registry.names() if self.policy.tool_allowed(n)]
@@ -260,13 +295,16 @@ class Harness:
             denied = budgets.check(budgets.max_tool_calls, 0) or decision
             result = ToolResult.failure(call.call_id, ErrorCode.BUDGET_EXCEEDED, denied.reason)
             return self._finish(call, result, denied)
+        provider = _CallSandbox(self)
         ctx = ToolContext(
-            run_id=self.run_id, call_id=call.call_id, provider=self,
+            run_id=self.run_id, call_id=call.call_id, provider=provider,
             default_timeout_s=budgets.default_call_timeout_s, timeout_ceiling_s=budgets.call_timeout_ceiling_s,
             output_budget=budgets.max_output_bytes, on_output=on_output,
         )
         started = time.monotonic()
         output = self._unless_gone(self._run_handler(tool, ctx, args))
+        if output.error is ErrorCode.SANDBOX_UNAVAILABLE and not provider.handed_out:
+            output = dataclasses.replace(output, structured={**(output.structured or {}), "command_started": False})
         duration_ms = (time.monotonic() - started) * 1000
         self._record_egress(call.call_id)
         shaped = bound_text(output.text, budgets.max_output_bytes)

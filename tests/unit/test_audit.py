@@ -610,6 +610,89 @@ def test_calls_for_run_shows_the_decision_that_stands_after_a_person_decided(sto
     json.dumps(list(rows.values()))
 
 
+NOT_STARTED = ToolResult("c1", "the sandbox is unavailable: no engine", is_error=True,
+                         error=ErrorCode.SANDBOX_UNAVAILABLE, structured={"command_started": False})
+"""A retry-safe failure: retryable, and the command did not start."""
+
+
+def _ran_and_failed(store: AuditStore, run: str, result: ToolResult, arguments: str = '{"command": "true"}') -> None:
+    assert store.claim_call(run, "c1", "shell", arguments).fresh
+    store.record_decision(run, "c1", ALLOW)
+    assert store.mark_running(run, "c1")
+    store.finish_call(run, "c1", result, decision=ALLOW, exit_code=None, duration_ms=3.0,
+                      bytes_out=len(result.text), truncated=False)
+
+
+def test_a_failure_before_the_command_started_is_claimed_again_and_kept(store: AuditStore) -> None:
+    run = store.start_run()
+    _ran_and_failed(store, run, NOT_STARTED)
+    retry = store.claim_call(run, "c1", "shell", '{ "command" : "true" }')  # same arguments, other spacing
+    assert retry.fresh and not retry.conflict
+    assert retry.attempt == 2
+    assert (retry.state, retry.result, retry.decision, retry.record.authorized) == ("claimed", None, None, False)
+    (earlier,) = retry.record.earlier_attempts
+    assert (earlier.attempt, earlier.error_code, earlier.decision) == (1, "sandbox_unavailable", ALLOW)
+    assert earlier.result == NOT_STARTED and earlier.result_text == NOT_STARTED.text
+    assert store.count_calls(run) == 0  # re-authorized by the retry, counted once
+    assert not store.claim_call(run, "c1", "shell", '{"command": "true"}').fresh  # the retry owns it now
+
+    store.record_decision(run, "c1", ALLOW)
+    assert store.mark_running(run, "c1", max_calls=1)
+    finish(store, run, "c1", ToolResult("c1", "Exit code: 0\nOutput:\nhi\n"))
+    replay = store.claim_call(run, "c1", "shell", '{"command": "true"}')
+    assert not replay.fresh
+    assert replay.result == ToolResult("c1", "Exit code: 0\nOutput:\nhi\n")
+    assert replay.attempt == 2
+    assert store.count_calls(run) == 1
+    (row,) = store.calls_for_run(run)
+    assert (row["attempts"], row["error_code"], row["state"]) == (2, None, "done")
+    assert [(a["attempt"], a["error_code"]) for a in row["earlier_attempts"]] == [(1, "sandbox_unavailable")]
+    assert store.recent_calls(1)[0]["attempts"] == 2
+    json.dumps(row)
+
+
+def test_a_second_failure_before_start_is_a_third_attempt(store: AuditStore) -> None:
+    run = store.start_run()
+    _ran_and_failed(store, run, NOT_STARTED)
+    assert store.claim_call(run, "c1", "shell", '{"command": "true"}').fresh
+    store.finish_call(run, "c1", NOT_STARTED, decision=ALLOW, exit_code=None, duration_ms=1.0, bytes_out=1,
+                      truncated=False)
+    third = store.claim_call(run, "c1", "shell", '{"command": "true"}')
+    assert third.fresh and third.attempt == 3
+    assert [a.attempt for a in third.record.earlier_attempts] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        ToolResult("c1", "the sandbox did not answer. The command had started.", is_error=True,
+                   error=ErrorCode.SANDBOX_UNAVAILABLE, structured={"command_started": True}),
+        ToolResult.failure("c1", ErrorCode.SANDBOX_UNAVAILABLE, "the sandbox did not answer"),  # does not say
+        ToolResult("c1", "Exit code: 1", is_error=True, error=ErrorCode.NONZERO_EXIT, structured={"exit_code": 1}),
+        ToolResult("c1", "denied", is_error=True, error=ErrorCode.DENIED, structured={"command_started": False}),
+        ToolResult("c1", "Exit code: 0\nOutput:\n", structured={"command_started": False}),
+    ],
+    ids=["started", "unknown-if-started", "nonzero-exit", "not-retryable", "success"],
+)
+def test_any_other_result_is_final(store: AuditStore, result: ToolResult) -> None:
+    run = store.start_run()
+    _ran_and_failed(store, run, result)
+    replay = store.claim_call(run, "c1", "shell", '{"command": "true"}')
+    assert not replay.fresh
+    assert replay.result == result and replay.attempt == 1
+    record = store.get_call(run, "c1")
+    assert record is not None and record.attempts == 1 and record.earlier_attempts == ()
+
+
+def test_a_retry_with_other_arguments_is_a_conflict_not_a_retry(store: AuditStore) -> None:
+    run = store.start_run()
+    _ran_and_failed(store, run, NOT_STARTED)
+    other = store.claim_call(run, "c1", "shell", '{"command": "false"}')
+    assert not other.fresh and other.conflict
+    assert other.result == NOT_STARTED
+    assert store.claim_call(run, "c1", "bash", '{"command": "true"}').conflict
+
+
 def test_wait_for_result_times_out_with_none(store: AuditStore) -> None:
     run = store.start_run()
     store.claim_call(run, "c1", "shell", "{}")
@@ -804,6 +887,25 @@ def test_processes_race_claims_exactly_one_fresh_and_all_see_its_result(db: Path
         assert texts == {winners[0]["texts"][call_id]}  # the loser replays the winner's result
     with AuditStore(db) as s:
         assert len(s.calls_for_run(run)) == len(call_ids)
+
+
+def test_processes_racing_to_retry_a_failure_before_start_claim_it_once(db: Path) -> None:
+    with AuditStore(db) as s:
+        run = s.start_run()
+        _ran_and_failed(s, run, NOT_STARTED)
+    children = Children(db, [["claim", run, "c1"] for _ in range(8)])
+    try:
+        children.go()
+        outs = children.results()
+    finally:
+        children.close()
+    winners = [o for o in outs if o["fresh"] == ["c1"]]
+    assert len(winners) == 1, outs
+    assert {o["texts"]["c1"] for o in outs} == {winners[0]["texts"]["c1"]}  # the others got the retry's result
+    with AuditStore(db) as s:
+        record = s.get_call(run, "c1")
+        assert record is not None and record.attempts == 2 and record.result is not None
+        assert record.result.text == winners[0]["texts"]["c1"]
 
 
 def test_processes_race_consume_exactly_one_wins(db: Path) -> None:
