@@ -41,7 +41,9 @@ anyway), so the budget is spent on text the model actually reads.
 A sandbox that is gone (its container removed or stopped, the engine away) is the
 retryable ``sandbox_unavailable``, worded like the file tools' (``the sandbox did not
 answer. ...``); ``structured["command_started"]`` says whether the command had started
-before it went away, so a caller knows whether sending it again could repeat its effects.
+before it went away (``null`` when that cannot be told: the request reached the agent, which
+was lost before it reported the start), so a caller knows whether sending it again could
+repeat its effects.
 
 Streaming: every output chunk reaches ``ToolContext.on_output`` as ``(stream, bytes)`` while
 the command runs (the sandbox streams the head of each stream live; a tail kept by its
@@ -206,7 +208,7 @@ def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
         )
         result = collect(watch(events), on_output=forward)
     except AgentCallError as error:
-        return agent_failure(error, started=started)
+        return agent_failure(error, started=started or command_may_have_started(error))
     exit_code = result.shell_exit_code  # 124 after a timeout (Codex's code too), 128+N for signal N
     formatted = format_exec_output(
         exit_code=exit_code, duration_ms=result.duration_ms,
@@ -242,12 +244,24 @@ def sandbox_gone(error: AgentCallError) -> bool:
     return error.reason == "UNSPECIFIED" and error.code in UNREACHABLE_CODES
 
 
-def agent_failure(error: AgentCallError, *, started: bool) -> ToolOutput:
-    """The error result for an exec the agent failed or could not run."""
+def command_may_have_started(error: AgentCallError) -> bool | None:
+    """For an exec that failed before its Started event arrived: False when the command
+    surely did not start (the agent refused it, or the connection to the agent could not
+    be made, so the request never left), None when that cannot be told (the agent may have
+    started it and been lost before it said so)."""
+    if error.reason != "UNSPECIFIED" or "failed to connect" in error.message:
+        return False
+    return None
+
+
+def agent_failure(error: AgentCallError, *, started: bool | None) -> ToolOutput:
+    """The error result for an exec the agent failed or could not run; ``started`` is
+    whether the command had started (None: not known)."""
     structured = {"reason": error.reason, "command_started": started}
     if sandbox_gone(error):
-        then = ("The command had started and may have had effects before it went away"
-                if started else "The command did not start")
+        then = ("The command had started and may have had effects before it went away" if started
+                else "The command did not start" if started is False
+                else "It is not known whether the command started: it may have had effects")
         return ToolOutput(text=f"the sandbox did not answer. {error.message.rstrip('.')}. {then}.", is_error=True,
                           error=ErrorCode.SANDBOX_UNAVAILABLE, structured=structured)
     return ToolOutput(text=f"The command could not be run: {error.message}", is_error=True,
