@@ -31,7 +31,9 @@ Docker engine; its policy is the server's, tightened by the ``CreateSandbox`` ov
   cancel, deadline passed, sandbox deleted, server stopping) those RPCs are cancelled and
   the agent kills the command's whole process tree (a bash session is killed and marked
   for restart). The call is still recorded in the audit store with what it got, so a
-  retry of the same call_id returns that record rather than running again.
+  retry of the same call_id returns that record rather than running again (a failure from
+  before the command started, such as an unreachable engine, is the one record a retry
+  runs past).
 * **Approvals.** A client may resolve the approvals of its own runs (``by = grpc:NAME``)
   unless the server is started with ``approvals_by_clients=False``, which reserves them
   to the operator (``callbox approvals``).

@@ -64,7 +64,9 @@ Call ids and approvals
     denial, once), or approved (it runs, exactly once, even if resent concurrently). Once
     it has a final result the next identical call is a new call. A client that wants its
     own idempotency key can put ``"callbox/call_id": "ID"`` in the request's ``_meta``: a
-    retry with the same id returns the recorded result instead of running again.
+    retry with the same id returns the recorded result instead of running again (unless
+    that result is a failure from before the command started, such as an unreachable
+    engine: then the retry runs it).
 
 Progress
     When the request carries a ``progressToken``, ``notifications/progress`` follow while
