@@ -70,7 +70,11 @@ def _download(cache: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def project(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cache = Path(request.config.cache.mkdir("callbox-sdists"))
+    # pytest's cache keeps the download between sessions; without it (-p no:cacheprovider)
+    # the session's temporary directory holds it.
+    cache_plugin = getattr(request.config, "cache", None)
+    cache = (Path(cache_plugin.mkdir("callbox-sdists")) if cache_plugin is not None
+             else tmp_path_factory.mktemp("callbox-sdists"))
     sdist = _download(cache)
     root = tmp_path_factory.mktemp("third-party")
     with tarfile.open(sdist) as tar:
