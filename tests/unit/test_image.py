@@ -178,8 +178,8 @@ def test_base_tag_is_content_addressed():
 
 def test_base_packages_cover_the_tools():
     tools = (
-        "bash", "coreutils", "python3", "python3-pip", "python3-venv", "python3-dev", "build-essential", "make", "git", "ripgrep",
-        "patch", "curl", "ca-certificates", "xz-utils", "file", "unzip", "procps", "less",
+        "bash", "coreutils", "python3", "python3-pip", "python3-venv", "python3-dev", "build-essential", "make",
+        "git", "ripgrep", "patch", "curl", "ca-certificates", "xz-utils", "file", "unzip", "procps", "less",
     )
     for pkg in tools:
         assert pkg in base.BASE_PACKAGES
