@@ -121,3 +121,21 @@ def python_blocks(text: str) -> list[tuple[int, str]]:
             found.append((start + 1, "\n".join(lines[start:i]) + "\n"))
         i += 1
     return found
+
+
+SNIPPET_SOURCES = {
+    "openai-agents": "tests/interop/test_openai_agents.py",
+    "pydantic-ai": "tests/interop/test_pydantic_ai.py",
+}
+"""README snippets copied from the interop tests that run them, by marker name."""
+
+
+def snippet_in(source: str, name: str) -> str:
+    """The code between ``# README: NAME snippet start`` and ``... end`` in ``source``, dedented."""
+    import textwrap
+
+    start, end = f"# README: {name} snippet start\n", f"# README: {name} snippet end"
+    if start not in source or end not in source:
+        raise ValueError(f"no README markers for the {name} snippet")
+    body = source.split(start, 1)[1].split(end, 1)[0]
+    return textwrap.dedent(body[: body.rindex("\n") + 1])

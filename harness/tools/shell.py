@@ -57,6 +57,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness.agent_client import SANDBOX_GONE
 from harness.calls import ErrorCode, ToolOutput
 from harness.context import ToolContext
 from harness.errors import AgentCallError
@@ -262,7 +263,10 @@ def agent_failure(error: AgentCallError, *, started: bool | None) -> ToolOutput:
         then = ("The command had started and may have had effects before it went away" if started
                 else "The command did not start" if started is False
                 else "It is not known whether the command started: it may have had effects")
-        return ToolOutput(text=f"the sandbox did not answer. {error.message.rstrip('.')}. {then}.", is_error=True,
+        # Lost contact is worded like the file tools'; an agent that said why it stopped
+        # answering (its container is being stopped) speaks for itself.
+        lead = "the sandbox did not answer. " if error.message.startswith(SANDBOX_GONE) else ""
+        return ToolOutput(text=f"{lead}{error.message.rstrip('.')}. {then}.", is_error=True,
                           error=ErrorCode.SANDBOX_UNAVAILABLE, structured=structured)
     return ToolOutput(text=f"The command could not be run: {error.message}", is_error=True,
                       error=ErrorCode.TOOL_FAILED, structured=structured)

@@ -26,7 +26,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import unavailable
-from tests.readme_examples import Example, console_examples, output_matches, python_blocks
+from tests.readme_examples import (
+    SNIPPET_SOURCES,
+    Example,
+    console_examples,
+    output_matches,
+    python_blocks,
+    snippet_in,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -236,7 +243,10 @@ def test_a_normal_user_is_not_told_about_another_users_kept_sandbox(normal_user_
     assert box.engine.kept_sandbox(box.id) is not None  # still kept: the other user's gc did not touch it
 
 
-PYTHON_BLOCKS = python_blocks(README.read_text())
+# The agent-framework snippets run inside the interop tests they are copied from (a unit
+# test keeps the copies identical); the rest run here as they stand.
+_TESTED_ELSEWHERE = {snippet_in((ROOT / path).read_text(), name) for name, path in SNIPPET_SOURCES.items()}
+PYTHON_BLOCKS = [(line, code) for line, code in python_blocks(README.read_text()) if code not in _TESTED_ELSEWHERE]
 GRPC_ADDRESS = "unix:/run/callbox/executor.sock"
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ from harness.calls import Action
 from harness.policy import load_policy
 from harness.tools import builtin_registry
 from harness.tools.shell import SHELL
+from tests.readme_examples import SNIPPET_SOURCES, snippet_in
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -31,16 +31,9 @@ def test_readme_policy_example_loads_and_decides_as_documented(tmp_path):
     assert policy.budgets.max_output_bytes == 30000
 
 
-@pytest.mark.parametrize(("test_file", "name"), [
-    ("tests/interop/test_openai_agents.py", "openai-agents"),
-    ("tests/interop/test_pydantic_ai.py", "pydantic-ai"),
-])
-def test_readme_framework_snippets_are_the_tested_code(test_file: str, name: str) -> None:
+@pytest.mark.parametrize(("name", "test_file"), sorted(SNIPPET_SOURCES.items()))
+def test_readme_framework_snippets_are_the_tested_code(name: str, test_file: str) -> None:
     """The README's agent-framework snippets are copied from the interop tests that run them."""
-    source = (README.parents[0] / test_file).read_text()
-    start, end = f"# README: {name} snippet start\n", f"# README: {name} snippet end"
-    assert start in source and end in source, f"{test_file} lost its README markers"
-    body = source.split(start, 1)[1].split(end, 1)[0]
-    snippet = textwrap.dedent(body[: body.rindex("\n") + 1])
+    snippet = snippet_in((README.parents[0] / test_file).read_text(), name)
     assert len(snippet.splitlines()) >= 8
     assert f"```python\n{snippet}```" in README.read_text(), f"the README's {name} snippet differs from {test_file}"
