@@ -72,30 +72,44 @@ def _serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # The servers' threads inherit the signal mask of the thread that starts them: started
+    # with the stop signals blocked, they leave those to this thread alone, and a SIGTERM
+    # then wakes its wait below. (A signal the kernel hands to another thread runs the
+    # handler only when this thread next runs Python code, which a plain wait never does.)
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
     try:
-        if args.grpc is not None:
-            from harness.audit import AuditStore
-            from harness.grpc_server import serve_grpc
-            from harness.policy import load_policy
-
-            grpc_server = serve_grpc(
-                args.grpc or None, token_file=args.token_file, insecure=args.insecure,
-                tls_cert=args.tls_cert, tls_key=args.tls_key, policy=load_policy(args.policy),
-                audit=AuditStore(args.audit_db), max_sandboxes_per_client=args.max_per_client,
-                max_sandboxes_total=args.max_sandboxes,
-            )
-            servers.append(grpc_server)
-            print(f"callbox: gRPC executor listening on {grpc_server.target}", file=sys.stderr, flush=True)
-        if args.mcp_http is not None:
-            from harness.mcp_server import serve_mcp_http
-
-            mcp_server = serve_mcp_http(args.mcp_http, policy_path=args.policy, audit_path=args.audit_db,
-                                        insecure=args.insecure)
-            servers.append(mcp_server)
-            print(f"callbox: MCP server (streamable HTTP) on {mcp_server.url}", file=sys.stderr, flush=True)
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+        try:
+            _start_servers(args, servers)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)  # one sent meanwhile arrives now
         stop.wait()
         print("callbox: stopping; destroying the sandboxes this server owns", file=sys.stderr, flush=True)
     finally:
         for server in reversed(servers):
             server.stop()
     return 0
+
+
+def _start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
+    """Start the doors ``args`` ask for, appending each to ``servers`` as it starts."""
+    if args.grpc is not None:
+        from harness.audit import AuditStore
+        from harness.grpc_server import serve_grpc
+        from harness.policy import load_policy
+
+        grpc_server = serve_grpc(
+            args.grpc or None, token_file=args.token_file, insecure=args.insecure,
+            tls_cert=args.tls_cert, tls_key=args.tls_key, policy=load_policy(args.policy),
+            audit=AuditStore(args.audit_db), max_sandboxes_per_client=args.max_per_client,
+            max_sandboxes_total=args.max_sandboxes,
+        )
+        servers.append(grpc_server)
+        print(f"callbox: gRPC executor listening on {grpc_server.target}", file=sys.stderr, flush=True)
+    if args.mcp_http is not None:
+        from harness.mcp_server import serve_mcp_http
+
+        mcp_server = serve_mcp_http(args.mcp_http, policy_path=args.policy, audit_path=args.audit_db,
+                                    insecure=args.insecure)
+        servers.append(mcp_server)
+        print(f"callbox: MCP server (streamable HTTP) on {mcp_server.url}", file=sys.stderr, flush=True)

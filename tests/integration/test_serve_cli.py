@@ -35,6 +35,11 @@ def test_serve_both_doors_then_sigterm_destroys_sandboxes(engine, tmp_path):
             result = client.call(box, "shell", '{"command": "echo served"}', call_id="c1")
             assert "served" in result.text and not result.is_error
         assert len(_owned_by(engine, proc.pid)) == 1
+        # Only the main thread may take SIGTERM/SIGINT: one the kernel gave another thread
+        # would never wake the main thread's wait, and the server would not stop.
+        blocked = _stop_signals_blocked(proc.pid)
+        assert blocked.pop(proc.pid) is False, "the main thread blocks the stop signals"
+        assert len(blocked) >= 3 and all(blocked.values()), blocked
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
         assert _owned_by(engine, proc.pid) == []
@@ -47,3 +52,14 @@ def test_serve_both_doors_then_sigterm_destroys_sandboxes(engine, tmp_path):
 def _owned_by(engine, pid: int) -> list[str]:  # type: ignore[no-untyped-def]
     return [c["Id"] for c in engine.client.api.containers(all=True, filters={"label": "callbox.managed=1"})
             if f"/{pid}/" in c["Labels"].get("callbox.owner", "")]
+
+
+def _stop_signals_blocked(pid: int) -> dict[int, bool]:
+    """Per thread of ``pid``: whether it blocks both SIGTERM and SIGINT (SigBlk in its status)."""
+    wanted = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1))
+    found = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/status") as status:
+            mask = next(int(line.split()[1], 16) for line in status if line.startswith("SigBlk:"))
+        found[int(task)] = mask & wanted == wanted
+    return found
