@@ -18,7 +18,7 @@ Asynchronous: :class:`AsyncExecutorClient` has the same methods as coroutines, a
 
 ``target`` is ``unix:/path``, a socket path (starting with ``/``, ``./`` or ``~``), or
 ``host:port`` (None: the server's default socket); ``token`` None means ``CALLBOX_TOKEN``
-or the token file (:func:`harness.tokens.client_token`). With ``tls_ca`` (a PEM path or
+or the token file (:func:`harness.doors.grpc.tokens.client_token`). With ``tls_ca`` (a PEM path or
 bytes) or ``tls=True`` the channel uses TLS (``tls_server_name`` overrides the name the
 certificate is checked against). The default ``timeout`` (60 s) applies to the unary
 methods; ``call_tool`` has no deadline unless given one. An RPC that fails raises
@@ -43,8 +43,8 @@ from typing import Any, Literal
 import grpc
 import grpc.aio
 
-from harness.tokens import client_token
-from harness.units import parse_size
+from harness.core.units import parse_size
+from harness.doors.grpc.tokens import client_token
 from harness.v1 import executor_pb2, executor_pb2_grpc
 
 __all__ = [
@@ -250,7 +250,7 @@ class RunInfo:
 
 def _target(target: str | None) -> str:
     if not target:
-        from harness.grpc_server import default_socket_path
+        from harness.doors.grpc.server import default_socket_path
 
         return f"unix:{default_socket_path()}"
     if target.startswith(("/", "./", "../", "~")):  # a socket path

@@ -25,8 +25,8 @@ def unavailable(reason: str, *, module: bool = False) -> None:
 
 @pytest.fixture(scope="session")
 def engine():  # type: ignore[no-untyped-def]
-    from harness.docker_engine import DockerEngine
-    from harness.errors import EngineUnavailable
+    from harness.core.errors import EngineUnavailable
+    from harness.engine.docker.engine import DockerEngine
 
     try:
         eng = DockerEngine.connect()
@@ -42,7 +42,7 @@ def engine():  # type: ignore[no-untyped-def]
 @pytest.fixture
 def make_sandbox(engine) -> Iterator[Callable[..., object]]:  # type: ignore[no-untyped-def]
     """Factory: ``make_sandbox(**spec_fields)``; every sandbox is destroyed afterwards."""
-    from harness.spec import SandboxSpec
+    from harness.engine.spec import SandboxSpec
 
     created = []
 
@@ -84,7 +84,7 @@ DEST_HOSTS = {"dest.callbox.test": "198.18.77.2", "api.callbox.test": "198.18.77
 def net_engine(engine, destination):  # type: ignore[no-untyped-def]
     """An engine whose egress proxies may reach the test destination's network, and only
     that private network (the documented test-only override)."""
-    from harness.docker_engine import DockerEngine
+    from harness.engine.docker.engine import DockerEngine
 
     return DockerEngine(engine.client, run_root=engine.run_root, reap_on_start=False,
                         egress_test_network=destination.network, egress_test_hosts=DEST_HOSTS)

@@ -2,7 +2,7 @@
 
 Request: ``model``, ``max_tokens`` (required by the API; 8192 unless set), ``system`` = the
 system prompt, ``messages`` = the context, ``tools`` =
-``harness.formats.tool_definitions(tools, "anthropic")`` and ``tool_choice``:
+``harness.core.formats.tool_definitions(tools, "anthropic")`` and ``tool_choice``:
 
 ============================  =================================================================
 ToolChoice                    sent as
@@ -45,7 +45,8 @@ from typing import Any
 
 import anthropic
 
-from harness.formats import Format, tool_definitions
+from harness.core.formats import Format, tool_definitions
+from harness.core.registry import ToolDefinition
 from harness.models.base import (
     AllowedTools,
     Context,
@@ -66,7 +67,6 @@ from harness.models.factory import (
     resolve_base_url,
     resolve_key,
 )
-from harness.registry import ToolDefinition
 
 __all__ = ["DEFAULT_MAX_TOKENS", "AnthropicMessagesModel", "anthropic_tool_choice", "parse_message"]
 

@@ -3,7 +3,7 @@
 The loop never sees a provider's types. It keeps the conversation as a list of JSON
 items in the provider's own shapes (``Context.items``: Responses input items, Chat
 messages or Anthropic messages), asks the adapter for the next turn, and appends the
-adapter's assistant items and the tool results (shaped by ``harness.formats``) back
+adapter's assistant items and the tool results (shaped by ``harness.core.formats``) back
 in that provider's way. Because the context is plain JSON it can be checkpointed in
 the audit store and resumed by another process.
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from harness.calls import ToolResult
-from harness.formats import Format
-from harness.registry import ToolDefinition
+from harness.core.calls import ToolResult
+from harness.core.formats import Format
+from harness.core.registry import ToolDefinition
 
 
 @dataclass(frozen=True)

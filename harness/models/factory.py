@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.calls import ToolResult
-from harness.errors import CallboxError
-from harness.formats import Format, result_item
+from harness.core.calls import ToolResult
+from harness.core.errors import CallboxError
+from harness.core.formats import Format, result_item
 from harness.models.base import AllowedTools, Context, ForcedTool, ModelError, ModelTurn, ToolChoice
 
 if TYPE_CHECKING:

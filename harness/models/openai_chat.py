@@ -5,7 +5,7 @@ llama.cpp server, Ollama (``base_url="http://localhost:11434/v1"``); with a base
 ``OPENAI_API_KEY`` the key defaults to ``"not-needed"`` (see ``harness.models.factory``).
 
 Request: ``model``, ``messages`` = the context (the system prompt is its first message),
-``tools`` = ``harness.formats.tool_definitions(tools, "chat")`` and ``tool_choice``:
+``tools`` = ``harness.core.formats.tool_definitions(tools, "chat")`` and ``tool_choice``:
 
 ============================  =================================================================
 ToolChoice                    sent as
@@ -46,7 +46,8 @@ from typing import Any
 
 import openai
 
-from harness.formats import Format, tool_definitions
+from harness.core.formats import Format, tool_definitions
+from harness.core.registry import ToolDefinition
 from harness.models.base import (
     AllowedTools,
     Context,
@@ -67,7 +68,6 @@ from harness.models.factory import (
     resolve_base_url,
     resolve_key,
 )
-from harness.registry import ToolDefinition
 
 __all__ = ["OpenAIChatModel", "chat_tool_choice", "parse_completion"]
 

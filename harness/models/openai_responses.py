@@ -1,7 +1,7 @@
 """The OpenAI Responses API (``client.responses.create``) behind the ModelAdapter interface.
 
 Request: ``model``, ``input`` = the context items, ``instructions`` = the system prompt,
-``tools`` = ``harness.formats.tool_definitions(tools, "openai")`` and ``tool_choice``:
+``tools`` = ``harness.core.formats.tool_definitions(tools, "openai")`` and ``tool_choice``:
 
 ============================  =================================================================
 ToolChoice                    sent as
@@ -37,7 +37,8 @@ from typing import Any
 
 import openai
 
-from harness.formats import Format, tool_definitions
+from harness.core.formats import Format, tool_definitions
+from harness.core.registry import ToolDefinition
 from harness.models.base import (
     AllowedTools,
     Context,
@@ -58,7 +59,6 @@ from harness.models.factory import (
     resolve_base_url,
     resolve_key,
 )
-from harness.registry import ToolDefinition
 
 __all__ = ["OpenAIResponsesModel", "parse_response", "responses_tool_choice"]
 

@@ -49,7 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.formats import Format
+from harness.core.formats import Format
+from harness.core.registry import ToolDefinition
 from harness.models.base import Context, ModelError, ModelToolCall, ModelTurn, ToolChoice, Usage
 from harness.models.factory import (
     ModelConfigError,
@@ -58,7 +59,6 @@ from harness.models.factory import (
     check_tool_choice,
     json_text,
 )
-from harness.registry import ToolDefinition
 
 __all__ = ["ScriptError", "ScriptedModel", "ScriptedRequest", "parse_turn"]
 

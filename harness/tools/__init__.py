@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.registry import ToolRegistry
+from harness.core.registry import ToolRegistry
 from harness.tools.apply_patch import APPLY_PATCH
 from harness.tools.bash import BASH
 from harness.tools.editor import EDITOR

@@ -20,11 +20,11 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.agent_client import AgentClient
-from harness.calls import ErrorCode, ToolOutput
-from harness.context import ToolContext
-from harness.errors import AgentCallError
-from harness.registry import Tool, ToolAnnotations, ToolDefinition
+from harness.core.calls import ErrorCode, ToolOutput
+from harness.core.context import ToolContext
+from harness.core.errors import AgentCallError
+from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
+from harness.engine.agent_client import AgentClient
 from harness.tools.patch_format import (
     NOT_UTF8_DETAIL,
     ApplyError,

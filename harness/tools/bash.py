@@ -45,11 +45,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.calls import ErrorCode, ToolOutput
-from harness.context import ToolContext
-from harness.errors import AgentCallError
-from harness.exec_result import StreamResult
-from harness.registry import Tool, ToolAnnotations, ToolDefinition
+from harness.core.calls import ErrorCode, ToolOutput
+from harness.core.context import ToolContext
+from harness.core.errors import AgentCallError
+from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
+from harness.engine.exec_result import StreamResult
 from sandbox.shell import ended_message, timeout_message
 
 SESSION_ID = "default"

@@ -76,11 +76,11 @@ from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.agent_client import AgentClient
-from harness.calls import ErrorCode, ToolOutput
-from harness.context import ToolContext
-from harness.errors import AgentCallError
-from harness.registry import Tool, ToolAnnotations, ToolDefinition
+from harness.core.calls import ErrorCode, ToolOutput
+from harness.core.context import ToolContext
+from harness.core.errors import AgentCallError
+from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
+from harness.engine.agent_client import AgentClient
 from sandbox.v1 import filesystem_pb2
 
 __all__ = [

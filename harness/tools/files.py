@@ -54,13 +54,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.agent_client import AgentClient
-from harness.calls import ErrorCode, ToolOutput
-from harness.context import ToolContext
-from harness.errors import AgentCallError
-from harness.exec_result import collect
-from harness.registry import Tool, ToolAnnotations, ToolDefinition
-from harness.shaping import head_cut
+from harness.core.calls import ErrorCode, ToolOutput
+from harness.core.context import ToolContext
+from harness.core.errors import AgentCallError
+from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
+from harness.core.shaping import head_cut
+from harness.engine.agent_client import AgentClient
+from harness.engine.exec_result import collect
 from sandbox.v1 import filesystem_pb2
 
 DEFAULT_READ_BYTES = 256 * 1024

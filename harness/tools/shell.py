@@ -30,7 +30,7 @@ and, when the output did not fit::
   sandbox's own output cap dropped, which were never decoded); ``Total output lines`` is
   printed only then. It counts the lines that reached the harness: all of them up to
   :data:`AGENT_OUTPUT_CAP` bytes per stream, a lower bound beyond (see there). Cuts never split a
-  UTF-8 character (they use :mod:`harness.shaping`'s cut helpers).
+  UTF-8 character (they use :mod:`harness.core.shaping`'s cut helpers).
 
 Budget: unlike Codex, whose marker and header come on top of its byte budget, the whole
 result text here stays within ``ToolContext.output_budget`` (the policy's
@@ -57,13 +57,13 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.agent_client import SANDBOX_GONE
-from harness.calls import ErrorCode, ToolOutput
-from harness.context import ToolContext
-from harness.errors import AgentCallError
-from harness.exec_result import collect
-from harness.registry import Tool, ToolAnnotations, ToolDefinition
-from harness.shaping import head_cut, strip_terminal_codes, tail_cut
+from harness.core.calls import ErrorCode, ToolOutput
+from harness.core.context import ToolContext
+from harness.core.errors import AgentCallError
+from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
+from harness.core.shaping import head_cut, strip_terminal_codes, tail_cut
+from harness.engine.agent_client import SANDBOX_GONE
+from harness.engine.exec_result import collect
 from sandbox.v1 import process_pb2
 
 AGENT_OUTPUT_CAP = 8 << 20

@@ -56,10 +56,10 @@ from docker.models.containers import Container
 from docker.types import Mount as DockerMount
 from docker.types import Ulimit
 
-from harness import labels
-from harness.docker_engine import DockerEngine, Sandbox, seccomp_profile
-from harness.exec_result import ExecResult, collect
-from harness.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
+from harness.engine.docker import labels
+from harness.engine.docker.engine import DockerEngine, Sandbox, seccomp_profile
+from harness.engine.exec_result import ExecResult, collect
+from harness.engine.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
 from tests.bench.bench_overhead import bench_overhead
 
 MIN_SAMPLES = 30

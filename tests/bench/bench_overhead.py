@@ -14,12 +14,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from harness.audit import AuditStore
-from harness.calls import ToolCall, ToolOutput
-from harness.dispatch import Harness
-from harness.policy import load_policy
-from harness.registry import Tool, ToolDefinition, ToolRegistry
-from harness.validation import validate_call
+from harness.audit.store import AuditStore
+from harness.core.calls import ToolCall, ToolOutput
+from harness.core.policy import load_policy
+from harness.core.registry import Tool, ToolDefinition, ToolRegistry
+from harness.core.session import Harness
+from harness.core.validation import validate_call
 
 
 class NoopArgs(BaseModel):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from typing import Any
 
-from harness.exec_result import ExecResult, collect
+from harness.engine.exec_result import ExecResult, collect
 
 
 def run(box: Any, command: Any, **options: Any) -> ExecResult:
@@ -20,7 +20,7 @@ def callbox(*args: str, stdin: bytes | None = None, env: dict[str, str] | None =
     """Run the real CLI in a child process, exactly as a user would."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args],
+        [sys.executable, "-m", "harness.cli.main", *args],
         input=stdin if stdin is not None else b"",
         capture_output=True, env=full_env, timeout=timeout, check=False,
     )

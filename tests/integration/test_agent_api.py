@@ -7,8 +7,8 @@ import threading
 import grpc
 import pytest
 
-from harness.errors import AgentCallError
-from harness.exec_result import collect
+from harness.core.errors import AgentCallError
+from harness.engine.exec_result import collect
 from sandbox import health
 from tests.integration.helpers import run
 

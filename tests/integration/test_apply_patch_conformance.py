@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from harness.audit import AuditStore
-from harness.calls import ErrorCode, ToolCall
-from harness.context import ToolContext
-from harness.dispatch import Harness
-from harness.policy import Policy
-from harness.registry import ToolRegistry
-from harness.spec import SandboxSpec
+from harness.audit.store import AuditStore
+from harness.core.calls import ErrorCode, ToolCall
+from harness.core.context import ToolContext
+from harness.core.policy import Policy
+from harness.core.registry import ToolRegistry
+from harness.core.session import Harness
+from harness.engine.spec import SandboxSpec
 from harness.tools.apply_patch import APPLY_PATCH, ApplyPatchArgs
 from sandbox.v1 import filesystem_pb2
 from tests.conftest import IMAGE, unavailable

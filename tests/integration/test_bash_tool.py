@@ -1,7 +1,7 @@
 """The ``bash`` tool in a real sandbox: a persistent session with Anthropic ``bash_20250124`` semantics.
 
 Every test calls the real handler with a real ToolContext whose provider returns a live
-sandbox (and one goes through ``harness.dispatch.Harness``). Synchronisation inside the
+sandbox (and one goes through ``harness.core.session.Harness``). Synchronisation inside the
 sandbox uses FIFOs opened through the agent's Exec service, never sleeps.
 """
 
@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from harness.audit import AuditStore
-from harness.calls import ErrorCode, ToolCall
-from harness.context import OutputSink, ToolContext
-from harness.dispatch import Harness
-from harness.policy import Budgets, Policy
-from harness.registry import ToolRegistry
-from harness.spec import SandboxSpec
+from harness.audit.store import AuditStore
+from harness.core.calls import ErrorCode, ToolCall
+from harness.core.context import OutputSink, ToolContext
+from harness.core.policy import Budgets, Policy
+from harness.core.registry import ToolRegistry
+from harness.core.session import Harness
+from harness.engine.spec import SandboxSpec
 from harness.tools.bash import BASH, NO_COMMAND, RESTARTED, BashArgs
 from tests.conftest import IMAGE
 from tests.integration.helpers import run

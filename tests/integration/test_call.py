@@ -80,7 +80,7 @@ def test_a_denied_call_starts_no_container(engine, audit_env, tmp_path):
     """)
     started = time.time()
     denied = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "call", "shell", '{"command": "rm -rf /workspace"}',
+        [sys.executable, "-m", "harness.cli.main", "call", "shell", '{"command": "rm -rf /workspace"}',
          "--policy", str(policy), "--format", "openai", "--image", IMAGE],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **audit_env},
     )
@@ -91,7 +91,7 @@ def test_a_denied_call_starts_no_container(engine, audit_env, tmp_path):
     assert _containers_created_by(engine, denied.pid, started) == []
     # and the same harness does create one for an allowed call (so the check above can fail)
     allowed = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "call", "shell", '{"command": "true"}', "--policy", str(policy),
+        [sys.executable, "-m", "harness.cli.main", "call", "shell", '{"command": "true"}', "--policy", str(policy),
          "--image", IMAGE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **audit_env},
     )
     allowed.communicate(timeout=120)
@@ -161,10 +161,10 @@ def test_replaying_a_call_id_does_not_run_the_command_again(engine, audit_env, t
 def test_two_harness_processes_writing_the_audit_store_lose_nothing(engine, audit_env):
     script = textwrap.dedent("""
         import sys
-        from harness.audit import AuditStore
-        from harness.calls import ToolCall
-        from harness.dispatch import Harness
-        from harness.policy import load_policy
+        from harness.audit.store import AuditStore
+        from harness.core.calls import ToolCall
+        from harness.core.session import Harness
+        from harness.core.policy import load_policy
         from harness.tools import builtin_registry
         worker = sys.argv[1]
         with AuditStore() as audit:

@@ -89,8 +89,8 @@ def test_gc_removes_sandbox_whose_owner_was_sigkilled(engine):
     owner = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
-            from harness.docker_engine import DockerEngine
-            from harness.spec import SandboxSpec
+            from harness.engine.docker.engine import DockerEngine
+            from harness.engine.spec import SandboxSpec
             box = DockerEngine.connect().create(SandboxSpec(image={IMAGE!r}))
             print(box.id, flush=True)
             time.sleep(600)
@@ -124,7 +124,7 @@ def test_gc_removes_sandbox_whose_owner_was_sigkilled(engine):
 
 def test_sigterm_to_callbox_exec_destroys_its_sandbox(engine):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "exec", "--image", IMAGE, "--", "sh", "-c", "echo ready; sleep 60"],
+        [sys.executable, "-m", "harness.cli.main", "exec", "--image", IMAGE, "--", "sh", "-c", "echo ready; sleep 60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
@@ -153,7 +153,7 @@ def test_exec_into_a_closed_pipe_ends_quietly_and_destroys_its_sandbox(engine, s
     destroys the sandbox and exits 141 without a traceback."""
     redirect = "" if stream == "stdout" else " >&2"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "exec", "--image", IMAGE, "--", "sh", "-c",
+        [sys.executable, "-m", "harness.cli.main", "exec", "--image", IMAGE, "--", "sh", "-c",
          f"seq 1 1000000{redirect}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
@@ -181,7 +181,7 @@ def test_tools_and_audit_into_a_closed_pipe_exit_141_quietly(tmp_path):
         read_end, write_end = os.pipe()
         os.close(read_end)  # the reader is gone before callbox writes anything
         try:
-            proc = subprocess.run([sys.executable, "-m", "harness.cli", *argv], stdout=write_end,
+            proc = subprocess.run([sys.executable, "-m", "harness.cli.main", *argv], stdout=write_end,
                                   stderr=subprocess.PIPE, env=env, timeout=60, check=False)
         finally:
             os.close(write_end)

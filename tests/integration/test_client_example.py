@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.audit import AuditStore
+from harness.audit.store import AuditStore
 from harness.client import ExecutorClient
-from harness.grpc_server import GrpcServer, serve_grpc
-from harness.policy import parse_policy
-from harness.tokens import TokenSet
+from harness.core.policy import parse_policy
+from harness.doors.grpc.server import GrpcServer, serve_grpc
+from harness.doors.grpc.tokens import TokenSet
 from tests.conftest import IMAGE
 
 pytestmark = pytest.mark.docker

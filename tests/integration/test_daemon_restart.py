@@ -34,16 +34,16 @@ from pathlib import Path
 import docker
 import pytest
 
-from harness import labels
-from harness.agent_client import SANDBOX_GONE
-from harness.audit import AuditStore
-from harness.calls import ErrorCode, ToolCall, ToolResult
-from harness.dispatch import Harness
-from harness.docker_engine import DockerEngine
-from harness.errors import AgentCallError, EngineUnavailable
-from harness.exec_result import collect
-from harness.policy import parse_policy
-from harness.spec import SandboxSpec
+from harness.audit.store import AuditStore
+from harness.core.calls import ErrorCode, ToolCall, ToolResult
+from harness.core.errors import AgentCallError, EngineUnavailable
+from harness.core.policy import parse_policy
+from harness.core.session import Harness
+from harness.engine.agent_client import SANDBOX_GONE
+from harness.engine.docker import labels
+from harness.engine.docker.engine import DockerEngine
+from harness.engine.exec_result import collect
+from harness.engine.spec import SandboxSpec
 from harness.tools import builtin_registry
 from tests.conftest import IMAGE, unavailable
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from harness.doctor import APPARMOR_ABSENT, HOST_DEPENDENT_IDS, SELINUX_ABSENT
+from harness.doctor.checks import APPARMOR_ABSENT, HOST_DEPENDENT_IDS, SELINUX_ABSENT
 
 pytestmark = pytest.mark.docker
 
@@ -22,7 +22,7 @@ LINE = re.compile(r"^(PASS|WARN|FAIL)  (\S+) +(.+?): (.+)$")
 
 def _doctor(*args: str) -> tuple[subprocess.CompletedProcess[str], int]:
     """Run the real CLI in a child process; return its result and pid (the sandbox owner)."""
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "doctor", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli.main", "doctor", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ})
     try:
         out, err = proc.communicate(timeout=180)

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from harness.audit import AuditStore
-from harness.calls import ErrorCode, ToolCall, ToolOutput
-from harness.context import ToolContext
-from harness.dispatch import Harness
-from harness.policy import load_policy
-from harness.registry import ToolRegistry
-from harness.spec import SandboxSpec
+from harness.audit.store import AuditStore
+from harness.core.calls import ErrorCode, ToolCall, ToolOutput
+from harness.core.context import ToolContext
+from harness.core.policy import load_policy
+from harness.core.registry import ToolRegistry
+from harness.core.session import Harness
+from harness.engine.spec import SandboxSpec
 from harness.tools.editor import EDITOR, MAX_FILE_BYTES, TRUNCATED_MESSAGE, EditorArgs
 from tests.conftest import IMAGE
 from tests.integration.helpers import run

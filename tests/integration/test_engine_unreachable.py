@@ -17,15 +17,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from harness.audit import AuditStore
-from harness.calls import ErrorCode, ToolCall
+from harness.audit.store import AuditStore
 from harness.client import ExecutorClient, ExecutorError
-from harness.dispatch import Harness
-from harness.docker_engine import DockerEngine
-from harness.errors import EngineUnavailable
-from harness.grpc_server import serve_grpc
-from harness.policy import load_policy, parse_policy
-from harness.tokens import TokenSet
+from harness.core.calls import ErrorCode, ToolCall
+from harness.core.errors import EngineUnavailable
+from harness.core.policy import load_policy, parse_policy
+from harness.core.session import Harness
+from harness.doors.grpc.server import serve_grpc
+from harness.doors.grpc.tokens import TokenSet
+from harness.engine.docker.engine import DockerEngine
 from harness.tools import builtin_registry
 from tests.integration.helpers import callbox
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from harness.docker_engine import write_expiry
-from harness.spec import SandboxSpec
+from harness.engine.docker.engine import write_expiry
+from harness.engine.spec import SandboxSpec
 from tests.conftest import IMAGE
 
 pytestmark = pytest.mark.docker

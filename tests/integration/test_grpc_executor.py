@@ -24,11 +24,11 @@ from google.protobuf import descriptor_pool
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from harness.audit import AuditStore
+from harness.audit.store import AuditStore
 from harness.client import AsyncExecutorClient, CallResult, ExecutorClient, ExecutorError, OutputEvent
-from harness.grpc_server import GrpcServer, ServeError, serve_grpc
-from harness.policy import parse_policy
-from harness.tokens import TokenSet
+from harness.core.policy import parse_policy
+from harness.doors.grpc.server import GrpcServer, ServeError, serve_grpc
+from harness.doors.grpc.tokens import TokenSet
 from harness.v1 import executor_pb2, executor_pb2_grpc
 from sandbox import health
 from tests.conftest import IMAGE
@@ -642,8 +642,8 @@ def test_async_client_streams(server):
 
 SERVER_SCRIPT = """
 import sys
-from harness.grpc_server import serve_grpc
-from harness.policy import parse_policy
+from harness.doors.grpc.server import serve_grpc
+from harness.core.policy import parse_policy
 server = serve_grpc(sys.argv[1], policy=parse_policy('[sandbox]\\nimage = "%s"\\n'))
 print("ready", flush=True)
 server.serve_forever(grace=1)

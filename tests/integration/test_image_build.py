@@ -1,4 +1,4 @@
-"""The sandbox image, built for real (harness/image/) and inspected with the real engine.
+"""The sandbox image, built for real (harness/engine/image/) and inspected with the real engine.
 
 The first test builds the image if needed (a cold build debootstraps a base: about a minute);
 every later call must find it up to date within seconds.
@@ -13,7 +13,7 @@ from importlib import resources
 
 import pytest
 
-from harness.image import DEFAULT_TAG, ImageBuildError, build_image, default_repo_root, find_image
+from harness.engine.image import DEFAULT_TAG, ImageBuildError, build_image, default_repo_root, find_image
 from tests.conftest import unavailable
 
 pytestmark = pytest.mark.docker

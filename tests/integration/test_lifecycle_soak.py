@@ -47,13 +47,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import labels
-from harness.agent_client import SANDBOX_GONE
-from harness.docker_engine import DockerEngine, Sandbox
-from harness.errors import AgentCallError, CallboxError
-from harness.exec_result import collect
-from harness.networking import EGRESS_NETWORK
-from harness.spec import SandboxSpec
+from harness.core.errors import AgentCallError, CallboxError
+from harness.engine.agent_client import SANDBOX_GONE
+from harness.engine.docker import labels
+from harness.engine.docker.engine import DockerEngine, Sandbox
+from harness.engine.docker.networks import EGRESS_NETWORK
+from harness.engine.exec_result import collect
+from harness.engine.spec import SandboxSpec
 from tests.conftest import IMAGE
 from tests.integration.helpers import callbox
 
@@ -274,8 +274,8 @@ def test_lifecycle_soak(soak_engine: DockerEngine, capsys: pytest.CaptureFixture
 def _harness_mid_call() -> tuple[subprocess.Popen[str], str]:
     """A child harness with a sandbox in the default run root, in the middle of a call."""
     script = textwrap.dedent(f"""
-        from harness.docker_engine import DockerEngine
-        from harness.spec import SandboxSpec
+        from harness.engine.docker.engine import DockerEngine
+        from harness.engine.spec import SandboxSpec
         box = DockerEngine.connect(reap_on_start=False).create(SandboxSpec(image={IMAGE!r}))
         print(box.id, flush=True)
         for event in box.agent.exec("echo running; sleep 300", timeout_ms=600_000):

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from harness.calls import ToolResult
-from harness.formats import Format, result_item
+from harness.core.calls import ToolResult
+from harness.core.formats import Format, result_item
+from harness.core.registry import ToolDefinition
 from harness.models.base import Context, ModelError, ModelToolCall, ModelTurn, ToolChoice
-from harness.registry import ToolDefinition
 from tests.conftest import IMAGE
 from tests.integration.helpers import callbox
 
@@ -96,11 +96,11 @@ def _turns_so_far(items: list[dict[str, Any]]) -> int:
 
 def child(phase: str, run_id: str, policy_path: str, ttl: str) -> int:
     """``pause``: start the run; ``resume``: continue it. Prints events, then the outcome."""
-    from harness import checkpoint
-    from harness.audit import AuditStore
-    from harness.dispatch import Harness
-    from harness.loop import Loop, LoopConfig
-    from harness.policy import load_policy
+    from harness.audit.store import AuditStore
+    from harness.core.policy import load_policy
+    from harness.core.session import Harness
+    from harness.loop import checkpoint
+    from harness.loop.agent_loop import Loop, LoopConfig
     from harness.tools import builtin_registry
 
     model = ScriptedResponsesModel()
@@ -170,7 +170,7 @@ def run_child(ctx: dict[str, Any], phase: str, run_id: str, ttl: str = "none") -
 
 
 def kept_sandbox_id(events: list[dict[str, Any]], ctx: dict[str, Any], run_id: str) -> str:
-    from harness.audit import AuditStore
+    from harness.audit.store import AuditStore
 
     with AuditStore(Path(ctx["env"]["CALLBOX_AUDIT_DB"])) as audit:
         record = audit.load_checkpoint(run_id)
@@ -259,8 +259,8 @@ def test_an_expired_sandbox_ends_the_resumed_run_with_a_clear_message(setup) -> 
 def test_gc_still_reaps_an_orphan_that_is_not_kept(engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     script = textwrap.dedent(f"""
         import os
-        from harness.docker_engine import DockerEngine
-        from harness.spec import SandboxSpec
+        from harness.engine.docker.engine import DockerEngine
+        from harness.engine.spec import SandboxSpec
         box = DockerEngine.connect().create(SandboxSpec(image={IMAGE!r}))
         print(box.id, flush=True)
         os._exit(0)  # dies without destroying it
@@ -278,7 +278,7 @@ def test_gc_still_reaps_an_orphan_that_is_not_kept(engine, tmp_path: Path) -> No
 def test_keep_and_attach_in_process(engine, make_sandbox) -> None:  # type: ignore[no-untyped-def]
     import time
 
-    from harness.docker_engine import SandboxExpired
+    from harness.engine.docker.engine import SandboxExpired
     from sandbox.health import SERVING
 
     box = make_sandbox()
@@ -297,7 +297,7 @@ def test_keep_and_attach_in_process(engine, make_sandbox) -> None:  # type: igno
 
 
 if __name__ == "__main__":
-    from harness.errors import CallboxError
+    from harness.core.errors import CallboxError
 
     try:
         sys.exit(child(*sys.argv[1:]))

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from harness.audit import AuditStore
-from harness.calls import ErrorCode, ToolCall
-from harness.dispatch import Harness
-from harness.policy import load_policy
-from harness.spec import Mount, SandboxSpec
+from harness.audit.store import AuditStore
+from harness.core.calls import ErrorCode, ToolCall
+from harness.core.policy import load_policy
+from harness.core.session import Harness
+from harness.engine.spec import Mount, SandboxSpec
 from harness.tools import builtin_registry
 from tests.conftest import IMAGE
 
@@ -33,7 +33,7 @@ SCRATCH = ("/workspace", "/tmp", "/home/sandbox")
 
 def callbox(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """The installed console script, as a user runs it."""
-    command = [str(CALLBOX)] if CALLBOX.exists() else [sys.executable, "-m", "harness.cli"]
+    command = [str(CALLBOX)] if CALLBOX.exists() else [sys.executable, "-m", "harness.cli.main"]
     return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout, check=False,
                           stdin=subprocess.DEVNULL)
 
@@ -234,7 +234,7 @@ def test_a_mounted_project_is_executable_too(engine, tmp_path):
 
 
 def test_the_engine_refuses_what_its_host_cannot_run_before_creating_anything(engine, tmp_path):
-    from harness.spec import SpecError
+    from harness.engine.spec import SpecError
 
     cpus = engine.host_limits().cpus
     cases = [

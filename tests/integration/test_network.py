@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from harness.docker_engine import DockerEngine
-from harness.networking import EGRESS_NETWORK, ROLE, network_name, proxy_name
-from harness.spec import SandboxSpec
+from harness.engine.docker.engine import DockerEngine
+from harness.engine.docker.networks import EGRESS_NETWORK, ROLE, network_name, proxy_name
+from harness.engine.spec import SandboxSpec
 from tests.conftest import IMAGE
 from tests.integration.helpers import callbox, run
 from tests.netdest import BANNER, ECHO_PORT, HTTP_PORT, connect_from
@@ -191,11 +191,11 @@ def test_egress_events_are_json_lines_with_the_sandbox_id(make_box):
 
 
 def test_the_harness_records_every_egress_decision_in_the_audit_store(net_engine, tmp_path):
-    from harness.audit import AuditStore
-    from harness.calls import ToolCall
-    from harness.dispatch import Harness
-    from harness.policy import Policy
-    from harness.registry import ToolRegistry
+    from harness.audit.store import AuditStore
+    from harness.core.calls import ToolCall
+    from harness.core.policy import Policy
+    from harness.core.registry import ToolRegistry
+    from harness.core.session import Harness
     from harness.tools.bash import BASH
 
     spec = SandboxSpec(image=IMAGE, network="allowlist", allow_hosts=("dest.callbox.test:8080",))
@@ -218,7 +218,7 @@ def test_the_harness_records_every_egress_decision_in_the_audit_store(net_engine
 def test_an_expired_allowlist_sandbox_stops_with_its_proxy_without_any_harness(make_box):
     import time
 
-    from harness.docker_engine import write_expiry
+    from harness.engine.docker.engine import write_expiry
 
     box = make_box(network="allowlist", allow_hosts=("dest.callbox.test:8080",))
     api = box.engine.client.api

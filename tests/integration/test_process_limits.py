@@ -8,8 +8,8 @@ import time
 import psutil
 import pytest
 
-from harness.errors import AgentCallError
-from harness.exec_result import ExecResult
+from harness.core.errors import AgentCallError
+from harness.engine.exec_result import ExecResult
 from tests.integration.helpers import run
 
 pytestmark = pytest.mark.docker

@@ -109,7 +109,7 @@ def test_two_retries_at_the_same_time_run_the_command_once(engine, tmp_path, sha
     env = {"CALLBOX_AUDIT_DB": str(tmp_path / "audit.sqlite3")}
     _outage(shared, env, closed_socket, "run-race")
 
-    argv = [sys.executable, "-m", "harness.cli", *_call_args(shared, "run-race", "c1")]
+    argv = [sys.executable, "-m", "harness.cli.main", *_call_args(shared, "run-race", "c1")]
     procs = [subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env={**os.environ, **env}) for _ in range(2)]
     try:

@@ -89,7 +89,7 @@ def _merged(*args: str, env: dict[str, str], cwd: Path | None = None,
             timeout: float = 180) -> subprocess.CompletedProcess[bytes]:
     """The CLI with stdout and stderr in one pipe, unbuffered: the order a terminal shows."""
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        [sys.executable, "-m", "harness.cli.main", *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **env}, cwd=cwd,
         timeout=timeout, check=False,
     )

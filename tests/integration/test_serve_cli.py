@@ -21,7 +21,7 @@ def test_serve_both_doors_then_sigterm_destroys_sandboxes(engine, tmp_path):
     tokens.chmod(0o600)
     sock = tmp_path / "executor.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "serve", "--grpc", f"unix:{sock}", "--mcp-http", "127.0.0.1:0",
+        [sys.executable, "-m", "harness.cli.main", "serve", "--grpc", f"unix:{sock}", "--mcp-http", "127.0.0.1:0",
          "--token-file", str(tokens), "--audit-db", str(tmp_path / "audit.sqlite3")],
         stderr=subprocess.PIPE, text=True, env={**os.environ},
     )

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from harness.audit import AuditStore
-from harness.calls import ErrorCode, ToolCall
-from harness.context import OutputSink, ToolContext
-from harness.dispatch import Harness
-from harness.policy import Budgets, Policy
-from harness.registry import ToolRegistry
-from harness.shaping import dropped_marker
-from harness.spec import SandboxSpec
+from harness.audit.store import AuditStore
+from harness.core.calls import ErrorCode, ToolCall
+from harness.core.context import OutputSink, ToolContext
+from harness.core.policy import Budgets, Policy
+from harness.core.registry import ToolRegistry
+from harness.core.session import Harness
+from harness.core.shaping import dropped_marker
+from harness.engine.spec import SandboxSpec
 from harness.tools.shell import SHELL, ShellArgs
 from tests.conftest import IMAGE
 

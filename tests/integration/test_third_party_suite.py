@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from harness.audit import AuditStore
-from harness.calls import ToolCall
-from harness.dispatch import Harness
-from harness.policy import Policy
-from harness.spec import Mount, SandboxSpec
+from harness.audit.store import AuditStore
+from harness.core.calls import ToolCall
+from harness.core.policy import Policy
+from harness.core.session import Harness
+from harness.engine.spec import Mount, SandboxSpec
 from harness.tools import builtin_registry
 from tests.conftest import IMAGE, unavailable
 from tests.integration.helpers import callbox

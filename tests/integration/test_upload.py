@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from harness.errors import AgentCallError
+from harness.core.errors import AgentCallError
 from tests.integration.helpers import run
 
 pytestmark = pytest.mark.docker

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from harness.spec import SandboxSpec
+from harness.engine.spec import SandboxSpec
 from tests.conftest import IMAGE
 from tests.integration.helpers import run
 

@@ -28,8 +28,8 @@ from typing import Any
 import psutil
 import pytest
 
-from harness.exec_result import ExecResult, collect
-from harness.spec import SandboxSpec
+from harness.engine.exec_result import ExecResult, collect
+from harness.engine.spec import SandboxSpec
 from tests.conftest import IMAGE
 from tests.integration.helpers import run
 

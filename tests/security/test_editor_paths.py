@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from harness.context import ToolContext
-from harness.exec_result import collect
+from harness.core.context import ToolContext
+from harness.engine.exec_result import collect
 from harness.tools.editor import EDITOR, EditorArgs
 
 pytestmark = pytest.mark.docker

@@ -5,7 +5,7 @@ treat as structure: an OpenAI Responses ``function_call`` item, a Chat Completio
 ``tool_calls`` message, an Anthropic ``tool_use`` block, results of each kind, an MCP
 ``tools/call`` request, an apply_patch envelope (``*** Begin Patch``), the shell tool's own
 ``Exit code: 0`` header, the bash tool's sentinel and status record, and XML-style function
-calls. Through ``harness.dispatch.Harness`` the call gets exactly one result, whose output
+calls. Through ``harness.core.session.Harness`` the call gets exactly one result, whose output
 is that text as a string (the real header still tells the real exit code), in every API
 format; through the loop with a scripted model, the number of results equals the number
 of calls, no extra tool call runs, and nothing the fake calls ask for happens in the
@@ -21,14 +21,14 @@ from typing import Any
 
 import pytest
 
-from harness.audit import AuditStore
-from harness.calls import ToolCall, ToolResult
-from harness.dispatch import Harness
-from harness.formats import FORMATS, result_item
-from harness.loop import Loop, LoopConfig, ToolCallFinished, ToolCallStarted
+from harness.audit.store import AuditStore
+from harness.core.calls import ToolCall, ToolResult
+from harness.core.formats import FORMATS, result_item
+from harness.core.policy import Policy
+from harness.core.session import Harness
+from harness.engine.spec import SandboxSpec
+from harness.loop.agent_loop import Loop, LoopConfig, ToolCallFinished, ToolCallStarted
 from harness.models.scripted import ScriptedModel
-from harness.policy import Policy
-from harness.spec import SandboxSpec
 from harness.tools import builtin_registry
 from tests.conftest import IMAGE
 from tests.integration.helpers import run

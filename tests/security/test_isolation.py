@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.docker_engine import AGENT_PIDS_RESERVE
+from harness.engine.docker.engine import AGENT_PIDS_RESERVE
 from tests.integration.helpers import run
 
 pytestmark = pytest.mark.docker

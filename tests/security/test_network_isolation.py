@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from harness.docker_engine import DockerEngine
-from harness.netfilter import FORWARD_CHAIN, INPUT_CHAIN
-from harness.networking import network_name
-from harness.spec import SandboxSpec
+from harness.engine.docker.engine import DockerEngine
+from harness.engine.docker.netfilter import FORWARD_CHAIN, INPUT_CHAIN
+from harness.engine.docker.networks import network_name
+from harness.engine.spec import SandboxSpec
 from tests.conftest import IMAGE
 from tests.integration.helpers import run
 from tests.netdest import HOST_ADDRESS, HTTP_PORT, connect_from

@@ -60,7 +60,7 @@ def test_recon_probe_in_an_allowlist_sandbox_finds_only_its_proxy(net_engine):
     still connect to nothing (Docker's resolver in its own namespace aside, which resolves
     no outside name): every packet it sends off its subnet is dropped on this host, and the
     gateway is the host, which drops everything from a callbox bridge."""
-    from harness.spec import SandboxSpec
+    from harness.engine.spec import SandboxSpec
     from tests.conftest import IMAGE
 
     box = net_engine.create(SandboxSpec(image=IMAGE, network="allowlist", allow_hosts=("dest.callbox.test:8080",)))

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from harness.errors import AgentCallError
-from harness.spec import SandboxSpec
+from harness.core.errors import AgentCallError
+from harness.engine.spec import SandboxSpec
 from tests.conftest import IMAGE
 from tests.integration.helpers import run
 

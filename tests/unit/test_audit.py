@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import audit
-from harness.audit import AuditError, AuditStore, default_audit_path, result_from_json, result_to_json
-from harness.calls import Action, Decision, ErrorCode, ToolResult
-from harness.errors import CallboxError
+from harness.audit import store as audit
+from harness.audit.store import AuditError, AuditStore, default_audit_path, result_from_json, result_to_json
+from harness.core.calls import Action, Decision, ErrorCode, ToolResult
+from harness.core.errors import CallboxError
 
 REPO = Path(__file__).resolve().parents[2]
 ALLOW = Decision(Action.ALLOW, "tools.shell allow", "")
@@ -64,8 +64,8 @@ def finish(store: AuditStore, run: str, call_id: str, result: ToolResult, decisi
 WORKER = r"""
 import json, os, sys
 from pathlib import Path
-from harness.audit import AuditStore
-from harness.calls import Action, Decision, ToolResult
+from harness.audit.store import AuditStore
+from harness.core.calls import Action, Decision, ToolResult
 
 mode, db, rest = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
 print("ready", flush=True)

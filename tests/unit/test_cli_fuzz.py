@@ -2,7 +2,7 @@
 
 Every subcommand gets random argv built from its own options (read off the real parser, so a new
 option is fuzzed without touching this file) with odd values: huge numbers, nan, negatives, unicode,
-empty strings, missing values. ``harness.cli.main`` runs in-process with nothing real to reach:
+empty strings, missing values. ``harness.cli.main.main`` runs in-process with nothing real to reach:
 DOCKER_HOST names a unix socket nobody listens on (so reaching for the engine is the one-line 125),
 the servers and the agent loop are stubbed at the point where they would start serving or call a
 model, and every path callbox could write to lies in a temporary directory. Whatever the argv, the
@@ -26,8 +26,8 @@ import tenacity
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import cli
-from harness.policy import PolicyError, parse_policy
+from harness.cli import main as cli
+from harness.core.policy import PolicyError, parse_policy
 
 EXIT_CODES = {0, 1, 2, 125, 127}
 """0 success, 1 an error result or failed check, 2 usage, 125 callbox's own failure, 127 not found."""
@@ -55,8 +55,8 @@ def _stub(*_args: Any, **_kwargs: Any) -> Any:
 
 def _grpc_stub(addr: str | None, **options: Any) -> Any:
     """The checks serve_grpc makes of what the command line hands it, then no server."""
-    from harness.executor_service import Limits
-    from harness.grpc_server import parse_address
+    from harness.doors.grpc.server import parse_address
+    from harness.doors.grpc.service import Limits
 
     parse_address(addr)
     Limits(max_sandboxes_per_client=options["max_sandboxes_per_client"],
@@ -65,7 +65,7 @@ def _grpc_stub(addr: str | None, **options: Any) -> Any:
 
 
 def _mcp_http_stub(addr: str, **_options: Any) -> Any:
-    from harness.mcp_server import parse_addr
+    from harness.doors.mcp.server import parse_addr
 
     parse_addr(addr)
     raise _Started
@@ -90,15 +90,15 @@ def no_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     (tmp_path / "tokens").chmod(0o600)
     # Retries of an unreachable engine would sleep 1.5 s per example.
     monkeypatch.setattr(tenacity.nap, "time", types.SimpleNamespace(sleep=lambda _s: None))
-    import harness.grpc_server
-    import harness.loop
-    import harness.mcp_server
+    import harness.doors.grpc.server
+    import harness.doors.mcp.server
+    import harness.loop.agent_loop
 
-    monkeypatch.setattr(harness.grpc_server, "serve_grpc", _grpc_stub)
-    monkeypatch.setattr(harness.mcp_server, "serve_mcp_http", _mcp_http_stub)
-    monkeypatch.setattr(harness.mcp_server, "run_mcp_stdio", _stub)
-    monkeypatch.setattr(harness.loop, "run_agent", _stub)
-    monkeypatch.setattr(harness.loop, "resume", _stub)
+    monkeypatch.setattr(harness.doors.grpc.server, "serve_grpc", _grpc_stub)
+    monkeypatch.setattr(harness.doors.mcp.server, "serve_mcp_http", _mcp_http_stub)
+    monkeypatch.setattr(harness.doors.mcp.server, "run_mcp_stdio", _stub)
+    monkeypatch.setattr(harness.loop.agent_loop, "run_agent", _stub)
+    monkeypatch.setattr(harness.loop.agent_loop, "resume", _stub)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield tmp_path
@@ -348,7 +348,7 @@ def test_random_bytes_load_or_give_a_policy_error(data: bytes) -> None:
 
 def test_policy_fuzz_keys_are_the_loaders() -> None:
     """The keys fuzzed above are the policy's own (a renamed key would be fuzzed as unknown only)."""
-    from harness.policy import Budgets, Policy, SandboxSettings, ToolPolicy
+    from harness.core.policy import Budgets, Policy, SandboxSettings, ToolPolicy
 
     models = {"": Policy, "sandbox": SandboxSettings, "budgets": Budgets, "tools.shell": ToolPolicy}
     for table, keys in KNOWN_KEYS.items():

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, units
+from harness.cli import main as cli
+from harness.core import units
 
 
 @pytest.fixture(autouse=True)

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from harness.calls import ToolResult
-from harness.context_budget import context_size, elide, stub, tool_outputs
-from harness.formats import result_item
+from harness.core.calls import ToolResult
+from harness.core.formats import result_item
+from harness.loop.context_budget import context_size, elide, stub, tool_outputs
 
 BIG = "x" * 2000
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from harness import doctor
-from harness.cli import main
-from harness.doctor import (
+from harness.cli.main import main
+from harness.doctor import checks as doctor
+from harness.doctor.checks import (
     APPARMOR_ABSENT,
     SELINUX_ABSENT,
     Evidence,
@@ -625,7 +625,7 @@ def test_doctor_usage_errors_exit_2(capsys):
 
 
 def test_packet_filter_check() -> None:
-    from harness.doctor import check_packet_filter
+    from harness.doctor.checks import check_packet_filter
 
     assert check_packet_filter(None, False).status == "PASS"
     refused = check_packet_filter("this harness runs as uid 1000", False)

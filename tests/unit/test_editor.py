@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.calls import ErrorCode
-from harness.context import ToolContext
-from harness.registry import ToolRegistry
+from harness.core.calls import ErrorCode
+from harness.core.context import ToolContext
+from harness.core.registry import ToolRegistry
 from harness.tools import editor
 from harness.tools.editor import (
     EDITOR,

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from harness.exec_result import ExecResult, StreamResult, collect, gap_marker
+from harness.engine.exec_result import ExecResult, StreamResult, collect, gap_marker
 from sandbox.v1 import process_pb2
 
 CORE_KEYS = {

@@ -1,12 +1,12 @@
-"""CreateSandbox overrides only ever tighten the server's policy (harness.executor_service.sandbox_policy)."""
+"""CreateSandbox overrides only ever tighten the server's policy (harness.doors.grpc.service.sandbox_policy)."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
 
-from harness.executor_service import MountRequest, SandboxOverrides, ServiceError, sandbox_policy
-from harness.policy import parse_policy
+from harness.core.policy import parse_policy
+from harness.doors.grpc.service import MountRequest, SandboxOverrides, ServiceError, sandbox_policy
 from harness.v1 import executor_pb2
 
 EXPOSED = ["shell", "bash", "read_file"]

@@ -10,8 +10,8 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.calls import ErrorCode, ToolOutput, ToolResult
-from harness.formats import (
+from harness.core.calls import ErrorCode, ToolOutput, ToolResult
+from harness.core.formats import (
     FORMATS,
     Format,
     parse_format,
@@ -20,8 +20,8 @@ from harness.formats import (
     tool_definition,
     tool_definitions,
 )
-from harness.registry import Tool, ToolAnnotations, ToolDefinition
-from harness.strict_schema import strict_json_schema
+from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
+from harness.core.strict_schema import strict_json_schema
 from harness.tools import builtin_registry
 
 

@@ -1,4 +1,4 @@
-"""Pure logic of the image builder (harness/image/) and the shipped seccomp profile: no Docker."""
+"""Pure logic of the image builder (harness/engine/image/) and the shipped seccomp profile: no Docker."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.image import ImageBuildError, base, build, context, probe, wheels
-from harness.image.base import base_tag
-from harness.image.build import content_hash, sandbox_sources
-from harness.image.engine import split_tag
-from harness.image.probe import parse_probe
-from harness.image.sources import (
+from harness.engine.image import ImageBuildError, base, build, context, probe, wheels
+from harness.engine.image.base import base_tag
+from harness.engine.image.build import content_hash, sandbox_sources
+from harness.engine.image.engine import split_tag
+from harness.engine.image.probe import parse_probe
+from harness.engine.image.sources import (
     AptSource,
     apt_sources,
     find_mirror,
@@ -26,7 +26,7 @@ from harness.image.sources import (
     parse_one_line_sources,
     parse_os_release,
 )
-from harness.image.wheels import manylinux_platforms, pip_download_command, requirements_text
+from harness.engine.image.wheels import manylinux_platforms, pip_download_command, requirements_text
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -131,7 +131,7 @@ def test_find_mirror_needs_the_exact_suite_and_a_usable_scheme():
 
 
 def test_no_mirror_host_is_written_into_the_builder():
-    modules = sorted((REPO / "harness" / "image").glob("*.py"))
+    modules = sorted((REPO / "harness" / "engine" / "image").glob("*.py"))
     assert modules
     for module in modules:
         source = module.read_text()

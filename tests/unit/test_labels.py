@@ -9,8 +9,8 @@ import subprocess
 import psutil
 import pytest
 
-from harness import labels
-from harness.labels import Owner, is_expired, is_orphaned, owner_alive
+from harness.engine.docker import labels
+from harness.engine.docker.labels import Owner, is_expired, is_orphaned, owner_alive
 
 HOST = socket.gethostname()
 

@@ -19,13 +19,14 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from harness import checkpoint as checkpoints
-from harness.audit import AuditError, AuditStore
-from harness.calls import Action, ErrorCode, ToolOutput, ToolResult
-from harness.checkpoint import CheckpointError
-from harness.dispatch import Harness
-from harness.formats import Format, result_item
-from harness.loop import (
+from harness.audit.store import AuditError, AuditStore
+from harness.core.calls import Action, ErrorCode, ToolOutput, ToolResult
+from harness.core.formats import Format, result_item
+from harness.core.policy import Budgets, Policy, ToolPolicy
+from harness.core.registry import Tool, ToolAnnotations, ToolDefinition, ToolRegistry
+from harness.core.session import Harness
+from harness.loop import checkpoint as checkpoints
+from harness.loop.agent_loop import (
     AllowTools,
     ContextElided,
     ForceTool,
@@ -45,6 +46,7 @@ from harness.loop import (
     resume,
     run_agent,
 )
+from harness.loop.checkpoint import CheckpointError
 from harness.models.base import (
     AllowedTools,
     Context,
@@ -55,8 +57,6 @@ from harness.models.base import (
     ToolChoice,
     Usage,
 )
-from harness.policy import Budgets, Policy, ToolPolicy
-from harness.registry import Tool, ToolAnnotations, ToolDefinition, ToolRegistry
 
 # --------------------------------------------------------------------------- the fake model
 
@@ -797,7 +797,7 @@ def test_a_pause_keeps_and_detaches_the_sandbox_and_resume_attaches_it(make_harn
                       "(container removed)"),
 ])
 def test_resume_with_an_expired_or_gone_sandbox_says_so(make_harness, audit, tools, expires, expected) -> None:
-    from harness.docker_engine import SandboxExpired
+    from harness.engine.docker.engine import SandboxExpired
 
     engine = FakeEngine()
     harness = make_harness(ASK_GUARDED, run_id="run-box")
@@ -843,7 +843,7 @@ def test_a_pause_names_the_command_that_resumes_it(make_harness) -> None:
 
 
 def test_the_run_stops_at_the_first_call_that_finds_the_sandbox_unavailable(audit, tools) -> None:
-    from harness.errors import EngineUnavailable
+    from harness.core.errors import EngineUnavailable
 
     def gone(_ctx: Any, _args: TextArgs) -> ToolOutput:
         tools.count("gone")

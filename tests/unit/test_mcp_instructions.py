@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harness.mcp_server import instructions
-from harness.spec import SandboxSpec
+from harness.doors.mcp.server import instructions
+from harness.engine.spec import SandboxSpec
 
 
 def test_instructions_name_the_network_mode() -> None:

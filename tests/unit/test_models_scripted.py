@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.calls import ErrorCode, ToolResult
+from harness.core.calls import ErrorCode, ToolResult
+from harness.core.registry import ToolDefinition
 from harness.models.base import AllowedTools, ForcedTool, ModelAdapter, ModelError, ModelToolCall, Usage
 from harness.models.factory import ModelConfigError, make_model
 from harness.models.scripted import ScriptedModel, ScriptedRequest, ScriptError
-from harness.registry import ToolDefinition
 
 
 class ShellArgs(BaseModel):

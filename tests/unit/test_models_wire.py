@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.calls import ErrorCode, ToolResult
-from harness.formats import tool_definitions
+from harness.core.calls import ErrorCode, ToolResult
+from harness.core.formats import tool_definitions
+from harness.core.registry import ToolDefinition
 from harness.models.anthropic_messages import AnthropicMessagesModel
 from harness.models.base import AllowedTools, ForcedTool, ModelError, ModelToolCall, ToolChoice, Usage
 from harness.models.factory import MissingApiKey, ModelConfigError, UnknownModelProvider, make_model
 from harness.models.openai_chat import OpenAIChatModel
 from harness.models.openai_responses import OpenAIResponsesModel
-from harness.registry import ToolDefinition
 from tests.unit.wire_server import WireServer
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from harness.calls import Action, Decision
-from harness.errors import CallboxError
-from harness.policy import (
+from harness.core.calls import Action, Decision
+from harness.core.errors import CallboxError
+from harness.core.policy import (
     Budgets,
     Policy,
     PolicyError,
@@ -25,7 +25,7 @@ from harness.policy import (
     load_policy,
     parse_policy,
 )
-from harness.spec import HostLimits, Mount, SandboxSpec
+from harness.engine.spec import HostLimits, Mount, SandboxSpec
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.calls import Action
-from harness.policy import load_policy
+from harness.core.calls import Action
+from harness.core.policy import load_policy
 from harness.tools import builtin_registry
 from harness.tools.shell import SHELL
 from tests.readme_examples import SNIPPET_SOURCES, snippet_in

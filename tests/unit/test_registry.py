@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.calls import ToolOutput
-from harness.errors import CallboxError
-from harness.registry import RegistryError, Tool, ToolAnnotations, ToolDefinition, ToolRegistry
-from harness.strict_schema import SchemaForm, json_schema
+from harness.core.calls import ToolOutput
+from harness.core.errors import CallboxError
+from harness.core.registry import RegistryError, Tool, ToolAnnotations, ToolDefinition, ToolRegistry
+from harness.core.strict_schema import SchemaForm, json_schema
 
 
 class EchoArgs(BaseModel):
@@ -158,7 +158,7 @@ def test_input_schema_is_computed_once_per_form_and_returned_as_a_copy(monkeypat
         calls.append((model, form))
         return json_schema(model, form)
 
-    monkeypatch.setattr("harness.registry.json_schema", counting)
+    monkeypatch.setattr("harness.core.registry.json_schema", counting)
     definition = ToolDefinition(name="echo", description="Echo.", input_model=EchoArgs)
     first = definition.input_schema()
     first["properties"].clear()

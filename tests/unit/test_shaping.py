@@ -1,10 +1,10 @@
-"""Output budget and terminal-code stripping (harness/shaping.py)."""
+"""Output budget and terminal-code stripping (harness/core/shaping.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.shaping import bound_text, dropped_marker, strip_terminal_codes
+from harness.core.shaping import bound_text, dropped_marker, strip_terminal_codes
 
 
 def test_short_text_is_untouched():

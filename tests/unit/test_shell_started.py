@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.agent_client import SANDBOX_GONE
-from harness.errors import AgentCallError
+from harness.core.errors import AgentCallError
+from harness.engine.agent_client import SANDBOX_GONE
 from harness.tools.shell import agent_failure, command_may_have_started
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from harness.spec import DEFAULT_IMAGE, HOME, Mount, SandboxSpec
-from harness.units import format_size, parse_size
+from harness.core.units import format_size, parse_size
+from harness.engine.spec import DEFAULT_IMAGE, HOME, Mount, SandboxSpec
 
 MiB = 1 << 20
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.cli import main
-from harness.errors import CallboxError
-from harness.spec import HostLimits, Mount, SandboxSpec, SpecError, can_write
+from harness.cli.main import main
+from harness.core.errors import CallboxError
+from harness.engine.spec import HostLimits, Mount, SandboxSpec, SpecError, can_write
 
 GiB = 1 << 30
 ROOT = os.geteuid() == 0

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
-from harness.strict_schema import (
+from harness.core.strict_schema import (
     StrictSchemaError,
     json_schema,
     nulls_to_defaults,

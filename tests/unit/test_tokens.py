@@ -1,4 +1,4 @@
-"""Bearer tokens of the gRPC executor (harness.tokens) and address parsing: no server, no container."""
+"""Bearer tokens of the gRPC executor (harness.doors.grpc.tokens) and address parsing: no server, no container."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.grpc_server import ServeError, parse_address
-from harness.tokens import (
+from harness.doors.grpc.server import ServeError, parse_address
+from harness.doors.grpc.tokens import (
     TokenError,
     TokenSet,
     bearer_token,

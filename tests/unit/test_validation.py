@@ -12,15 +12,15 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.calls import ErrorCode
-from harness.tools import builtin_registry
-from harness.validation import (
+from harness.core.calls import ErrorCode
+from harness.core.validation import (
     CallRejected,
     check_call_id,
     parse_arguments,
     render_path,
     validate_call,
 )
+from harness.tools import builtin_registry
 
 
 class ShellArgs(BaseModel):

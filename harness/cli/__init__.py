@@ -1,0 +1,1 @@
+"""The ``callbox`` command line: one module per command group."""

@@ -1,0 +1,178 @@
+"""``callbox tools | call | approvals | audit``: the harness core from the command line.
+
+``call`` prints the exact item a caller appends to its model context and exits 0 when
+the call succeeded, 1 when the result is an error the model should read (denied,
+invalid arguments, non-zero exit, pending approval, ...), 2 for bad usage and 125 when
+callbox itself failed. ``approvals`` and ``audit`` read and write the same SQLite store
+as every other harness process, so an approval given here reaches a harness waiting
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from harness.core.calls import ErrorCode
+from harness.core.formats import FORMATS, parse_format, result_item, tool_definitions
+
+COMMANDS = ("tools", "call", "approvals", "audit")
+
+CALLBOX_FAILURES = frozenset({ErrorCode.SANDBOX_UNAVAILABLE, ErrorCode.INTERNAL})
+"""Error results that are callbox's own failure, not the call's: ``call`` exits 125 for them."""
+
+
+def add_parsers(sub: Any) -> None:
+    from harness.cli.main import UsageParser, sandbox_options
+
+    tools = sub.add_parser("tools", help="print the tool definitions a model would see")
+    tools.add_argument("--format", default="openai", choices=FORMATS, help="API shape (default openai)")
+    tools.add_argument("--policy", type=Path, help="policy file (its allowed_tools apply)")
+
+    call = sub.add_parser("call", help="validate, authorize and run one tool call in a fresh sandbox")
+    call.add_argument("tool", help="tool name, e.g. shell")
+    call.add_argument("arguments", help="the arguments as a JSON object, e.g. '{\"command\": \"ls\"}'")
+    call.add_argument("--call-id", help="the call id (default: a new one)")
+    call.add_argument("--run-id", help="the run this call belongs to (default: a new run)")
+    call.add_argument("--policy", type=Path, help="policy file (default: the packaged default policy)")
+    call.add_argument("--format", default="openai", choices=FORMATS, help="result item shape (default openai)")
+    call.add_argument("--audit-db", type=Path, help="audit store (default $CALLBOX_AUDIT_DB or the state dir)")
+    call.add_argument("--stream", action="store_true", help="copy the tool's output to stderr as it runs")
+    sandbox_options(call, defaults=False)
+
+    approvals = sub.add_parser("approvals", help="list and resolve calls waiting for approval")
+    approvals.add_argument("--audit-db", type=Path, help="audit store")
+    verbs = approvals.add_subparsers(dest="approvals_command", required=True, parser_class=UsageParser)
+    listing = verbs.add_parser("list", help="pending approvals (all with --all)")
+    listing.add_argument("--all", action="store_true", help="also resolved ones")
+    listing.add_argument("--json", action="store_true", help="one JSON object per line")
+    for verb in ("approve", "deny"):
+        resolve = verbs.add_parser(verb, help=f"{verb} a pending call")
+        resolve.add_argument("id", help="approval id (from `callbox approvals list`)")
+        resolve.add_argument("--reason", help="why; a denial's reason is shown to the model")
+
+    audit = sub.add_parser("audit", help="show runs and calls from the audit store")
+    audit.add_argument("--run", help="the calls of one run (default: recent runs)")
+    audit.add_argument("--json", action="store_true", help="print JSON")
+    audit.add_argument("--audit-db", type=Path, help="audit store")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "tools":
+        return _tools(args)
+    if args.command == "call":
+        return _call(args)
+    if args.command == "approvals":
+        return _approvals(args)
+    return _audit(args)
+
+
+def _tools(args: argparse.Namespace) -> int:
+    from harness.core.policy import load_policy
+    from harness.tools import builtin_registry
+
+    registry = builtin_registry()
+    policy = load_policy(args.policy)
+    policy.check_tools(t.definition for t in registry.tools())
+    tools = [t for t in registry.tools() if policy.tool_allowed(t.definition.name)]
+    print(json.dumps(tool_definitions(tools, parse_format(args.format)), indent=2))
+    return 0
+
+
+def _call(args: argparse.Namespace) -> int:
+    from harness.audit.store import AuditStore
+    from harness.cli.main import say, spec_from_args
+    from harness.cli.notices import loosened_said_once
+    from harness.core.calls import ToolCall
+    from harness.core.policy import load_policy
+    from harness.core.session import Harness
+    from harness.tools import builtin_registry
+
+    policy = load_policy(args.policy)
+    spec = spec_from_args(args, policy.sandbox_spec())
+    call = ToolCall(name=args.tool, arguments=args.arguments, call_id=args.call_id or f"call_{uuid.uuid4().hex}")
+
+    def stream(_name: str, data: bytes) -> None:
+        sys.stderr.buffer.write(data)
+        sys.stderr.buffer.flush()
+
+    announced = policy.sandbox_spec().loosened()  # load_policy said these, naming their keys
+    with loosened_said_once(spec, announced), AuditStore(args.audit_db) as audit, Harness(
+        builtin_registry(), policy, audit, run_id=args.run_id, spec=spec
+    ) as harness:
+        result = harness.call(call, on_output=stream if args.stream else None)
+        if args.run_id is None and not result.meta.get("approval_id"):
+            audit.end_run(harness.run_id, "single_call")
+        if result.meta.get("approval_id"):
+            print(f"callbox: pending approval {result.meta['approval_id']} in run {harness.run_id}; resolve it "
+                  f"with `callbox approvals approve|deny {result.meta['approval_id']}`, then send the call "
+                  f"again with --run-id {harness.run_id} --call-id {call.call_id}", file=sys.stderr)
+    print(json.dumps(result_item(result, parse_format(args.format))))
+    if result.error in CALLBOX_FAILURES:
+        # The item is printed all the same (the caller owes the model a result for its call_id).
+        say((result.text.splitlines() or ["no reason given"])[0])
+        return 125
+    return 1 if result.is_error else 0
+
+
+def _approvals(args: argparse.Namespace) -> int:
+    import getpass
+
+    from harness.audit.store import AuditStore
+
+    with AuditStore(args.audit_db) as audit:
+        if args.approvals_command == "list":
+            approvals = audit.list_approvals(None if args.all else "pending")
+            if args.json:
+                for approval in approvals:
+                    print(json.dumps(approval.to_dict()))
+                return 0
+            print(f"{'ID':<12}{'STATE':<10}{'RUN':<34}{'CALL':<24}{'TOOL':<12}ARGUMENTS")
+            for a in approvals:
+                arguments = a.arguments if len(a.arguments) <= 60 else a.arguments[:57] + "..."
+                print(f"{a.id:<12}{a.state:<10}{a.run_id:<34}{a.call_id:<24}{a.tool:<12}{arguments}")
+            return 0
+        approve = args.approvals_command == "approve"
+        approval = audit.resolve_approval(args.id, approve, by=getpass.getuser(), reason=args.reason)
+        print(f"{approval.id} {approval.state}")
+        return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from harness.audit.store import AuditStore
+
+    with AuditStore(args.audit_db) as audit:
+        if args.run:
+            calls = audit.calls_for_run(args.run)
+            if args.json:
+                print(json.dumps(calls, indent=2, default=str))
+                return 0
+            print(f"{'CALL':<28}{'TOOL':<12}{'DECISION':<10}{'STATE':<9}{'EXIT':<6}{'MS':>9}  RULE")
+            for c in calls:
+                print(f"{_s(c.get('call_id')):<28}{_s(c.get('tool')):<12}{_s(c.get('decision')):<10}"
+                      f"{_s(c.get('state')):<9}{_s(c.get('exit_code')):<6}{_ms(c.get('duration_ms')):>9}  "
+                      f"{_s(c.get('rule'))}")
+            return 0
+        runs = audit.list_runs()
+        if args.json:
+            print(json.dumps([r.to_dict() for r in runs], indent=2, default=str))
+            return 0
+        print(f"{'RUN':<34}{'CREATED':<21}{'CALLS':>6}  END")
+        for r in runs:
+            created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
+            print(f"{r.id:<34}{created:<21}{r.calls:>6}  {r.end_reason or ''}")
+        return 0
+
+
+def _s(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def _ms(value: object) -> str:
+    return f"{value:.1f}" if isinstance(value, int | float) else ""
+

@@ -1,0 +1,333 @@
+"""``callbox run``: the agent loop from the command line, shown live.
+
+``callbox run TRANSCRIPT.jsonl`` replays a scripted model (demos, tests);
+``callbox run --model openai:NAME|openai-chat:NAME|anthropic:NAME --task "..."`` talks to a
+real one. Tools run for real in the run's sandbox. The terminal shows each model turn,
+each tool call with its arguments and the policy's decision, tool output as it streams,
+and a summary; ``--json`` prints one JSON event per line instead. ``--resume RUN_ID``
+continues a run that paused for an approval, also in a new process.
+
+Tool output on the terminal is what the model reads: it streams live up to a quarter of
+the policy's ``max_output_bytes`` (whole lines), then the rest of the model's result text
+(its head, the truncation marker and its tail) follows when the call ends, so a huge output
+shows as the model sees it, never in full. Escape sequences and control characters are
+removed from it as from the model's text.
+
+A setting that loosens a hardened default (a read-write mount, a network) is said once on
+stderr before the run starts: ``callbox: this policy loosens a hardened default: ...`` for
+the sandbox options; the policy file's own loosenings are said, naming their keys, when it
+is loaded. The engine does not repeat them when the run's sandbox starts.
+
+A paused run prints the command that continues it, exactly runnable (shell-quoted, absolute
+paths): the transcript or ``--model``/``--base-url``, ``--policy`` and ``--audit-db`` of the
+run. A resumed run keeps the policy, sandbox and loop settings it was checkpointed with;
+loop options given again (``--max-turns``) replace the checkpointed ones.
+
+Exit status: 0 when the model gave its final answer; 3 when the run paused for an
+approval; 1 when a limit ended it (max_turns, budget:*, loop_detected); 125 for
+``error:*``; 2 for bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.cli.notices import loosened_said_once
+from harness.core.errors import UsageError
+
+DEFAULT_SYSTEM = (
+    "You are a careful software engineer working in an isolated Linux sandbox. Use the tools "
+    "to inspect files, change them and run commands; verify your work before you answer."
+)
+SCRIPTED_TASK = "(scripted run: the transcript holds the model's turns)"
+
+
+def add_parser(sub: Any) -> None:
+    from harness.cli.main import sandbox_options
+
+    run = sub.add_parser(
+        "run", help="run the agent loop (a scripted transcript or a real model)",
+        epilog="exit status: 0 final answer, 3 paused for approval, 1 another limit (max_turns, budget:*, "
+               "loop_detected), 125 an error (error:*, e.g. error:sandbox_unavailable), 2 bad usage",
+    )
+    run.add_argument("transcript", nargs="?", type=Path, help="JSONL transcript of model turns (scripted model)")
+    run.add_argument("--model", help="PROVIDER:NAME, e.g. openai:gpt-5, openai-chat:NAME, anthropic:NAME")
+    run.add_argument("--task", help="what the model should do (required with --model)")
+    run.add_argument("--system", default=DEFAULT_SYSTEM, help="system prompt")
+    run.add_argument("--base-url", help="API base URL (OpenAI-compatible servers: vLLM, llama.cpp, Ollama)")
+    run.add_argument("--max-turns", type=int, help="model turns at most (default 50)")
+    run.add_argument("--tool-choice", choices=["auto", "required", "none"],
+                     help="tool_choice of the first turn (default auto)")
+    run.add_argument("--resume", metavar="RUN_ID", help="continue a run that paused for an approval")
+    run.add_argument("--policy", type=Path, help="policy file (default: the packaged default policy)")
+    run.add_argument("--audit-db", type=Path, help="audit store (default $CALLBOX_AUDIT_DB or the state dir)")
+    run.add_argument("--json", action="store_true", help="print one JSON event per line")
+    sandbox_options(run, defaults=False)
+
+
+LOOP_OPTIONS = {"max_turns": "--max-turns", "tool_choice": "--tool-choice"}
+"""LoopConfig fields set from the command line, and their flags."""
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.audit.store import AuditStore
+    from harness.loop.agent_loop import RunOutcome
+
+    if args.transcript is None and args.model is None and args.resume is None:
+        raise UsageError("give a TRANSCRIPT.jsonl, or --model PROVIDER:NAME --task TEXT, or --resume RUN_ID")
+    if args.transcript is not None and args.model is not None:
+        raise UsageError("give either a TRANSCRIPT or --model, not both")
+    if args.model is not None and args.task is None and args.resume is None:
+        raise UsageError("--model needs --task TEXT (what the model should do)")
+    options = {name: getattr(args, name) for name in LOOP_OPTIONS if getattr(args, name) is not None}
+    loop_config(options)  # bad values are usage errors before anything starts
+    with AuditStore(args.audit_db) as audit:
+        outcome: RunOutcome = _resume(args, audit, options) if args.resume else _start(args, audit, options)
+        if not args.json:
+            print(f"audit record: run {outcome.run_id} in {audit.path} (`callbox audit --run {outcome.run_id}`)")
+    return _exit_status(outcome.reason)
+
+
+def loop_config(options: dict[str, Any], base: dict[str, Any] | None = None) -> Any:
+    """A LoopConfig of ``base`` (a checkpointed one; None: the defaults) with the command
+    line's ``options`` over it; a value the config refuses is a UsageError naming its flag."""
+    from pydantic import ValidationError
+
+    from harness.loop.agent_loop import LoopConfig
+
+    try:
+        return LoopConfig.model_validate({**(base or {}), **options})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = str(err.get("loc", ("",))[0])
+        flag = LOOP_OPTIONS.get(where, where)
+        message = str(err.get("msg", "invalid value")).removeprefix("Value error, ").lower()
+        raise UsageError(f"{flag} {options.get(where, '')!s}: {message}") from None
+
+
+def resume_command(args: argparse.Namespace, run_id: str, audit_path: Path) -> str:
+    """The command that continues ``run_id`` as this one was started, shell-quoted and with
+    absolute paths, so it runs as printed from any directory and any environment."""
+    words = ["callbox", "run"]
+    if args.transcript is not None:
+        words.append(str(Path(args.transcript).resolve()))
+    elif args.model is not None:
+        words += ["--model", args.model]
+        if args.base_url:
+            words += ["--base-url", args.base_url]
+    words += ["--resume", run_id]
+    if args.policy is not None:
+        words += ["--policy", str(Path(args.policy).resolve())]
+    words += ["--audit-db", str(Path(audit_path).resolve())]
+    if args.json:
+        words.append("--json")
+    return shlex.join(words)
+
+
+def _model(args: argparse.Namespace, *, turns_done: int = 0) -> Any:
+    from harness.models.factory import make_model
+
+    if args.transcript is not None:
+        model = make_model(f"scripted:{args.transcript}")
+        model.position = turns_done  # type: ignore[attr-defined]  # resume where the transcript left off
+        return model
+    if args.model is None:
+        raise UsageError("--resume needs the model again: give the TRANSCRIPT or --model of the run")
+    return make_model(args.model, base_url=args.base_url)
+
+
+def _start(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any:
+    from harness.cli.main import spec_from_args
+    from harness.core.policy import load_policy
+    from harness.core.session import Harness
+    from harness.loop.agent_loop import run_agent
+    from harness.tools import builtin_registry
+
+    policy = load_policy(args.policy)
+    spec = spec_from_args(args, policy.sandbox_spec())
+    model = _model(args)
+    task = args.task or SCRIPTED_TASK
+    show = _show(args, policy)
+    announced = policy.sandbox_spec().loosened()  # load_policy said these, naming their keys
+    with loosened_said_once(spec, announced), Harness(builtin_registry(), policy, audit, spec=spec) as harness:
+        return run_agent(model, harness, task=task, system=args.system, config=loop_config(options),
+                         on_event=show, resume_command=resume_command(args, harness.run_id, audit.path))
+
+
+def _resume(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any:
+    from harness.core.session import Harness
+    from harness.loop import checkpoint
+    from harness.loop.agent_loop import resume
+    from harness.tools import builtin_registry
+
+    saved = checkpoint.load(audit, args.resume)
+    if saved is None:
+        raise UsageError(f"run {args.resume} has no checkpoint: it never paused for an approval")
+    model = _model(args, turns_done=saved.turn)
+    config = loop_config(options, saved.config) if options else None
+    policy, spec = saved.policy_model(), saved.spec_model()
+    show = _show(args, policy)
+    with loosened_said_once(spec, []), Harness(builtin_registry(), policy, audit, run_id=args.resume,
+                                                spec=spec) as harness:
+        return resume(args.resume, model, harness, config=config, on_event=show,
+                      resume_command=resume_command(args, args.resume, audit.path))
+
+
+def _show(args: argparse.Namespace, policy: Any) -> Any:
+    if args.json:
+        return _json_printer()
+    return _LiveView(live_bytes=max(1024, policy.budgets.max_output_bytes // 4)).show
+
+
+
+
+def _exit_status(reason: str) -> int:
+    if reason == "final":
+        return 0
+    if reason == "approval_pending":
+        return 3
+    if reason.startswith("error:"):
+        return 125
+    return 1
+
+
+def _json_printer() -> Any:
+    def show(event: Any) -> None:
+        print(json.dumps(event.to_dict(), default=str), flush=True)
+
+    return show
+
+
+@dataclass
+class _Live:
+    """What the terminal showed of one call's streamed output."""
+
+    decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(
+        errors="replace"))
+    shown: list[str] = field(default_factory=list)
+    size: int = 0
+    pending: str = ""
+    """The last, incomplete line (shown once it is complete, or at the end)."""
+    cut: bool = False
+    """The live part is used up: the rest comes from the model's result text."""
+
+
+class _LiveView:
+    """Renders loop events on the terminal with rich."""
+
+    def __init__(self, live_bytes: int = 7500) -> None:
+        from rich.console import Console
+
+        self.console = Console(highlight=False, soft_wrap=True)
+        self.live_bytes = live_bytes
+        self.streams: dict[str, _Live] = {}
+
+    def show(self, event: Any) -> None:
+        handler = getattr(self, f"_on_{event.kind}", None)
+        if handler is not None:
+            handler(event)
+
+    def _on_run_started(self, e: Any) -> None:
+        verb = "resuming" if e.resumed else "run"
+        self.console.rule(f"[bold]callbox {verb} {e.run_id}[/] · {_esc(e.model)}")
+
+    def _on_turn_started(self, e: Any) -> None:
+        self.console.print(f"[dim]turn {e.turn} · tool_choice {_esc(e.tool_choice)} · "
+                           f"{len(e.tools)} tools offered[/]")
+
+    def _on_model_retry(self, e: Any) -> None:
+        self.console.print(f"[yellow]model error (attempt {e.attempt}), retrying: {_esc(e.error)}[/]")
+
+    def _on_model_turn(self, e: Any) -> None:
+        if e.text:
+            self.console.print(f"[bold cyan]model:[/] {_esc(e.text)}")
+
+    def _on_tool_call_started(self, e: Any) -> None:
+        arguments = e.arguments if isinstance(e.arguments, str) else json.dumps(e.arguments, ensure_ascii=False)
+        if len(arguments) > 400:
+            arguments = arguments[:400] + " …"
+        colour = {"allow": "green", "approved": "green", "ask": "yellow"}.get(e.decision, "red")
+        self.console.print(f"[bold]→ {_esc(e.name)}[/] [dim]{_esc(arguments)}[/] [{colour}]({e.decision})[/]")
+
+    def _on_tool_output(self, e: Any) -> None:
+        """Whole lines, cleaned as the model's text is, up to ``live_bytes`` per call."""
+        from harness.core.shaping import strip_terminal_codes
+
+        live = self.streams.setdefault(e.call_id, _Live())
+        if live.cut:
+            return
+        text = live.pending + strip_terminal_codes(live.decoder.decode(e.data))
+        complete, newline, pending = text.rpartition("\n")
+        lines = complete + newline
+        if live.size + len((lines + pending).encode()) > self.live_bytes:
+            room = lines.encode()[: self.live_bytes - live.size].decode(errors="ignore")
+            lines, pending = room[: room.rfind("\n") + 1], ""
+            live.cut = True
+        live.pending = pending
+        live.shown.append(lines)
+        live.size += len(lines.encode())
+        self._out(lines)
+
+    def _on_tool_result(self, e: Any) -> None:
+        result = e.result
+        live = self.streams.pop(e.call_id, None)
+        if live is not None:
+            shown = "".join(live.shown)
+            if live.cut:
+                # the rest of what the model reads: its head past the live part, marker, tail
+                at = result.text.find(shown) if shown else -1
+                rest = result.text[at + len(shown):] if at >= 0 else result.text
+                if at < 0:
+                    self.console.print("[dim]  (what the model reads of this output:)[/]")
+                self._out(rest if rest.endswith("\n") or not rest else rest + "\n")
+            elif live.pending:
+                self._out(live.pending + "\n")
+        mark = "[red]✗[/]" if result.is_error else "[green]✓[/]"
+        code = f" [red]{result.error}[/]" if result.error else ""
+        self.console.print(f"{mark} {_esc(e.name)} {e.call_id}{code}")
+        if live is not None:
+            return
+        for line in result.text.splitlines():  # the model's text, already bounded by its budget
+            self.console.print(f"  [dim]{_esc(line)}[/]")
+
+    def _out(self, text: str) -> None:
+        if text:
+            self.console.out(text, end="", style="dim", highlight=False)
+
+    def _on_context_elided(self, e: Any) -> None:
+        self.console.print(f"[dim]context budget: elided {len(e.call_ids)} old tool outputs "
+                           f"({e.bytes_before} → {e.bytes_after} bytes)[/]")
+
+    def _on_run_ended(self, e: Any) -> None:
+        from rich.table import Table
+
+        self.console.rule("[bold]summary[/]")
+        if e.final_text:
+            self.console.print(f"[bold]final answer:[/] {_esc(e.final_text)}")
+        table = Table(show_header=False, box=None)
+        table.add_row("reason", e.reason)
+        table.add_row("turns", str(e.turns))
+        table.add_row("tool calls", str(e.tool_calls))
+        table.add_row("time", f"{e.seconds:.1f} s")
+        table.add_row("tokens in/out", f"{e.input_tokens}/{e.output_tokens}")
+        self.console.print(table)
+        message = e.message
+        if e.resume_command:
+            message = message.replace(f": {e.resume_command}", " the command below")
+        if message:
+            self.console.print(f"[bold]note:[/] {_esc(message)}")
+        if e.resume_command:
+            self.console.print("to continue once the approval is resolved:")
+            self.console.out(f"  {e.resume_command}", highlight=False)
+
+
+def _esc(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)

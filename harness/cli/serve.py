@@ -1,0 +1,115 @@
+"""``callbox serve`` and ``callbox mcp``: callbox as the executor of another harness.
+
+``serve --grpc [ADDR]`` runs the ``harness.v1.Executor`` gRPC service (a unix socket by
+default; TCP needs TLS or an explicit ``--insecure``); ``serve --mcp-http ADDR`` runs the
+MCP server over streamable HTTP; both can run in one process. ``callbox mcp`` is the MCP
+server over stdio, for MCP clients that start their servers as subprocesses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from harness.core.errors import UsageError
+
+COMMANDS = ("serve", "mcp")
+
+
+def add_parsers(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="serve callbox to other harnesses (gRPC and/or MCP over HTTP)")
+    serve.add_argument("--grpc", nargs="?", const="", metavar="ADDR",
+                       help="gRPC executor on ADDR (unix:PATH, PATH or HOST:PORT; default: a unix socket)")
+    serve.add_argument("--mcp-http", metavar="ADDR", help="MCP server over streamable HTTP on HOST:PORT")
+    serve.add_argument("--token-file", type=Path, help="bearer tokens, one NAME:TOKEN per line (mode 0600)")
+    serve.add_argument("--insecure", action="store_true",
+                       help="allow gRPC over TCP without TLS, and MCP over HTTP on a non-loopback address")
+    serve.add_argument("--tls-cert", type=Path, help="TLS certificate (PEM) for gRPC over TCP")
+    serve.add_argument("--tls-key", type=Path, help="TLS private key (PEM) for gRPC over TCP")
+    serve.add_argument("--max-per-client", type=positive_int, default=16,
+                       help="live sandboxes per client (default 16)")
+    serve.add_argument("--max-sandboxes", type=positive_int, default=64, help="live sandboxes in total (default 64)")
+    serve.add_argument("--policy", type=Path, help="policy file (default: the packaged default policy)")
+    serve.add_argument("--audit-db", type=Path, help="audit store (default $CALLBOX_AUDIT_DB or the state dir)")
+
+    mcp = sub.add_parser("mcp", help="MCP server over stdio (one sandbox per session)")
+    mcp.add_argument("--policy", type=Path, help="policy file (default: the packaged default policy)")
+    mcp.add_argument("--audit-db", type=Path, help="audit store (default $CALLBOX_AUDIT_DB or the state dir)")
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "mcp":
+        from harness.doors.mcp.server import run_mcp_stdio
+
+        run_mcp_stdio(policy_path=args.policy, audit_path=args.audit_db)
+        return 0
+    return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if args.grpc is None and args.mcp_http is None:
+        raise UsageError("give --grpc [ADDR] and/or --mcp-http HOST:PORT")
+    stop = threading.Event()
+    servers: list[Any] = []
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    # The servers' threads inherit the signal mask of the thread that starts them: started
+    # with the stop signals blocked, they leave those to this thread alone, and a SIGTERM
+    # then wakes its wait below. (A signal the kernel hands to another thread runs the
+    # handler only when this thread next runs Python code, which a plain wait never does.)
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+        try:
+            _start_servers(args, servers)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)  # one sent meanwhile arrives now
+        stop.wait()
+        print("callbox: stopping; destroying the sandboxes this server owns", file=sys.stderr, flush=True)
+    finally:
+        for server in reversed(servers):
+            server.stop()
+    return 0
+
+
+def _start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
+    """Start the doors ``args`` ask for, appending each to ``servers`` as it starts."""
+    if args.grpc is not None:
+        from harness.audit.store import AuditStore
+        from harness.core.policy import load_policy
+        from harness.doors.grpc.server import serve_grpc
+
+        grpc_server = serve_grpc(
+            args.grpc or None, token_file=args.token_file, insecure=args.insecure,
+            tls_cert=args.tls_cert, tls_key=args.tls_key, policy=load_policy(args.policy),
+            audit=AuditStore(args.audit_db), max_sandboxes_per_client=args.max_per_client,
+            max_sandboxes_total=args.max_sandboxes,
+        )
+        servers.append(grpc_server)
+        print(f"callbox: gRPC executor listening on {grpc_server.target}", file=sys.stderr, flush=True)
+    if args.mcp_http is not None:
+        from harness.doors.mcp.server import serve_mcp_http
+
+        mcp_server = serve_mcp_http(args.mcp_http, policy_path=args.policy, audit_path=args.audit_db,
+                                    insecure=args.insecure)
+        servers.append(mcp_server)
+        print(f"callbox: MCP server (streamable HTTP) on {mcp_server.url}", file=sys.stderr, flush=True)

@@ -1,0 +1,45 @@
+"""What a tool handler may use while it runs: the run's sandbox, limits, and a stream.
+
+Handlers never create containers themselves: they ask ``ToolContext.sandbox()``, which
+starts the run's sandbox on first use (so a call that is rejected or denied before its
+handler runs never starts one) and reuses it for later calls of the same run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from harness.engine.docker.engine import Sandbox
+
+OutputSink = Callable[[str, bytes], None]
+"""Receives ``(stream, chunk)`` while a tool runs (stream is "stdout" or "stderr")."""
+
+
+class SandboxProvider(Protocol):
+    def sandbox(self) -> Sandbox:
+        """The run's sandbox, started on first use."""
+        ...
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    run_id: str
+    call_id: str
+    provider: SandboxProvider
+    default_timeout_s: float
+    """Timeout for a call that names none."""
+    timeout_ceiling_s: float
+    """No call may run longer, whatever it asks for (policy budgets.call_timeout_ceiling_s)."""
+    output_budget: int
+    """Bytes of output the model gets back (policy budgets.max_output_bytes)."""
+    on_output: OutputSink | None = None
+
+    def sandbox(self) -> Sandbox:
+        return self.provider.sandbox()
+
+    def timeout_for(self, requested_s: float | None) -> float:
+        """The requested timeout, or the default, never above the ceiling."""
+        wanted = self.default_timeout_s if requested_s is None else requested_s
+        return min(wanted, self.timeout_ceiling_s)

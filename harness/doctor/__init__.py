@@ -1,0 +1,1 @@
+"""Host and sandbox security checks (``callbox doctor``)."""

@@ -1,0 +1,1 @@
+"""The ``harness.v1.Executor`` gRPC door: service, server, bearer tokens."""

@@ -1,0 +1,886 @@
+"""The ``harness.v1.Executor`` servicer: sandboxes owned by clients, tool calls streamed.
+
+A *session* is one sandbox and the :class:`~harness.core.session.Harness` of its run (the
+sandbox id is the run id), owned by the client name its bearer token maps to
+(:mod:`harness.doors.grpc.tokens`). Every session shares the server's registry, audit store and
+Docker engine; its policy is the server's, tightened by the ``CreateSandbox`` overrides
+(:func:`sandbox_policy`). Decisions made here:
+
+* **Ownership.** A sandbox, its run and its approvals exist only for the client that
+  created it: any other client gets NOT_FOUND with the same words as for an id that was
+  never issued, so ids cannot be probed. Runs are marked in the audit store
+  (``meta = {"door": "grpc", "client": NAME}``), so ``GetRun``/``ListRuns`` keep working
+  for the client after a server restart; runs of other doors (CLI, MCP) are not shown.
+* **Overrides only tighten.** ``memory_bytes``, ``cpus``, ``pids``, ``ttl_seconds`` at most
+  the server's; ``network`` the server's own or ``none``; ``allowed_tools`` a subset of what the server
+  exposes; ``mounts`` only under the server policy's ``allowed_mount_roots`` (checked
+  lexically before the host path is even resolved, so a client learns nothing about paths
+  outside them; no roots means no client mounts), added to the policy's own mounts;
+  ``env`` is added. Looser is PERMISSION_DENIED naming the field; out of range is
+  INVALID_ARGUMENT. The workdir cannot be overridden: relative path rules of the policy
+  are anchored at it.
+* **Eager start.** ``CreateSandbox`` starts the container (so engine or image problems
+  surface there, and the limits count real containers); it is destroyed by
+  ``DeleteSandbox``, when its ``ttl_seconds`` pass (the reaper), or at shutdown.
+* **Limits.** Live sandboxes per client and in total (creations in progress count), each
+  a RESOURCE_EXHAUSTED with ``retryable`` set and a sentence naming the limit.
+* **Cancellation.** Each ``CallTool`` runs ``Harness.call`` in a worker thread and streams
+  the output chunks it reports. The sandbox's agent channel is wrapped (once, when the
+  sandbox starts) with a client interceptor that records the streaming agent RPCs
+  (``Exec``, bash ``Run``) a call makes; when the ``CallTool`` RPC ends early (client
+  cancel, deadline passed, sandbox deleted, server stopping) those RPCs are cancelled and
+  the agent kills the command's whole process tree (a bash session is killed and marked
+  for restart). The call is still recorded in the audit store with what it got, so a
+  retry of the same call_id returns that record rather than running again (a failure from
+  before the command started, such as an unreachable engine, is the one record a retry
+  runs past).
+* **Approvals.** A client may resolve the approvals of its own runs (``by = grpc:NAME``)
+  unless the server is started with ``approvals_by_clients=False``, which reserves them
+  to the operator (``callbox approvals``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import posixpath
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import grpc
+from google.protobuf import struct_pb2
+from pydantic import ValidationError
+
+from harness.audit.store import Approval, AuditError, AuditStore, RunRecord
+from harness.core.calls import ToolCall, ToolResult
+from harness.core.errors import CallboxError, EngineUnavailable, ImageNotFound
+from harness.core.formats import Format, result_item, tool_definitions
+from harness.core.policy import MountSetting, Policy, PolicyError, SandboxSettings
+from harness.core.registry import ToolRegistry
+from harness.core.session import Harness
+from harness.core.units import format_size
+from harness.doors.grpc.tokens import TokenSet, bearer_token
+from harness.engine.docker.engine import DockerEngine, Sandbox
+from harness.engine.spec import Mount, SpecError
+from harness.v1 import executor_pb2, executor_pb2_grpc
+from sandbox.v1 import filesystem_pb2_grpc, process_pb2_grpc
+
+__all__ = [
+    "DETAIL_METADATA_KEY",
+    "ExecutorService",
+    "Limits",
+    "MountRequest",
+    "SandboxOverrides",
+    "ServiceError",
+    "SharedEngine",
+    "abort",
+    "sandbox_policy",
+]
+
+log = logging.getLogger("callbox.executor")
+
+DETAIL_METADATA_KEY = "callbox-error-bin"
+"""Trailing metadata key of the serialized ``harness.v1.ErrorDetail`` (as in sandbox.v1)."""
+
+Reason = executor_pb2.ErrorReason
+_CODES: dict[int, grpc.StatusCode] = {
+    Reason.ERROR_REASON_INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.ERROR_REASON_UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Reason.ERROR_REASON_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.ERROR_REASON_PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    Reason.ERROR_REASON_LIMIT_REACHED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reason.ERROR_REASON_SANDBOX_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    Reason.ERROR_REASON_ALREADY_RESOLVED: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.ERROR_REASON_SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
+    Reason.ERROR_REASON_INTERNAL: grpc.StatusCode.INTERNAL,
+}
+_RETRYABLE = frozenset(
+    {Reason.ERROR_REASON_LIMIT_REACHED, Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, Reason.ERROR_REASON_SHUTTING_DOWN}
+)
+
+_FORMATS: dict[int, Format] = {
+    executor_pb2.FORMAT_UNSPECIFIED: "openai",
+    executor_pb2.FORMAT_OPENAI: "openai",
+    executor_pb2.FORMAT_CHAT: "chat",
+    executor_pb2.FORMAT_ANTHROPIC: "anthropic",
+    executor_pb2.FORMAT_MCP: "mcp",
+}
+_FORMAT_ENUM: dict[str, executor_pb2.Format.ValueType] = {
+    "openai": executor_pb2.FORMAT_OPENAI,
+    "chat": executor_pb2.FORMAT_CHAT,
+    "anthropic": executor_pb2.FORMAT_ANTHROPIC,
+    "mcp": executor_pb2.FORMAT_MCP,
+}
+DOOR = "grpc"
+MAX_LIST_RUNS = 1000
+CREATE_WAIT_AT_SHUTDOWN_S = 45.0
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+class ServiceError(Exception):
+    """A request the service refuses: a status code, an ErrorDetail reason, one sentence."""
+
+    def __init__(
+        self,
+        reason: executor_pb2.ErrorReason.ValueType,
+        message: str,
+        *,
+        code: grpc.StatusCode | None = None,
+        retryable: bool | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.code: grpc.StatusCode = code or _CODES.get(reason, grpc.StatusCode.UNKNOWN)
+        self.retryable = reason in _RETRYABLE if retryable is None else retryable
+
+    def detail(self) -> executor_pb2.ErrorDetail:
+        return executor_pb2.ErrorDetail(reason=self.reason, message=self.message, retryable=self.retryable)
+
+
+def abort(context: grpc.ServicerContext, error: ServiceError) -> NoReturn:
+    """End the RPC with the error's status code and its ErrorDetail in the trailing metadata."""
+    context.set_trailing_metadata(((DETAIL_METADATA_KEY, error.detail().SerializeToString()),))
+    context.abort(error.code, error.message)
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
+def _not_found(kind: str, ident: str) -> ServiceError:
+    return ServiceError(Reason.ERROR_REASON_NOT_FOUND, f"no {kind} with id {ident!r} for this client")
+
+
+def _denied(message: str) -> ServiceError:
+    return ServiceError(Reason.ERROR_REASON_PERMISSION_DENIED, message)
+
+
+def _invalid(message: str) -> ServiceError:
+    return ServiceError(Reason.ERROR_REASON_INVALID_ARGUMENT, message)
+
+
+# --- overrides: only ever tighter than the server's policy ------------------------------------------
+
+
+@dataclass(frozen=True)
+class MountRequest:
+    source: str
+    target: str
+    read_write: bool = False
+
+
+@dataclass(frozen=True)
+class SandboxOverrides:
+    """What a client asks of its sandbox (``CreateSandboxRequest``); None keeps the server's."""
+
+    memory_bytes: int | None = None
+    cpus: float | None = None
+    pids: int | None = None
+    network: str | None = None
+    mounts: tuple[MountRequest, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    ttl_seconds: int | None = None
+    allowed_tools: tuple[str, ...] = ()
+
+    @classmethod
+    def from_request(cls, request: executor_pb2.CreateSandboxRequest) -> SandboxOverrides:
+        return cls(
+            memory_bytes=request.memory_bytes if request.HasField("memory_bytes") else None,
+            cpus=request.cpus if request.HasField("cpus") else None,
+            pids=request.pids if request.HasField("pids") else None,
+            network=request.network if request.HasField("network") else None,
+            mounts=tuple(MountRequest(m.source, m.target, m.read_write) for m in request.mounts),
+            env=dict(request.env),
+            ttl_seconds=request.ttl_seconds if request.HasField("ttl_seconds") else None,
+            allowed_tools=tuple(request.allowed_tools),
+        )
+
+
+def _above(field_name: str, asked: str, limit: str, key: str) -> ServiceError:
+    return _denied(
+        f"{field_name}: {asked} is above this server's limit of {limit} (sandbox.{key} in its policy); "
+        "ask for at most that, or leave it unset"
+    )
+
+
+def _under_root(path: str, roots: Sequence[Path]) -> bool:
+    for root in roots:
+        base = posixpath.normpath(str(root.expanduser()))
+        if path == base or path.startswith(base.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def _client_mounts(settings: SandboxSettings, requests: Sequence[MountRequest]) -> list[MountSetting]:
+    roots = settings.allowed_mount_roots
+    if not roots:
+        raise _denied(
+            "mounts: this server allows no client mounts (its policy sets no sandbox.allowed_mount_roots)"
+        )
+    taken = {posixpath.normpath(m.target) for m in settings.mounts}
+    out: list[MountSetting] = []
+    for index, req in enumerate(requests):
+        key = f"mounts[{index}]"
+        if not req.source.startswith("/"):
+            raise _invalid(f"{key}.source {req.source!r} must be an absolute host path")
+        lexical = posixpath.normpath(req.source)
+        listed = ", ".join(str(r) for r in roots)
+        if not _under_root(lexical, roots):
+            raise _denied(f"{key}.source {req.source} is outside the server's allowed mount roots ({listed})")
+        try:
+            mount = Mount(source=Path(lexical), target=req.target, read_only=not req.read_write)
+        except ValidationError as exc:
+            raise _invalid(f"{key}: {exc.errors()[0]['msg']}") from None
+        try:
+            mount.canonical(roots)
+        except ValueError as exc:
+            text = str(exc)
+            if "outside" in text or "system path" in text or "socket" in text:
+                raise _denied(f"{key}: {text}") from None
+            raise _invalid(f"{key}: {text}") from None
+        if mount.target in taken:
+            raise _invalid(f"{key}.target {mount.target} is already mounted; choose another target")
+        taken.add(mount.target)
+        out.append(MountSetting(source=Path(lexical), target=mount.target, mode="rw" if req.read_write else "ro"))
+    return out
+
+
+def sandbox_policy(policy: Policy, overrides: SandboxOverrides, exposed: Sequence[str]) -> Policy:
+    """The server's ``policy`` tightened by a client's ``overrides`` (``exposed``: the tools the
+    server exposes). ServiceError PERMISSION_DENIED naming the field for anything looser,
+    INVALID_ARGUMENT for a value out of range."""
+    s = policy.sandbox
+    updates: dict[str, Any] = {}
+    o = overrides
+    if o.memory_bytes is not None:
+        if o.memory_bytes > s.memory:
+            raise _above("memory_bytes", f"{o.memory_bytes} ({format_size(o.memory_bytes)})",
+                         f"{s.memory} ({format_size(s.memory)})", "memory")
+        updates["memory"] = o.memory_bytes
+    if o.cpus is not None:
+        if not math.isfinite(o.cpus) or o.cpus <= 0:
+            raise _invalid(f"cpus: {o.cpus:g} is not a positive number of cores")
+        if o.cpus > s.cpus:
+            raise _above("cpus", f"{o.cpus:g}", f"{s.cpus:g}", "cpus")
+        updates["cpus"] = o.cpus
+    if o.pids is not None:
+        if o.pids > s.pids:
+            raise _above("pids", str(o.pids), str(s.pids), "pids")
+        updates["pids"] = o.pids
+    if o.network is not None and o.network != s.network:
+        if o.network != "none":
+            raise _denied(f"network: {o.network!r} is looser than this server allows; "
+                          f"only {s.network!r} or 'none' may be asked for")
+        updates["network"] = "none"
+        updates["allow_hosts"] = ()
+    if o.ttl_seconds is not None:
+        if o.ttl_seconds > s.ttl_seconds:
+            raise _above("ttl_seconds", str(o.ttl_seconds), str(s.ttl_seconds), "ttl_seconds")
+        updates["ttl_seconds"] = o.ttl_seconds
+    if o.mounts:
+        updates["mounts"] = (*s.mounts, *_client_mounts(s, o.mounts))
+    if o.env:
+        updates["env"] = {**s.env, **o.env}
+    allowed: tuple[str, ...] | None = policy.allowed_tools
+    if o.allowed_tools:
+        for name in o.allowed_tools:
+            if name not in exposed:
+                raise _denied(
+                    f"allowed_tools: {name!r} is not a tool this server exposes ({', '.join(exposed) or 'none'})"
+                )
+        allowed = tuple(dict.fromkeys(o.allowed_tools))
+    if not updates and allowed == policy.allowed_tools:
+        return policy
+    try:
+        settings = SandboxSettings.model_validate({**s.model_dump(), **updates})
+    except ValidationError as exc:
+        raise _invalid(f"sandbox overrides: {exc.errors()[0]['msg']}") from None
+    tightened = policy.model_copy(update={"sandbox": settings, "allowed_tools": allowed})
+    try:
+        tightened.sandbox_spec()
+    except PolicyError as exc:
+        raise _invalid(exc.message.replace("sandbox.", "")) from None
+    for note in tightened.loosened():
+        if note not in policy.loosened():
+            log.warning("a client's sandbox loosens a hardened default: %s", note)
+    return tightened
+
+
+# --- cancelling a call's agent RPCs ---------------------------------------------------------------
+
+
+class CallScope:
+    """The streaming agent RPCs one tool call made; ``cancel`` cancels them (and later ones)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: list[Any] = []
+        self.cancelled = False
+
+    def track(self, call: Any) -> None:
+        with self._lock:
+            self._calls.append(call)
+            cancelled = self.cancelled
+        if cancelled:
+            call.cancel()
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self.cancelled:
+                return
+            self.cancelled = True
+            calls = list(self._calls)
+        for call in calls:
+            with contextlib.suppress(Exception):
+                call.cancel()
+
+
+_current = threading.local()
+
+
+class _TrackStreams(grpc.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    """Records each streaming agent RPC in the calling thread's CallScope."""
+
+    def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        call = continuation(client_call_details, request)
+        scope: CallScope | None = getattr(_current, "scope", None)
+        if scope is not None:
+            scope.track(call)
+        return call
+
+
+_TRACKER = _TrackStreams()
+
+
+def make_cancellable(sandbox: Sandbox) -> None:
+    """Route the sandbox agent's RPCs through the stream tracker (once, right after start)."""
+    agent = sandbox.agent
+    channel = grpc.intercept_channel(agent.channel, _TRACKER)
+    agent.channel = channel
+    agent.process = process_pb2_grpc.ProcessStub(channel)
+    agent.files = filesystem_pb2_grpc.FilesystemStub(channel)
+    agent.__dict__.pop("shell", None)  # a cached_property: rebuilt from the new channel
+
+
+# --- the engine, shared by every session ----------------------------------------------------------
+
+
+class SharedEngine:
+    """One Docker engine connection for all sessions (connected on first use; reaps leftovers then)."""
+
+    def __init__(self, connect: Callable[[], DockerEngine] = DockerEngine.connect) -> None:
+        self._connect = connect
+        self._engine: DockerEngine | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> DockerEngine:
+        with self._lock:
+            if self._engine is None:
+                self._engine = self._connect()
+            return self._engine
+
+
+# --- sessions -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Live sandboxes a client may have, and the server in total."""
+
+    max_sandboxes_per_client: int = 16
+    max_sandboxes_total: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_sandboxes_per_client < 1 or self.max_sandboxes_total < 1:
+            raise ValueError("sandbox limits must be at least 1")
+
+
+class Session:
+    """One client's sandbox and the harness of its run."""
+
+    def __init__(self, client: str, harness: Harness, policy: Policy, tools: list[str], ttl_seconds: int) -> None:
+        self.client = client
+        self.harness = harness
+        self.policy = policy
+        self.tools = tools
+        self.created = time.time()
+        self.expires = self.created + ttl_seconds
+        self._lock = threading.Lock()
+        self._scopes: set[CallScope] = set()
+        self.closed = False
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.harness.run_id
+
+    def begin_call(self, scope: CallScope) -> bool:
+        with self._lock:
+            if self.closed:
+                return False
+            self._scopes.add(scope)
+            return True
+
+    def end_call(self, scope: CallScope) -> None:
+        with self._lock:
+            self._scopes.discard(scope)
+
+    def cancel_calls(self) -> int:
+        with self._lock:
+            scopes = list(self._scopes)
+        for scope in scopes:
+            scope.cancel()
+        return len(scopes)
+
+    def close(self, audit: AuditStore, reason: str) -> int:
+        """Cancel running calls, destroy the sandbox, end the run; the calls cancelled. Idempotent."""
+        with self._lock:
+            if self.closed:
+                return 0
+            self.closed = True
+        cancelled = self.cancel_calls()
+        try:
+            self.harness.close()
+        except Exception:
+            log.exception("destroying sandbox %s of client %s failed", self.sandbox_id, self.client)
+        with contextlib.suppress(AuditError):
+            audit.end_run(self.sandbox_id, reason)
+        log.info("sandbox %s of client %s destroyed (%s)", self.sandbox_id, self.client, reason)
+        return cancelled
+
+    def message(self) -> executor_pb2.Sandbox:
+        box = self.harness.active_sandbox
+        spec = box.spec if box is not None else self.harness.spec
+        return executor_pb2.Sandbox(
+            sandbox_id=self.sandbox_id, memory_bytes=spec.memory, cpus=spec.cpus, pids=spec.pids,
+            network=spec.network, workdir=spec.workdir, ttl_seconds=spec.ttl_seconds, tools=self.tools,
+            created_unix=self.created, expires_unix=self.expires, image=spec.image,
+            mounts=[executor_pb2.Mount(source=str(m.source), target=m.target, read_write=not m.read_only)
+                    for m in spec.mounts],
+        )
+
+
+# --- the servicer -----------------------------------------------------------------------------------
+
+
+def _handle_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Unary handlers: ServiceError -> status + detail; anything else -> INTERNAL, logged."""
+
+    def wrapper(self: ExecutorService, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except ServiceError as error:
+            failure = error
+        except Exception:
+            log.exception("%s failed", method.__name__)
+            failure = ServiceError(Reason.ERROR_REASON_INTERNAL, f"{method.__name__} failed inside the server (a bug); "
+                                   "the error is in the server log")
+        abort(context, failure)
+
+    wrapper.__name__ = method.__name__
+    wrapper.__doc__ = method.__doc__
+    return wrapper
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _format(value: int) -> Format:
+    fmt = _FORMATS.get(value)
+    if fmt is None:
+        raise _invalid(f"format: unknown value {value}; use FORMAT_OPENAI, FORMAT_CHAT, FORMAT_ANTHROPIC or FORMAT_MCP")
+    return fmt
+
+
+def _creation_failure(error: CallboxError) -> ServiceError:
+    if isinstance(error, SpecError):
+        # The engine's host cannot run this spec (an unwritable rw mount, too many CPUs):
+        # the request must change, so retrying it as it is cannot help.
+        return ServiceError(Reason.ERROR_REASON_INVALID_ARGUMENT, f"{error.key}: {error.message}",
+                            code=grpc.StatusCode.INVALID_ARGUMENT, retryable=False)
+    if isinstance(error, ImageNotFound):
+        return ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, error.message,
+                            code=grpc.StatusCode.FAILED_PRECONDITION, retryable=False)
+    if isinstance(error, EngineUnavailable):
+        return ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, error.message)
+    return ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, f"the sandbox could not start: {error.message}")
+
+
+class ExecutorService(executor_pb2_grpc.ExecutorServicer):
+    """Sessions of every client of one server; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        registry: ToolRegistry,
+        policy: Policy,
+        audit: AuditStore,
+        tokens: TokenSet,
+        limits: Limits | None = None,
+        engine_factory: Callable[[], DockerEngine] | None = None,
+        approvals_by_clients: bool = True,
+    ) -> None:
+        policy.check_tools(t.definition for t in registry.tools())
+        self.registry = registry
+        self.policy = policy
+        self.audit = audit
+        self.tokens = tokens
+        self.limits = limits or Limits()
+        self.engine_factory = engine_factory or SharedEngine()
+        self.approvals_by_clients = approvals_by_clients
+        self.exposed = [name for name in registry.names() if policy.tool_allowed(name)]
+        self._lock = threading.Condition()
+        self._sessions: dict[str, Session] = {}
+        self._creating: dict[str, int] = {}
+        self._closing = False
+        self._stop_reaper = threading.Event()
+        self._reaper: threading.Thread | None = None
+
+    # ---- who is asking, and what they own ----------------------------------------------------
+
+    def _client(self, context: grpc.ServicerContext) -> str:
+        name = self.tokens.lookup(bearer_token(context.invocation_metadata()))
+        if name is None:  # the auth interceptor lets no such request through; be safe anyway
+            raise ServiceError(Reason.ERROR_REASON_UNAUTHENTICATED, "the bearer token is not valid for this server")
+        return name
+
+    def _session(self, sandbox_id: str, client: str) -> Session:
+        with self._lock:
+            session = self._sessions.get(sandbox_id)
+        if session is None or session.client != client or session.closed:
+            raise _not_found("sandbox", sandbox_id)
+        return session
+
+    def _owned_run(self, run_id: str, client: str) -> RunRecord:
+        try:
+            run = self.audit.get_run(run_id)
+        except AuditError:
+            raise _not_found("run", run_id) from None
+        if not self._owns(run, client):
+            raise _not_found("run", run_id)
+        return run
+
+    @staticmethod
+    def _owns(run: RunRecord, client: str) -> bool:
+        return run.meta.get("door") == DOOR and run.meta.get("client") == client
+
+    # ---- ListTools ---------------------------------------------------------------------------
+
+    @_handle_errors
+    def ListTools(self, request: executor_pb2.ListToolsRequest, context: grpc.ServicerContext) -> Any:
+        client = self._client(context)
+        fmt = _format(request.format)
+        names = self._session(request.sandbox_id, client).tools if request.sandbox_id else self.exposed
+        tools = [t for t in self.registry.tools() if t.definition.name in names]
+        response = executor_pb2.ListToolsResponse(format=_FORMAT_ENUM[fmt])
+        for tool, definition in zip(tools, tool_definitions(tools, fmt), strict=True):
+            struct = struct_pb2.Struct()
+            struct.update(definition)
+            response.tools.add(name=tool.definition.name, definition_json=_json(definition), definition=struct)
+        return response
+
+    # ---- CreateSandbox / DeleteSandbox -------------------------------------------------------
+
+    def _reserve(self, client: str) -> None:
+        with self._lock:
+            if self._closing:
+                raise ServiceError(Reason.ERROR_REASON_SHUTTING_DOWN, "the server is shutting down; create no sandbox")
+            mine = sum(1 for s in self._sessions.values() if s.client == client) + self._creating.get(client, 0)
+            total = len(self._sessions) + sum(self._creating.values())
+            limits = self.limits
+            if mine >= limits.max_sandboxes_per_client:
+                raise ServiceError(
+                    Reason.ERROR_REASON_LIMIT_REACHED,
+                    f"client {client!r} already has {mine} live sandboxes, the most one client may have on this "
+                    f"server ({limits.max_sandboxes_per_client}); delete one with DeleteSandbox first",
+                )
+            if total >= limits.max_sandboxes_total:
+                raise ServiceError(
+                    Reason.ERROR_REASON_LIMIT_REACHED,
+                    f"this server already runs {total} sandboxes, its limit ({limits.max_sandboxes_total}); "
+                    "try again when one is deleted",
+                )
+            self._creating[client] = self._creating.get(client, 0) + 1
+
+    def _unreserve(self, client: str) -> None:
+        with self._lock:
+            left = self._creating.get(client, 0) - 1
+            if left > 0:
+                self._creating[client] = left
+            else:
+                self._creating.pop(client, None)
+            self._lock.notify_all()
+
+    @_handle_errors
+    def CreateSandbox(self, request: executor_pb2.CreateSandboxRequest, context: grpc.ServicerContext) -> Any:
+        client = self._client(context)
+        policy = sandbox_policy(self.policy, SandboxOverrides.from_request(request), self.exposed)
+        self._reserve(client)
+        try:
+            run_id = f"grpc-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(6)}"
+            self.audit.start_run(run_id, meta={"door": DOOR, "client": client})
+            harness = Harness(self.registry, policy, self.audit, run_id=run_id, engine_factory=self.engine_factory)
+            tools = [name for name in self.registry.names() if policy.tool_allowed(name)]
+            session = Session(client, harness, policy, tools, policy.sandbox.ttl_seconds)
+            try:
+                box = harness.sandbox()
+            except CallboxError as error:
+                with contextlib.suppress(AuditError):
+                    self.audit.end_run(run_id, "sandbox_start_failed")
+                raise _creation_failure(error) from None
+            try:
+                make_cancellable(box)
+                with contextlib.suppress(AuditError):
+                    self.audit.update_run_meta(run_id, {"container": box.id})
+                with self._lock:
+                    keep = not self._closing and context.is_active()
+                    if keep:
+                        self._sessions[run_id] = session
+            except BaseException:
+                session.close(self.audit, "sandbox_start_failed")
+                raise
+            if not keep:
+                closing = self._closing
+                session.close(self.audit, "server_shutdown" if closing else "client_gone")
+                if closing:
+                    raise ServiceError(Reason.ERROR_REASON_SHUTTING_DOWN, "the server is shutting down")
+                raise ServiceError(Reason.ERROR_REASON_NOT_FOUND,
+                                   "the request was cancelled; the sandbox was destroyed")
+            log.info("client %s created sandbox %s (container %s)", client, run_id, box.id)
+            return session.message()
+        finally:
+            self._unreserve(client)
+
+    @_handle_errors
+    def DeleteSandbox(self, request: executor_pb2.DeleteSandboxRequest, context: grpc.ServicerContext) -> Any:
+        client = self._client(context)
+        session = self._session(request.sandbox_id, client)
+        with self._lock:
+            self._sessions.pop(session.sandbox_id, None)
+            self._lock.notify_all()
+        cancelled = session.close(self.audit, "deleted")
+        return executor_pb2.DeleteSandboxResponse(cancelled_calls=cancelled)
+
+    # ---- CallTool ------------------------------------------------------------------------------
+
+    def CallTool(self, request: executor_pb2.CallToolRequest, context: grpc.ServicerContext) -> Iterator[Any]:
+        try:
+            client = self._client(context)
+            session = self._session(request.sandbox_id, client)
+            fmt = _format(request.format)
+        except ServiceError as error:
+            abort(context, error)
+        call_id = request.call_id or f"call_{secrets.token_hex(8)}"
+        scope = CallScope()
+        if not session.begin_call(scope):
+            abort(context, _not_found("sandbox", request.sandbox_id))
+        context.add_callback(scope.cancel)  # runs when the RPC ends: cancelled, expired or done
+        events: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
+        call = ToolCall(request.name, request.arguments_json or "{}", call_id)
+
+        def on_output(stream: str, data: bytes) -> None:
+            events.put(("output", stream, data))
+
+        def work() -> None:
+            _current.scope = scope
+            try:
+                events.put(("result", session.harness.call(call, on_output=on_output), None))
+            except BaseException as exc:
+                events.put(("error", exc, None))
+            finally:
+                _current.scope = None
+                session.end_call(scope)
+
+        threading.Thread(target=work, name=f"callbox-call-{call_id}", daemon=True).start()
+        seq = 0
+        while True:
+            try:
+                kind, first, second = events.get(timeout=0.25)
+            except queue.Empty:
+                if not context.is_active():
+                    scope.cancel()
+                    return
+                continue
+            if kind == "output":
+                chunk = executor_pb2.OutputChunk(seq=seq)
+                if first == "stderr":
+                    chunk.stderr = second
+                else:
+                    chunk.stdout = second
+                seq += 1
+                yield executor_pb2.CallToolEvent(output=chunk)
+            elif kind == "result":
+                yield executor_pb2.CallToolEvent(result=self._result_message(first, fmt))
+                return
+            else:
+                log.error("call %s in sandbox %s failed inside the server", call_id, session.sandbox_id,
+                          exc_info=first)
+                abort(context, ServiceError(Reason.ERROR_REASON_INTERNAL,
+                                            f"the call failed inside the server (a bug or a broken audit store): "
+                                            f"{type(first).__name__}; the error is in the server log"))
+
+    @staticmethod
+    def _result_message(result: ToolResult, fmt: Format) -> executor_pb2.ToolResult:
+        approval = result.meta.get("approval_id")
+        return executor_pb2.ToolResult(
+            call_id=result.call_id,
+            format=_FORMAT_ENUM[fmt],
+            item_json=_json(result_item(result, fmt)),
+            is_error=result.is_error,
+            error_code=result.error.value if result.error is not None else "",
+            retryable=result.error.retryable if result.error is not None else False,
+            text=result.text,
+            structured_json=_json(result.structured) if result.structured is not None else "",
+            meta_json=_json(result.meta),
+            approval_id=approval if isinstance(approval, str) else "",
+        )
+
+    # ---- approvals and the audit store -------------------------------------------------------
+
+    @_handle_errors
+    def ResolveApproval(self, request: executor_pb2.ResolveApprovalRequest, context: grpc.ServicerContext) -> Any:
+        client = self._client(context)
+        try:
+            approval = self.audit.get_approval(request.approval_id)
+        except AuditError:
+            raise _not_found("approval", request.approval_id) from None
+        try:
+            self._owned_run(approval.run_id, client)
+        except ServiceError:
+            raise _not_found("approval", request.approval_id) from None
+        if not self.approvals_by_clients:
+            raise _denied(
+                "approvals are resolved by this server's operator, not by clients "
+                f"(`callbox approvals approve {approval.id}` on the server)"
+            )
+        try:
+            resolved = self.audit.resolve_approval(
+                approval.id, request.approve, by=f"{DOOR}:{client}", reason=request.reason or None
+            )
+        except AuditError as error:
+            raise ServiceError(Reason.ERROR_REASON_ALREADY_RESOLVED, error.message) from None
+        return _approval_message(resolved)
+
+    @_handle_errors
+    def GetRun(self, request: executor_pb2.GetRunRequest, context: grpc.ServicerContext) -> Any:
+        client = self._client(context)
+        run = self._owned_run(request.run_id, client)
+        message = self._run_message(run)
+        for call in self.audit.calls_for_run(run.id):
+            message.calls.append(_call_message(call))
+        for approval in self.audit.list_approvals(None, run_id=run.id):
+            message.approvals.append(_approval_message(approval))
+        return message
+
+    @_handle_errors
+    def ListRuns(self, request: executor_pb2.ListRunsRequest, context: grpc.ServicerContext) -> Any:
+        client = self._client(context)
+        limit = min(request.limit or 50, MAX_LIST_RUNS)
+        fetch = max(4 * limit, 200)
+        while True:
+            runs = self.audit.list_runs(fetch)
+            mine = [r for r in runs if self._owns(r, client)]
+            if len(mine) >= limit or len(runs) < fetch or fetch >= 64 * MAX_LIST_RUNS:
+                break
+            fetch *= 4
+        return executor_pb2.ListRunsResponse(runs=[self._run_message(r) for r in mine[:limit]])
+
+    def _run_message(self, run: RunRecord) -> executor_pb2.Run:
+        with self._lock:
+            live = run.id in self._sessions
+        return executor_pb2.Run(
+            run_id=run.id, created_unix=run.created, ended_unix=run.ended or 0.0, end_reason=run.end_reason or "",
+            live=live, call_count=run.calls,
+        )
+
+    # ---- lifetime ------------------------------------------------------------------------------
+
+    def live_sandboxes(self) -> dict[str, str]:
+        """sandbox id -> client, of the live sessions."""
+        with self._lock:
+            return {sid: s.client for sid, s in self._sessions.items()}
+
+    def begin_shutdown(self) -> None:
+        """Refuse new sandboxes and cancel every running call (the sandboxes stay until ``shutdown``)."""
+        with self._lock:
+            self._closing = True
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            session.cancel_calls()
+
+    def shutdown(self, *, wait_for_creations_s: float = CREATE_WAIT_AT_SHUTDOWN_S) -> list[str]:
+        """Destroy every sandbox this server owns (after creations in progress finish); their ids."""
+        self.begin_shutdown()
+        self._stop_reaper.set()
+        deadline = time.monotonic() + wait_for_creations_s
+        with self._lock:
+            while self._creating and time.monotonic() < deadline:
+                self._lock.wait(timeout=max(0.0, deadline - time.monotonic()))
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        if sessions:
+            with ThreadPoolExecutor(max_workers=min(8, len(sessions)), thread_name_prefix="callbox-destroy") as pool:
+                list(pool.map(lambda s: s.close(self.audit, "server_shutdown"), sessions))
+        return [s.sandbox_id for s in sessions]
+
+    def reap_expired(self, now: float | None = None) -> list[str]:
+        """Destroy the sandboxes whose ttl_seconds have passed; their ids."""
+        moment = time.time() if now is None else now
+        with self._lock:
+            expired = [s for s in self._sessions.values() if s.expires <= moment]
+            for session in expired:
+                self._sessions.pop(session.sandbox_id, None)
+            self._lock.notify_all()
+        for session in expired:
+            session.close(self.audit, "expired")
+        return [s.sandbox_id for s in expired]
+
+    def start_reaper(self, interval_s: float = 5.0) -> None:
+        """A daemon thread that runs ``reap_expired`` every ``interval_s`` until ``shutdown``."""
+        if self._reaper is not None:
+            return
+
+        def loop() -> None:
+            while not self._stop_reaper.wait(interval_s):
+                try:
+                    self.reap_expired()
+                except Exception:
+                    log.exception("reaping expired sandboxes failed")
+
+        self._reaper = threading.Thread(target=loop, name="callbox-executor-reaper", daemon=True)
+        self._reaper.start()
+
+
+# --- audit records as messages ----------------------------------------------------------------------
+
+
+def _approval_message(approval: Approval) -> executor_pb2.Approval:
+    return executor_pb2.Approval(
+        approval_id=approval.id, sandbox_id=approval.run_id, call_id=approval.call_id, tool=approval.tool,
+        arguments_json=approval.arguments, rule=approval.rule, reason=approval.reason, state=approval.state,
+        created_unix=approval.created, resolved_unix=approval.resolved or 0.0, resolved_by=approval.resolved_by or "",
+        resolution_reason=approval.resolution_reason or "",
+    )
+
+
+def _call_message(call: Mapping[str, Any]) -> executor_pb2.Call:
+    message = executor_pb2.Call(
+        call_id=call["call_id"], tool=call["tool"], arguments_json=call["arguments"], state=call["state"],
+        decision=call.get("decision") or "", rule=call.get("rule") or "", started_unix=call.get("started") or 0.0,
+        finished_unix=call.get("finished") or 0.0, duration_ms=call.get("duration_ms") or 0.0,
+        is_error=bool(call.get("is_error")), error_code=call.get("error_code") or "",
+        bytes_out=call.get("bytes_out") or 0, truncated=bool(call.get("truncated")),
+        result_text=call.get("result_text") or "",
+    )
+    if call.get("exit_code") is not None:
+        message.exit_code = int(call["exit_code"])
+    return message

@@ -1,0 +1,1 @@
+"""The MCP door: tool service, protocol handlers, stdio and streamable HTTP transports."""

@@ -1,0 +1,248 @@
+"""A typed client for the in-container agent (sandbox.v1) over its unix socket.
+
+Thin on purpose: it turns gRPC errors into ``AgentCallError`` with the agent's
+structured reason, and leaves shaping results to the callers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Iterator, Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import grpc
+
+from harness.core.errors import AgentCallError
+from sandbox import health
+from sandbox.errors import DETAIL_METADATA_KEY
+from sandbox.v1 import (
+    errors_pb2,
+    filesystem_pb2,
+    filesystem_pb2_grpc,
+    process_pb2,
+    process_pb2_grpc,
+    shell_pb2,
+    shell_pb2_grpc,
+)
+
+MAX_MESSAGE_BYTES = 64 << 20
+DEFAULT_AGENT_TIMEOUT_MS = 30_000  # the agent's default when a request sets none
+RPC_MARGIN_S = 30.0
+UPLOAD_CHUNK_BYTES = 1 << 20
+
+
+SANDBOX_GONE = (
+    "the sandbox stopped answering: its container stopped or was killed, or the Docker engine went away"
+)
+"""What an UNAVAILABLE without the agent's own detail means: the socket is gone or refused."""
+
+
+def translate(error: grpc.RpcError) -> AgentCallError:
+    """Build an AgentCallError from a failed RPC, using the agent's ErrorDetail if present.
+
+    Without one, UNAVAILABLE means the connection itself failed (``Socket closed``, ``failed
+    to connect``): the message then says that the sandbox went away, with gRPC's words after."""
+    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+    message = error.details() if isinstance(error, grpc.Call) else str(error)
+    reason = "UNSPECIFIED"
+    retryable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    trailers = error.trailing_metadata() if isinstance(error, grpc.Call) else None
+    from_agent = False
+    for key, value in trailers or ():
+        if key == DETAIL_METADATA_KEY and isinstance(value, bytes):
+            detail = errors_pb2.ErrorDetail.FromString(value)
+            reason = errors_pb2.ErrorReason.Name(detail.reason).removeprefix("ERROR_REASON_")
+            message = detail.message or message
+            retryable = detail.retryable
+            from_agent = True
+    if code == grpc.StatusCode.UNAVAILABLE and not from_agent:
+        message = f"{SANDBOX_GONE} ({message})" if message else SANDBOX_GONE
+    return AgentCallError(message or code.name, reason=reason, code=code.name, retryable=retryable)
+
+
+class AgentClient:
+    """One channel to one sandbox's agent."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.target = f"unix:{socket_path}"
+        self.channel = grpc.insecure_channel(
+            self.target,
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.enable_retries", 0),
+            ],
+        )
+        self.process = process_pb2_grpc.ProcessStub(self.channel)
+        self.files = filesystem_pb2_grpc.FilesystemStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def health(self, timeout: float = 1.0) -> int:
+        try:
+            return health.check(self.channel, timeout)
+        except grpc.RpcError as error:
+            raise translate(error) from None
+
+    def exec(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str = "",
+        env: Mapping[str, str] | None = None,
+        stdin: bytes = b"",
+        timeout_ms: int = 0,
+        output_cap_bytes: int = 0,
+        exec_id: str = "",
+        kill_grace_ms: int = 0,
+        rpc_timeout: float | None = None,
+    ) -> Iterator[process_pb2.ExecEvent]:
+        """Start a command and yield its events; argv when a sequence, ``bash -c`` when a string."""
+        request = process_pb2.ExecRequest(
+            cwd=cwd, env=dict(env or {}), stdin=stdin, timeout_ms=timeout_ms,
+            output_cap_bytes=output_cap_bytes, exec_id=exec_id, kill_grace_ms=kill_grace_ms,
+        )
+        if isinstance(command, str):
+            request.shell = command
+        else:
+            request.argv.args.extend(command)
+        if rpc_timeout is None:
+            # Never wait forever on a wedged agent: the command's own limit plus a margin.
+            rpc_timeout = (timeout_ms or DEFAULT_AGENT_TIMEOUT_MS) / 1000 + RPC_MARGIN_S
+        stream = self.process.Exec(request, timeout=rpc_timeout)
+        try:
+            yield from stream
+        except grpc.RpcError as error:
+            raise translate(error) from None
+        finally:
+            stream.cancel()
+
+    def signal(self, exec_id: str, signum: int) -> int:
+        return int(self._unary(self.process.Signal, process_pb2.SignalRequest(exec_id=exec_id, signal=signum))
+                   .delivered)
+
+    def read_file(self, path: str, *, offset: int = 0, limit: int = 0) -> filesystem_pb2.ReadResponse:
+        response: filesystem_pb2.ReadResponse = self._unary(
+            self.files.Read, filesystem_pb2.ReadRequest(path=path, offset=offset, limit=limit))
+        return response
+
+    def write_file(self, path: str, data: bytes, **options: Any) -> int:
+        request = filesystem_pb2.WriteRequest(path=path, data=data, **options)
+        return int(self._unary(self.files.Write, request).bytes_written)
+
+    def list_dir(self, path: str, **options: Any) -> filesystem_pb2.ListResponse:
+        response: filesystem_pb2.ListResponse = self._unary(
+            self.files.List, filesystem_pb2.ListRequest(path=path, **options))
+        return response
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        self._unary(self.files.Remove, filesystem_pb2.RemoveRequest(path=path, recursive=recursive))
+
+    def make_dir(self, path: str, *, parents: bool = False, exist_ok: bool = False) -> None:
+        self._unary(self.files.MakeDir, filesystem_pb2.MakeDirRequest(path=path, parents=parents, exist_ok=exist_ok))
+
+    def stat(self, path: str) -> filesystem_pb2.FileInfo:
+        return self._unary(self.files.Stat, filesystem_pb2.StatRequest(path=path)).info  # type: ignore[no-any-return]
+
+    def upload_tar(
+        self,
+        dest: str,
+        data: bytes | BinaryIO | Path,
+        *,
+        overwrite: bool = False,
+        max_bytes: int = 0,
+        chunk_size: int = UPLOAD_CHUNK_BYTES,
+        timeout: float = 300.0,
+    ) -> filesystem_pb2.UploadResponse:
+        """Stream a tar archive (plain or gzip) into the existing directory ``dest`` in the sandbox.
+
+        ``data`` is the archive itself, a binary file object read from its current position, or a
+        file on the host. The agent unpacks it as the tool user; a member that is absolute, has a
+        ``..`` component, is a link or a special file, or goes through a symlink in ``dest`` refuses
+        the whole upload and nothing is written (``sandbox/upload.py``). ``max_bytes`` lowers the
+        agent's limit on file content (1 GiB).
+        """
+        if not 0 < chunk_size <= MAX_MESSAGE_BYTES // 2:
+            raise ValueError(f"chunk_size must be between 1 and {MAX_MESSAGE_BYTES // 2} bytes")
+        with contextlib.ExitStack() as stack:
+            source: BinaryIO
+            if isinstance(data, Path):
+                source = stack.enter_context(data.open("rb"))
+            elif isinstance(data, bytes):
+                source = io.BytesIO(data)
+            else:
+                source = data
+
+            def chunks() -> Iterator[filesystem_pb2.UploadChunk]:
+                first = filesystem_pb2.UploadChunk(dest=dest, overwrite=overwrite, max_bytes=max_bytes)
+                first.data = source.read(chunk_size)
+                yield first
+                while piece := source.read(chunk_size):
+                    yield filesystem_pb2.UploadChunk(data=piece)
+
+            response: filesystem_pb2.UploadResponse = self._unary(self.files.Upload, chunks(), timeout)
+        return response
+
+    # ---- the persistent bash sessions (Shell service) ---------------------------------
+
+    @cached_property
+    def shell(self) -> shell_pb2_grpc.ShellStub:
+        return shell_pb2_grpc.ShellStub(self.channel)
+
+    def shell_run(
+        self,
+        command: str,
+        *,
+        session_id: str = "",
+        timeout_ms: int = 0,
+        output_cap_bytes: int = 0,
+        env: Mapping[str, str] | None = None,
+        rpc_timeout: float | None = None,
+    ) -> Iterator[shell_pb2.ShellEvent]:
+        """Run a command in a bash session (started on first use); yield Output events, then ShellDone.
+
+        A session runs one command at a time: a call made while another runs waits for it (up to
+        its own timeout) before its own timeout starts, so the default RPC deadline allows both.
+        """
+        request = shell_pb2.ShellRunRequest(
+            session_id=session_id, command=command, timeout_ms=timeout_ms, output_cap_bytes=output_cap_bytes,
+            env=dict(env or {}),
+        )
+        if rpc_timeout is None:
+            rpc_timeout = 2 * (timeout_ms or DEFAULT_AGENT_TIMEOUT_MS) / 1000 + RPC_MARGIN_S
+        stream = self.shell.Run(request, timeout=rpc_timeout)
+        try:
+            yield from stream
+        except grpc.RpcError as error:
+            raise translate(error) from None
+        finally:
+            stream.cancel()
+
+    def shell_restart(
+        self, session_id: str = "", *, env: Mapping[str, str] | None = None, timeout: float = 30.0
+    ) -> shell_pb2.ShellRestartResponse:
+        """Kill the session's whole process tree and start a fresh shell (``env`` added to its environment)."""
+        response: shell_pb2.ShellRestartResponse = self._unary(
+            self.shell.Restart, shell_pb2.ShellRestartRequest(session_id=session_id, env=dict(env or {})), timeout)
+        return response
+
+    def shell_close(self, session_id: str = "", *, timeout: float = 30.0) -> bool:
+        """Kill the session's whole process tree and forget it; False if there was none."""
+        return bool(self._unary(self.shell.Close, shell_pb2.ShellCloseRequest(session_id=session_id), timeout).closed)
+
+    @staticmethod
+    def _unary(method: Any, request: Any, timeout: float = 30.0) -> Any:
+        try:
+            return method(request, timeout=timeout)
+        except grpc.RpcError as error:
+            raise translate(error) from None

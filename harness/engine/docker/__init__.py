@@ -1,0 +1,1 @@
+"""The Docker engine: containers, their networks, the packet filter, labels."""

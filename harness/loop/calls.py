@@ -1,0 +1,124 @@
+"""One turn's tool calls, run through the harness (the loop's EXECUTE_CALLS and RESEND_CALLS).
+
+Consecutive calls of tools annotated ``read_only`` run concurrently in threads (up to
+``LoopConfig.max_parallel``); any other call runs alone, after everything before it and
+before anything after it. A call of a tool the turn did not offer (a stage or the
+tool_choice kept it out) gets a ``tool_not_allowed`` result from the loop itself; every
+other call goes to ``Harness.call``, which validates, authorizes and records it. Once a
+call finds the sandbox unavailable, the calls after it are not run. Each call emits
+``ToolCallStarted``, its ``ToolOutputChunk``s and ``ToolCallFinished``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from harness.core.calls import ErrorCode, ToolCall, ToolResult
+from harness.core.session import Harness
+from harness.core.validation import CallRejected, validate_call
+from harness.loop.config import LoopConfig
+from harness.loop.events import Event, ToolCallFinished, ToolCallStarted, ToolOutputChunk
+from harness.models.base import ModelToolCall
+
+
+class CallRunner:
+    """Runs calls of a turn for one loop."""
+
+    def __init__(self, harness: Harness, config: LoopConfig, emit: Callable[[Event], None]) -> None:
+        self.harness = harness
+        self.config = config
+        self._emit = emit
+
+    def run(self, calls: Sequence[ModelToolCall], results: list[ToolResult | None], positions: Sequence[int], *,
+            turn: int, offered: tuple[str, ...] | None) -> None:
+        """Run the calls at ``positions`` (in order) and store their results by position in
+        ``results``; ``offered``: the tools the turn lets the model call (None: not checked)."""
+        for group in self._groups(calls, positions):
+            if any(r is not None and r.error is ErrorCode.SANDBOX_UNAVAILABLE for r in results):
+                return  # the run ends: the calls after it are not run
+            if len(group) == 1:
+                results[group[0]] = self._one_call(calls[group[0]], turn, offered)
+                continue
+            with ThreadPoolExecutor(max_workers=min(len(group), self.config.max_parallel),
+                                    thread_name_prefix="callbox-call") as pool:
+                done = pool.map(lambda p: self._one_call(calls[p], turn, offered), group)
+                for position, result in zip(group, done, strict=True):
+                    results[position] = result
+
+    def _groups(self, calls: Sequence[ModelToolCall], positions: Sequence[int]) -> list[list[int]]:
+        groups: list[list[int]] = []
+        reads: list[int] = []
+        for position in positions:
+            if self._concurrent(calls[position]):
+                reads.append(position)
+                continue
+            if reads:
+                groups.append(reads)
+                reads = []
+            groups.append([position])
+        if reads:
+            groups.append(reads)
+        return groups
+
+    def _concurrent(self, call: ModelToolCall) -> bool:
+        if not self.config.parallel_tool_calls:
+            return False
+        tool = self.harness.registry.get(call.name)
+        return tool is not None and tool.definition.annotations.read_only
+
+    def _one_call(self, call: ModelToolCall, turn: int, offered: tuple[str, ...] | None) -> ToolResult:
+        if offered is not None and call.name not in offered and self._exposable(call.name):
+            listed = ", ".join(offered) or "none"
+            result = ToolResult.failure(
+                call.call_id[:128], ErrorCode.TOOL_NOT_ALLOWED,
+                f"tool {call.name!r} is not offered in this turn; the tools you may call now are: {listed}",
+            )
+            self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, "rejected"))
+            self._emit(ToolCallFinished(turn, call.call_id, call.name, "rejected", result))
+            return result
+        self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, self._preview(call)))
+
+        def sink(stream: str, data: bytes) -> None:
+            self._emit(ToolOutputChunk(call.call_id, stream, data))
+
+        result = self.harness.call(ToolCall(call.name, call.arguments, call.call_id), on_output=sink)
+        self._emit(ToolCallFinished(turn, call.call_id, call.name, self._decision_of(call, result), result))
+        return result
+
+    def _exposable(self, name: str) -> bool:
+        """Registered and allowed by the policy: a call of any other tool goes to the harness,
+        which refuses (and records) it; the loop only refuses what this turn did not offer."""
+        return name in self.harness.registry and self.harness.policy.tool_allowed(name)
+
+    def _preview(self, call: ModelToolCall) -> str:
+        """The decision the call is about to get, for the live view (the harness decides)."""
+        harness = self.harness
+        approval = harness.audit.find_approval(harness.run_id, call.call_id)
+        if approval is not None:
+            return {"pending": "ask", "denied": "deny"}.get(approval.state, "approved")
+        tool = harness.registry.get(call.name)
+        if tool is None or not harness.policy.tool_allowed(call.name):
+            return "rejected"
+        arguments: str | dict[str, Any] = call.arguments
+        field_name = tool.definition.freeform_field
+        if field_name is not None and isinstance(arguments, str) and not arguments.lstrip().startswith("{"):
+            arguments = {field_name: arguments}
+        try:
+            args = validate_call(tool.definition, arguments)
+        except CallRejected:
+            return "rejected"
+        return harness.policy.decide(tool.definition, args, workdir=harness.spec.workdir).action.value
+
+    def _decision_of(self, call: ModelToolCall, result: ToolResult) -> str:
+        if result.error is ErrorCode.APPROVAL_PENDING:
+            return "ask"
+        if result.error is ErrorCode.APPROVAL_DENIED:
+            return "deny"
+        record = self.harness.audit.get_call(self.harness.run_id, call.call_id)
+        if record is None or record.decision is None:
+            return "rejected"
+        if record.decision.rule.startswith("approval "):
+            return "approved"
+        return record.decision.action.value

@@ -1,0 +1,163 @@
+"""What an agent run reports while it runs (events) and how it ended (``RunOutcome``).
+
+``on_event`` receives these small frozen dataclasses, each with a ``kind`` and ``to_dict()``
+for JSON lines (bytes decoded as UTF-8, a ToolResult as the audit store writes it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from typing import Any, ClassVar
+
+from harness.audit.store import result_to_json
+from harness.core.calls import ToolResult
+from harness.models.base import ModelToolCall, Usage
+
+PAUSED = "approval_pending"
+"""The reason of a run that paused for an approval (not a final end)."""
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, ToolResult):
+        return json.loads(result_to_json(value))
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: _jsonable(v) for k, v in asdict(value).items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class _EventBase:
+    kind: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, with ``"event": kind`` first (bytes decoded as UTF-8)."""
+        return {"event": self.kind, **{f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}}
+
+
+@dataclass(frozen=True)
+class RunStarted(_EventBase):
+    kind: ClassVar[str] = "run_started"
+    run_id: str
+    model: str
+    resumed: bool
+
+
+@dataclass(frozen=True)
+class TurnStarted(_EventBase):
+    kind: ClassVar[str] = "turn_started"
+    turn: int
+    tools: tuple[str, ...]
+    """Names of the tools offered this turn."""
+    tool_choice: str
+    """As :func:`describe_choice` writes it."""
+
+
+@dataclass(frozen=True)
+class ModelRetrying(_EventBase):
+    kind: ClassVar[str] = "model_retry"
+    turn: int
+    attempt: int
+    """The attempt that failed (1 is the first)."""
+    error: str
+
+
+@dataclass(frozen=True)
+class ModelReplied(_EventBase):
+    kind: ClassVar[str] = "model_turn"
+    turn: int
+    text: str
+    calls: tuple[ModelToolCall, ...]
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class ToolCallStarted(_EventBase):
+    kind: ClassVar[str] = "tool_call_started"
+    turn: int
+    call_id: str
+    name: str
+    arguments: str | dict[str, Any]
+    decision: str
+    """What the policy says before it runs: allow | ask | deny | approved (an approval was
+    granted) | rejected (unknown or not offered tool, invalid arguments)."""
+
+
+@dataclass(frozen=True)
+class ToolOutputChunk(_EventBase):
+    kind: ClassVar[str] = "tool_output"
+    call_id: str
+    stream: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class ToolCallFinished(_EventBase):
+    kind: ClassVar[str] = "tool_result"
+    turn: int
+    call_id: str
+    name: str
+    decision: str
+    """What happened, as recorded: allow | ask (pending) | deny | approved | rejected."""
+    result: ToolResult
+
+
+@dataclass(frozen=True)
+class ContextElided(_EventBase):
+    kind: ClassVar[str] = "context_elided"
+    turn: int
+    call_ids: tuple[str, ...]
+    bytes_before: int
+    bytes_after: int
+
+
+@dataclass(frozen=True)
+class RunEnded(_EventBase):
+    kind: ClassVar[str] = "run_ended"
+    run_id: str
+    reason: str
+    turns: int
+    tool_calls: int
+    seconds: float
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float | None
+    final_text: str
+    message: str
+    """A sentence for a person: why it stopped, what to do (resume command, expiry, ...)."""
+    pending_approvals: tuple[str, ...]
+    resume_command: str = ""
+    """Paused: the command that continues the run, if the caller gave one."""
+
+
+Event = (RunStarted | TurnStarted | ModelRetrying | ModelReplied | ToolCallStarted | ToolOutputChunk
+         | ToolCallFinished | ContextElided | RunEnded)
+EventSink = Callable[[Event], None]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run ended (or paused)."""
+
+    run_id: str
+    reason: str
+    final_text: str
+    turns: int
+    tool_calls: int
+    seconds: float
+    usage: Usage
+    message: str = ""
+    pending_approvals: tuple[str, ...] = ()
+    resume_command: str = ""
+    """Paused: the command that continues the run, if the caller gave one."""
+
+    @property
+    def paused(self) -> bool:
+        return self.reason == PAUSED
+
