@@ -46,6 +46,7 @@ import grpc.aio
 from harness.core.units import parse_size
 from harness.doors.grpc.tokens import client_token
 from harness.v1 import executor_pb2, executor_pb2_grpc
+from harness.wire import DETAIL_METADATA_KEY, MAX_MESSAGE_BYTES
 
 __all__ = [
     "ApprovalInfo",
@@ -60,8 +61,6 @@ __all__ = [
     "SandboxInfo",
 ]
 
-DETAIL_METADATA_KEY = "callbox-error-bin"
-MAX_MESSAGE_BYTES = 64 << 20
 FormatName = Literal["openai", "chat", "anthropic", "mcp"]
 _FORMATS: dict[str, executor_pb2.Format.ValueType] = {
     "openai": executor_pb2.FORMAT_OPENAI,

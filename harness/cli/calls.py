@@ -79,7 +79,7 @@ def _tools(args: argparse.Namespace) -> int:
     registry = builtin_registry()
     policy = load_policy(args.policy)
     policy.check_tools(t.definition for t in registry.tools())
-    tools = [t for t in registry.tools() if policy.tool_allowed(t.definition.name)]
+    tools = registry.exposed(policy)
     print(json.dumps(tool_definitions(tools, parse_format(args.format)), indent=2))
     return 0
 
@@ -90,7 +90,7 @@ def _call(args: argparse.Namespace) -> int:
     from harness.cli.notices import loosened_said_once
     from harness.core.calls import ToolCall
     from harness.core.policy import load_policy
-    from harness.core.session import Harness
+    from harness.core.session import Session
     from harness.tools import builtin_registry
 
     policy = load_policy(args.policy)
@@ -102,7 +102,7 @@ def _call(args: argparse.Namespace) -> int:
         sys.stderr.buffer.flush()
 
     announced = policy.sandbox_spec().loosened()  # load_policy said these, naming their keys
-    with loosened_said_once(spec, announced), AuditStore(args.audit_db) as audit, Harness(
+    with loosened_said_once(spec, announced), AuditStore(args.audit_db) as audit, Session(
         builtin_registry(), policy, audit, run_id=args.run_id, spec=spec
     ) as harness:
         result = harness.call(call, on_output=stream if args.stream else None)

@@ -145,7 +145,7 @@ def _model(args: argparse.Namespace, *, turns_done: int = 0) -> Any:
 def _start(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any:
     from harness.cli.main import spec_from_args
     from harness.core.policy import load_policy
-    from harness.core.session import Harness
+    from harness.core.session import Session
     from harness.loop.agent_loop import run_agent
     from harness.tools import builtin_registry
 
@@ -155,13 +155,13 @@ def _start(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any
     task = args.task or SCRIPTED_TASK
     show = _show(args, policy)
     announced = policy.sandbox_spec().loosened()  # load_policy said these, naming their keys
-    with loosened_said_once(spec, announced), Harness(builtin_registry(), policy, audit, spec=spec) as harness:
+    with loosened_said_once(spec, announced), Session(builtin_registry(), policy, audit, spec=spec) as harness:
         return run_agent(model, harness, task=task, system=args.system, config=loop_config(options),
                          on_event=show, resume_command=resume_command(args, harness.run_id, audit.path))
 
 
 def _resume(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any:
-    from harness.core.session import Harness
+    from harness.core.session import Session
     from harness.loop import checkpoint
     from harness.loop.agent_loop import resume
     from harness.tools import builtin_registry
@@ -173,7 +173,7 @@ def _resume(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> An
     config = loop_config(options, saved.config) if options else None
     policy, spec = saved.policy_model(), saved.spec_model()
     show = _show(args, policy)
-    with loosened_said_once(spec, []), Harness(builtin_registry(), policy, audit, run_id=args.resume,
+    with loosened_said_once(spec, []), Session(builtin_registry(), policy, audit, run_id=args.resume,
                                                 spec=spec) as harness:
         return resume(args.resume, model, harness, config=config, on_event=show,
                       resume_command=resume_command(args, args.resume, audit.path))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pydantic
 
@@ -22,7 +22,13 @@ from harness.core.calls import TOOL_NAME_PATTERN, ToolOutput
 from harness.core.errors import CallboxError
 from harness.core.strict_schema import SchemaForm, StrictSchemaError, json_schema
 
-__all__ = ["Handler", "RegistryError", "Tool", "ToolAnnotations", "ToolDefinition", "ToolRegistry"]
+__all__ = ["Handler", "RegistryError", "Tool", "ToolAnnotations", "ToolDefinition", "ToolFilter", "ToolRegistry"]
+
+
+class ToolFilter(Protocol):
+    """What decides which registered tools a run exposes (a policy)."""
+
+    def tool_allowed(self, name: str) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -164,3 +170,11 @@ class ToolRegistry:
 
     def names(self) -> list[str]:
         return list(self._tools)
+
+    def exposed(self, allowed_by: ToolFilter) -> list[Tool]:
+        """The tools a run under ``allowed_by`` offers a model, in registration order: the one
+        answer every door, the loop and the CLI give to "which tools are there"."""
+        return [tool for name, tool in self._tools.items() if allowed_by.tool_allowed(name)]
+
+    def exposed_names(self, allowed_by: ToolFilter) -> list[str]:
+        return [tool.definition.name for tool in self.exposed(allowed_by)]

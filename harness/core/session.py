@@ -1,6 +1,6 @@
 """One run's tool calls: validate, authorize, execute at most once, record, shape.
 
-``Harness.call`` is the whole path of one call. Whatever the model got
+``Session.call`` is the whole path of one call. Whatever the model got
 wrong (bad call id, unknown tool, bad JSON, schema violation, denied, over budget,
 timed out) comes back as a ``ToolResult`` with ``is_error``; only broken
 infrastructure raises. The run's sandbox starts on the first call that needs it and
@@ -72,7 +72,7 @@ def _connect_with_retries() -> DockerEngine:
 class _CallSandbox:
     """The run's sandbox as one call's handler sees it, noting whether it got one."""
 
-    def __init__(self, harness: Harness) -> None:
+    def __init__(self, harness: Session) -> None:
         self._harness = harness
         self.handed_out = False
 
@@ -82,7 +82,7 @@ class _CallSandbox:
         return sandbox
 
 
-class Harness:
+class Session:
     """The calls of one run, against one registry, policy and audit store."""
 
     def __init__(
@@ -105,6 +105,10 @@ class Harness:
         self._engine_factory = engine_factory
         self._sandbox: Sandbox | None = None
         self._sandbox_lock = threading.Lock()
+
+    def exposed_tools(self) -> list[Tool]:
+        """The tools this run offers the model (registered and allowed by its policy)."""
+        return self.registry.exposed(self.policy)
 
     # ---- the sandbox of this run -------------------------------------------------
 
@@ -167,7 +171,7 @@ class Harness:
         except CallboxError as error:  # the call's result matters more than its audit trail
             log.error("could not record the egress decisions of sandbox %s: %s", sandbox.id, error.message)
 
-    def __enter__(self) -> Harness:
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -214,7 +218,7 @@ class Harness:
         return Decision(Action.ALLOW, f"approval {approval.id}", approval.reason)
 
     def _unavailable(self, call: ToolCall, tool: Tool | None) -> ToolResult:
-        exposed = [n for n in self.registry.names() if self.policy.tool_allowed(n)]
+        exposed = self.registry.exposed_names(self.policy)
         if tool is None:
             text = f"unknown tool {call.name!r}; the available tools are: {', '.join(exposed) or 'none'}"
             return ToolResult.failure(call.call_id, ErrorCode.UNKNOWN_TOOL, text)

@@ -16,8 +16,8 @@ from typing import Any, BinaryIO
 import grpc
 
 from harness.core.errors import AgentCallError
+from harness.wire import DETAIL_METADATA_KEY, MAX_MESSAGE_BYTES
 from sandbox import health
-from sandbox.errors import DETAIL_METADATA_KEY
 from sandbox.v1 import (
     errors_pb2,
     filesystem_pb2,
@@ -28,7 +28,6 @@ from sandbox.v1 import (
     shell_pb2_grpc,
 )
 
-MAX_MESSAGE_BYTES = 64 << 20
 DEFAULT_AGENT_TIMEOUT_MS = 30_000  # the agent's default when a request sets none
 RPC_MARGIN_S = 30.0
 UPLOAD_CHUNK_BYTES = 1 << 20

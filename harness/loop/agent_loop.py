@@ -99,7 +99,7 @@ from harness.audit.store import arguments_digest
 from harness.core.calls import ErrorCode, ToolResult
 from harness.core.errors import CallboxError
 from harness.core.registry import ToolDefinition
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.engine.docker.engine import DockerEngine, SandboxExpired
 from harness.loop import checkpoint as checkpoints
 from harness.loop.calls import CallRunner
@@ -256,7 +256,7 @@ class Loop:
     def __init__(
         self,
         model: ModelAdapter,
-        harness: Harness,
+        harness: Session,
         state: RunState,
         config: LoopConfig,
         *,
@@ -300,7 +300,7 @@ class Loop:
     def start(
         cls,
         model: ModelAdapter,
-        harness: Harness,
+        harness: Session,
         *,
         task: str,
         system: str = "",
@@ -328,7 +328,7 @@ class Loop:
         cls,
         run_id: str,
         model: ModelAdapter,
-        harness: Harness,
+        harness: Session,
         *,
         config: LoopConfig | None = None,
         on_event: EventSink | None = None,
@@ -356,7 +356,7 @@ class Loop:
         cls,
         cp: Checkpoint,
         model: ModelAdapter,
-        harness: Harness,
+        harness: Session,
         config: LoopConfig | None,
         on_event: EventSink | None,
         engine: DockerEngine | None,
@@ -722,7 +722,7 @@ def _arguments_text(arguments: str | dict[str, Any]) -> str:
 
 def run_agent(
     model: ModelAdapter,
-    harness: Harness,
+    harness: Session,
     *,
     task: str,
     system: str = "",
@@ -738,7 +738,7 @@ def run_agent(
 def resume(
     run_id: str,
     model: ModelAdapter,
-    harness: Harness,
+    harness: Session,
     *,
     config: LoopConfig | None = None,
     on_event: EventSink | None = None,

@@ -4,7 +4,7 @@ Consecutive calls of tools annotated ``read_only`` run concurrently in threads (
 ``LoopConfig.max_parallel``); any other call runs alone, after everything before it and
 before anything after it. A call of a tool the turn did not offer (a stage or the
 tool_choice kept it out) gets a ``tool_not_allowed`` result from the loop itself; every
-other call goes to ``Harness.call``, which validates, authorizes and records it. Once a
+other call goes to ``Session.call``, which validates, authorizes and records it. Once a
 call finds the sandbox unavailable, the calls after it are not run. Each call emits
 ``ToolCallStarted``, its ``ToolOutputChunk``s and ``ToolCallFinished``.
 """
@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from harness.core.calls import ErrorCode, ToolCall, ToolResult
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.core.validation import CallRejected, validate_call
 from harness.loop.config import LoopConfig
 from harness.loop.events import Event, ToolCallFinished, ToolCallStarted, ToolOutputChunk
@@ -26,7 +26,7 @@ from harness.models.base import ModelToolCall
 class CallRunner:
     """Runs calls of a turn for one loop."""
 
-    def __init__(self, harness: Harness, config: LoopConfig, emit: Callable[[Event], None]) -> None:
+    def __init__(self, harness: Session, config: LoopConfig, emit: Callable[[Event], None]) -> None:
         self.harness = harness
         self.config = config
         self._emit = emit

@@ -1,6 +1,6 @@
 """Harness overhead per call, without the sandbox round trip (target: p50 ≤ 0.3 ms).
 
-A real ``Harness`` with the default policy and a file-backed audit store runs a tool
+A real ``Session`` with the default policy and a file-backed audit store runs a tool
 whose handler returns at once, so what is timed is exactly validate + authorize +
 audit (claim, decision, running mark, result) + shaping.
 """
@@ -18,7 +18,7 @@ from harness.audit.store import AuditStore
 from harness.core.calls import ToolCall, ToolOutput
 from harness.core.policy import load_policy
 from harness.core.registry import Tool, ToolDefinition, ToolRegistry
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.core.validation import validate_call
 
 
@@ -49,10 +49,10 @@ def bench_overhead(samples: int, warmup: int) -> dict[str, list[float]]:
     arguments = '{"command": "ls -la", "workdir": null, "timeout_ms": 5000}'
     data: dict[str, list[float]] = {"harness_overhead": [], "validate_only": []}
     with tempfile.TemporaryDirectory() as tmp, AuditStore(Path(tmp) / "audit.sqlite3") as audit:
-        harness = Harness(registry, policy, audit, run_id="bench-0")
+        harness = Session(registry, policy, audit, run_id="bench-0")
         for i in range(warmup + samples):
             if i % CALLS_PER_RUN == 0:  # runs of a typical size (the call budget is counted per run)
-                harness = Harness(registry, policy, audit, run_id=f"bench-{i}")
+                harness = Session(registry, policy, audit, run_id=f"bench-{i}")
             call = ToolCall("noop", arguments, f"c{i}")
             t0 = time.perf_counter_ns()
             result = harness.call(call)

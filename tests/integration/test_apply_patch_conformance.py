@@ -24,7 +24,7 @@ from harness.core.calls import ErrorCode, ToolCall
 from harness.core.context import ToolContext
 from harness.core.policy import Policy
 from harness.core.registry import ToolRegistry
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.engine.spec import SandboxSpec
 from harness.tools.apply_patch import APPLY_PATCH, ApplyPatchArgs
 from sandbox.v1 import filesystem_pb2
@@ -190,13 +190,13 @@ def test_partial_success_is_reported_in_structured_output(sandbox):
 @pytest.fixture
 def harness(engine, tmp_path):  # type: ignore[no-untyped-def]
     registry = ToolRegistry([APPLY_PATCH])
-    with AuditStore(tmp_path / "audit.sqlite3") as audit, Harness(
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
         registry, Policy(), audit, spec=SandboxSpec(image=IMAGE), engine_factory=lambda: engine
     ) as h:
         yield h
 
 
-def _read(h: Harness, path: str) -> bytes:
+def _read(h: Session, path: str) -> bytes:
     return bytes(h.sandbox().agent.read_file(path).data)
 
 

@@ -1,7 +1,7 @@
 """The ``bash`` tool in a real sandbox: a persistent session with Anthropic ``bash_20250124`` semantics.
 
 Every test calls the real handler with a real ToolContext whose provider returns a live
-sandbox (and one goes through ``harness.core.session.Harness``). Synchronisation inside the
+sandbox (and one goes through ``harness.core.session.Session``). Synchronisation inside the
 sandbox uses FIFOs opened through the agent's Exec service, never sleeps.
 """
 
@@ -18,7 +18,7 @@ from harness.core.calls import ErrorCode, ToolCall
 from harness.core.context import OutputSink, ToolContext
 from harness.core.policy import Budgets, Policy
 from harness.core.registry import ToolRegistry
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.engine.spec import SandboxSpec
 from harness.tools.bash import BASH, NO_COMMAND, RESTARTED, BashArgs
 from tests.conftest import IMAGE
@@ -252,7 +252,7 @@ def test_cancelled_call_kills_the_session(sandbox):
 
 def test_through_the_harness(engine, tmp_path):
     policy = Policy(budgets=Budgets(max_output_bytes=3000))
-    with AuditStore(tmp_path / "audit.sqlite3") as audit, Harness(
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
         ToolRegistry([BASH]), policy, audit, spec=SandboxSpec(image=IMAGE), engine_factory=lambda: engine
     ) as harness:
         first = harness.call(ToolCall("bash", '{"command": "cd /tmp && export V=7", "restart": null}', "c1"))

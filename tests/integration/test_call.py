@@ -163,12 +163,12 @@ def test_two_harness_processes_writing_the_audit_store_lose_nothing(engine, audi
         import sys
         from harness.audit.store import AuditStore
         from harness.core.calls import ToolCall
-        from harness.core.session import Harness
+        from harness.core.session import Session
         from harness.core.policy import load_policy
         from harness.tools import builtin_registry
         worker = sys.argv[1]
         with AuditStore() as audit:
-            harness = Harness(builtin_registry(), load_policy(None), audit, run_id=f"run-{worker}")
+            harness = Session(builtin_registry(), load_policy(None), audit, run_id=f"run-{worker}")
             for i in range(100):
                 # invalid arguments: recorded like every call, and no sandbox is needed
                 result = harness.call(ToolCall("shell", '{"command": 1}', f"c{i}"))

@@ -2,7 +2,7 @@
 
 ``test_daemon_restart_during_calls`` stops dockerd (SIGTERM to the pid in its pidfile,
 then waits for the process to be gone) while a low-level ``agent.exec`` stream and a
-``Harness`` shell call are running, and checks that:
+``Session`` shell call are running, and checks that:
 
 - both calls fail with a structured error that says the sandbox went away (with live-restore
   off, dockerd stops every container when it stops);
@@ -38,7 +38,7 @@ from harness.audit.store import AuditStore
 from harness.core.calls import ErrorCode, ToolCall, ToolResult
 from harness.core.errors import AgentCallError, EngineUnavailable
 from harness.core.policy import parse_policy
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.engine.agent_client import SANDBOX_GONE
 from harness.engine.docker import labels
 from harness.engine.docker.engine import DockerEngine
@@ -119,9 +119,9 @@ def run_root() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _harness(engine: DockerEngine, audit: AuditStore, run_id: str) -> Harness:
+def _harness(engine: DockerEngine, audit: AuditStore, run_id: str) -> Session:
     policy = parse_policy(f'[sandbox]\nimage = "{IMAGE}"\n')
-    return Harness(builtin_registry(), policy, audit, run_id=run_id, engine_factory=lambda: engine)
+    return Session(builtin_registry(), policy, audit, run_id=run_id, engine_factory=lambda: engine)
 
 
 def _says_the_sandbox_went_away(text: str) -> bool:
@@ -142,7 +142,7 @@ def test_daemon_restart_during_calls(engine, run_root: Path, tmp_path: Path) -> 
     dead = {box.id}
     stopped = False
     try:
-        # a Harness call and a low-level stream, both running when the daemon stops
+        # a Session call and a low-level stream, both running when the daemon stops
         harness_started = threading.Event()
         results: list[ToolResult] = []
 
@@ -181,7 +181,7 @@ def test_daemon_restart_during_calls(engine, run_root: Path, tmp_path: Path) -> 
         with pytest.raises(EngineUnavailable, match="lost the Docker engine"):
             first_run.close()
         assert first_run.active_sandbox is None
-        down = Harness(builtin_registry(), parse_policy(f'[sandbox]\nimage = "{IMAGE}"\n'), audit, run_id="down")
+        down = Session(builtin_registry(), parse_policy(f'[sandbox]\nimage = "{IMAGE}"\n'), audit, run_id="down")
         refused = down.call(ToolCall("shell", {"command": "echo hello"}, "c1"))
         assert refused.is_error and refused.error == ErrorCode.SANDBOX_UNAVAILABLE
         assert "cannot reach the Docker engine" in refused.text and "start dockerd" in refused.text

@@ -12,7 +12,7 @@ from harness.core.calls import ErrorCode, ToolCall, ToolOutput
 from harness.core.context import ToolContext
 from harness.core.policy import load_policy
 from harness.core.registry import ToolRegistry
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.engine.spec import SandboxSpec
 from harness.tools.editor import EDITOR, MAX_FILE_BYTES, TRUNCATED_MESSAGE, EditorArgs
 from tests.conftest import IMAGE
@@ -300,7 +300,7 @@ def test_history_is_kept_per_sandbox(make_sandbox):
 
 def test_calls_through_the_harness_with_strict_null_arguments(tmp_path):
     nulls = {key: None for key in EDITOR.definition.input_schema()["properties"]}
-    with AuditStore(tmp_path / "audit.sqlite3") as audit, Harness(
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
         ToolRegistry([EDITOR]), load_policy(None), audit, spec=SandboxSpec(image=IMAGE)
     ) as harness:
         created = harness.call(ToolCall("str_replace_based_edit_tool", json.dumps(

@@ -22,7 +22,7 @@ from harness.client import ExecutorClient, ExecutorError
 from harness.core.calls import ErrorCode, ToolCall
 from harness.core.errors import EngineUnavailable
 from harness.core.policy import load_policy, parse_policy
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.doors.grpc.server import serve_grpc
 from harness.doors.grpc.tokens import TokenSet
 from harness.engine.docker.engine import DockerEngine
@@ -118,7 +118,7 @@ def test_callbox_run_stops_at_the_first_call_that_finds_no_sandbox(no_engine, ma
 
 def test_the_python_harness_returns_a_sandbox_unavailable_result(no_engine, marker, tmp_path):
     with AuditStore(tmp_path / "audit.sqlite3") as audit, \
-            Harness(builtin_registry(), load_policy(None), audit, run_id="no-engine") as harness:
+            Session(builtin_registry(), load_policy(None), audit, run_id="no-engine") as harness:
         result = harness.call(ToolCall("shell", {"command": f"touch {marker}"}, "c1"))
         assert result.is_error and result.error == ErrorCode.SANDBOX_UNAVAILABLE
         _clear(result.text)

@@ -14,7 +14,7 @@ from harness.core.calls import ErrorCode, ToolCall
 from harness.core.context import ToolContext
 from harness.core.policy import Policy
 from harness.core.registry import ToolRegistry
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.engine.spec import SandboxSpec
 from harness.tools.files import (
     FILE_TOOLS,
@@ -374,7 +374,7 @@ def test_search_root_must_be_inside_the_roots(box):
 def test_file_tools_through_the_harness_with_a_path_rule(engine, tmp_path):
     policy = Policy.model_validate({"tools": {"read_file": {"rules": [
         {"action": "deny", "path": "private/**", "reason": "private files stay private"}]}}})
-    with AuditStore(tmp_path / "audit.sqlite3") as audit, Harness(
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
         ToolRegistry(list(FILE_TOOLS)), policy, audit, spec=SandboxSpec(image=IMAGE), engine_factory=lambda: engine
     ) as harness:
         wrote = harness.call(ToolCall("write_file", {"path": "private/key.txt", "content": "k\n"}, "c1"))

@@ -98,7 +98,7 @@ def child(phase: str, run_id: str, policy_path: str, ttl: str) -> int:
     """``pause``: start the run; ``resume``: continue it. Prints events, then the outcome."""
     from harness.audit.store import AuditStore
     from harness.core.policy import load_policy
-    from harness.core.session import Harness
+    from harness.core.session import Session
     from harness.loop import checkpoint
     from harness.loop.agent_loop import Loop, LoopConfig
     from harness.tools import builtin_registry
@@ -111,13 +111,13 @@ def child(phase: str, run_id: str, policy_path: str, ttl: str) -> int:
     with AuditStore() as audit:
         if phase == "pause":
             config = LoopConfig(paused_sandbox_ttl_s=float(ttl) if ttl != "none" else None)
-            with Harness(builtin_registry(), load_policy(Path(policy_path)), audit, run_id=run_id) as harness:
+            with Session(builtin_registry(), load_policy(Path(policy_path)), audit, run_id=run_id) as harness:
                 outcome = Loop.start(model, harness, task="make a file, then run the guarded command",
                                      config=config, on_event=show).run()
         else:
             saved = checkpoint.load(audit, run_id)
             assert saved is not None
-            with Harness(builtin_registry(), saved.policy_model(), audit, run_id=run_id,
+            with Session(builtin_registry(), saved.policy_model(), audit, run_id=run_id,
                          spec=saved.spec_model()) as harness:
                 outcome = Loop.resume(run_id, model, harness, on_event=show).run()
     print(json.dumps({"outcome": outcome.reason, "message": outcome.message, "turns": outcome.turns,

@@ -1,5 +1,5 @@
 """Host directories mounted into real sandboxes, through `callbox exec`, `callbox call` and
-the Python Harness: a mount at a scratch place replaces its tmpfs (none over it, none
+the Python Session: a mount at a scratch place replaces its tmpfs (none over it, none
 under it), nested mounts sit on top of the tmpfs, the host sees every write with the
 right owner, :ro refuses writes, an unwritable rw mount is refused before anything runs,
 and the scratch places are executable unless noexec."""
@@ -18,7 +18,7 @@ import pytest
 from harness.audit.store import AuditStore
 from harness.core.calls import ErrorCode, ToolCall
 from harness.core.policy import load_policy
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.engine.spec import Mount, SandboxSpec
 from harness.tools import builtin_registry
 from tests.conftest import IMAGE
@@ -63,12 +63,12 @@ def mount_lines(proc_mounts: str, target: str) -> list[tuple[str, str]]:
     return found
 
 
-def harness(spec: SandboxSpec, tmp_path: Path, engine: Any) -> Harness:
-    return Harness(builtin_registry(), load_policy(None), AuditStore(tmp_path / "audit.sqlite3"), spec=spec,
+def harness(spec: SandboxSpec, tmp_path: Path, engine: Any) -> Session:
+    return Session(builtin_registry(), load_policy(None), AuditStore(tmp_path / "audit.sqlite3"), spec=spec,
                    engine_factory=lambda: engine)
 
 
-def shell(h: Harness, command: str, call_id: str) -> Any:
+def shell(h: Session, command: str, call_id: str) -> Any:
     return h.call(ToolCall(name="shell", arguments=json.dumps({"command": command}), call_id=call_id))
 
 

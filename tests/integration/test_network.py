@@ -195,12 +195,12 @@ def test_the_harness_records_every_egress_decision_in_the_audit_store(net_engine
     from harness.core.calls import ToolCall
     from harness.core.policy import Policy
     from harness.core.registry import ToolRegistry
-    from harness.core.session import Harness
+    from harness.core.session import Session
     from harness.tools.bash import BASH
 
     spec = SandboxSpec(image=IMAGE, network="allowlist", allow_hosts=("dest.callbox.test:8080",))
     with AuditStore(tmp_path / "audit.sqlite3") as audit:
-        with Harness(ToolRegistry([BASH]), Policy(), audit, spec=spec, engine_factory=lambda: net_engine) as harness:
+        with Session(ToolRegistry([BASH]), Policy(), audit, spec=spec, engine_factory=lambda: net_engine) as harness:
             ok = harness.call(ToolCall("bash", {"command": f"curl -sS -m 10 http://dest.callbox.test:{HTTP_PORT}/a"},
                                        "c1"))
             assert ok.text == f"{BANNER} /a connection=close", ok.text

@@ -14,7 +14,7 @@ from harness.core.calls import ErrorCode, ToolCall
 from harness.core.context import OutputSink, ToolContext
 from harness.core.policy import Budgets, Policy
 from harness.core.registry import ToolRegistry
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.core.shaping import dropped_marker
 from harness.engine.spec import SandboxSpec
 from harness.tools.shell import SHELL, ShellArgs
@@ -141,7 +141,7 @@ def test_chunks_stream_while_the_command_runs(sandbox):
 
 def test_through_the_dispatcher_the_budget_is_never_hit(engine, tmp_path):
     policy = Policy(budgets=Budgets(max_output_bytes=3000))
-    with AuditStore(tmp_path / "audit.sqlite3") as audit, Harness(
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
         ToolRegistry([SHELL]), policy, audit, spec=SandboxSpec(image=IMAGE), engine_factory=lambda: engine
     ) as harness:
         streamed: list[bytes] = []
@@ -161,7 +161,7 @@ def test_a_sandbox_destroyed_under_the_harness_is_sandbox_unavailable(engine, tm
     from harness.tools import builtin_registry
 
     arguments = {"read_file": {"path": "/workspace/a.txt"}}.get(tool, {"command": "echo never"})
-    with AuditStore(tmp_path / "audit.sqlite3") as audit, Harness(
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
         builtin_registry(), Policy(), audit, spec=SandboxSpec(image=IMAGE), engine_factory=lambda: engine
     ) as harness:
         first = harness.call(ToolCall("write_file", {"path": "/workspace/a.txt", "content": "x"}, "c0"))

@@ -21,7 +21,7 @@ import pytest
 from harness.audit.store import AuditStore
 from harness.core.calls import ToolCall
 from harness.core.policy import Policy
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.engine.spec import Mount, SandboxSpec
 from harness.tools import builtin_registry
 from tests.conftest import IMAGE, unavailable
@@ -133,7 +133,7 @@ def test_suite_through_callbox_exec(baseline, project):
 @pytest.mark.timeout(RUN_TIMEOUT_S + 120)
 def test_suite_through_the_shell_tool(engine, baseline, project, tmp_path):
     spec = SandboxSpec(image=IMAGE, mounts=(Mount(source=project, target=TARGET),), env=ENV)
-    with AuditStore(tmp_path / "audit.sqlite3") as audit, Harness(
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
         builtin_registry(), Policy(), audit, spec=spec, engine_factory=lambda: engine
     ) as harness:
         args = {"command": " ".join(COMMAND) + " 2>&1", "workdir": TARGET, "timeout_ms": RUN_TIMEOUT_S * 1000}

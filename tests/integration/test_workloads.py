@@ -1,7 +1,7 @@
 """Real workloads in the sandbox, as a coding agent does them, through both doors.
 
 Each workload is a few shell steps run from /workspace: once as one ``callbox exec`` of the
-real CLI in a child process, once as consecutive ``shell`` tool calls of a Harness (one
+real CLI in a child process, once as consecutive ``shell`` tool calls of a Session (one
 sandbox for the run, so later calls see what earlier ones left). Host directories are
 mounted under /mnt: a local wheelhouse (pip and venv installs with no network) and a git
 repository owned by another uid, read-only (git's ownership check must not trip).
@@ -28,7 +28,7 @@ import pytest
 from harness.audit.store import AuditStore
 from harness.core.calls import ToolCall
 from harness.core.policy import Policy
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.engine.spec import Mount, SandboxSpec
 from harness.tools import builtin_registry
 from tests.conftest import IMAGE, unavailable
@@ -261,7 +261,7 @@ def _via_exec(workload: Workload, dirs: dict[str, Path]) -> str:
 def _via_shell_tool(workload: Workload, dirs: dict[str, Path], engine: Any, tmp_path: Path) -> str:
     spec = SandboxSpec(image=IMAGE, mounts=_mount_specs(dirs))
     outputs: list[str] = []
-    with AuditStore(tmp_path / "audit.sqlite3") as audit, Harness(
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
         builtin_registry(), Policy(), audit, spec=spec, engine_factory=lambda: engine
     ) as harness:
         for i, step in enumerate(workload.steps):

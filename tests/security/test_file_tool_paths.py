@@ -28,7 +28,7 @@ from harness.core.calls import ErrorCode, ToolCall
 from harness.core.context import ToolContext
 from harness.core.policy import Policy
 from harness.core.registry import ToolRegistry
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.engine.spec import SandboxSpec
 from harness.tools.files import (
     FILE_TOOLS,
@@ -251,7 +251,7 @@ def test_nul_bytes_are_refused_by_the_agent(box, unchanged_outside, path):
 
 
 def test_nul_bytes_never_reach_the_sandbox_through_the_harness(engine, tmp_path):
-    with AuditStore(tmp_path / "audit.sqlite3") as audit, Harness(
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
         ToolRegistry(list(FILE_TOOLS)), Policy(), audit, spec=SandboxSpec(image=IMAGE), engine_factory=lambda: engine
     ) as harness:
         for index, path in enumerate(NUL_PATHS):

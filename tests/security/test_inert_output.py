@@ -5,7 +5,7 @@ treat as structure: an OpenAI Responses ``function_call`` item, a Chat Completio
 ``tool_calls`` message, an Anthropic ``tool_use`` block, results of each kind, an MCP
 ``tools/call`` request, an apply_patch envelope (``*** Begin Patch``), the shell tool's own
 ``Exit code: 0`` header, the bash tool's sentinel and status record, and XML-style function
-calls. Through ``harness.core.session.Harness`` the call gets exactly one result, whose output
+calls. Through ``harness.core.session.Session`` the call gets exactly one result, whose output
 is that text as a string (the real header still tells the real exit code), in every API
 format; through the loop with a scripted model, the number of results equals the number
 of calls, no extra tool call runs, and nothing the fake calls ask for happens in the
@@ -25,7 +25,7 @@ from harness.audit.store import AuditStore
 from harness.core.calls import ToolCall, ToolResult
 from harness.core.formats import FORMATS, result_item
 from harness.core.policy import Policy
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.engine.spec import SandboxSpec
 from harness.loop.agent_loop import Loop, LoopConfig, ToolCallFinished, ToolCallStarted
 from harness.models.scripted import ScriptedModel
@@ -67,14 +67,14 @@ COMMAND = f"cat <<'EOF'\n{PAYLOAD}\nEOF\nprintf '0\\0/tmp\\0'\necho {AFTER}\n(ex
 
 
 @pytest.fixture
-def harness(engine, tmp_path) -> Iterator[Harness]:  # type: ignore[no-untyped-def]
-    with AuditStore(tmp_path / "audit.sqlite3") as audit, Harness(
+def harness(engine, tmp_path) -> Iterator[Session]:  # type: ignore[no-untyped-def]
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
         builtin_registry(), Policy(), audit, spec=SandboxSpec(image=IMAGE), engine_factory=lambda: engine
     ) as h:
         yield h
 
 
-def nothing_happened(h: Harness) -> None:
+def nothing_happened(h: Session) -> None:
     box = h.active_sandbox
     assert box is not None
     for path in PWNED:
@@ -172,7 +172,7 @@ def test_the_loop_runs_no_call_that_tool_output_imitates(engine, tmp_path, fmt):
         {"text": "done"},
     ], format=fmt)
     events: list[Any] = []
-    with AuditStore(tmp_path / "audit.sqlite3") as audit, Harness(
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
         builtin_registry(), Policy(), audit, spec=SandboxSpec(image=IMAGE), engine_factory=lambda: engine
     ) as h:
         outcome = Loop.start(model, h, task="run the two commands", config=LoopConfig(max_turns=4),

@@ -1,4 +1,4 @@
-"""The agent loop against a fake model (Responses-shaped items) and a real Harness.
+"""The agent loop against a fake model (Responses-shaped items) and a real Session.
 
 The tools are small pure-Python ones (no sandbox), the audit store a temporary SQLite file.
 Concurrency is proven with barriers and events (never sleeps): calls that must overlap
@@ -24,7 +24,7 @@ from harness.core.calls import Action, ErrorCode, ToolOutput, ToolResult
 from harness.core.formats import Format, result_item
 from harness.core.policy import Budgets, Policy, ToolPolicy
 from harness.core.registry import Tool, ToolAnnotations, ToolDefinition, ToolRegistry
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.loop import checkpoint as checkpoints
 from harness.loop.agent_loop import (
     AllowTools,
@@ -219,11 +219,11 @@ def no_engine() -> Any:
 
 
 @pytest.fixture
-def make_harness(tools: Tools, audit: AuditStore) -> Iterator[Callable[..., Harness]]:
-    made: list[Harness] = []
+def make_harness(tools: Tools, audit: AuditStore) -> Iterator[Callable[..., Session]]:
+    made: list[Session] = []
 
-    def make(policy: Policy | None = None, run_id: str | None = None) -> Harness:
-        harness = Harness(tools.registry(), policy or Policy(), audit, run_id=run_id, engine_factory=no_engine)
+    def make(policy: Policy | None = None, run_id: str | None = None) -> Session:
+        harness = Session(tools.registry(), policy or Policy(), audit, run_id=run_id, engine_factory=no_engine)
         made.append(harness)
         return harness
 
@@ -232,7 +232,7 @@ def make_harness(tools: Tools, audit: AuditStore) -> Iterator[Callable[..., Harn
         harness.close()
 
 
-def run(model: FakeModel, harness: Harness, config: LoopConfig | None = None,
+def run(model: FakeModel, harness: Session, config: LoopConfig | None = None,
         events: list[Any] | None = None, **kwargs: Any) -> Any:
     return Loop.start(model, harness, task="the task", system="be brief", config=config,
                       on_event=None if events is None else events.append, **kwargs).run()
@@ -579,7 +579,7 @@ def test_old_outputs_are_elided_when_the_context_nears_its_budget(make_harness) 
 # --------------------------------------------------------------------------- approval pause and resume
 
 
-def pause_run(make_harness: Callable[..., Harness], run_id: str = "run-pause") -> tuple[Any, FakeModel]:
+def pause_run(make_harness: Callable[..., Session], run_id: str = "run-pause") -> tuple[Any, FakeModel]:
     harness = make_harness(ASK_GUARDED, run_id=run_id)
     model = FakeModel([
         calls(("e1", "echo", {"text": "first"})),
@@ -852,7 +852,7 @@ def test_the_run_stops_at_the_first_call_that_finds_the_sandbox_unavailable(audi
     registry = ToolRegistry([*tools.registry().tools(),
                              Tool(ToolDefinition("gone", "Needs the sandbox.", TextArgs), gone)])
     events: list[Any] = []
-    with Harness(registry, Policy(), audit, run_id="run-gone", engine_factory=no_engine) as harness:
+    with Session(registry, Policy(), audit, run_id="run-gone", engine_factory=no_engine) as harness:
         model = FakeModel([
             calls(("w1", "write", {"text": "a"}), ("u1", "gone", {"text": "b"}), ("u2", "gone", {"text": "c"}),
                   ("w2", "write", {"text": "d"})),

@@ -59,6 +59,7 @@ from harness.doors.grpc.tokens import TOKEN_ENV, TokenSet, bearer_token, server_
 from harness.engine.docker.engine import DockerEngine, default_run_root
 from harness.tools import builtin_registry
 from harness.v1 import executor_pb2, executor_pb2_grpc
+from harness.wire import MAX_MESSAGE_BYTES
 from sandbox import health
 
 __all__ = [
@@ -75,7 +76,6 @@ log = logging.getLogger("callbox.grpc")
 
 EXECUTOR_SERVICE = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
 SOCKET_NAME = "executor.sock"
-MAX_MESSAGE_BYTES = 64 << 20
 _SUN_PATH_MAX = 107
 _UNAUTHENTICATED_EXEMPT = (f"/{health.SERVICE_NAME}/",)
 

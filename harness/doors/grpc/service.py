@@ -1,6 +1,6 @@
 """The ``harness.v1.Executor`` servicer: sandboxes owned by clients, tool calls streamed.
 
-A *session* is one sandbox and the :class:`~harness.core.session.Harness` of its run (the
+A *session* is one sandbox and the :class:`~harness.core.session.Session` of its run (the
 sandbox id is the run id), owned by the client name its bearer token maps to
 (:mod:`harness.doors.grpc.tokens`). Every session shares the server's registry, audit store and
 Docker engine; its policy is the server's, tightened by the ``CreateSandbox`` overrides
@@ -24,7 +24,7 @@ Docker engine; its policy is the server's, tightened by the ``CreateSandbox`` ov
   ``DeleteSandbox``, when its ``ttl_seconds`` pass (the reaper), or at shutdown.
 * **Limits.** Live sandboxes per client and in total (creations in progress count), each
   a RESOURCE_EXHAUSTED with ``retryable`` set and a sentence naming the limit.
-* **Cancellation.** Each ``CallTool`` runs ``Harness.call`` in a worker thread and streams
+* **Cancellation.** Each ``CallTool`` runs ``Session.call`` in a worker thread and streams
   the output chunks it reports. The sandbox's agent channel is wrapped (once, when the
   sandbox starts) with a client interceptor that records the streaming agent RPCs
   (``Exec``, bash ``Run``) a call makes; when the ``CallTool`` RPC ends early (client
@@ -66,12 +66,13 @@ from harness.core.errors import CallboxError, EngineUnavailable, ImageNotFound
 from harness.core.formats import Format, result_item, tool_definitions
 from harness.core.policy import MountSetting, Policy, PolicyError, SandboxSettings
 from harness.core.registry import ToolRegistry
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.core.units import format_size
 from harness.doors.grpc.tokens import TokenSet, bearer_token
 from harness.engine.docker.engine import DockerEngine, Sandbox
 from harness.engine.spec import Mount, SpecError
 from harness.v1 import executor_pb2, executor_pb2_grpc
+from harness.wire import DETAIL_METADATA_KEY
 from sandbox.v1 import filesystem_pb2_grpc, process_pb2_grpc
 
 __all__ = [
@@ -88,8 +89,6 @@ __all__ = [
 
 log = logging.getLogger("callbox.executor")
 
-DETAIL_METADATA_KEY = "callbox-error-bin"
-"""Trailing metadata key of the serialized ``harness.v1.ErrorDetail`` (as in sandbox.v1)."""
 
 Reason = executor_pb2.ErrorReason
 _CODES: dict[int, grpc.StatusCode] = {
@@ -404,10 +403,10 @@ class Limits:
             raise ValueError("sandbox limits must be at least 1")
 
 
-class Session:
+class ClientSession:
     """One client's sandbox and the harness of its run."""
 
-    def __init__(self, client: str, harness: Harness, policy: Policy, tools: list[str], ttl_seconds: int) -> None:
+    def __init__(self, client: str, harness: Session, policy: Policy, tools: list[str], ttl_seconds: int) -> None:
         self.client = client
         self.harness = harness
         self.policy = policy
@@ -537,9 +536,9 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         self.limits = limits or Limits()
         self.engine_factory = engine_factory or SharedEngine()
         self.approvals_by_clients = approvals_by_clients
-        self.exposed = [name for name in registry.names() if policy.tool_allowed(name)]
+        self.exposed = registry.exposed_names(policy)
         self._lock = threading.Condition()
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, ClientSession] = {}
         self._creating: dict[str, int] = {}
         self._closing = False
         self._stop_reaper = threading.Event()
@@ -553,7 +552,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             raise ServiceError(Reason.ERROR_REASON_UNAUTHENTICATED, "the bearer token is not valid for this server")
         return name
 
-    def _session(self, sandbox_id: str, client: str) -> Session:
+    def _session(self, sandbox_id: str, client: str) -> ClientSession:
         with self._lock:
             session = self._sessions.get(sandbox_id)
         if session is None or session.client != client or session.closed:
@@ -628,9 +627,9 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         try:
             run_id = f"grpc-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(6)}"
             self.audit.start_run(run_id, meta={"door": DOOR, "client": client})
-            harness = Harness(self.registry, policy, self.audit, run_id=run_id, engine_factory=self.engine_factory)
-            tools = [name for name in self.registry.names() if policy.tool_allowed(name)]
-            session = Session(client, harness, policy, tools, policy.sandbox.ttl_seconds)
+            harness = Session(self.registry, policy, self.audit, run_id=run_id, engine_factory=self.engine_factory)
+            tools = self.registry.exposed_names(policy)
+            session = ClientSession(client, harness, policy, tools, policy.sandbox.ttl_seconds)
             try:
                 box = harness.sandbox()
             except CallboxError as error:

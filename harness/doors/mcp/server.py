@@ -5,7 +5,7 @@ Built on the official ``mcp`` SDK's low-level ``Server`` (full control of ``inpu
 
 * :class:`McpToolService` (tool logic, no MCP wire types): the registry, the policy and the
   audit store shared by every session; :class:`McpSession` is one MCP session: a
-  :class:`~harness.core.session.Harness` (its own run in the audit store, the same validation,
+  :class:`~harness.core.session.Session` (its own run in the audit store, the same validation,
   policy, approvals, budgets and at-most-once as every other door) and the sandbox that run
   starts lazily.
 * :func:`build_mcp_server` (protocol): ``tools/list`` and ``tools/call`` on a low-level
@@ -123,7 +123,7 @@ from harness.core.errors import CallboxError, SandboxStartError, UsageError
 from harness.core.formats import result_item, tool_definition
 from harness.core.policy import Policy, load_policy
 from harness.core.registry import ToolRegistry
-from harness.core.session import Harness
+from harness.core.session import Session
 from harness.doors.grpc.service import CallScope, make_cancellable
 from harness.doors.grpc.service import _current as _rpc_scope
 from harness.doors.mcp.progress import OutputPump, progress_requested
@@ -200,8 +200,8 @@ class SessionEnded(CallboxError):
     """A call reached a session that has already ended."""
 
 
-class _SessionHarness(Harness):
-    """A Harness whose sandbox cannot come back after ``close``: a call still running when its
+class _DoorSession(Session):
+    """A Session whose sandbox cannot come back after ``close``: a call still running when its
     session ends (its worker thread abandoned) must not start a new container nobody destroys.
     Its sandbox's agent RPCs are tracked by the calling thread's CallScope (``make_cancellable``,
     as in the gRPC door), so cancelling a call's scope kills what the call started."""
@@ -239,7 +239,7 @@ class McpSession:
         extra: dict[str, Any] = {}
         if service.engine_factory is not None:
             extra["engine_factory"] = service.engine_factory
-        self.harness = _SessionHarness(service.registry, service.policy, service.audit, spec=service.spec, **extra)
+        self.harness = _DoorSession(service.registry, service.policy, service.audit, spec=service.spec, **extra)
         self.run_id = self.harness.run_id
         self._audit = service.audit
         self._lock = threading.Lock()
@@ -342,7 +342,7 @@ class SessionSlot:
 class McpToolService:
     """The tools every MCP session of one server shares: registry, policy, audit store.
 
-    ``engine_factory`` (tests, other engines) defaults to the Harness's own: connect to the
+    ``engine_factory`` (tests, other engines) defaults to the Session's own: connect to the
     Docker engine named by DOCKER_HOST, failing closed when there is none.
     """
 
@@ -378,7 +378,7 @@ class McpToolService:
     # ---- what clients see
 
     def exposed(self) -> list[str]:
-        return [name for name in self.registry.names() if self.policy.tool_allowed(name)]
+        return self.registry.exposed_names(self.policy)
 
     def tool_definitions(self) -> list[dict[str, Any]]:
         """The exposed tools in MCP's ``Tool`` shape (name, description, inputSchema, annotations)."""
