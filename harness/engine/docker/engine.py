@@ -57,6 +57,7 @@ from harness.core.errors import (
     short_reason,
 )
 from harness.engine.agent_client import AgentClient
+from harness.engine.base import SandboxRuntime
 from harness.engine.docker import labels
 from harness.engine.docker.netfilter import PacketFilter
 from harness.engine.docker.networks import ROLE, Attachment, EgressEvent, SandboxNetworks
@@ -198,6 +199,10 @@ class Sandbox:
         """The egress proxy (``network = "allowlist"``), as tool processes see it."""
         self._egress_offset = 0
         """Bytes of the egress proxy's log already handed out by ``new_egress_events``."""
+
+    def runtime(self) -> SandboxRuntime:
+        """What a tool handler gets: the agent and the environment of this sandbox."""
+        return SandboxRuntime(sandbox_id=self.id, agent=self.agent, env=self.spec.env, workdir=self.spec.workdir)
 
     def new_egress_events(self) -> list[EgressEvent]:
         """The egress proxy's decisions since the last call (empty unless allowlist)."""

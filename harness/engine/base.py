@@ -1,0 +1,70 @@
+"""What the core needs from wherever sandboxes live, and what a tool gets to run in one.
+
+The session core and the tools depend on these interfaces only; Docker
+(:mod:`harness.engine.docker`) is the first implementation. A second kind of sandbox (a warm
+pool, another runtime, another machine) implements :class:`Engine` and :class:`Sandbox` and
+plugs in through a session's ``engine_factory``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from harness.engine.agent_client import AgentClient
+from harness.engine.spec import SandboxSpec
+
+__all__ = ["EgressRecord", "Engine", "Sandbox", "SandboxRuntime"]
+
+
+class EgressRecord(Protocol):
+    """One decision of a sandbox's egress proxy, as the audit store keeps it."""
+
+    @property
+    def raw(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class SandboxRuntime:
+    """What a tool handler runs against: the sandbox's agent and the environment its
+    processes get. A handler never sees the engine or the container."""
+
+    sandbox_id: str
+    agent: AgentClient
+    env: Mapping[str, str]
+    """Extra environment for every process a tool starts (the spec's ``env``)."""
+    workdir: str
+    """Where relative paths and commands start."""
+
+
+class Sandbox(Protocol):
+    """One running sandbox, destroyed when its session ends."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def spec(self) -> SandboxSpec: ...
+
+    @property
+    def agent(self) -> AgentClient: ...
+
+    def runtime(self) -> SandboxRuntime:
+        """The handle a tool handler gets."""
+        ...
+
+    def new_egress_events(self) -> list[Any]:
+        """Egress proxy decisions since the last call, each with a ``raw`` dict (empty unless
+        the sandbox's network is an allowlist)."""
+        ...
+
+    def destroy(self) -> None: ...
+
+
+class Engine(Protocol):
+    """Starts sandboxes (and, for runs paused with their sandbox kept, finds them again)."""
+
+    def create(self, spec: SandboxSpec) -> Sandbox: ...
+
+    def attach(self, sandbox_id: str) -> Sandbox: ...
