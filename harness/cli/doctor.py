@@ -4,7 +4,7 @@ Starts one sandbox through the harness's real code path, inspects and probes it,
 destroys it, and prints one line per check (``PASS|WARN|FAIL  <id>  <title>: <reason>``)
 plus a summary; ``--json`` prints a list of {id, title, status, reason, scope}. Exit
 status 0 when no check fails, 1 otherwise (2 usage, 125 engine unreachable or image
-missing). The checks are in ``harness.doctor.checks``.
+missing). The checks are in ``harness.doctor`` (``checks.run_checks`` runs them all).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ def add_parsers(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here so `--help` and usage errors never load the docker SDK.
-    from harness.doctor.checks import gather, render_text, run_checks
+    from harness.doctor.checks import run_checks
+    from harness.doctor.evidence import gather
+    from harness.doctor.report import render_text
     from harness.engine.docker.engine import DockerEngine
 
     results = run_checks(gather(DockerEngine.connect()))

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from harness.doctor.checks import APPARMOR_ABSENT, HOST_DEPENDENT_IDS, SELINUX_ABSENT
+from harness.doctor.container_checks import APPARMOR_ABSENT, HOST_DEPENDENT_IDS, SELINUX_ABSENT
 
 pytestmark = pytest.mark.docker
 

@@ -7,18 +7,14 @@ import json
 import pytest
 
 from harness.cli.main import main
-from harness.doctor import checks as doctor
-from harness.doctor.checks import (
+from harness.doctor.checks import run_checks
+from harness.doctor.container_checks import (
     APPARMOR_ABSENT,
     SELINUX_ABSENT,
-    Evidence,
-    Probe,
     check_apparmor,
     check_capabilities,
-    check_cgroup_limits,
     check_cgroup_parent,
     check_cpu,
-    check_daemon_no_new_privileges,
     check_default_bridge,
     check_devices,
     check_engine_socket,
@@ -27,29 +23,31 @@ from harness.doctor.checks import (
     check_host_pid,
     check_host_userns,
     check_host_uts,
-    check_live_restore,
-    check_log_size,
     check_memory,
     check_mount_propagation,
     check_no_new_privileges,
-    check_oom_counter,
     check_pids_limit,
     check_privileged,
     check_privileged_ports,
     check_read_only_root,
-    check_runc,
     check_seccomp,
-    check_seccomp_available,
     check_selinux,
     check_sensitive_mounts,
     check_ulimits,
-    check_userns_remap,
-    parse_probe,
-    read_daemon_config,
-    run_checks,
-    runc_version,
-    security_opts,
 )
+from harness.doctor.daemon_checks import (
+    check_cgroup_limits,
+    check_daemon_no_new_privileges,
+    check_live_restore,
+    check_log_size,
+    check_oom_counter,
+    check_runc,
+    check_seccomp_available,
+    check_userns_remap,
+    runc_version,
+)
+from harness.doctor.evidence import Evidence, Probe, parse_probe, read_daemon_config, security_opts
+from harness.doctor.report import render_text
 
 INFO_PLAIN = {"SecurityOptions": ["name=seccomp,profile=default"]}
 """docker info of a host with seccomp and nothing else (this repository's CI engine)."""
@@ -593,7 +591,7 @@ def test_callbox_sandbox_passes_every_container_item_but_the_host_dependent_ones
 
 def test_text_and_json_rendering():
     results = run_checks(_callbox_evidence())
-    lines = doctor.render_text(results).splitlines()
+    lines = render_text(results).splitlines()
     assert len(lines) == len(results) + 1
     assert lines[0].startswith("WARN  5.1  ") and lines[0].endswith(": " + APPARMOR_ABSENT)
     assert lines[-1].startswith(f"callbox doctor: {len(results)} checks, ")
@@ -625,7 +623,7 @@ def test_doctor_usage_errors_exit_2(capsys):
 
 
 def test_packet_filter_check() -> None:
-    from harness.doctor.checks import check_packet_filter
+    from harness.doctor.daemon_checks import check_packet_filter
 
     assert check_packet_filter(None, False).status == "PASS"
     refused = check_packet_filter("this harness runs as uid 1000", False)

@@ -1,0 +1,236 @@
+"""The evidence ``callbox doctor`` judges, and how it is gathered.
+
+Every check is a pure function of the evidence (``docker inspect`` of the sandbox,
+``docker info``, ``docker version``, ``/etc/docker/daemon.json`` when readable, a probe
+run as a tool process inside the sandbox, runc's package changelog when readable), so
+each is unit-tested against hand-written dicts; ``gather`` collects the evidence from a
+live engine, and the readers here pick the fields the checks share out of it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.engine.docker.engine import DockerEngine, Sandbox
+
+DAEMON_JSON = Path("/etc/docker/daemon.json")
+RUNC_CHANGELOGS = (Path("/usr/share/doc/runc/changelog.Debian.gz"),)
+"""Debian and Ubuntu ship the package changelog here; it lists backported CVE fixes."""
+
+PROBE_COMMAND = (
+    "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; "
+    "echo '--- memory.oom_control'; cat /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null; "
+    "echo '--- memory.events'; cat /sys/fs/cgroup/memory.events 2>/dev/null; true"
+)
+"""Run by the agent as a tool process: its own credentials and the cgroup counters."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a tool process inside the sandbox sees (``PROBE_COMMAND``'s output, parsed)."""
+
+    status: dict[str, str] = field(default_factory=dict)
+    """Fields of its /proc/self/status: CapEff, NoNewPrivs, Seccomp."""
+    oom_control: str | None = None
+    """Text of /sys/fs/cgroup/memory/memory.oom_control (cgroup v1), if readable."""
+    memory_events: str | None = None
+    """Text of /sys/fs/cgroup/memory.events (cgroup v2), if readable."""
+
+
+def parse_probe(text: str) -> Probe:
+    status: dict[str, str] = {}
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("--- "):
+            current = sections.setdefault(line[4:].strip(), [])
+        elif current is not None:
+            current.append(line)
+        else:
+            key, sep, value = line.partition(":")
+            if sep:
+                status[key.strip()] = value.strip()
+
+    def section(name: str) -> str | None:
+        lines = sections.get(name)
+        return "\n".join(lines) if lines else None
+
+    return Probe(status=status, oom_control=section("memory.oom_control"),
+                 memory_events=section("memory.events"))
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything the checks look at; ``gather`` fills it from a live engine."""
+
+    container: Mapping[str, Any]
+    """``docker inspect`` of the sandbox (the low-level API's dict)."""
+    info: Mapping[str, Any]
+    """``docker info``."""
+    version: Mapping[str, Any]
+    """``docker version``."""
+    daemon_config: Mapping[str, Any] | None
+    """Parsed daemon.json; {} when the file does not exist; None when it cannot be read."""
+    daemon_config_note: str = ""
+    """Why ``daemon_config`` is None or empty (shown in reasons)."""
+    probe: Probe | None = None
+    runc_cli: str | None = None
+    """``runc --version`` output, used only when ``docker version`` does not name runc."""
+    runc_changelog: str | None = None
+    """runc's distribution changelog, when readable on this (local) host."""
+    expected_seccomp: str | None = None
+    """callbox's own seccomp profile (compact JSON), to recognise it in SecurityOpt."""
+    engine_sockets: tuple[str, ...] = ()
+    """Host paths of the engine's socket besides the well-known names."""
+    packet_filter_problem: str | None = None
+    """Why networked sandboxes would be refused here (``PacketFilter.problem``); None: they work."""
+    remote_engine: bool = False
+    """The engine is not on this host, so its packet filter cannot be checked from here."""
+
+
+def host_config(container: Mapping[str, Any]) -> Mapping[str, Any]:
+    return container.get("HostConfig") or {}
+
+
+def security_opts(container: Mapping[str, Any]) -> dict[str, str]:
+    """HostConfig.SecurityOpt as {name: value}; accepts ``k=v``, legacy ``k:v`` and bare ``k``."""
+    opts: dict[str, str] = {}
+    for item in host_config(container).get("SecurityOpt") or []:
+        positions = [i for i in (item.find("="), item.find(":")) if i >= 0]
+        if positions:
+            cut = min(positions)
+            opts[item[:cut].strip().lower()] = item[cut + 1:].strip()
+        else:
+            opts[item.strip().lower()] = "true"
+    return opts
+
+
+def daemon_security_options(info: Mapping[str, Any]) -> set[str]:
+    """``name=...`` of each entry of docker info's SecurityOptions."""
+    names = set()
+    for entry in info.get("SecurityOptions") or []:
+        for part in str(entry).split(","):
+            key, _, value = part.partition("=")
+            if key == "name":
+                names.add(value)
+    return names
+
+
+def mounts(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list(container.get("Mounts") or [])
+
+
+def probe_value(probe: Probe | None, key: str) -> str | None:
+    return None if probe is None else probe.status.get(key)
+
+
+def daemon_no_new_privileges(config: Mapping[str, Any] | None) -> bool:
+    return bool(config) and (config or {}).get("no-new-privileges") is True
+
+
+# ---- gathering the evidence (the only part that touches the engine and the host) ----------
+
+
+def _local_engine() -> bool:
+    host = os.environ.get("DOCKER_HOST", "")
+    return not host or host.startswith("unix://")
+
+
+def _engine_socket() -> str:
+    host = os.environ.get("DOCKER_HOST", "")
+    return host.removeprefix("unix://") if host.startswith("unix://") else "/var/run/docker.sock"
+
+
+def read_daemon_config(path: Path = DAEMON_JSON) -> tuple[dict[str, Any] | None, str]:
+    """(settings, note): {} when the file is absent, None when it cannot be read or parsed."""
+    if not _local_engine():
+        return None, "not readable: the engine is remote"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}, f"no {path}: the daemon runs on its defaults"
+    except OSError as exc:
+        return None, f"{path} not readable: {exc.strerror or exc}"
+    try:
+        data = json.loads(text) if text.strip() else {}
+    except ValueError as exc:
+        return None, f"{path} is not valid JSON: {exc}"
+    return (data, "") if isinstance(data, dict) else (None, f"{path} is not a JSON object")
+
+
+def _read_runc_changelog() -> str | None:
+    if not _local_engine():
+        return None
+    for path in RUNC_CHANGELOGS:
+        try:
+            with gzip.open(path, "rt", encoding="utf-8", errors="replace") as handle:
+                return handle.read(1 << 20)
+        except (OSError, EOFError):
+            continue
+    return None
+
+
+def _runc_cli() -> str | None:
+    try:
+        done = subprocess.run(["runc", "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _probe(sandbox: Sandbox) -> Probe | None:
+    from harness.core.errors import CallboxError
+    from harness.engine.exec_result import collect
+
+    try:
+        result = collect(sandbox.agent.exec(PROBE_COMMAND, timeout_ms=20_000))
+    except CallboxError:
+        return None
+    if result.exit_code != 0:
+        return None
+    return parse_probe(result.stdout.data().decode("utf-8", "replace"))
+
+
+def gather(engine: DockerEngine) -> Evidence:
+    """Start a sandbox through the real code path, inspect and probe it, destroy it; read
+    the engine's info and version, daemon.json and runc's changelog when local."""
+    import docker.errors
+
+    from harness.core.errors import EngineUnavailable
+    from harness.engine.docker.engine import seccomp_profile
+    from harness.engine.docker.networks import engine_is_local
+    from harness.engine.spec import SandboxSpec
+
+    client = engine.client
+    try:
+        info = client.info()
+        version = client.version()
+    except docker.errors.DockerException as exc:
+        raise EngineUnavailable(f"cannot query the Docker engine: {exc}") from None
+    sandbox = engine.create(SandboxSpec())
+    try:
+        try:
+            container = client.api.inspect_container(sandbox.container_id)
+        except docker.errors.DockerException as exc:
+            raise EngineUnavailable(f"cannot inspect the sandbox: {exc}") from None
+        probe = _probe(sandbox)
+    finally:
+        sandbox.destroy()
+    daemon_config, note = read_daemon_config()
+    needs_cli = not any(str(c.get("Name", "")).lower() == "runc" for c in version.get("Components") or [])
+    return Evidence(
+        container=container, info=info, version=version, daemon_config=daemon_config, daemon_config_note=note,
+        probe=probe, runc_cli=_runc_cli() if needs_cli and _local_engine() else None,
+        runc_changelog=_read_runc_changelog(), expected_seccomp=seccomp_profile(),
+        engine_sockets=(_engine_socket(),),
+        packet_filter_problem=engine.networks.packet_filter.problem() if engine_is_local(client) else None,
+        remote_engine=not engine_is_local(client),
+    )
