@@ -39,6 +39,10 @@ class SandboxStartError(CallboxError):
     """The container started but its agent never became ready."""
 
 
+class SessionClosed(CallboxError):
+    """The session has ended: its sandbox is gone and no new one starts for it."""
+
+
 class AgentCallError(CallboxError):
     """The agent refused or failed an RPC; carries its structured reason."""
 

@@ -33,7 +33,7 @@ from harness.audit.records import final_decision
 from harness.audit.store import AuditStore, Claim, arguments_digest
 from harness.core.calls import Action, Decision, ErrorCode, ToolCall, ToolOutput, ToolResult
 from harness.core.context import OutputSink, ToolContext
-from harness.core.errors import AgentCallError, CallboxError, EngineUnavailable, SandboxStartError
+from harness.core.errors import AgentCallError, CallboxError, EngineUnavailable, SandboxStartError, SessionClosed
 from harness.core.policy import Policy
 from harness.core.registry import Tool, ToolRegistry
 from harness.core.shaping import bound_text
@@ -105,6 +105,7 @@ class Session:
         self._engine_factory = engine_factory
         self._sandbox: Sandbox | None = None
         self._sandbox_lock = threading.Lock()
+        self._closed = False
 
     def exposed_tools(self) -> list[Tool]:
         """The tools this run offers the model (registered and allowed by its policy)."""
@@ -112,15 +113,31 @@ class Session:
 
     # ---- the sandbox of this run -------------------------------------------------
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called: the session then runs no call and starts no sandbox."""
+        return self._closed
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise SessionClosed(f"the session of run {self.run_id} has ended; its sandbox is gone")
+
     def sandbox(self) -> Sandbox:
+        """The run's sandbox, started on first use; SessionClosed once the session has ended
+        (a sandbox that finishes starting after that is destroyed at once)."""
         with self._sandbox_lock:
+            self._refuse_if_closed()
             if self._sandbox is None:
                 engine = self._engine_factory()
-                self._sandbox = tenacity.Retrying(
+                sandbox = tenacity.Retrying(
                     retry=tenacity.retry_if_exception_type(SandboxStartError),
                     stop=tenacity.stop_after_attempt(2),
                     reraise=True,
                 )(engine.create, self.spec)
+                if self._closed:
+                    sandbox.destroy()
+                    self._refuse_if_closed()
+                self._sandbox = sandbox
             return self._sandbox
 
     @property
@@ -136,6 +153,7 @@ class Session:
         """Run this run's calls in an existing sandbox (a paused run's, from
         ``DockerEngine.attach``) instead of starting one; ``close`` destroys it as usual."""
         with self._sandbox_lock:
+            self._refuse_if_closed()
             if self._sandbox is not None and self._sandbox is not sandbox:
                 raise RuntimeError(f"run {self.run_id} already has sandbox {self._sandbox.id}")
             self._sandbox = sandbox
@@ -148,9 +166,11 @@ class Session:
             return sandbox
 
     def close(self) -> None:
-        """Destroy the run's sandbox. If that fails (EngineUnavailable: the engine went away)
-        the sandbox is forgotten all the same; gc removes it once it stopped or expired, or
-        this process is gone."""
+        """End the session for good and destroy the run's sandbox. A call still running then
+        gets SessionClosed if it asks for the sandbox, a later call an error result. If the
+        destroy fails (EngineUnavailable: the engine went away) the sandbox is forgotten all
+        the same; gc removes it once it stopped or expired, or this process is gone."""
+        self._closed = True
         with self._sandbox_lock:
             if self._sandbox is not None:
                 self._record_egress(None)
@@ -184,6 +204,11 @@ class Session:
             check_call_id(call.call_id)
         except CallRejected as rejected:
             return ToolResult.failure(str(call.call_id)[:128], rejected.code, rejected.message)
+        if self._closed:
+            return ToolResult(
+                call_id=call.call_id, text=f"the session of run {self.run_id} has ended; its sandbox is gone",
+                is_error=True, error=ErrorCode.SANDBOX_UNAVAILABLE, structured={"command_started": False},
+            )
         tool = self.registry.get(call.name)
         call = _freeform(call, tool)
         claim = self.audit.claim_call(self.run_id, call.call_id, call.name, call.arguments)
