@@ -41,12 +41,14 @@ than ten minutes (over about 21,000) unless ``timeout_s`` is set: stream those.
 from __future__ import annotations
 
 import os
-from typing import Any
+from types import ModuleType
+from typing import Any, ClassVar, Unpack
 
 import anthropic
 
 from harness.core.formats import Format, tool_definitions
 from harness.core.registry import ToolDefinition
+from harness.models.api import ApiModel, ApiOptions
 from harness.models.base import (
     AllowedTools,
     Context,
@@ -57,16 +59,7 @@ from harness.models.base import (
     ToolChoice,
     Usage,
 )
-from harness.models.factory import (
-    ProviderContext,
-    TextSink,
-    api_error,
-    as_dict,
-    check_tool_choice,
-    json_text,
-    resolve_base_url,
-    resolve_key,
-)
+from harness.models.common import as_dict, check_tool_choice, json_text
 
 __all__ = ["DEFAULT_MAX_TOKENS", "AnthropicMessagesModel", "anthropic_tool_choice", "parse_message"]
 
@@ -89,39 +82,27 @@ def anthropic_tool_choice(choice: ToolChoice) -> dict[str, Any]:
     return {"type": choice}
 
 
-class AnthropicMessagesModel(ProviderContext):
+class AnthropicMessagesModel(ApiModel):
     """A Claude model behind the Messages API (``anthropic:NAME``)."""
 
     format: Format = "anthropic"
+    provider = "anthropic"
+    api = API
+    key_owner = "Anthropic"
+    key_variable = KEY_VARIABLE
+    base_url_variable = BASE_URL_VARIABLE
+    sdk: ClassVar[ModuleType] = anthropic
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        stream: bool = False,
-        on_text: TextSink | None = None,
-        timeout_s: float | None = None,
-        max_tokens: int = DEFAULT_MAX_TOKENS,
-        request_options: dict[str, Any] | None = None,
-    ) -> None:
-        self.model = model
-        self.name = f"anthropic:{model}"
-        self.stream = stream
-        self.on_text = on_text
+    def __init__(self, model: str, *, max_tokens: int = DEFAULT_MAX_TOKENS, **options: Unpack[ApiOptions]) -> None:
+        super().__init__(model, **options)
         self.max_tokens = max_tokens
-        self.request_options = dict(request_options or {})
-        self.base_url = resolve_base_url(base_url, BASE_URL_VARIABLE)
-        options: dict[str, Any] = {"base_url": self.base_url, "max_retries": 0}
+        api_key = options.get("api_key")
         token = os.environ.get(TOKEN_VARIABLE, "").strip()
         if not api_key and not os.environ.get(KEY_VARIABLE, "").strip() and token:
-            options["auth_token"] = token
+            auth = {"auth_token": token}  # ANTHROPIC_AUTH_TOKEN alone: sent as a bearer token
         else:
-            options["api_key"] = resolve_key(api_key, KEY_VARIABLE, base_url=self.base_url, provider="Anthropic")
-        if timeout_s is not None:
-            options["timeout"] = timeout_s
-        self.client = anthropic.Anthropic(**options)
+            auth = {"api_key": self.resolved_key(api_key)}
+        self.client = anthropic.Anthropic(**self.client_options(options, **auth))
 
     # --- the interface ---------------------------------------------------------------------
 
@@ -137,15 +118,7 @@ class AnthropicMessagesModel(ProviderContext):
             else:
                 message = self.client.messages.create(**body)
         except anthropic.APIError as exc:
-            raise api_error(
-                exc,
-                api=API,
-                key_variable=KEY_VARIABLE,
-                base_url=self.base_url,
-                timeout_error=anthropic.APITimeoutError,
-                connection_error=anthropic.APIConnectionError,
-                status_error=anthropic.APIStatusError,
-            ) from None
+            raise self.api_failure(exc) from None
         except ValueError as exc:  # the SDK's own refusals (e.g. "streaming is required")
             raise ModelError(f"the {API} request was refused by the SDK: {exc}", retryable=False) from None
         return parse_message(message.to_dict(mode="json", exclude_none=True))

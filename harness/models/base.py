@@ -10,12 +10,17 @@ the audit store and resumed by another process.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from harness.core.calls import ToolResult
+from harness.core.errors import CallboxError
 from harness.core.formats import Format
 from harness.core.registry import ToolDefinition
+
+TextSink = Callable[[str], None]
+"""Receives the model's text as it streams."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,20 @@ class ModelError(Exception):
         super().__init__(message)
         self.message = message
         self.retryable = retryable
+
+
+class ModelConfigError(CallboxError):
+    """A model cannot be set up as asked (bad spec, missing key, unreadable transcript)."""
+
+    exit_code = 2
+
+
+class MissingApiKey(ModelConfigError):
+    """No key for a provider that needs one; ``variable`` is the one to set."""
+
+    def __init__(self, message: str, *, variable: str) -> None:
+        super().__init__(message)
+        self.variable = variable
 
 
 class ModelAdapter(Protocol):

@@ -2,7 +2,7 @@
 
 The adapter for OpenAI's Chat Completions and every server that speaks it: vLLM,
 llama.cpp server, Ollama (``base_url="http://localhost:11434/v1"``); with a base URL and no
-``OPENAI_API_KEY`` the key defaults to ``"not-needed"`` (see ``harness.models.factory``).
+``OPENAI_API_KEY`` the key defaults to ``"not-needed"`` (see ``harness.models.api``).
 
 Request: ``model``, ``messages`` = the context (the system prompt is its first message),
 ``tools`` = ``harness.core.formats.tool_definitions(tools, "chat")`` and ``tool_choice``:
@@ -42,9 +42,7 @@ deltas go to ``on_text`` and the tool call deltas are joined by ``index``.
 from __future__ import annotations
 
 import uuid
-from typing import Any
-
-import openai
+from typing import Any, Unpack
 
 from harness.core.formats import Format, tool_definitions
 from harness.core.registry import ToolDefinition
@@ -58,22 +56,12 @@ from harness.models.base import (
     ToolChoice,
     Usage,
 )
-from harness.models.factory import (
-    ProviderContext,
-    TextSink,
-    api_error,
-    as_dict,
-    check_tool_choice,
-    json_text,
-    resolve_base_url,
-    resolve_key,
-)
+from harness.models.common import as_dict, check_tool_choice, json_text
+from harness.models.openai_base import OpenAIModel, OpenAIOptions
 
 __all__ = ["OpenAIChatModel", "chat_tool_choice", "parse_completion"]
 
 API = "Chat Completions API"
-KEY_VARIABLE = "OPENAI_API_KEY"
-BASE_URL_VARIABLE = "OPENAI_BASE_URL"
 
 
 def chat_tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
@@ -91,58 +79,26 @@ def chat_tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
     return choice
 
 
-class OpenAIChatModel(ProviderContext):
+class OpenAIChatModel(OpenAIModel):
     """A model behind Chat Completions (``openai-chat:NAME``)."""
 
     format: Format = "chat"
+    provider = "openai-chat"
+    api = API
+    key_owner = "OpenAI-compatible Chat Completions"
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        stream: bool = False,
-        on_text: TextSink | None = None,
-        timeout_s: float | None = None,
-        max_tokens: int | None = None,
-        native_allowed_tools: bool = True,
-        request_options: dict[str, Any] | None = None,
-    ) -> None:
-        self.model = model
-        self.name = f"openai-chat:{model}"
-        self.stream = stream
-        self.on_text = on_text
-        self.native_allowed_tools = native_allowed_tools
+    def __init__(self, model: str, *, max_tokens: int | None = None, **options: Unpack[OpenAIOptions]) -> None:
+        super().__init__(model, **options)
         self.max_tokens = max_tokens
-        self.request_options = dict(request_options or {})
-        self.base_url = resolve_base_url(base_url, BASE_URL_VARIABLE)
-        key = resolve_key(api_key, KEY_VARIABLE, base_url=self.base_url, provider="OpenAI-compatible Chat Completions")
-        options: dict[str, Any] = {"api_key": key, "base_url": self.base_url, "max_retries": 0}
-        if timeout_s is not None:
-            options["timeout"] = timeout_s
-        self.client = openai.OpenAI(**options)
 
     # --- the interface ---------------------------------------------------------------------
 
-    def complete(self, context: Context, tools: list[ToolDefinition], tool_choice: ToolChoice) -> ModelTurn:
-        body = self.request(context, tools, tool_choice)
-        try:
-            if self.stream:
-                data = self._streamed(body)
-            else:
-                completion = self.client.chat.completions.create(**body)
-                data = completion.to_dict(mode="json", exclude_none=True)
-        except openai.APIError as exc:
-            raise api_error(
-                exc,
-                api=API,
-                key_variable=KEY_VARIABLE,
-                base_url=self.base_url,
-                timeout_error=openai.APITimeoutError,
-                connection_error=openai.APIConnectionError,
-                status_error=openai.APIStatusError,
-            ) from None
+    def _created(self, body: dict[str, Any]) -> dict[str, Any]:
+        completion = self.client.chat.completions.create(**body)
+        data: dict[str, Any] = completion.to_dict(mode="json", exclude_none=True)
+        return data
+
+    def parse(self, data: dict[str, Any]) -> ModelTurn:
         return parse_completion(data)
 
     # --- the request -------------------------------------------------------------------------

@@ -33,9 +33,7 @@ deltas) when that event carries no output. ``on_text`` is only called while stre
 
 from __future__ import annotations
 
-from typing import Any
-
-import openai
+from typing import Any, Unpack
 
 from harness.core.formats import Format, tool_definitions
 from harness.core.registry import ToolDefinition
@@ -49,22 +47,12 @@ from harness.models.base import (
     ToolChoice,
     Usage,
 )
-from harness.models.factory import (
-    ProviderContext,
-    TextSink,
-    api_error,
-    as_dict,
-    check_tool_choice,
-    json_text,
-    resolve_base_url,
-    resolve_key,
-)
+from harness.models.common import as_dict, check_tool_choice, json_text
+from harness.models.openai_base import OpenAIModel, OpenAIOptions
 
 __all__ = ["OpenAIResponsesModel", "parse_response", "responses_tool_choice"]
 
 API = "OpenAI Responses API"
-KEY_VARIABLE = "OPENAI_API_KEY"
-BASE_URL_VARIABLE = "OPENAI_BASE_URL"
 
 
 def responses_tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
@@ -80,50 +68,26 @@ def responses_tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
     return choice
 
 
-class OpenAIResponsesModel(ProviderContext):
+class OpenAIResponsesModel(OpenAIModel):
     """A model behind the Responses API (``openai:NAME``)."""
 
     format: Format = "openai"
+    provider = "openai"
+    api = API
+    key_owner = "OpenAI"
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        stream: bool = False,
-        on_text: TextSink | None = None,
-        timeout_s: float | None = None,
-        max_output_tokens: int | None = None,
-        native_allowed_tools: bool = True,
-        request_options: dict[str, Any] | None = None,
-    ) -> None:
-        self.model = model
-        self.name = f"openai:{model}"
-        self.stream = stream
-        self.on_text = on_text
-        self.native_allowed_tools = native_allowed_tools
+    def __init__(self, model: str, *, max_output_tokens: int | None = None, **options: Unpack[OpenAIOptions]) -> None:
+        super().__init__(model, **options)
         self.max_output_tokens = max_output_tokens
-        self.request_options = dict(request_options or {})
-        self.base_url = resolve_base_url(base_url, BASE_URL_VARIABLE)
-        key = resolve_key(api_key, KEY_VARIABLE, base_url=self.base_url, provider="OpenAI")
-        options: dict[str, Any] = {"api_key": key, "base_url": self.base_url, "max_retries": 0}
-        if timeout_s is not None:
-            options["timeout"] = timeout_s
-        self.client = openai.OpenAI(**options)
 
     # --- the interface ---------------------------------------------------------------------
 
-    def complete(self, context: Context, tools: list[ToolDefinition], tool_choice: ToolChoice) -> ModelTurn:
-        body = self.request(context, tools, tool_choice)
-        try:
-            if self.stream:
-                data = self._streamed(body)
-            else:
-                response = self.client.responses.create(**body)
-                data = response.to_dict(mode="json", exclude_none=True)
-        except openai.APIError as exc:
-            raise self._error(exc) from None
+    def _created(self, body: dict[str, Any]) -> dict[str, Any]:
+        response = self.client.responses.create(**body)
+        data: dict[str, Any] = response.to_dict(mode="json", exclude_none=True)
+        return data
+
+    def parse(self, data: dict[str, Any]) -> ModelTurn:
         return parse_response(data)
 
     # --- the request -------------------------------------------------------------------------
@@ -146,17 +110,6 @@ class OpenAIResponsesModel(ProviderContext):
             body["max_output_tokens"] = self.max_output_tokens
         body.update(self.request_options)
         return body
-
-    def _error(self, exc: Exception) -> ModelError:
-        return api_error(
-            exc,
-            api=API,
-            key_variable=KEY_VARIABLE,
-            base_url=self.base_url,
-            timeout_error=openai.APITimeoutError,
-            connection_error=openai.APIConnectionError,
-            status_error=openai.APIStatusError,
-        )
 
     # --- streaming --------------------------------------------------------------------------
 

@@ -51,14 +51,17 @@ from typing import Any
 
 from harness.core.formats import Format
 from harness.core.registry import ToolDefinition
-from harness.models.base import Context, ModelError, ModelToolCall, ModelTurn, ToolChoice, Usage
-from harness.models.factory import (
+from harness.models.base import (
+    Context,
     ModelConfigError,
-    ProviderContext,
+    ModelError,
+    ModelToolCall,
+    ModelTurn,
     TextSink,
-    check_tool_choice,
-    json_text,
+    ToolChoice,
+    Usage,
 )
+from harness.models.common import ProviderContext, check_tool_choice, json_text
 
 __all__ = ["ScriptError", "ScriptedModel", "ScriptedRequest", "parse_turn"]
 
