@@ -77,26 +77,31 @@ policy is validated, and the common case (no rules for the tool) is two dict loo
 
 from __future__ import annotations
 
-import fnmatch
-import json
 import logging
-import os
-import posixpath
-import re
 import tomllib
 from collections.abc import Iterable, Mapping
-from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from harness.core.budgets import Budgets, CallTimeout
 from harness.core.calls import TOOL_NAME_PATTERN, Action, Decision
 from harness.core.errors import CallboxError
-from harness.core.units import ByteSize, format_size
+from harness.core.rules import (
+    PolicyTarget,
+    Rule,
+    ToolPolicy,
+    apply_rules,
+    glob_to_regex,
+    not_allowed_decision,
+    tool_decision,
+)
+from harness.core.sandbox_settings import MountSetting, SandboxSettings
+from harness.core.units import format_size
 from harness.core.validation import describe_validation_error, render_path
-from harness.engine.spec import DEFAULT_IMAGE, HostLimits, Mount, SandboxSpec, SpecError
+from harness.engine.spec import HostLimits, Mount, SandboxSpec, SpecError
 
 __all__ = [
     "DEFAULT_POLICY_RESOURCE",
@@ -117,8 +122,6 @@ __all__ = [
 log = logging.getLogger("callbox.policy")
 
 DEFAULT_POLICY_RESOURCE = "data/default-policy.toml"
-_RANK = {Action.ALLOW: 1, Action.ASK: 2, Action.DENY: 3}
-_REGEX_PREFIX = "regex:"
 
 
 class PolicyError(CallboxError):
@@ -127,225 +130,8 @@ class PolicyError(CallboxError):
     exit_code = 2
 
 
-class PolicyTarget(Protocol):
-    """What the policy needs of a tool definition (``harness.core.registry.ToolDefinition``)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def command_field(self) -> str | None: ...
-
-    @property
-    def path_fields(self) -> tuple[str, ...]: ...
-
-
 def _spec_default(name: str) -> Any:
     return SandboxSpec.model_fields[name].default
-
-
-# --- [sandbox] ---------------------------------------------------------------------------------
-
-
-class MountSetting(BaseModel):
-    """One ``[[sandbox.mounts]]`` entry."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    source: Path
-    """Host path (``~`` expanded; relative to the policy file's directory); canonicalized and
-    checked against ``allowed_mount_roots`` and the forbidden system paths before use."""
-    target: str
-    """Absolute path inside the sandbox, e.g. ``/workspace``."""
-    mode: Literal["ro", "rw"] = "ro"
-    """``ro`` (default) or ``rw``; a ``rw`` mount loosens a default and is logged."""
-    uid: int | None = None
-    """rw only: the uid tool processes run as (never 0); default the owner of the first rw
-    mount not owned by root, else 1000. Every rw mount must be writable by it."""
-    gid: int | None = None
-    """rw only, with ``uid``: the gid tool processes run as (never 0); default ``uid``'s number."""
-
-
-class SandboxSettings(BaseModel):
-    """``[sandbox]``: the sandbox a call runs in; every default is the hardened one."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    image: str = DEFAULT_IMAGE
-    """Local image to run (``callbox image build`` makes the default one)."""
-    memory: ByteSize = _spec_default("memory")
-    """Memory limit (``"512m"`` or bytes); swap is set equal to it. Default 512m."""
-    cpus: float = _spec_default("cpus")
-    """CPU quota in cores. Default 1."""
-    pids: int = _spec_default("pids")
-    """Maximum number of processes and threads. Default 256."""
-    network: Literal["none", "allowlist", "open"] = _spec_default("network")
-    """Network mode: ``none`` (default), ``allowlist`` (egress through the filtering proxy to
-    ``allow_hosts`` only) or ``open``; anything but ``none`` is logged as loosening."""
-    allow_hosts: tuple[str, ...] = ()
-    """Egress allowlist (``HOST[:PORT]``, ``*.example.com``) for ``network = "allowlist"``;
-    an entry without a port allows 80 and 443."""
-    mounts: tuple[MountSetting, ...] = ()
-    """Bind mounts (``[[sandbox.mounts]]``), each read-only unless ``mode = "rw"``."""
-    allowed_mount_roots: tuple[Path, ...] | None = None
-    """If set, every mount source must lie under one of these host directories."""
-    workdir: str = _spec_default("workdir")
-    """Working directory of commands; relative paths in calls and rules are taken against it."""
-    env: dict[str, str] = Field(default_factory=dict)
-    """Extra environment variables for commands; nothing from the host is passed."""
-    tmp_size: ByteSize | None = None
-    """Size of the /tmp tmpfs; default an eighth of the memory limit."""
-    workspace_size: ByteSize | None = None
-    """Size of the scratch workspace tmpfs; default a quarter of the memory limit."""
-    home_size: ByteSize | None = None
-    """Size of the home directory tmpfs; default a sixteenth of the memory limit."""
-    noexec: bool = _spec_default("noexec")
-    """Mount /workspace, /tmp and the home directory noexec (a tightening; see SandboxSpec.noexec)."""
-    nofile: int = _spec_default("nofile")
-    """Open files per process. Default 1024."""
-    fsize: ByteSize = _spec_default("fsize")
-    """Largest file a process may write (``"1g"`` or bytes). Default 1g."""
-    ttl_seconds: int = _spec_default("ttl_seconds")
-    """After this many seconds the sandbox is expired and ``callbox gc`` removes it."""
-
-    @field_validator("workdir")
-    @classmethod
-    def _workdir(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError(f"workdir {value!r} must be an absolute path inside the sandbox")
-        return "/" + posixpath.normpath(value).lstrip("/")
-
-
-# --- [tools] -----------------------------------------------------------------------------------
-
-
-class Rule(BaseModel):
-    """One ``[[tools.NAME.rules]]`` entry: an action for calls whose arguments match."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    action: Action
-    """``allow``, ``ask`` or ``deny`` when the rule applies."""
-    command: str | None = None
-    """Glob over the whole (whitespace-normalised) command, or ``regex:PATTERN`` (fullmatch)."""
-    path: str | None = None
-    """Path glob (``**`` spans directories; relative means under the sandbox workdir)."""
-    reason: str | None = None
-    """Why, in a sentence; shown to the model on deny and to the approver on ask."""
-
-    @model_validator(mode="after")
-    def _check(self) -> Rule:
-        if (self.command is None) == (self.path is None):
-            raise ValueError('give exactly one of command = "PATTERN" or path = "GLOB" in each rule')
-        _ = self.compiled  # compile now, so a bad pattern is an error at load, not at a call
-        return self
-
-    @cached_property
-    def compiled(self) -> tuple[re.Pattern[str], bool]:
-        """(the pattern as a regex for ``fullmatch``, whether it is a path relative to the workdir).
-
-        Compiled once per rule (a plain attribute afterwards: decide() stays cheap)."""
-        if self.command is not None:
-            if not self.command.strip():
-                raise ValueError("command pattern is empty")
-            if self.command.startswith(_REGEX_PREFIX):
-                expr = self.command[len(_REGEX_PREFIX) :]
-                try:
-                    return re.compile(expr), False
-                except re.error as exc:
-                    raise ValueError(f"command {self.command!r} is not a valid regular expression: {exc}") from None
-            return re.compile(fnmatch.translate(_normalize_command(self.command))), False
-        normalized, relative = _normalize_pattern(self.path or "")
-        return re.compile(glob_to_regex(normalized)), relative
-
-    def describe(self) -> str:
-        """``deny command "rm -rf *"`` / ``ask path "/etc/**"``."""
-        if self.command is not None:
-            return f"{self.action} command {_quote(self.command)}"
-        return f"{self.action} path {_quote(self.path or '')}"
-
-
-class ToolPolicy(BaseModel):
-    """``[tools.NAME]``: the decision for one tool and rules on its arguments."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    decision: Action | None = None
-    """``allow``, ``ask`` or ``deny`` for calls no rule applies to; unset means ``default_decision``."""
-    rules: tuple[Rule, ...] = ()
-    """``[[tools.NAME.rules]]``: the most restrictive applicable rule overrides ``decision``."""
-
-
-# --- [budgets] ---------------------------------------------------------------------------------
-
-
-class CallTimeout(NamedTuple):
-    """The timeout a call runs with, and whether the ceiling cut the one it asked for."""
-
-    seconds: float
-    requested: float | None
-    clamped: bool
-
-    def meta(self) -> dict[str, Any]:
-        """For ``ToolResult.meta``: empty unless the request was clamped."""
-        if not self.clamped:
-            return {}
-        return {"timeout_clamped": {"requested_s": self.requested, "ceiling_s": self.seconds}}
-
-
-class Budgets(BaseModel):
-    """``[budgets]``: limits per run and per call."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_tool_calls: int = Field(default=200, ge=1)
-    """Tool calls per run; call number max_tool_calls + 1 is denied (``budgets.max_tool_calls``)."""
-    max_wall_time_s: float = Field(default=3600, gt=0)
-    """Seconds per run; once they have passed every further call is denied."""
-    call_timeout_ceiling_s: float = Field(default=600, gt=0)
-    """Longest timeout a call may have; a call asking more runs with this (clamped, noted in meta)."""
-    default_call_timeout_s: float = Field(default=30, gt=0)
-    """Timeout of a call that does not ask for one."""
-    max_output_bytes: int = Field(default=30000, ge=256)
-    """Bytes of result text returned to the model per call (head and tail kept)."""
-
-    @model_validator(mode="after")
-    def _default_under_ceiling(self) -> Budgets:
-        if self.default_call_timeout_s > self.call_timeout_ceiling_s:
-            raise ValueError(
-                f"default_call_timeout_s ({self.default_call_timeout_s:g}) is above call_timeout_ceiling_s "
-                f"({self.call_timeout_ceiling_s:g}); lower the default or raise the ceiling"
-            )
-        return self
-
-    def check(self, calls_so_far: int, elapsed_s: float) -> Decision | None:
-        """A DENY naming the budget when a run with ``calls_so_far`` calls made and
-        ``elapsed_s`` seconds spent may not make another call; else None."""
-        if calls_so_far >= self.max_tool_calls:
-            return Decision(
-                Action.DENY,
-                "budgets.max_tool_calls",
-                f"denied: this run has used its budget of {self.max_tool_calls} tool calls "
-                "(budgets.max_tool_calls); finish with what you have",
-            )
-        if elapsed_s >= self.max_wall_time_s:
-            return Decision(
-                Action.DENY,
-                "budgets.max_wall_time_s",
-                f"denied: this run has used its wall-time budget of {self.max_wall_time_s:g} s "
-                "(budgets.max_wall_time_s); finish with what you have",
-            )
-        return None
-
-    def call_timeout(self, requested_s: float | None) -> CallTimeout:
-        """The timeout to run a call with: the default when none is asked, else at most the ceiling."""
-        if requested_s is None:
-            return CallTimeout(self.default_call_timeout_s, None, clamped=False)
-        if requested_s <= 0:
-            raise ValueError(f"a call timeout must be positive, got {requested_s}")
-        if requested_s > self.call_timeout_ceiling_s:
-            return CallTimeout(self.call_timeout_ceiling_s, requested_s, clamped=True)
-        return CallTimeout(requested_s, requested_s, clamped=False)
 
 
 # --- the policy --------------------------------------------------------------------------------
@@ -398,70 +184,18 @@ class Policy(BaseModel):
 
         ``args`` is the arguments dict or the validated input model (then defaults count).
         ``workdir`` overrides ``sandbox.workdir`` for relative paths (when the caller runs
-        the sandbox with another one). Budgets are checked separately (:meth:`authorize`).
+        the sandbox with another one). Budgets are checked separately (:meth:`Budgets.check`).
         """
         name = definition.name
         if self.allowed_tools is not None and name not in self.allowed_tools:
-            return _not_allowed_decision(name, self.allowed_tools)
+            return not_allowed_decision(name, self.allowed_tools)
         tool = self.tools.get(name)
         if tool is None:
-            return _tool_decision(name, self.default_decision, from_tool=False)
+            return tool_decision(name, self.default_decision, from_tool=False)
         if not tool.rules:
-            return _tool_decision(name, tool.decision or self.default_decision, from_tool=tool.decision is not None)
-        return self._apply_rules(definition, tool, args, workdir or self.sandbox.workdir)
-
-    def authorize(
-        self,
-        definition: PolicyTarget,
-        args: Mapping[str, Any] | BaseModel,
-        *,
-        calls_so_far: int,
-        elapsed_s: float,
-        workdir: str | None = None,
-    ) -> Decision:
-        """Budgets first (a spent budget denies any call), then :meth:`decide`."""
-        return self.budgets.check(calls_so_far, elapsed_s) or self.decide(definition, args, workdir=workdir)
-
-    def _apply_rules(
-        self, definition: PolicyTarget, tool: ToolPolicy, args: Mapping[str, Any] | BaseModel, workdir: str
-    ) -> Decision:
-        best_rank = 0
-        best: tuple[int, Rule, str | None] | None = None
-        command: str | None = None
-        command_read = False
-        paths: list[tuple[str, str | None]] | None = None
-        for index, rule in enumerate(tool.rules):
-            rank = _RANK[rule.action]
-            if rank <= best_rank:
-                continue
-            matched_path: str | None = None
-            if rule.command is not None:
-                if not command_read:
-                    command = _command_of(definition, args)
-                    command_read = True
-                if command is None or rule.compiled[0].fullmatch(command) is None:
-                    continue
-            else:
-                if paths is None:
-                    paths = _paths_of(definition, args, workdir)
-                if not paths:
-                    continue
-                if rule.action is Action.ALLOW:
-                    if not all(_path_matches(rule, p) for p in paths):
-                        continue
-                else:
-                    hit = next((p for p in paths if _path_matches(rule, p)), None)
-                    if hit is None:
-                        continue
-                    matched_path = hit[0]
-            best_rank, best = rank, (index, rule, matched_path)
-            if rule.action is Action.DENY:
-                break
-        if best is None:
-            return _tool_decision(
-                definition.name, tool.decision or self.default_decision, from_tool=tool.decision is not None
-            )
-        return _rule_decision(definition.name, *best)
+            return tool.decision_without_rules(name, self.default_decision)
+        return apply_rules(definition, tool, args, workdir=workdir or self.sandbox.workdir,
+                           default=self.default_decision)
 
     def check_tools(self, definitions: Iterable[PolicyTarget]) -> None:
         """Refuse a policy that names tools the registry lacks, or whose rules can never apply
@@ -491,38 +225,16 @@ class Policy(BaseModel):
 
     def sandbox_spec(self) -> SandboxSpec:
         """The :class:`SandboxSpec` these settings describe; a bad value is a PolicyError naming its key."""
-        s = self.sandbox
         mounts: list[Mount] = []
-        for index, m in enumerate(s.mounts):
+        for index, setting in enumerate(self.sandbox.mounts):
             try:
-                mounts.append(Mount(source=m.source, target=m.target, read_only=m.mode == "ro", uid=m.uid, gid=m.gid))
+                mounts.append(setting.mount())
             except ValidationError as exc:
-                prefix = f"sandbox.mounts[{index}]"
-                problems = [_under(prefix, p) for p in describe_validation_error(exc, Mount, noun="key")]
-                raise PolicyError("; ".join(problems)) from None
+                raise _spec_error(exc, Mount, f"sandbox.mounts[{index}]") from None
         try:
-            return SandboxSpec(
-                image=s.image,
-                memory=s.memory,
-                cpus=s.cpus,
-                pids=s.pids,
-                network=s.network,
-                allow_hosts=s.allow_hosts,
-                mounts=tuple(mounts),
-                allowed_mount_roots=s.allowed_mount_roots,
-                workdir=s.workdir,
-                env=dict(s.env),
-                tmp_size=s.tmp_size,
-                workspace_size=s.workspace_size,
-                home_size=s.home_size,
-                noexec=s.noexec,
-                nofile=s.nofile,
-                fsize=s.fsize,
-                ttl_seconds=s.ttl_seconds,
-            )
+            return self.sandbox.spec(tuple(mounts))
         except ValidationError as exc:
-            problems = [_under("sandbox", p) for p in describe_validation_error(exc, SandboxSpec, noun="key")]
-            raise PolicyError("; ".join(problems)) from None
+            raise _spec_error(exc, SandboxSpec, "sandbox") from None
 
     def host_checked_spec(self, host: HostLimits | None = None) -> SandboxSpec:
         """:meth:`sandbox_spec` checked against ``host`` (default this machine): mounts exist,
@@ -559,6 +271,11 @@ def _plain(value: float) -> str:
     return f"{value:g}"
 
 
+def _spec_error(exc: ValidationError, model: type[BaseModel], prefix: str) -> PolicyError:
+    """``exc`` (of the spec's ``model``) as a PolicyError whose keys are under ``prefix``."""
+    return PolicyError("; ".join(_under(prefix, p) for p in describe_validation_error(exc, model, noun="key")))
+
+
 def _under(prefix: str, problem: str) -> str:
     """Put a problem's key path (relative to a SandboxSpec or Mount) under ``prefix``."""
     for lead in ("key '", "missing required key '", "unexpected key '"):
@@ -572,194 +289,6 @@ def _check_tool_name(name: str) -> None:
         raise ValueError(
             f"{name!r} is not a tool name (1 to 64 letters, digits, '_', '.', '-'; see `callbox tools`)"
         )
-
-
-# --- evaluating rules ----------------------------------------------------------------------------
-
-
-def _get(args: Mapping[str, Any] | BaseModel, field: str) -> Any:
-    if isinstance(args, BaseModel):
-        return getattr(args, field, None)
-    return args.get(field)
-
-
-def _normalize_command(command: str) -> str:
-    return " ".join(command.split())
-
-
-def _command_of(definition: PolicyTarget, args: Mapping[str, Any] | BaseModel) -> str | None:
-    field = definition.command_field
-    if field is None:
-        return None
-    value = _get(args, field)
-    if isinstance(value, str):
-        return _normalize_command(value)
-    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
-        return _normalize_command(" ".join(value))
-    return None
-
-
-def _paths_of(
-    definition: PolicyTarget, args: Mapping[str, Any] | BaseModel, workdir: str
-) -> list[tuple[str, str | None]]:
-    """Each path argument as (absolute normalised path, path relative to workdir or None)."""
-    out: list[tuple[str, str | None]] = []
-    for field in definition.path_fields:
-        value = _get(args, field)
-        if value is None:
-            continue
-        items = value if isinstance(value, list | tuple) else (value,)
-        for item in items:
-            if isinstance(item, str | os.PathLike):
-                out.append(_normalize_call_path(os.fspath(item), workdir))
-    return out
-
-
-def _normalize_call_path(path: str | bytes, workdir: str) -> tuple[str, str | None]:
-    text = path if isinstance(path, str) else os.fsdecode(path)
-    norm = posixpath.normpath(posixpath.join(workdir, text))
-    if norm.startswith("//"):
-        norm = "/" + norm.lstrip("/")
-    if norm == workdir:
-        return norm, ""
-    base = workdir.rstrip("/") + "/"
-    return norm, norm[len(base) :] if norm.startswith(base) else None
-
-
-def _path_matches(rule: Rule, path: tuple[str, str | None]) -> bool:
-    matcher, anchored = rule.compiled
-    absolute, relative = path
-    if anchored:
-        return relative is not None and matcher.fullmatch(relative) is not None
-    return matcher.fullmatch(absolute) is not None
-
-
-def _quote(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
-
-
-def _rule_decision(tool: str, index: int, rule: Rule, matched_path: str | None) -> Decision:
-    key = f"{render_path(('tools', tool, 'rules'))}[{index}]"
-    if rule.reason:
-        why = rule.reason
-    elif rule.command is not None:
-        why = f"the command matches {_quote(rule.command)}"
-    else:
-        target = f"the path {matched_path!r}" if matched_path is not None else "every path"
-        why = f"{target} matches {_quote(rule.path or '')}"
-    lead = {
-        Action.DENY: "denied by policy rule",
-        Action.ASK: "approval required by policy rule",
-        Action.ALLOW: "allowed by policy rule",
-    }[rule.action]
-    return Decision(rule.action, f"{key} ({rule.describe()})", f"{lead} {key}: {why}")
-
-
-@lru_cache(maxsize=1024)
-def _tool_decision(tool: str, action: Action, *, from_tool: bool) -> Decision:
-    if from_tool:
-        key = f"{render_path(('tools', tool))}.decision"
-        setting = f'{key} = "{action}"'
-    else:
-        key = "default_decision"
-        setting = f'default_decision = "{action}"'
-    reason = {
-        Action.DENY: f"denied by policy: the tool {tool!r} may not be used ({setting})",
-        Action.ASK: f"approval required by policy: every call of {tool!r} needs approval ({setting})",
-        Action.ALLOW: f"allowed by policy ({setting})",
-    }[action]
-    return Decision(action, key, reason)
-
-
-def _not_allowed_decision(tool: str, allowed: tuple[str, ...]) -> Decision:
-    listed = ", ".join(allowed) or "none"
-    return Decision(
-        Action.DENY,
-        "allowed_tools",
-        f"denied by policy: the tool {tool!r} is not enabled in this run (allowed_tools: {listed})",
-    )
-
-
-# --- path globs ----------------------------------------------------------------------------------
-
-
-def _normalize_pattern(pattern: str) -> tuple[str, bool]:
-    """(pattern without ``.`` or empty components, is it anchored at the workdir); refuses ``..``."""
-    if not pattern.strip():
-        raise ValueError("path pattern is empty")
-    if "\0" in pattern:
-        raise ValueError("path pattern contains a NUL character")
-    relative = not pattern.startswith("/")
-    parts = [p for p in pattern.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise ValueError(f"path pattern {pattern!r} contains '..'; write the path it means without it")
-    joined = "/".join(parts)
-    if relative and parts and parts[0] == "**":  # "**/x" means at any depth, not only under workdir
-        relative = False
-    return (joined if relative else "/" + joined), relative
-
-
-def glob_to_regex(pattern: str) -> str:
-    """A regex (for ``re.fullmatch``) equivalent to a normalised path glob.
-
-    ``*`` -> ``[^/]*``; ``?`` -> ``[^/]``; ``[...]`` -> a set that never matches ``/``
-    (``[!...]`` negates); ``**`` as a whole component: leading or inner ``**/`` ->
-    ``(?:.*/)?`` (zero or more directories), trailing ``/**`` -> ``(?:/.*)?`` (the
-    directory itself and everything under it), alone -> ``.*``; elsewhere ``**`` is ``*``.
-    """
-    parts = pattern.split("/")
-    out: list[str] = []
-    sep = ""
-    last = len(parts) - 1
-    for index, part in enumerate(parts):
-        if part == "**":
-            if index == last:
-                out.append("(?:/.*)?" if index > 0 else ".*")
-            else:
-                out.append(re.escape(sep) + "(?:.*/)?")
-                sep = ""
-                continue
-        else:
-            out.append(re.escape(sep) + _component_regex(part))
-        sep = "/"
-    return "".join(out)
-
-
-def _component_regex(part: str) -> str:
-    out: list[str] = []
-    i, n = 0, len(part)
-    while i < n:
-        ch = part[i]
-        if ch == "*":
-            while i + 1 < n and part[i + 1] == "*":
-                i += 1
-            out.append("[^/]*")
-        elif ch == "?":
-            out.append("[^/]")
-        elif ch == "[":
-            j = i + 1
-            if j < n and part[j] == "!":
-                j += 1
-            if j < n and part[j] == "]":
-                j += 1
-            while j < n and part[j] != "]":
-                j += 1
-            if j >= n:
-                out.append(re.escape(ch))
-            else:
-                body = part[i + 1 : j]
-                negate = body.startswith("!")
-                if negate:
-                    body = body[1:]
-                body = body.replace("\\", "\\\\")
-                if body.startswith("^"):
-                    body = "\\" + body
-                out.append(f"(?:(?!/)[{'^' if negate else ''}{body}])")
-                i = j
-        else:
-            out.append(re.escape(ch))
-        i += 1
-    return "".join(out)
 
 
 # --- loading -------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -258,8 +258,14 @@ def _fixes(source: Path, uid: int, gid: int) -> str:
             "on its [[sandbox.mounts]] entry), or mount it :ro")
 
 
-class SandboxSpec(BaseModel):
-    """Settings of one sandbox; the defaults are the hardened ones."""
+MountT = TypeVar("MountT", bound=BaseModel)
+
+
+class SandboxFields(BaseModel, Generic[MountT]):
+    """The settings of a sandbox: each one's type, default (the hardened one), bounds and
+    meaning, written once. ``SandboxSpec`` is them with their mounts as ``Mount`` and every
+    check; the policy's ``[sandbox]`` table (``harness.core.sandbox_settings``) is them as
+    a policy spells its mounts, checked when the spec is built from it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -280,7 +286,7 @@ class SandboxSpec(BaseModel):
     allow_hosts: tuple[str, ...] = ()
     """Egress allowlist for ``network = allowlist``: ``HOST[:PORT]`` entries, ``*.example.com``
     wildcards (subdomains, not the apex), case-insensitive; without a port, 80 and 443."""
-    mounts: tuple[Mount, ...] = ()
+    mounts: tuple[MountT, ...] = ()
     """Bind mounts, each read-only unless marked rw; one per container path. A mount at a
     scratch place (or a parent of one) replaces its tmpfs; one below it sits on top of it."""
     allowed_mount_roots: tuple[Path, ...] | None = None
@@ -309,6 +315,10 @@ class SandboxSpec(BaseModel):
     """Largest file a process may write, in bytes."""
     ttl_seconds: int = Field(default=3600, ge=10)
     """After this the sandbox is expired and ``callbox gc`` removes it."""
+
+
+class SandboxSpec(SandboxFields[Mount]):
+    """Settings of one sandbox; the defaults are the hardened ones."""
 
     @field_validator("cpus")
     @classmethod

@@ -1,0 +1,88 @@
+"""``[budgets]``: what one run may spend (tool calls, wall time) and the limits of each call
+(its timeout, the output returned to the model).
+
+:meth:`Budgets.check` is the budget half of authorizing a call (the session asks it before
+the policy's :meth:`~harness.core.policy.Policy.decide`): a spent budget denies any call,
+naming the key. A call asking for a longer timeout than the ceiling is not refused: it
+runs with the ceiling, and :meth:`Budgets.call_timeout` reports the clamp for the
+result's meta.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from harness.core.calls import Action, Decision
+
+__all__ = ["Budgets", "CallTimeout"]
+
+
+class CallTimeout(NamedTuple):
+    """The timeout a call runs with, and whether the ceiling cut the one it asked for."""
+
+    seconds: float
+    requested: float | None
+    clamped: bool
+
+    def meta(self) -> dict[str, Any]:
+        """For ``ToolResult.meta``: empty unless the request was clamped."""
+        if not self.clamped:
+            return {}
+        return {"timeout_clamped": {"requested_s": self.requested, "ceiling_s": self.seconds}}
+
+
+class Budgets(BaseModel):
+    """``[budgets]``: limits per run and per call."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tool_calls: int = Field(default=200, ge=1)
+    """Tool calls per run; call number max_tool_calls + 1 is denied (``budgets.max_tool_calls``)."""
+    max_wall_time_s: float = Field(default=3600, gt=0)
+    """Seconds per run; once they have passed every further call is denied."""
+    call_timeout_ceiling_s: float = Field(default=600, gt=0)
+    """Longest timeout a call may have; a call asking more runs with this (clamped, noted in meta)."""
+    default_call_timeout_s: float = Field(default=30, gt=0)
+    """Timeout of a call that does not ask for one."""
+    max_output_bytes: int = Field(default=30000, ge=256)
+    """Bytes of result text returned to the model per call (head and tail kept)."""
+
+    @model_validator(mode="after")
+    def _default_under_ceiling(self) -> Budgets:
+        if self.default_call_timeout_s > self.call_timeout_ceiling_s:
+            raise ValueError(
+                f"default_call_timeout_s ({self.default_call_timeout_s:g}) is above call_timeout_ceiling_s "
+                f"({self.call_timeout_ceiling_s:g}); lower the default or raise the ceiling"
+            )
+        return self
+
+    def check(self, calls_so_far: int, elapsed_s: float) -> Decision | None:
+        """A DENY naming the budget when a run with ``calls_so_far`` calls made and
+        ``elapsed_s`` seconds spent may not make another call; else None."""
+        if calls_so_far >= self.max_tool_calls:
+            return Decision(
+                Action.DENY,
+                "budgets.max_tool_calls",
+                f"denied: this run has used its budget of {self.max_tool_calls} tool calls "
+                "(budgets.max_tool_calls); finish with what you have",
+            )
+        if elapsed_s >= self.max_wall_time_s:
+            return Decision(
+                Action.DENY,
+                "budgets.max_wall_time_s",
+                f"denied: this run has used its wall-time budget of {self.max_wall_time_s:g} s "
+                "(budgets.max_wall_time_s); finish with what you have",
+            )
+        return None
+
+    def call_timeout(self, requested_s: float | None) -> CallTimeout:
+        """The timeout to run a call with: the default when none is asked, else at most the ceiling."""
+        if requested_s is None:
+            return CallTimeout(self.default_call_timeout_s, None, clamped=False)
+        if requested_s <= 0:
+            raise ValueError(f"a call timeout must be positive, got {requested_s}")
+        if requested_s > self.call_timeout_ceiling_s:
+            return CallTimeout(self.call_timeout_ceiling_s, requested_s, clamped=True)
+        return CallTimeout(requested_s, requested_s, clamped=False)

@@ -1,0 +1,108 @@
+"""``[sandbox]``: the sandbox settings a policy writes, and the :class:`SandboxSpec` they make.
+
+The settings are :class:`~harness.engine.spec.SandboxFields`: the spec's own fields, with
+the same names, types, defaults and docs, so a setting is written once, in the spec. They
+differ from the spec in two ways only:
+
+* mounts are :class:`MountSetting` entries (``mode = "ro" | "rw"``) where the spec has
+  :class:`~harness.engine.spec.Mount` (``read_only``);
+* nothing beyond the types is checked when the policy is read: the bounds (``memory`` at
+  least 32m, ``pids`` at most 65536, ...) and the spec's validators apply when the spec is
+  built from the settings (:meth:`SandboxSettings.spec`), where the policy reports a
+  problem under its key (``sandbox.pids``), and where a client's overrides of a server's
+  settings (the gRPC door) are checked the same way.
+
+The policy's own rules on top: sizes take ``"512m"`` or bytes; ``workdir`` must be an
+absolute path (relative paths in calls and rules are taken against it); relative mount
+sources and ``allowed_mount_roots`` are taken against the policy file's directory.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import annotated_types
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic.fields import FieldInfo
+
+from harness.engine.spec import Mount, SandboxFields, SandboxSpec
+
+__all__ = ["MountSetting", "SandboxSettings"]
+
+
+class MountSetting(BaseModel):
+    """One ``[[sandbox.mounts]]`` entry: a :class:`~harness.engine.spec.Mount` as a policy
+    spells it (``mode`` where the Mount has ``read_only``), checked when it becomes one.
+
+    Not derived from Mount: its keys differ (``mode``) and their order is part of what an
+    unknown key's message lists; :meth:`mount` takes every other field across by name,
+    and a test holds the two field lists together."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: Path
+    """Host path (``~`` expanded; relative to the policy file's directory); canonicalized and
+    checked against ``allowed_mount_roots`` and the forbidden system paths before use."""
+    target: str
+    """Absolute path inside the sandbox, e.g. ``/workspace``."""
+    mode: Literal["ro", "rw"] = "ro"
+    """``ro`` (default) or ``rw``; a ``rw`` mount loosens a default and is logged."""
+    uid: int | None = None
+    """rw only: the uid tool processes run as (never 0); default the owner of the first rw
+    mount not owned by root, else 1000. Every rw mount must be writable by it."""
+    gid: int | None = None
+    """rw only, with ``uid``: the gid tool processes run as (never 0); default ``uid``'s number."""
+
+    def mount(self) -> Mount:
+        """The Mount this entry describes; a value it refuses is a ``ValidationError`` of Mount."""
+        same = {name: getattr(self, name) for name in type(self).model_fields if name != "mode"}
+        return Mount(**same, read_only=self.mode == "ro")
+
+
+def _unbounded(info: FieldInfo) -> tuple[Any, FieldInfo]:
+    """A field's type and default without its bounds (``ge``, ``le``, ...); validators that
+    parse a value (a size's ``"512m"``) are kept."""
+    kept = [m for m in info.metadata if not isinstance(m, annotated_types.BaseMetadata)]
+    annotation = Annotated[(info.annotation, *kept)] if kept else info.annotation
+    if info.default_factory is not None:
+        return annotation, Field(default_factory=info.default_factory)
+    return annotation, Field(default=info.default)
+
+
+if TYPE_CHECKING:
+    # The type checker sees the fields as SandboxFields declares them; at run time they are
+    # the same fields, without their bounds.
+    _SettingsFields = SandboxFields[MountSetting]
+else:
+    _SettingsFields = create_model(
+        "_SettingsFields",
+        __config__=SandboxFields.model_config,
+        __module__=__name__,
+        **{name: _unbounded(info) for name, info in SandboxFields[MountSetting].model_fields.items()},
+    )
+
+_NOT_COPIED = frozenset({"mounts"})
+"""Settings the spec does not take as written: ``mounts`` (converted by MountSetting.mount).
+A setting only a policy has would be listed here too."""
+
+
+class SandboxSettings(_SettingsFields):
+    """``[sandbox]``: the sandbox a call runs in; every default is the hardened one. The
+    fields and their docs are :class:`~harness.engine.spec.SandboxFields`'."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"workdir {value!r} must be an absolute path inside the sandbox")
+        return "/" + posixpath.normpath(value).lstrip("/")
+
+    def spec(self, mounts: tuple[Mount, ...]) -> SandboxSpec:
+        """The SandboxSpec of these settings with ``mounts`` (these settings' mounts, each
+        made by :meth:`MountSetting.mount`); a value the spec refuses is a ``ValidationError``."""
+        values = {name: getattr(self, name) for name in type(self).model_fields if name not in _NOT_COPIED}
+        return SandboxSpec(**values, mounts=mounts)
