@@ -1,8 +1,9 @@
-"""What a tool handler may use while it runs: the run's sandbox, limits, and a stream.
+"""What a tool handler may use while it runs: the run's sandbox runtime, limits, and a stream.
 
-Handlers never create containers themselves: they ask ``ToolContext.sandbox()``, which
-starts the run's sandbox on first use (so a call that is rejected or denied before its
-handler runs never starts one) and reuses it for later calls of the same run.
+Handlers never create containers themselves, nor see the engine: they ask
+``ToolContext.runtime()``, which starts the run's sandbox on first use (so a call that is
+rejected or denied before its handler runs never starts one) and reuses it for later calls
+of the same run, and get its agent client, environment, id and working directory.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from harness.engine.docker.engine import Sandbox
+from harness.engine.base import Sandbox, SandboxRuntime
 
 OutputSink = Callable[[str, bytes], None]
 """Receives ``(stream, chunk)`` while a tool runs (stream is "stdout" or "stderr")."""
@@ -37,7 +38,13 @@ class ToolContext:
     on_output: OutputSink | None = None
 
     def sandbox(self) -> Sandbox:
+        """The run's sandbox itself, for handlers outside the built-in tools (which use
+        ``runtime``)."""
         return self.provider.sandbox()
+
+    def runtime(self) -> SandboxRuntime:
+        """The run's sandbox as a tool sees it (started on first use)."""
+        return self.provider.sandbox().runtime()
 
     def timeout_for(self, requested_s: float | None) -> float:
         """The requested timeout, or the default, never above the ceiling."""

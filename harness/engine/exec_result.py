@@ -50,6 +50,34 @@ class StreamResult:
 
 
 @dataclass
+class OutputStreams:
+    """A command's stdout and stderr, filled from the agent's Output events (Exec and Shell
+    streams carry the same ones) and completed with its final stream statistics."""
+
+    stdout: StreamResult = field(default_factory=StreamResult)
+    stderr: StreamResult = field(default_factory=StreamResult)
+
+    def add(self, output: process_pb2.Output) -> tuple[str, bytes] | None:
+        """Keep one Output event's chunk; ``(stream, data)``, or None for an event with no data."""
+        which = output.WhichOneof("data")
+        if which is None:
+            return None
+        data: bytes = getattr(output, which)
+        (self.stdout if which == "stdout" else self.stderr).add(data, output.dropped_before)
+        return which, data
+
+    def finish(self, stdout: process_pb2.StreamStats, stderr: process_pb2.StreamStats) -> None:
+        """Record what each stream held in all and what the agent dropped of it."""
+        for stream, stats in ((self.stdout, stdout), (self.stderr, stderr)):
+            stream.total_bytes = stats.total_bytes
+            stream.dropped_bytes = stats.dropped_bytes
+
+    @property
+    def truncated(self) -> bool:
+        return self.stdout.truncated or self.stderr.truncated
+
+
+@dataclass
 class ExecResult:
     exit_code: int
     signal: int
@@ -123,33 +151,27 @@ def start_failure_exit_code(error: AgentCallError) -> int | None:
 
 def collect(events: Iterable[process_pb2.ExecEvent], on_output: OutputCallback | None = None) -> ExecResult:
     """Consume an Exec stream to its Exited event."""
-    streams = {"stdout": StreamResult(), "stderr": StreamResult()}
+    streams = OutputStreams()
     pid = 0
     for event in events:
         kind = event.WhichOneof("event")
         if kind == "started":
             pid = event.started.pid
         elif kind == "output":
-            which = event.output.WhichOneof("data")
-            if which is None:
-                continue
-            data: bytes = getattr(event.output, which)
-            streams[which].add(data, event.output.dropped_before)
-            if on_output is not None:
-                on_output(which, data, event.output.dropped_before)
+            chunk = streams.add(event.output)
+            if chunk is not None and on_output is not None:
+                on_output(*chunk, event.output.dropped_before)
         elif kind == "exited":
             exited = event.exited
-            for name, stats in (("stdout", exited.stdout), ("stderr", exited.stderr)):
-                streams[name].total_bytes = stats.total_bytes
-                streams[name].dropped_bytes = stats.dropped_bytes
+            streams.finish(exited.stdout, exited.stderr)
             return ExecResult(
                 exit_code=exited.exit_code,
                 signal=exited.signal,
                 timed_out=exited.timed_out,
                 oom_killed=exited.oom_killed,
                 duration_ms=exited.duration.ToNanoseconds() / 1e6,
-                stdout=streams["stdout"],
-                stderr=streams["stderr"],
+                stdout=streams.stdout,
+                stderr=streams.stderr,
                 pid=pid,
             )
     raise RuntimeError("the agent ended the Exec stream without an Exited event")

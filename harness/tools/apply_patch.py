@@ -165,7 +165,7 @@ def run_apply_patch(ctx: ToolContext, args: ApplyPatchArgs) -> ToolOutput:
     except ParseError as error:  # nothing was touched: the model should fix the patch
         return _failure(error, ErrorCode.INVALID_ARGUMENTS)
     try:
-        affected = apply_patch(patch, _AgentTarget(lambda: ctx.sandbox().agent))
+        affected = apply_patch(patch, _AgentTarget(lambda: ctx.runtime().agent))
     except PatchError as error:
         return _failure(error, ErrorCode.TOOL_FAILED)
     text = affected.summary()

@@ -49,7 +49,7 @@ from harness.core.calls import ErrorCode, ToolOutput
 from harness.core.context import ToolContext
 from harness.core.errors import AgentCallError
 from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
-from harness.engine.exec_result import StreamResult
+from harness.engine.exec_result import OutputStreams, StreamResult
 from sandbox.shell import ended_message, timeout_message
 
 SESSION_ID = "default"
@@ -85,8 +85,8 @@ def _join(*parts: str) -> str:
 def run_bash(ctx: ToolContext, args: BashArgs) -> ToolOutput:
     if args.restart:
         try:
-            box = ctx.sandbox()
-            box.agent.shell_restart(SESSION_ID, env=box.spec.env)
+            runtime = ctx.runtime()
+            runtime.agent.shell_restart(SESSION_ID, env=runtime.env)
         except AgentCallError as error:
             return ToolOutput(text=f"bash could not be restarted: {error.message}", is_error=True,
                               error=ErrorCode.TOOL_FAILED)
@@ -95,23 +95,19 @@ def run_bash(ctx: ToolContext, args: BashArgs) -> ToolOutput:
         return ToolOutput(text=NO_COMMAND, is_error=True, error=ErrorCode.INVALID_ARGUMENTS)
 
     timeout_ms = max(1, int(ctx.timeout_for(None) * 1000))
-    streams = {"stdout": StreamResult(), "stderr": StreamResult()}
+    streams = OutputStreams()
     done = None
-    box = ctx.sandbox()
+    runtime = ctx.runtime()
     try:
-        for event in box.agent.shell_run(
+        for event in runtime.agent.shell_run(
             args.command, session_id=SESSION_ID, timeout_ms=timeout_ms, output_cap_bytes=AGENT_OUTPUT_CAP,
-            env=box.spec.env,
+            env=runtime.env,
         ):
             kind = event.WhichOneof("event")
             if kind == "output":
-                which = event.output.WhichOneof("data")
-                if which is None:
-                    continue
-                data: bytes = getattr(event.output, which)
-                streams[which].add(data, event.output.dropped_before)
-                if ctx.on_output is not None and data:
-                    ctx.on_output(which, data)
+                chunk = streams.add(event.output)
+                if chunk is not None and chunk[1] and ctx.on_output is not None:
+                    ctx.on_output(*chunk)
             elif kind == "done":
                 done = event.done
     except AgentCallError as error:
@@ -124,19 +120,17 @@ def run_bash(ctx: ToolContext, args: BashArgs) -> ToolOutput:
     if done is None:
         return ToolOutput(text="bash could not run the command: the agent ended the stream early",
                           is_error=True, error=ErrorCode.TOOL_FAILED)
-    for name, stats in (("stdout", done.stdout), ("stderr", done.stderr)):
-        streams[name].total_bytes = stats.total_bytes
-        streams[name].dropped_bytes = stats.dropped_bytes
+    streams.finish(done.stdout, done.stderr)
     structured = {
         "exit_code": done.exit_code,
         "cwd": done.cwd,
         "timed_out": done.timed_out,
         "session_ended": done.session_ended,
         "duration_ms": round(done.duration.ToNanoseconds() / 1e6, 3),
-        "truncated": streams["stdout"].truncated or streams["stderr"].truncated,
+        "truncated": streams.truncated,
     }
     raw_bytes = done.stdout.total_bytes + done.stderr.total_bytes
-    output = _join(_text(streams["stdout"]), _text(streams["stderr"]))
+    output = _join(_text(streams.stdout), _text(streams.stderr))
     if done.timed_out:
         return ToolOutput(text=timeout_message(timeout_ms), is_error=True, error=ErrorCode.TIMED_OUT,
                           structured=structured, raw_bytes=raw_bytes)

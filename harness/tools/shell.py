@@ -183,7 +183,7 @@ def agent_output_cap(budget: int) -> int:
 
 def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
     timeout_s = ctx.timeout_for(args.timeout_ms / 1000 if args.timeout_ms else None)
-    sandbox = ctx.sandbox()
+    runtime = ctx.runtime()
 
     combined = bytearray()  # stdout and stderr in arrival order, as a terminal shows them
     unseen = 0
@@ -203,8 +203,8 @@ def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
             ctx.on_output(stream, data)
 
     try:
-        events = sandbox.agent.exec(
-            args.command, cwd=args.workdir or "", env=sandbox.spec.env, timeout_ms=max(1, int(timeout_s * 1000)),
+        events = runtime.agent.exec(
+            args.command, cwd=args.workdir or "", env=runtime.env, timeout_ms=max(1, int(timeout_s * 1000)),
             output_cap_bytes=agent_output_cap(ctx.output_budget),
         )
         result = collect(watch(events), on_output=forward)
