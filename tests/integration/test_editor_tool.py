@@ -14,7 +14,8 @@ from harness.core.policy import load_policy
 from harness.core.registry import ToolRegistry
 from harness.core.session import Session
 from harness.engine.spec import SandboxSpec
-from harness.tools.editor import EDITOR, MAX_FILE_BYTES, TRUNCATED_MESSAGE, EditorArgs
+from harness.tools.editor import EDITOR, MAX_FILE_BYTES, EditorArgs
+from harness.tools.editor_text import TRUNCATED_MESSAGE
 from tests.conftest import IMAGE
 from tests.integration.helpers import run
 

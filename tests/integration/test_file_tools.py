@@ -1,4 +1,4 @@
-"""read_file, write_file, list_dir and search against a real sandbox (harness/tools/files.py)."""
+"""read_file, write_file, list_dir and search against a real sandbox (harness/tools/files.py, file_search.py)."""
 
 from __future__ import annotations
 
@@ -16,18 +16,8 @@ from harness.core.policy import Policy
 from harness.core.registry import ToolRegistry
 from harness.core.session import Session
 from harness.engine.spec import SandboxSpec
-from harness.tools.files import (
-    FILE_TOOLS,
-    LIST_DIR,
-    READ_CHUNK,
-    READ_FILE,
-    SEARCH,
-    WRITE_FILE,
-    ListDirArgs,
-    ReadFileArgs,
-    SearchArgs,
-    WriteFileArgs,
-)
+from harness.tools.file_search import LIST_DIR, SEARCH, ListDirArgs, SearchArgs
+from harness.tools.files import FILE_TOOLS, READ_CHUNK, READ_FILE, WRITE_FILE, ReadFileArgs, WriteFileArgs
 from tests.conftest import IMAGE
 from tests.integration.helpers import run
 

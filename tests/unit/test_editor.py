@@ -11,13 +11,12 @@ from hypothesis import strategies as st
 from harness.core.calls import ErrorCode
 from harness.core.context import ToolContext
 from harness.core.registry import ToolRegistry
-from harness.tools import editor
-from harness.tools.editor import (
-    EDITOR,
+from harness.tools import editor_text
+from harness.tools.editor import EDITOR, EditorArgs
+from harness.tools.editor_history import EditHistory
+from harness.tools.editor_text import (
     MAX_RESPONSE_LEN,
     TRUNCATED_MESSAGE,
-    EditHistory,
-    EditorArgs,
     EditorError,
     check_path,
     decode_file,
@@ -287,7 +286,7 @@ def test_expanded_matching_reports_none_and_several_like_the_reference():
 def test_expanded_spans_map_back_to_raw_offsets_exactly(text, bounds):
     expanded = text.expandtabs()
     start, stop = sorted(b % (len(expanded) + 1) for b in bounds)
-    raw_start, raw_stop, lead, trail = editor._expanded_span_to_raw(text, expanded, start, stop)
+    raw_start, raw_stop, lead, trail = editor_text._expanded_span_to_raw(text, expanded, start, stop)
     # What precedes the span is unchanged, and the part of a split tab before it is kept as spaces ...
     assert text[:raw_start].expandtabs() + " " * lead == expanded[:start]
     # ... and the span's end falls on a raw boundary, with the rest of a split tab kept after it.
