@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import NoReturn
+from collections.abc import Callable, Iterator
+from typing import NoReturn, Protocol, TypeVar
 
 import grpc
 
@@ -42,6 +43,8 @@ _CODES: dict[int, grpc.StatusCode] = {
 }
 
 _RETRYABLE = frozenset({BUSY})
+_R = TypeVar("_R")
+_E = TypeVar("_E")
 
 COMMAND_NOT_FOUND = "command not found"
 """How a SPAWN_FAILED message ends when the program does not exist (``ls: command not
@@ -74,3 +77,31 @@ def abort(context: grpc.ServicerContext, error: AgentError) -> NoReturn:
     context.set_trailing_metadata(((DETAIL_METADATA_KEY, error.detail().SerializeToString()),))
     context.abort(error.code, error.message)
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+def answer(context: grpc.ServicerContext, call: Callable[[], _R]) -> _R:
+    """The result of ``call``; an AgentError it raises ends the RPC with its status instead."""
+    try:
+        return call()
+    except AgentError as error:
+        abort(context, error)
+
+
+def stream(
+    context: grpc.ServicerContext, start: Callable[[Callable[[Cancellable], None]], Iterator[_E]]
+) -> Iterator[_E]:
+    """What ``start(on_start)`` yields, with the handle it passes to ``on_start`` cancelled when
+    the RPC ends for any reason (a no-op after a normal end); an AgentError ends the RPC with
+    its status."""
+
+    def on_start(handle: Cancellable) -> None:
+        context.add_callback(handle.cancel)
+
+    try:
+        yield from start(on_start)
+    except AgentError as error:
+        abort(context, error)

@@ -54,6 +54,59 @@ def read_available(fd: int, limit: int = READ_CHUNK) -> bytes | None:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+WRITE_CHUNK = 65536
+"""At most this much is written to a stdin pipe per wake-up."""
+
+
+def write_some(fd: int, data: memoryview) -> memoryview:
+    """Write what a non-blocking descriptor takes now; what is left (nothing once the reader is gone)."""
+    try:
+        written = os.write(fd, data[:WRITE_CHUNK])
+    except BlockingIOError:
+        return data
+    except BrokenPipeError:
+        return data[:0]
+    return data[written:]
+
+
+def duration(seconds: float) -> Duration:
+    message = Duration()
+    message.FromNanoseconds(int(seconds * 1e9))
+    return message
+
+
+class CappedOutput:
+    """A command's stdout and stderr, each kept within a head and tail of ``cap`` bytes, as
+    numbered Output messages."""
+
+    def __init__(self, cap: int) -> None:
+        self.buffers = {"stdout": HeadTailBuffer(cap), "stderr": HeadTailBuffer(cap)}
+        self.seq = 0
+
+    def _message(self, stream: str, data: bytes, dropped_before: int = 0) -> process_pb2.Output:
+        message = process_pb2.Output(seq=self.seq, dropped_before=dropped_before, **{stream: data})
+        self.seq += 1
+        return message
+
+    def feed(self, stream: str, data: bytes) -> process_pb2.Output | None:
+        """What of ``data`` streams now (None while the tail holds it all)."""
+        live = self.buffers[stream].feed(data)
+        return self._message(stream, live) if live else None
+
+    def tails(self) -> Iterator[process_pb2.Output]:
+        """Each stream's held tail, after the count of bytes dropped before it (at the end)."""
+        for stream, buffer in self.buffers.items():
+            tail, dropped = buffer.finish()
+            if tail or dropped:
+                yield self._message(stream, tail, dropped_before=dropped)
+
+    def stats(self) -> dict[str, process_pb2.StreamStats]:
+        return {
+            name: process_pb2.StreamStats(total_bytes=b.total, dropped_bytes=b.dropped)
+            for name, b in self.buffers.items()
+        }
+
+
 class ExecLoop:
     """The selector loop of one command: pipes, leader exit, deadline, cancellation."""
 
@@ -75,19 +128,11 @@ class ExecLoop:
         self.kill_at: float | None = None
         self.drain_until: float | None = None
         self.timed_out = False
-        self.buffers = {"stdout": HeadTailBuffer(cap), "stderr": HeadTailBuffer(cap)}
+        self.output = CappedOutput(cap)
         self.stdin_data = memoryview(request.stdin)
-        self.seq = 0
         self.ended_at: float | None = None
         # True once a sweep after the leader's exit found no process of this command left.
         self.swept = False
-
-    def _output(self, stream: str, data: bytes, dropped_before: int = 0) -> process_pb2.ExecEvent:
-        event = process_pb2.ExecEvent(
-            output=process_pb2.Output(seq=self.seq, dropped_before=dropped_before, **{stream: data})
-        )
-        self.seq += 1
-        return event
 
     def events(self) -> Iterator[process_pb2.ExecEvent]:
         child = self.child
@@ -116,9 +161,9 @@ class ExecLoop:
                             sel.unregister(fd)
                             del streams[fd]
                             continue
-                        live = self.buffers[streams[fd]].feed(chunk)
-                        if live:
-                            yield self._output(streams[fd], live)
+                        output = self.output.feed(streams[fd], chunk)
+                        if output is not None:
+                            yield process_pb2.ExecEvent(output=output)
                     elif key.data == "exit":
                         sel.unregister(pidfd)
                         child.reap()
@@ -136,7 +181,8 @@ class ExecLoop:
                 self._enforce_deadline(now)
                 if self.drain_until is not None and now >= self.drain_until and child.returncode is not None:
                     break
-            yield from self._tails()
+            for tail in self.output.tails():
+                yield process_pb2.ExecEvent(output=tail)
         finally:
             sel.close()
             os.close(pidfd)
@@ -144,13 +190,7 @@ class ExecLoop:
     def _write_stdin(self, sel: selectors.BaseSelector) -> None:
         stdin = self.child.stdin
         assert stdin is not None
-        try:
-            written = os.write(stdin, self.stdin_data[:65536])
-            self.stdin_data = self.stdin_data[written:]
-        except BlockingIOError:
-            return
-        except BrokenPipeError:
-            self.stdin_data = self.stdin_data[:0]
+        self.stdin_data = write_some(stdin, self.stdin_data)
         if not self.stdin_data:
             sel.unregister(stdin)
             os.close(stdin)
@@ -174,12 +214,6 @@ class ExecLoop:
             self.execution.kill_all()
             self.kill_at = None
 
-    def _tails(self) -> Iterator[process_pb2.ExecEvent]:
-        for stream, buffer in self.buffers.items():
-            tail, dropped = buffer.finish()
-            if tail or dropped:
-                yield self._output(stream, tail, dropped_before=dropped)
-
     def exited(self, oom_before: int | None) -> process_pb2.ExecEvent:
         code = self.child.returncode
         assert code is not None
@@ -195,19 +229,14 @@ class ExecLoop:
             and oom_after is not None
             and oom_after > oom_before
         )
-        duration = Duration()
-        duration.FromNanoseconds(int((ended - self.started_at) * 1e9))
-        stats = {
-            name: process_pb2.StreamStats(total_bytes=b.total, dropped_bytes=b.dropped)
-            for name, b in self.buffers.items()
-        }
+        stats = self.output.stats()
         return process_pb2.ExecEvent(
             exited=process_pb2.Exited(
                 exit_code=code if code >= 0 else -1,
                 signal=signum,
                 timed_out=self.timed_out,
                 oom_killed=oom,
-                duration=duration,
+                duration=duration(ended - self.started_at),
                 stdout=stats["stdout"],
                 stderr=stats["stderr"],
             )

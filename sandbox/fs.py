@@ -63,7 +63,7 @@ from sandbox.errors import (
     AgentError,
     abort,
 )
-from sandbox.identity import FsIdentity
+from sandbox.identity import FsIdentity, acting_as
 from sandbox.paths import Resolved, Resolver, os_error
 from sandbox.v1 import filesystem_pb2, filesystem_pb2_grpc
 
@@ -99,9 +99,14 @@ def _maps_os_errors(
         try:
             return method(self, request)
         except OSError as exc:
-            raise os_error(exc, request.path or "the path") from None
+            raise _path_error(exc, request.path) from None
 
     return wrapper
+
+
+def _path_error(exc: OSError, path: str) -> AgentError:
+    """An OSError as one sentence naming the request's path."""
+    return os_error(exc, path or "the path")
 
 
 class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
@@ -129,9 +134,7 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
 
     def acting(self) -> contextlib.AbstractContextManager[None]:
         """Switch this thread to the tool user's filesystem identity (no-op without one)."""
-        if self._identity is None:
-            return contextlib.nullcontext()
-        return self._identity.acting()
+        return acting_as(self._identity)
 
     # --- gRPC methods -------------------------------------------------------------------------
 
@@ -179,7 +182,7 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
         except AgentError as exc:
             abort(context, exc)
         except OSError as exc:  # e.g. from the identity switch; operations map their own
-            abort(context, os_error(exc, path or "the path"))
+            abort(context, _path_error(exc, path))
         except Exception:
             log.exception("Filesystem.%s failed unexpectedly", rpc)
             abort(context, AgentError(INTERNAL, f"The agent failed internally during {rpc}."))

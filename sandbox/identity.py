@@ -25,7 +25,7 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 _INVALID_ID = 0xFFFFFFFF  # (uid_t)-1: rejected by the kernel, so the call only reports the current id
 _MAX_ID = _INVALID_ID - 1
@@ -115,3 +115,8 @@ class FsIdentity:
                 _switch(_setfsuid, old_uid, "uid")
             finally:
                 _switch(_setfsgid, old_gid, "gid")
+
+
+def acting_as(identity: FsIdentity | None) -> AbstractContextManager[None]:
+    """``identity.acting()``, or nothing at all without an identity (the agent's own ids stay)."""
+    return identity.acting() if identity is not None else nullcontext()

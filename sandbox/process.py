@@ -20,16 +20,13 @@ import grpc
 
 from sandbox import proctree
 from sandbox.cgroup import oom_kill_count
-from sandbox.errors import COMMAND_NOT_FOUND, AgentError
+from sandbox.errors import AgentError
 from sandbox.execloop import ExecLoop
-from sandbox.launch import BASE_ENV, Child, DirectLauncher, Identity, Launcher, ToolUser
-from sandbox.spawner import SpawnerDied
+from sandbox.launch import BASE_ENV, Child, Launcher, ToolUser
+from sandbox.toolstart import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ToolStarter, checked_timeout_ms
 from sandbox.v1 import errors_pb2, process_pb2
 
-DEFAULT_TIMEOUT_MS = 30_000
-MAX_TIMEOUT_MS = 24 * 3600 * 1000
-
-__all__ = ["BASE_ENV", "Execution", "ProcessRunner", "ToolUser"]
+__all__ = ["BASE_ENV", "DEFAULT_TIMEOUT_MS", "MAX_TIMEOUT_MS", "Execution", "ProcessRunner", "ToolUser"]
 
 
 @dataclass
@@ -88,7 +85,7 @@ class ProcessRunner:
         self.user = user
         self.workspace = workspace
         self.max_concurrent = max_concurrent
-        self.launcher: Launcher = launcher or DirectLauncher()
+        self.starter = ToolStarter(user, launcher)
         self._markers = proctree.MarkerAllocator()
         self._lock = threading.Lock()
         self._live: dict[str, Execution] = {}
@@ -129,11 +126,7 @@ class ProcessRunner:
         # Whether the working directory exists and may be entered is the child's chdir to
         # tell, made with the tool user's permissions (see _spawn), not the agent's.
         cwd = request.cwd or self.workspace
-        timeout_ms = request.timeout_ms or DEFAULT_TIMEOUT_MS
-        if timeout_ms > MAX_TIMEOUT_MS:
-            raise AgentError(
-                errors_pb2.ERROR_REASON_INVALID_ARGUMENT, f"timeout_ms must be at most {MAX_TIMEOUT_MS}"
-            )
+        timeout_ms = checked_timeout_ms(request.timeout_ms)
         execution = self._register(request.exec_id or uuid.uuid4().hex)
         swept = False
         try:
@@ -203,40 +196,5 @@ class ProcessRunner:
             errors_pb2.ERROR_REASON_INVALID_ARGUMENT, "the request has neither argv nor a shell command"
         )
 
-    def _identity(self, marker: int) -> Identity:
-        if self.user is not None:
-            return Identity(self.user.uid, self.user.gid, [self.user.gid, marker])
-        if os.geteuid() == 0:
-            return Identity(None, None, [*os.getgroups(), marker])
-        # Not root (tests on a host): no marker, so only the process group is killed.
-        return Identity(None, None, None)
-
     def _spawn(self, request: process_pb2.ExecRequest, argv: list[str], cwd: str, marker: int) -> Child:
-        env = self.user.environment() if self.user else dict(BASE_ENV)
-        env.update(request.env)
-        try:
-            return self.launcher.launch(argv, cwd, env, self._identity(marker), with_stdin=bool(request.stdin))
-        except SpawnerDied as exc:
-            raise AgentError(errors_pb2.ERROR_REASON_INTERNAL, f"cannot start {argv[0]}: {exc}") from None
-        except OSError as exc:
-            raise _start_error(exc, argv[0], cwd) from None
-
-
-def _start_error(exc: OSError, program: str, cwd: str) -> AgentError:
-    """Why ``program`` did not start, in a shell's words. The child changes into ``cwd``
-    with the tool user's permissions: a failure there names the directory, not the program."""
-    if isinstance(exc, BlockingIOError):
-        return AgentError(
-            errors_pb2.ERROR_REASON_BUSY,
-            f"cannot start {program}: the sandbox's process limit is reached; retry when processes exit",
-        )
-    if exc.filename is not None and exc.filename == cwd:
-        if isinstance(exc, FileNotFoundError | NotADirectoryError):
-            return AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED, f"working directory {cwd} does not exist")
-        return AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED,
-                          f"cannot enter the working directory {cwd}: {exc.strerror or exc} (as the tool user)")
-    if isinstance(exc, FileNotFoundError):
-        return AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED, f"{program}: {COMMAND_NOT_FOUND}")
-    if isinstance(exc, PermissionError):
-        return AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED, f"{program}: permission denied")
-    return AgentError(errors_pb2.ERROR_REASON_SPAWN_FAILED, f"{program}: {exc.strerror or exc}")
+        return self.starter.start(argv, cwd, request.env, marker, with_stdin=bool(request.stdin))

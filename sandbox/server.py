@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -14,12 +13,12 @@ from dataclasses import dataclass
 
 import grpc
 
-from sandbox.errors import AgentError, abort
+from sandbox.errors import answer, stream
 from sandbox.fs import FilesystemService
 from sandbox.health import SERVING, HealthService
-from sandbox.identity import FsIdentity, drop_supplementary_groups
+from sandbox.identity import FsIdentity, acting_as, drop_supplementary_groups
 from sandbox.launch import SpawnerLauncher, ToolUser
-from sandbox.process import Execution, ProcessRunner
+from sandbox.process import ProcessRunner
 from sandbox.shell import ShellManager, ShellService
 from sandbox.spawner import Spawner
 from sandbox.v1 import filesystem_pb2_grpc, process_pb2, process_pb2_grpc, shell_pb2_grpc
@@ -40,22 +39,13 @@ class ProcessService(process_pb2_grpc.ProcessServicer):
     def Exec(
         self, request: process_pb2.ExecRequest, context: grpc.ServicerContext
     ) -> Iterator[process_pb2.ExecEvent]:
-        def on_start(execution: Execution) -> None:
-            # Fires when the RPC ends for any reason; after a normal end it is a no-op.
-            context.add_callback(execution.cancel)
-
-        try:
-            yield from self.runner.run(request, on_start)
-        except AgentError as error:
-            abort(context, error)
+        return stream(context, lambda on_start: self.runner.run(request, on_start))
 
     def Signal(
         self, request: process_pb2.SignalRequest, context: grpc.ServicerContext
     ) -> process_pb2.SignalResponse:
-        try:
-            return process_pb2.SignalResponse(delivered=self.runner.signal(request.exec_id, request.signal))
-        except AgentError as error:
-            abort(context, error)
+        return answer(context, lambda: process_pb2.SignalResponse(
+            delivered=self.runner.signal(request.exec_id, request.signal)))
 
 
 @dataclass(frozen=True)
@@ -120,7 +110,7 @@ def _expired(expiry_file: str, owner: FsIdentity | None) -> bool:
     paused run's sandbox longer; a missing or unreadable file never expires the sandbox.
     """
     try:
-        with owner.acting() if owner is not None else contextlib.nullcontext(), open(expiry_file) as f:
+        with acting_as(owner), open(expiry_file) as f:
             expires = float(f.read().strip() or "inf")
     except (OSError, ValueError):
         return False
@@ -153,7 +143,7 @@ def serve(config: AgentConfig) -> int:
     try:
         # The socket belongs to whoever owns its directory (the harness's user on the
         # host), so a harness that is not root can connect and nobody else can.
-        with owner.acting() if owner is not None else contextlib.nullcontext():
+        with acting_as(owner):
             if os.path.lexists(config.socket):
                 os.unlink(config.socket)
             server.add_insecure_port(f"unix:{config.socket}")
