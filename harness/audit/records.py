@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from harness.core.calls import Action, Decision, ErrorCode, ToolResult
@@ -139,6 +139,20 @@ def retry_safe(result: ToolResult | None) -> bool:
 # --------------------------------------------------------------------------- records
 
 
+def _every_field(record: Any) -> dict[str, Any]:
+    """A record's fields by name, in order (for ``to_dict``)."""
+    return {f.name: getattr(record, f.name) for f in fields(record)}
+
+
+def _decision_dict(decision: Decision | None, *, with_reason: bool) -> dict[str, Any]:
+    """A recorded decision as ``decision`` (its action), ``rule`` and, ``with_reason``, ``reason``."""
+    out = {"decision": None if decision is None else decision.action.value,
+           "rule": None if decision is None else decision.rule}
+    if with_reason:
+        out["reason"] = None if decision is None else decision.reason
+    return out
+
+
 @dataclass(frozen=True)
 class Attempt:
     """An earlier, superseded attempt of a call: the retry-safe failure it ended with."""
@@ -161,8 +175,7 @@ class Attempt:
             "started": self.started,
             "finished": self.finished,
             "duration_ms": self.duration_ms,
-            "decision": None if self.decision is None else self.decision.action.value,
-            "rule": None if self.decision is None else self.decision.rule,
+            **_decision_dict(self.decision, with_reason=False),
             "error_code": self.error_code,
             "result_text": self.result_text,
         }
@@ -179,14 +192,7 @@ class RunRecord:
     """Calls recorded for this run (any state, any outcome)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "created": self.created,
-            "ended": self.ended,
-            "end_reason": self.end_reason,
-            "meta": self.meta,
-            "calls": self.calls,
-        }
+        return _every_field(self)
 
 
 @dataclass(frozen=True)
@@ -236,9 +242,7 @@ class CallRecord:
             "arguments_truncated": self.arguments_truncated,
             "bytes_in": self.bytes_in,
             "state": self.state,
-            "decision": None if self.decision is None else self.decision.action.value,
-            "rule": None if self.decision is None else self.decision.rule,
-            "reason": None if self.decision is None else self.decision.reason,
+            **_decision_dict(self.decision, with_reason=True),
             "authorized": self.authorized,
             "owner": self.owner,
             "started": self.started,
@@ -322,23 +326,7 @@ class Approval:
     consumed: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "run_id": self.run_id,
-            "call_id": self.call_id,
-            "tool": self.tool,
-            "args_digest": self.args_digest,
-            "arguments": self.arguments,
-            "arguments_truncated": self.arguments_truncated,
-            "rule": self.rule,
-            "reason": self.reason,
-            "state": self.state,
-            "created": self.created,
-            "resolved": self.resolved,
-            "resolved_by": self.resolved_by,
-            "resolution_reason": self.resolution_reason,
-            "consumed": self.consumed,
-        }
+        return _every_field(self)
 
 
 # --------------------------------------------------------------------------- rows
@@ -397,26 +385,14 @@ ATTEMPT_COLUMNS = (
 """The columns of an earlier attempt, in the order :func:`_attempt_from_row` reads them."""
 
 
+APPROVAL_COLUMNS = ", ".join(f.name for f in fields(Approval))
+"""The columns of an approval: its fields, in order (the ``approvals`` table names them alike)."""
+
+
 def _approval_from_row(row: tuple[Any, ...]) -> Approval:
-    (aid, run_id, call_id, tool, digest, arguments, args_truncated, rule, reason, state, created,
-     resolved, resolved_by, resolution_reason, consumed) = row  # fmt: skip
-    return Approval(
-        id=aid,
-        run_id=run_id,
-        call_id=call_id,
-        tool=tool,
-        args_digest=digest,
-        arguments=arguments,
-        arguments_truncated=bool(args_truncated),
-        rule=rule,
-        reason=reason,
-        state=state,
-        created=created,
-        resolved=resolved,
-        resolved_by=resolved_by,
-        resolution_reason=resolution_reason,
-        consumed=consumed,
-    )
+    """A row of ``APPROVAL_COLUMNS``."""
+    values = dict(zip(APPROVAL_COLUMNS.split(", "), row, strict=True))
+    return Approval(**{**values, "arguments_truncated": bool(values["arguments_truncated"])})
 
 
 def _run_from_row(row: tuple[Any, ...]) -> RunRecord:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.audit import schema
 from harness.audit import store as audit
 from harness.audit.store import AuditError, AuditStore, default_audit_path, result_from_json, result_to_json
 from harness.core.calls import Action, Decision, ErrorCode, ToolResult
@@ -217,7 +218,7 @@ def test_connection_settings(store: AuditStore) -> None:
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 10_000
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == audit.SCHEMA_VERSION
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
     with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
         conn.execute(
             "INSERT INTO calls (run_id, call_id, tool, args_digest, arguments, bytes_in, owner, started) "
@@ -238,7 +239,7 @@ def test_reopening_keeps_data_and_runs_no_migration(db: Path, monkeypatch: pytes
     with AuditStore(db) as s:
         s.start_run("r1", meta={"model": "scripted"})
     ran: list[int] = []
-    monkeypatch.setitem(audit.MIGRATIONS, 1, lambda conn: ran.append(1))
+    monkeypatch.setitem(schema.MIGRATIONS, 1, lambda conn: ran.append(1))
     with AuditStore(db) as s:
         assert s.get_run("r1").meta == {"model": "scripted"}
     assert ran == []
@@ -252,8 +253,8 @@ def test_migration_hook_upgrades_once(db: Path, monkeypatch: pytest.MonkeyPatch)
         ran.append(2)
         conn.execute("ALTER TABLE runs ADD COLUMN label TEXT")
 
-    monkeypatch.setattr(audit, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(audit.MIGRATIONS, 2, to_2)
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(schema.MIGRATIONS, 2, to_2)
     with AuditStore(db) as s:
         assert s._conn is not None
         assert s._conn.execute("PRAGMA user_version").fetchone()[0] == 2
@@ -269,8 +270,8 @@ def test_failed_migration_rolls_back(db: Path, monkeypatch: pytest.MonkeyPatch) 
         conn.execute("ALTER TABLE runs ADD COLUMN half TEXT")
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(audit, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(audit.MIGRATIONS, 2, broken)
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(schema.MIGRATIONS, 2, broken)
     with pytest.raises(RuntimeError, match="boom"):
         AuditStore(db)
     conn = sqlite3.connect(db)
@@ -285,7 +286,7 @@ def test_newer_schema_is_refused(db: Path) -> None:
     AuditStore(db).close()
     conn = sqlite3.connect(db)
     try:
-        conn.execute(f"PRAGMA user_version = {audit.SCHEMA_VERSION + 1}")
+        conn.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION + 1}")
     finally:
         conn.close()
     with pytest.raises(AuditError, match="newer than this callbox understands"):

@@ -32,18 +32,7 @@ def _ran(_ctx: Any, args: ShellArgs) -> ToolOutput:
 SHELL = Tool(ToolDefinition(name="shell", description="Runs nothing (test).", input_model=ShellArgs,
                             command_field="command"), _ran)
 
-RULES = """
-[budgets]
-max_tool_calls = 1
-[tools.shell]
-decision = "allow"
-[[tools.shell.rules]]
-action = "allow"
-command = "*"
-[[tools.shell.rules]]
-action = "deny"
-command = "*rm -rf*"
-"""
+RULES = '[budgets]\nmax_tool_calls = 1\n[[tools.shell.rules]]\naction = "deny"\ncommand = "*rm -rf*"\n'
 
 
 @pytest.fixture
@@ -67,7 +56,7 @@ def test_the_budget_is_checked_before_the_rules(policy: Policy, audit: AuditStor
     session = _session(policy, audit, "run-budget")
     first = session.call(ToolCall("shell", '{"command": "ls"}', "c1"))
     assert (first.is_error, first.text) == (False, "ran ls")
-    second = session.call(ToolCall("shell", '{"command": "ls"}', "c2"))  # a rule allows it; the budget is spent
+    second = session.call(ToolCall("shell", '{"command": "ls"}', "c2"))  # the policy allows it; the budget is spent
     assert (second.is_error, second.error) == (True, ErrorCode.BUDGET_EXCEEDED)
     record = audit.get_call("run-budget", "c2")
     assert record is not None and record.decision is not None
@@ -80,7 +69,7 @@ def test_within_the_budget_the_rules_decide(policy: Policy, audit: AuditStore) -
     assert (denied.is_error, denied.error) == (True, ErrorCode.DENIED)
     record = audit.get_call("run-rules", "c1")
     assert record is not None and record.decision is not None
-    rule = 'tools.shell.rules[1] (deny command "*rm -rf*")'
+    rule = 'tools.shell.rules[0] (deny command "*rm -rf*")'
     assert (record.decision.action, record.decision.rule) == (Action.DENY, rule)
 
 

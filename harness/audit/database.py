@@ -1,0 +1,215 @@
+"""The audit database's connection: opening it (WAL, busy timeout, foreign keys, the schema
+migrated), one transaction per write, retries while another process holds the write lock,
+and a fresh connection in a forked child.
+
+:class:`Database` is the base the store's parts (:mod:`harness.audit.store`,
+:mod:`~harness.audit.approvals`, :mod:`~harness.audit.checkpoints`,
+:mod:`~harness.audit.egress`) build on: each of them is SQL run through ``_read`` and
+``_write``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Self, TypeVar
+
+from harness.audit.errors import AuditError
+from harness.audit.schema import migrate
+from harness.engine.docker.labels import Owner
+
+__all__ = ["BUSY_TIMEOUT_S", "ENSURE_RUN", "Database", "default_audit_path"]
+
+log = logging.getLogger("callbox.audit")
+
+BUSY_TIMEOUT_S = 10.0
+"""How long a connection waits for another process's write lock before giving up."""
+
+_SQLITE_BUSY = 5
+_SQLITE_LOCKED = 6
+
+T = TypeVar("T")
+
+ENSURE_RUN = "INSERT INTO runs (id, created) VALUES (?, ?) ON CONFLICT (id) DO NOTHING"
+"""Record a run, unless it is recorded already (a call or approval of a run never started)."""
+
+
+def default_audit_path() -> Path:
+    """``$CALLBOX_AUDIT_DB``, else ``$XDG_STATE_HOME/callbox/audit.sqlite3``, else
+    ``~/.local/state/callbox/audit.sqlite3`` (a relative XDG_STATE_HOME is ignored, as the
+    XDG spec requires)."""
+    override = os.environ.get("CALLBOX_AUDIT_DB")
+    if override:
+        return Path(override).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "state"
+    return base / "callbox" / "audit.sqlite3"
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+    text = str(exc)
+    return "locked" in text or "busy" in text
+
+
+_inherited_connections: list[sqlite3.Connection] = []
+"""Connections a forked child inherited: never used nor closed there (SQLite forbids both)."""
+
+_open_stores: weakref.WeakSet[Database] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_open_stores):
+        store._lock = threading.Lock()  # another thread may have held it at fork time
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Database:
+    """The audit database's connection. Thread-safe (one connection behind a lock); process-safe (SQLite
+    locking); fork-aware (a forked child opens its own connection). Use as a context manager
+    or call ``close()``."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = Path(path) if path is not None else default_audit_path()
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = -1
+        self._closed = False
+        self._owner: tuple[int, str] | None = None
+        with self._lock:
+            self._connection()
+        _open_stores.add(self)
+
+    # -- lifecycle
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+            if conn is not None and self._pid == os.getpid():
+                conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _connection(self) -> sqlite3.Connection:
+        """The open connection (caller holds ``_lock``); opens or re-opens after a fork."""
+        if self._closed:
+            raise AuditError(f"the audit store {self.path} is closed")
+        conn = self._conn
+        if conn is not None and self._pid == os.getpid():
+            return conn
+        if conn is not None:  # forked: the parent's connection must not be touched here
+            _inherited_connections.append(conn)
+            self._conn = None
+        conn = self._retrying(self._open)
+        self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            self._make_parent()
+            if not self.path.exists():
+                os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
+            conn = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False, cached_statements=256
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise AuditError(
+                f"cannot open the audit database {self.path}: {exc} (pass another path or set CALLBOX_AUDIT_DB)",
+                exit_code=125,
+            ) from exc
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                log.warning(
+                    "audit database %s: journal_mode is %s, not wal (filesystem without WAL support?)", self.path, mode
+                )
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            migrate(conn, self.path)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _make_parent(self) -> None:
+        missing: list[Path] = []
+        parent = self.path.parent
+        while not parent.exists():
+            missing.append(parent)
+            parent = parent.parent
+        for directory in reversed(missing):
+            with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+                directory.mkdir(mode=0o700)
+
+    # -- transaction helpers
+
+    def _retrying(self, operation: Callable[[], T]) -> T:
+        """Run ``operation``; if SQLite still reports busy/locked after its own busy timeout
+        (or at once, in the few cases SQLite does not wait), retry until BUSY_TIMEOUT_S more."""
+        deadline: float | None = None
+        delay = 0.002
+        while True:
+            try:
+                return operation()
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise AuditError(f"audit database {self.path}: {exc}", exit_code=125) from exc
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + BUSY_TIMEOUT_S
+                if now >= deadline:
+                    raise AuditError(
+                        f"the audit database {self.path} stayed locked by another process for over "
+                        f"{BUSY_TIMEOUT_S:.0f} s; try again",
+                        exit_code=125,
+                    ) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+            except sqlite3.Error as exc:
+                raise AuditError(f"audit database {self.path}: {exc}", exit_code=125) from exc
+
+    def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        """``body`` inside one BEGIN IMMEDIATE transaction (rolled back if it raises)."""
+
+        def attempt() -> T:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                out = body(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return out
+
+        with self._lock:
+            return self._retrying(attempt)
+
+    def _read(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        with self._lock:
+            return self._retrying(lambda: body(self._connection()))
+
+    def _owner_label(self) -> str:
+        pid = os.getpid()
+        if self._owner is None or self._owner[0] != pid:
+            self._owner = (pid, Owner.current().label())
+        return self._owner[1]

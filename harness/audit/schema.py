@@ -1,0 +1,177 @@
+"""The audit database's tables: the schema version, its migrations, and the tables made on
+first use.
+
+``PRAGMA user_version`` holds the schema version; ``MIGRATIONS[n]`` upgrades a version n-1
+database. Tables that are purely additive (checkpoints, egress records, superseded call
+attempts) are made on first use (``CREATE TABLE IF NOT EXISTS`` in the transaction that
+writes them) rather than by a version bump: a bumped ``user_version`` would make every
+older callbox refuse the database as "newer".
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.audit.errors import AuditError
+
+__all__ = ["ATTEMPTS_TABLE", "CHECKPOINTS_TABLE", "EGRESS_TABLE", "MIGRATIONS", "SCHEMA_VERSION", "migrate",
+           "table_exists"]
+
+log = logging.getLogger("callbox.audit")
+
+SCHEMA_VERSION = 1
+"""Stored in ``PRAGMA user_version``; ``MIGRATIONS[n]`` upgrades a database from n-1 to n."""
+
+_SCHEMA_V1 = (
+    """CREATE TABLE IF NOT EXISTS runs (
+        id          TEXT PRIMARY KEY,
+        created     REAL NOT NULL,
+        ended       REAL,
+        end_reason  TEXT,
+        meta        TEXT NOT NULL DEFAULT '{}'
+    )""",
+    """CREATE TABLE IF NOT EXISTS calls (
+        id                  INTEGER PRIMARY KEY,
+        run_id              TEXT NOT NULL REFERENCES runs(id),
+        call_id             TEXT NOT NULL,
+        tool                TEXT NOT NULL,
+        args_digest         TEXT NOT NULL,
+        arguments           TEXT NOT NULL,
+        arguments_truncated INTEGER NOT NULL DEFAULT 0,
+        bytes_in            INTEGER NOT NULL,
+        state               TEXT NOT NULL DEFAULT 'claimed' CHECK (state IN ('claimed', 'running', 'done')),
+        decision            TEXT CHECK (decision IN ('allow', 'ask', 'deny')),
+        rule                TEXT,
+        reason              TEXT,
+        authorized          INTEGER NOT NULL DEFAULT 0,
+        owner               TEXT NOT NULL,
+        started             REAL NOT NULL,
+        finished            REAL,
+        duration_ms         REAL,
+        exit_code           INTEGER,
+        is_error            INTEGER,
+        error_code          TEXT,
+        bytes_out           INTEGER,
+        truncated           INTEGER,
+        result_text         TEXT,
+        result_json         TEXT,
+        UNIQUE (run_id, call_id)
+    )""",
+    """CREATE TABLE IF NOT EXISTS approvals (
+        id                  TEXT PRIMARY KEY,
+        run_id              TEXT NOT NULL REFERENCES runs(id),
+        call_id             TEXT NOT NULL,
+        tool                TEXT NOT NULL,
+        args_digest         TEXT NOT NULL,
+        arguments           TEXT NOT NULL,
+        arguments_truncated INTEGER NOT NULL DEFAULT 0,
+        rule                TEXT NOT NULL,
+        reason              TEXT NOT NULL DEFAULT '',
+        state               TEXT NOT NULL DEFAULT 'pending'
+                            CHECK (state IN ('pending', 'approved', 'denied', 'consumed')),
+        created             REAL NOT NULL,
+        resolved            REAL,
+        resolved_by         TEXT,
+        resolution_reason   TEXT,
+        consumed            REAL,
+        UNIQUE (run_id, call_id)
+    )""",
+    "CREATE INDEX IF NOT EXISTS calls_authorized ON calls (run_id, authorized, error_code)",
+    "CREATE INDEX IF NOT EXISTS approvals_by_state ON approvals (state, created)",
+    "CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created)",
+)
+
+
+def _migrate_to_1(conn: sqlite3.Connection) -> None:
+    for statement in _SCHEMA_V1:
+        conn.execute(statement)
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _migrate_to_1}
+"""Version n -> the function that upgrades a version n-1 database, run inside the same
+``BEGIN IMMEDIATE`` transaction that then sets ``PRAGMA user_version = n``. Statements only
+(no ``executescript``, which would commit half-way)."""
+
+
+CHECKPOINTS_TABLE = """CREATE TABLE IF NOT EXISTS checkpoints (
+    run_id  TEXT PRIMARY KEY REFERENCES runs(id),
+    saved   REAL NOT NULL,
+    status  TEXT NOT NULL CHECK (status IN ('paused', 'resumed')),
+    owner   TEXT NOT NULL,
+    state   TEXT NOT NULL
+)"""
+EGRESS_TABLE = """CREATE TABLE IF NOT EXISTS egress (
+    id          INTEGER PRIMARY KEY,
+    run_id      TEXT NOT NULL REFERENCES runs(id),
+    call_id     TEXT,
+    sandbox_id  TEXT NOT NULL,
+    ts          REAL NOT NULL,
+    decision    TEXT NOT NULL,
+    method      TEXT,
+    host        TEXT,
+    port        INTEGER,
+    address     TEXT,
+    reason      TEXT,
+    record      TEXT NOT NULL
+)"""
+"""One row per connection the egress proxy of an ``allowlist`` sandbox allowed or refused;
+``call_id`` is the call during which it was seen (NULL: between calls or at the end)."""
+ATTEMPTS_TABLE = """CREATE TABLE IF NOT EXISTS call_attempts (
+    id          INTEGER PRIMARY KEY,
+    run_id      TEXT NOT NULL REFERENCES runs(id),
+    call_id     TEXT NOT NULL,
+    attempt     INTEGER NOT NULL,
+    owner       TEXT NOT NULL,
+    started     REAL NOT NULL,
+    finished    REAL,
+    duration_ms REAL,
+    decision    TEXT,
+    rule        TEXT,
+    reason      TEXT,
+    exit_code   INTEGER,
+    error_code  TEXT,
+    bytes_out   INTEGER,
+    result_text TEXT,
+    result_json TEXT,
+    UNIQUE (run_id, call_id, attempt)
+)"""
+"""One row per superseded attempt of a call (a retry-safe failure that a retry replaced);
+the call's row in ``calls`` always holds its latest attempt."""
+
+
+def table_exists(conn: sqlite3.Connection, name: str) -> bool:
+    """Whether a table made on first use exists yet."""
+    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+    return conn.execute(sql, (name,)).fetchone() is not None
+
+
+def migrate(conn: sqlite3.Connection, path: Path) -> None:
+    """Bring the database behind ``conn`` (the file at ``path``) to ``SCHEMA_VERSION``, in one
+    ``BEGIN IMMEDIATE`` transaction (another process may be migrating it at the same time);
+    a newer schema is an AuditError."""
+    target = SCHEMA_VERSION
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version == target:
+        return
+    if version > target:
+        raise AuditError(
+            f"the audit database {path} has schema version {version}, newer than this callbox "
+            f"understands ({target}); upgrade callbox or use another database",
+            exit_code=125,
+        )
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]  # another process may have won
+        for step in range(version + 1, target + 1):
+            MIGRATIONS[step](conn)
+            log.info("audit database %s: migrated to schema version %d", path, step)
+        if version < target:
+            conn.execute(f"PRAGMA user_version = {int(target)}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
