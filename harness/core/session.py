@@ -38,6 +38,7 @@ from harness.core.policy import Policy
 from harness.core.registry import Tool, ToolRegistry
 from harness.core.shaping import bound_text
 from harness.core.validation import CallRejected, check_call_id, validate_call
+from harness.engine.cancel import CallScope, current_scope
 from harness.engine.docker.engine import DockerEngine, Sandbox
 from harness.engine.spec import SandboxSpec
 from harness.tools.shell import sandbox_gone
@@ -106,6 +107,9 @@ class Session:
         self._sandbox: Sandbox | None = None
         self._sandbox_lock = threading.Lock()
         self._closed = False
+        self._calls_lock = threading.Lock()
+        self._running: set[CallScope] = set()
+        """The scopes of the calls running now, cancelled by ``cancel_calls`` and ``close``."""
 
     def exposed_tools(self) -> list[Tool]:
         """The tools this run offers the model (registered and allowed by its policy)."""
@@ -165,17 +169,32 @@ class Session:
             sandbox, self._sandbox = self._sandbox, None
             return sandbox
 
-    def close(self) -> None:
-        """End the session for good and destroy the run's sandbox. A call still running then
-        gets SessionClosed if it asks for the sandbox, a later call an error result. If the
-        destroy fails (EngineUnavailable: the engine went away) the sandbox is forgotten all
-        the same; gc removes it once it stopped or expired, or this process is gone."""
-        self._closed = True
+    def cancel_calls(self) -> int:
+        """Cancel the calls running now (their agent RPCs, so the agent kills what they
+        started); how many there were."""
+        with self._calls_lock:
+            running = list(self._running)
+        for scope in running:
+            scope.cancel()
+        return len(running)
+
+    def close(self) -> int:
+        """End the session for good: cancel the calls still running, destroy the run's
+        sandbox; the calls cancelled (0 when already closed). A cancelled call gets
+        SessionClosed if it asks for the sandbox after this, a later call an error result.
+        If the destroy fails (EngineUnavailable: the engine went away) the sandbox is
+        forgotten all the same; gc removes it once it stopped or expired, or this process
+        is gone."""
+        with self._calls_lock:
+            first = not self._closed
+            self._closed = True
+        cancelled = self.cancel_calls() if first else 0
         with self._sandbox_lock:
             if self._sandbox is not None:
                 self._record_egress(None)
                 sandbox, self._sandbox = self._sandbox, None
                 sandbox.destroy()
+        return cancelled
 
     def _record_egress(self, call_id: str | None) -> None:
         """Put the egress proxy's new decisions (allowlist sandboxes) into the audit store,
@@ -199,16 +218,34 @@ class Session:
 
     # ---- one call -----------------------------------------------------------------
 
-    def call(self, call: ToolCall, *, on_output: OutputSink | None = None) -> ToolResult:
+    def call(
+        self, call: ToolCall, *, on_output: OutputSink | None = None, scope: CallScope | None = None
+    ) -> ToolResult:
+        """Run one call through the whole path. ``scope`` (made current for the call, so the
+        agent RPCs it makes are tracked) lets the caller cancel it from any thread;
+        ``cancel_calls`` and ``close`` cancel it too."""
         try:
             check_call_id(call.call_id)
         except CallRejected as rejected:
             return ToolResult.failure(str(call.call_id)[:128], rejected.code, rejected.message)
-        if self._closed:
+        scope = scope if scope is not None else CallScope()
+        with self._calls_lock:
+            closed = self._closed
+            if not closed:
+                self._running.add(scope)
+        if closed:
             return ToolResult(
                 call_id=call.call_id, text=f"the session of run {self.run_id} has ended; its sandbox is gone",
                 is_error=True, error=ErrorCode.SANDBOX_UNAVAILABLE, structured={"command_started": False},
             )
+        try:
+            with current_scope(scope):
+                return self._call(call, on_output)
+        finally:
+            with self._calls_lock:
+                self._running.discard(scope)
+
+    def _call(self, call: ToolCall, on_output: OutputSink | None) -> ToolResult:
         tool = self.registry.get(call.name)
         call = _freeform(call, tool)
         claim = self.audit.claim_call(self.run_id, call.call_id, call.name, call.arguments)

@@ -1,7 +1,9 @@
 """A typed client for the in-container agent (sandbox.v1) over its unix socket.
 
 Thin on purpose: it turns gRPC errors into ``AgentCallError`` with the agent's
-structured reason, and leaves shaping results to the callers.
+structured reason, and leaves shaping results to the callers. Its channel records the
+streaming RPCs it opens in the calling thread's :class:`~harness.engine.cancel.CallScope`,
+so cancelling a tool call's scope cancels them (and the agent kills what they started).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, BinaryIO
 import grpc
 
 from harness.core.errors import AgentCallError
+from harness.engine.cancel import StreamTracker
 from harness.wire import DETAIL_METADATA_KEY, MAX_MESSAGE_BYTES
 from sandbox import health
 from sandbox.v1 import (
@@ -37,6 +40,17 @@ SANDBOX_GONE = (
     "the sandbox stopped answering: its container stopped or was killed, or the Docker engine went away"
 )
 """What an UNAVAILABLE without the agent's own detail means: the socket is gone or refused."""
+
+UNREACHABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"})
+"""gRPC codes of an agent call that never reached a live agent or lost it: with no reason
+of the agent's own they mean the sandbox is gone, not a refusal."""
+
+_TRACKER = StreamTracker()
+
+
+def sandbox_gone(error: AgentCallError) -> bool:
+    """The agent call failed because the sandbox no longer answers (not a refusal)."""
+    return error.reason == "UNSPECIFIED" and error.code in UNREACHABLE_CODES
 
 
 def translate(error: grpc.RpcError) -> AgentCallError:
@@ -67,7 +81,7 @@ class AgentClient:
 
     def __init__(self, socket_path: str) -> None:
         self.target = f"unix:{socket_path}"
-        self.channel = grpc.insecure_channel(
+        channel = grpc.insecure_channel(
             self.target,
             options=[
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -75,6 +89,7 @@ class AgentClient:
                 ("grpc.enable_retries", 0),
             ],
         )
+        self.channel: grpc.Channel = grpc.intercept_channel(channel, _TRACKER)
         self.process = process_pb2_grpc.ProcessStub(self.channel)
         self.files = filesystem_pb2_grpc.FilesystemStub(self.channel)
 

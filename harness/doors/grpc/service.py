@@ -24,16 +24,17 @@ Docker engine; its policy is the server's, tightened by the ``CreateSandbox`` ov
   ``DeleteSandbox``, when its ``ttl_seconds`` pass (the reaper), or at shutdown.
 * **Limits.** Live sandboxes per client and in total (creations in progress count), each
   a RESOURCE_EXHAUSTED with ``retryable`` set and a sentence naming the limit.
-* **Cancellation.** Each ``CallTool`` runs ``Session.call`` in a worker thread and streams
-  the output chunks it reports. The sandbox's agent channel is wrapped (once, when the
-  sandbox starts) with a client interceptor that records the streaming agent RPCs
-  (``Exec``, bash ``Run``) a call makes; when the ``CallTool`` RPC ends early (client
-  cancel, deadline passed, sandbox deleted, server stopping) those RPCs are cancelled and
-  the agent kills the command's whole process tree (a bash session is killed and marked
-  for restart). The call is still recorded in the audit store with what it got, so a
-  retry of the same call_id returns that record rather than running again (a failure from
-  before the command started, such as an unreachable engine, is the one record a retry
-  runs past).
+* **Cancellation.** Each ``CallTool`` runs ``Session.call`` in a worker thread, with a
+  :class:`~harness.engine.cancel.CallScope` of its own, and streams the output chunks it
+  reports. The scope holds the streaming agent RPCs (``Exec``, bash ``Run``) the call makes;
+  when the ``CallTool`` RPC ends early (client cancel, deadline passed) it is cancelled, and
+  when the sandbox is deleted, expires or the server stops, the session cancels it: the
+  agent then kills the command's whole process tree (a bash session is killed and marked
+  for restart). A call whose sandbox ended before its tool asked for it gets a
+  ``sandbox_unavailable`` result and starts no sandbox. The call is still recorded in the
+  audit store with what it got, so a retry of the same call_id returns that record rather
+  than running again (a failure from before the command started, such as an unreachable
+  engine, is the one record a retry runs past).
 * **Approvals.** A client may resolve the approvals of its own runs (``by = grpc:NAME``)
   unless the server is started with ``approvals_by_clients=False``, which reserves them
   to the operator (``callbox approvals``).
@@ -69,11 +70,11 @@ from harness.core.registry import ToolRegistry
 from harness.core.session import Session
 from harness.core.units import format_size
 from harness.doors.grpc.tokens import TokenSet, bearer_token
-from harness.engine.docker.engine import DockerEngine, Sandbox
+from harness.engine.cancel import CallScope
+from harness.engine.docker.engine import DockerEngine
 from harness.engine.spec import Mount, SpecError
 from harness.v1 import executor_pb2, executor_pb2_grpc
 from harness.wire import DETAIL_METADATA_KEY
-from sandbox.v1 import filesystem_pb2_grpc, process_pb2_grpc
 
 __all__ = [
     "DETAIL_METADATA_KEY",
@@ -314,62 +315,6 @@ def sandbox_policy(policy: Policy, overrides: SandboxOverrides, exposed: Sequenc
     return tightened
 
 
-# --- cancelling a call's agent RPCs ---------------------------------------------------------------
-
-
-class CallScope:
-    """The streaming agent RPCs one tool call made; ``cancel`` cancels them (and later ones)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._calls: list[Any] = []
-        self.cancelled = False
-
-    def track(self, call: Any) -> None:
-        with self._lock:
-            self._calls.append(call)
-            cancelled = self.cancelled
-        if cancelled:
-            call.cancel()
-
-    def cancel(self) -> None:
-        with self._lock:
-            if self.cancelled:
-                return
-            self.cancelled = True
-            calls = list(self._calls)
-        for call in calls:
-            with contextlib.suppress(Exception):
-                call.cancel()
-
-
-_current = threading.local()
-
-
-class _TrackStreams(grpc.UnaryStreamClientInterceptor):  # type: ignore[misc]
-    """Records each streaming agent RPC in the calling thread's CallScope."""
-
-    def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        call = continuation(client_call_details, request)
-        scope: CallScope | None = getattr(_current, "scope", None)
-        if scope is not None:
-            scope.track(call)
-        return call
-
-
-_TRACKER = _TrackStreams()
-
-
-def make_cancellable(sandbox: Sandbox) -> None:
-    """Route the sandbox agent's RPCs through the stream tracker (once, right after start)."""
-    agent = sandbox.agent
-    channel = grpc.intercept_channel(agent.channel, _TRACKER)
-    agent.channel = channel
-    agent.process = process_pb2_grpc.ProcessStub(channel)
-    agent.files = filesystem_pb2_grpc.FilesystemStub(channel)
-    agent.__dict__.pop("shell", None)  # a cached_property: rebuilt from the new channel
-
-
 # --- the engine, shared by every session ----------------------------------------------------------
 
 
@@ -414,30 +359,11 @@ class ClientSession:
         self.created = time.time()
         self.expires = self.created + ttl_seconds
         self._lock = threading.Lock()
-        self._scopes: set[CallScope] = set()
         self.closed = False
 
     @property
     def sandbox_id(self) -> str:
         return self.harness.run_id
-
-    def begin_call(self, scope: CallScope) -> bool:
-        with self._lock:
-            if self.closed:
-                return False
-            self._scopes.add(scope)
-            return True
-
-    def end_call(self, scope: CallScope) -> None:
-        with self._lock:
-            self._scopes.discard(scope)
-
-    def cancel_calls(self) -> int:
-        with self._lock:
-            scopes = list(self._scopes)
-        for scope in scopes:
-            scope.cancel()
-        return len(scopes)
 
     def close(self, audit: AuditStore, reason: str) -> int:
         """Cancel running calls, destroy the sandbox, end the run; the calls cancelled. Idempotent."""
@@ -445,9 +371,9 @@ class ClientSession:
             if self.closed:
                 return 0
             self.closed = True
-        cancelled = self.cancel_calls()
+        cancelled = 0
         try:
-            self.harness.close()
+            cancelled = self.harness.close()
         except Exception:
             log.exception("destroying sandbox %s of client %s failed", self.sandbox_id, self.client)
         with contextlib.suppress(AuditError):
@@ -637,7 +563,6 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                     self.audit.end_run(run_id, "sandbox_start_failed")
                 raise _creation_failure(error) from None
             try:
-                make_cancellable(box)
                 with contextlib.suppress(AuditError):
                     self.audit.update_run_meta(run_id, {"container": box.id})
                 with self._lock:
@@ -679,9 +604,9 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         except ServiceError as error:
             abort(context, error)
         call_id = request.call_id or f"call_{secrets.token_hex(8)}"
-        scope = CallScope()
-        if not session.begin_call(scope):
+        if session.closed:
             abort(context, _not_found("sandbox", request.sandbox_id))
+        scope = CallScope()
         context.add_callback(scope.cancel)  # runs when the RPC ends: cancelled, expired or done
         events: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
         call = ToolCall(request.name, request.arguments_json or "{}", call_id)
@@ -690,14 +615,10 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             events.put(("output", stream, data))
 
         def work() -> None:
-            _current.scope = scope
             try:
-                events.put(("result", session.harness.call(call, on_output=on_output), None))
+                events.put(("result", session.harness.call(call, on_output=on_output, scope=scope), None))
             except BaseException as exc:
                 events.put(("error", exc, None))
-            finally:
-                _current.scope = None
-                session.end_call(scope)
 
         threading.Thread(target=work, name=f"callbox-call-{call_id}", daemon=True).start()
         seq = 0
@@ -814,7 +735,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             self._closing = True
             sessions = list(self._sessions.values())
         for session in sessions:
-            session.cancel_calls()
+            session.harness.cancel_calls()
 
     def shutdown(self, *, wait_for_creations_s: float = CREATE_WAIT_AT_SHUTDOWN_S) -> list[str]:
         """Destroy every sandbox this server owns (after creations in progress finish); their ids."""

@@ -119,15 +119,13 @@ from starlette.routing import Route
 
 from harness.audit.store import AuditStore, arguments_digest
 from harness.core.calls import ErrorCode, ToolCall, ToolResult
-from harness.core.errors import CallboxError, SandboxStartError, UsageError
+from harness.core.errors import CallboxError, SessionClosed, UsageError
 from harness.core.formats import result_item, tool_definition
 from harness.core.policy import Policy, load_policy
 from harness.core.registry import ToolRegistry
 from harness.core.session import Session
-from harness.doors.grpc.service import CallScope, make_cancellable
-from harness.doors.grpc.service import _current as _rpc_scope
 from harness.doors.mcp.progress import OutputPump, progress_requested
-from harness.engine.docker.engine import Sandbox
+from harness.engine.cancel import CallScope
 from harness.engine.spec import SandboxSpec
 from harness.tools import builtin_registry
 
@@ -196,38 +194,6 @@ def _version() -> str:
 # ---- tool logic (no transport) ------------------------------------------------------------
 
 
-class SessionEnded(CallboxError):
-    """A call reached a session that has already ended."""
-
-
-class _DoorSession(Session):
-    """A Session whose sandbox cannot come back after ``close``: a call still running when its
-    session ends (its worker thread abandoned) must not start a new container nobody destroys.
-    Its sandbox's agent RPCs are tracked by the calling thread's CallScope (``make_cancellable``,
-    as in the gRPC door), so cancelling a call's scope kills what the call started."""
-
-    _closed = False
-    _cancellable: Sandbox | None = None
-    _cancellable_lock = threading.Lock()
-
-    def sandbox(self) -> Sandbox:
-        if self._closed:
-            raise SandboxStartError("the MCP session has ended; its sandbox is gone")
-        box = super().sandbox()
-        if self._closed:  # the session ended while the sandbox was starting
-            super().close()
-            raise SandboxStartError("the MCP session has ended; its sandbox is gone")
-        with self._cancellable_lock:
-            if self._cancellable is not box:
-                make_cancellable(box)
-                self._cancellable = box
-        return box
-
-    def close(self) -> None:
-        self._closed = True
-        super().close()
-
-
 class McpSession:
     """One MCP session: its own run in the audit store, its own (lazily started) sandbox.
 
@@ -239,7 +205,7 @@ class McpSession:
         extra: dict[str, Any] = {}
         if service.engine_factory is not None:
             extra["engine_factory"] = service.engine_factory
-        self.harness = _DoorSession(service.registry, service.policy, service.audit, spec=service.spec, **extra)
+        self.harness = Session(service.registry, service.policy, service.audit, spec=service.spec, **extra)
         self.run_id = self.harness.run_id
         self._audit = service.audit
         self._lock = threading.Lock()
@@ -247,8 +213,6 @@ class McpSession:
         self._awaiting: dict[tuple[str, str], str] = {}
         """(tool, arguments digest) -> call id of a call waiting for (or just given) approval."""
         self._closed = False
-        self._scopes: set[CallScope] = set()
-        """The running calls' agent RPCs, cancelled when the session ends."""
         service.audit.update_run_meta(self.run_id, {"door": "mcp", **meta})
         log.info("MCP session started: run %s %s", self.run_id, meta)
 
@@ -265,23 +229,15 @@ class McpSession:
         ``scope.cancel()``, from any thread, cancels the call's agent RPCs (killing its
         processes in the sandbox)."""
         key = (name, arguments_digest(arguments))
-        scope = scope or CallScope()
         with self._lock:
             if self._closed:
-                raise SessionEnded("this MCP session has ended")
+                raise SessionClosed("this MCP session has ended")
             if call_id is None:
                 call_id = self._awaiting.get(key)
             if call_id is None:
                 self._seq += 1
                 call_id = f"mcp-{self._seq:06d}"
-            self._scopes.add(scope)
-        _rpc_scope.scope = scope
-        try:
-            result = self.harness.call(ToolCall(name, arguments, call_id), on_output=on_output)
-        finally:
-            _rpc_scope.scope = None
-            with self._lock:
-                self._scopes.discard(scope)
+        result = self.harness.call(ToolCall(name, arguments, call_id), on_output=on_output, scope=scope)
         with self._lock:
             if result.error is ErrorCode.APPROVAL_PENDING:
                 self._awaiting[key] = call_id
@@ -295,12 +251,9 @@ class McpSession:
             if self._closed:
                 return
             self._closed = True
-            running = list(self._scopes)
-        for scope in running:
-            scope.cancel()
         sandbox_id = self.sandbox_id
         try:
-            self.harness.close()
+            self.harness.close()  # cancels the calls still running first
         finally:
             with contextlib.suppress(CallboxError):
                 self._audit.end_run(self.run_id, "mcp_session_ended")
@@ -321,7 +274,7 @@ class SessionSlot:
     def session(self) -> McpSession:
         with self._lock:
             if self._closed:
-                raise SessionEnded("this MCP session has ended")
+                raise SessionClosed("this MCP session has ended")
             if self._session is None:
                 self._session = McpSession(self._service, self._meta)
             return self._session
@@ -391,7 +344,7 @@ class McpToolService:
         slot = SessionSlot(self, meta)
         with self._lock:
             if self._closed:
-                raise SessionEnded("the MCP server is shutting down")
+                raise SessionClosed("the MCP server is shutting down")
             self._slots.add(slot)
         return slot
 
@@ -498,7 +451,7 @@ class _McpProtocol:
         arguments = params.arguments if params.arguments is not None else {}
         try:
             slot = self._slot(ctx)
-        except SessionEnded as ended:
+        except SessionClosed as ended:
             raise MCPError(code=INTERNAL_ERROR, message=ended.message) from None
         pump = OutputPump() if progress_requested(ctx) else None
         client_call_id = _client_call_id(ctx)
@@ -522,7 +475,7 @@ class _McpProtocol:
                         run, abandon_on_cancel=True, limiter=self._limiter)
                     tg.cancel_scope.cancel()
                 await pump.report(ctx, final=True)
-        except SessionEnded as ended:
+        except SessionClosed as ended:
             raise MCPError(code=INTERNAL_ERROR, message=ended.message) from None
         except anyio.get_cancelled_exc_class():
             # The client cancelled the request or went away: the worker thread is abandoned,
