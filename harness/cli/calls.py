@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from harness.cli.options import UsageParser, sandbox_options, say, spec_from_args
 from harness.core.calls import ErrorCode
 from harness.core.formats import FORMATS, parse_format, result_item, tool_definitions
 
@@ -28,8 +29,6 @@ CALLBOX_FAILURES = frozenset({ErrorCode.SANDBOX_UNAVAILABLE, ErrorCode.INTERNAL}
 
 
 def add_parsers(sub: Any) -> None:
-    from harness.cli.main import UsageParser, sandbox_options
-
     tools = sub.add_parser("tools", help="print the tool definitions a model would see")
     tools.add_argument("--format", default="openai", choices=FORMATS, help="API shape (default openai)")
     tools.add_argument("--policy", type=Path, help="policy file (its allowed_tools apply)")
@@ -86,7 +85,6 @@ def _tools(args: argparse.Namespace) -> int:
 
 def _call(args: argparse.Namespace) -> int:
     from harness.audit.store import AuditStore
-    from harness.cli.main import say, spec_from_args
     from harness.cli.notices import loosened_said_once
     from harness.core.calls import ToolCall
     from harness.core.policy import load_policy

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli.notices import loosened_said_once
+from harness.cli.options import sandbox_options, spec_from_args
 from harness.core.errors import UsageError
 
 DEFAULT_SYSTEM = (
@@ -48,9 +49,10 @@ DEFAULT_SYSTEM = (
 SCRIPTED_TASK = "(scripted run: the transcript holds the model's turns)"
 
 
-def add_parser(sub: Any) -> None:
-    from harness.cli.main import sandbox_options
+COMMANDS = ("run",)
 
+
+def add_parsers(sub: Any) -> None:
     run = sub.add_parser(
         "run", help="run the agent loop (a scripted transcript or a real model)",
         epilog="exit status: 0 final answer, 3 paused for approval, 1 another limit (max_turns, budget:*, "
@@ -143,7 +145,6 @@ def _model(args: argparse.Namespace, *, turns_done: int = 0) -> Any:
 
 
 def _start(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any:
-    from harness.cli.main import spec_from_args
     from harness.core.policy import load_policy
     from harness.core.session import Session
     from harness.loop.agent_loop import run_agent
@@ -183,8 +184,6 @@ def _show(args: argparse.Namespace, policy: Any) -> Any:
     if args.json:
         return _json_printer()
     return _LiveView(live_bytes=max(1024, policy.budgets.max_output_bytes // 4)).show
-
-
 
 
 def _exit_status(reason: str) -> int:

@@ -1,0 +1,43 @@
+"""``callbox image build``: the sandbox image, built offline (idempotent)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from harness.cli.options import UsageParser
+from harness.core.errors import CallboxError
+
+COMMANDS = ("image",)
+
+
+def add_parsers(sub: Any) -> None:
+    image = sub.add_parser("image", help="build the sandbox image")
+    image_sub = image.add_subparsers(dest="image_command", required=True, parser_class=UsageParser)
+    build = image_sub.add_parser("build", help="build the sandbox image offline (idempotent)")
+    build.add_argument("--base", help="use this local base image (Python 3.11+) instead of debootstrap")
+    build.add_argument("--tag", default="callbox-sandbox:latest", help="tag for the built image")
+    build.add_argument("--wheelhouse", type=Path, help="directory of wheels to use instead of PyPI")
+
+
+def run(args: argparse.Namespace) -> int:
+    return _image_build(args)
+
+
+def _image_build(args: argparse.Namespace) -> int:
+    from harness.engine.docker.engine import connect_client
+    from harness.engine.image import ImageBuildError, build_image
+
+    client = connect_client(timeout=600)
+    repo_root = Path(__file__).resolve().parents[2]
+    try:
+        result = build_image(client, repo_root=repo_root, base=args.base, tag=args.tag,
+                             wheelhouse=args.wheelhouse, progress=lambda line: print(f"callbox: {line}",
+                                                                                    file=sys.stderr))
+    except ImageBuildError as exc:
+        raise CallboxError(str(exc)) from None
+    state = "built" if result.built else "up to date"
+    print(f"{result.tag} {state} ({result.image_id[:19]}, {result.seconds:.1f} s)")
+    return 0
