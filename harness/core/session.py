@@ -33,15 +33,16 @@ from harness.audit.records import final_decision
 from harness.audit.store import AuditStore, Claim, arguments_digest
 from harness.core.calls import Action, Decision, ErrorCode, ToolCall, ToolOutput, ToolResult
 from harness.core.context import OutputSink, ToolContext
-from harness.core.errors import AgentCallError, CallboxError, EngineUnavailable, SandboxStartError, SessionClosed
+from harness.core.errors import AgentCallError, CallboxError, SandboxStartError, SessionClosed
 from harness.core.policy import Policy
 from harness.core.registry import Tool, ToolRegistry
 from harness.core.shaping import bound_text
 from harness.core.validation import CallRejected, check_call_id, validate_call
+from harness.engine.agent_client import sandbox_gone
+from harness.engine.base import Engine, Sandbox
 from harness.engine.cancel import CallScope, current_scope
-from harness.engine.docker.engine import DockerEngine, Sandbox
+from harness.engine.default import connect_default_engine
 from harness.engine.spec import SandboxSpec
-from harness.tools.shell import sandbox_gone
 
 log = logging.getLogger("callbox.harness")
 
@@ -57,17 +58,6 @@ def _freeform(call: ToolCall, tool: Tool | None) -> ToolCall:
     if field is None or not isinstance(call.arguments, str) or call.arguments.lstrip().startswith("{"):
         return call
     return ToolCall(call.name, {field: call.arguments}, call.call_id)
-
-
-def _connect_with_retries() -> DockerEngine:
-    """Engine set-up is safe to retry (nothing has run yet); commands never are."""
-    retrying = tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(EngineUnavailable),
-        stop=tenacity.stop_after_attempt(3),
-        wait=tenacity.wait_exponential(multiplier=0.5, max=4),
-        reraise=True,
-    )
-    return retrying(DockerEngine.connect)
 
 
 class _CallSandbox:
@@ -94,7 +84,7 @@ class Session:
         *,
         run_id: str | None = None,
         spec: SandboxSpec | None = None,
-        engine_factory: Callable[[], DockerEngine] = _connect_with_retries,
+        engine_factory: Callable[[], Engine] = connect_default_engine,
     ) -> None:
         policy.check_tools(t.definition for t in registry.tools())
         self.registry = registry
@@ -149,13 +139,13 @@ class Session:
         """The run's sandbox if one was started or attached; never starts one."""
         return self._sandbox
 
-    def connect_engine(self) -> DockerEngine:
+    def connect_engine(self) -> Engine:
         """An engine from this harness's factory (to attach a kept sandbox)."""
         return self._engine_factory()
 
     def attach(self, sandbox: Sandbox) -> None:
         """Run this run's calls in an existing sandbox (a paused run's, from
-        ``DockerEngine.attach``) instead of starting one; ``close`` destroys it as usual."""
+        ``Engine.attach``) instead of starting one; ``close`` destroys it as usual."""
         with self._sandbox_lock:
             self._refuse_if_closed()
             if self._sandbox is not None and self._sandbox is not sandbox:
