@@ -135,6 +135,16 @@ class RunEnded(_EventBase):
     resume_command: str = ""
     """Paused: the command that continues the run, if the caller gave one."""
 
+    @classmethod
+    def of(cls, out: RunOutcome) -> RunEnded:
+        """The event that reports ``out``."""
+        return cls(
+            run_id=out.run_id, reason=out.reason, turns=out.turns, tool_calls=out.tool_calls, seconds=out.seconds,
+            input_tokens=out.usage.input_tokens, output_tokens=out.usage.output_tokens,
+            cost_usd=out.usage.cost_usd, final_text=out.final_text, message=out.message,
+            pending_approvals=out.pending_approvals, resume_command=out.resume_command,
+        )
+
 
 Event = (RunStarted | TurnStarted | ModelRetrying | ModelReplied | ToolCallStarted | ToolOutputChunk
          | ToolCallFinished | ContextElided | RunEnded)
