@@ -16,61 +16,35 @@ call again and it goes through the whole path once more, policy included, with t
 attempt kept in its audit record. A tool that reports ``sandbox_unavailable`` without
 ever having been handed a sandbox cannot have started anything, so its result is marked
 ``command_started: false`` here, whatever the tool said.
+
+Each running call has a :class:`~harness.engine.cancel.CallScope`; ``cancel_calls``
+cancels them (the agent kills what they started). ``close`` ends the session for good: it
+cancels the running calls, destroys the sandbox, and from then on no sandbox starts for the
+session and every call gets a ``sandbox_unavailable`` result.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
-import time
 from collections.abc import Callable
-from typing import Any
 
 import tenacity
 
-from harness.audit.records import final_decision
-from harness.audit.store import AuditStore, Claim, arguments_digest
-from harness.core.calls import Action, Decision, ErrorCode, ToolCall, ToolOutput, ToolResult
-from harness.core.context import OutputSink, ToolContext
-from harness.core.errors import AgentCallError, CallboxError, SandboxStartError, SessionClosed
+from harness.audit.store import AuditStore
+from harness.core.call_path import CallPath, DecisionSink
+from harness.core.calls import ErrorCode, ToolCall, ToolResult
+from harness.core.context import OutputSink
+from harness.core.errors import CallboxError, SandboxStartError, SessionClosed
 from harness.core.policy import Policy
 from harness.core.registry import Tool, ToolRegistry
-from harness.core.shaping import bound_text
-from harness.core.validation import CallRejected, check_call_id, validate_call
-from harness.engine.agent_client import sandbox_gone
+from harness.core.validation import CallRejected, check_call_id
 from harness.engine.base import Engine, Sandbox
 from harness.engine.cancel import CallScope, current_scope
 from harness.engine.default import connect_default_engine
 from harness.engine.spec import SandboxSpec
 
 log = logging.getLogger("callbox.harness")
-
-# How long a duplicate call waits for the process that is running the original.
-WAIT_MARGIN_S = 60.0
-# How long a sandbox may take to answer a health check after a tool failed in it.
-GONE_CHECK_S = 2.0
-
-
-def _freeform(call: ToolCall, tool: Tool | None) -> ToolCall:
-    """Wrap plain-text arguments of a freeform tool as the JSON object its model expects."""
-    field = tool.definition.freeform_field if tool is not None else None
-    if field is None or not isinstance(call.arguments, str) or call.arguments.lstrip().startswith("{"):
-        return call
-    return ToolCall(call.name, {field: call.arguments}, call.call_id)
-
-
-class _CallSandbox:
-    """The run's sandbox as one call's handler sees it, noting whether it got one."""
-
-    def __init__(self, harness: Session) -> None:
-        self._harness = harness
-        self.handed_out = False
-
-    def sandbox(self) -> Sandbox:
-        sandbox = self._harness.sandbox()
-        self.handed_out = True
-        return sandbox
 
 
 class Session:
@@ -181,12 +155,12 @@ class Session:
         cancelled = self.cancel_calls() if first else 0
         with self._sandbox_lock:
             if self._sandbox is not None:
-                self._record_egress(None)
+                self.record_egress(None)
                 sandbox, self._sandbox = self._sandbox, None
                 sandbox.destroy()
         return cancelled
 
-    def _record_egress(self, call_id: str | None) -> None:
+    def record_egress(self, call_id: str | None) -> None:
         """Put the egress proxy's new decisions (allowlist sandboxes) into the audit store,
         attributed to ``call_id``."""
         sandbox = self._sandbox
@@ -209,210 +183,39 @@ class Session:
     # ---- one call -----------------------------------------------------------------
 
     def call(
-        self, call: ToolCall, *, on_output: OutputSink | None = None, scope: CallScope | None = None
+        self,
+        call: ToolCall,
+        *,
+        on_output: OutputSink | None = None,
+        on_decided: DecisionSink | None = None,
+        scope: CallScope | None = None,
     ) -> ToolResult:
-        """Run one call through the whole path. ``scope`` (made current for the call, so the
-        agent RPCs it makes are tracked) lets the caller cancel it from any thread;
-        ``cancel_calls`` and ``close`` cancel it too."""
+        """Run one call through the whole path (:class:`~harness.core.call_path.CallPath`).
+
+        ``on_output`` receives the output chunks while the tool runs. ``on_decided`` receives
+        the call's decision label (``allow``, ``ask``, ``deny``, ``approved``, ``rejected``)
+        exactly once, before the handler runs (before the result returns, for a call that
+        never runs); every result carries it in ``meta["decision"]``. ``scope`` (made
+        current for the call, so the agent RPCs it makes are tracked) lets the caller cancel
+        the call from any thread; ``cancel_calls`` and ``close`` cancel it too."""
+        path = CallPath(self, call, on_output, on_decided)
         try:
             check_call_id(call.call_id)
         except CallRejected as rejected:
-            return ToolResult.failure(str(call.call_id)[:128], rejected.code, rejected.message)
+            return path.labelled(ToolResult.failure(str(call.call_id)[:128], rejected.code, rejected.message))
         scope = scope if scope is not None else CallScope()
         with self._calls_lock:
             closed = self._closed
             if not closed:
                 self._running.add(scope)
         if closed:
-            return ToolResult(
+            return path.labelled(ToolResult(
                 call_id=call.call_id, text=f"the session of run {self.run_id} has ended; its sandbox is gone",
                 is_error=True, error=ErrorCode.SANDBOX_UNAVAILABLE, structured={"command_started": False},
-            )
+            ))
         try:
             with current_scope(scope):
-                return self._call(call, on_output)
+                return path.labelled(path.run())
         finally:
             with self._calls_lock:
                 self._running.discard(scope)
-
-    def _call(self, call: ToolCall, on_output: OutputSink | None) -> ToolResult:
-        tool = self.registry.get(call.name)
-        call = _freeform(call, tool)
-        claim = self.audit.claim_call(self.run_id, call.call_id, call.name, call.arguments)
-        if not claim.fresh:
-            return self._repeat(call, tool, claim, on_output)
-        if tool is None or not self.policy.tool_allowed(call.name):
-            return self._finish(call, self._unavailable(call, tool))
-        try:
-            args = validate_call(tool.definition, call.arguments)
-        except CallRejected as rejected:
-            return self._finish(call, ToolResult.failure(call.call_id, rejected.code, rejected.message))
-        decision = self._authorize(tool, args)
-        self.audit.record_decision(self.run_id, call.call_id, decision)
-        if decision.action is Action.DENY:
-            code = ErrorCode.BUDGET_EXCEEDED if decision.rule.startswith("budgets.") else ErrorCode.DENIED
-            return self._finish(call, ToolResult.failure(call.call_id, code, decision.reason), decision)
-        if decision.action is Action.ASK:
-            approved = self._approved_before(call, claim)
-            if approved is None:
-                return self._ask(call, decision)
-            decision = approved
-        return self._execute(call, tool, args, decision, on_output)
-
-    def _approved_before(self, call: ToolCall, claim: Claim) -> Decision | None:
-        """For a retry of a call a person approved whose attempt never started: that
-        approval (already consumed by the failed attempt) still stands for these arguments."""
-        if claim.attempt == 1:
-            return None
-        approval = self.audit.find_approval(self.run_id, call.call_id)
-        if approval is None or approval.state != "consumed" or approval.args_digest != claim.record.args_digest:
-            return None
-        return Decision(Action.ALLOW, f"approval {approval.id}", approval.reason)
-
-    def _unavailable(self, call: ToolCall, tool: Tool | None) -> ToolResult:
-        exposed = self.registry.exposed_names(self.policy)
-        if tool is None:
-            text = f"unknown tool {call.name!r}; the available tools are: {', '.join(exposed) or 'none'}"
-            return ToolResult.failure(call.call_id, ErrorCode.UNKNOWN_TOOL, text)
-        text = f"tool {call.name!r} is not enabled in this run; the enabled tools are: {', '.join(exposed)}"
-        return ToolResult.failure(call.call_id, ErrorCode.TOOL_NOT_ALLOWED, text)
-
-    def _authorize(self, tool: Tool, args: Any) -> Decision:
-        budget = self.policy.budgets.check(self.audit.count_calls(self.run_id), time.time() - self.started)
-        if budget is not None:
-            return budget
-        return self.policy.decide(tool.definition, args, workdir=self.spec.workdir)
-
-    def _ask(self, call: ToolCall, decision: Decision) -> ToolResult:
-        approval = self.audit.create_approval(
-            self.run_id, call.call_id, call.name, call.arguments, decision.rule, decision.reason
-        )
-        return ToolResult.failure(
-            call.call_id,
-            ErrorCode.APPROVAL_PENDING,
-            f"this call needs approval ({decision.rule}) and is pending as approval {approval.id}; "
-            "it runs once a person approves it",
-            approval_id=approval.id,
-        )
-
-    def _repeat(self, call: ToolCall, tool: Tool | None, claim: Claim, on_output: OutputSink | None) -> ToolResult:
-        """The call_id was seen before in this run: never run it a second time."""
-        if claim.conflict:
-            return ToolResult.failure(
-                call.call_id, ErrorCode.BAD_CALL_ID,
-                f"call_id {call.call_id!r} was already used in this run for a different call; "
-                "use a new call_id for a new call",
-            )
-        if claim.result is not None:
-            return claim.result
-        decision = claim.decision
-        if claim.state == "claimed" and decision is not None and decision.action is Action.ASK and tool is not None:
-            return self._resume_approval(call, tool, decision, on_output)
-        timeout = self.policy.budgets.call_timeout_ceiling_s + WAIT_MARGIN_S
-        result = self.audit.wait_for_result(self.run_id, call.call_id, timeout)
-        if result is not None:
-            return result
-        return ToolResult.failure(
-            call.call_id, ErrorCode.INTERNAL,
-            f"call {call.call_id!r} is being run by another harness process that has not finished",
-        )
-
-    def _resume_approval(
-        self, call: ToolCall, tool: Tool, decision: Decision, on_output: OutputSink | None
-    ) -> ToolResult:
-        approval = self.audit.find_approval(self.run_id, call.call_id)
-        if approval is None:
-            return self._ask(call, decision)
-        if approval.state == "pending":
-            return self._ask(call, decision)
-        if approval.state == "denied":
-            why = f": {approval.resolution_reason}" if approval.resolution_reason else ""
-            result = ToolResult.failure(
-                call.call_id, ErrorCode.APPROVAL_DENIED, f"a person denied this call (approval {approval.id}){why}"
-            )
-            return self._finish(call, result, final_decision(decision, approval))
-        if approval.args_digest != arguments_digest(call.arguments):
-            return ToolResult.failure(
-                call.call_id, ErrorCode.BAD_CALL_ID,
-                f"approval {approval.id} was given for different arguments; send the call exactly as approved",
-            )
-        if not self.audit.consume_approval(approval.id):  # another process is running it
-            return self._repeat(call, tool, self.audit.claim_call(self.run_id, call.call_id, call.name,
-                                                                   call.arguments), on_output)
-        args = validate_call(tool.definition, call.arguments)
-        approved = Decision(Action.ALLOW, f"approval {approval.id}", decision.reason)
-        return self._execute(call, tool, args, approved, on_output)
-
-    def _execute(
-        self, call: ToolCall, tool: Tool, args: Any, decision: Decision, on_output: OutputSink | None
-    ) -> ToolResult:
-        budgets = self.policy.budgets
-        if not self.audit.mark_running(self.run_id, call.call_id, max_calls=budgets.max_tool_calls):
-            denied = budgets.check(budgets.max_tool_calls, 0) or decision
-            result = ToolResult.failure(call.call_id, ErrorCode.BUDGET_EXCEEDED, denied.reason)
-            return self._finish(call, result, denied)
-        provider = _CallSandbox(self)
-        ctx = ToolContext(
-            run_id=self.run_id, call_id=call.call_id, provider=provider,
-            default_timeout_s=budgets.default_call_timeout_s, timeout_ceiling_s=budgets.call_timeout_ceiling_s,
-            output_budget=budgets.max_output_bytes, on_output=on_output,
-        )
-        started = time.monotonic()
-        output = self._unless_gone(self._run_handler(tool, ctx, args))
-        if output.error is ErrorCode.SANDBOX_UNAVAILABLE and not provider.handed_out:
-            output = dataclasses.replace(output, structured={**(output.structured or {}), "command_started": False})
-        duration_ms = (time.monotonic() - started) * 1000
-        self._record_egress(call.call_id)
-        shaped = bound_text(output.text, budgets.max_output_bytes)
-        result = ToolResult(
-            call_id=call.call_id, text=shaped.text, is_error=output.is_error, error=output.error,
-            structured=output.structured,
-            meta={"duration_ms": round(duration_ms, 3), "rule": decision.rule, "raw_bytes": output.raw_bytes,
-                  "truncated": shaped.truncated},
-        )
-        exit_code = (output.structured or {}).get("exit_code")
-        self.audit.finish_call(
-            self.run_id, call.call_id, result, decision=decision,
-            exit_code=exit_code if isinstance(exit_code, int) else None,
-            duration_ms=duration_ms, bytes_out=len(shaped.text.encode()), truncated=shaped.truncated,
-        )
-        return result
-
-    @staticmethod
-    def _run_handler(tool: Tool, ctx: ToolContext, args: Any) -> ToolOutput:
-        try:
-            return tool.handler(ctx, args)
-        except CallboxError as error:
-            # No engine, image missing, sandbox failed to start: the model cannot fix it, but
-            # it must get a result for its call_id; nothing ran on the host.
-            return ToolOutput(text=f"the sandbox is unavailable: {error.message}", is_error=True,
-                              error=ErrorCode.SANDBOX_UNAVAILABLE)
-        except Exception:
-            log.exception("tool %s failed inside the harness", tool.definition.name)
-            return ToolOutput(text=f"the tool {tool.definition.name!r} failed inside the harness (a bug); "
-                                   "the error is in the harness log", is_error=True, error=ErrorCode.INTERNAL)
-
-    def _unless_gone(self, output: ToolOutput) -> ToolOutput:
-        """A tool failure in a sandbox that no longer answers is ``sandbox_unavailable``
-        (retryable, as the file tools and shell report it), whichever tool saw it."""
-        sandbox = self._sandbox
-        if output.error is not ErrorCode.TOOL_FAILED or sandbox is None:
-            return output
-        try:
-            sandbox.agent.health(timeout=GONE_CHECK_S)
-        except AgentCallError as error:
-            if not sandbox_gone(error):
-                return output
-            return ToolOutput(
-                text=f"the sandbox did not answer. {output.text}", is_error=True,
-                error=ErrorCode.SANDBOX_UNAVAILABLE, structured={**(output.structured or {}), "reason": error.reason},
-                raw_bytes=output.raw_bytes,
-            )
-        return output
-
-    def _finish(self, call: ToolCall, result: ToolResult, decision: Decision | None = None) -> ToolResult:
-        self.audit.finish_call(
-            self.run_id, call.call_id, result, decision=decision, exit_code=None, duration_ms=0.0,
-            bytes_out=len(result.text.encode()), truncated=False,
-        )
-        return result

@@ -6,18 +6,17 @@ before anything after it. A call of a tool the turn did not offer (a stage or th
 tool_choice kept it out) gets a ``tool_not_allowed`` result from the loop itself; every
 other call goes to ``Session.call``, which validates, authorizes and records it. Once a
 call finds the sandbox unavailable, the calls after it are not run. Each call emits
-``ToolCallStarted``, its ``ToolOutputChunk``s and ``ToolCallFinished``.
+``ToolCallStarted`` when the harness has decided it (with that decision), its
+``ToolOutputChunk``s and ``ToolCallFinished``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from harness.core.calls import ErrorCode, ToolCall, ToolResult
 from harness.core.session import Session
-from harness.core.validation import CallRejected, validate_call
 from harness.loop.config import LoopConfig
 from harness.loop.events import Event, ToolCallFinished, ToolCallStarted, ToolOutputChunk
 from harness.models.base import ModelToolCall
@@ -74,51 +73,24 @@ class CallRunner:
             result = ToolResult.failure(
                 call.call_id[:128], ErrorCode.TOOL_NOT_ALLOWED,
                 f"tool {call.name!r} is not offered in this turn; the tools you may call now are: {listed}",
+                decision="rejected",
             )
             self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, "rejected"))
             self._emit(ToolCallFinished(turn, call.call_id, call.name, "rejected", result))
             return result
-        self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, self._preview(call)))
+
+        def decided(label: str) -> None:
+            self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, label))
 
         def sink(stream: str, data: bytes) -> None:
             self._emit(ToolOutputChunk(call.call_id, stream, data))
 
-        result = self.harness.call(ToolCall(call.name, call.arguments, call.call_id), on_output=sink)
-        self._emit(ToolCallFinished(turn, call.call_id, call.name, self._decision_of(call, result), result))
+        result = self.harness.call(ToolCall(call.name, call.arguments, call.call_id), on_output=sink,
+                                   on_decided=decided)
+        self._emit(ToolCallFinished(turn, call.call_id, call.name, str(result.meta["decision"]), result))
         return result
 
     def _exposable(self, name: str) -> bool:
         """Registered and allowed by the policy: a call of any other tool goes to the harness,
         which refuses (and records) it; the loop only refuses what this turn did not offer."""
         return name in self.harness.registry and self.harness.policy.tool_allowed(name)
-
-    def _preview(self, call: ModelToolCall) -> str:
-        """The decision the call is about to get, for the live view (the harness decides)."""
-        harness = self.harness
-        approval = harness.audit.find_approval(harness.run_id, call.call_id)
-        if approval is not None:
-            return {"pending": "ask", "denied": "deny"}.get(approval.state, "approved")
-        tool = harness.registry.get(call.name)
-        if tool is None or not harness.policy.tool_allowed(call.name):
-            return "rejected"
-        arguments: str | dict[str, Any] = call.arguments
-        field_name = tool.definition.freeform_field
-        if field_name is not None and isinstance(arguments, str) and not arguments.lstrip().startswith("{"):
-            arguments = {field_name: arguments}
-        try:
-            args = validate_call(tool.definition, arguments)
-        except CallRejected:
-            return "rejected"
-        return harness.policy.decide(tool.definition, args, workdir=harness.spec.workdir).action.value
-
-    def _decision_of(self, call: ModelToolCall, result: ToolResult) -> str:
-        if result.error is ErrorCode.APPROVAL_PENDING:
-            return "ask"
-        if result.error is ErrorCode.APPROVAL_DENIED:
-            return "deny"
-        record = self.harness.audit.get_call(self.harness.run_id, call.call_id)
-        if record is None or record.decision is None:
-            return "rejected"
-        if record.decision.rule.startswith("approval "):
-            return "approved"
-        return record.decision.action.value

@@ -1,0 +1,296 @@
+"""The path of one call through its session: claim, validate, authorize, run, bound, record.
+
+:class:`CallPath` holds what one call carries along the way (the call, its tool, where its
+output and its decision go). The decision is reported once, before the handler runs (or
+before the result is returned, for a call that never runs), as one of :data:`DECISIONS`,
+and the same label is in ``meta["decision"]`` of the result, recorded with it, so a replay
+of the call reports what the original did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from harness.audit.records import final_decision
+from harness.audit.store import Claim, arguments_digest
+from harness.core.calls import Action, Decision, ErrorCode, ToolCall, ToolOutput, ToolResult
+from harness.core.context import OutputSink, ToolContext
+from harness.core.errors import AgentCallError, CallboxError
+from harness.core.registry import Tool
+from harness.core.shaping import bound_text
+from harness.core.validation import CallRejected, validate_call
+from harness.engine.agent_client import sandbox_gone
+from harness.engine.base import Sandbox
+
+if TYPE_CHECKING:
+    from harness.core.session import Session
+
+__all__ = ["DECISIONS", "CallPath", "DecisionLabel", "DecisionSink", "decision_label"]
+
+log = logging.getLogger("callbox.harness")
+
+DecisionLabel = Literal["allow", "ask", "deny", "approved", "rejected"]
+DECISIONS: tuple[DecisionLabel, ...] = ("allow", "ask", "deny", "approved", "rejected")
+_ACTION_LABELS: dict[Action, DecisionLabel] = {Action.ALLOW: "allow", Action.ASK: "ask", Action.DENY: "deny"}
+DecisionSink = Callable[[str], None]
+"""Receives the decision label of a call, once, before its handler runs."""
+
+# How long a duplicate call waits for the process that is running the original.
+WAIT_MARGIN_S = 60.0
+# How long a sandbox may take to answer a health check after a tool failed in it.
+GONE_CHECK_S = 2.0
+
+
+def decision_label(decision: Decision | None) -> DecisionLabel:
+    """The label of a recorded decision: none is ``rejected`` (the call never reached the
+    policy), a person's approval ``approved``, anything else the policy's action."""
+    if decision is None:
+        return "rejected"
+    if decision.rule.startswith("approval "):
+        return "approved"
+    return _ACTION_LABELS[decision.action]
+
+
+def _freeform(call: ToolCall, tool: Tool | None) -> ToolCall:
+    """Wrap plain-text arguments of a freeform tool as the JSON object its model expects."""
+    field = tool.definition.freeform_field if tool is not None else None
+    if field is None or not isinstance(call.arguments, str) or call.arguments.lstrip().startswith("{"):
+        return call
+    return ToolCall(call.name, {field: call.arguments}, call.call_id)
+
+
+class _CallSandbox:
+    """The run's sandbox as one call's handler sees it, noting whether it got one."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self.handed_out = False
+
+    def sandbox(self) -> Sandbox:
+        sandbox = self._session.sandbox()
+        self.handed_out = True
+        return sandbox
+
+
+class CallPath:
+    """One call, from its checked call_id to its recorded result (``run``)."""
+
+    def __init__(
+        self, session: Session, call: ToolCall, on_output: OutputSink | None, on_decided: DecisionSink | None
+    ) -> None:
+        self.session = session
+        self.tool = session.registry.get(call.name)
+        self.call = _freeform(call, self.tool)
+        self.on_output = on_output
+        self._on_decided = on_decided
+        self.decision: DecisionLabel | None = None
+
+    def decided(self, label: DecisionLabel) -> None:
+        """Report the call's decision (only the first report counts)."""
+        if self.decision is None:
+            self.decision = label
+            if self._on_decided is not None:
+                self._on_decided(label)
+
+    def labelled(self, result: ToolResult, fallback: DecisionLabel = "rejected") -> ToolResult:
+        """``result`` with the call's decision in its meta (``fallback`` if none was reported)."""
+        self.decided(fallback)
+        return dataclasses.replace(result, meta={**result.meta, "decision": self.decision})
+
+    def run(self) -> ToolResult:
+        s, call, tool = self.session, self.call, self.tool
+        claim = s.audit.claim_call(s.run_id, call.call_id, call.name, call.arguments)
+        if not claim.fresh:
+            return self._repeat(claim)
+        if tool is None or not s.policy.tool_allowed(call.name):
+            return self._finish(self._unavailable())
+        try:
+            args = validate_call(tool.definition, call.arguments)
+        except CallRejected as rejected:
+            return self._finish(ToolResult.failure(call.call_id, rejected.code, rejected.message))
+        decision = self._authorize(tool, args)
+        s.audit.record_decision(s.run_id, call.call_id, decision)
+        if decision.action is Action.DENY:
+            code = ErrorCode.BUDGET_EXCEEDED if decision.rule.startswith("budgets.") else ErrorCode.DENIED
+            return self._finish(ToolResult.failure(call.call_id, code, decision.reason), decision)
+        if decision.action is Action.ASK:
+            approved = self._approved_before(claim)
+            if approved is None:
+                return self._ask(decision)
+            decision = approved
+        return self._execute(tool, args, decision)
+
+    def _approved_before(self, claim: Claim) -> Decision | None:
+        """For a retry of a call a person approved whose attempt never started: that
+        approval (already consumed by the failed attempt) still stands for these arguments."""
+        if claim.attempt == 1:
+            return None
+        approval = self.session.audit.find_approval(self.session.run_id, self.call.call_id)
+        if approval is None or approval.state != "consumed" or approval.args_digest != claim.record.args_digest:
+            return None
+        return Decision(Action.ALLOW, f"approval {approval.id}", approval.reason)
+
+    def _unavailable(self) -> ToolResult:
+        call = self.call
+        exposed = self.session.registry.exposed_names(self.session.policy)
+        if self.tool is None:
+            text = f"unknown tool {call.name!r}; the available tools are: {', '.join(exposed) or 'none'}"
+            return ToolResult.failure(call.call_id, ErrorCode.UNKNOWN_TOOL, text)
+        text = f"tool {call.name!r} is not enabled in this run; the enabled tools are: {', '.join(exposed)}"
+        return ToolResult.failure(call.call_id, ErrorCode.TOOL_NOT_ALLOWED, text)
+
+    def _authorize(self, tool: Tool, args: Any) -> Decision:
+        s = self.session
+        budget = s.policy.budgets.check(s.audit.count_calls(s.run_id), time.time() - s.started)
+        if budget is not None:
+            return budget
+        return s.policy.decide(tool.definition, args, workdir=s.spec.workdir)
+
+    def _ask(self, decision: Decision) -> ToolResult:
+        s, call = self.session, self.call
+        approval = s.audit.create_approval(
+            s.run_id, call.call_id, call.name, call.arguments, decision.rule, decision.reason
+        )
+        self.decided("ask")
+        return ToolResult.failure(
+            call.call_id,
+            ErrorCode.APPROVAL_PENDING,
+            f"this call needs approval ({decision.rule}) and is pending as approval {approval.id}; "
+            "it runs once a person approves it",
+            approval_id=approval.id,
+        )
+
+    def _repeat(self, claim: Claim) -> ToolResult:
+        """The call_id was seen before in this run: never run it a second time."""
+        s, call = self.session, self.call
+        if claim.conflict:
+            return ToolResult.failure(
+                call.call_id, ErrorCode.BAD_CALL_ID,
+                f"call_id {call.call_id!r} was already used in this run for a different call; "
+                "use a new call_id for a new call",
+            )
+        if claim.result is not None:
+            return self._replay(claim.result, claim.decision)
+        decision = claim.decision
+        if claim.state == "claimed" and decision is not None and decision.action is Action.ASK \
+                and self.tool is not None:
+            return self._resume_approval(self.tool, decision)
+        timeout = s.policy.budgets.call_timeout_ceiling_s + WAIT_MARGIN_S
+        result = s.audit.wait_for_result(s.run_id, call.call_id, timeout)
+        if result is not None:
+            record = s.audit.get_call(s.run_id, call.call_id)
+            return self._replay(result, record.decision if record is not None else None)
+        return ToolResult.failure(
+            call.call_id, ErrorCode.INTERNAL,
+            f"call {call.call_id!r} is being run by another harness process that has not finished",
+        )
+
+    def _replay(self, result: ToolResult, decision: Decision | None) -> ToolResult:
+        """A recorded result, reported with the decision it was recorded with."""
+        recorded = result.meta.get("decision")
+        self.decided(recorded if recorded in DECISIONS else decision_label(decision))
+        return result
+
+    def _resume_approval(self, tool: Tool, decision: Decision) -> ToolResult:
+        s, call = self.session, self.call
+        approval = s.audit.find_approval(s.run_id, call.call_id)
+        if approval is None or approval.state == "pending":
+            return self._ask(decision)
+        if approval.state == "denied":
+            why = f": {approval.resolution_reason}" if approval.resolution_reason else ""
+            result = ToolResult.failure(
+                call.call_id, ErrorCode.APPROVAL_DENIED, f"a person denied this call (approval {approval.id}){why}"
+            )
+            self.decided("deny")
+            return self._finish(result, final_decision(decision, approval))
+        if approval.args_digest != arguments_digest(call.arguments):
+            return ToolResult.failure(
+                call.call_id, ErrorCode.BAD_CALL_ID,
+                f"approval {approval.id} was given for different arguments; send the call exactly as approved",
+            )
+        if not s.audit.consume_approval(approval.id):  # another process is running it
+            return self._repeat(s.audit.claim_call(s.run_id, call.call_id, call.name, call.arguments))
+        args = validate_call(tool.definition, call.arguments)
+        approved = Decision(Action.ALLOW, f"approval {approval.id}", decision.reason)
+        return self._execute(tool, args, approved)
+
+    def _execute(self, tool: Tool, args: Any, decision: Decision) -> ToolResult:
+        s, call = self.session, self.call
+        budgets = s.policy.budgets
+        if not s.audit.mark_running(s.run_id, call.call_id, max_calls=budgets.max_tool_calls):
+            denied = budgets.check(budgets.max_tool_calls, 0) or decision
+            result = ToolResult.failure(call.call_id, ErrorCode.BUDGET_EXCEEDED, denied.reason)
+            return self._finish(result, denied)
+        provider = _CallSandbox(s)
+        ctx = ToolContext(
+            run_id=s.run_id, call_id=call.call_id, provider=provider,
+            default_timeout_s=budgets.default_call_timeout_s, timeout_ceiling_s=budgets.call_timeout_ceiling_s,
+            output_budget=budgets.max_output_bytes, on_output=self.on_output,
+        )
+        self.decided(decision_label(decision))
+        started = time.monotonic()
+        output = self._unless_gone(self._run_handler(tool, ctx, args))
+        if output.error is ErrorCode.SANDBOX_UNAVAILABLE and not provider.handed_out:
+            output = dataclasses.replace(output, structured={**(output.structured or {}), "command_started": False})
+        duration_ms = (time.monotonic() - started) * 1000
+        s.record_egress(call.call_id)
+        shaped = bound_text(output.text, budgets.max_output_bytes)
+        result = self.labelled(ToolResult(
+            call_id=call.call_id, text=shaped.text, is_error=output.is_error, error=output.error,
+            structured=output.structured,
+            meta={"duration_ms": round(duration_ms, 3), "rule": decision.rule, "raw_bytes": output.raw_bytes,
+                  "truncated": shaped.truncated},
+        ))
+        exit_code = (output.structured or {}).get("exit_code")
+        s.audit.finish_call(
+            s.run_id, call.call_id, result, decision=decision,
+            exit_code=exit_code if isinstance(exit_code, int) else None,
+            duration_ms=duration_ms, bytes_out=len(shaped.text.encode()), truncated=shaped.truncated,
+        )
+        return result
+
+    @staticmethod
+    def _run_handler(tool: Tool, ctx: ToolContext, args: Any) -> ToolOutput:
+        try:
+            return tool.handler(ctx, args)
+        except CallboxError as error:
+            # No engine, image missing, sandbox failed to start, session ended: the model cannot
+            # fix it, but it must get a result for its call_id; nothing ran on the host.
+            return ToolOutput(text=f"the sandbox is unavailable: {error.message}", is_error=True,
+                              error=ErrorCode.SANDBOX_UNAVAILABLE)
+        except Exception:
+            log.exception("tool %s failed inside the harness", tool.definition.name)
+            return ToolOutput(text=f"the tool {tool.definition.name!r} failed inside the harness (a bug); "
+                                   "the error is in the harness log", is_error=True, error=ErrorCode.INTERNAL)
+
+    def _unless_gone(self, output: ToolOutput) -> ToolOutput:
+        """A tool failure in a sandbox that no longer answers is ``sandbox_unavailable``
+        (retryable, as the file tools and shell report it), whichever tool saw it."""
+        sandbox = self.session.active_sandbox
+        if output.error is not ErrorCode.TOOL_FAILED or sandbox is None:
+            return output
+        try:
+            sandbox.agent.health(timeout=GONE_CHECK_S)
+        except AgentCallError as error:
+            if not sandbox_gone(error):
+                return output
+            return ToolOutput(
+                text=f"the sandbox did not answer. {output.text}", is_error=True,
+                error=ErrorCode.SANDBOX_UNAVAILABLE, structured={**(output.structured or {}), "reason": error.reason},
+                raw_bytes=output.raw_bytes,
+            )
+        return output
+
+    def _finish(self, result: ToolResult, decision: Decision | None = None) -> ToolResult:
+        """Record the result of a call that did not run (its decision label follows ``decision``)."""
+        s = self.session
+        result = self.labelled(result, decision_label(decision))
+        s.audit.finish_call(
+            s.run_id, self.call.call_id, result, decision=decision, exit_code=None, duration_ms=0.0,
+            bytes_out=len(result.text.encode()), truncated=False,
+        )
+        return result
