@@ -56,7 +56,7 @@ def _stub(*_args: Any, **_kwargs: Any) -> Any:
 def _grpc_stub(addr: str | None, **options: Any) -> Any:
     """The checks serve_grpc makes of what the command line hands it, then no server."""
     from harness.doors.grpc.server import parse_address
-    from harness.doors.grpc.service import Limits
+    from harness.doors.grpc.sessions import Limits
 
     parse_address(addr)
     Limits(max_sandboxes_per_client=options["max_sandboxes_per_client"],

@@ -6,7 +6,8 @@ import grpc
 import pytest
 
 from harness.core.policy import parse_policy
-from harness.doors.grpc.service import MountRequest, SandboxOverrides, ServiceError, sandbox_policy
+from harness.doors.grpc.errors import ServiceError
+from harness.doors.grpc.overrides import MountRequest, SandboxOverrides, sandbox_policy
 from harness.v1 import executor_pb2
 
 EXPOSED = ["shell", "bash", "read_file"]

@@ -54,7 +54,9 @@ from harness.audit.store import AuditStore
 from harness.core.errors import CallboxError
 from harness.core.policy import Policy, load_policy
 from harness.core.registry import ToolRegistry
-from harness.doors.grpc.service import ExecutorService, Limits, Reason, ServiceError, abort
+from harness.doors.grpc.errors import Reason, ServiceError, abort
+from harness.doors.grpc.service import ExecutorService
+from harness.doors.grpc.sessions import Limits
 from harness.doors.grpc.tokens import TOKEN_ENV, TokenSet, bearer_token, server_tokens
 from harness.engine.docker.engine import DockerEngine, default_run_root
 from harness.tools import builtin_registry

@@ -45,67 +45,45 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
-import posixpath
 import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 from google.protobuf import struct_pb2
-from pydantic import ValidationError
 
 from harness.audit.store import Approval, AuditError, AuditStore, RunRecord
 from harness.core.calls import ToolCall, ToolResult
-from harness.core.errors import CallboxError, EngineUnavailable, ImageNotFound
+from harness.core.errors import CallboxError
 from harness.core.formats import Format, result_item, tool_definitions
-from harness.core.policy import MountSetting, Policy, PolicyError, SandboxSettings
+from harness.core.policy import Policy
 from harness.core.registry import ToolRegistry
 from harness.core.session import Session
-from harness.core.units import format_size
+from harness.doors.grpc.errors import (
+    Reason,
+    ServiceError,
+    abort,
+    creation_failure,
+    denied,
+    handle_errors,
+    invalid,
+    not_found,
+)
+from harness.doors.grpc.overrides import SandboxOverrides, sandbox_policy
+from harness.doors.grpc.sessions import ClientSession, Limits, SharedEngine
 from harness.doors.grpc.tokens import TokenSet, bearer_token
+from harness.engine.base import Engine
 from harness.engine.cancel import CallScope
-from harness.engine.docker.engine import DockerEngine
-from harness.engine.spec import Mount, SpecError
 from harness.v1 import executor_pb2, executor_pb2_grpc
-from harness.wire import DETAIL_METADATA_KEY
 
-__all__ = [
-    "DETAIL_METADATA_KEY",
-    "ExecutorService",
-    "Limits",
-    "MountRequest",
-    "SandboxOverrides",
-    "ServiceError",
-    "SharedEngine",
-    "abort",
-    "sandbox_policy",
-]
+__all__ = ["ExecutorService"]
 
 log = logging.getLogger("callbox.executor")
 
-
-Reason = executor_pb2.ErrorReason
-_CODES: dict[int, grpc.StatusCode] = {
-    Reason.ERROR_REASON_INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    Reason.ERROR_REASON_UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
-    Reason.ERROR_REASON_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Reason.ERROR_REASON_PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
-    Reason.ERROR_REASON_LIMIT_REACHED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Reason.ERROR_REASON_SANDBOX_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    Reason.ERROR_REASON_ALREADY_RESOLVED: grpc.StatusCode.FAILED_PRECONDITION,
-    Reason.ERROR_REASON_SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
-    Reason.ERROR_REASON_INTERNAL: grpc.StatusCode.INTERNAL,
-}
-_RETRYABLE = frozenset(
-    {Reason.ERROR_REASON_LIMIT_REACHED, Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, Reason.ERROR_REASON_SHUTTING_DOWN}
-)
 
 _FORMATS: dict[int, Format] = {
     executor_pb2.FORMAT_UNSPECIFIED: "openai",
@@ -125,296 +103,6 @@ MAX_LIST_RUNS = 1000
 CREATE_WAIT_AT_SHUTDOWN_S = 45.0
 
 
-# --- errors ---------------------------------------------------------------------------------------
-
-
-class ServiceError(Exception):
-    """A request the service refuses: a status code, an ErrorDetail reason, one sentence."""
-
-    def __init__(
-        self,
-        reason: executor_pb2.ErrorReason.ValueType,
-        message: str,
-        *,
-        code: grpc.StatusCode | None = None,
-        retryable: bool | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.code: grpc.StatusCode = code or _CODES.get(reason, grpc.StatusCode.UNKNOWN)
-        self.retryable = reason in _RETRYABLE if retryable is None else retryable
-
-    def detail(self) -> executor_pb2.ErrorDetail:
-        return executor_pb2.ErrorDetail(reason=self.reason, message=self.message, retryable=self.retryable)
-
-
-def abort(context: grpc.ServicerContext, error: ServiceError) -> NoReturn:
-    """End the RPC with the error's status code and its ErrorDetail in the trailing metadata."""
-    context.set_trailing_metadata(((DETAIL_METADATA_KEY, error.detail().SerializeToString()),))
-    context.abort(error.code, error.message)
-    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
-
-
-def _not_found(kind: str, ident: str) -> ServiceError:
-    return ServiceError(Reason.ERROR_REASON_NOT_FOUND, f"no {kind} with id {ident!r} for this client")
-
-
-def _denied(message: str) -> ServiceError:
-    return ServiceError(Reason.ERROR_REASON_PERMISSION_DENIED, message)
-
-
-def _invalid(message: str) -> ServiceError:
-    return ServiceError(Reason.ERROR_REASON_INVALID_ARGUMENT, message)
-
-
-# --- overrides: only ever tighter than the server's policy ------------------------------------------
-
-
-@dataclass(frozen=True)
-class MountRequest:
-    source: str
-    target: str
-    read_write: bool = False
-
-
-@dataclass(frozen=True)
-class SandboxOverrides:
-    """What a client asks of its sandbox (``CreateSandboxRequest``); None keeps the server's."""
-
-    memory_bytes: int | None = None
-    cpus: float | None = None
-    pids: int | None = None
-    network: str | None = None
-    mounts: tuple[MountRequest, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    ttl_seconds: int | None = None
-    allowed_tools: tuple[str, ...] = ()
-
-    @classmethod
-    def from_request(cls, request: executor_pb2.CreateSandboxRequest) -> SandboxOverrides:
-        return cls(
-            memory_bytes=request.memory_bytes if request.HasField("memory_bytes") else None,
-            cpus=request.cpus if request.HasField("cpus") else None,
-            pids=request.pids if request.HasField("pids") else None,
-            network=request.network if request.HasField("network") else None,
-            mounts=tuple(MountRequest(m.source, m.target, m.read_write) for m in request.mounts),
-            env=dict(request.env),
-            ttl_seconds=request.ttl_seconds if request.HasField("ttl_seconds") else None,
-            allowed_tools=tuple(request.allowed_tools),
-        )
-
-
-def _above(field_name: str, asked: str, limit: str, key: str) -> ServiceError:
-    return _denied(
-        f"{field_name}: {asked} is above this server's limit of {limit} (sandbox.{key} in its policy); "
-        "ask for at most that, or leave it unset"
-    )
-
-
-def _under_root(path: str, roots: Sequence[Path]) -> bool:
-    for root in roots:
-        base = posixpath.normpath(str(root.expanduser()))
-        if path == base or path.startswith(base.rstrip("/") + "/"):
-            return True
-    return False
-
-
-def _client_mounts(settings: SandboxSettings, requests: Sequence[MountRequest]) -> list[MountSetting]:
-    roots = settings.allowed_mount_roots
-    if not roots:
-        raise _denied(
-            "mounts: this server allows no client mounts (its policy sets no sandbox.allowed_mount_roots)"
-        )
-    taken = {posixpath.normpath(m.target) for m in settings.mounts}
-    out: list[MountSetting] = []
-    for index, req in enumerate(requests):
-        key = f"mounts[{index}]"
-        if not req.source.startswith("/"):
-            raise _invalid(f"{key}.source {req.source!r} must be an absolute host path")
-        lexical = posixpath.normpath(req.source)
-        listed = ", ".join(str(r) for r in roots)
-        if not _under_root(lexical, roots):
-            raise _denied(f"{key}.source {req.source} is outside the server's allowed mount roots ({listed})")
-        try:
-            mount = Mount(source=Path(lexical), target=req.target, read_only=not req.read_write)
-        except ValidationError as exc:
-            raise _invalid(f"{key}: {exc.errors()[0]['msg']}") from None
-        try:
-            mount.canonical(roots)
-        except ValueError as exc:
-            text = str(exc)
-            if "outside" in text or "system path" in text or "socket" in text:
-                raise _denied(f"{key}: {text}") from None
-            raise _invalid(f"{key}: {text}") from None
-        if mount.target in taken:
-            raise _invalid(f"{key}.target {mount.target} is already mounted; choose another target")
-        taken.add(mount.target)
-        out.append(MountSetting(source=Path(lexical), target=mount.target, mode="rw" if req.read_write else "ro"))
-    return out
-
-
-def sandbox_policy(policy: Policy, overrides: SandboxOverrides, exposed: Sequence[str]) -> Policy:
-    """The server's ``policy`` tightened by a client's ``overrides`` (``exposed``: the tools the
-    server exposes). ServiceError PERMISSION_DENIED naming the field for anything looser,
-    INVALID_ARGUMENT for a value out of range."""
-    s = policy.sandbox
-    updates: dict[str, Any] = {}
-    o = overrides
-    if o.memory_bytes is not None:
-        if o.memory_bytes > s.memory:
-            raise _above("memory_bytes", f"{o.memory_bytes} ({format_size(o.memory_bytes)})",
-                         f"{s.memory} ({format_size(s.memory)})", "memory")
-        updates["memory"] = o.memory_bytes
-    if o.cpus is not None:
-        if not math.isfinite(o.cpus) or o.cpus <= 0:
-            raise _invalid(f"cpus: {o.cpus:g} is not a positive number of cores")
-        if o.cpus > s.cpus:
-            raise _above("cpus", f"{o.cpus:g}", f"{s.cpus:g}", "cpus")
-        updates["cpus"] = o.cpus
-    if o.pids is not None:
-        if o.pids > s.pids:
-            raise _above("pids", str(o.pids), str(s.pids), "pids")
-        updates["pids"] = o.pids
-    if o.network is not None and o.network != s.network:
-        if o.network != "none":
-            raise _denied(f"network: {o.network!r} is looser than this server allows; "
-                          f"only {s.network!r} or 'none' may be asked for")
-        updates["network"] = "none"
-        updates["allow_hosts"] = ()
-    if o.ttl_seconds is not None:
-        if o.ttl_seconds > s.ttl_seconds:
-            raise _above("ttl_seconds", str(o.ttl_seconds), str(s.ttl_seconds), "ttl_seconds")
-        updates["ttl_seconds"] = o.ttl_seconds
-    if o.mounts:
-        updates["mounts"] = (*s.mounts, *_client_mounts(s, o.mounts))
-    if o.env:
-        updates["env"] = {**s.env, **o.env}
-    allowed: tuple[str, ...] | None = policy.allowed_tools
-    if o.allowed_tools:
-        for name in o.allowed_tools:
-            if name not in exposed:
-                raise _denied(
-                    f"allowed_tools: {name!r} is not a tool this server exposes ({', '.join(exposed) or 'none'})"
-                )
-        allowed = tuple(dict.fromkeys(o.allowed_tools))
-    if not updates and allowed == policy.allowed_tools:
-        return policy
-    try:
-        settings = SandboxSettings.model_validate({**s.model_dump(), **updates})
-    except ValidationError as exc:
-        raise _invalid(f"sandbox overrides: {exc.errors()[0]['msg']}") from None
-    tightened = policy.model_copy(update={"sandbox": settings, "allowed_tools": allowed})
-    try:
-        tightened.sandbox_spec()
-    except PolicyError as exc:
-        raise _invalid(exc.message.replace("sandbox.", "")) from None
-    for note in tightened.loosened():
-        if note not in policy.loosened():
-            log.warning("a client's sandbox loosens a hardened default: %s", note)
-    return tightened
-
-
-# --- the engine, shared by every session ----------------------------------------------------------
-
-
-class SharedEngine:
-    """One Docker engine connection for all sessions (connected on first use; reaps leftovers then)."""
-
-    def __init__(self, connect: Callable[[], DockerEngine] = DockerEngine.connect) -> None:
-        self._connect = connect
-        self._engine: DockerEngine | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self) -> DockerEngine:
-        with self._lock:
-            if self._engine is None:
-                self._engine = self._connect()
-            return self._engine
-
-
-# --- sessions -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Live sandboxes a client may have, and the server in total."""
-
-    max_sandboxes_per_client: int = 16
-    max_sandboxes_total: int = 64
-
-    def __post_init__(self) -> None:
-        if self.max_sandboxes_per_client < 1 or self.max_sandboxes_total < 1:
-            raise ValueError("sandbox limits must be at least 1")
-
-
-class ClientSession:
-    """One client's sandbox and the harness of its run."""
-
-    def __init__(self, client: str, harness: Session, policy: Policy, tools: list[str], ttl_seconds: int) -> None:
-        self.client = client
-        self.harness = harness
-        self.policy = policy
-        self.tools = tools
-        self.created = time.time()
-        self.expires = self.created + ttl_seconds
-        self._lock = threading.Lock()
-        self.closed = False
-
-    @property
-    def sandbox_id(self) -> str:
-        return self.harness.run_id
-
-    def close(self, audit: AuditStore, reason: str) -> int:
-        """Cancel running calls, destroy the sandbox, end the run; the calls cancelled. Idempotent."""
-        with self._lock:
-            if self.closed:
-                return 0
-            self.closed = True
-        cancelled = 0
-        try:
-            cancelled = self.harness.close()
-        except Exception:
-            log.exception("destroying sandbox %s of client %s failed", self.sandbox_id, self.client)
-        with contextlib.suppress(AuditError):
-            audit.end_run(self.sandbox_id, reason)
-        log.info("sandbox %s of client %s destroyed (%s)", self.sandbox_id, self.client, reason)
-        return cancelled
-
-    def message(self) -> executor_pb2.Sandbox:
-        box = self.harness.active_sandbox
-        spec = box.spec if box is not None else self.harness.spec
-        return executor_pb2.Sandbox(
-            sandbox_id=self.sandbox_id, memory_bytes=spec.memory, cpus=spec.cpus, pids=spec.pids,
-            network=spec.network, workdir=spec.workdir, ttl_seconds=spec.ttl_seconds, tools=self.tools,
-            created_unix=self.created, expires_unix=self.expires, image=spec.image,
-            mounts=[executor_pb2.Mount(source=str(m.source), target=m.target, read_write=not m.read_only)
-                    for m in spec.mounts],
-        )
-
-
-# --- the servicer -----------------------------------------------------------------------------------
-
-
-def _handle_errors(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Unary handlers: ServiceError -> status + detail; anything else -> INTERNAL, logged."""
-
-    def wrapper(self: ExecutorService, request: Any, context: grpc.ServicerContext) -> Any:
-        try:
-            return method(self, request, context)
-        except ServiceError as error:
-            failure = error
-        except Exception:
-            log.exception("%s failed", method.__name__)
-            failure = ServiceError(Reason.ERROR_REASON_INTERNAL, f"{method.__name__} failed inside the server (a bug); "
-                                   "the error is in the server log")
-        abort(context, failure)
-
-    wrapper.__name__ = method.__name__
-    wrapper.__doc__ = method.__doc__
-    return wrapper
-
-
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
 
@@ -422,22 +110,9 @@ def _json(value: Any) -> str:
 def _format(value: int) -> Format:
     fmt = _FORMATS.get(value)
     if fmt is None:
-        raise _invalid(f"format: unknown value {value}; use FORMAT_OPENAI, FORMAT_CHAT, FORMAT_ANTHROPIC or FORMAT_MCP")
+        raise invalid(f"format: unknown value {value}; use FORMAT_OPENAI, FORMAT_CHAT, FORMAT_ANTHROPIC or FORMAT_MCP")
     return fmt
 
-
-def _creation_failure(error: CallboxError) -> ServiceError:
-    if isinstance(error, SpecError):
-        # The engine's host cannot run this spec (an unwritable rw mount, too many CPUs):
-        # the request must change, so retrying it as it is cannot help.
-        return ServiceError(Reason.ERROR_REASON_INVALID_ARGUMENT, f"{error.key}: {error.message}",
-                            code=grpc.StatusCode.INVALID_ARGUMENT, retryable=False)
-    if isinstance(error, ImageNotFound):
-        return ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, error.message,
-                            code=grpc.StatusCode.FAILED_PRECONDITION, retryable=False)
-    if isinstance(error, EngineUnavailable):
-        return ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, error.message)
-    return ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, f"the sandbox could not start: {error.message}")
 
 
 class ExecutorService(executor_pb2_grpc.ExecutorServicer):
@@ -451,7 +126,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         audit: AuditStore,
         tokens: TokenSet,
         limits: Limits | None = None,
-        engine_factory: Callable[[], DockerEngine] | None = None,
+        engine_factory: Callable[[], Engine] | None = None,
         approvals_by_clients: bool = True,
     ) -> None:
         policy.check_tools(t.definition for t in registry.tools())
@@ -482,16 +157,16 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         with self._lock:
             session = self._sessions.get(sandbox_id)
         if session is None or session.client != client or session.closed:
-            raise _not_found("sandbox", sandbox_id)
+            raise not_found("sandbox", sandbox_id)
         return session
 
     def _owned_run(self, run_id: str, client: str) -> RunRecord:
         try:
             run = self.audit.get_run(run_id)
         except AuditError:
-            raise _not_found("run", run_id) from None
+            raise not_found("run", run_id) from None
         if not self._owns(run, client):
-            raise _not_found("run", run_id)
+            raise not_found("run", run_id)
         return run
 
     @staticmethod
@@ -500,7 +175,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
 
     # ---- ListTools ---------------------------------------------------------------------------
 
-    @_handle_errors
+    @handle_errors
     def ListTools(self, request: executor_pb2.ListToolsRequest, context: grpc.ServicerContext) -> Any:
         client = self._client(context)
         fmt = _format(request.format)
@@ -545,7 +220,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                 self._creating.pop(client, None)
             self._lock.notify_all()
 
-    @_handle_errors
+    @handle_errors
     def CreateSandbox(self, request: executor_pb2.CreateSandboxRequest, context: grpc.ServicerContext) -> Any:
         client = self._client(context)
         policy = sandbox_policy(self.policy, SandboxOverrides.from_request(request), self.exposed)
@@ -561,7 +236,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             except CallboxError as error:
                 with contextlib.suppress(AuditError):
                     self.audit.end_run(run_id, "sandbox_start_failed")
-                raise _creation_failure(error) from None
+                raise creation_failure(error) from None
             try:
                 with contextlib.suppress(AuditError):
                     self.audit.update_run_meta(run_id, {"container": box.id})
@@ -584,7 +259,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         finally:
             self._unreserve(client)
 
-    @_handle_errors
+    @handle_errors
     def DeleteSandbox(self, request: executor_pb2.DeleteSandboxRequest, context: grpc.ServicerContext) -> Any:
         client = self._client(context)
         session = self._session(request.sandbox_id, client)
@@ -605,7 +280,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             abort(context, error)
         call_id = request.call_id or f"call_{secrets.token_hex(8)}"
         if session.closed:
-            abort(context, _not_found("sandbox", request.sandbox_id))
+            abort(context, not_found("sandbox", request.sandbox_id))
         scope = CallScope()
         context.add_callback(scope.cancel)  # runs when the RPC ends: cancelled, expired or done
         events: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
@@ -666,19 +341,19 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
 
     # ---- approvals and the audit store -------------------------------------------------------
 
-    @_handle_errors
+    @handle_errors
     def ResolveApproval(self, request: executor_pb2.ResolveApprovalRequest, context: grpc.ServicerContext) -> Any:
         client = self._client(context)
         try:
             approval = self.audit.get_approval(request.approval_id)
         except AuditError:
-            raise _not_found("approval", request.approval_id) from None
+            raise not_found("approval", request.approval_id) from None
         try:
             self._owned_run(approval.run_id, client)
         except ServiceError:
-            raise _not_found("approval", request.approval_id) from None
+            raise not_found("approval", request.approval_id) from None
         if not self.approvals_by_clients:
-            raise _denied(
+            raise denied(
                 "approvals are resolved by this server's operator, not by clients "
                 f"(`callbox approvals approve {approval.id}` on the server)"
             )
@@ -690,7 +365,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             raise ServiceError(Reason.ERROR_REASON_ALREADY_RESOLVED, error.message) from None
         return _approval_message(resolved)
 
-    @_handle_errors
+    @handle_errors
     def GetRun(self, request: executor_pb2.GetRunRequest, context: grpc.ServicerContext) -> Any:
         client = self._client(context)
         run = self._owned_run(request.run_id, client)
@@ -701,7 +376,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             message.approvals.append(_approval_message(approval))
         return message
 
-    @_handle_errors
+    @handle_errors
     def ListRuns(self, request: executor_pb2.ListRunsRequest, context: grpc.ServicerContext) -> Any:
         client = self._client(context)
         limit = min(request.limit or 50, MAX_LIST_RUNS)

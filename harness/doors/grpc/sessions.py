@@ -1,0 +1,94 @@
+"""The gRPC door's sessions: one client's sandbox and its run, the limits, the shared engine."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from harness.audit.store import AuditError, AuditStore
+from harness.core.policy import Policy
+from harness.core.session import Session
+from harness.engine.base import Engine
+from harness.engine.docker.engine import DockerEngine
+from harness.v1 import executor_pb2
+
+__all__ = ["ClientSession", "Limits", "SharedEngine"]
+
+log = logging.getLogger("callbox.executor")
+
+
+class SharedEngine:
+    """One Docker engine connection for all sessions (connected on first use; reaps leftovers then)."""
+
+    def __init__(self, connect: Callable[[], Engine] = DockerEngine.connect) -> None:
+        self._connect = connect
+        self._engine: Engine | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Engine:
+        with self._lock:
+            if self._engine is None:
+                self._engine = self._connect()
+            return self._engine
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Live sandboxes a client may have, and the server in total."""
+
+    max_sandboxes_per_client: int = 16
+    max_sandboxes_total: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_sandboxes_per_client < 1 or self.max_sandboxes_total < 1:
+            raise ValueError("sandbox limits must be at least 1")
+
+
+class ClientSession:
+    """One client's sandbox and the harness of its run."""
+
+    def __init__(self, client: str, harness: Session, policy: Policy, tools: list[str], ttl_seconds: int) -> None:
+        self.client = client
+        self.harness = harness
+        self.policy = policy
+        self.tools = tools
+        self.created = time.time()
+        self.expires = self.created + ttl_seconds
+        self._lock = threading.Lock()
+        self.closed = False
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.harness.run_id
+
+    def close(self, audit: AuditStore, reason: str) -> int:
+        """Cancel running calls, destroy the sandbox, end the run; the calls cancelled. Idempotent."""
+        with self._lock:
+            if self.closed:
+                return 0
+            self.closed = True
+        cancelled = 0
+        try:
+            cancelled = self.harness.close()
+        except Exception:
+            log.exception("destroying sandbox %s of client %s failed", self.sandbox_id, self.client)
+        with contextlib.suppress(AuditError):
+            audit.end_run(self.sandbox_id, reason)
+        log.info("sandbox %s of client %s destroyed (%s)", self.sandbox_id, self.client, reason)
+        return cancelled
+
+    def message(self) -> executor_pb2.Sandbox:
+        box = self.harness.active_sandbox
+        spec = box.spec if box is not None else self.harness.spec
+        return executor_pb2.Sandbox(
+            sandbox_id=self.sandbox_id, memory_bytes=spec.memory, cpus=spec.cpus, pids=spec.pids,
+            network=spec.network, workdir=spec.workdir, ttl_seconds=spec.ttl_seconds, tools=self.tools,
+            created_unix=self.created, expires_unix=self.expires, image=spec.image,
+            mounts=[executor_pb2.Mount(source=str(m.source), target=m.target, read_write=not m.read_only)
+                    for m in spec.mounts],
+        )
+
