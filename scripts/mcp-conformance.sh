@@ -92,7 +92,7 @@ PORT=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)
 URL="http://127.0.0.1:$PORT/mcp"
 
 CALLBOX_AUDIT_DB="$WORK/audit.sqlite3" "$PYTHON" -c \
-    "from harness.doors.mcp.server import run_mcp_http; run_mcp_http('127.0.0.1:$PORT')" \
+    "from harness.doors.mcp.http import run_mcp_http; run_mcp_http('127.0.0.1:$PORT')" \
     >"$WORK/server.out" 2>"$WORK/server.log" &
 SERVER_PID=$!
 

@@ -31,7 +31,7 @@ from mcp.shared.exceptions import MCPError
 
 from harness.audit.store import AuditStore
 from harness.core.errors import UsageError
-from harness.doors.mcp.server import McpHttpServer, parse_addr, serve_mcp_http
+from harness.doors.mcp.http import McpHttpServer, parse_addr, serve_mcp_http
 from harness.tools import builtin_registry
 from tests.conftest import IMAGE
 
@@ -61,7 +61,7 @@ class Servers:
         self._started: list[McpHttpServer] = []
 
     def stdio_params(self, policy: Path) -> StdioServerParameters:
-        code = f"from pathlib import Path; from harness.doors.mcp.server import run_mcp_stdio; " \
+        code = f"from pathlib import Path; from harness.doors.mcp.stdio import run_mcp_stdio; " \
                f"run_mcp_stdio(policy_path=Path({str(policy)!r}))"
         return StdioServerParameters(command=sys.executable, args=["-c", code], env=self.env, cwd=str(ROOT))
 

@@ -65,7 +65,7 @@ def _grpc_stub(addr: str | None, **options: Any) -> Any:
 
 
 def _mcp_http_stub(addr: str, **_options: Any) -> Any:
-    from harness.doors.mcp.server import parse_addr
+    from harness.doors.mcp.http import parse_addr
 
     parse_addr(addr)
     raise _Started

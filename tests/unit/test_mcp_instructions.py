@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.doors.mcp.server import instructions
+from harness.doors.mcp.protocol import instructions
 from harness.engine.spec import SandboxSpec
 
 

@@ -38,9 +38,11 @@ from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from harness.core.errors import UsageError
-from harness.doors.mcp.server import McpToolService, _log_to_stderr, _terminate_ignored, build_mcp_server
+from harness.doors.mcp.process import log_to_stderr, terminate_ignored
+from harness.doors.mcp.protocol import build_mcp_server
+from harness.doors.mcp.service import McpToolService
 
-__all__ = ["run_stdio"]
+__all__ = ["run_mcp_stdio"]
 
 log = logging.getLogger("callbox.mcp")
 
@@ -191,18 +193,18 @@ async def _serve(service: McpToolService, outcome: dict[str, str]) -> None:
         tg.cancel_scope.cancel()
 
 
-def run_stdio(*, policy_path: Path | None = None, audit_path: Path | None = None) -> None:
+def run_mcp_stdio(*, policy_path: Path | None = None, audit_path: Path | None = None) -> None:
     """``callbox mcp``: serve MCP over stdin/stdout until stdin closes (or SIGTERM/SIGINT),
     then destroy the session's sandbox. A bad policy raises PolicyError before anything is
     read from stdin; input that was not JSON-RPC raises UsageError (exit status 2) once
     stdin has ended and the sandbox is gone."""
-    _log_to_stderr()
+    log_to_stderr()
     service = McpToolService.open(policy_path=policy_path, audit_path=audit_path)
     outcome: dict[str, str] = {}
     try:
         anyio.run(_serve, service, outcome)
     finally:
-        with _terminate_ignored():
+        with terminate_ignored():
             service.close()
     if "refused" in outcome:
         raise UsageError(outcome["refused"])
