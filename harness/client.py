@@ -66,7 +66,7 @@ from harness.client_messages import (
 )
 from harness.doors.grpc.tokens import client_token
 from harness.v1 import executor_pb2_grpc
-from harness.wire import MAX_MESSAGE_BYTES
+from harness.wire import MAX_MESSAGE_BYTES, default_executor_socket
 
 __all__ = [
     "ApprovalInfo",
@@ -87,9 +87,7 @@ __all__ = [
 
 def _target(target: str | None) -> str:
     if not target:
-        from harness.doors.grpc.server import default_socket_path
-
-        return f"unix:{default_socket_path()}"
+        return f"unix:{default_executor_socket()}"
     if target.startswith(("/", "./", "../", "~")):  # a socket path
         return f"unix:{os.path.abspath(os.path.expanduser(target))}"
     return target  # unix:PATH, host:port, or any gRPC target (dns:///host:port, ...)

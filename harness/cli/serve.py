@@ -54,7 +54,7 @@ def positive_int(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.command == "mcp":
-        from harness.doors.mcp.server import run_mcp_stdio
+        from harness.doors.mcp.stdio import run_mcp_stdio
 
         run_mcp_stdio(policy_path=args.policy, audit_path=args.audit_db)
         return 0
@@ -107,7 +107,7 @@ def _start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
         servers.append(grpc_server)
         print(f"callbox: gRPC executor listening on {grpc_server.target}", file=sys.stderr, flush=True)
     if args.mcp_http is not None:
-        from harness.doors.mcp.server import serve_mcp_http
+        from harness.doors.mcp.http import serve_mcp_http
 
         mcp_server = serve_mcp_http(args.mcp_http, policy_path=args.policy, audit_path=args.audit_db,
                                     insecure=args.insecure)

@@ -91,12 +91,13 @@ def no_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     # Retries of an unreachable engine would sleep 1.5 s per example.
     monkeypatch.setattr(tenacity.nap, "time", types.SimpleNamespace(sleep=lambda _s: None))
     import harness.doors.grpc.server
-    import harness.doors.mcp.server
+    import harness.doors.mcp.http
+    import harness.doors.mcp.stdio
     import harness.loop.agent_loop
 
     monkeypatch.setattr(harness.doors.grpc.server, "serve_grpc", _grpc_stub)
-    monkeypatch.setattr(harness.doors.mcp.server, "serve_mcp_http", _mcp_http_stub)
-    monkeypatch.setattr(harness.doors.mcp.server, "run_mcp_stdio", _stub)
+    monkeypatch.setattr(harness.doors.mcp.http, "serve_mcp_http", _mcp_http_stub)
+    monkeypatch.setattr(harness.doors.mcp.stdio, "run_mcp_stdio", _stub)
     monkeypatch.setattr(harness.loop.agent_loop, "run_agent", _stub)
     monkeypatch.setattr(harness.loop.agent_loop, "resume", _stub)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -58,10 +58,10 @@ from harness.doors.grpc.errors import Reason, ServiceError, abort
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import Limits
 from harness.doors.grpc.tokens import TOKEN_ENV, TokenSet, bearer_token, server_tokens
-from harness.engine.docker.engine import DockerEngine, default_run_root
+from harness.engine.docker.engine import DockerEngine
 from harness.tools import builtin_registry
 from harness.v1 import executor_pb2, executor_pb2_grpc
-from harness.wire import MAX_MESSAGE_BYTES
+from harness.wire import MAX_MESSAGE_BYTES, default_executor_socket
 from sandbox import health
 
 __all__ = [
@@ -77,7 +77,6 @@ __all__ = [
 log = logging.getLogger("callbox.grpc")
 
 EXECUTOR_SERVICE = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
-SOCKET_NAME = "executor.sock"
 _SUN_PATH_MAX = 107
 _UNAUTHENTICATED_EXEMPT = (f"/{health.SERVICE_NAME}/",)
 
@@ -92,7 +91,7 @@ class ServeError(CallboxError):
 
 
 def default_socket_path() -> Path:
-    return default_run_root() / SOCKET_NAME
+    return default_executor_socket()
 
 
 @dataclass(frozen=True)
