@@ -75,7 +75,7 @@ from harness.core.calls import ErrorCode, ToolOutput
 from harness.core.context import ToolContext
 from harness.core.errors import AgentCallError
 from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
-from harness.engine.agent_client import AgentClient
+from harness.engine.agent_client import AgentClient, sandbox_gone
 from harness.tools.editor_history import HISTORY
 from harness.tools.editor_text import (
     MAX_RESPONSE_LEN,
@@ -170,7 +170,7 @@ def _agent_failure(error: AgentCallError, path: str, action: str) -> EditorError
         )
     if error.reason == "NOT_FOUND":
         return EditorError(f"The path {path} does not exist. Please provide a valid path.")
-    if error.reason == "UNSPECIFIED" and error.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
+    if sandbox_gone(error):
         return EditorError(
             f"The sandbox did not answer while trying to {action} {path} ({error.message}).",
             ErrorCode.SANDBOX_UNAVAILABLE,

@@ -13,11 +13,11 @@ from harness.core.calls import ErrorCode, ToolOutput
 from harness.core.context import ToolContext
 from harness.core.errors import AgentCallError
 from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
+from harness.engine.agent_client import sandbox_gone
 
 NOTE_ROOM = 300
 """Bytes of the output budget kept free for a trailing note."""
 MAX_SHOWN_PATH = 160
-_UNREACHABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"})
 
 FileHandler = Callable[[ToolContext, Any], ToolOutput]
 
@@ -53,7 +53,7 @@ def agent_failure(error: AgentCallError, path: str, *, hint: str = "") -> ToolOu
     template = _BASE_TEXT.get(error.reason)
     if error.reason == "WRONG_TYPE":
         text, detail = detail, ""  # the agent's sentence says which type is wrong
-    elif error.reason == "UNSPECIFIED" and error.code in _UNREACHABLE_CODES:
+    elif sandbox_gone(error):
         text, code = "the sandbox did not answer", ErrorCode.SANDBOX_UNAVAILABLE
     elif template is not None:
         text = template.replace("{path}", shown)

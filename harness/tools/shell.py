@@ -62,7 +62,7 @@ from harness.core.context import ToolContext
 from harness.core.errors import AgentCallError
 from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
 from harness.core.shaping import head_cut, strip_terminal_codes, tail_cut
-from harness.engine.agent_client import SANDBOX_GONE
+from harness.engine.agent_client import SANDBOX_GONE, sandbox_gone
 from harness.engine.exec_result import collect
 from sandbox.v1 import process_pb2
 
@@ -75,9 +75,6 @@ it the sandbox drops the middle unseen and the count is a lower bound
 (``structured["total_output_lines_exact"]`` is then false)."""
 MAX_AGENT_OUTPUT_CAP = 32 << 20
 OOM_LINE = "command was killed by the out-of-memory killer (sandbox memory limit)"
-UNREACHABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"})
-"""gRPC codes of an agent call that never reached a live agent or lost it (the file tools'
-set): with no reason of the agent's own they mean the sandbox is gone, not a refusal."""
 
 
 class ShellArgs(BaseModel):
@@ -238,11 +235,6 @@ def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
         },
         raw_bytes=result.stdout.total_bytes + result.stderr.total_bytes,
     )
-
-
-def sandbox_gone(error: AgentCallError) -> bool:
-    """The agent call failed because the sandbox no longer answers (not a refusal)."""
-    return error.reason == "UNSPECIFIED" and error.code in UNREACHABLE_CODES
 
 
 def command_may_have_started(error: AgentCallError) -> bool | None:
