@@ -50,8 +50,9 @@ import pytest
 from harness.core.errors import AgentCallError, CallboxError
 from harness.engine.agent_client import SANDBOX_GONE
 from harness.engine.docker import labels
-from harness.engine.docker.engine import DockerEngine, Sandbox
+from harness.engine.docker.engine import DockerEngine
 from harness.engine.docker.networks import EGRESS_NETWORK
+from harness.engine.docker.sandbox import Sandbox
 from harness.engine.exec_result import collect
 from harness.engine.spec import SandboxSpec
 from tests.conftest import IMAGE

@@ -218,7 +218,7 @@ def test_the_harness_records_every_egress_decision_in_the_audit_store(net_engine
 def test_an_expired_allowlist_sandbox_stops_with_its_proxy_without_any_harness(make_box):
     import time
 
-    from harness.engine.docker.engine import write_expiry
+    from harness.engine.docker.kept import write_expiry
 
     box = make_box(network="allowlist", allow_hosts=("dest.callbox.test:8080",))
     api = box.engine.client.api

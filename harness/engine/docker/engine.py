@@ -8,12 +8,8 @@ inside answers its health check on the per-sandbox unix socket, and returns a
 socket directory. Labels name the owner and expiry so ``gc`` can reap leftovers,
 also after the harness was killed; the engine runs gc when it starts.
 
-Keeping a sandbox past its process (a paused run): Docker cannot change
-a container's labels after creation, so ``keep(sandbox, run_id=..., until=...)`` writes a
-small record ``<run root>/kept/<sandbox id>.json`` on the host (next to the per-sandbox
-socket directories, never inside one: those are mounted into the container). The record
-names the owner ``run:<run_id>``, the time it is kept until, and what ``attach`` needs to
-reconnect (container id, socket directory, spec, tool uid/gid). ``gc`` consults it: a
+Keeping a sandbox past its process (a paused run): ``keep(sandbox, run_id=..., until=...)``
+writes a host-side record (:mod:`harness.engine.docker.kept`). ``gc`` consults it: a
 kept sandbox is removed when ``until`` has passed, and never for being orphaned (its
 creating process may be long gone); a sandbox without a record is reaped exactly as
 before (expired, or its owner process dead). A record gc cannot read (another user's run
@@ -26,25 +22,19 @@ later) returns a ``Sandbox`` connected to the kept container's agent, or raises
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import socket
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache, wraps
-from importlib import resources
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import docker
 import docker.errors
 import grpc
-import requests
-from docker.models.containers import Container
 from docker.types import Mount as DockerMount
 from docker.types import Ulimit
 
@@ -56,23 +46,54 @@ from harness.core.errors import (
     SandboxStartError,
     short_reason,
 )
-from harness.engine.agent_client import AgentClient
-from harness.engine.base import SandboxRuntime
 from harness.engine.docker import labels
+from harness.engine.docker.client import (
+    connect_client,
+    default_run_root,
+    engine_calls,
+    remove_container,
+    seccomp_profile,
+)
+from harness.engine.docker.kept import (
+    STALE_AFTER_S,
+    KeptSandbox,
+    SandboxExpired,
+    expiry_passed,
+    kept_path,
+    read_record,
+    record_for_container,
+    remove_stale_records,
+    when,
+    write_expiry,
+    write_record,
+)
 from harness.engine.docker.netfilter import PacketFilter
 from harness.engine.docker.networks import ROLE, Attachment, EgressEvent, SandboxNetworks
+from harness.engine.docker.sandbox import AGENT_SOCKET_NAME, Sandbox
 from harness.engine.spec import AGENT_DIR, TMP, HostLimits, SandboxSpec
 from harness.engine.spec import HOME as _HOME
 from sandbox.health import SERVING
 
+__all__ = [
+    "AGENT_PIDS_RESERVE",
+    "HOME",
+    "DockerEngine",
+    "KeptSandbox",
+    "Sandbox",
+    "SandboxExpired",
+    "SandboxInfo",
+    "connect_client",
+    "default_run_root",
+    "seccomp_profile",
+    "write_expiry",
+]
+
 log = logging.getLogger("callbox.engine")
 
-AGENT_SOCKET = f"{AGENT_DIR}/agent.sock"
+AGENT_SOCKET = f"{AGENT_DIR}/{AGENT_SOCKET_NAME}"
 HOME = _HOME
 """The tool user's home directory (the benchmark builds containers with it)."""
 READY_TIMEOUT_S = 30.0
-KEPT_DIR = "kept"
-"""Under the run root: one ``<sandbox id>.json`` record per kept sandbox (see ``keep``)."""
 ATTACH_TIMEOUT_S = 10.0
 STOPPED = ("exited", "dead")
 """Container states gc reaps at once: the agent in it is gone and nothing restarts it."""
@@ -81,45 +102,6 @@ STOPPED = ("exited", "dead")
 # this reserve on top of the spec's limit, which is what tool processes get.
 AGENT_MAX_CONCURRENT = 32
 AGENT_PIDS_RESERVE = 64
-
-
-@cache
-def seccomp_profile() -> str:
-    """Docker's default seccomp profile minus io_uring (see harness/data/SECCOMP.md)."""
-    text = resources.files("harness").joinpath("data/seccomp.json").read_text()
-    return json.dumps(json.loads(text), separators=(",", ":"))
-
-
-def default_run_root() -> Path:
-    """Host directory holding one socket directory per sandbox (short: sun_path is 108 bytes)."""
-    if os.geteuid() == 0:
-        return Path("/run/callbox")
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(runtime) / "callbox" if runtime else Path(f"/tmp/callbox-{os.getuid()}")
-
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def _engine_calls(method: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Losing the engine mid-request (dockerd stopped or restarting) raises the requests
-    library's own errors, which docker-py passes through; make them EngineUnavailable."""
-
-    @wraps(method)
-    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        try:
-            return method(*args, **kwargs)
-        except requests.exceptions.RequestException as exc:
-            if isinstance(exc, docker.errors.DockerException):  # APIError is both: an answer, not a loss
-                raise
-            host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-            raise EngineUnavailable(
-                f"lost the Docker engine at {host} ({short_reason(exc)}): it stopped or is restarting; "
-                "start dockerd again (`make test` and `make demo` start it)"
-            ) from None
-
-    return call
 
 
 @dataclass(frozen=True)
@@ -133,98 +115,6 @@ class SandboxInfo:
     expires: float
     created: float
     image: str
-
-
-class SandboxExpired(CallboxError):
-    """A kept sandbox cannot be attached: it expired or its container is gone."""
-
-    def __init__(self, message: str, *, sandbox_id: str, expired_at: float | None) -> None:
-        super().__init__(message)
-        self.sandbox_id = sandbox_id
-        self.expired_at = expired_at
-        """When it expired (or was due to expire), if known."""
-
-
-@dataclass(frozen=True)
-class KeptSandbox:
-    """The record ``DockerEngine.keep`` writes: a sandbox that outlives its process."""
-
-    sandbox_id: str
-    run_id: str
-    until: float
-    """Unix time after which gc removes it."""
-    container_id: str
-    socket_dir: str
-    spec: dict[str, Any]
-    """The SandboxSpec it was created with (``model_dump(mode="json")``)."""
-    tool_uid: int
-    tool_gid: int
-    kept_at: float
-
-    @property
-    def owner(self) -> str:
-        return f"run:{self.run_id}"
-
-    def to_json(self) -> str:
-        return json.dumps({
-            "sandbox_id": self.sandbox_id, "owner": self.owner, "run_id": self.run_id, "until": self.until,
-            "container_id": self.container_id, "socket_dir": self.socket_dir, "spec": self.spec,
-            "tool_uid": self.tool_uid, "tool_gid": self.tool_gid, "kept_at": self.kept_at,
-        }, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> KeptSandbox:
-        data = json.loads(text)
-        return cls(
-            sandbox_id=str(data["sandbox_id"]), run_id=str(data["run_id"]), until=float(data["until"]),
-            container_id=str(data["container_id"]), socket_dir=str(data["socket_dir"]), spec=dict(data["spec"]),
-            tool_uid=int(data["tool_uid"]), tool_gid=int(data["tool_gid"]), kept_at=float(data["kept_at"]),
-        )
-
-
-class Sandbox:
-    """A running sandbox and the client of its agent. Destroy it when done (or use ``with``)."""
-
-    def __init__(self, engine: DockerEngine, sandbox_id: str, container_id: str, socket_dir: Path,
-                 spec: SandboxSpec, tool_uid: int, tool_gid: int) -> None:
-        self.engine = engine
-        self.id = sandbox_id
-        self.container_id = container_id
-        self.socket_dir = socket_dir
-        self.spec = spec
-        self.tool_uid = tool_uid
-        self.tool_gid = tool_gid
-        self.agent = AgentClient(str(socket_dir / "agent.sock"))
-        self.proxy_url: str | None = None
-        """The egress proxy (``network = "allowlist"``), as tool processes see it."""
-        self._egress_offset = 0
-        """Bytes of the egress proxy's log already handed out by ``new_egress_events``."""
-
-    def runtime(self) -> SandboxRuntime:
-        """What a tool handler gets: the agent and the environment of this sandbox."""
-        return SandboxRuntime(sandbox_id=self.id, agent=self.agent, env=self.spec.env, workdir=self.spec.workdir)
-
-    def new_egress_events(self) -> list[EgressEvent]:
-        """The egress proxy's decisions since the last call (empty unless allowlist)."""
-        if self.spec.network != "allowlist":
-            return []
-        events, self._egress_offset = self.engine.networks.egress_events(self.id, offset=self._egress_offset)
-        return events
-
-    @property
-    def container(self) -> Container:
-        """The docker SDK's high-level object for this sandbox's container (one API call)."""
-        return self.engine.client.containers.get(self.container_id)
-
-    def destroy(self) -> None:
-        self.agent.close()
-        self.engine.destroy(self.id, network=self.spec.network)
-
-    def __enter__(self) -> Sandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.destroy()
 
 
 class DockerEngine:
@@ -257,7 +147,7 @@ class DockerEngine:
 
     # ---- create ---------------------------------------------------------------------------
 
-    @_engine_calls
+    @engine_calls
     def host_limits(self) -> HostLimits:
         """The engine host's CPUs, memory and data root (asked once per engine)."""
         if self._host is None:
@@ -270,7 +160,7 @@ class DockerEngine:
             )
         return self._host
 
-    @_engine_calls
+    @engine_calls
     def create(self, spec: SandboxSpec, *, ready_timeout: float = READY_TIMEOUT_S) -> Sandbox:
         """Start a sandbox for ``spec``; a spec this host cannot run (``SpecError``: too many
         cpus, a missing or unwritable mount, ...) is refused before any container exists."""
@@ -379,14 +269,14 @@ class DockerEngine:
         except docker.errors.ImageNotFound:
             raise ImageNotFound.named(spec.image) from None
         except docker.errors.DockerException as exc:
-            self._remove_by_name(f"callbox-{sandbox_id}")
+            remove_container(self.client, f"callbox-{sandbox_id}")
             raise SandboxStartError(f"the Docker engine could not start the sandbox: {short_reason(exc)}") from None
         return attachment, str(created["Id"])
 
     def _wait_ready(self, sandbox: Sandbox, timeout: float) -> None:
         """Wait for the agent's socket, then its health check; fail fast if the container dies."""
         deadline = time.monotonic() + timeout
-        sock = sandbox.socket_dir / "agent.sock"
+        sock = sandbox.socket_dir / AGENT_SOCKET_NAME
         next_status_check = time.monotonic() + 0.2
         delay = 0.0005
         while time.monotonic() < deadline:
@@ -419,27 +309,18 @@ class DockerEngine:
 
     # ---- destroy, list, gc -------------------------------------------------------------------
 
-    @_engine_calls
+    @engine_calls
     def destroy(self, sandbox_id: str, *, network: str | None = None) -> list[EgressEvent]:
         """Remove the sandbox's container, its network and egress proxy (unless ``network``
         says it has none) and its socket directory; a missing one is not an error. Returns
         the egress proxy's decisions (also logged)."""
-        self._remove_by_name(f"callbox-{sandbox_id}")
+        remove_container(self.client, f"callbox-{sandbox_id}")
         events = [] if network == "none" else self.networks.detach(sandbox_id)
         shutil.rmtree(self.run_root / sandbox_id, ignore_errors=True)
-        self._kept_path(sandbox_id).unlink(missing_ok=True)
+        kept_path(self.run_root, sandbox_id).unlink(missing_ok=True)
         return events
 
-    def _remove_by_name(self, name: str) -> None:
-        try:
-            self.client.api.remove_container(name, force=True, v=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:  # 409: removal already in progress
-                raise
-
-    @_engine_calls
+    @engine_calls
     def list_sandboxes(self) -> list[SandboxInfo]:
         infos = []
         for c in self.client.api.containers(all=True, filters={"label": f"{labels.MANAGED}=1"}):
@@ -450,14 +331,14 @@ class DockerEngine:
                 sandbox_id=lab.get(labels.SANDBOX_ID, "?"),
                 container_id=c["Id"][:12],
                 status=c.get("State", "?"),
-                owner=kept.owner if (kept := self._kept_for(lab)) is not None else lab.get(labels.OWNER, "?"),
-                expires=kept.until if kept is not None else _float(lab.get(labels.EXPIRES)),
-                created=_float(lab.get(labels.CREATED)),
+                owner=kept.owner if (kept := record_for_container(lab)) is not None else lab.get(labels.OWNER, "?"),
+                expires=kept.until if kept is not None else labels.time_label(lab, labels.EXPIRES),
+                created=labels.time_label(lab, labels.CREATED),
                 image=c.get("Image", "?"),
             ))
         return sorted(infos, key=lambda i: i.created)
 
-    @_engine_calls
+    @engine_calls
     def gc(self, now: float | None = None) -> list[str]:
         """Remove sandboxes that expired, whose owner process is gone or whose container
         stopped (its agent is gone for good: the engine restarted, it was killed, or it
@@ -475,24 +356,24 @@ class DockerEngine:
             if ROLE in lab:
                 continue  # egress proxies go with their sandbox (networks.gc below)
             sandbox_id = lab.get(labels.SANDBOX_ID, "")
-            kept = self._kept_for(lab)
+            kept = record_for_container(lab)
             if kept is not None:
                 doomed = kept.until <= now  # kept for a paused run: only its expiry counts
             else:
                 doomed = (labels.is_expired(lab, now) or labels.is_orphaned(lab, self.hostname)
-                          or _expiry_passed(lab.get(labels.SOCKET_DIR), now) or c.get("State") in STOPPED)
+                          or expiry_passed(lab.get(labels.SOCKET_DIR), now) or c.get("State") in STOPPED)
             if doomed:
-                self._remove_by_name(c["Id"])
+                remove_container(self.client, c["Id"])
                 socket_dir = lab.get(labels.SOCKET_DIR)
                 if socket_dir and Path(socket_dir).parent == self.run_root:
                     shutil.rmtree(socket_dir, ignore_errors=True)
                 if kept is not None and Path(socket_dir or "").parent == self.run_root:
-                    self._kept_path(sandbox_id).unlink(missing_ok=True)
+                    kept_path(self.run_root, sandbox_id).unlink(missing_ok=True)
                 removed.append(sandbox_id or c["Id"][:12])
             else:
                 live_ids.add(sandbox_id)
         self._remove_stale_socket_dirs(live_ids)
-        self._remove_stale_kept_records(live_ids)
+        remove_stale_records(self.run_root, live_ids)
         try:
             self.networks.gc(live_ids, self.hostname, now)
         except docker.errors.DockerException as exc:
@@ -505,16 +386,12 @@ class DockerEngine:
         for entry in self.run_root.iterdir():
             if entry.is_dir() and entry.name not in live_ids and len(entry.name) == 12:
                 age = time.time() - entry.stat().st_mtime
-                if age > 60:  # never race a sandbox being created right now
+                if age > STALE_AFTER_S:  # never race a sandbox being created right now
                     shutil.rmtree(entry, ignore_errors=True)
-
 
     # ---- keep a sandbox past its process, attach to it later ----------------------------------
 
-    def _kept_path(self, sandbox_id: str, run_root: Path | None = None) -> Path:
-        return (run_root or self.run_root) / KEPT_DIR / f"{sandbox_id}.json"
-
-    @_engine_calls
+    @engine_calls
     def keep(self, sandbox: Sandbox, *, run_id: str, until: float | None = None) -> KeptSandbox:
         """Keep ``sandbox`` for run ``run_id`` after this process exits, until ``until``
         (Unix time; default its label expiry, i.e. creation + the spec's ttl_seconds).
@@ -524,7 +401,7 @@ class DockerEngine:
                 found = self.client.api.inspect_container(sandbox.container_id)["Config"].get("Labels") or {}
             except docker.errors.DockerException as exc:
                 raise EngineUnavailable(f"cannot inspect sandbox {sandbox.id}: {short_reason(exc)}") from None
-            until = _float(found.get(labels.EXPIRES))
+            until = labels.time_label(found, labels.EXPIRES)
         record = KeptSandbox(
             sandbox_id=sandbox.id, run_id=run_id, until=until, container_id=sandbox.container_id,
             socket_dir=str(sandbox.socket_dir), spec=sandbox.spec.model_dump(mode="json"),
@@ -532,57 +409,14 @@ class DockerEngine:
         )
         write_expiry(sandbox.socket_dir, until)  # the agent stops itself then, harness or not
         self.networks.set_expiry(sandbox.id, until)  # and its egress proxy, if any
-        path = self._kept_path(sandbox.id)
-        path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(record.to_json())
-        os.replace(temporary, path)  # atomic: gc never reads half a record
+        write_record(self.run_root, record)
         return record
 
     def kept_sandbox(self, sandbox_id: str) -> KeptSandbox | None:
         """The keep record of ``sandbox_id`` under this engine's run root, if any."""
-        try:
-            return KeptSandbox.from_json(self._kept_path(sandbox_id).read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("ignoring unreadable keep record of sandbox %s: %s", sandbox_id, exc)
-            return None
+        return read_record(self.run_root, sandbox_id)
 
-    def _kept_for(self, lab: dict[str, str]) -> KeptSandbox | None:
-        """The keep record of the container with labels ``lab`` (looked up in the run root its
-        socket directory lives in). An unreadable record counts as kept until the label
-        expiry: gc must not reap as an orphan what it cannot tell is kept."""
-        sandbox_id = lab.get(labels.SANDBOX_ID, "")
-        socket_dir = lab.get(labels.SOCKET_DIR)
-        if not sandbox_id or not socket_dir:
-            return None
-        path = self._kept_path(sandbox_id, Path(socket_dir).parent)
-        try:
-            return KeptSandbox.from_json(path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            # Another user's run root is not readable by design (0700): its sandboxes are
-            # that user's to judge, so say nothing. A record we should read but cannot is news.
-            report = log.debug if isinstance(exc, PermissionError) else log.warning
-            report("cannot read the keep record %s (%s); treating the sandbox as kept until its expiry", path, exc)
-            return KeptSandbox(
-                sandbox_id=sandbox_id, run_id="?", until=_float(lab.get(labels.EXPIRES)), container_id="",
-                socket_dir=socket_dir, spec={}, tool_uid=-1, tool_gid=-1, kept_at=0.0,
-            )
-
-    def _remove_stale_kept_records(self, live_ids: set[str]) -> None:
-        directory = self.run_root / KEPT_DIR
-        if not directory.is_dir():
-            return
-        for entry in directory.glob("*.json"):
-            if entry.stem not in live_ids and time.time() - entry.stat().st_mtime > 60:
-                entry.unlink(missing_ok=True)
-
-    @_engine_calls
+    @engine_calls
     def attach(self, sandbox_id: str, *, ready_timeout: float = ATTACH_TIMEOUT_S) -> Sandbox:
         """Reconnect to a kept sandbox (from another process than the one that created it).
 
@@ -595,17 +429,17 @@ class DockerEngine:
                 f"sandbox {sandbox_id} is not kept (it expired and was removed, or was never kept); its files are gone",
                 sandbox_id=sandbox_id, expired_at=None,
             )
-        when = _when(kept.until)
+        expires = when(kept.until)
         if kept.until <= time.time():
             self.destroy(sandbox_id)
-            raise SandboxExpired(f"sandbox {sandbox_id} expired at {when}; its files are gone",
+            raise SandboxExpired(f"sandbox {sandbox_id} expired at {expires}; its files are gone",
                                  sandbox_id=sandbox_id, expired_at=kept.until)
         try:
             state = self.client.api.inspect_container(kept.container_id)["State"]
         except docker.errors.NotFound:
             self.destroy(sandbox_id)
             raise SandboxExpired(
-                f"sandbox {sandbox_id} is gone (its container was removed before its expiry at {when}); "
+                f"sandbox {sandbox_id} is gone (its container was removed before its expiry at {expires}); "
                 "its files are gone", sandbox_id=sandbox_id, expired_at=kept.until,
             ) from None
         except docker.errors.DockerException as exc:
@@ -628,43 +462,6 @@ class DockerEngine:
             sandbox.agent.close()
             raise SandboxStartError(f"the agent of kept sandbox {sandbox_id} is not serving")
         return sandbox
-
-
-def connect_client(timeout: int = 60) -> docker.DockerClient:
-    """A client of the engine named by DOCKER_HOST (default socket) that answered a ping;
-    EngineUnavailable naming the engine and the fix otherwise."""
-    try:
-        client = docker.from_env(timeout=timeout)
-        client.ping()
-    except docker.errors.DockerException as exc:
-        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-        raise EngineUnavailable(
-            f"cannot reach the Docker engine at {host} ({short_reason(exc)}); start dockerd "
-            "(`make test` and `make demo` start it) or set DOCKER_HOST. No tool runs without a sandbox."
-        ) from None
-    return client
-
-
-def _when(stamp: float) -> str:
-    """A Unix time as ``2025-01-02 03:04:05 UTC``."""
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stamp))
-
-
-def write_expiry(socket_dir: Path, expires: float) -> None:
-    """Tell the sandbox's agent when to stop on its own (read from its socket directory)."""
-    temporary = socket_dir / ".expires.tmp"
-    temporary.write_text(f"{expires:.0f}\n")
-    os.replace(temporary, socket_dir / "expires")
-
-
-def _expiry_passed(socket_dir: str | None, now: float) -> bool:
-    """Whether the expiry file the agent obeys (see ``write_expiry``) has passed."""
-    if not socket_dir:
-        return False
-    try:
-        return float((Path(socket_dir) / "expires").read_text().strip()) <= now
-    except (OSError, ValueError):
-        return False
 
 
 def _agent_environment(spec: SandboxSpec) -> dict[str, str]:
@@ -692,9 +489,3 @@ def _parse_hosts(text: str) -> dict[str, str]:
         hosts[name] = address
     return hosts
 
-
-def _float(value: str | None) -> float:
-    try:
-        return float(value or 0)
-    except ValueError:
-        return 0.0

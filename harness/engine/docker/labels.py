@@ -69,3 +69,11 @@ def is_orphaned(labels: dict[str, str], this_host: str) -> bool:
     if owner is None:
         return True
     return owner_alive(owner, this_host) is False
+
+
+def time_label(labels: dict[str, str], key: str) -> float:
+    """A Unix-time label (``EXPIRES``, ``CREATED``) as a number; 0.0 when missing or unreadable."""
+    try:
+        return float(labels.get(key) or 0)
+    except ValueError:
+        return 0.0

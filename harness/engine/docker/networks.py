@@ -44,6 +44,7 @@ from docker.types import Mount as DockerMount
 
 from harness.core.errors import CallboxError, ImageNotFound, SandboxStartError, short_reason
 from harness.engine.docker import labels
+from harness.engine.docker.client import remove_container
 from harness.engine.docker.netfilter import BRIDGE_PREFIX, PacketFilter, PacketFilterUnavailable
 from harness.engine.spec import SandboxSpec
 
@@ -334,7 +335,7 @@ class SandboxNetworks:
         for event in events:
             egress_log.info("sandbox %s egress %s %s %s:%s%s", sandbox_id, event.decision, event.method,
                             event.host, event.port, f" ({event.reason})" if event.reason else "")
-        self._remove_container(proxy_name(sandbox_id))
+        remove_container(self.client, proxy_name(sandbox_id))
         self._remove_network(network_name(sandbox_id))
         shutil.rmtree(self.log_root / sandbox_id, ignore_errors=True)
         with contextlib.suppress(OSError):
@@ -352,7 +353,7 @@ class SandboxNetworks:
         for c in api.containers(all=True, filters={"label": f"{ROLE}=egress-proxy"}):
             lab = c.get("Labels") or {}
             if _stale(lab, live_ids, hostname, now):
-                self._remove_container(c["Id"])
+                remove_container(self.client, c["Id"])
             else:
                 kept.add(lab.get(labels.SANDBOX_ID, ""))
         if self.log_root.is_dir():
@@ -386,15 +387,6 @@ class SandboxNetworks:
                 pass
             except docker.errors.APIError as exc:
                 log.info("egress network kept: %s", short_reason(exc))
-
-    def _remove_container(self, name: str) -> None:
-        try:
-            self.client.api.remove_container(name, force=True, v=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:
-                raise
 
     def _remove_network(self, name: str) -> None:
         try:

@@ -1,0 +1,87 @@
+"""Reaching the Docker engine: the checked client, what losing it mid-request means, the
+hardened seccomp profile, where per-sandbox sockets live on the host, and removing a
+container whatever state it is in."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from functools import cache, wraps
+from importlib import resources
+from pathlib import Path
+from typing import ParamSpec, TypeVar
+
+import docker
+import docker.errors
+import requests
+
+from harness.core.errors import EngineUnavailable, short_reason
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def engine_host() -> str:
+    """The engine this process talks to, as DOCKER_HOST names it (or the default socket)."""
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+def connect_client(timeout: int = 60) -> docker.DockerClient:
+    """A client of the engine named by DOCKER_HOST (default socket) that answered a ping;
+    EngineUnavailable naming the engine and the fix otherwise."""
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise EngineUnavailable(
+            f"cannot reach the Docker engine at {engine_host()} ({short_reason(exc)}); start dockerd "
+            "(`make test` and `make demo` start it) or set DOCKER_HOST. No tool runs without a sandbox."
+        ) from None
+    return client
+
+
+def engine_calls(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Losing the engine mid-request (dockerd stopped or restarting) raises the requests
+    library's own errors, which docker-py passes through; make them EngineUnavailable."""
+
+    @wraps(method)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except requests.exceptions.RequestException as exc:
+            if isinstance(exc, docker.errors.DockerException):  # APIError is both: an answer, not a loss
+                raise
+            raise EngineUnavailable(
+                f"lost the Docker engine at {engine_host()} ({short_reason(exc)}): it stopped or is restarting; "
+                "start dockerd again (`make test` and `make demo` start it)"
+            ) from None
+
+    return call
+
+
+def remove_container(client: docker.DockerClient, name: str) -> None:
+    """Remove a container (by name or id) with its anonymous volumes, running or not; one
+    that is missing, or whose removal is already in progress, is not an error."""
+    try:
+        client.api.remove_container(name, force=True, v=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if exc.status_code != 409:  # 409: removal already in progress
+            raise
+
+
+@cache
+def seccomp_profile() -> str:
+    """Docker's default seccomp profile minus io_uring (see harness/data/SECCOMP.md)."""
+    text = resources.files("harness").joinpath("data/seccomp.json").read_text()
+    return json.dumps(json.loads(text), separators=(",", ":"))
+
+
+def default_run_root() -> Path:
+    """Host directory holding one socket directory per sandbox (short: sun_path is 108 bytes)."""
+    if os.geteuid() == 0:
+        return Path("/run/callbox")
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(runtime) / "callbox" if runtime else Path(f"/tmp/callbox-{os.getuid()}")
