@@ -59,6 +59,12 @@ class Sandbox(Protocol):
         the sandbox's network is an allowlist)."""
         ...
 
+    def keep(self, *, run_id: str, until: float | None = None) -> float:
+        """Let this sandbox outlive the process (a paused run resumes in it later, through
+        :meth:`Engine.attach`) until ``until`` (Unix time; default its own expiry). Returns
+        the time it is kept until."""
+        ...
+
     def destroy(self) -> None: ...
 
 

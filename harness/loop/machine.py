@@ -58,7 +58,7 @@ run time: a pause does not count), ``budget:input_tokens``, ``budget:output_toke
 
 **PAUSE** (``approval_pending``): the other calls of the turn have run; their results are
 held in the checkpoint, not appended yet. The run's sandbox (if one started) is kept
-(``DockerEngine.keep``: gc leaves it until ``paused_sandbox_ttl_s`` or its own expiry)
+(``Sandbox.keep``: gc leaves it until ``paused_sandbox_ttl_s`` or its own expiry)
 and detached from the harness so closing the harness leaves it alone; the state is saved
 (:mod:`harness.loop.checkpoint`); the run is marked ``approval_pending`` in the audit store,
 which is a paused state, not a final end: ``resume`` re-opens it and its final reason is
@@ -406,8 +406,8 @@ class Loop:
         ref: SandboxRef | None = None
         if sandbox is not None:
             ttl = self.config.paused_sandbox_ttl_s
-            kept = sandbox.engine.keep(sandbox, run_id=s.run_id, until=None if ttl is None else time.time() + ttl)
-            ref = SandboxRef(sandbox.id, kept.until)
+            kept_until = sandbox.keep(run_id=s.run_id, until=None if ttl is None else time.time() + ttl)
+            ref = SandboxRef(sandbox.id, kept_until)
         s.sandbox = ref
         saved = checkpoint_of(s, model=self.model, config=self.config, session=self.harness, seconds=self.seconds())
         checkpoints.save(self.harness.audit, saved)

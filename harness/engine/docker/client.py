@@ -9,7 +9,6 @@ import os
 from collections.abc import Callable
 from functools import cache, wraps
 from importlib import resources
-from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 import docker
@@ -79,9 +78,3 @@ def seccomp_profile() -> str:
     return json.dumps(json.loads(text), separators=(",", ":"))
 
 
-def default_run_root() -> Path:
-    """Host directory holding one socket directory per sandbox (short: sun_path is 108 bytes)."""
-    if os.geteuid() == 0:
-        return Path("/run/callbox")
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(runtime) / "callbox" if runtime else Path(f"/tmp/callbox-{os.getuid()}")

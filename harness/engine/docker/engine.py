@@ -49,7 +49,6 @@ from harness.core.errors import (
 from harness.engine.docker import labels
 from harness.engine.docker.client import (
     connect_client,
-    default_run_root,
     engine_calls,
     remove_container,
     seccomp_profile,
@@ -72,6 +71,7 @@ from harness.engine.docker.networks import ROLE, Attachment, EgressEvent, Sandbo
 from harness.engine.docker.sandbox import AGENT_SOCKET_NAME, Sandbox
 from harness.engine.spec import AGENT_DIR, TMP, HostLimits, SandboxSpec
 from harness.engine.spec import HOME as _HOME
+from harness.wire import default_run_root
 from sandbox.health import SERVING
 
 __all__ = [
