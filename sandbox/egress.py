@@ -306,6 +306,7 @@ class EgressProxy:
         _respond(conn, refusal.status, f"{first}: {refusal.reason}\n", drain=refusal.status != 503)
 
     def _handle(self, conn: socket.socket, req: _Request) -> None:
+        spliced_s: float | None = None
         try:
             try:
                 upstream, rest, override = self._open(conn, req)
@@ -320,12 +321,13 @@ class EgressProxy:
             started = time.monotonic()
             with upstream:
                 self._splice(conn, upstream, req, rest)
-            self._record("close", req, bytes_up=req.counts[0], bytes_down=req.counts[1],
-                         duration_s=round(time.monotonic() - started, 3))
-            return None
+            spliced_s = time.monotonic() - started
         finally:
             conn.close()
             self._slots.release()
+        # Logged once the slot is free again, so whoever reads the close can connect at once.
+        self._record("close", req, bytes_up=req.counts[0], bytes_down=req.counts[1], duration_s=round(spliced_s, 3))
+        return None
 
     def _open(self, conn: socket.socket, req: _Request) -> tuple[socket.socket | None, bytes, bool]:
         """Read, parse and check the request and connect upstream; (None, ...) if the client sent nothing."""

@@ -767,6 +767,9 @@ class FakeSandbox:
     def new_egress_events(self) -> list[object]:
         return []  # network none: no egress proxy
 
+    def keep(self, *, run_id: str, until: float | None = None) -> float:
+        return self.engine.keep(self, run_id=run_id, until=until).until
+
 
 def test_a_pause_keeps_and_detaches_the_sandbox_and_resume_attaches_it(make_harness, audit) -> None:
     engine = FakeEngine()
