@@ -37,11 +37,6 @@ class ToolContext:
     """Bytes of output the model gets back (policy budgets.max_output_bytes)."""
     on_output: OutputSink | None = None
 
-    def sandbox(self) -> Sandbox:
-        """The run's sandbox itself, for handlers outside the built-in tools (which use
-        ``runtime``)."""
-        return self.provider.sandbox()
-
     def runtime(self) -> SandboxRuntime:
         """The run's sandbox as a tool sees it (started on first use)."""
         return self.provider.sandbox().runtime()

@@ -48,8 +48,7 @@ class Gate:
         self.entered.set()
         if not self.release.wait(WAIT_S):
             return ToolOutput(text="never released", is_error=True)
-        box = ctx.sandbox()
-        return ToolOutput(text=f"ran in sandbox {box.id}")
+        return ToolOutput(text=f"ran in sandbox {ctx.runtime().sandbox_id}")
 
 
 def _mine(engine) -> set[str]:  # type: ignore[no-untyped-def]
