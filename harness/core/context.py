@@ -8,8 +8,9 @@ of the same run, and get its agent client, environment, id and working directory
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from harness.engine.base import Sandbox, SandboxRuntime
@@ -36,6 +37,21 @@ class ToolContext:
     output_budget: int
     """Bytes of output the model gets back (policy budgets.max_output_bytes)."""
     on_output: OutputSink | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    """``time.monotonic()`` when the context was made: the harness makes it just before the
+    call's handler runs, after validation, policy and approval."""
+
+    @property
+    def deadline(self) -> float:
+        """``time.monotonic()`` by which a call that names no timeout of its own should be
+        done: ``started_at + timeout_for(None)`` (the policy's default call timeout, never
+        above its ceiling). Advisory: the harness does not interrupt a handler at it; pass
+        :meth:`remaining_s` on to what the handler starts (an ``agent.exec`` ``timeout_ms``)."""
+        return self.started_at + self.timeout_for(None)
+
+    def remaining_s(self) -> float:
+        """Seconds left until :attr:`deadline` (0 once it has passed)."""
+        return max(0.0, self.deadline - time.monotonic())
 
     def runtime(self) -> SandboxRuntime:
         """The run's sandbox as a tool sees it (started on first use)."""

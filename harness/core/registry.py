@@ -143,6 +143,13 @@ class ToolRegistry:
                 )
         self._tools[name] = tool
 
+    def add(self, *tools: Tool) -> ToolRegistry:
+        """Register each of ``tools`` (as ``register`` does) and return this registry, so
+        ``builtin_registry().add(my_tool)`` is the registry to hand a Session or a door."""
+        for tool in tools:
+            self.register(tool)
+        return self
+
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
 
