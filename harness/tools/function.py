@@ -75,7 +75,6 @@ log = logging.getLogger("callbox.tools")
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_CONTEXT_TYPES: tuple[type, ...] = ()  # set below, once FunctionContext exists
 _RESERVED = frozenset(dir(pydantic.BaseModel))
 
 
@@ -112,7 +111,8 @@ class FunctionContext:
         return max(1, int(self.remaining_s() * 1000))
 
 
-_CONTEXT_TYPES = (FunctionContext, ToolContext)
+_CONTEXT_TYPES: tuple[type, ...] = (FunctionContext, ToolContext)
+"""The annotations that mark a function's first parameter as the call's context."""
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,7 @@ def _parameters(
             context = annotation
             continue
         doc = docs.get(pname)
-        field = _field(annotation, parameter.default, doc, pname, where)
+        field = _field(annotation, parameter.default, doc, where)
         internal = pname if not (pname.startswith("_") or pname in _RESERVED or pname.startswith("model_")) \
             else f"arg{index}_{pname.lstrip('_')}"
         if internal != pname:
@@ -276,7 +276,7 @@ def _parameters(
     return context, params, fields
 
 
-def _field(annotation: Any, default: Any, doc: str | None, pname: str, where: str) -> tuple[Any, FieldInfo]:
+def _field(annotation: Any, default: Any, doc: str | None, where: str) -> tuple[Any, FieldInfo]:
     try:
         pydantic.TypeAdapter(annotation)
     except Exception as exc:

@@ -17,7 +17,7 @@ import pytest
 from harness.audit.store import AuditStore
 from harness.core.calls import Action, ErrorCode, ToolCall, ToolOutput, ToolResult
 from harness.core.context import ToolContext
-from harness.core.errors import EngineUnavailable
+from harness.core.errors import AgentCallError, EngineUnavailable
 from harness.core.formats import tool_definitions
 from harness.core.policy import Policy, ToolPolicy
 from harness.core.registry import RegistryError, Tool, ToolAnnotations, ToolRegistry
@@ -453,3 +453,25 @@ def test_other_mistakes_are_refused_with_the_fix() -> None:
     _refused(r"names 'nope' as a command, freeform or path field.*has no such field",
              lambda: function_tool(path_fields=["nope"])(hinted))
     _refused(r"already a tool; apply @function_tool once", lambda: function_tool(grep_count))
+
+
+def test_positional_only_and_keyword_only_parameters_get_their_arguments() -> None:
+    @function_tool
+    def shapes(a: int, /, b: str, *, c: bool = True) -> str:
+        """Shapes."""
+        return f"{a} {b} {c}"
+
+    assert _run(shapes, {"a": 1, "b": "x", "c": False}).text == "1 x False"
+
+
+def test_an_agent_refusal_is_tool_failed_with_its_reason() -> None:
+    @function_tool
+    def refused() -> str:
+        """Refused."""
+        raise AgentCallError("path /etc is outside the sandbox's allowed directories", reason="PATH_ESCAPE",
+                             code="PERMISSION_DENIED", retryable=False)
+
+    out = _run(refused, {})
+    assert (out.error, out.structured) == (ErrorCode.TOOL_FAILED, {"exception": "AgentCallError",
+                                                                   "reason": "PATH_ESCAPE"})
+    assert out.text == "tool 'refused' failed: AgentCallError: path /etc is outside the sandbox's allowed directories"
