@@ -73,10 +73,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _tools(args: argparse.Namespace) -> int:
     from harness.core.policy import load_policy
-    from harness.tools import builtin_registry
+    from harness.tools import registry_for
 
-    registry = builtin_registry()
     policy = load_policy(args.policy)
+    registry = registry_for(policy)
     policy.check_tools(t.definition for t in registry.tools())
     tools = registry.exposed(policy)
     print(json.dumps(tool_definitions(tools, parse_format(args.format)), indent=2))
@@ -89,7 +89,7 @@ def _call(args: argparse.Namespace) -> int:
     from harness.core.calls import ToolCall
     from harness.core.policy import load_policy
     from harness.core.session import Session
-    from harness.tools import builtin_registry
+    from harness.tools import registry_for
 
     policy = load_policy(args.policy)
     spec = spec_from_args(args, policy.sandbox_spec())
@@ -101,7 +101,7 @@ def _call(args: argparse.Namespace) -> int:
 
     announced = policy.sandbox_spec().loosened()  # load_policy said these, naming their keys
     with loosened_said_once(spec, announced), AuditStore(args.audit_db) as audit, Session(
-        builtin_registry(), policy, audit, run_id=args.run_id, spec=spec
+        registry_for(policy), policy, audit, run_id=args.run_id, spec=spec
     ) as harness:
         result = harness.call(call, on_output=stream if args.stream else None)
         if args.run_id is None and not result.meta.get("approval_id"):

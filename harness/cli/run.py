@@ -148,7 +148,7 @@ def _start(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any
     from harness.core.policy import load_policy
     from harness.core.session import Session
     from harness.loop.agent_loop import run_agent
-    from harness.tools import builtin_registry
+    from harness.tools import registry_for
 
     policy = load_policy(args.policy)
     spec = spec_from_args(args, policy.sandbox_spec())
@@ -156,7 +156,7 @@ def _start(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any
     task = args.task or SCRIPTED_TASK
     show = _show(args, policy)
     announced = policy.sandbox_spec().loosened()  # load_policy said these, naming their keys
-    with loosened_said_once(spec, announced), Session(builtin_registry(), policy, audit, spec=spec) as harness:
+    with loosened_said_once(spec, announced), Session(registry_for(policy), policy, audit, spec=spec) as harness:
         return run_agent(model, harness, task=task, system=args.system, config=loop_config(options),
                          on_event=show, resume_command=resume_command(args, harness.run_id, audit.path))
 
@@ -165,7 +165,7 @@ def _resume(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> An
     from harness.core.session import Session
     from harness.loop import checkpoint
     from harness.loop.agent_loop import resume
-    from harness.tools import builtin_registry
+    from harness.tools import registry_for
 
     saved = checkpoint.load(audit, args.resume)
     if saved is None:
@@ -174,7 +174,7 @@ def _resume(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> An
     config = loop_config(options, saved.config) if options else None
     policy, spec = saved.policy_model(), saved.spec_model()
     show = _show(args, policy)
-    with loosened_said_once(spec, []), Session(builtin_registry(), policy, audit, run_id=args.resume,
+    with loosened_said_once(spec, []), Session(registry_for(policy), policy, audit, run_id=args.resume,
                                                 spec=spec) as harness:
         return resume(args.resume, model, harness, config=config, on_event=show,
                       resume_command=resume_command(args, args.resume, audit.path))

@@ -78,16 +78,18 @@ policy is validated, and the common case (no rules for the tool) is two dict loo
 from __future__ import annotations
 
 import logging
+import posixpath
 import tomllib
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.core.budgets import Budgets, CallTimeout
 from harness.core.calls import TOOL_NAME_PATTERN, Action, Decision
+from harness.core.declared import DeclaredTool
 from harness.core.errors import CallboxError
 from harness.core.rules import (
     PolicyTarget,
@@ -96,6 +98,7 @@ from harness.core.rules import (
     apply_rules,
     glob_to_regex,
     not_allowed_decision,
+    takes_command,
     tool_decision,
 )
 from harness.core.sandbox_settings import MountSetting, SandboxSettings
@@ -152,6 +155,8 @@ class Policy(BaseModel):
     """``[tools.NAME]``: per-tool decision and argument rules."""
     budgets: Budgets = Field(default_factory=Budgets)
     """``[budgets]``: per-run and per-call limits."""
+    tool: tuple[DeclaredTool, ...] = ()
+    """``[[tool]]``: the tools this policy declares (see :mod:`harness.core.declared`)."""
 
     @field_validator("allowed_tools")
     @classmethod
@@ -159,6 +164,34 @@ class Policy(BaseModel):
         for name in value or ():
             _check_tool_name(name)
         return value
+
+    @field_validator("tool")
+    @classmethod
+    def _declared_names(cls, value: tuple[DeclaredTool, ...]) -> tuple[DeclaredTool, ...]:
+        first: dict[str, int] = {}
+        for index, declared in enumerate(value):
+            if declared.name in first:
+                raise ValueError(f"tool[{first[declared.name]}] and tool[{index}] are both named "
+                                 f"{declared.name!r}; give one of them another name")
+            first[declared.name] = index
+        return value
+
+    @model_validator(mode="after")
+    def _declared_paths(self) -> Policy:
+        """A python tool's ``path`` must lie in a read-only mount (its code is not the model's to edit)."""
+        mounts = [*self.sandbox.mounts, *(m for t in self.tool for m in t.mounts)]
+        for index, declared in enumerate(self.tool):
+            if declared.path is None:
+                continue
+            covering = [m for m in mounts if _within(declared.path, m.target)]
+            if not covering:
+                raise ValueError(f"key 'tool[{index}].path': {declared.path} is in no mount; provide it with "
+                                 f'mounts = [{{ source = "HOST_DIR", target = "{declared.path}", mode = "ro" }}]')
+            mount = max(covering, key=lambda m: len(m.target))
+            if mount.mode != "ro":
+                raise ValueError(f"key 'tool[{index}].path': {declared.path} is in the read-write mount at "
+                                 f'{mount.target}; mount the code of a python tool with mode = "ro"')
+        return self
 
     @field_validator("tools")
     @classmethod
@@ -213,7 +246,7 @@ class Policy(BaseModel):
                 problems.append(f"[{key}] is for {name!r}, which is not a registered tool")
                 continue
             for index, rule in enumerate(tool.rules):
-                if rule.command is not None and definition.command_field is None:
+                if rule.command is not None and not takes_command(definition):
                     problems.append(f"{key}.rules[{index}] is a command rule, but {name!r} takes no command")
                 if rule.path is not None and not definition.path_fields:
                     problems.append(f"{key}.rules[{index}] is a path rule, but {name!r} takes no paths")
@@ -226,11 +259,11 @@ class Policy(BaseModel):
     def sandbox_spec(self) -> SandboxSpec:
         """The :class:`SandboxSpec` these settings describe; a bad value is a PolicyError naming its key."""
         mounts: list[Mount] = []
-        for index, setting in enumerate(self.sandbox.mounts):
+        for key, setting in self.mount_settings():
             try:
                 mounts.append(setting.mount())
             except ValidationError as exc:
-                raise _spec_error(exc, Mount, f"sandbox.mounts[{index}]") from None
+                raise _spec_error(exc, Mount, key) from None
         try:
             return self.sandbox.spec(tuple(mounts))
         except ValidationError as exc:
@@ -242,14 +275,41 @@ class Policy(BaseModel):
         try:
             return self.sandbox_spec().for_host(host)
         except SpecError as exc:
-            raise PolicyError(f"key 'sandbox.{exc.key}': {exc.message}") from None
+            raise PolicyError(f"key '{self._spec_key(exc.key)}': {exc.message}") from None
+
+    def mount_settings(self) -> list[tuple[str, MountSetting]]:
+        """Every mount of the run's sandbox with its key: ``[sandbox] mounts``, then the mounts
+        of the declared tools ``allowed_tools`` exposes (one mount two tools share counts once).
+        Two different mounts at one target are a PolicyError naming both keys."""
+        out = [(f"sandbox.mounts[{i}]", m) for i, m in enumerate(self.sandbox.mounts)]
+        for i, declared in enumerate(self.tool):
+            if not self.tool_allowed(declared.name):
+                continue
+            for j, mount in enumerate(declared.mounts):
+                same = next(((key, m) for key, m in out if m.target.rstrip("/") == mount.target.rstrip("/")), None)
+                if same is None:
+                    out.append((f"tool[{i}].mounts[{j}]", mount))
+                elif same[1] != mount:
+                    raise PolicyError(f"tool[{i}].mounts[{j}] and {same[0]} both mount at {mount.target}, "
+                                      "differently; a sandbox path takes one mount: use the same mount or "
+                                      "another target")
+        return out
+
+    def _spec_key(self, key: str) -> str:
+        """A SandboxSpec key (``mounts[3].source``) as the policy key that set it."""
+        if key.startswith("mounts["):
+            index, _, rest = key.removeprefix("mounts[").partition("]")
+            keys = [k for k, _ in self.mount_settings()]
+            if index.isdigit() and int(index) < len(keys):
+                return keys[int(index)] + rest
+        return f"sandbox.{key}"
 
     def loosened(self) -> list[str]:
         """One note per setting looser than the hardened defaults, naming its key."""
         s = self.sandbox
         notes = [
-            f"sandbox.mounts[{i}] mounts {m.source} read-write at {m.target}"
-            for i, m in enumerate(s.mounts)
+            f"{key} mounts {m.source} read-write at {m.target}"
+            for key, m in self.mount_settings()
             if m.mode == "rw"
         ]
         if s.network != "none":
@@ -265,6 +325,11 @@ class Policy(BaseModel):
             if value > default:
                 notes.append(f"sandbox.{key} = {show(value)} is above the default {show(default)}")
         return notes
+
+
+def _within(path: str, target: str) -> bool:
+    target = "/" + posixpath.normpath(target).strip("/")
+    return target in (path, "/") or path.startswith(target + "/")
 
 
 def _plain(value: float) -> str:
@@ -365,6 +430,10 @@ def _anchor_paths(policy: Policy, base_dir: Path) -> Policy:
         p = p.expanduser()
         return p if p.is_absolute() else base_dir / p
 
+    if policy.tool:
+        tools = tuple(t.model_copy(update={"mounts": tuple(
+            m.model_copy(update={"source": anchor(m.source)}) for m in t.mounts)}) for t in policy.tool)
+        policy = policy.model_copy(update={"tool": tools})
     s = policy.sandbox
     if not s.mounts and s.allowed_mount_roots is None:
         return policy

@@ -59,6 +59,10 @@ class ToolDefinition:
     """The argument holding a shell command (policy command patterns apply to it)."""
     path_fields: tuple[str, ...] = ()
     """The arguments holding paths (policy path globs apply to them)."""
+    command_of: Callable[[Any], str | None] | None = field(default=None, compare=False)
+    """For a tool whose command is built from its arguments rather than given in one (a
+    declared command tool's argv template): the command policy command rules match,
+    from the arguments (a dict or the validated input model)."""
     freeform_field: str | None = None
     """If set, arguments that arrive as plain text instead of a JSON object (a freeform
     tool call, as Codex sends apply_patch) become ``{freeform_field: text}``."""

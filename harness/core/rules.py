@@ -29,6 +29,7 @@ __all__ = [
     "apply_rules",
     "glob_to_regex",
     "not_allowed_decision",
+    "takes_command",
     "tool_decision",
 ]
 
@@ -175,7 +176,17 @@ def _normalize_command(command: str) -> str:
     return " ".join(command.split())
 
 
+def takes_command(definition: PolicyTarget) -> bool:
+    """Whether command rules can apply to ``definition``: it has a command argument, or builds
+    its command from its arguments (``command_of``, as a declared command tool does)."""
+    return definition.command_field is not None or getattr(definition, "command_of", None) is not None
+
+
 def _command_of(definition: PolicyTarget, args: Mapping[str, Any] | BaseModel) -> str | None:
+    render = getattr(definition, "command_of", None)
+    if render is not None:
+        rendered = render(args)
+        return None if rendered is None else _normalize_command(rendered)
     field = definition.command_field
     if field is None:
         return None

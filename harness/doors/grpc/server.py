@@ -59,7 +59,7 @@ from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import Limits
 from harness.doors.grpc.tokens import TOKEN_ENV, TokenSet, bearer_token, server_tokens
 from harness.engine.docker.engine import DockerEngine
-from harness.tools import builtin_registry
+from harness.tools import registry_for
 from harness.v1 import executor_pb2, executor_pb2_grpc
 from harness.wire import MAX_MESSAGE_BYTES, default_executor_socket
 from sandbox import health
@@ -356,7 +356,7 @@ def serve_grpc(
 
     ``addr``: ``None`` (the default unix socket), ``unix:PATH``, a path, or ``HOST:PORT``.
     ``policy`` defaults to the packaged default policy, ``audit`` to the default audit store
-    (``CALLBOX_AUDIT_DB``), ``registry`` to the built-in tools. ``announce`` receives the
+    (``CALLBOX_AUDIT_DB``), ``registry`` to the built-in tools and those the policy declares. ``announce`` receives the
     one-time message showing a token generated on first start. ``tokens`` bypasses the
     token sources (tests). Raises ServeError (exit code 2) for a bad address, TLS or
     token configuration, or a socket/port that cannot be bound.
@@ -379,8 +379,9 @@ def serve_grpc(
     store = audit if audit is not None else owned_audit
     assert store is not None
     try:
+        served = policy or load_policy(None)
         service = ExecutorService(
-            registry=registry or builtin_registry(), policy=policy or load_policy(None), audit=store,
+            registry=registry or registry_for(served), policy=served, audit=store,
             tokens=token_set, limits=limits, engine_factory=engine_factory,
             approvals_by_clients=approvals_by_clients,
         )

@@ -22,7 +22,7 @@ from harness.core.registry import ToolRegistry
 from harness.core.session import Session
 from harness.engine.cancel import CallScope
 from harness.engine.spec import SandboxSpec
-from harness.tools import builtin_registry
+from harness.tools import registry_for
 
 __all__ = ["McpSession", "McpToolService", "SessionSlot"]
 
@@ -150,11 +150,11 @@ class McpToolService:
 
     @classmethod
     def open(cls, *, policy_path: Path | None = None, audit_path: Path | None = None) -> McpToolService:
-        """The built-in tools under the policy at ``policy_path`` (default: the packaged
+        """The built-in tools and those the policy declares, under the policy at ``policy_path`` (default: the packaged
         default policy), auditing to ``audit_path`` (default $CALLBOX_AUDIT_DB or the state
         dir). A bad policy raises PolicyError (exit code 2) before anything is served."""
         policy = load_policy(policy_path)
-        registry = builtin_registry()
+        registry = registry_for(policy)
         audit = AuditStore(audit_path)
         try:
             return cls(registry, policy, audit, owns_audit=True)
