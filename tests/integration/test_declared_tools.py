@@ -109,7 +109,10 @@ def _policy(tmp_path: Path) -> Path:
         path = "/srv/pytools"
         mounts = [{{ source = "pytools", target = "/srv/pytools", mode = "ro" }}]
         annotations = {{ read_only = true, destructive = false, idempotent = true }}
-        parameters = {{ type = "object", properties = {{ a = {{ type = "integer" }}, b = {{ type = "integer" }} }}, required = ["a"] }}
+        [tool.parameters]
+        type = "object"
+        required = ["a"]
+        properties = {{ a = {{ type = "integer" }}, b = {{ type = "integer" }} }}
 
         [[tool]]
         name = "greet"

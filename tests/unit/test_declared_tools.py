@@ -289,3 +289,18 @@ def test_a_command_rule_on_a_python_tool_is_refused(tmp_path: Path) -> None:
 
 def test_without_declared_tools_the_registry_is_the_builtin_one() -> None:
     assert registry_for(Policy()).names() == builtin_registry().names()
+
+
+def test_the_readme_example_loads_and_decides_as_documented(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("### Declared tools\n", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "project").mkdir()
+    (tmp_path / "pytools").mkdir()
+    policy = load(block, base_dir=tmp_path)
+    registry = registry_for(policy)
+    policy.check_tools(t.definition for t in registry.tools())
+    definition = registry.get("run_tests").definition  # type: ignore[union-attr]
+    assert policy.decide(definition, {"pattern": "; rm -rf /"}).action is Action.DENY
+    assert policy.decide(definition, {"pattern": "test_math"}).action is Action.ALLOW
+    assert [m.target for m in policy.sandbox_spec().mounts] == ["/workspace/project", "/srv/pytools"]
+    assert registry.get("add").definition.input_schema("plain")["required"] == ["a", "b"]  # type: ignore[union-attr]
