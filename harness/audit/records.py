@@ -231,6 +231,13 @@ class CallRecord:
         """How many times this call_id was claimed to run (1 unless it was retried)."""
         return len(self.earlier_attempts) + 1
 
+    @property
+    def redactions(self) -> dict[str, Any] | None:
+        """The secrets taken out of the result (count, kinds, where; never the secrets), kept in
+        the stored result's meta; None when there were none."""
+        found = None if self.result is None else self.result.meta.get("redactions")
+        return found if isinstance(found, dict) else None
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for ``callbox audit --json`` (without the duplicate full result)."""
         return {
@@ -254,6 +261,7 @@ class CallRecord:
             "bytes_out": self.bytes_out,
             "truncated": self.truncated,
             "result_text": self.result_text,
+            "redactions": self.redactions,
             "attempts": self.attempts,
             "earlier_attempts": [a.to_dict() for a in self.earlier_attempts],
         }

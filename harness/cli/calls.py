@@ -150,11 +150,12 @@ def _audit(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(calls, indent=2, default=str))
                 return 0
-            print(f"{'CALL':<28}{'TOOL':<12}{'DECISION':<10}{'STATE':<9}{'EXIT':<6}{'MS':>9}  RULE")
+            print(f"{'CALL':<28}{'TOOL':<12}{'DECISION':<10}{'STATE':<9}{'EXIT':<6}{'MS':>9}  {'REDACTED':<9}RULE")
             for c in calls:
+                redacted = (c.get("redactions") or {}).get("count") or ""  # secrets taken out of the result
                 print(f"{_s(c.get('call_id')):<28}{_s(c.get('tool')):<12}{_s(c.get('decision')):<10}"
                       f"{_s(c.get('state')):<9}{_s(c.get('exit_code')):<6}{_ms(c.get('duration_ms')):>9}  "
-                      f"{_s(c.get('rule'))}")
+                      f"{_s(redacted):<9}{_s(c.get('rule'))}")
             return 0
         runs = audit.list_runs()
         if args.json:

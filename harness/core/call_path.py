@@ -5,6 +5,12 @@ output and its decision go). The decision is reported once, before the handler r
 before the result is returned, for a call that never runs), as one of :data:`DECISIONS`,
 and the same label is in ``meta["decision"]`` of the result, recorded with it, so a replay
 of the call reports what the original did.
+
+What a tool produced (its text, its structured content and the output chunks it streams)
+has the session's secrets taken out (:mod:`harness.core.redaction`) before the output
+budget bounds it, so neither the model, a door nor the audit store gets them; the result's
+``meta["redactions"]`` (recorded with it) says how many were taken out, of which kinds and
+where, and is absent when there were none.
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ from harness.audit.store import Claim, arguments_digest
 from harness.core.calls import Action, Decision, ErrorCode, ToolCall, ToolOutput, ToolResult
 from harness.core.context import OutputSink, ToolContext
 from harness.core.errors import AgentCallError, CallboxError
+from harness.core.redaction import Finding, StreamRedactor, redaction_summary
 from harness.core.registry import Tool
-from harness.core.shaping import bound_text
+from harness.core.shaping import bound_text, strip_terminal_codes
 from harness.core.validation import CallRejected, validate_call
 from harness.engine.agent_client import sandbox_gone
 from harness.engine.base import Sandbox
@@ -226,24 +233,28 @@ class CallPath:
             result = ToolResult.failure(call.call_id, ErrorCode.BUDGET_EXCEEDED, denied.reason)
             return self._finish(result, denied)
         provider = _CallSandbox(s)
+        stream = s.redactor.stream(self.on_output) if self.on_output is not None and s.redactor.active else None
         ctx = ToolContext(
             run_id=s.run_id, call_id=call.call_id, provider=provider,
             default_timeout_s=budgets.default_call_timeout_s, timeout_ceiling_s=budgets.call_timeout_ceiling_s,
-            output_budget=budgets.max_output_bytes, on_output=self.on_output,
+            output_budget=budgets.max_output_bytes, on_output=stream or self.on_output,
         )
         self.decided(decision_label(decision))
         started = time.monotonic()
-        output = self._unless_gone(self._run_handler(tool, ctx, args))
+        output = self._unless_gone(self._run_handler(tool, ctx, args, stream))
         if output.error is ErrorCode.SANDBOX_UNAVAILABLE and not provider.handed_out:
             output = dataclasses.replace(output, structured={**(output.structured or {}), "command_started": False})
         duration_ms = (time.monotonic() - started) * 1000
         s.record_egress(call.call_id)
-        shaped = bound_text(output.text, budgets.max_output_bytes)
+        text, structured, findings = self._redacted(output)
+        shaped = bound_text(text, budgets.max_output_bytes, keep_terminal_codes=True)  # codes went before redaction
+        meta: dict[str, Any] = {"duration_ms": round(duration_ms, 3), "rule": decision.rule,
+                                "raw_bytes": output.raw_bytes, "truncated": shaped.truncated}
+        if findings:
+            meta["redactions"] = redaction_summary(findings)
         result = self.labelled(ToolResult(
             call_id=call.call_id, text=shaped.text, is_error=output.is_error, error=output.error,
-            structured=output.structured,
-            meta={"duration_ms": round(duration_ms, 3), "rule": decision.rule, "raw_bytes": output.raw_bytes,
-                  "truncated": shaped.truncated},
+            structured=structured, meta=meta,
         ))
         exit_code = (output.structured or {}).get("exit_code")
         s.audit.finish_call(
@@ -253,8 +264,22 @@ class CallPath:
         )
         return result
 
+    def _redacted(self, output: ToolOutput) -> tuple[str, dict[str, Any] | None, list[Finding]]:
+        """The output's text (terminal codes removed first, so none can hide a secret) and
+        structured content with the session's secrets taken out, and where they were."""
+        redactor = self.session.redactor
+        text = strip_terminal_codes(output.text)
+        if not redactor.active:
+            return text, output.structured, []
+        text, findings = redactor.redact(text)
+        structured = output.structured
+        if structured:
+            structured, found = redactor.redact_structured(structured)
+            findings.extend(found)
+        return text, structured, findings
+
     @staticmethod
-    def _run_handler(tool: Tool, ctx: ToolContext, args: Any) -> ToolOutput:
+    def _run_handler(tool: Tool, ctx: ToolContext, args: Any, stream: StreamRedactor | None) -> ToolOutput:
         try:
             return tool.handler(ctx, args)
         except CallboxError as error:
@@ -266,6 +291,9 @@ class CallPath:
             log.exception("tool %s failed inside the harness", tool.definition.name)
             return ToolOutput(text=f"the tool {tool.definition.name!r} failed inside the harness (a bug); "
                                    "the error is in the harness log", is_error=True, error=ErrorCode.INTERNAL)
+        finally:
+            if stream is not None:  # what the stream held back goes out before the result
+                stream.flush()
 
     def _unless_gone(self, output: ToolOutput) -> ToolOutput:
         """A tool failure in a sandbox that no longer answers is ``sandbox_unavailable``

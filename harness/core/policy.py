@@ -71,6 +71,13 @@ Sections:
     call asking for a longer timeout than the ceiling is not refused: it runs with the
     ceiling, and :meth:`Budgets.call_timeout` reports the clamp for the result's meta.
 
+``[redaction]``
+    Secrets taken out of every tool result before the model, a door or the audit store
+    sees it (:mod:`harness.core.redaction`): ``builtin_patterns`` (the common token
+    formats; on by default, turning them off is a logged loosening), ``secret_env`` (names
+    of environment variables whose values are redacted; values under 8 characters are
+    ignored) and ``patterns`` (regular expressions, checked when the policy loads).
+
 :meth:`Policy.decide` is on every call's path: patterns are compiled once, when the
 policy is validated, and the common case (no rules for the tool) is two dict lookups.
 """
@@ -91,6 +98,7 @@ from harness.core.budgets import Budgets, CallTimeout
 from harness.core.calls import TOOL_NAME_PATTERN, Action, Decision
 from harness.core.declared import DeclaredTool
 from harness.core.errors import CallboxError
+from harness.core.redaction import RedactionSettings
 from harness.core.rules import (
     PolicyTarget,
     Rule,
@@ -155,6 +163,8 @@ class Policy(BaseModel):
     """``[tools.NAME]``: per-tool decision and argument rules."""
     budgets: Budgets = Field(default_factory=Budgets)
     """``[budgets]``: per-run and per-call limits."""
+    redaction: RedactionSettings = Field(default_factory=RedactionSettings)
+    """``[redaction]``: the secrets taken out of every tool result."""
     tool: tuple[DeclaredTool, ...] = ()
     """``[[tool]]``: the tools this policy declares (see :mod:`harness.core.declared`)."""
 
@@ -324,6 +334,9 @@ class Policy(BaseModel):
             value, default = getattr(s, key), _spec_default(key)
             if value > default:
                 notes.append(f"sandbox.{key} = {show(value)} is above the default {show(default)}")
+        if not self.redaction.builtin_patterns:
+            notes.append("redaction.builtin_patterns = false: tool results keep cloud keys, tokens, private keys "
+                         "and JWTs (the default is true)")
         return notes
 
 

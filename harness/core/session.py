@@ -26,6 +26,7 @@ session and every call gets a ``sandbox_unavailable`` result.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 
@@ -37,6 +38,7 @@ from harness.core.calls import ErrorCode, ToolCall, ToolResult
 from harness.core.context import OutputSink
 from harness.core.errors import CallboxError, SandboxStartError, SessionClosed
 from harness.core.policy import Policy
+from harness.core.redaction import Redactor
 from harness.core.registry import Tool, ToolRegistry
 from harness.core.validation import CallRejected, check_call_id
 from harness.engine.base import Engine, Sandbox
@@ -67,6 +69,8 @@ class Session:
         self.run_id = audit.start_run(run_id)
         self.started = audit.get_run(self.run_id).created
         self.spec = spec if spec is not None else policy.sandbox_spec()
+        self.redactor = Redactor.for_policy(policy.redaction, os.environ, self.spec.env)
+        """Takes the policy's secrets out of every result (built once: the env values are read now)."""
         self._engine_factory = engine_factory
         self._sandbox: Sandbox | None = None
         self._sandbox_lock = threading.Lock()
