@@ -23,7 +23,9 @@ Rows:
    cost including the containerd shim, vs a bare container of the same image running
    ``sleep infinity`` with the same limits;
 5. floors for row 1: a gRPC unary health check on the agent socket, and the agent's own
-   spawn -> exit time of ``true`` vs ``subprocess.run(["true"])`` on the host.
+   spawn -> exit time of ``true`` vs ``subprocess.run(["true"])`` on the host;
+8. the cost of redacting secrets from every result: a whole call (no sandbox) on a 16 KiB
+   and a 1 MiB tool output, vs the same call path with redaction off.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from harness.engine.docker.engine import DockerEngine, Sandbox, seccomp_profile
 from harness.engine.exec_result import ExecResult, collect
 from harness.engine.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
 from tests.bench.bench_overhead import bench_overhead
+from tests.bench.bench_redaction import bench_redaction
 
 MIN_SAMPLES = 30
 MIB = 1 << 20
@@ -617,6 +620,13 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
             data["harness_overhead"], "—", None, f"p50 ≤ {TARGET_OVERHEAD_P50_MS:g} ms",
             lambda r: r.cb(p50) <= TARGET_OVERHEAD_P50_MS)
         add("6a. of which argument validation", "time", data["validate_only"], "—", None, "— (info)")
+    if "redaction_call_on_16k" in data:
+        for size, label in (("16k", "16 KiB"), ("1m", "1 MiB")):
+            add(f"8{'ab'[size == '1m']}. call with secret redaction, {label} tool output (no sandbox)", "time",
+                data[f"redaction_call_on_{size}"], "the same call path, redaction off",
+                data[f"redaction_call_off_{size}"], "— (info)")
+        add("8c. of which `Redactor.redact` alone, 16 KiB / 1 MiB", "time", data["redaction_only_16k"], "—", None,
+            f"— (info; 1 MiB: p50 {p50(data['redaction_only_1m']):.2f} ms)")
     if "callbox_health" in data:
         add("5a. floor: gRPC unary Health/Check on the agent socket (interleaved)", "time",
             data["callbox_health"], "—", None, "— (info)")
@@ -676,7 +686,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stream-mib", type=int, default=None, help="stream size in MiB (default 64; 8 with --quick)")
     parser.add_argument("--image", default=SandboxSpec().image, help="sandbox image (default %(default)s)")
     parser.add_argument("--only", action="append",
-                        choices=["roundtrip", "cold", "stream", "memory", "overhead", "network"],
+                        choices=["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction"],
                         help="run only these sections (repeatable); the default is all")
     args = parser.parse_args(argv)
     if args.quick:
@@ -706,7 +716,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sections = set(args.only or ["roundtrip", "cold", "stream", "memory", "overhead", "network"])
+    sections = set(args.only or ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction"])
     engine = DockerEngine.connect(reap_on_start=False)  # leave other sessions' sandboxes alone
     try:
         engine.client.images.get(args.image)
@@ -742,6 +752,9 @@ def main(argv: list[str] | None = None) -> int:
             if "overhead" in sections:
                 progress("harness overhead per call (no sandbox)")
                 data.update(bench_overhead(max(args.samples, 1000), 100))
+            if "redaction" in sections:
+                progress("secret redaction per call (no sandbox)")
+                data.update(bench_redaction(max(args.samples, 300), 20))
         except KeyboardInterrupt:
             progress("interrupted: cleaning up")
             raise
