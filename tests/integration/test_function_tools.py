@@ -67,8 +67,18 @@ def explode(ctx: FunctionContext, path: str) -> str:
     raise RuntimeError(f"refusing a file of {size} bytes")
 
 
+@function_tool(read_only=True)
+def headline(title: str) -> dict[str, Any]:
+    """Make a headline whose structured result has its own "text" field.
+
+    Args:
+        title: The words of the headline.
+    """
+    return {"text": title.upper(), "length": len(title)}
+
+
 def _registry() -> ToolRegistry:
-    return builtin_registry().add(word_stats, explode)
+    return builtin_registry().add(word_stats, explode, headline)
 
 
 def _policy(extra: str = "") -> Policy:
@@ -167,6 +177,9 @@ def test_through_the_mcp_door(engine, tmp_path):  # type: ignore[no-untyped-def]
             assert stats.structured_content is not None
             assert (stats.structured_content["lines"], stats.structured_content["words"]) == (3, 9)
             assert stats.structured_content["sandbox"] == (stats.meta or {})["callbox/sandbox_id"]
+            titled = await client.call_tool("headline", {"title": "sandboxed"})
+            assert titled.is_error is False, _text(titled)
+            assert titled.structured_content == {"text": "SANDBOXED", "length": 9}  # the tool's own "text" stays
             asked = await client.call_tool("explode", {"path": "poem.txt"})
             assert asked.is_error is True and asked.meta["callbox/error"] == "approval_pending"
             with AuditStore(tmp_path / "audit.sqlite3") as store:

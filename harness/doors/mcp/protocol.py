@@ -196,10 +196,12 @@ class _McpProtocol:
         if result.error is ErrorCode.APPROVAL_PENDING:
             result = dataclasses.replace(result, text=_approval_text(result))
         item = result_item(result, "mcp")
-        if isinstance(item.get("structuredContent"), dict):
+        structured = item.get("structuredContent")
+        if isinstance(structured, dict) and STRUCTURED_TEXT_KEY not in structured:
             # Clients that follow the spec's convention (the text block is the structured
             # content serialized) give the model structuredContent alone: it must carry the text.
-            item["structuredContent"] = {**item["structuredContent"], STRUCTURED_TEXT_KEY: result.text}
+            # A tool whose own structured result has a "text" field keeps it as it is.
+            item["structuredContent"] = {**structured, STRUCTURED_TEXT_KEY: result.text}
         meta: dict[str, Any] = {f"{_META}run_id": session.run_id, f"{_META}call_id": result.call_id}
         if session.sandbox_id is not None:
             meta[f"{_META}sandbox_id"] = session.sandbox_id
