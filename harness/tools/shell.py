@@ -52,7 +52,7 @@ output cap arrives when the command ends).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -63,7 +63,7 @@ from harness.core.errors import AgentCallError
 from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
 from harness.core.shaping import head_cut, strip_terminal_codes, tail_cut
 from harness.engine.agent_client import SANDBOX_GONE, sandbox_gone
-from harness.engine.exec_result import collect
+from harness.engine.exec_result import ExecResult, collect
 from sandbox.v1 import process_pb2
 
 AGENT_OUTPUT_CAP = 8 << 20
@@ -178,11 +178,42 @@ def agent_output_cap(budget: int) -> int:
     return min(max(AGENT_OUTPUT_CAP, budget), MAX_AGENT_OUTPUT_CAP)
 
 
-def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
-    timeout_s = ctx.timeout_for(args.timeout_ms / 1000 if args.timeout_ms else None)
-    runtime = ctx.runtime()
+@dataclass(frozen=True)
+class Ran:
+    """One finished exec: the result, stdout and stderr interleaved as they arrived (as a
+    terminal shows them), and the bytes the sandbox's output cap dropped unseen."""
 
-    combined = bytearray()  # stdout and stderr in arrival order, as a terminal shows them
+    result: ExecResult
+    combined: bytes
+    unseen: int
+
+
+@dataclass(frozen=True)
+class NotRan:
+    """An exec the agent failed (or lost) before it ended; ``started``: whether the process
+    had started (None: not known)."""
+
+    error: AgentCallError
+    started: bool | None
+
+
+def run_in_sandbox(
+    ctx: ToolContext,
+    command: str | Sequence[str],
+    *,
+    timeout_s: float | None,
+    env: Mapping[str, str] | None = None,
+    cwd: str = "",
+    stdin: bytes = b"",
+    streamed: Collection[str] = ("stdout", "stderr"),
+) -> Ran | NotRan:
+    """Run ``command`` (``bash -c`` when a string, executed directly when an argv) with
+    ``env`` added to the sandbox's environment, within the call's timeout (``timeout_s``
+    asked for, clamped to the policy's ceiling); the ``streamed`` streams reach
+    ``ctx.on_output`` as they arrive."""
+    seconds = ctx.timeout_for(timeout_s)
+    runtime = ctx.runtime()
+    combined = bytearray()
     unseen = 0
     started = False
 
@@ -196,22 +227,29 @@ def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
         nonlocal unseen
         unseen += dropped_before
         combined.extend(data)
-        if ctx.on_output is not None:
+        if ctx.on_output is not None and stream in streamed:
             ctx.on_output(stream, data)
 
     try:
         events = runtime.agent.exec(
-            args.command, cwd=args.workdir or "", env=runtime.env, timeout_ms=max(1, int(timeout_s * 1000)),
-            output_cap_bytes=agent_output_cap(ctx.output_budget),
+            command if isinstance(command, str) else list(command), cwd=cwd, env={**runtime.env, **(env or {})},
+            stdin=stdin, timeout_ms=max(1, int(seconds * 1000)), output_cap_bytes=agent_output_cap(ctx.output_budget),
         )
         result = collect(watch(events), on_output=forward)
     except AgentCallError as error:
-        return agent_failure(error, started=started or command_may_have_started(error))
+        return NotRan(error, started or command_may_have_started(error))
+    return Ran(result, bytes(combined), unseen)
+
+
+def exec_output(ran: Ran, budget: int, **extra: object) -> ToolOutput:
+    """A finished exec as the model reads it: Codex's ``Exit code / Wall time / Output`` text
+    within ``budget`` bytes, the error code of a timeout, OOM kill or non-zero exit, and the
+    structured facts (plus ``extra``)."""
+    result = ran.result
     exit_code = result.shell_exit_code  # 124 after a timeout (Codex's code too), 128+N for signal N
     formatted = format_exec_output(
-        exit_code=exit_code, duration_ms=result.duration_ms,
-        output=bytes(combined).decode("utf-8", errors="replace"), budget=ctx.output_budget,
-        timed_out=result.timed_out, oom_killed=result.oom_killed, unseen_bytes=unseen,
+        exit_code=exit_code, duration_ms=result.duration_ms, output=ran.combined.decode("utf-8", errors="replace"),
+        budget=budget, timed_out=result.timed_out, oom_killed=result.oom_killed, unseen_bytes=ran.unseen,
     )
     error_code = None
     if result.timed_out:
@@ -221,20 +259,27 @@ def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
     elif exit_code != 0:
         error_code = ErrorCode.NONZERO_EXIT
     return ToolOutput(
-        text=formatted.text,
-        is_error=error_code is not None,
-        error=error_code,
+        text=formatted.text, is_error=error_code is not None, error=error_code,
         structured={
+            **extra,
             "exit_code": exit_code,
             "timed_out": result.timed_out,
             "oom_killed": result.oom_killed,
             "duration_ms": round(result.duration_ms, 3),
             "truncated": formatted.truncated,
             "total_output_lines": formatted.total_lines,
-            "total_output_lines_exact": unseen == 0,
+            "total_output_lines_exact": ran.unseen == 0,
         },
         raw_bytes=result.stdout.total_bytes + result.stderr.total_bytes,
     )
+
+
+def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
+    ran = run_in_sandbox(ctx, args.command, timeout_s=args.timeout_ms / 1000 if args.timeout_ms else None,
+                         cwd=args.workdir or "")
+    if isinstance(ran, NotRan):
+        return agent_failure(ran.error, started=ran.started)
+    return exec_output(ran, ctx.output_budget)
 
 
 def command_may_have_started(error: AgentCallError) -> bool | None:

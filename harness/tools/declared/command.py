@@ -29,8 +29,8 @@ from harness.core.calls import ToolOutput
 from harness.core.context import ToolContext
 from harness.core.declared import DeclaredTool, Placeholder, parse_template
 from harness.core.registry import Tool
-from harness.tools.declared.running import NotRan, definition_for, exec_output, run_argv
-from harness.tools.shell import agent_failure
+from harness.tools.declared.running import definition_for, run_argv
+from harness.tools.shell import NotRan, agent_failure, exec_output
 
 __all__ = ["command_tool", "render_argv", "render_env"]
 

@@ -34,8 +34,8 @@ from harness.core.context import ToolContext
 from harness.core.declared import DeclaredTool
 from harness.core.registry import Tool
 from harness.engine.exec_result import ExecResult
-from harness.tools.declared.running import NotRan, definition_for, run_argv
-from harness.tools.shell import agent_failure
+from harness.tools.declared.running import definition_for, run_argv
+from harness.tools.shell import NotRan, agent_failure
 
 __all__ = ["RUNNER", "TRACEBACK_LINES", "python_tool"]
 
