@@ -261,3 +261,18 @@ def test_streams_are_redacted_each_on_their_own() -> None:
     sink("stdout", GITHUB[10:].encode() + b"\n")
     sink.flush()
     assert b"".join(out["stdout"]) == b"[redacted: github_token]\n" and out["stderr"] == [b"error: "]
+
+
+def test_the_readme_example_redacts_as_documented() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("### Secrets in results\n", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    policy = parse_policy(block)
+    deploy = "dpl-7d1f00c2a9b84e6f"
+    redactor = redaction.Redactor.for_policy(policy.redaction, {"DEPLOY_TOKEN": deploy, "OPENAI_API_KEY": "short"}, {})
+    text, findings = redactor.redact(f"deploying with {deploy}; url?token=abcdefghijklmnopqrstuvwxyz0123 done")
+    assert deploy not in text and "abcdefghijklmnopqrstuvwxyz0123" not in text
+    assert text.endswith("url?token=[redacted: pattern:0] done"), text
+    assert sorted(f.kind for f in findings) == ["env:DEPLOY_TOKEN", "pattern:0"]
+    assert not any("redaction" in note for note in policy.loosened())  # builtin_patterns = true loosens nothing
