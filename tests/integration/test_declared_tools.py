@@ -303,3 +303,57 @@ def test_callbox_mcp_serves_declared_tools(engine: Any, policy_path: Path, tmp_p
                 assert "No module named '$(echo injected)'" in text
 
     anyio.run(flow)
+
+
+def test_callbox_run_calls_declared_tools(engine: Any, policy_path: Path, tmp_path: Path) -> None:
+    transcript = tmp_path / "transcript.jsonl"
+    transcript.write_text("".join(json.dumps(turn) + "\n" for turn in [
+        {"text": "adding, then testing", "tool_calls": [
+            {"call_id": "r1", "name": "add", "arguments": {"a": 2, "b": 40}},
+            {"call_id": "r2", "name": "run_tests", "arguments": {"pattern": "test_math"}},
+        ]},
+        {"text": "the sum is 42 and the tests pass"},
+    ]))
+    env = {"CALLBOX_AUDIT_DB": str(tmp_path / "run-audit.sqlite3")}
+    proc = callbox("run", str(transcript), "--json", "--policy", str(policy_path), env=env)
+    assert proc.returncode == 0, proc.stderr
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    results = {e["call_id"]: e for e in events if e["event"] == "tool_result"}
+    assert set(results) == {"r1", "r2"}
+    assert results["r1"]["decision"] == "allow" and results["r2"]["decision"] == "allow"
+    assert results["r1"]["result"]["structured"] == {"sum": 42, "inputs": [2, 40]}
+    assert "OK" in results["r2"]["result"]["text"] and not results["r2"]["result"]["is_error"]
+    assert events[-1]["reason"] == "final"
+
+
+def test_the_grpc_door_serves_the_policys_declared_tools(engine: Any, policy_path: Path, tmp_path: Path) -> None:
+    import shutil
+    import tempfile
+
+    from harness.client import ExecutorClient
+    from harness.doors.grpc.server import serve_grpc
+    from harness.doors.grpc.tokens import TokenSet
+
+    token = "token-of-the-declared-tools-test-0123"
+    short = Path(tempfile.mkdtemp(prefix="cbx-", dir="/tmp"))  # a unix socket path is at most 108 bytes
+    audit = AuditStore(tmp_path / "grpc-audit.sqlite3")
+    server = serve_grpc(str(short / "x.sock"), policy=load_policy(policy_path), audit=audit,
+                        tokens=TokenSet({"tester": token}, source="test tokens"), announce=None)
+    try:
+        with ExecutorClient(server.target, token) as client:
+            listed = {t["name"]: t for t in client.list_tools("openai")}
+            assert {"run_tests", "add", "greet"} <= set(listed)
+            assert listed["add"]["parameters"]["required"] == ["a", "b"]  # strict mode: every key required
+            box = client.create_sandbox()
+            try:
+                added = client.call(box, "add", {"a": 1, "b": 2})
+                assert not added.is_error, added.text
+                assert added.structured == {"sum": 3, "inputs": [1, 2]}
+                denied = client.call(box, "run_tests", {"pattern": "x; rm -rf /"})
+                assert denied.is_error and denied.error_code == "denied"
+            finally:
+                client.delete_sandbox(box)
+    finally:
+        server.stop(grace=1)
+        audit.close()
+        shutil.rmtree(short, ignore_errors=True)
