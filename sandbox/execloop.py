@@ -130,6 +130,12 @@ class ExecLoop:
         self.timed_out = False
         self.output = CappedOutput(cap)
         self.stdin_data = memoryview(request.stdin)
+        # With keep_stdin_open the pipe stays open when stdin_data runs out, until a
+        # WriteStdin asks to close it; stdin_registered says whether the selector waits
+        # to write (only while there is data, or the loop would spin).
+        self.keep_stdin_open = request.keep_stdin_open
+        self.stdin_close = not request.keep_stdin_open
+        self.stdin_registered = False
         self.ended_at: float | None = None
         # True once a sweep after the leader's exit found no process of this command left.
         self.swept = False
@@ -147,6 +153,7 @@ class ExecLoop:
         if child.stdin is not None:
             os.set_blocking(child.stdin, False)
             sel.register(child.stdin, selectors.EVENT_WRITE, "stdin")
+            self.stdin_registered = True
         try:
             while streams or child.returncode is None:
                 ready = sel.select(self._next_timeout())
@@ -176,6 +183,8 @@ class ExecLoop:
                         self._write_stdin(sel)
                     elif key.data == "wake":
                         os.read(self.wake_r, 64)
+                        if self.keep_stdin_open:
+                            self._take_stdin(sel)
                 if self.execution.cancelled.is_set():
                     self.execution.kill_all()
                 self._enforce_deadline(now)
@@ -191,8 +200,32 @@ class ExecLoop:
         stdin = self.child.stdin
         assert stdin is not None
         self.stdin_data = write_some(stdin, self.stdin_data)
+        if self.keep_stdin_open:
+            self.execution.stdin_unwritten = len(self.stdin_data)
         if not self.stdin_data:
             sel.unregister(stdin)
+            self.stdin_registered = False
+            if self.stdin_close:
+                os.close(stdin)
+                self.child.stdin = None
+
+    def _take_stdin(self, sel: selectors.BaseSelector) -> None:
+        """Move what WriteStdin queued behind the data still to write; close stdin when asked."""
+        data, close = self.execution.take_stdin()
+        stdin = self.child.stdin
+        if stdin is None:  # already closed: nothing more can be written
+            self.execution.stdin_unwritten = 0
+            return
+        if data:
+            self.stdin_data = memoryview(bytes(self.stdin_data) + data)
+        self.stdin_close = close
+        if self.stdin_data and not self.stdin_registered:
+            sel.register(stdin, selectors.EVENT_WRITE, "stdin")
+            self.stdin_registered = True
+        elif not self.stdin_data and close:
+            if self.stdin_registered:
+                sel.unregister(stdin)
+                self.stdin_registered = False
             os.close(stdin)
             self.child.stdin = None
 

@@ -39,17 +39,57 @@ class Execution:
     wake_w: int
     child: Child | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
+    keep_stdin_open: bool = False
     _fd_lock: threading.Lock = field(default_factory=threading.Lock)
     _closed: bool = False
+    # Stdin written by WriteStdin, not yet taken by the loop; guarded by _fd_lock.
+    _stdin_queue: list[bytes] = field(default_factory=list)
+    _stdin_queued: int = 0
+    _stdin_close: bool = False
+    # Bytes the loop holds and has not yet written to the pipe (the loop sets it).
+    stdin_unwritten: int = 0
+
+    def _wake(self) -> None:
+        """Wake the loop; the caller holds _fd_lock."""
+        if not self._closed:
+            with contextlib.suppress(OSError):
+                os.write(self.wake_w, b"x")
 
     def cancel(self) -> None:
         """Ask the loop to kill the command (called from gRPC's callback thread)."""
         self.cancelled.set()
         with self._fd_lock:
-            if self._closed:
-                return
-            with contextlib.suppress(OSError):
-                os.write(self.wake_w, b"x")
+            self._wake()
+
+    def feed_stdin(self, data: bytes, close: bool) -> int:
+        """Queue ``data`` for the command's stdin (and its close); return the bytes pending."""
+        with self._fd_lock:
+            if not self.keep_stdin_open:
+                raise AgentError(errors_pb2.ERROR_REASON_INVALID_ARGUMENT,
+                                 f"exec {self.exec_id!r} was not started with keep_stdin_open")
+            if self._stdin_close:
+                raise AgentError(errors_pb2.ERROR_REASON_INVALID_ARGUMENT,
+                                 f"the stdin of exec {self.exec_id!r} is already closed")
+            pending = self._stdin_queued + self.stdin_unwritten + len(data)
+            if pending > MAX_PENDING_STDIN:
+                raise AgentError(errors_pb2.ERROR_REASON_BUSY,
+                                 f"{pending} bytes would be pending for the stdin of exec {self.exec_id!r} "
+                                 f"(at most {MAX_PENDING_STDIN}); retry once the command reads its input")
+            if data:
+                self._stdin_queue.append(data)
+                self._stdin_queued += len(data)
+            self._stdin_close = close
+            self._wake()
+            return pending
+
+    def take_stdin(self) -> tuple[bytes, bool]:
+        """What WriteStdin queued since the last take, and whether stdin is to be closed after it."""
+        with self._fd_lock:
+            data = b"".join(self._stdin_queue)
+            self._stdin_queue.clear()
+            self._stdin_queued = 0
+            self.stdin_unwritten += len(data)
+            return data, self._stdin_close
 
     def signal_all(self, signum: int) -> int:
         """Signal every process carrying the marker (or, without one, the leader's group)."""
@@ -74,6 +114,10 @@ class Execution:
             self._closed = True
             os.close(self.wake_r)
             os.close(self.wake_w)
+
+
+MAX_PENDING_STDIN = 16 << 20
+"""At most this much WriteStdin data may wait for a command to read it."""
 
 
 class ProcessRunner:
@@ -104,6 +148,16 @@ class ProcessRunner:
             )
         return execution.signal_all(signum)
 
+    def write_stdin(self, exec_id: str, data: bytes, close: bool) -> int:
+        """Queue stdin for a running command started with keep_stdin_open; the bytes pending."""
+        with self._lock:
+            execution = self._live.get(exec_id)
+        if execution is None:
+            raise AgentError(
+                errors_pb2.ERROR_REASON_NO_SUCH_PROCESS, f"no running command has exec id {exec_id!r}"
+            )
+        return execution.feed_stdin(data, close)
+
     def cancel_all(self) -> None:
         with self._lock:
             live = list(self._live.values())
@@ -127,7 +181,7 @@ class ProcessRunner:
         # tell, made with the tool user's permissions (see _spawn), not the agent's.
         cwd = request.cwd or self.workspace
         timeout_ms = checked_timeout_ms(request.timeout_ms)
-        execution = self._register(request.exec_id or uuid.uuid4().hex)
+        execution = self._register(request.exec_id or uuid.uuid4().hex, request.keep_stdin_open)
         swept = False
         try:
             oom_before = oom_kill_count()
@@ -147,7 +201,7 @@ class ProcessRunner:
 
     # ---- internals --------------------------------------------------------------
 
-    def _register(self, exec_id: str) -> Execution:
+    def _register(self, exec_id: str, keep_stdin_open: bool) -> Execution:
         """Reserve the exec id and a marker, atomically with the checks."""
         with self._lock:
             if self._stopping is not None:
@@ -160,7 +214,8 @@ class ProcessRunner:
             if exec_id in self._live:
                 raise AgentError(errors_pb2.ERROR_REASON_INVALID_ARGUMENT, f"exec id {exec_id!r} is already running")
             wake_r, wake_w = os.pipe2(os.O_CLOEXEC)
-            execution = Execution(exec_id, self._markers.acquire(), wake_r, wake_w)
+            execution = Execution(exec_id, self._markers.acquire(), wake_r, wake_w,
+                                  keep_stdin_open=keep_stdin_open)
             self._live[exec_id] = execution
             return execution
 
@@ -197,4 +252,5 @@ class ProcessRunner:
         )
 
     def _spawn(self, request: process_pb2.ExecRequest, argv: list[str], cwd: str, marker: int) -> Child:
-        return self.starter.start(argv, cwd, request.env, marker, with_stdin=bool(request.stdin))
+        with_stdin = bool(request.stdin) or request.keep_stdin_open
+        return self.starter.start(argv, cwd, request.env, marker, with_stdin=with_stdin)

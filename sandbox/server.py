@@ -31,7 +31,7 @@ EXPIRY_RECHECK_S = 5.0
 
 
 class ProcessService(process_pb2_grpc.ProcessServicer):
-    """Exec and Signal over the ProcessRunner."""
+    """Exec, Signal and WriteStdin over the ProcessRunner."""
 
     def __init__(self, runner: ProcessRunner) -> None:
         self.runner = runner
@@ -46,6 +46,12 @@ class ProcessService(process_pb2_grpc.ProcessServicer):
     ) -> process_pb2.SignalResponse:
         return answer(context, lambda: process_pb2.SignalResponse(
             delivered=self.runner.signal(request.exec_id, request.signal)))
+
+    def WriteStdin(
+        self, request: process_pb2.WriteStdinRequest, context: grpc.ServicerContext
+    ) -> process_pb2.WriteStdinResponse:
+        return answer(context, lambda: process_pb2.WriteStdinResponse(
+            pending_bytes=self.runner.write_stdin(request.exec_id, request.data, request.close)))
 
 
 @dataclass(frozen=True)

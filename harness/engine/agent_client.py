@@ -119,12 +119,17 @@ class AgentClient:
         output_cap_bytes: int = 0,
         exec_id: str = "",
         kill_grace_ms: int = 0,
+        keep_stdin_open: bool = False,
         rpc_timeout: float | None = None,
     ) -> Iterator[process_pb2.ExecEvent]:
-        """Start a command and yield its events; argv when a sequence, ``bash -c`` when a string."""
+        """Start a command and yield its events; argv when a sequence, ``bash -c`` when a string.
+
+        With ``keep_stdin_open`` the command's stdin stays open after ``stdin`` is written;
+        :meth:`write_stdin` (with the same ``exec_id``) sends more and closes it."""
         request = process_pb2.ExecRequest(
             cwd=cwd, env=dict(env or {}), stdin=stdin, timeout_ms=timeout_ms,
             output_cap_bytes=output_cap_bytes, exec_id=exec_id, kill_grace_ms=kill_grace_ms,
+            keep_stdin_open=keep_stdin_open,
         )
         if isinstance(command, str):
             request.shell = command
@@ -144,6 +149,12 @@ class AgentClient:
     def signal(self, exec_id: str, signum: int) -> int:
         return int(self._unary(self.process.Signal, process_pb2.SignalRequest(exec_id=exec_id, signal=signum))
                    .delivered)
+
+    def write_stdin(self, exec_id: str, data: bytes, *, close: bool = False, timeout: float = 30.0) -> int:
+        """Queue ``data`` for the stdin of a running exec started with ``keep_stdin_open`` (and
+        close it after, with ``close``); return the bytes still waiting for the command to read."""
+        request = process_pb2.WriteStdinRequest(exec_id=exec_id, data=data, close=close)
+        return int(self._unary(self.process.WriteStdin, request, timeout).pending_bytes)
 
     def read_file(self, path: str, *, offset: int = 0, limit: int = 0) -> filesystem_pb2.ReadResponse:
         response: filesystem_pb2.ReadResponse = self._unary(

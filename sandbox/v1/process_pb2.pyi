@@ -72,12 +72,15 @@ class ExecRequest(_message.Message):
     OUTPUT_CAP_BYTES_FIELD_NUMBER: _builtins.int
     EXEC_ID_FIELD_NUMBER: _builtins.int
     KILL_GRACE_MS_FIELD_NUMBER: _builtins.int
+    KEEP_STDIN_OPEN_FIELD_NUMBER: _builtins.int
     shell: _builtins.str
     """Run as `bash -c <shell>`."""
     cwd: _builtins.str
     """Working directory; empty means the sandbox's workspace."""
     stdin: _builtins.bytes
-    """Written to the process's stdin, which is then closed."""
+    """Written to the process's stdin, which is then closed (unless
+    keep_stdin_open is set).
+    """
     timeout_ms: _builtins.int
     """Wall-clock limit; 0 means the agent default (30 s)."""
     output_cap_bytes: _builtins.int
@@ -89,6 +92,10 @@ class ExecRequest(_message.Message):
     """Caller-chosen id, used by Signal; empty lets the agent pick one."""
     kill_grace_ms: _builtins.int
     """Grace between SIGTERM and SIGKILL on timeout; 0 means 500 ms."""
+    keep_stdin_open: _builtins.bool
+    """Keep stdin open after `stdin` is written: more arrives by WriteStdin
+    (the caller should set exec_id), until a WriteStdin with close.
+    """
     @_builtins.property
     def argv(self) -> Global___Argv:
         """Executed directly (PATH is searched for args[0])."""
@@ -109,10 +116,11 @@ class ExecRequest(_message.Message):
         output_cap_bytes: _builtins.int = ...,
         exec_id: _builtins.str = ...,
         kill_grace_ms: _builtins.int = ...,
+        keep_stdin_open: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "command", b"command", "shell", b"shell"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "command", b"command", "cwd", b"cwd", "env", b"env", "exec_id", b"exec_id", "kill_grace_ms", b"kill_grace_ms", "output_cap_bytes", b"output_cap_bytes", "shell", b"shell", "stdin", b"stdin", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "command", b"command", "cwd", b"cwd", "env", b"env", "exec_id", b"exec_id", "keep_stdin_open", b"keep_stdin_open", "kill_grace_ms", b"kill_grace_ms", "output_cap_bytes", b"output_cap_bytes", "shell", b"shell", "stdin", b"stdin", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["argv", "shell"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
@@ -316,3 +324,52 @@ class SignalResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SignalResponse: _TypeAlias = SignalResponse  # noqa: Y015
+
+@_typing.final
+class WriteStdinRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXEC_ID_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    CLOSE_FIELD_NUMBER: _builtins.int
+    exec_id: _builtins.str
+    data: _builtins.bytes
+    """Appended to what is still to be written to the process's stdin."""
+    close: _builtins.bool
+    """Close stdin once everything before (and `data`) is written."""
+    def __init__(
+        self,
+        *,
+        exec_id: _builtins.str = ...,
+        data: _builtins.bytes = ...,
+        close: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "data", b"data", "exec_id", b"exec_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteStdinRequest: _TypeAlias = WriteStdinRequest  # noqa: Y015
+
+@_typing.final
+class WriteStdinResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PENDING_BYTES_FIELD_NUMBER: _builtins.int
+    pending_bytes: _builtins.int
+    """Bytes queued for this process's stdin and not yet written to the pipe
+    (counting this request's data).
+    """
+    def __init__(
+        self,
+        *,
+        pending_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pending_bytes", b"pending_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteStdinResponse: _TypeAlias = WriteStdinResponse  # noqa: Y015

@@ -44,6 +44,11 @@ class ProcessStub:
                 request_serializer=sandbox_dot_v1_dot_process__pb2.SignalRequest.SerializeToString,
                 response_deserializer=sandbox_dot_v1_dot_process__pb2.SignalResponse.FromString,
                 _registered_method=True)
+        self.WriteStdin = channel.unary_unary(
+                '/sandbox.v1.Process/WriteStdin',
+                request_serializer=sandbox_dot_v1_dot_process__pb2.WriteStdinRequest.SerializeToString,
+                response_deserializer=sandbox_dot_v1_dot_process__pb2.WriteStdinResponse.FromString,
+                _registered_method=True)
 
 
 class ProcessServicer:
@@ -66,6 +71,14 @@ class ProcessServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteStdin(self, request, context):
+        """Write to the stdin of a running Exec started with keep_stdin_open, and
+        optionally close it. Bytes are written in the order of the calls.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProcessServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -78,6 +91,11 @@ def add_ProcessServicer_to_server(servicer, server):
                     servicer.Signal,
                     request_deserializer=sandbox_dot_v1_dot_process__pb2.SignalRequest.FromString,
                     response_serializer=sandbox_dot_v1_dot_process__pb2.SignalResponse.SerializeToString,
+            ),
+            'WriteStdin': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteStdin,
+                    request_deserializer=sandbox_dot_v1_dot_process__pb2.WriteStdinRequest.FromString,
+                    response_serializer=sandbox_dot_v1_dot_process__pb2.WriteStdinResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +152,33 @@ class Process:
             '/sandbox.v1.Process/Signal',
             sandbox_dot_v1_dot_process__pb2.SignalRequest.SerializeToString,
             sandbox_dot_v1_dot_process__pb2.SignalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteStdin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandbox.v1.Process/WriteStdin',
+            sandbox_dot_v1_dot_process__pb2.WriteStdinRequest.SerializeToString,
+            sandbox_dot_v1_dot_process__pb2.WriteStdinResponse.FromString,
             options,
             channel_credentials,
             insecure,

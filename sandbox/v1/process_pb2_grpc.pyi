@@ -39,6 +39,10 @@ class ProcessStub:
     """
     Signal: _grpc.UnaryUnaryMultiCallable[_process_pb2.SignalRequest, _process_pb2.SignalResponse]
     """Send a signal to every process of a running Exec."""
+    WriteStdin: _grpc.UnaryUnaryMultiCallable[_process_pb2.WriteStdinRequest, _process_pb2.WriteStdinResponse]
+    """Write to the stdin of a running Exec started with keep_stdin_open, and
+    optionally close it. Bytes are written in the order of the calls.
+    """
 
 @_typing.type_check_only
 class ProcessAsyncStub(ProcessStub):
@@ -51,6 +55,10 @@ class ProcessAsyncStub(ProcessStub):
     """
     Signal: _aio.UnaryUnaryMultiCallable[_process_pb2.SignalRequest, _process_pb2.SignalResponse]  # type: ignore[assignment]
     """Send a signal to every process of a running Exec."""
+    WriteStdin: _aio.UnaryUnaryMultiCallable[_process_pb2.WriteStdinRequest, _process_pb2.WriteStdinResponse]  # type: ignore[assignment]
+    """Write to the stdin of a running Exec started with keep_stdin_open, and
+    optionally close it. Bytes are written in the order of the calls.
+    """
 
 class ProcessServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -72,5 +80,15 @@ class ProcessServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_process_pb2.SignalResponse, _abc.Awaitable[_process_pb2.SignalResponse]]:
         """Send a signal to every process of a running Exec."""
+
+    @_abc_1.abstractmethod
+    def WriteStdin(
+        self,
+        request: _process_pb2.WriteStdinRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_process_pb2.WriteStdinResponse, _abc.Awaitable[_process_pb2.WriteStdinResponse]]:
+        """Write to the stdin of a running Exec started with keep_stdin_open, and
+        optionally close it. Bytes are written in the order of the calls.
+        """
 
 def add_ProcessServicer_to_server(servicer: ProcessServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
