@@ -6,7 +6,10 @@ the policy is read, so a mistake is a :class:`~harness.core.policy.PolicyError` 
 naming the key, before any call:
 
 * unknown keys, or a key of another kind (``argv`` on a ``python`` tool);
-* ``kind = "mcp"`` and ``kind = "http"``: not available in this version;
+* ``kind = "mcp"``: not available in this version;
+* for ``http`` (:mod:`harness.core.declared_http`): a URL whose scheme or host is not literal,
+  a placeholder outside the path, query and body, a header that is not literal or
+  ``{ env = "VAR" }``, a body on ``GET``;
 * both ``arguments`` and ``parameters``; an argument name that is not an identifier;
   a ``default`` or ``enum`` that does not fit the argument's ``type``; a JSON Schema
   ``parameters`` using a keyword outside the supported subset;
@@ -35,6 +38,7 @@ from __future__ import annotations
 import keyword
 import posixpath
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
@@ -42,6 +46,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from harness.core.calls import TOOL_NAME_PATTERN
+from harness.core.declared_http import (
+    FIXED_HEADERS,
+    HEADER_NAME,
+    PLACEHOLDER_LIKE,
+    HttpBody,
+    HttpMethod,
+    SecretHeader,
+    check_header_value,
+    split_url,
+)
 from harness.core.sandbox_settings import MountSetting
 
 __all__ = [
@@ -57,8 +71,9 @@ _PY_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "bo
 _ARGUMENT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 _TEMPLATE_TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
-_NOT_YET = ("mcp", "http")
-_KIND_KEYS = {"command": ("argv", "workdir"), "python": ("function", "path")}
+_NOT_YET = ("mcp",)
+_KIND_KEYS = {"command": ("argv", "workdir"), "python": ("function", "path"),
+              "http": ("method", "url", "query", "headers", "body")}
 _SCHEMA_KEYS = frozenset({"type", "description", "enum", "default", "items"})
 
 
@@ -181,8 +196,9 @@ class DeclaredTool(BaseModel):
 
     name: str
     """The tool's name as the model sees it (letters, digits, ``_``, ``.``, ``-``)."""
-    kind: Literal["command", "python"]
-    """``command`` (an argv template) or ``python`` (a function from a mounted directory)."""
+    kind: Literal["command", "python", "http"]
+    """``command`` (an argv template), ``python`` (a function from a mounted directory) or
+    ``http`` (a request made from the sandbox through its egress proxy)."""
     description: str | None = None
     """What the model reads about the tool; default a sentence naming the argv or function."""
     arguments: dict[str, ArgumentSpec] | None = None
@@ -205,6 +221,16 @@ class DeclaredTool(BaseModel):
     """``python``: ``module:function``, imported from ``path``."""
     path: str | None = None
     """``python``: the directory inside the sandbox (a read-only mount) put first on ``sys.path``."""
+    method: HttpMethod | None = None
+    """``http``: the request method (default ``GET``)."""
+    url: str | None = None
+    """``http``: ``https://HOST[:PORT]/PATH``; ``{name}`` placeholders only in the path, each one segment."""
+    query: dict[str, str] | None = None
+    """``http``: query parameters, ``"{name}"`` or literal; left out when an optional argument is absent."""
+    headers: dict[str, str | SecretHeader] | None = None
+    """``http``: literal values, or ``{ env = "VAR", prefix = "Bearer " }`` read from the host's environment."""
+    body: HttpBody | None = None
+    """``http``: ``{ json = { ... } }`` (an object template) or ``{ text = "{name}" }``."""
 
     @model_validator(mode="before")
     @classmethod
@@ -251,6 +277,9 @@ class DeclaredTool(BaseModel):
         _ = self.argument_specs  # a bad parameters schema is an error now
         if self.kind == "command":
             self._check_command()
+        elif self.kind == "http":
+            _check_http(method=self.method, url=self.url, query=self.query or {}, headers=self.headers or {},
+                        body=self.body, env=self.env, specs=self.argument_specs)
         else:
             self._check_python()
         if self.description is not None and not self.description.strip():
@@ -324,7 +353,93 @@ class DeclaredTool(BaseModel):
             return self.description
         if self.kind == "python":
             return f"Call the Python function {self.function} in the sandbox."
+        if self.kind == "http":
+            return f"Send {self.method or 'GET'} {self.url} (an HTTP request made from the sandbox)."
         return f"Run {' '.join(self.argv or ())} in the sandbox."
+
+
+def _check_http(
+    *,
+    method: HttpMethod | None,
+    url: str | None,
+    query: Mapping[str, str],
+    headers: Mapping[str, str | SecretHeader],
+    body: HttpBody | None,
+    env: Mapping[str, str],
+    specs: Mapping[str, ArgumentSpec],
+) -> None:
+    """The checks of a ``kind = "http"`` table; ``ValueError`` naming the key and the fix."""
+    if url is None:
+        raise ValueError('a kind = "http" tool needs url = "https://HOST/PATH/{ARG}"')
+    if env:
+        raise ValueError("env: an http tool starts no program of its own; send values as headers, "
+                         "query parameters or the body, and remove env")
+    parts = split_url(url)
+    used: dict[str, str] = {}
+
+    def names(text: str, where: str) -> list[tuple[str, bool]]:
+        """The placeholders of ``text`` and whether each is the whole text."""
+        try:
+            template = parse_template(text)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        found = [p.name for p in template if not isinstance(p, str)]
+        for name in found:
+            if name not in specs:
+                known = ", ".join(specs) or "none"
+                raise ValueError(f"{where} uses {{{name}}}, which is not an argument (arguments: {known}); "
+                                 f"declare [tool.arguments.{name}] or fix the placeholder")
+            used.setdefault(name, where)
+        return [(name, len(template) == 1) for name in found]
+
+    for name, _whole in names(parts.path, "url"):
+        spec = specs[name]
+        if spec.type == "array":
+            raise ValueError(f"url: the array argument {name!r} cannot fill a path segment; use it in query or body")
+        if not spec.required and spec.default is None:
+            raise ValueError(f"url: argument {name!r} fills the URL path, so it must be given: set "
+                             "required = true or a default")
+    for key, text in query.items():
+        for name, whole in names(text, f"query.{key}"):
+            if specs[name].type == "array" and not whole:
+                raise ValueError(f'query.{key}: the array argument {name!r} must be the whole value: "{{{name}}}"')
+    for key, value in headers.items():
+        if HEADER_NAME.fullmatch(key) is None:
+            raise ValueError(f"headers: {key!r} is not a header name (letters, digits and !#$%&'*+.^_`|~-)")
+        if key.lower() in FIXED_HEADERS or key.lower().startswith("proxy-"):
+            raise ValueError(f"headers.{key}: callbox sets this header itself; remove it")
+        if isinstance(value, str):
+            check_header_value(value, f"headers.{key}")
+            if PLACEHOLDER_LIKE.search(value):
+                raise ValueError(f"headers.{key}: header values are literal, never arguments; for a secret "
+                                 'write { env = "VAR" }, for an argument use query or body')
+    if body is not None:
+        if method in (None, "GET", "HEAD"):
+            raise ValueError(f"body: a {method or 'GET'} request has no body; set method = \"POST\" (or PUT, "
+                             "PATCH, DELETE) or remove body")
+        if body.text is not None:
+            found = names(body.text, "body.text")
+            if len(found) != 1 or not found[0][1] or specs[found[0][0]].type != "string":
+                raise ValueError('body.text must be exactly "{ARG}", one string argument sent as the body')
+        else:
+            _check_http_json(body.json_template, "body.json", names, specs)
+    unused = [name for name in specs if name not in used]
+    if unused:
+        raise ValueError(f"argument {unused[0]!r} is used nowhere: put {{{unused[0]}}} in url, query or body, "
+                         "or remove the argument")
+
+
+def _check_http_json(value: Any, where: str, names: Any, specs: Mapping[str, ArgumentSpec]) -> None:
+    if isinstance(value, str):
+        for name, whole in names(value, where):
+            if specs[name].type == "array" and not whole:
+                raise ValueError(f'{where}: the array argument {name!r} must be the whole value: "{{{name}}}"')
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_http_json(item, f"{where}.{key}", names, specs)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_http_json(item, f"{where}[{index}]", names, specs)
 
 
 def _model_name(tool: str) -> str:
