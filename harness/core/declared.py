@@ -6,7 +6,8 @@ the policy is read, so a mistake is a :class:`~harness.core.policy.PolicyError` 
 naming the key, before any call:
 
 * unknown keys, or a key of another kind (``argv`` on a ``python`` tool);
-* ``kind = "mcp"``: not available in this version;
+* for ``mcp`` (:mod:`harness.core.declared_mcp`): no ``command``, ``arguments`` or
+  ``parameters`` (the server lists its own), a name containing ``__``;
 * for ``http`` (:mod:`harness.core.declared_http`): a URL whose scheme or host is not literal,
   a placeholder outside the path, query and body, a header that is not literal or
   ``{ env = "VAR" }``, a body on ``GET``;
@@ -56,6 +57,7 @@ from harness.core.declared_http import (
     check_header_value,
     split_url,
 )
+from harness.core.declared_mcp import check_mcp_table
 from harness.core.sandbox_settings import MountSetting
 
 __all__ = [
@@ -71,9 +73,9 @@ _PY_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "bo
 _ARGUMENT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 _TEMPLATE_TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
-_NOT_YET = ("mcp",)
+_NOT_YET: tuple[str, ...] = ()
 _KIND_KEYS = {"command": ("argv", "workdir"), "python": ("function", "path"),
-              "http": ("method", "url", "query", "headers", "body")}
+              "http": ("method", "url", "query", "headers", "body"), "mcp": ("command",)}
 _SCHEMA_KEYS = frozenset({"type", "description", "enum", "default", "items"})
 
 
@@ -196,9 +198,10 @@ class DeclaredTool(BaseModel):
 
     name: str
     """The tool's name as the model sees it (letters, digits, ``_``, ``.``, ``-``)."""
-    kind: Literal["command", "python", "http"]
-    """``command`` (an argv template), ``python`` (a function from a mounted directory) or
-    ``http`` (a request made from the sandbox through its egress proxy)."""
+    kind: Literal["command", "python", "http", "mcp"]
+    """``command`` (an argv template), ``python`` (a function from a mounted directory),
+    ``http`` (a request made from the sandbox through its egress proxy) or ``mcp`` (the
+    tools of a stdio MCP server started in the sandbox)."""
     description: str | None = None
     """What the model reads about the tool; default a sentence naming the argv or function."""
     arguments: dict[str, ArgumentSpec] | None = None
@@ -213,6 +216,8 @@ class DeclaredTool(BaseModel):
     """Mounts the tool needs, joined to ``[sandbox] mounts`` and checked like them."""
     timeout_s: float | None = Field(default=None, gt=0)
     """Seconds a call may run (default ``budgets.default_call_timeout_s``; never above the ceiling)."""
+    command: tuple[str, ...] | None = None
+    """``mcp``: the stdio MCP server to start in the sandbox, as an argv (no shell)."""
     argv: tuple[str, ...] | None = None
     """``command``: the program and its arguments; ``{name}`` fills a whole element or part of one."""
     workdir: str | None = None
@@ -277,6 +282,8 @@ class DeclaredTool(BaseModel):
         _ = self.argument_specs  # a bad parameters schema is an error now
         if self.kind == "command":
             self._check_command()
+        elif self.kind == "mcp":
+            check_mcp_table(self.command, self.name, self.arguments is not None or self.parameters is not None)
         elif self.kind == "http":
             _check_http(method=self.method, url=self.url, query=self.query or {}, headers=self.headers or {},
                         body=self.body, env=self.env, specs=self.argument_specs)

@@ -84,8 +84,10 @@ policy is validated, and the common case (no rules for the tool) is two dict loo
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import posixpath
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from importlib import resources
@@ -207,7 +209,8 @@ class Policy(BaseModel):
     @classmethod
     def _tool_keys(cls, value: dict[str, ToolPolicy]) -> dict[str, ToolPolicy]:
         for name in value:
-            _check_tool_name(name)
+            # A glob (``git__*``) names the tools it matches, an mcp server's tools.
+            _check_tool_name(_GLOB_CHARS.sub("x", name) if _is_glob(name) else name)
         return value
 
     # -- authorization --
@@ -232,13 +235,26 @@ class Policy(BaseModel):
         name = definition.name
         if self.allowed_tools is not None and name not in self.allowed_tools:
             return not_allowed_decision(name, self.allowed_tools)
-        tool = self.tools.get(name)
-        if tool is None:
+        entry = self.tool_entry(name)
+        if entry is None:
             return tool_decision(name, self.default_decision, from_tool=False)
+        key, tool = entry
         if not tool.rules:
-            return tool.decision_without_rules(name, self.default_decision)
+            return tool.decision_without_rules(key, self.default_decision)
         return apply_rules(definition, tool, args, workdir=workdir or self.sandbox.workdir,
-                           default=self.default_decision)
+                           default=self.default_decision, entry=key)
+
+    def tool_entry(self, name: str) -> tuple[str, ToolPolicy] | None:
+        """The ``[tools.KEY]`` entry for the tool ``name``: its own, else the longest glob key
+        (``git__*``, over an mcp server's tools) matching it (the first listed among equals)."""
+        own = self.tools.get(name)
+        if own is not None:
+            return name, own
+        globs = [key for key in self.tools if _is_glob(key) and fnmatch.fnmatchcase(name, key)]
+        if not globs:
+            return None
+        key = max(globs, key=len)
+        return key, self.tools[key]
 
     def check_tools(self, definitions: Iterable[PolicyTarget]) -> None:
         """Refuse a policy that names tools the registry lacks, or whose rules can never apply
@@ -251,15 +267,24 @@ class Policy(BaseModel):
                 problems.append(f"allowed_tools names {name!r}, which is not a registered tool")
         for name, tool in self.tools.items():
             key = render_path(("tools", name))
-            definition = by_name.get(name)
-            if definition is None:
+            if _is_glob(name):
+                matching = [d for tool_name, d in by_name.items() if fnmatch.fnmatchcase(tool_name, name)]
+                if not matching:
+                    problems.append(f"[{key}] is a glob that matches no registered tool")
+                    continue
+            elif name in by_name:
+                matching = [by_name[name]]
+            else:
                 problems.append(f"[{key}] is for {name!r}, which is not a registered tool")
                 continue
-            for index, rule in enumerate(tool.rules):
-                if rule.command is not None and not takes_command(definition):
-                    problems.append(f"{key}.rules[{index}] is a command rule, but {name!r} takes no command")
-                if rule.path is not None and not definition.path_fields:
-                    problems.append(f"{key}.rules[{index}] is a path rule, but {name!r} takes no paths")
+            for definition in matching:
+                for index, rule in enumerate(tool.rules):
+                    if rule.command is not None and not takes_command(definition):
+                        problems.append(f"{key}.rules[{index}] is a command rule, but {definition.name!r} "
+                                        "takes no command")
+                    if rule.path is not None and not definition.path_fields:
+                        problems.append(f"{key}.rules[{index}] is a path rule, but {definition.name!r} takes "
+                                        "no paths")
         if problems:
             known = ", ".join(sorted(by_name)) or "none"
             raise PolicyError(f"policy: {'; '.join(problems)} (registered tools: {known}); fix or remove these keys")
@@ -293,7 +318,10 @@ class Policy(BaseModel):
         Two different mounts at one target are a PolicyError naming both keys."""
         out = [(f"sandbox.mounts[{i}]", m) for i, m in enumerate(self.sandbox.mounts)]
         for i, declared in enumerate(self.tool):
-            if not self.tool_allowed(declared.name):
+            # An mcp table is needed when allowed_tools exposes one of its server's tools.
+            prefix = declared.name + "__"
+            served = declared.kind == "mcp" and any(a.startswith(prefix) for a in self.allowed_tools or ())
+            if not self.tool_allowed(declared.name) and not served:
                 continue
             for j, mount in enumerate(declared.mounts):
                 same = next(((key, m) for key, m in out if m.target.rstrip("/") == mount.target.rstrip("/")), None)
@@ -360,6 +388,14 @@ def _under(prefix: str, problem: str) -> str:
         if problem.startswith(lead):
             return f"{lead}{prefix}." + problem.removeprefix(lead)
     return f"{prefix}: {problem}"
+
+
+_GLOB_CHARS = re.compile(r"[*?]")
+
+
+def _is_glob(key: str) -> bool:
+    """A ``[tools.KEY]`` key with ``*`` or ``?``: a glob over tool names (:func:`fnmatch.fnmatchcase`)."""
+    return _GLOB_CHARS.search(key) is not None
 
 
 def _check_tool_name(name: str) -> None:

@@ -123,8 +123,10 @@ def apply_rules(
     *,
     workdir: str,
     default: Action,
+    entry: str | None = None,
 ) -> Decision:
-    """The decision of ``tool``'s rules for one call (``default``: the policy's ``default_decision``).
+    """The decision of ``tool``'s rules for one call (``default``: the policy's ``default_decision``;
+    ``entry``: the ``[tools.ENTRY]`` key when it is a glob rather than the tool's name).
 
     The most restrictive applicable rule wins (deny > ask > allow; the first listed among
     equals); a deny ends the search. The command and paths are read from ``args`` only when
@@ -162,8 +164,8 @@ def apply_rules(
         if rule.action is Action.DENY:
             break
     if best is None:
-        return tool.decision_without_rules(definition.name, default)
-    return _rule_decision(definition.name, *best)
+        return tool.decision_without_rules(entry or definition.name, default)
+    return _rule_decision(entry or definition.name, *best)
 
 
 def _get(args: Mapping[str, Any] | BaseModel, field: str) -> Any:

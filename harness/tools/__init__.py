@@ -4,8 +4,11 @@ every door, the loop and the CLI serve a policy with."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from harness.core.policy import Policy, PolicyError
 from harness.core.registry import ToolRegistry
+from harness.engine.base import Engine
 from harness.tools.apply_patch import APPLY_PATCH
 from harness.tools.bash import BASH
 from harness.tools.declared import declared_tools
@@ -21,13 +24,19 @@ def builtin_registry() -> ToolRegistry:
     return registry
 
 
-def registry_for(policy: Policy) -> ToolRegistry:
+def registry_for(policy: Policy, engine_for: Callable[[], Engine] | None = None) -> ToolRegistry:
     """The built-in tools, then the tools ``policy`` declares; a declared tool named like a
-    built-in one is a PolicyError naming its key."""
+    built-in one is a PolicyError naming it. An ``mcp`` table's tools are listed by its
+    server, started once per process in a sandbox of ``engine_for`` (default: the local
+    Docker engine, connected only when the policy has such a table)."""
     registry = builtin_registry()
-    for index, tool in enumerate(declared_tools(policy)):
+    builtins = set(registry.names())
+    for tool in declared_tools(policy, engine_for):
         if tool.name in registry:
-            raise PolicyError(f"policy: key 'tool[{index}].name': {tool.name!r} is the name of a built-in tool; "
+            index = next((i for i, t in enumerate(policy.tool) if t.name == tool.name), None)
+            key = f"tool[{index}].name" if index is not None else "tool"
+            what = "a built-in tool" if tool.name in builtins else "another declared tool (an mcp server's)"
+            raise PolicyError(f"policy: key '{key}': {tool.name!r} is the name of {what}; "
                               "give the declared tool another name")
         registry.register(tool)
     return registry

@@ -114,13 +114,6 @@ def test_load_errors_name_the_key_and_the_fix(text: str, expected: str) -> None:
     assert expected in problem(text)
 
 
-@pytest.mark.parametrize("kind", ["mcp"])
-def test_kinds_not_yet_available_are_refused_not_ignored(kind: str) -> None:
-    message = problem(f'[[tool]]\nname = "git"\nkind = "{kind}"\ncommand = ["python3", "-m", "x"]\n')
-    assert f'kind = "{kind}" is not available in this version of callbox' in message
-    assert message.startswith("test.toml: key 'tool[0]'")
-
-
 def test_a_missing_mount_source_fails_at_load(tmp_path: Path) -> None:
     message = problem(python_tool(tmp_path / "absent"))
     assert "key 'tool[0].mounts[0].source'" in message and "absent" in message

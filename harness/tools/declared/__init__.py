@@ -1,15 +1,19 @@
 """The tools a policy declares (``[[tool]]``, modelled in :mod:`harness.core.declared`) as
-registered tools: ``command`` (:mod:`.command`), ``python`` (:mod:`.python`) and ``http``
-(:mod:`.http`)."""
+registered tools: ``command`` (:mod:`.command`), ``python`` (:mod:`.python`), ``http``
+(:mod:`.http`) and ``mcp`` (:mod:`.mcp`: one table, the tools its server lists)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from harness.core.declared import DeclaredTool
 from harness.core.declared_http import split_url
 from harness.core.policy import Policy, PolicyError
 from harness.core.registry import Tool
+from harness.engine.base import Engine
 from harness.tools.declared.command import command_tool
 from harness.tools.declared.http import http_tool
+from harness.tools.declared.mcp import DISCOVERY_TIMEOUT_S, McpDiscoveryError, discover, mcp_tools
 from harness.tools.declared.python import python_tool
 from sandbox.egress_policy import Allowlist
 
@@ -22,6 +26,8 @@ def declared_tool(declared: DeclaredTool) -> Tool:
         return python_tool(declared)
     if declared.kind == "http":
         return http_tool(declared)
+    if declared.kind == "mcp":
+        raise ValueError(f"{declared.name!r} is an mcp tool: its tools come from declared_tools(policy)")
     return command_tool(declared)
 
 
@@ -46,8 +52,27 @@ def _check_reachable(policy: Policy) -> None:
                 f'{target}, which the allowlist does not permit ({refusal}); add "{target}" to sandbox.allow_hosts')
 
 
-def declared_tools(policy: Policy) -> list[Tool]:
+def _default_engine() -> Engine:
+    from harness.engine.default import connect_default_engine
+
+    return connect_default_engine()
+
+
+def declared_tools(policy: Policy, engine_for: Callable[[], Engine] | None = None) -> list[Tool]:
     """The tools ``policy`` declares, in the order of its ``[[tool]]`` tables; a PolicyError
-    when an http tool's host is not reachable through the sandbox's allowlist."""
+    when an http tool's host is not reachable through the sandbox's allowlist, or when an
+    mcp tool's server cannot list its tools (listing it needs a sandbox: ``engine_for``
+    gives the engine, by default the local Docker engine, connected only then)."""
     _check_reachable(policy)
-    return [declared_tool(declared) for declared in policy.tool]
+    tools: list[Tool] = []
+    for index, declared in enumerate(policy.tool):
+        if declared.kind != "mcp":
+            tools.append(declared_tool(declared))
+            continue
+        timeout_s = max(DISCOVERY_TIMEOUT_S, declared.timeout_s or 0.0)
+        try:
+            listed = discover(declared, policy.sandbox_spec(), engine_for or _default_engine, timeout_s)
+        except McpDiscoveryError as exc:
+            raise PolicyError(f"policy: key 'tool[{index}]': {exc}") from None
+        tools.extend(mcp_tools(declared, listed))
+    return tools
