@@ -323,3 +323,60 @@ def test_callbox_mcp_lists_and_calls_the_servers_tools(engine: Any, policy_path:
                 assert "new.txt" in text
 
     anyio.run(flow)
+
+
+def test_the_grpc_door_serves_an_mcp_servers_tools(engine: Any, policy_path: Path, tmp_path: Path) -> None:
+    import shutil
+    import tempfile
+
+    from harness.client import ExecutorClient
+    from harness.doors.grpc.server import serve_grpc
+    from harness.doors.grpc.tokens import TokenSet
+
+    token = "token-of-the-declared-mcp-test-0123"
+    short = Path(tempfile.mkdtemp(prefix="cbx-", dir="/tmp"))  # a unix socket path is at most 108 bytes
+    audit = AuditStore(tmp_path / "grpc-audit.sqlite3")
+    server = serve_grpc(str(short / "x.sock"), policy=load_policy(policy_path), audit=audit,
+                        tokens=TokenSet({"tester": token}, source="test tokens"), announce=None)
+    try:
+        with ExecutorClient(server.target, token) as client:
+            listed = {t["name"]: t for t in client.list_tools("anthropic")}
+            assert {"git__git_status", "tiny__echo"} <= set(listed)
+            assert listed["git__git_status"]["input_schema"]["required"] == ["repo_path"]
+            box = client.create_sandbox()
+            try:
+                status = client.call(box, "git__git_status", {"repo_path": "/workspace/project"})
+                assert not status.is_error, status.text
+                assert "new.txt" in status.text and "On branch main" in status.text
+                echoed = client.call(box, "tiny__echo", {"text": "through the door"})
+                assert not echoed.is_error and echoed.text == "through the door", echoed.text
+                asked = client.call(box, "git__git_add", {"repo_path": "/workspace/project", "files": ["new.txt"]})
+                assert asked.is_error and asked.error_code == "approval_pending", asked.text
+            finally:
+                client.delete_sandbox(box)
+    finally:
+        server.stop(grace=1)
+        audit.close()
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def test_the_readme_example_lists_the_server_and_decides_as_documented(
+    engine: Any, mcp_server_git: Path, tmp_path: Path
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("- **`mcp`** starts a stdio MCP server", 1)[1]
+    block = textwrap.dedent(section.split("```toml\n", 1)[1].split("```", 1)[0])
+    assert 'source = "/home/me/mcp-git"' in block
+    repo = _repo(tmp_path)
+    path = tmp_path / "policy.toml"
+    path.write_text(f'[sandbox]\nimage = "{IMAGE}"\n'
+                    f'mounts = [{{ source = "{repo}", target = "/workspace/project", mode = "ro" }}]\n\n'
+                    + block.replace("/home/me/mcp-git", str(mcp_server_git)))
+    policy = load_policy(path)
+    registry = registry_for(policy)
+    policy.check_tools(t.definition for t in registry.tools())
+    status, log = registry.get("git__git_status"), registry.get("git__git_log")
+    assert status is not None and log is not None
+    args = {"repo_path": "/workspace/project"}
+    assert policy.decide(status.definition, args).action.value == "allow"
+    assert policy.decide(log.definition, args).action.value == "ask"
