@@ -30,7 +30,7 @@ from harness.core.policy import load_policy
 from harness.core.session import Session
 from harness.tools import registry_for
 from tests.conftest import IMAGE, unavailable
-from tests.integration.helpers import callbox
+from tests.integration.helpers import callbox, grpc_door
 
 pytestmark = pytest.mark.docker
 
@@ -326,20 +326,9 @@ def test_callbox_mcp_lists_and_calls_the_servers_tools(engine: Any, policy_path:
 
 
 def test_the_grpc_door_serves_an_mcp_servers_tools(engine: Any, policy_path: Path, tmp_path: Path) -> None:
-    import shutil
-    import tempfile
-
-    from harness.client import ExecutorClient
-    from harness.doors.grpc.server import serve_grpc
-    from harness.doors.grpc.tokens import TokenSet
-
-    token = "token-of-the-declared-mcp-test-0123"
-    short = Path(tempfile.mkdtemp(prefix="cbx-", dir="/tmp"))  # a unix socket path is at most 108 bytes
     audit = AuditStore(tmp_path / "grpc-audit.sqlite3")
-    server = serve_grpc(str(short / "x.sock"), policy=load_policy(policy_path), audit=audit,
-                        tokens=TokenSet({"tester": token}, source="test tokens"), announce=None)
     try:
-        with ExecutorClient(server.target, token) as client:
+        with grpc_door(load_policy(policy_path), audit) as client:
             listed = {t["name"]: t for t in client.list_tools("anthropic")}
             assert {"git__git_status", "tiny__echo"} <= set(listed)
             assert listed["git__git_status"]["input_schema"]["required"] == ["repo_path"]
@@ -355,9 +344,7 @@ def test_the_grpc_door_serves_an_mcp_servers_tools(engine: Any, policy_path: Pat
             finally:
                 client.delete_sandbox(box)
     finally:
-        server.stop(grace=1)
         audit.close()
-        shutil.rmtree(short, ignore_errors=True)
 
 
 def test_the_readme_example_lists_the_server_and_decides_as_documented(

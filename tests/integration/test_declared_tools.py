@@ -28,7 +28,7 @@ from harness.core.policy import load_policy
 from harness.core.session import Session
 from harness.tools import registry_for
 from tests.conftest import IMAGE
-from tests.integration.helpers import callbox
+from tests.integration.helpers import callbox, grpc_door
 
 pytestmark = pytest.mark.docker
 
@@ -327,20 +327,9 @@ def test_callbox_run_calls_declared_tools(engine: Any, policy_path: Path, tmp_pa
 
 
 def test_the_grpc_door_serves_the_policys_declared_tools(engine: Any, policy_path: Path, tmp_path: Path) -> None:
-    import shutil
-    import tempfile
-
-    from harness.client import ExecutorClient
-    from harness.doors.grpc.server import serve_grpc
-    from harness.doors.grpc.tokens import TokenSet
-
-    token = "token-of-the-declared-tools-test-0123"
-    short = Path(tempfile.mkdtemp(prefix="cbx-", dir="/tmp"))  # a unix socket path is at most 108 bytes
     audit = AuditStore(tmp_path / "grpc-audit.sqlite3")
-    server = serve_grpc(str(short / "x.sock"), policy=load_policy(policy_path), audit=audit,
-                        tokens=TokenSet({"tester": token}, source="test tokens"), announce=None)
     try:
-        with ExecutorClient(server.target, token) as client:
+        with grpc_door(load_policy(policy_path), audit) as client:
             listed = {t["name"]: t for t in client.list_tools("openai")}
             assert {"run_tests", "add", "greet"} <= set(listed)
             assert listed["add"]["parameters"]["required"] == ["a", "b"]  # strict mode: every key required
@@ -354,6 +343,4 @@ def test_the_grpc_door_serves_the_policys_declared_tools(engine: Any, policy_pat
             finally:
                 client.delete_sandbox(box)
     finally:
-        server.stop(grace=1)
         audit.close()
-        shutil.rmtree(short, ignore_errors=True)
