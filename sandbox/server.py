@@ -17,11 +17,20 @@ from sandbox.errors import answer, stream
 from sandbox.fs import FilesystemService
 from sandbox.health import SERVING, HealthService
 from sandbox.identity import FsIdentity, acting_as, drop_supplementary_groups
+from sandbox.jobs import JobManager, JobsService
 from sandbox.launch import SpawnerLauncher, ToolUser
+from sandbox.ports import PortsService
 from sandbox.process import ProcessRunner
 from sandbox.shell import ShellManager, ShellService
 from sandbox.spawner import Spawner
-from sandbox.v1 import filesystem_pb2_grpc, process_pb2, process_pb2_grpc, shell_pb2_grpc
+from sandbox.v1 import (
+    filesystem_pb2_grpc,
+    jobs_pb2_grpc,
+    ports_pb2_grpc,
+    process_pb2,
+    process_pb2_grpc,
+    shell_pb2_grpc,
+)
 
 log = logging.getLogger("callbox.agent")
 
@@ -83,7 +92,17 @@ def prestarted_pool(workers: int) -> futures.ThreadPoolExecutor:
     return pool
 
 
-def build_server(config: AgentConfig) -> tuple[grpc.Server, ProcessRunner, HealthService]:
+@dataclass(frozen=True)
+class Agent:
+    """The server and the parts that must be stopped with it."""
+
+    server: grpc.Server
+    runner: ProcessRunner
+    jobs: JobManager
+    health: HealthService
+
+
+def build_server(config: AgentConfig) -> Agent:
     launcher = SpawnerLauncher(config.spawner) if config.spawner is not None else None
     runner = ProcessRunner(config.user, config.workspace, config.max_concurrent, launcher)
     identity = FsIdentity(config.user.uid, config.user.gid) if config.user else None
@@ -104,9 +123,12 @@ def build_server(config: AgentConfig) -> tuple[grpc.Server, ProcessRunner, Healt
     shell_pb2_grpc.add_ShellServicer_to_server(
         ShellService(ShellManager(config.user, config.workspace, launcher)), server
     )
+    jobs = JobManager(config.user, config.workspace, launcher)
+    jobs_pb2_grpc.add_JobsServicer_to_server(JobsService(jobs), server)
+    ports_pb2_grpc.add_PortsServicer_to_server(PortsService(), server)
     health = HealthService()
     server.add_generic_rpc_handlers((health.handler(),))
-    return server, runner, health
+    return Agent(server, runner, jobs, health)
 
 
 def _expired(expiry_file: str, owner: FsIdentity | None) -> bool:
@@ -144,7 +166,8 @@ def serve(config: AgentConfig) -> int:
         # File operations act as the tool user via setfsuid/setfsgid; root's own
         # supplementary groups would still count in those permission checks.
         drop_supplementary_groups()
-    server, runner, health = build_server(config)
+    agent = build_server(config)
+    server, runner, health = agent.server, agent.runner, agent.health
     old_umask = os.umask(0o177)
     try:
         # The socket belongs to whoever owns its directory (the harness's user on the
@@ -175,5 +198,6 @@ def serve(config: AgentConfig) -> int:
             why = "it reached its expiry"
             break
     runner.stop(why)
+    agent.jobs.stop(why)
     server.stop(grace=2).wait()
     return 0

@@ -19,6 +19,9 @@ import grpc
 
 from harness.core.errors import AgentCallError
 from harness.engine.cancel import StreamTracker
+from harness.engine.jobs import JobsClient
+from harness.engine.ports import PortsClient
+from harness.engine.transfer import TransferClient
 from harness.wire import DETAIL_METADATA_KEY, MAX_MESSAGE_BYTES
 from sandbox import health
 from sandbox.v1 import (
@@ -92,6 +95,12 @@ class AgentClient:
         self.channel: grpc.Channel = grpc.intercept_channel(channel, _TRACKER)
         self.process = process_pb2_grpc.ProcessStub(self.channel)
         self.files = filesystem_pb2_grpc.FilesystemStub(self.channel)
+        self.jobs = JobsClient(self.channel)
+        """Background jobs and terminals (:mod:`harness.engine.jobs`)."""
+        self.transfer = TransferClient(self.channel)
+        """Files both ways: download, copy in and out, move, watch (:mod:`harness.engine.transfer`)."""
+        self.ports = PortsClient(self.channel)
+        """TCP tunnels to the sandbox's loopback (:mod:`harness.engine.ports`)."""
 
     def close(self) -> None:
         self.channel.close()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sandbox/v1/errors.proto\x12\nsandbox.v1\"Z\n\x0b\x45rrorDetail\x12\'\n\x06reason\x18\x01 \x01(\x0e\x32\x17.sandbox.v1.ErrorReason\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08*\x9a\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12!\n\x1d\x45RROR_REASON_INVALID_ARGUMENT\x10\x01\x12\x1a\n\x16\x45RROR_REASON_NOT_FOUND\x10\x02\x12\x1b\n\x17\x45RROR_REASON_WRONG_TYPE\x10\x03\x12\x1c\n\x18\x45RROR_REASON_PATH_ESCAPE\x10\x04\x12\"\n\x1e\x45RROR_REASON_PERMISSION_DENIED\x10\x05\x12\x1f\n\x1b\x45RROR_REASON_ALREADY_EXISTS\x10\x06\x12\x1a\n\x16\x45RROR_REASON_TOO_LARGE\x10\x07\x12\x1d\n\x19\x45RROR_REASON_SPAWN_FAILED\x10\x08\x12 \n\x1c\x45RROR_REASON_NO_SUCH_PROCESS\x10\t\x12\x15\n\x11\x45RROR_REASON_BUSY\x10\n\x12\x19\n\x15\x45RROR_REASON_INTERNAL\x10\x0b\x12\x1f\n\x1b\x45RROR_REASON_SESSION_BROKEN\x10\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sandbox/v1/errors.proto\x12\nsandbox.v1\"Z\n\x0b\x45rrorDetail\x12\'\n\x06reason\x18\x01 \x01(\x0e\x32\x17.sandbox.v1.ErrorReason\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08*\xbf\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12!\n\x1d\x45RROR_REASON_INVALID_ARGUMENT\x10\x01\x12\x1a\n\x16\x45RROR_REASON_NOT_FOUND\x10\x02\x12\x1b\n\x17\x45RROR_REASON_WRONG_TYPE\x10\x03\x12\x1c\n\x18\x45RROR_REASON_PATH_ESCAPE\x10\x04\x12\"\n\x1e\x45RROR_REASON_PERMISSION_DENIED\x10\x05\x12\x1f\n\x1b\x45RROR_REASON_ALREADY_EXISTS\x10\x06\x12\x1a\n\x16\x45RROR_REASON_TOO_LARGE\x10\x07\x12\x1d\n\x19\x45RROR_REASON_SPAWN_FAILED\x10\x08\x12 \n\x1c\x45RROR_REASON_NO_SUCH_PROCESS\x10\t\x12\x15\n\x11\x45RROR_REASON_BUSY\x10\n\x12\x19\n\x15\x45RROR_REASON_INTERNAL\x10\x0b\x12\x1f\n\x1b\x45RROR_REASON_SESSION_BROKEN\x10\x0c\x12#\n\x1f\x45RROR_REASON_CONNECTION_REFUSED\x10\rb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,7 +32,7 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sandbox.v1.errors_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ERRORREASON']._serialized_start=132
-  _globals['_ERRORREASON']._serialized_end=542
+  _globals['_ERRORREASON']._serialized_end=579
   _globals['_ERRORDETAIL']._serialized_start=39
   _globals['_ERRORDETAIL']._serialized_end=129
 # @@protoc_insertion_point(module_scope)

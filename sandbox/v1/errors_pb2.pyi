@@ -59,6 +59,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The bash session cannot run commands until it is restarted (a command
     timed out, bash exited, or a call was cancelled mid-command).
     """
+    ERROR_REASON_CONNECTION_REFUSED: _ErrorReason.ValueType  # 13
+    """Nothing in the sandbox listens on the port a tunnel asked for."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper): ...
 
@@ -91,6 +93,8 @@ ERROR_REASON_SESSION_BROKEN: ErrorReason.ValueType  # 12
 """The bash session cannot run commands until it is restarted (a command
 timed out, bash exited, or a call was cancelled mid-command).
 """
+ERROR_REASON_CONNECTION_REFUSED: ErrorReason.ValueType  # 13
+"""Nothing in the sandbox listens on the port a tunnel asked for."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final

@@ -44,6 +44,35 @@ FILE_TYPE_SYMLINK: FileType.ValueType  # 3
 FILE_TYPE_OTHER: FileType.ValueType  # 4
 Global___FileType: _TypeAlias = FileType  # noqa: Y015
 
+class _WatchEventKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WatchEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WatchEventKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WATCH_EVENT_KIND_UNSPECIFIED: _WatchEventKind.ValueType  # 0
+    WATCH_EVENT_KIND_CREATED: _WatchEventKind.ValueType  # 1
+    WATCH_EVENT_KIND_MODIFIED: _WatchEventKind.ValueType  # 2
+    WATCH_EVENT_KIND_REMOVED: _WatchEventKind.ValueType  # 3
+    WATCH_EVENT_KIND_MOVED_FROM: _WatchEventKind.ValueType  # 4
+    """Moved away from this path (the next MOVED_TO, if watched, is where to)."""
+    WATCH_EVENT_KIND_MOVED_TO: _WatchEventKind.ValueType  # 5
+    WATCH_EVENT_KIND_OVERFLOW: _WatchEventKind.ValueType  # 6
+    """The kernel's event queue overflowed: events were lost; rescan."""
+
+class WatchEventKind(_WatchEventKind, metaclass=_WatchEventKindEnumTypeWrapper): ...
+
+WATCH_EVENT_KIND_UNSPECIFIED: WatchEventKind.ValueType  # 0
+WATCH_EVENT_KIND_CREATED: WatchEventKind.ValueType  # 1
+WATCH_EVENT_KIND_MODIFIED: WatchEventKind.ValueType  # 2
+WATCH_EVENT_KIND_REMOVED: WatchEventKind.ValueType  # 3
+WATCH_EVENT_KIND_MOVED_FROM: WatchEventKind.ValueType  # 4
+"""Moved away from this path (the next MOVED_TO, if watched, is where to)."""
+WATCH_EVENT_KIND_MOVED_TO: WatchEventKind.ValueType  # 5
+WATCH_EVENT_KIND_OVERFLOW: WatchEventKind.ValueType  # 6
+"""The kernel's event queue overflowed: events were lost; rescan."""
+Global___WatchEventKind: _TypeAlias = WatchEventKind  # noqa: Y015
+
 @_typing.final
 class FileInfo(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -441,3 +470,193 @@ class UploadResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UploadResponse: _TypeAlias = UploadResponse  # noqa: Y015
+
+@_typing.final
+class DownloadRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """The file or directory to archive. Confined like every other path."""
+    max_bytes: _builtins.int
+    """Stop with TOO_LARGE once file content passes this many bytes; 0 means
+    no limit.
+    """
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        max_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_bytes", b"max_bytes", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DownloadRequest: _TypeAlias = DownloadRequest  # noqa: Y015
+
+@_typing.final
+class DownloadChunk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    """The next piece of the tar archive (at most 1 MiB)."""
+    @_builtins.property
+    def summary(self) -> Global___DownloadSummary:
+        """Set on the last message only: what the archive holds."""
+
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        summary: Global___DownloadSummary | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["summary", b"summary"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "summary", b"summary"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DownloadChunk: _TypeAlias = DownloadChunk  # noqa: Y015
+
+@_typing.final
+class DownloadSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILES_FIELD_NUMBER: _builtins.int
+    DIRS_FIELD_NUMBER: _builtins.int
+    SYMLINKS_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    SKIPPED_PATHS_FIELD_NUMBER: _builtins.int
+    files: _builtins.int
+    dirs: _builtins.int
+    symlinks: _builtins.int
+    bytes: _builtins.int
+    """Bytes of file content in the archive."""
+    skipped: _builtins.int
+    """Special files (devices, FIFOs, sockets) and unreadable entries left out."""
+    @_builtins.property
+    def skipped_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Paths of what was skipped (at most 100), relative like member names."""
+
+    def __init__(
+        self,
+        *,
+        files: _builtins.int = ...,
+        dirs: _builtins.int = ...,
+        symlinks: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+        skipped: _builtins.int = ...,
+        skipped_paths: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "dirs", b"dirs", "files", b"files", "skipped", b"skipped", "skipped_paths", b"skipped_paths", "symlinks", b"symlinks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DownloadSummary: _TypeAlias = DownloadSummary  # noqa: Y015
+
+@_typing.final
+class MoveRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_FIELD_NUMBER: _builtins.int
+    DESTINATION_FIELD_NUMBER: _builtins.int
+    OVERWRITE_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    destination: _builtins.str
+    overwrite: _builtins.bool
+    """Replace an existing destination file (never a non-empty directory);
+    without it an existing destination is ALREADY_EXISTS.
+    """
+    def __init__(
+        self,
+        *,
+        source: _builtins.str = ...,
+        destination: _builtins.str = ...,
+        overwrite: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination", b"destination", "overwrite", b"overwrite", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MoveRequest: _TypeAlias = MoveRequest  # noqa: Y015
+
+@_typing.final
+class MoveResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MoveResponse: _TypeAlias = MoveResponse  # noqa: Y015
+
+@_typing.final
+class WatchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    RECURSIVE_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """A directory; confined like every other path."""
+    recursive: _builtins.bool
+    """Also watch every directory below it (and those created later)."""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        recursive: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "recursive", b"recursive"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRequest: _TypeAlias = WatchRequest  # noqa: Y015
+
+@_typing.final
+class WatchEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    IS_DIR_FIELD_NUMBER: _builtins.int
+    READY_FIELD_NUMBER: _builtins.int
+    kind: Global___WatchEventKind.ValueType
+    path: _builtins.str
+    """The absolute path in the sandbox."""
+    is_dir: _builtins.bool
+    ready: _builtins.bool
+    """The first event of every Watch is READY (kind UNSPECIFIED, ready set):
+    the watches are in place, so changes from now on are reported.
+    """
+    def __init__(
+        self,
+        *,
+        kind: Global___WatchEventKind.ValueType = ...,
+        path: _builtins.str = ...,
+        is_dir: _builtins.bool = ...,
+        ready: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["is_dir", b"is_dir", "kind", b"kind", "path", b"path", "ready", b"ready"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchEvent: _TypeAlias = WatchEvent  # noqa: Y015

@@ -69,6 +69,21 @@ class FilesystemStub:
                 request_serializer=sandbox_dot_v1_dot_filesystem__pb2.UploadChunk.SerializeToString,
                 response_deserializer=sandbox_dot_v1_dot_filesystem__pb2.UploadResponse.FromString,
                 _registered_method=True)
+        self.Download = channel.unary_stream(
+                '/sandbox.v1.Filesystem/Download',
+                request_serializer=sandbox_dot_v1_dot_filesystem__pb2.DownloadRequest.SerializeToString,
+                response_deserializer=sandbox_dot_v1_dot_filesystem__pb2.DownloadChunk.FromString,
+                _registered_method=True)
+        self.Move = channel.unary_unary(
+                '/sandbox.v1.Filesystem/Move',
+                request_serializer=sandbox_dot_v1_dot_filesystem__pb2.MoveRequest.SerializeToString,
+                response_deserializer=sandbox_dot_v1_dot_filesystem__pb2.MoveResponse.FromString,
+                _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/sandbox.v1.Filesystem/Watch',
+                request_serializer=sandbox_dot_v1_dot_filesystem__pb2.WatchRequest.SerializeToString,
+                response_deserializer=sandbox_dot_v1_dot_filesystem__pb2.WatchEvent.FromString,
+                _registered_method=True)
 
 
 class FilesystemServicer:
@@ -117,6 +132,31 @@ class FilesystemServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Download(self, request, context):
+        """Stream a file or a directory out as one uncompressed tar archive, in
+        chunks, read as the tool user. The archive's members are named relative
+        to the path's parent (downloading /workspace/src gives src/...).
+        Symlinks are stored as symlinks, never followed; other special files
+        (devices, FIFOs, sockets) are skipped and counted in the last chunk.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Move(self, request, context):
+        """Rename or move a file or directory (both paths confined).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Watch(self, request, context):
+        """Report changes under a directory until the RPC is cancelled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FilesystemServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -154,6 +194,21 @@ def add_FilesystemServicer_to_server(servicer, server):
                     servicer.Upload,
                     request_deserializer=sandbox_dot_v1_dot_filesystem__pb2.UploadChunk.FromString,
                     response_serializer=sandbox_dot_v1_dot_filesystem__pb2.UploadResponse.SerializeToString,
+            ),
+            'Download': grpc.unary_stream_rpc_method_handler(
+                    servicer.Download,
+                    request_deserializer=sandbox_dot_v1_dot_filesystem__pb2.DownloadRequest.FromString,
+                    response_serializer=sandbox_dot_v1_dot_filesystem__pb2.DownloadChunk.SerializeToString,
+            ),
+            'Move': grpc.unary_unary_rpc_method_handler(
+                    servicer.Move,
+                    request_deserializer=sandbox_dot_v1_dot_filesystem__pb2.MoveRequest.FromString,
+                    response_serializer=sandbox_dot_v1_dot_filesystem__pb2.MoveResponse.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=sandbox_dot_v1_dot_filesystem__pb2.WatchRequest.FromString,
+                    response_serializer=sandbox_dot_v1_dot_filesystem__pb2.WatchEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -345,6 +400,87 @@ class Filesystem:
             '/sandbox.v1.Filesystem/Upload',
             sandbox_dot_v1_dot_filesystem__pb2.UploadChunk.SerializeToString,
             sandbox_dot_v1_dot_filesystem__pb2.UploadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Download(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sandbox.v1.Filesystem/Download',
+            sandbox_dot_v1_dot_filesystem__pb2.DownloadRequest.SerializeToString,
+            sandbox_dot_v1_dot_filesystem__pb2.DownloadChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Move(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandbox.v1.Filesystem/Move',
+            sandbox_dot_v1_dot_filesystem__pb2.MoveRequest.SerializeToString,
+            sandbox_dot_v1_dot_filesystem__pb2.MoveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sandbox.v1.Filesystem/Watch',
+            sandbox_dot_v1_dot_filesystem__pb2.WatchRequest.SerializeToString,
+            sandbox_dot_v1_dot_filesystem__pb2.WatchEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,17 @@ class FilesystemStub:
     MakeDir: _grpc.UnaryUnaryMultiCallable[_filesystem_pb2.MakeDirRequest, _filesystem_pb2.MakeDirResponse]
     Upload: _grpc.StreamUnaryMultiCallable[_filesystem_pb2.UploadChunk, _filesystem_pb2.UploadResponse]
     """Unpack a tar stream into a directory; see UploadChunk."""
+    Download: _grpc.UnaryStreamMultiCallable[_filesystem_pb2.DownloadRequest, _filesystem_pb2.DownloadChunk]
+    """Stream a file or a directory out as one uncompressed tar archive, in
+    chunks, read as the tool user. The archive's members are named relative
+    to the path's parent (downloading /workspace/src gives src/...).
+    Symlinks are stored as symlinks, never followed; other special files
+    (devices, FIFOs, sockets) are skipped and counted in the last chunk.
+    """
+    Move: _grpc.UnaryUnaryMultiCallable[_filesystem_pb2.MoveRequest, _filesystem_pb2.MoveResponse]
+    """Rename or move a file or directory (both paths confined)."""
+    Watch: _grpc.UnaryStreamMultiCallable[_filesystem_pb2.WatchRequest, _filesystem_pb2.WatchEvent]
+    """Report changes under a directory until the RPC is cancelled."""
 
 @_typing.type_check_only
 class FilesystemAsyncStub(FilesystemStub):
@@ -55,6 +66,17 @@ class FilesystemAsyncStub(FilesystemStub):
     MakeDir: _aio.UnaryUnaryMultiCallable[_filesystem_pb2.MakeDirRequest, _filesystem_pb2.MakeDirResponse]  # type: ignore[assignment]
     Upload: _aio.StreamUnaryMultiCallable[_filesystem_pb2.UploadChunk, _filesystem_pb2.UploadResponse]  # type: ignore[assignment]
     """Unpack a tar stream into a directory; see UploadChunk."""
+    Download: _aio.UnaryStreamMultiCallable[_filesystem_pb2.DownloadRequest, _filesystem_pb2.DownloadChunk]  # type: ignore[assignment]
+    """Stream a file or a directory out as one uncompressed tar archive, in
+    chunks, read as the tool user. The archive's members are named relative
+    to the path's parent (downloading /workspace/src gives src/...).
+    Symlinks are stored as symlinks, never followed; other special files
+    (devices, FIFOs, sockets) are skipped and counted in the last chunk.
+    """
+    Move: _aio.UnaryUnaryMultiCallable[_filesystem_pb2.MoveRequest, _filesystem_pb2.MoveResponse]  # type: ignore[assignment]
+    """Rename or move a file or directory (both paths confined)."""
+    Watch: _aio.UnaryStreamMultiCallable[_filesystem_pb2.WatchRequest, _filesystem_pb2.WatchEvent]  # type: ignore[assignment]
+    """Report changes under a directory until the RPC is cancelled."""
 
 class FilesystemServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -106,5 +128,34 @@ class FilesystemServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_filesystem_pb2.UploadResponse, _abc.Awaitable[_filesystem_pb2.UploadResponse]]:
         """Unpack a tar stream into a directory; see UploadChunk."""
+
+    @_abc_1.abstractmethod
+    def Download(
+        self,
+        request: _filesystem_pb2.DownloadRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_filesystem_pb2.DownloadChunk], _abc.AsyncIterator[_filesystem_pb2.DownloadChunk]]:
+        """Stream a file or a directory out as one uncompressed tar archive, in
+        chunks, read as the tool user. The archive's members are named relative
+        to the path's parent (downloading /workspace/src gives src/...).
+        Symlinks are stored as symlinks, never followed; other special files
+        (devices, FIFOs, sockets) are skipped and counted in the last chunk.
+        """
+
+    @_abc_1.abstractmethod
+    def Move(
+        self,
+        request: _filesystem_pb2.MoveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_filesystem_pb2.MoveResponse, _abc.Awaitable[_filesystem_pb2.MoveResponse]]:
+        """Rename or move a file or directory (both paths confined)."""
+
+    @_abc_1.abstractmethod
+    def Watch(
+        self,
+        request: _filesystem_pb2.WatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_filesystem_pb2.WatchEvent], _abc.AsyncIterator[_filesystem_pb2.WatchEvent]]:
+        """Report changes under a directory until the RPC is cancelled."""
 
 def add_FilesystemServicer_to_server(servicer: FilesystemServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
