@@ -102,6 +102,13 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The server is shutting down. UNAVAILABLE."""
     ERROR_REASON_INTERNAL: _ErrorReason.ValueType  # 9
     """A bug or broken environment in the server. INTERNAL."""
+    ERROR_REASON_APPROVAL_PENDING: _ErrorReason.ValueType  # 10
+    """A Sandboxes operation waits for an approval (the policy's decision is
+    "ask"): resolve ErrorDetail.approval_id with ResolveApproval, then send
+    the same request again with that approval_id. FAILED_PRECONDITION.
+    """
+    ERROR_REASON_PAUSED: _ErrorReason.ValueType  # 11
+    """The sandbox is paused: resume it first. FAILED_PRECONDITION."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper): ...
 
@@ -130,6 +137,13 @@ ERROR_REASON_SHUTTING_DOWN: ErrorReason.ValueType  # 8
 """The server is shutting down. UNAVAILABLE."""
 ERROR_REASON_INTERNAL: ErrorReason.ValueType  # 9
 """A bug or broken environment in the server. INTERNAL."""
+ERROR_REASON_APPROVAL_PENDING: ErrorReason.ValueType  # 10
+"""A Sandboxes operation waits for an approval (the policy's decision is
+"ask"): resolve ErrorDetail.approval_id with ResolveApproval, then send
+the same request again with that approval_id. FAILED_PRECONDITION.
+"""
+ERROR_REASON_PAUSED: ErrorReason.ValueType  # 11
+"""The sandbox is paused: resume it first. FAILED_PRECONDITION."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final
@@ -139,21 +153,25 @@ class ErrorDetail(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     RETRYABLE_FIELD_NUMBER: _builtins.int
+    APPROVAL_ID_FIELD_NUMBER: _builtins.int
     reason: Global___ErrorReason.ValueType
     message: _builtins.str
     """One readable sentence that names the problem and, where possible, the fix."""
     retryable: _builtins.bool
     """True when the same request may succeed if sent again unchanged."""
+    approval_id: _builtins.str
+    """With ERROR_REASON_APPROVAL_PENDING: the approval to resolve."""
     def __init__(
         self,
         *,
         reason: Global___ErrorReason.ValueType = ...,
         message: _builtins.str = ...,
         retryable: _builtins.bool = ...,
+        approval_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason", b"reason", "retryable", b"retryable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "message", b"message", "reason", b"reason", "retryable", b"retryable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
