@@ -25,6 +25,12 @@ from harness.core.calls import Action, Decision, ErrorCode, ToolResult
 ARGUMENTS_CAP = 64 * 1024
 """Stored arguments are cut at this many UTF-8 bytes (the digest always covers all of them)."""
 
+ACTION_TOOL_PREFIX = "sandbox."
+ACTION_CALL_PREFIX = "action-"
+"""A sandbox action (``harness.core.actions``) is recorded as a call of the tool
+``sandbox.NAME`` with a call id ``action-<hex>``; such records are not tool calls, so the
+``max_tool_calls`` budget does not count them."""
+
 # --------------------------------------------------------------------------- serialization
 
 

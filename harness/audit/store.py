@@ -50,6 +50,8 @@ from harness.audit.database import ENSURE_RUN, default_audit_path
 from harness.audit.egress import Egress
 from harness.audit.errors import AuditError, unknown_call, unknown_run
 from harness.audit.records import (
+    ACTION_CALL_PREFIX,
+    ACTION_TOOL_PREFIX,
     ARGUMENTS_CAP,
     ATTEMPT_COLUMNS,
     Approval,
@@ -134,9 +136,11 @@ _RECLAIM_CALL = (
     "WHERE run_id = ? AND call_id = ? AND state = 'done'"
 )
 _COUNT_AUTHORIZED = (
-    "SELECT COUNT(*) FROM calls WHERE run_id = ? AND authorized = 1 "
-    "AND (error_code IS NULL OR error_code != 'budget_exceeded')"
+    "SELECT COUNT(*) FROM calls WHERE run_id = ? AND authorized = 1 "  # noqa: S608
+    "AND (error_code IS NULL OR error_code != 'budget_exceeded') "
+    f"AND NOT (tool GLOB '{ACTION_TOOL_PREFIX}*' AND call_id GLOB '{ACTION_CALL_PREFIX}*')"
 )
+"""Authorized calls of a run for the budget (sandbox actions are not tool calls: not counted)."""
 
 
 def _earlier_attempts(
@@ -395,7 +399,8 @@ class AuditStore(Approvals, Checkpoints, Egress):
     def count_calls(self, run_id: str) -> int:
         """Calls of the run authorized to run (for the max_tool_calls budget): an ``allow``
         decision recorded, an approval consumed, or ``mark_running``; calls refused for the
-        budget itself are not counted. The current call counts once its allow is recorded."""
+        budget itself and sandbox actions (``ACTION_TOOL_PREFIX``) are not counted. The current
+        call counts once its allow is recorded."""
         row = self._read(lambda c: c.execute(_COUNT_AUTHORIZED, (run_id,)).fetchone())
         return int(row[0])
 
