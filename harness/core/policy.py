@@ -71,6 +71,15 @@ Sections:
     call asking for a longer timeout than the ceiling is not refused: it runs with the
     ceiling, and :meth:`Budgets.call_timeout` reports the clamp for the result's meta.
 
+``[actions.NAME]``
+    Sandbox actions besides tool calls (:mod:`harness.core.actions`): ``process``,
+    ``attach``, ``port_forward``, ``copy_in``, ``copy_out``, ``snapshot``, ``fork``,
+    ``pause``, each with ``decision = "allow" | "ask" | "deny"`` (``port_forward`` is
+    ``deny`` by default, the rest ``allow``; ``default_decision`` does not apply) and
+    ``[[actions.NAME.rules]]`` on the action's details: ``ports`` for ``port_forward``,
+    ``path`` for ``copy_in``/``copy_out``, ``command`` for ``process``. Letting ports be
+    forwarded is a logged loosening. Each action is recorded in the audit store.
+
 ``[redaction]``
     Secrets taken out of every tool result before the model, a door or the audit store
     sees it (:mod:`harness.core.redaction`): ``builtin_patterns`` (the common token
@@ -96,6 +105,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from harness.audit.records import ACTION_TOOL_PREFIX
+from harness.core.actions import ActionsPolicy
 from harness.core.budgets import Budgets, CallTimeout
 from harness.core.calls import TOOL_NAME_PATTERN, Action, Decision
 from harness.core.declared import DeclaredTool
@@ -169,6 +180,8 @@ class Policy(BaseModel):
     """``[redaction]``: the secrets taken out of every tool result."""
     tool: tuple[DeclaredTool, ...] = ()
     """``[[tool]]``: the tools this policy declares (see :mod:`harness.core.declared`)."""
+    actions: ActionsPolicy = Field(default_factory=ActionsPolicy)
+    """``[actions.NAME]``: what may be done with a living sandbox (see :mod:`harness.core.actions`)."""
 
     @field_validator("allowed_tools")
     @classmethod
@@ -182,6 +195,9 @@ class Policy(BaseModel):
     def _declared_names(cls, value: tuple[DeclaredTool, ...]) -> tuple[DeclaredTool, ...]:
         first: dict[str, int] = {}
         for index, declared in enumerate(value):
+            if declared.name.startswith(ACTION_TOOL_PREFIX):
+                raise ValueError(f"tool[{index}] is named {declared.name!r}, but names starting with "
+                                 f"{ACTION_TOOL_PREFIX!r} are the audit's sandbox actions; give it another name")
             if declared.name in first:
                 raise ValueError(f"tool[{first[declared.name]}] and tool[{index}] are both named "
                                  f"{declared.name!r}; give one of them another name")
@@ -365,6 +381,7 @@ class Policy(BaseModel):
         if not self.redaction.builtin_patterns:
             notes.append("redaction.builtin_patterns = false: tool results keep cloud keys, tokens, private keys "
                          "and JWTs (the default is true)")
+        notes.extend(self.actions.loosened())
         return notes
 
 
