@@ -15,6 +15,7 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,7 @@ def _call(args: argparse.Namespace) -> int:
 def _approvals(args: argparse.Namespace) -> int:
     import getpass
 
+    from harness.audit.records import ACTION_TOOL_PREFIX
     from harness.audit.store import AuditStore
 
     with AuditStore(args.audit_db) as audit:
@@ -130,13 +132,19 @@ def _approvals(args: argparse.Namespace) -> int:
                 for approval in approvals:
                     print(json.dumps(approval.to_dict()))
                 return 0
-            print(f"{'ID':<12}{'STATE':<10}{'RUN':<34}{'CALL':<24}{'TOOL':<12}ARGUMENTS")
+            run_w, call_w = _width(34, (a.run_id for a in approvals)), _width(24, (a.call_id for a in approvals))
+            tool_w = _width(12, (a.tool for a in approvals))
+            print(f"{'ID':<12}{'STATE':<10}{'RUN':<{run_w}}{'CALL':<{call_w}}{'TOOL':<{tool_w}}ARGUMENTS")
             for a in approvals:
                 arguments = a.arguments if len(a.arguments) <= 60 else a.arguments[:57] + "..."
-                print(f"{a.id:<12}{a.state:<10}{a.run_id:<34}{a.call_id:<24}{a.tool:<12}{arguments}")
+                print(f"{a.id:<12}{a.state:<10}{a.run_id:<{run_w}}{a.call_id:<{call_w}}{a.tool:<{tool_w}}{arguments}")
             return 0
         approve = args.approvals_command == "approve"
         approval = audit.resolve_approval(args.id, approve, by=getpass.getuser(), reason=args.reason)
+        if approve and approval.tool.startswith(ACTION_TOOL_PREFIX):  # a sandbox action runs when repeated
+            print(f"{approval.id} {approval.state}; repeat the {approval.tool.removeprefix(ACTION_TOOL_PREFIX)} "
+                  f"command with --approval {approval.id}")
+            return 0
         print(f"{approval.id} {approval.state}")
         return 0
 
@@ -150,10 +158,14 @@ def _audit(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(calls, indent=2, default=str))
                 return 0
-            print(f"{'CALL':<28}{'TOOL':<12}{'DECISION':<10}{'STATE':<9}{'EXIT':<6}{'MS':>9}  {'REDACTED':<9}RULE")
+            # Sandbox actions are listed with the calls: tool sandbox.NAME, call id action-HEX.
+            call_w = _width(28, (_s(c.get("call_id")) for c in calls))
+            tool_w = _width(12, (_s(c.get("tool")) for c in calls))
+            print(f"{'CALL':<{call_w}}{'TOOL':<{tool_w}}{'DECISION':<10}{'STATE':<9}{'EXIT':<6}{'MS':>9}  "
+                  f"{'REDACTED':<9}RULE")
             for c in calls:
                 redacted = (c.get("redactions") or {}).get("count") or ""  # secrets taken out of the result
-                print(f"{_s(c.get('call_id')):<28}{_s(c.get('tool')):<12}{_s(c.get('decision')):<10}"
+                print(f"{_s(c.get('call_id')):<{call_w}}{_s(c.get('tool')):<{tool_w}}{_s(c.get('decision')):<10}"
                       f"{_s(c.get('state')):<9}{_s(c.get('exit_code')):<6}{_ms(c.get('duration_ms')):>9}  "
                       f"{_s(redacted):<9}{_s(c.get('rule'))}")
             return 0
@@ -166,6 +178,11 @@ def _audit(args: argparse.Namespace) -> int:
             created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
             print(f"{r.id:<34}{created:<21}{r.calls:>6}  {r.end_reason or ''}")
         return 0
+
+
+def _width(least: int, values: Iterable[str]) -> int:
+    """A column as wide as ``least`` or its longest value and two spaces."""
+    return max([least, *(len(v) + 2 for v in values)])
 
 
 def _s(value: object) -> str:
