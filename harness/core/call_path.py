@@ -30,7 +30,7 @@ from harness.core.redaction import Finding, StreamRedactor, redaction_summary
 from harness.core.registry import Tool
 from harness.core.shaping import bound_text, strip_terminal_codes
 from harness.core.validation import CallRejected, validate_call
-from harness.engine.agent_client import sandbox_gone
+from harness.engine.agent_errors import sandbox_gone
 from harness.engine.base import Sandbox
 
 if TYPE_CHECKING:

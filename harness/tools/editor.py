@@ -75,7 +75,8 @@ from harness.core.calls import ErrorCode, ToolOutput
 from harness.core.context import ToolContext
 from harness.core.errors import AgentCallError
 from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
-from harness.engine.agent_client import AgentClient, sandbox_gone
+from harness.engine.agent_client import AgentClient
+from harness.engine.agent_errors import sandbox_gone
 from harness.tools.editor_history import HISTORY
 from harness.tools.editor_text import (
     MAX_RESPONSE_LEN,

@@ -13,7 +13,7 @@ from harness.core.calls import ErrorCode, ToolOutput
 from harness.core.context import ToolContext
 from harness.core.errors import AgentCallError
 from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
-from harness.engine.agent_client import sandbox_gone
+from harness.engine.agent_errors import sandbox_gone
 
 NOTE_ROOM = 300
 """Bytes of the output budget kept free for a trailing note."""

@@ -62,7 +62,7 @@ from harness.core.context import ToolContext
 from harness.core.errors import AgentCallError
 from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
 from harness.core.shaping import head_cut, strip_terminal_codes, tail_cut
-from harness.engine.agent_client import SANDBOX_GONE, sandbox_gone
+from harness.engine.agent_errors import SANDBOX_GONE, sandbox_gone
 from harness.engine.exec_result import ExecResult, collect
 from sandbox.v1 import process_pb2
 

@@ -39,7 +39,7 @@ from harness.core.calls import ErrorCode, ToolCall, ToolResult
 from harness.core.errors import AgentCallError, EngineUnavailable
 from harness.core.policy import parse_policy
 from harness.core.session import Session
-from harness.engine.agent_client import SANDBOX_GONE
+from harness.engine.agent_errors import SANDBOX_GONE
 from harness.engine.docker import labels
 from harness.engine.docker.engine import DockerEngine
 from harness.engine.exec_result import collect

@@ -48,7 +48,7 @@ from pathlib import Path
 import pytest
 
 from harness.core.errors import AgentCallError, CallboxError
-from harness.engine.agent_client import SANDBOX_GONE
+from harness.engine.agent_errors import SANDBOX_GONE
 from harness.engine.docker import labels
 from harness.engine.docker.engine import DockerEngine
 from harness.engine.docker.networks import EGRESS_NETWORK

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.core.errors import AgentCallError
-from harness.engine.agent_client import SANDBOX_GONE
+from harness.engine.agent_errors import SANDBOX_GONE
 from harness.tools.shell import agent_failure, command_may_have_started
 
 
