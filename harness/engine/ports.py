@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from harness.core.errors import AgentCallError, UsageError
+from harness.engine.agent_errors import translate
 from sandbox.ports import OPEN_METADATA_KEY
 from sandbox.v1 import ports_pb2, ports_pb2_grpc
 
@@ -101,7 +102,11 @@ class Tunnel:
         self._write_closed = False
         self._closed = False
         # No deadline: a tunnel lives as long as its connection; close() cancels it.
-        self._call = stub.Connect(iter(self._outbox))
+        try:
+            self._call = stub.Connect(iter(self._outbox))
+        except ValueError as error:  # grpc: "Cannot invoke RPC on closed channel!"
+            raise AgentCallError(f"cannot open a tunnel to port {port}: the agent client is closed ({error})",
+                                 reason="UNSPECIFIED", code="UNAVAILABLE", retryable=False) from None
         self._call.add_done_callback(lambda _call: self._outbox.close())
 
     def wait_open(self, timeout: float = CONNECT_TIMEOUT_S) -> None:
@@ -133,8 +138,6 @@ class Tunnel:
         if closed:
             raise AgentCallError(f"the tunnel to port {self.port} was closed before it opened",
                                  reason="UNSPECIFIED", code="CANCELLED", retryable=False)
-        from harness.engine.agent_client import translate
-
         # The call has ended: the rendezvous is the RpcError with the agent's status.
         raise translate(self._call) from None
 
@@ -175,8 +178,6 @@ class Tunnel:
                 closed = self._closed
             if closed and isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.CANCELLED:
                 return
-            from harness.engine.agent_client import translate
-
             raise translate(error) from None
 
     def close(self) -> None:
@@ -391,13 +392,13 @@ class PortForward:
             except Exception as error:
                 log.warning("%s: connection from %s refused: %s", where, connection.peer, error)
                 return None
-        tunnel = Tunnel(self.ports.stub, self.sandbox_port)
-        with connection.lock:
-            if connection.closed:
-                tunnel.close()
-                return None
-            connection.tunnel = tunnel
         try:
+            tunnel = Tunnel(self.ports.stub, self.sandbox_port)
+            with connection.lock:
+                if connection.closed:
+                    tunnel.close()
+                    return None
+                connection.tunnel = tunnel
             tunnel.wait_open()
         except AgentCallError as error:
             if not connection.closed:
