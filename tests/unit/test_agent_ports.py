@@ -297,3 +297,13 @@ def test_forward_listens_on_loopback_only(client: AgentClient, host: str) -> Non
     with pytest.raises(UsageError, match=r"127\.0\.0\.1"):
         forward_port(client, 8000, host=host)
 
+
+
+def test_a_closed_agent_client_refuses_cleanly(client: AgentClient) -> None:
+    closed = AgentClient(client.target.removeprefix("unix:"))
+    with forward_port(closed, 8000) as forward:
+        closed.close()
+        with pytest.raises(AgentCallError) as error:
+            closed.ports.connect(8000)
+        assert error.value.code == "UNAVAILABLE"
+        assert_reset(forward)  # logged, never a traceback in the forward's thread
