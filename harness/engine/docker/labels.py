@@ -19,6 +19,10 @@ OWNER = "callbox.owner"
 EXPIRES = "callbox.expires"
 CREATED = "callbox.created"
 SOCKET_DIR = "callbox.socket-dir"
+NAME = "callbox.name"
+"""A named sandbox's name (its lifetime record, on the host, is what counts)."""
+PRINCIPAL = "callbox.principal"
+"""Who the sandbox belongs to, as the door that created it says (``user:1000``, ``grpc:client``)."""
 
 
 @dataclass(frozen=True)
