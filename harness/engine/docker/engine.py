@@ -18,17 +18,25 @@ record whose container is gone is removed. ``attach(sandbox_id)`` (another proce
 later) returns a ``Sandbox`` connected to the kept container's agent, or raises
 ``SandboxExpired`` saying when it expired or that it is gone (removing what is left).
 ``destroy`` removes the record along with the container.
+
+Living sandboxes (:mod:`harness.engine.docker.living`, records in
+:mod:`harness.engine.docker.lifetime`): ``create(spec, name=, ttl_s=, owner=)`` gives a
+sandbox a unique name (it then outlives its process, like a kept one), a time-to-live and an
+owner string; ``open(name_or_id)`` reconnects from any process; ``pause``/``resume`` freeze
+it with the expiry clock stopped; ``keep_alive`` pushes its expiry; ``list_sandboxes``
+shows name, owner, state and cgroup CPU and memory; ``snapshot``, ``fork``, ``restore``,
+``snapshots``, ``remove_snapshot`` and ``remove`` manage its files and itself.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import socket
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +54,8 @@ from harness.core.errors import (
     SandboxStartError,
     short_reason,
 )
-from harness.engine.docker import labels
+from harness.engine.docker import labels, living, reaper
+from harness.engine.docker.cgroup_stats import CgroupReader, SandboxStats
 from harness.engine.docker.client import (
     connect_client,
     engine_calls,
@@ -54,21 +63,36 @@ from harness.engine.docker.client import (
     seccomp_profile,
 )
 from harness.engine.docker.kept import (
-    STALE_AFTER_S,
     KeptSandbox,
     SandboxExpired,
-    expiry_passed,
     kept_path,
     read_record,
-    record_for_container,
-    remove_stale_records,
     when,
     write_expiry,
     write_record,
 )
+from harness.engine.docker.lifetime import (
+    NameInUse,
+    SandboxGone,
+    SandboxNotFound,
+    SandboxPaused,
+    locked,
+    release_name,
+    remove_record,
+    validate_name,
+    validate_ttl,
+)
+from harness.engine.docker.lifetime import (
+    read_record as read_lifetime,
+)
+from harness.engine.docker.lifetime import (
+    write_record as write_lifetime,
+)
+from harness.engine.docker.living import SandboxInfo
 from harness.engine.docker.netfilter import PacketFilter
-from harness.engine.docker.networks import ROLE, Attachment, EgressEvent, SandboxNetworks
+from harness.engine.docker.networks import Attachment, EgressEvent, SandboxNetworks, engine_is_local
 from harness.engine.docker.sandbox import AGENT_SOCKET_NAME, Sandbox
+from harness.engine.docker.snapshots import SnapshotInfo, SnapshotStore
 from harness.engine.spec import AGENT_DIR, TMP, HostLimits, SandboxSpec
 from harness.engine.spec import HOME as _HOME
 from harness.wire import default_run_root
@@ -79,9 +103,15 @@ __all__ = [
     "HOME",
     "DockerEngine",
     "KeptSandbox",
+    "NameInUse",
     "Sandbox",
     "SandboxExpired",
+    "SandboxGone",
     "SandboxInfo",
+    "SandboxNotFound",
+    "SandboxPaused",
+    "SandboxStats",
+    "SnapshotInfo",
     "connect_client",
     "default_run_root",
     "seccomp_profile",
@@ -104,27 +134,20 @@ AGENT_MAX_CONCURRENT = 32
 AGENT_PIDS_RESERVE = 64
 
 
-@dataclass(frozen=True)
-class SandboxInfo:
-    """A live sandbox as ``callbox ps`` shows it."""
-
-    sandbox_id: str
-    container_id: str
-    status: str
-    owner: str
-    expires: float
-    created: float
-    image: str
-
-
 class DockerEngine:
     """Creates, lists, destroys and reaps sandboxes on one Docker engine."""
 
     def __init__(self, client: docker.DockerClient, *, run_root: Path | None = None,
                  reap_on_start: bool = True, egress_test_network: str | None = None,
-                 egress_test_hosts: dict[str, str] | None = None) -> None:
+                 egress_test_hosts: dict[str, str] | None = None, snapshot_dir: Path | None = None) -> None:
         self.client = client
         self.run_root = run_root or default_run_root()
+        self.snapshot_store = SnapshotStore(snapshot_dir)
+        """Snapshots (``snapshot_dir``, else ``CALLBOX_SNAPSHOT_DIR`` or the state directory)."""
+        self.local = engine_is_local(client)
+        """The engine runs on this host (its containers' cgroups can be read here)."""
+        self.cgroups: CgroupReader | None = None
+        self._info: dict[str, Any] | None = None
         self.owner = labels.Owner.current()
         self.hostname = socket.gethostname()
         if egress_test_network is None:
@@ -147,11 +170,17 @@ class DockerEngine:
 
     # ---- create ---------------------------------------------------------------------------
 
+    def docker_info(self) -> dict[str, Any]:
+        """``docker info`` (asked once per engine)."""
+        if self._info is None:
+            self._info = dict(self.client.info())
+        return self._info
+
     @engine_calls
     def host_limits(self) -> HostLimits:
         """The engine host's CPUs, memory and data root (asked once per engine)."""
         if self._host is None:
-            info = self.client.info()
+            info = self.docker_info()
             root = str(info.get("DockerRootDir") or "")
             self._host = HostLimits(
                 cpus=int(info["NCPU"]) if info.get("NCPU") else None,
@@ -161,9 +190,21 @@ class DockerEngine:
         return self._host
 
     @engine_calls
-    def create(self, spec: SandboxSpec, *, ready_timeout: float = READY_TIMEOUT_S) -> Sandbox:
+    def create(self, spec: SandboxSpec, *, name: str | None = None, ttl_s: float | None = None,
+               owner: str | None = None, ready_timeout: float = READY_TIMEOUT_S) -> Sandbox:
         """Start a sandbox for ``spec``; a spec this host cannot run (``SpecError``: too many
-        cpus, a missing or unwritable mount, ...) is refused before any container exists."""
+        cpus, a missing or unwritable mount, ...) is refused before any container exists.
+
+        ``name``: unique among this run root's sandboxes (``NameInUse`` names the holder);
+        a named sandbox outlives this process until its expiry. ``ttl_s``: its time-to-live
+        (default the spec's ``ttl_seconds``). ``owner``: who it belongs to, shown by
+        ``list_sandboxes`` (``user:1000``, ``grpc:client``). With any of them the sandbox
+        gets a lifetime record, so ``open`` finds it from another process."""
+        if name is not None:
+            validate_name(name)
+        ttl = float(spec.ttl_seconds) if ttl_s is None else validate_ttl(ttl_s)
+        if ttl_s is not None:
+            spec = spec.model_copy(update={"ttl_seconds": math.ceil(ttl)})
         spec = spec.for_host(self.host_limits())
         for note in spec.loosened():
             log.warning("this policy loosens a hardened default: %s", note)
@@ -171,30 +212,49 @@ class DockerEngine:
         sandbox_id = uuid.uuid4().hex[:12]
         socket_dir = self.run_root / sandbox_id
         self.run_root.mkdir(parents=True, mode=0o700, exist_ok=True)
-        socket_dir.mkdir(mode=0o700)
-        write_expiry(socket_dir, time.time() + spec.ttl_seconds)
+        if name is not None:
+            living.claim(self, name, sandbox_id)
         try:
-            attachment, container_id = self._run_container(spec, sandbox_id, socket_dir, uid, gid)
+            return self._start(spec, sandbox_id, socket_dir, uid, gid, name=name, owner=owner, ttl=ttl,
+                               record=name is not None or owner is not None or ttl_s is not None,
+                               ready_timeout=ready_timeout)
+        except BaseException:
+            if name is not None:
+                release_name(self.run_root, name, sandbox_id)
+            raise
+
+    def _start(self, spec: SandboxSpec, sandbox_id: str, socket_dir: Path, uid: int, gid: int, *,
+               name: str | None, owner: str | None, ttl: float, record: bool, ready_timeout: float) -> Sandbox:
+        created = time.time()
+        socket_dir.mkdir(mode=0o700)
+        write_expiry(socket_dir, created + ttl)
+        extra = {labels.NAME: name or "", labels.PRINCIPAL: owner or ""}
+        try:
+            attachment, container_id = self._run_container(spec, sandbox_id, socket_dir, uid, gid, created,
+                                                           {k: v for k, v in extra.items() if v})
         except BaseException:
             # Also on Ctrl-C mid-request: the engine may have created the container already.
             self.destroy(sandbox_id, network=spec.network)
             raise
-        sandbox = Sandbox(self, sandbox_id, container_id, socket_dir, spec, uid, gid)
+        sandbox = Sandbox(self, sandbox_id, container_id, socket_dir, spec, uid, gid, name=name, owner=owner,
+                          created_at=created, expires=created + ttl)
         try:
             self._wait_ready(sandbox, ready_timeout)
             if attachment.proxied:
                 sandbox.proxy_url, proxy_env = self.networks.finish_proxy(sandbox_id)
                 sandbox.spec = spec.model_copy(update={"env": {**spec.env, **proxy_env}})
+            if record:
+                write_lifetime(self.run_root, living.new_record(sandbox, ttl_s=ttl, owner=owner,
+                                                                process=self.owner.label()))
         except BaseException:
             sandbox.destroy()
             raise
         return sandbox
 
-    def _run_container(self, spec: SandboxSpec, sandbox_id: str, socket_dir: Path,
-                       uid: int, gid: int) -> tuple[Attachment, str]:
+    def _run_container(self, spec: SandboxSpec, sandbox_id: str, socket_dir: Path, uid: int, gid: int,
+                       now: float, extra_labels: dict[str, str]) -> tuple[Attachment, str]:
         """Create the sandbox's network (if any), then create and start the container
         through the low-level API (no extra inspect calls)."""
-        now = time.time()
         label_values = {
             labels.MANAGED: "1",
             labels.SANDBOX_ID: sandbox_id,
@@ -202,6 +262,7 @@ class DockerEngine:
             labels.CREATED: f"{now:.3f}",
             labels.EXPIRES: f"{now + spec.ttl_seconds:.0f}",
             labels.SOCKET_DIR: str(socket_dir),
+            **extra_labels,
         }
         hardening: dict[str, Any] = {
             "init": True,
@@ -318,76 +379,23 @@ class DockerEngine:
         events = [] if network == "none" else self.networks.detach(sandbox_id)
         shutil.rmtree(self.run_root / sandbox_id, ignore_errors=True)
         kept_path(self.run_root, sandbox_id).unlink(missing_ok=True)
+        remove_record(self.run_root, sandbox_id)
         return events
 
     @engine_calls
-    def list_sandboxes(self) -> list[SandboxInfo]:
-        infos = []
-        for c in self.client.api.containers(all=True, filters={"label": f"{labels.MANAGED}=1"}):
-            lab: dict[str, str] = c.get("Labels") or {}
-            if ROLE in lab:
-                continue  # an egress proxy, not a sandbox
-            infos.append(SandboxInfo(
-                sandbox_id=lab.get(labels.SANDBOX_ID, "?"),
-                container_id=c["Id"][:12],
-                status=c.get("State", "?"),
-                owner=kept.owner if (kept := record_for_container(lab)) is not None else lab.get(labels.OWNER, "?"),
-                expires=kept.until if kept is not None else labels.time_label(lab, labels.EXPIRES),
-                created=labels.time_label(lab, labels.CREATED),
-                image=c.get("Image", "?"),
-            ))
-        return sorted(infos, key=lambda i: i.created)
+    def list_sandboxes(self, *, stats: bool = True) -> list[SandboxInfo]:
+        """Every sandbox on the engine (and each named one of this run root whose container is
+        gone), oldest first; with ``stats``, CPU and memory of the running and paused ones."""
+        return living.list_sandboxes(self, with_stats=stats)
 
     @engine_calls
     def gc(self, now: float | None = None) -> list[str]:
         """Remove sandboxes that expired, whose owner process is gone or whose container
         stopped (its agent is gone for good: the engine restarted, it was killed, or it
         expired); return their ids. A kept sandbox (``keep``) is removed only once its keep
-        has expired (``attach`` removes a stopped one)."""
-        now = time.time() if now is None else now
-        removed = []
-        try:
-            containers = self.client.api.containers(all=True, filters={"label": f"{labels.MANAGED}=1"})
-        except docker.errors.DockerException as exc:
-            raise EngineUnavailable(f"cannot list sandboxes: {short_reason(exc)}") from None
-        live_ids = set()
-        for c in containers:
-            lab = c.get("Labels") or {}
-            if ROLE in lab:
-                continue  # egress proxies go with their sandbox (networks.gc below)
-            sandbox_id = lab.get(labels.SANDBOX_ID, "")
-            kept = record_for_container(lab)
-            if kept is not None:
-                doomed = kept.until <= now  # kept for a paused run: only its expiry counts
-            else:
-                doomed = (labels.is_expired(lab, now) or labels.is_orphaned(lab, self.hostname)
-                          or expiry_passed(lab.get(labels.SOCKET_DIR), now) or c.get("State") in STOPPED)
-            if doomed:
-                remove_container(self.client, c["Id"])
-                socket_dir = lab.get(labels.SOCKET_DIR)
-                if socket_dir and Path(socket_dir).parent == self.run_root:
-                    shutil.rmtree(socket_dir, ignore_errors=True)
-                if kept is not None and Path(socket_dir or "").parent == self.run_root:
-                    kept_path(self.run_root, sandbox_id).unlink(missing_ok=True)
-                removed.append(sandbox_id or c["Id"][:12])
-            else:
-                live_ids.add(sandbox_id)
-        self._remove_stale_socket_dirs(live_ids)
-        remove_stale_records(self.run_root, live_ids)
-        try:
-            self.networks.gc(live_ids, self.hostname, now)
-        except docker.errors.DockerException as exc:
-            raise EngineUnavailable(f"cannot clean up sandbox networks: {short_reason(exc)}") from None
-        return removed
-
-    def _remove_stale_socket_dirs(self, live_ids: set[str]) -> None:
-        if not self.run_root.is_dir():
-            return
-        for entry in self.run_root.iterdir():
-            if entry.is_dir() and entry.name not in live_ids and len(entry.name) == 12:
-                age = time.time() - entry.stat().st_mtime
-                if age > STALE_AFTER_S:  # never race a sandbox being created right now
-                    shutil.rmtree(entry, ignore_errors=True)
+        has expired (``attach`` removes a stopped one); named and paused ones follow their
+        lifetime records (:func:`harness.engine.docker.lifetime.judge`)."""
+        return reaper.gc(self, time.time() if now is None else now)
 
     # ---- keep a sandbox past its process, attach to it later ----------------------------------
 
@@ -410,6 +418,10 @@ class DockerEngine:
         write_expiry(sandbox.socket_dir, until)  # the agent stops itself then, harness or not
         self.networks.set_expiry(sandbox.id, until)  # and its egress proxy, if any
         write_record(self.run_root, record)
+        if read_lifetime(self.run_root, sandbox.id) is not None:  # a living sandbox: its clock follows
+            with locked(self.run_root):
+                if (living_record := read_lifetime(self.run_root, sandbox.id)) is not None:
+                    write_lifetime(self.run_root, living_record.extended(time.time(), until - time.time()))
         return record
 
     def kept_sandbox(self, sandbox_id: str) -> KeptSandbox | None:
@@ -464,6 +476,80 @@ class DockerEngine:
         return sandbox
 
 
+    # ---- living sandboxes: names, the clock, stats, snapshots, forks ---------------------------
+
+    @engine_calls
+    def open(self, name_or_id: str, *, ready_timeout: float = ATTACH_TIMEOUT_S) -> Sandbox:
+        """Reconnect to a named, recorded or kept sandbox from any process (a paused one is
+        returned paused: resume it). ``SandboxNotFound`` if there is none; ``SandboxGone`` if
+        its container no longer runs (restore it from a snapshot); ``SandboxExpired`` for a
+        kept one past its keep (see ``attach``)."""
+        return living.open_sandbox(self, name_or_id, ready_timeout)
+
+    def is_paused(self, sandbox: Sandbox) -> bool:
+        """Whether ``sandbox`` is paused, as far as this process or its record knows (cheap)."""
+        return living.is_paused(self, sandbox)
+
+    @engine_calls
+    def pause(self, sandbox: Sandbox) -> None:
+        """Freeze ``sandbox`` (``docker pause``; its egress proxy too); its expiry clock stops."""
+        living.pause(self, sandbox)
+
+    @engine_calls
+    def resume(self, sandbox: Sandbox, *, timeout: float = living.RESUME_TIMEOUT_S) -> float:
+        """Thaw ``sandbox`` and wait until its agent answers; its expiry, moved later by the
+        time it was paused."""
+        return living.resume(self, sandbox, timeout)
+
+    @engine_calls
+    def keep_alive(self, sandbox: Sandbox, ttl_s: float | None = None) -> float:
+        """Set ``sandbox``'s expiry to ``ttl_s`` seconds from now (default its TTL; while
+        paused, ``ttl_s`` of running time after the resume); the new expiry (Unix time)."""
+        if ttl_s is not None:
+            validate_ttl(ttl_s)
+        return living.keep_alive(self, sandbox, ttl_s)
+
+    @engine_calls
+    def stats(self, sandbox: Sandbox) -> SandboxStats:
+        """CPU seconds so far, memory and processes now (its cgroup; paused ones too)."""
+        return living.sandbox_stats(self, sandbox)
+
+    @engine_calls
+    def snapshot(self, sandbox: Sandbox, name: str, *, replace: bool = False,
+                 owner: str | None = None) -> SnapshotInfo:
+        """Store the writable places and spec of ``sandbox`` as snapshot ``name`` (see
+        :mod:`harness.engine.docker.snapshots`); an existing name is ``SnapshotExists``
+        unless ``replace``."""
+        return living.snapshot(self, sandbox, name, replace_existing=replace, owner=owner)
+
+    def snapshots(self) -> list[SnapshotInfo]:
+        """The stored snapshots, oldest first."""
+        return self.snapshot_store.list()
+
+    def remove_snapshot(self, name: str) -> None:
+        self.snapshot_store.remove(name)
+
+    @engine_calls
+    def fork(self, source: Sandbox | str, *, from_snapshot: bool = False, name: str | None = None,
+             owner: str | None = None, ttl_s: float | None = None) -> Sandbox:
+        """A new sandbox with the files of ``source``: a live sandbox (or its name or id),
+        snapshotted to a temporary snapshot first, or, with ``from_snapshot``, the snapshot
+        named ``source``. It runs the source's spec; ``name``, ``owner`` and ``ttl_s`` as in
+        ``create`` (owner default: the source's)."""
+        return living.fork(self, source, from_snapshot=from_snapshot, name=name, owner=owner, ttl_s=ttl_s)
+
+    @engine_calls
+    def restore(self, name: str) -> Sandbox:
+        """Recreate the named sandbox ``name`` (gone, e.g. after the engine restarted) from its
+        latest snapshot, under the same name and owner."""
+        return living.restore(self, name)
+
+    @engine_calls
+    def remove(self, name_or_id: str) -> str:
+        """Remove a sandbox by name or id (running, paused or gone) and free its name; its id."""
+        return living.remove(self, name_or_id)
+
+
 def _agent_environment(spec: SandboxSpec) -> dict[str, str]:
     """The agent's own environment (tool processes get theirs from the agent, never this).
     The agent keeps runtime files in a directory it and the tool user can both write; a
@@ -488,4 +574,3 @@ def _parse_hosts(text: str) -> dict[str, str]:
             raise CallboxError(f"CALLBOX_EGRESS_TEST_HOSTS entry {item!r} is not name=ip")
         hosts[name] = address
     return hosts
-

@@ -1,5 +1,13 @@
 """One running Docker sandbox: its container, socket directory, spec, the client of its agent,
-and what a tool handler gets of it (``runtime``)."""
+and what a tool handler gets of it (``runtime``); its lifetime (pause, resume, keep-alive,
+stats, snapshots) through the engine (:mod:`harness.engine.docker.living`).
+
+Operations that need the agent (``jobs``, ``transfer``, ``forward_port``, ``snapshot``) fail
+with ``SandboxPaused`` while the sandbox is paused (what this process did, or the lifetime
+record another process wrote: one small file read); ``agent`` itself is not checked (the
+exec paths stay as fast as before), and a call through it to a paused sandbox waits until
+its deadline.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +18,17 @@ from docker.models.containers import Container
 
 from harness.engine.agent_client import AgentClient
 from harness.engine.base import SandboxRuntime
+from harness.engine.docker.lifetime import SandboxPaused
 from harness.engine.docker.networks import EgressEvent
+from harness.engine.jobs import JobsClient
+from harness.engine.ports import PortForward, forward_port
 from harness.engine.spec import SandboxSpec
+from harness.engine.transfer import TransferClient
 
 if TYPE_CHECKING:
+    from harness.engine.docker.cgroup_stats import SandboxStats
     from harness.engine.docker.engine import DockerEngine
+    from harness.engine.docker.snapshots import SnapshotInfo
 
 AGENT_SOCKET_NAME = "agent.sock"
 """The agent's socket in the sandbox's socket directory."""
@@ -24,7 +38,8 @@ class Sandbox:
     """A running sandbox and the client of its agent. Destroy it when done (or use ``with``)."""
 
     def __init__(self, engine: DockerEngine, sandbox_id: str, container_id: str, socket_dir: Path,
-                 spec: SandboxSpec, tool_uid: int, tool_gid: int) -> None:
+                 spec: SandboxSpec, tool_uid: int, tool_gid: int, *, name: str | None = None,
+                 owner: str | None = None, created_at: float = 0.0, expires: float = 0.0) -> None:
         self.engine = engine
         self.id = sandbox_id
         self.container_id = container_id
@@ -37,6 +52,67 @@ class Sandbox:
         """The egress proxy (``network = "allowlist"``), as tool processes see it."""
         self._egress_offset = 0
         """Bytes of the egress proxy's log already handed out by ``new_egress_events``."""
+        self.name = name
+        """Its name, if it was created with one (then it outlives the process that created it)."""
+        self.owner = owner
+        """Who it belongs to, as the door that created it says (``user:1000``, ``grpc:client``)."""
+        self.created_at = created_at
+        self.expires = expires
+        """When gc removes it (Unix time), as this process last set or read it."""
+        self.paused_here = False
+        """This process paused it (or found it paused) and has not resumed it."""
+
+    @property
+    def label(self) -> str:
+        """How messages name it: its name, else its id."""
+        return self.name or self.id
+
+    @property
+    def paused(self) -> bool:
+        """Whether it is paused (this process's knowledge, else its lifetime record)."""
+        return self.engine.is_paused(self)
+
+    def require_running(self) -> None:
+        """``SandboxPaused`` if it is paused (cheap: no engine call)."""
+        if self.engine.is_paused(self):
+            raise SandboxPaused(self.label)
+
+    @property
+    def jobs(self) -> JobsClient:
+        """Background processes and terminals of its agent."""
+        self.require_running()
+        return self.agent.jobs
+
+    @property
+    def transfer(self) -> TransferClient:
+        """Files both ways: download, copy in and out, move, watch."""
+        self.require_running()
+        return self.agent.transfer
+
+    def forward_port(self, port: int, host_port: int = 0) -> PortForward:
+        """Forward ``host_port`` on the host's loopback (0: any free one) to ``port`` inside."""
+        self.require_running()
+        return forward_port(self.agent, port, host_port=host_port)
+
+    def pause(self) -> None:
+        """Freeze every process in it (``docker pause``); its expiry clock stops until ``resume``."""
+        self.engine.pause(self)
+
+    def resume(self) -> float:
+        """Thaw it and wait until its agent answers; its new expiry (moved by the paused time)."""
+        return self.engine.resume(self)
+
+    def keep_alive(self, ttl_s: float | None = None) -> float:
+        """Push its expiry to ``ttl_s`` seconds from now (default its TTL); the new expiry."""
+        return self.engine.keep_alive(self, ttl_s)
+
+    def stats(self) -> SandboxStats:
+        """CPU seconds so far, memory and processes now, from its cgroup."""
+        return self.engine.stats(self)
+
+    def snapshot(self, name: str, *, replace: bool = False) -> SnapshotInfo:
+        """Store its writable places and spec on the host as snapshot ``name``."""
+        return self.engine.snapshot(self, name, replace=replace)
 
     def runtime(self) -> SandboxRuntime:
         """What a tool handler gets: the agent and the environment of this sandbox."""
