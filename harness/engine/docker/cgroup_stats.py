@@ -27,6 +27,9 @@ import docker.errors
 
 log = logging.getLogger("callbox.engine")
 
+MAX_REMEMBERED = 1024
+"""Cgroup paths remembered per reader."""
+
 
 @dataclass(frozen=True)
 class SandboxStats:
@@ -135,13 +138,12 @@ class CgroupReader:
             stats = self._read_v1(cgroup) if self.version == "1" else None
             stats = stats or self._read_v2(cgroup) or self._read_v1(cgroup)
             if stats is not None:
+                if len(self._found) >= MAX_REMEMBERED:
+                    self._found.clear()  # containers come and go: never grow without bound
                 self._found[container_id] = (cgroup,)
                 return stats
         self._found.pop(container_id, None)
         return None
-
-    def forget(self, container_id: str) -> None:
-        self._found.pop(container_id, None)
 
     def _read_v2(self, cgroup: str) -> SandboxStats | None:
         unified, _ = self._mount_table()

@@ -447,7 +447,8 @@ class DockerEngine:
             raise SandboxExpired(f"sandbox {sandbox_id} expired at {expires}; its files are gone",
                                  sandbox_id=sandbox_id, expired_at=kept.until)
         try:
-            state = self.client.api.inspect_container(kept.container_id)["State"]
+            found = self.client.api.inspect_container(kept.container_id)
+            state = found["State"]
         except docker.errors.NotFound:
             self.destroy(sandbox_id)
             raise SandboxExpired(
@@ -460,9 +461,12 @@ class DockerEngine:
             self.destroy(sandbox_id)
             raise SandboxExpired(f"sandbox {sandbox_id} is gone (its container stopped: {state.get('Status')}); "
                                  "its files are gone", sandbox_id=sandbox_id, expired_at=kept.until)
+        if state.get("Paused"):
+            raise SandboxPaused(sandbox_id)
         spec = SandboxSpec.model_validate(kept.spec)
+        created = labels.time_label(found["Config"].get("Labels") or {}, labels.CREATED)
         sandbox = Sandbox(self, sandbox_id, kept.container_id, Path(kept.socket_dir), spec, kept.tool_uid,
-                          kept.tool_gid)
+                          kept.tool_gid, created_at=created, expires=kept.until)
         sandbox.proxy_url = spec.env.get("HTTP_PROXY") if spec.network == "allowlist" else None
         sandbox.new_egress_events()  # decisions before this attach belong to the earlier process
         try:
@@ -474,7 +478,6 @@ class DockerEngine:
             sandbox.agent.close()
             raise SandboxStartError(f"the agent of kept sandbox {sandbox_id} is not serving")
         return sandbox
-
 
     # ---- living sandboxes: names, the clock, stats, snapshots, forks ---------------------------
 

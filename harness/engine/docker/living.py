@@ -171,6 +171,10 @@ def _ensure_record(engine: DockerEngine, sandbox: Sandbox) -> LifetimeRecord:
     if record is None:
         record = new_record(sandbox, ttl_s=float(sandbox.spec.ttl_seconds), owner=sandbox.owner,
                             process=engine.owner.label())
+        if record.expires <= 0:  # built by hand: its expiry is on its container
+            found = engine.client.api.inspect_container(sandbox.container_id)["Config"].get("Labels") or {}
+            record = replace(record, created_at=labels.time_label(found, labels.CREATED),
+                             expires=labels.time_label(found, labels.EXPIRES))
         write_record(engine.run_root, record)
     return record
 

@@ -30,6 +30,7 @@ one by one), running processes and their memory.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -56,6 +57,8 @@ AGENT_RUNTIME = "callbox-shell-"
 """The agent's shell sessions keep private runtime directories ``/tmp/callbox-shell-*``."""
 LINK_BATCH = 200
 """Links recreated per ``ln`` script."""
+LEFTOVER_AGE_S = 86400.0
+"""A staging or temporary snapshot directory this old was left by a killed process."""
 
 Download = Callable[[str], Iterable[bytes]]
 """Streams a sandbox path out as raw tar chunks (``TransferClient.download``)."""
@@ -324,6 +327,15 @@ class SnapshotStore:
             raise SnapshotNotFound(name)
         self._discard(directory)
 
+    def _sweep(self) -> None:
+        """Remove what a killed process left: staging, temporary and half-removed snapshots
+        older than a day (never one being written now)."""
+        for entry in self.root.iterdir():
+            if entry.name.startswith((".tmp-", ".fork-", ".rm-")):
+                with contextlib.suppress(OSError):
+                    if time.time() - entry.stat().st_mtime > LEFTOVER_AGE_S:
+                        shutil.rmtree(entry, ignore_errors=True)
+
     def _discard(self, directory: Path) -> None:
         """Remove a snapshot directory: renamed aside first, so it vanishes at once."""
         doomed = directory.with_name(f".rm-{directory.name}-{uuid.uuid4().hex[:8]}")
@@ -344,6 +356,7 @@ class SnapshotStore:
             raise SnapshotExists(name)
         started = time.monotonic()
         self.root.mkdir(parents=True, mode=0o700, exist_ok=True)
+        self._sweep()
         staging = self.root / f".tmp-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         (staging / PLACES).mkdir(parents=True, mode=0o700)
         try:
