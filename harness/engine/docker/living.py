@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import shutil
 import time
 import uuid
@@ -80,6 +81,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("callbox.engine")
 
 RESUME_TIMEOUT_S = 10.0
+SANDBOX_ID = re.compile(r"[0-9a-f]{12}")
+"""What ``create`` names a sandbox (anything else given as an id is no sandbox's)."""
 UNPAUSED = ("running", "restarting")
 
 
@@ -185,9 +188,11 @@ def resolve(engine: DockerEngine, name_or_id: str) -> str:
         holder = name_holder(engine.run_root, validate_name(name_or_id))
         if holder is not None:
             return holder
+    if not SANDBOX_ID.fullmatch(name_or_id):
+        raise SandboxNotFound(name_or_id)
     if record_path(engine.run_root, name_or_id).exists() or read_kept(engine.run_root, name_or_id) is not None:
         return name_or_id
-    if len(name_or_id) == 12 and engine.client.api.containers(all=True, filters={"name": f"callbox-{name_or_id}"}):
+    if engine.client.api.containers(all=True, filters={"name": f"^/callbox-{name_or_id}$"}):
         return name_or_id
     raise SandboxNotFound(name_or_id)
 
