@@ -70,8 +70,9 @@ class AgentConfig:
     roots: Sequence[str]
     user: ToolUser | None
     max_concurrent: int = 32
-    spare_workers: int = 8
-    """RPC threads beyond one per concurrent command (health, Signal, file operations)."""
+    spare_workers: int = 40
+    """RPC threads beyond one per concurrent command: health, Signal, file operations and the
+    long-lived streams (job attaches, terminals, tunnels, watches), each of which holds one."""
     spawner: Spawner | None = None
     """Starts tool processes; None starts them from this process (slower, for tests)."""
 

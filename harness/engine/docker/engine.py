@@ -127,11 +127,13 @@ READY_TIMEOUT_S = 30.0
 ATTACH_TIMEOUT_S = 10.0
 STOPPED = ("exited", "dead")
 """Container states gc reaps at once: the agent in it is gone and nothing restarts it."""
-# The agent starts its RPC threads up front (32 commands + 8 spare) so a fork bomb cannot
-# starve it; they and gRPC's own threads count against the pids limit, so the engine adds
-# this reserve on top of the spec's limit, which is what tool processes get.
+# The agent starts its RPC threads up front (32 commands + 40 spare, for the long-lived
+# streams of attached jobs, terminals, tunnels and watches) so a fork bomb cannot starve
+# it; they, gRPC's own threads and a thread per terminal or tunnel count against the pids
+# limit, so the engine adds this reserve on top of the spec's limit, which is what tool
+# processes get.
 AGENT_MAX_CONCURRENT = 32
-AGENT_PIDS_RESERVE = 64
+AGENT_PIDS_RESERVE = 128
 
 
 class DockerEngine:
