@@ -1,4 +1,5 @@
-"""The Filesystem gRPC service: Read, Write, List, Stat, Remove, MakeDir and Upload inside the roots.
+"""The Filesystem gRPC service: Read, Write, List, Stat, Remove, MakeDir, Upload, Download, Move and
+Watch inside the roots.
 
 Design
 ------
@@ -27,6 +28,9 @@ only through the same confined walk; Stat and Remove act on the link itself.
 * Upload: a streamed tar archive unpacked into a directory; every unsafe member (absolute,
   ``..``, links, devices, through a symlink in the destination) refuses the whole upload and
   what it wrote is removed again. See :mod:`sandbox.upload`.
+* Download (a streamed tar archive out, :mod:`sandbox.download`), Move (:mod:`sandbox.move`) and
+  Watch (inotify, :mod:`sandbox.watch`). The two streams hold the tool user's identity only
+  while touching the filesystem, never across a ``yield``.
 
 Each RPC runs under the configured :class:`sandbox.identity.FsIdentity` (per-thread
 fsuid/fsgid), so permission checks and file ownership are the tool user's. Failures are
@@ -45,13 +49,13 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import grpc
 
-from sandbox import upload
+from sandbox import download, move, upload, watch
 from sandbox.errors import (
     ALREADY_EXISTS,
     INTERNAL,
@@ -174,6 +178,37 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
         return self._call(
             context, "Upload", "the upload destination", lambda: upload.receive(self._resolver, request_iterator)
         )
+
+    def Download(
+        self, request: filesystem_pb2.DownloadRequest, context: grpc.ServicerContext
+    ) -> Iterator[filesystem_pb2.DownloadChunk]:
+        return self._stream(context, "Download", request.path,
+                            lambda: download.stream(self._resolver, request, self.acting, context.is_active))
+
+    def Move(
+        self, request: filesystem_pb2.MoveRequest, context: grpc.ServicerContext
+    ) -> filesystem_pb2.MoveResponse:
+        return self._call(context, "Move", request.source, lambda: move.move(self._resolver, request))
+
+    def Watch(
+        self, request: filesystem_pb2.WatchRequest, context: grpc.ServicerContext
+    ) -> Iterator[filesystem_pb2.WatchEvent]:
+        return self._stream(context, "Watch", request.path, lambda: watch.stream(
+            self._resolver, request, self.acting, context.is_active, context.add_callback))
+
+    def _stream(
+        self, context: grpc.ServicerContext, rpc: str, path: str, op: Callable[[], Iterable[_R]]
+    ) -> Iterator[_R]:
+        """Like :meth:`_call` for a response stream; ``op`` switches the identity itself."""
+        try:
+            yield from op()
+        except AgentError as exc:
+            abort(context, exc)
+        except OSError as exc:
+            abort(context, _path_error(exc, path))
+        except Exception:
+            log.exception("Filesystem.%s failed unexpectedly", rpc)
+            abort(context, AgentError(INTERNAL, f"The agent failed internally during {rpc}."))
 
     def _call(self, context: grpc.ServicerContext, rpc: str, path: str, op: Callable[[], _R]) -> _R:
         try:
