@@ -15,6 +15,7 @@ import shutil
 import tarfile
 import tempfile
 import threading
+import time
 import tracemalloc
 import uuid
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.core.errors import AgentCallError
+from harness.core.errors import AgentCallError, UsageError
 from harness.engine.agent_client import AgentClient
 from harness.engine.transfer import TransferClient, Watch, WatchChange
 from sandbox import download
@@ -333,3 +334,47 @@ def wait_for_free_slots(timeout: float = 5.0) -> None:
     finally:
         for _ in range(taken):
             watch_module._active.release()
+
+
+# --- copy_in and upload_tar_stream ------------------------------------------------------------------------
+
+
+def test_copy_in_destinations_follow_docker_cp(agent: Agent, here: Path, tmp_path: Path) -> None:
+    (tmp_path / "proj" / "src").mkdir(parents=True)
+    (tmp_path / "proj" / "src" / "main.py").write_text("print(1)\n")
+    (tmp_path / "one.txt").write_text("one\n")
+    result = agent.transfer.copy_in(tmp_path / "proj", str(here))  # an existing directory: here/proj/...
+    assert (result.files, result.dirs, result.bytes) == (1, 2, 9)
+    assert (here / "proj" / "src" / "main.py").read_text() == "print(1)\n"
+    agent.transfer.copy_in(tmp_path / "proj", f"{here}/renamed")  # a new name: here/renamed/...
+    assert (here / "renamed" / "src" / "main.py").exists()
+    agent.transfer.copy_in(tmp_path / "one.txt", f"{here}/copy.txt")
+    with pytest.raises(AgentCallError) as caught:
+        agent.transfer.copy_in(tmp_path / "one.txt", f"{here}/copy.txt")
+    assert caught.value.reason == "ALREADY_EXISTS"
+    (tmp_path / "one.txt").write_text("two\n")
+    agent.transfer.copy_in(tmp_path / "one.txt", f"{here}/copy.txt", overwrite=True)
+    assert (here / "copy.txt").read_text() == "two\n"
+    with pytest.raises(UsageError, match="not a directory"):
+        agent.transfer.copy_in(tmp_path / "proj", f"{here}/copy.txt")
+    with pytest.raises(UsageError, match="does not exist"):
+        agent.transfer.copy_in(tmp_path / "missing", str(here))
+
+
+def test_a_failing_source_cancels_the_upload_and_its_error_is_raised(agent: Agent, here: Path) -> None:
+    def chunks() -> Iterator[bytes]:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo("complete.txt")
+            info.size = 3
+            tar.addfile(info, io.BytesIO(b"abc"))
+        yield buf.getvalue()[:1024]  # one whole member: ending here would look like a whole archive
+        raise RuntimeError("the source broke")
+
+    with pytest.raises(RuntimeError, match="the source broke"):
+        agent.transfer.upload_tar_stream(str(here), chunks())
+    # The agent rolls back on its own thread once it sees the cancellation: wait for that.
+    deadline = time.monotonic() + 10
+    while os.listdir(here) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.listdir(here) == []
