@@ -3,6 +3,11 @@
 Both launchers return a ``Child``: the pid, the agent's ends of the stdio pipes and a
 way to collect the exit status once the pid's pidfd says it ended. The agent uses the
 spawner (cheap, see ``spawner``); tests and tools on the host use the direct launcher.
+
+Given ``terminal`` (the slave side of a pseudo-terminal the caller opened), a launcher
+makes it the child's stdin, stdout, stderr and controlling terminal instead of pipes;
+the Child then has no pipes of its own (``stdout`` and ``stderr`` are -1): the caller
+reads the terminal's master side.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import contextlib
 import fcntl
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -82,16 +88,29 @@ class Child:
 
     def close_pipes(self) -> None:
         for fd in (self.stdin, self.stdout, self.stderr, self.pidfd):
-            if fd is not None:
+            if fd is not None and fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self.stdin = None
         self.pidfd = None
 
 
+TAKE_TTY_THEN_EXEC = (
+    "import fcntl, os, sys, termios\n"
+    "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+    "try:\n    os.execvp(sys.argv[1], sys.argv[1:])\n"
+    "except OSError as e:\n    print(f'{sys.argv[1]}: {e.strerror}', file=sys.stderr)\n    os._exit(127)\n"
+)
+"""The direct launcher's way to give a child its controlling terminal (see ``spawner``)."""
+
+NO_PIPE = -1
+"""``Child.stdout`` and ``Child.stderr`` of a child started on a terminal."""
+
+
 class Launcher(Protocol):
     def launch(
-        self, argv: Sequence[str], cwd: str, env: Mapping[str, str], identity: Identity, with_stdin: bool
+        self, argv: Sequence[str], cwd: str, env: Mapping[str, str], identity: Identity, with_stdin: bool,
+        terminal: int | None = None,
     ) -> Child: ...
 
 
@@ -107,8 +126,13 @@ class SpawnerLauncher:
         self.spawner = spawner
 
     def launch(
-        self, argv: Sequence[str], cwd: str, env: Mapping[str, str], identity: Identity, with_stdin: bool
+        self, argv: Sequence[str], cwd: str, env: Mapping[str, str], identity: Identity, with_stdin: bool,
+        terminal: int | None = None,
     ) -> Child:
+        if terminal is not None:
+            request = SpawnRequest(argv, env, cwd, identity.uid, identity.gid, identity.groups, controlling_tty=True)
+            pid, pidfd = self.spawner.spawn(request, terminal, terminal, terminal)
+            return Child(pid, None, NO_PIPE, NO_PIPE, lambda: self.spawner.wait(pid), pidfd)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         if with_stdin:
@@ -135,7 +159,8 @@ class DirectLauncher:
     """Start commands with subprocess from this process (fork + exec)."""
 
     def launch(
-        self, argv: Sequence[str], cwd: str, env: Mapping[str, str], identity: Identity, with_stdin: bool
+        self, argv: Sequence[str], cwd: str, env: Mapping[str, str], identity: Identity, with_stdin: bool,
+        terminal: int | None = None,
     ) -> Child:
         ids: dict[str, object] = {}
         if identity.uid is not None:
@@ -144,6 +169,14 @@ class DirectLauncher:
             ids["group"] = identity.gid
         if identity.groups is not None:
             ids["extra_groups"] = list(identity.groups)
+        if terminal is not None:
+            # A preexec_fn is unsafe in this threaded process: a small Python program takes
+            # the terminal, then execs the command (tests and tools on the host only).
+            term: subprocess.Popen[bytes] = subprocess.Popen(  # type: ignore[call-overload]
+                [sys.executable, "-c", TAKE_TTY_THEN_EXEC, *argv], stdin=terminal, stdout=terminal,
+                stderr=terminal, cwd=cwd, env=dict(env), start_new_session=True, close_fds=True, **ids,
+            )
+            return Child(term.pid, None, NO_PIPE, NO_PIPE, term.wait)
         proc: subprocess.Popen[bytes] = subprocess.Popen(  # type: ignore[call-overload]
             list(argv),
             stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import array
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import selectors
 import socket
 import subprocess
+import termios
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +44,8 @@ class SpawnRequest:
     uid: int | None
     gid: int | None
     groups: Sequence[int] | None
+    controlling_tty: bool = False
+    """Make the child's stdin (a terminal) its controlling terminal, in its new session."""
 
 
 class SpawnerDied(RuntimeError):
@@ -95,6 +100,7 @@ class Spawner:
             "id": request_id, "argv": list(request.argv), "env": dict(request.env), "cwd": request.cwd,
             "uid": request.uid, "gid": request.gid,
             "groups": list(request.groups) if request.groups is not None else None,
+            "ctty": request.controlling_tty,
         }).encode()
         fds = array.array("i", [stdin, stdout, stderr])
         try:
@@ -220,6 +226,10 @@ def _handle_request(
         reply = {"id": request["id"], "errno": exc.errno or 0, "error": exc.strerror or str(exc)}
         if exc.filename is not None:
             reply["filename"] = os.fsdecode(exc.filename)
+    except (ValueError, TypeError) as exc:
+        # What Popen refuses before forking (a NUL byte in an argument or the environment):
+        # the request's fault, answered as EINVAL; the spawner must live on for the next one.
+        reply = {"id": request["id"], "errno": errno.EINVAL, "error": str(exc)}
     else:
         pidfd = os.pidfd_open(proc.pid)
         children[proc.pid] = proc
@@ -275,11 +285,21 @@ def _start(request: dict[str, Any], stdin: int, stdout: int, stderr: int) -> sub
                 env=request["env"],
                 start_new_session=True,
                 close_fds=True,
+                # The spawner has a single thread, so a preexec_fn is safe here.
+                preexec_fn=take_controlling_tty if request.get("ctty") else None,  # noqa: PLW1509
                 **ids,
             )
     finally:
         if previous is not None:
             _set_oom_score_adj(previous)
+
+
+def take_controlling_tty() -> None:
+    """In the child, after ``setsid`` and the switch to the tool user: make stdin (the slave
+    side of a fresh pseudo-terminal) the session's controlling terminal, so ``tty``, job
+    control and SIGWINCH work. A session leader without a terminal needs no privilege to
+    take one that no other session holds."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 OOM_SCORE_ADJ = "/proc/self/oom_score_adj"

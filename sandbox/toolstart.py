@@ -59,10 +59,15 @@ class ToolStarter:
         *,
         with_stdin: bool,
         blame_cwd: bool = True,
+        terminal: int | None = None,
     ) -> Child:
         """Start ``argv`` in ``cwd``; AgentError if it cannot start. ``blame_cwd`` False words
-        every failure as the program's, even one entering ``cwd``."""
+        every failure as the program's, even one entering ``cwd``. ``terminal``: the slave side
+        of a pseudo-terminal, the child's stdio and controlling terminal (see ``launch``)."""
         try:
+            if terminal is not None:
+                return self.launcher.launch(list(argv), cwd, self.environment(extra_env), self.identity(marker),
+                                            with_stdin=True, terminal=terminal)
             return self.launcher.launch(
                 list(argv), cwd, self.environment(extra_env), self.identity(marker), with_stdin=with_stdin
             )
