@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from collections.abc import Generator
 from typing import Any
 
-from harness.cli.options import connect_engine, read_stdin, sandbox_options, say, spec_from_args
-from harness.core.errors import UsageError
-from harness.core.units import parse_size, timeout_seconds
+from harness.cli.foreground import command_of, foreground_options, output_cap, run_foreground
+from harness.cli.options import connect_engine, read_stdin, sandbox_options, spec_from_args
 
 COMMANDS = ("exec", "ps", "gc")
 
@@ -24,11 +21,7 @@ COMMANDS = ("exec", "ps", "gc")
 def add_parsers(sub: Any) -> None:
     ex = sub.add_parser("exec", help="run one command in a fresh disposable sandbox")
     sandbox_options(ex)
-    ex.add_argument("--timeout", type=timeout_seconds, default=30.0,
-                    help="wall-clock limit in seconds, at most 86400 (default 30)")
-    ex.add_argument("--json", action="store_true", help="print one JSON result object instead of streaming")
-    ex.add_argument("--output-cap", default="1m", help="bytes kept per stream, head and tail (default 1m)")
-    ex.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
+    foreground_options(ex, json_help="print one JSON result object instead of streaming")
 
     ps = sub.add_parser("ps", help="list live sandboxes")
     ps.add_argument("--json", action="store_true",
@@ -47,56 +40,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _exec(args: argparse.Namespace) -> int:
-    from harness.core.errors import AgentCallError
-    from harness.engine.exec_result import ExecResult, collect, gap_marker, start_failure_exit_code
-
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        raise UsageError("no command given: use `callbox exec [OPTIONS] -- CMD [ARG...]`")
-    try:
-        cap = parse_size(args.output_cap)
-    except ValueError as exc:
-        raise UsageError(f"--output-cap: {exc}") from None
+    cmd = command_of(args, "callbox exec [OPTIONS] -- CMD [ARG...]")
+    cap = output_cap(args)
     spec = spec_from_args(args, ttl_seconds=max(600, int(args.timeout) + 300))
     stdin = read_stdin()
-
-    def stream(name: str, data: bytes, dropped_before: int) -> None:
-        out = sys.stdout.buffer if name == "stdout" else sys.stderr.buffer
-        if dropped_before:
-            out.write(gap_marker(dropped_before))
-        out.write(data)
-        out.flush()
-
     engine = connect_engine()
     sandbox = engine.create(spec)
     try:
-        events = sandbox.agent.exec(
-            cmd, cwd=spec.workdir, env=sandbox.spec.env, stdin=stdin, timeout_ms=int(args.timeout * 1000),
-            output_cap_bytes=cap, rpc_timeout=args.timeout + 60,
-        )
-        try:
-            result = collect(events, on_output=None if args.json else stream)
-        except AgentCallError as error:
-            code = start_failure_exit_code(error)
-            if code is None:
-                raise
-            result = ExecResult.not_started(code, error.message)
-        finally:
-            # On any way out (a reader that left raises BrokenPipeError in stream()), the
-            # RPC is cancelled before the sandbox is destroyed.
-            if isinstance(events, Generator):
-                events.close()
+        return run_foreground(sandbox.agent, cmd, cwd=spec.workdir, env=sandbox.spec.env, stdin=stdin,
+                              timeout=args.timeout, cap=cap, as_json=args.json, memory=args.memory)
     finally:
         sandbox.destroy()
-    if args.json:
-        print(json.dumps(result.to_json()))
-    elif result.error is not None:
-        say(result.error)
-    elif result.timed_out:
-        print(f"callbox: timed out after {args.timeout:g} s; the process tree was killed", file=sys.stderr)
-    elif result.oom_killed:
-        print(f"callbox: killed by the OOM killer (memory limit {args.memory})", file=sys.stderr)
-    return result.shell_exit_code
 
 
 def _ps(args: argparse.Namespace) -> int:

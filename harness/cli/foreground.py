@@ -1,0 +1,95 @@
+"""One command run in the foreground of a sandbox: what ``callbox exec`` (a fresh sandbox)
+and ``callbox sandbox exec NAME`` (a living one) share.
+
+The command's output is streamed as it comes (stdout to stdout, stderr to stderr, a marker
+where the agent dropped bytes), or, with ``--json``, printed as one result object at the
+end; the caller exits with :func:`run_foreground`'s code: the command's own, 124 for a
+timeout, 128+N for signal N, 137 for the OOM killer, 126/127 for a command that could not
+start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Generator, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from harness.cli.options import say
+from harness.core.errors import UsageError
+from harness.core.units import parse_size, timeout_seconds
+
+if TYPE_CHECKING:
+    from harness.engine.agent_client import AgentClient
+
+__all__ = ["DEFAULT_TIMEOUT_S", "command_of", "foreground_options", "output_cap", "run_foreground"]
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+def foreground_options(parser: argparse.ArgumentParser, *, json_help: str,
+                       timeout_default: float | None = DEFAULT_TIMEOUT_S, remainder: bool = True) -> None:
+    """``--timeout``, ``--json``, ``--output-cap`` and ``-- CMD`` (``timeout_default`` None: the
+    caller tells an absent ``--timeout`` from 30). ``remainder``: CMD is everything after the
+    options (``callbox exec [OPTIONS] CMD``); else the words after ``--`` (a parser that
+    splits there, as :class:`harness.cli.sandbox_common.CommandParser` does)."""
+    parser.add_argument("--timeout", type=timeout_seconds, default=timeout_default,
+                        help="wall-clock limit in seconds, at most 86400 (default 30)")
+    parser.add_argument("--json", action="store_true", help=json_help)
+    parser.add_argument("--output-cap", default="1m", help="bytes kept per stream, head and tail (default 1m)")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER if remainder else "*", help="-- CMD [ARG...]")
+
+
+def command_of(args: argparse.Namespace, usage: str) -> list[str]:
+    """The command after ``--``; UsageError naming ``usage`` when there is none."""
+    cmd: list[str] = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise UsageError(f"no command given: use `{usage}`")
+    return cmd
+
+
+def output_cap(args: argparse.Namespace) -> int:
+    try:
+        return parse_size(args.output_cap)
+    except ValueError as exc:
+        raise UsageError(f"--output-cap: {exc}") from None
+
+
+def run_foreground(agent: AgentClient, cmd: Sequence[str], *, cwd: str, env: Mapping[str, str], stdin: bytes,
+                   timeout: float, cap: int, as_json: bool, memory: str) -> int:
+    """Run ``cmd`` through ``agent`` to its end, streaming its output (or printing the JSON
+    result); the exit code a shell would give it."""
+    from harness.core.errors import AgentCallError
+    from harness.engine.exec_result import ExecResult, collect, gap_marker, start_failure_exit_code
+
+    def stream(name: str, data: bytes, dropped_before: int) -> None:
+        out = sys.stdout.buffer if name == "stdout" else sys.stderr.buffer
+        if dropped_before:
+            out.write(gap_marker(dropped_before))
+        out.write(data)
+        out.flush()
+
+    events = agent.exec(cmd, cwd=cwd, env=env, stdin=stdin, timeout_ms=int(timeout * 1000),
+                        output_cap_bytes=cap, rpc_timeout=timeout + 60)
+    try:
+        result = collect(events, on_output=None if as_json else stream)
+    except AgentCallError as error:
+        code = start_failure_exit_code(error)
+        if code is None:
+            raise
+        result = ExecResult.not_started(code, error.message)
+    finally:
+        # On any way out (a reader that left raises BrokenPipeError in stream()), the RPC
+        # is cancelled before the caller goes on (a fresh sandbox is destroyed next).
+        if isinstance(events, Generator):
+            events.close()
+    if as_json:
+        print(json.dumps(result.to_json()))
+    elif result.error is not None:
+        say(result.error)
+    elif result.timed_out:
+        print(f"callbox: timed out after {timeout:g} s; the process tree was killed", file=sys.stderr)
+    elif result.oom_killed:
+        print(f"callbox: killed by the OOM killer (memory limit {memory})", file=sys.stderr)
+    return result.shell_exit_code
