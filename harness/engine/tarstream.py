@@ -40,6 +40,9 @@ from harness.core.errors import CallboxError, UsageError
 from sandbox.download import END_OF_ARCHIVE, Chunker, file_data, header
 
 CHUNK_BYTES = 1 << 20
+WRITE_BYTES = 256 << 10
+"""How much of a file copy_out reads from the stream per write (tarfile joins its 10 KiB reads
+into one string of this size, so larger costs memory, not speed)."""
 MAX_HEADER_BYTES = 1 << 20
 FILE_MODE_MASK = 0o777
 
@@ -212,7 +215,7 @@ class Extractor:
             try:
                 source = tar.extractfile(member)
                 if source is not None:
-                    while piece := source.read(CHUNK_BYTES):
+                    while piece := source.read(WRITE_BYTES):
                         view = memoryview(piece)
                         while view:
                             view = view[os.write(fd, view) :]
