@@ -272,7 +272,8 @@ class Watch(Iterator[WatchChange]):
         try:
             return next(self._call, None)
         except grpc.RpcError as error:
-            if self._cancelled:
+            # A cancelled Watch (close(), or the CallScope it was started in) is its normal end.
+            if self._cancelled or (isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.CANCELLED):
                 return None
             raise translate(error) from None
 
