@@ -72,6 +72,7 @@ from harness.doors.grpc.errors import (
     handle_errors,
     invalid,
     not_found,
+    paused,
 )
 from harness.doors.grpc.overrides import SandboxOverrides, sandbox_policy
 from harness.doors.grpc.sessions import ClientSession, Limits, SharedEngine
@@ -160,6 +161,22 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             raise not_found("sandbox", sandbox_id)
         return session
 
+    def client_of(self, context: grpc.ServicerContext) -> str:
+        """The client name of the request's bearer token (the Sandboxes service asks too)."""
+        return self._client(context)
+
+    def session_of(self, sandbox_id: str, client: str) -> ClientSession:
+        """``client``'s live session of ``sandbox_id``; NOT_FOUND for anyone else's or none."""
+        return self._session(sandbox_id, client)
+
+    def owns_run(self, run_id: str, client: str) -> bool:
+        """Whether ``run_id`` is a run of ``client`` (live or not)."""
+        try:
+            self._owned_run(run_id, client)
+        except ServiceError:
+            return False
+        return True
+
     def _owned_run(self, run_id: str, client: str) -> RunRecord:
         try:
             run = self.audit.get_run(run_id)
@@ -220,44 +237,64 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                 self._creating.pop(client, None)
             self._lock.notify_all()
 
+    @contextlib.contextmanager
+    def reserved(self, client: str) -> Iterator[None]:
+        """A place for one more sandbox of ``client`` while it is made (RESOURCE_EXHAUSTED
+        beyond the limits, SHUTTING_DOWN once shutdown began)."""
+        self._reserve(client)
+        try:
+            yield
+        finally:
+            self._unreserve(client)
+
+    def new_run(self, client: str) -> str:
+        """A new run of ``client`` in the audit store (a sandbox's id is its run's id)."""
+        run_id = f"grpc-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(6)}"
+        return self.audit.start_run(run_id, meta={"door": DOOR, "client": client})
+
+    def register(self, session: ClientSession, context: grpc.ServicerContext) -> None:
+        """Make a session whose sandbox is running live (call while ``reserved``); if the
+        server is shutting down or the request was cancelled meanwhile, destroy it instead
+        and raise."""
+        box = session.harness.active_sandbox
+        try:
+            if box is not None:
+                with contextlib.suppress(AuditError):
+                    self.audit.update_run_meta(session.sandbox_id, {"container": box.id})
+            with self._lock:
+                keep = not self._closing and context.is_active()
+                if keep:
+                    self._sessions[session.sandbox_id] = session
+        except BaseException:
+            session.close(self.audit, "sandbox_start_failed")
+            raise
+        if not keep:
+            closing = self._closing
+            session.close(self.audit, "server_shutdown" if closing else "client_gone")
+            if closing:
+                raise ServiceError(Reason.ERROR_REASON_SHUTTING_DOWN, "the server is shutting down")
+            raise ServiceError(Reason.ERROR_REASON_NOT_FOUND, "the request was cancelled; the sandbox was destroyed")
+        log.info("client %s has sandbox %s (container %s)", session.client, session.sandbox_id,
+                 box.id if box is not None else "?")
+
     @handle_errors
     def CreateSandbox(self, request: executor_pb2.CreateSandboxRequest, context: grpc.ServicerContext) -> Any:
         client = self._client(context)
-        policy = sandbox_policy(self.policy, SandboxOverrides.from_request(request), self.exposed)
-        self._reserve(client)
-        try:
-            run_id = f"grpc-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(6)}"
-            self.audit.start_run(run_id, meta={"door": DOOR, "client": client})
+        overrides = SandboxOverrides.from_request(request)
+        policy = sandbox_policy(self.policy, overrides, self.exposed)
+        with self.reserved(client):
+            run_id = self.new_run(client)
             harness = Session(self.registry, policy, self.audit, run_id=run_id, engine_factory=self.engine_factory)
             tools = self.registry.exposed_names(policy)
-            session = ClientSession(client, harness, policy, tools, policy.sandbox.ttl_seconds)
+            session = ClientSession(client, harness, policy, tools, policy.sandbox.ttl_seconds, overrides)
             try:
-                box = harness.sandbox()
+                harness.sandbox()
             except CallboxError as error:
                 with contextlib.suppress(AuditError):
                     self.audit.end_run(run_id, "sandbox_start_failed")
                 raise creation_failure(error) from None
-            try:
-                with contextlib.suppress(AuditError):
-                    self.audit.update_run_meta(run_id, {"container": box.id})
-                with self._lock:
-                    keep = not self._closing and context.is_active()
-                    if keep:
-                        self._sessions[run_id] = session
-            except BaseException:
-                session.close(self.audit, "sandbox_start_failed")
-                raise
-            if not keep:
-                closing = self._closing
-                session.close(self.audit, "server_shutdown" if closing else "client_gone")
-                if closing:
-                    raise ServiceError(Reason.ERROR_REASON_SHUTTING_DOWN, "the server is shutting down")
-                raise ServiceError(Reason.ERROR_REASON_NOT_FOUND,
-                                   "the request was cancelled; the sandbox was destroyed")
-            log.info("client %s created sandbox %s (container %s)", client, run_id, box.id)
+            self.register(session, context)
             return session.message()
-        finally:
-            self._unreserve(client)
 
     @handle_errors
     def DeleteSandbox(self, request: executor_pb2.DeleteSandboxRequest, context: grpc.ServicerContext) -> Any:
@@ -281,6 +318,8 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         call_id = request.call_id or f"call_{secrets.token_hex(8)}"
         if session.closed:
             abort(context, not_found("sandbox", request.sandbox_id))
+        if session.paused:
+            abort(context, paused(request.sandbox_id))
         scope = CallScope()
         context.add_callback(scope.cancel)  # runs when the RPC ends: cancelled, expired or done
         events: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
@@ -428,10 +467,11 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         return [s.sandbox_id for s in sessions]
 
     def reap_expired(self, now: float | None = None) -> list[str]:
-        """Destroy the sandboxes whose ttl_seconds have passed; their ids."""
+        """Destroy the sandboxes whose ttl_seconds have passed (a paused one's clock stands
+        still: see :meth:`ClientSession.due`); their ids."""
         moment = time.time() if now is None else now
         with self._lock:
-            expired = [s for s in self._sessions.values() if s.expires <= moment]
+            expired = [s for s in self._sessions.values() if s.due(moment)]
             for session in expired:
                 self._sessions.pop(session.sandbox_id, None)
             self._lock.notify_all()

@@ -1,4 +1,10 @@
-"""The gRPC door's sessions: one client's sandbox and its run, the limits, the shared engine."""
+"""The gRPC door's sessions: one client's sandbox and its run, the limits, the shared engine.
+
+The expiry clock of a session follows the engine's (:mod:`harness.engine.docker.lifetime`):
+while its sandbox is paused the clock stands still (``reap_expired`` leaves it alone unless
+it has been paused for more than ``PAUSE_LIMIT_FACTOR`` times its TTL, as the engine's gc
+does); a resume or a keep-alive takes the expiry the engine reports.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +18,10 @@ from dataclasses import dataclass
 from harness.audit.store import AuditError, AuditStore
 from harness.core.policy import Policy
 from harness.core.session import Session
+from harness.doors.grpc.overrides import SandboxOverrides
 from harness.engine.base import Engine
 from harness.engine.docker.engine import DockerEngine
+from harness.engine.docker.lifetime import PAUSE_LIMIT_FACTOR
 from harness.v1 import executor_pb2
 
 __all__ = ["ClientSession", "Limits", "SharedEngine"]
@@ -51,15 +59,57 @@ class Limits:
 class ClientSession:
     """One client's sandbox and the harness of its run."""
 
-    def __init__(self, client: str, harness: Session, policy: Policy, tools: list[str], ttl_seconds: int) -> None:
+    def __init__(self, client: str, harness: Session, policy: Policy, tools: list[str], ttl_seconds: int,
+                 overrides: SandboxOverrides | None = None) -> None:
         self.client = client
         self.harness = harness
         self.policy = policy
         self.tools = tools
+        self.overrides = overrides or SandboxOverrides()
+        """What the client asked for (a snapshot of this sandbox remembers it for its forks)."""
+        self.ttl_seconds = ttl_seconds
         self.created = time.time()
         self.expires = self.created + ttl_seconds
+        self.paused_at: float | None = None
+        """When its sandbox was paused (None: running); the clock stands still meanwhile."""
+        self._remaining = 0.0
         self._lock = threading.Lock()
         self.closed = False
+
+    # ---- the expiry clock (see the module docstring) -------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+    def expires_at(self, now: float) -> float:
+        """When it expires (while paused: if it were resumed ``now``)."""
+        return now + self._remaining if self.paused_at is not None else self.expires
+
+    def due(self, now: float) -> bool:
+        """Whether the reaper destroys it at ``now``."""
+        if self.paused_at is not None:
+            return self.paused_at + PAUSE_LIMIT_FACTOR * self.ttl_seconds <= now
+        return self.expires <= now
+
+    def mark_paused(self, now: float) -> None:
+        with self._lock:
+            if self.paused_at is None:
+                self._remaining = max(0.0, self.expires - now)
+                self.paused_at = now
+
+    def mark_resumed(self, expires: float) -> None:
+        """Running again; ``expires``: the engine's new expiry (moved later by the pause)."""
+        with self._lock:
+            self.paused_at = None
+            self.expires = expires
+
+    def mark_kept_alive(self, expires: float, now: float) -> None:
+        """``expires``: the engine's new expiry (while paused: ``now`` plus the time it will have)."""
+        with self._lock:
+            self.expires = expires
+            if self.paused_at is not None:
+                self._remaining = max(0.0, expires - now)
 
     @property
     def sandbox_id(self) -> str:
@@ -87,7 +137,7 @@ class ClientSession:
         return executor_pb2.Sandbox(
             sandbox_id=self.sandbox_id, memory_bytes=spec.memory, cpus=spec.cpus, pids=spec.pids,
             network=spec.network, workdir=spec.workdir, ttl_seconds=spec.ttl_seconds, tools=self.tools,
-            created_unix=self.created, expires_unix=self.expires, image=spec.image,
+            created_unix=self.created, expires_unix=self.expires_at(time.time()), image=spec.image,
             mounts=[executor_pb2.Mount(source=str(m.source), target=m.target, read_write=not m.read_only)
                     for m in spec.mounts],
         )
