@@ -1,4 +1,5 @@
-"""``callbox serve --grpc ADDR``: the ``harness.v1.Executor`` service, with auth, health and reflection.
+"""``callbox serve --grpc ADDR``: the ``harness.v1.Executor`` and ``harness.v1.Sandboxes`` services,
+with auth, health and reflection.
 
 :func:`serve_grpc` starts the server in the background and returns a :class:`GrpcServer`
 handle (``stop()``, ``wait()``, ``serve_forever()``). Decisions:
@@ -19,9 +20,9 @@ handle (``stop()``, ``wait()``, ``serve_forever()``). Decisions:
   UNAUTHENTICATED with an ``ErrorDetail`` like every other error. Tokens: see
   :mod:`harness.doors.grpc.tokens`.
 * **Health and reflection.** ``grpc.health.v1.Health`` (``sandbox.health``, no extra
-  package) reports SERVING for ``""`` and ``harness.v1.Executor`` until shutdown starts.
-  Reflection lists Executor, Health and Reflection and can describe each of them (it is
-  served from a descriptor pool holding their files).
+  package) reports SERVING for ``""``, ``harness.v1.Executor`` and ``harness.v1.Sandboxes``
+  until shutdown starts. Reflection lists Executor, Sandboxes, Health and Reflection and can
+  describe each of them (it is served from a descriptor pool holding their files).
 * **Shutdown.** ``stop(grace)``: health goes NOT_SERVING, new sandboxes are refused,
   running tool calls are cancelled (their processes killed), the server stops accepting
   and waits up to ``grace`` seconds for RPCs in flight, then every sandbox the server owns
@@ -55,17 +56,19 @@ from harness.core.errors import CallboxError
 from harness.core.policy import Policy, load_policy
 from harness.core.registry import ToolRegistry
 from harness.doors.grpc.errors import Reason, ServiceError, abort
+from harness.doors.grpc.sandboxes import SandboxesService
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import Limits
 from harness.doors.grpc.tokens import TOKEN_ENV, TokenSet, bearer_token, server_tokens
 from harness.engine.docker.engine import DockerEngine
 from harness.tools import registry_for
-from harness.v1 import executor_pb2, executor_pb2_grpc
+from harness.v1 import executor_pb2, executor_pb2_grpc, sandboxes_pb2, sandboxes_pb2_grpc
 from harness.wire import MAX_MESSAGE_BYTES, default_executor_socket
 from sandbox import health
 
 __all__ = [
     "EXECUTOR_SERVICE",
+    "SANDBOXES_SERVICE",
     "Address",
     "GrpcServer",
     "ServeError",
@@ -77,6 +80,7 @@ __all__ = [
 log = logging.getLogger("callbox.grpc")
 
 EXECUTOR_SERVICE = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
+SANDBOXES_SERVICE = sandboxes_pb2.DESCRIPTOR.services_by_name["Sandboxes"].full_name
 _SUN_PATH_MAX = 107
 _UNAUTHENTICATED_EXEMPT = (f"/{health.SERVICE_NAME}/",)
 
@@ -222,6 +226,7 @@ def _reflection_pool() -> descriptor_pool.DescriptorPool:
         added.add(file.name)
 
     add(executor_pb2.DESCRIPTOR)
+    add(sandboxes_pb2.DESCRIPTOR)
     add(reflection_pb2.DESCRIPTOR)
     pool.Add(_health_file())
     return pool
@@ -281,6 +286,7 @@ class GrpcServer:
                 return []
             self.health.set("", health.NOT_SERVING)
             self.health.set(EXECUTOR_SERVICE, health.NOT_SERVING)
+            self.health.set(SANDBOXES_SERVICE, health.NOT_SERVING)
             self.service.begin_shutdown()
             self.server.stop(grace).wait()
             self.destroyed = self.service.shutdown()
@@ -397,10 +403,12 @@ def serve_grpc(
             ],
         )
         executor_pb2_grpc.add_ExecutorServicer_to_server(service, server)
+        sandboxes_pb2_grpc.add_SandboxesServicer_to_server(SandboxesService(service), server)
         health_service = health.HealthService()
         server.add_generic_rpc_handlers((health_service.handler(),))
         reflection.enable_server_reflection(
-            (EXECUTOR_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server, pool=_reflection_pool()
+            (EXECUTOR_SERVICE, SANDBOXES_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server,
+            pool=_reflection_pool(),
         )
         try:
             if credentials is not None:
@@ -423,6 +431,7 @@ def serve_grpc(
         inode = path.lstat().st_ino
     health_service.set("", health.SERVING)
     health_service.set(EXECUTOR_SERVICE, health.SERVING)
+    health_service.set(SANDBOXES_SERVICE, health.SERVING)
     service.start_reaper(reaper_interval_s)
     handle = GrpcServer(
         server=server, service=service, health_service=health_service, address=address,

@@ -1,0 +1,148 @@
+"""Snapshots of the gRPC door's clients: names per client, what a fork of one gets.
+
+Snapshots live in the engine's snapshot store, shared by everyone on the host; a client's
+snapshot named ``NAME`` is stored as ``grpc.<8 hex digits of the client's name hash>.NAME``
+with owner ``grpc:CLIENT``, so two clients may use the same name and neither sees (or
+replaces, or deletes) the other's: anyone else's is NOT_FOUND. A client's names are 1 to 49
+of ``[a-z0-9_.-]``, starting with a letter or a digit.
+
+Next to a snapshot the door keeps a small file of its own (:data:`SIDECAR`): the sandbox id
+(run) it was taken from and what the client asked of that sandbox (its
+:class:`~harness.doors.grpc.overrides.SandboxOverrides`). A fork of the snapshot gets the
+server's policy tightened by those overrides, checked again now (a server whose policy got
+tighter since refuses the fork naming the field). A snapshot without the file (taken by
+another door) gets the overrides its stored spec implies: its resources, network, mounts
+and environment, and every tool the server exposes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from harness.doors.grpc.errors import invalid, not_found
+from harness.doors.grpc.overrides import MountRequest, SandboxOverrides
+from harness.engine.docker.engine import DockerEngine
+from harness.engine.docker.snapshots import PROXY_ENV, SnapshotInfo
+from harness.engine.spec import SandboxSpec
+from harness.v1 import sandboxes_pb2
+
+__all__ = ["SIDECAR", "ClientSnapshots", "overrides_from_spec"]
+
+log = logging.getLogger("callbox.executor")
+
+SIDECAR = "grpc-door.json"
+"""The door's file in a snapshot's directory (the source sandbox id and the overrides)."""
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,48}")
+
+
+def _prefix(client: str) -> str:
+    return f"grpc.{hashlib.sha256(client.encode()).hexdigest()[:8]}."
+
+
+def owner(client: str) -> str:
+    return f"grpc:{client}"
+
+
+class ClientSnapshots:
+    """One client's view of the engine's snapshot store."""
+
+    def __init__(self, engine: DockerEngine, client: str) -> None:
+        self.engine = engine
+        self.client = client
+        self._prefix = _prefix(client)
+
+    def stored_name(self, name: str) -> str:
+        """The store's name of the client's snapshot ``name`` (INVALID_ARGUMENT for a bad name)."""
+        if not _NAME.fullmatch(name):
+            raise invalid(f"snapshot name {name!r} is not valid: use 1 to 49 lowercase letters, digits, '_', '.' "
+                          "or '-', starting with a letter or a digit")
+        return self._prefix + name
+
+    def mine(self, info: SnapshotInfo) -> bool:
+        return info.name.startswith(self._prefix) and info.owner == owner(self.client)
+
+    def get(self, name: str) -> SnapshotInfo:
+        """The client's snapshot ``name``; NOT_FOUND if it has none of that name."""
+        stored = self.stored_name(name)
+        found = next((info for info in self.engine.snapshots() if info.name == stored), None)
+        if found is None or not self.mine(found):
+            raise not_found("snapshot", name)
+        return found
+
+    def list(self) -> list[SnapshotInfo]:
+        """The client's snapshots, oldest first."""
+        return [info for info in self.engine.snapshots() if self.mine(info)]
+
+    def shown_name(self, info: SnapshotInfo) -> str:
+        return info.name.removeprefix(self._prefix)
+
+    def message(self, info: SnapshotInfo) -> sandboxes_pb2.SnapshotInfo:
+        source, _ = read_sidecar(info)
+        return sandboxes_pb2.SnapshotInfo(
+            name=self.shown_name(info), source_sandbox_id=source, created_unix=info.created_at, bytes=info.bytes,
+            captured=info.captured, not_captured=list(info.not_captured),
+        )
+
+
+def write_sidecar(info: SnapshotInfo, sandbox_id: str, overrides: SandboxOverrides) -> None:
+    """Record the source sandbox and its overrides next to the snapshot (atomically)."""
+    path = info.directory / SIDECAR
+    temporary = path.with_name(f".{SIDECAR}.{os.getpid()}.tmp")
+    data = {"source_sandbox_id": sandbox_id, "overrides": dataclasses.asdict(overrides)}
+    try:
+        temporary.write_text(json.dumps(data, sort_keys=True))
+        temporary.replace(path)
+    except OSError as exc:
+        # The snapshot itself is complete; its forks then get what its spec implies.
+        log.warning("cannot record the door's notes of snapshot %s in %s: %s", info.name, path, exc)
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+
+
+def read_sidecar(info: SnapshotInfo) -> tuple[str, SandboxOverrides | None]:
+    """The source sandbox id ("" if unknown) and the overrides (None if unknown) of a snapshot."""
+    try:
+        data = json.loads(Path(info.directory / SIDECAR).read_text())
+        return str(data.get("source_sandbox_id", "")), _overrides(data["overrides"])
+    except FileNotFoundError:
+        return "", None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring the unreadable door notes of snapshot %s: %s", info.name, exc)
+        return "", None
+
+
+def _overrides(data: dict[str, Any]) -> SandboxOverrides:
+    return SandboxOverrides(
+        memory_bytes=data.get("memory_bytes"), cpus=data.get("cpus"), pids=data.get("pids"),
+        network=data.get("network"),
+        mounts=tuple(MountRequest(str(m["source"]), str(m["target"]), bool(m["read_write"]))
+                     for m in data.get("mounts", ())),
+        env={str(k): str(v) for k, v in dict(data.get("env", {})).items()},
+        ttl_seconds=data.get("ttl_seconds"), allowed_tools=tuple(str(t) for t in data.get("allowed_tools", ())),
+    )
+
+
+def overrides_from_spec(spec: SandboxSpec, server: SandboxSpec) -> SandboxOverrides:
+    """What a sandbox running ``spec`` asked of a server whose policy gives ``server``: each
+    field that differs (mounts and environment entries the server's spec does not have)."""
+    def differs(name: str) -> Any:
+        value = getattr(spec, name)
+        return None if value == getattr(server, name) else value
+
+    mine = {(m.target, str(m.source), m.read_only) for m in server.mounts}
+    mounts = tuple(MountRequest(str(m.source), m.target, not m.read_only) for m in spec.mounts
+                   if (m.target, str(m.source), m.read_only) not in mine)
+    env = {k: v for k, v in spec.env.items() if k not in PROXY_ENV and server.env.get(k) != v}
+    return SandboxOverrides(
+        memory_bytes=differs("memory"), cpus=differs("cpus"), pids=differs("pids"),
+        network=None if spec.network == server.network else spec.network, mounts=mounts, env=env,
+        ttl_seconds=differs("ttl_seconds"),
+    )
