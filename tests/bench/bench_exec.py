@@ -25,7 +25,8 @@ Rows:
 5. floors for row 1: a gRPC unary health check on the agent socket, and the agent's own
    spawn -> exit time of ``true`` vs ``subprocess.run(["true"])`` on the host;
 8. the cost of redacting secrets from every result: a whole call (no sandbox) on a 16 KiB
-   and a 1 MiB tool output, vs the same call path with redaction off.
+   and a 1 MiB tool output, vs the same call path with redaction off;
+9.-13. living sandboxes (attach replay, PTY keystroke, cp, pause/resume, snapshot/fork): bench_living.py.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from harness.engine.docker import labels
 from harness.engine.docker.engine import DockerEngine, Sandbox, seccomp_profile
 from harness.engine.exec_result import ExecResult, collect
 from harness.engine.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
+from tests.bench.bench_living import Toolkit, add_living_rows, bench_living
 from tests.bench.bench_overhead import bench_overhead
 from tests.bench.bench_redaction import bench_redaction
 
@@ -627,6 +629,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
                 data[f"redaction_call_off_{size}"], "— (info)")
         add("8c. of which `Redactor.redact` alone, 16 KiB / 1 MiB", "time", data["redaction_only_16k"], "—", None,
             f"— (info; 1 MiB: p50 {p50(data['redaction_only_1m']):.2f} ms)")
+    add_living_rows(data, add)
     if "callbox_health" in data:
         add("5a. floor: gRPC unary Health/Check on the agent socket (interleaved)", "time",
             data["callbox_health"], "—", None, "— (info)")
@@ -686,7 +689,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stream-mib", type=int, default=None, help="stream size in MiB (default 64; 8 with --quick)")
     parser.add_argument("--image", default=SandboxSpec().image, help="sandbox image (default %(default)s)")
     parser.add_argument("--only", action="append",
-                        choices=["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction"],
+                        choices=["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living"],
                         help="run only these sections (repeatable); the default is all")
     args = parser.parse_args(argv)
     if args.quick:
@@ -716,7 +719,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sections = set(args.only or ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction"])
+    sections = set(args.only or ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living"])
     engine = DockerEngine.connect(reap_on_start=False)  # leave other sessions' sandboxes alone
     try:
         engine.client.images.get(args.image)
@@ -755,6 +758,9 @@ def main(argv: list[str] | None = None) -> int:
             if "redaction" in sections:
                 progress("secret redaction per call (no sandbox)")
                 data.update(bench_redaction(max(args.samples, 300), 20))
+            if "living" in sections:
+                data.update(bench_living(res, spec, args.samples, args.warmup,
+                                         Toolkit(progress, interleaved, hardened_run_kwargs), quick=args.quick))
         except KeyboardInterrupt:
             progress("interrupted: cleaning up")
             raise
