@@ -210,6 +210,8 @@ REQUIRED = {
     "write_file": ["path", "content"],
     "list_dir": [],
     "search": ["pattern"],
+    "exec_command": ["cmd"],
+    "write_stdin": ["session_id"],
 }
 
 

@@ -438,6 +438,14 @@ EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"pattern": "def "},
         {"pattern": "def ", "path": "src", "literal": True, "glob": "*.py", "max_results": 5},
     ),
+    "exec_command": (
+        {"cmd": "ls"},
+        {"cmd": "ls", "workdir": "/workspace", "shell": "/bin/sh", "login": False, "tty": True,
+         "yield_time_ms": 1000, "max_output_tokens": 500},
+    ),
+    "write_stdin": (
+        {"session_id": 7}, {"session_id": 7, "chars": "q\n", "yield_time_ms": 1000, "max_output_tokens": 500},
+    ),
 }
 
 
