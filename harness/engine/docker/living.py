@@ -289,17 +289,33 @@ def keep_alive(engine: DockerEngine, sandbox: Sandbox, ttl_s: float | None) -> f
     return record.expires
 
 
+THAW_RETRY_S = 5.0
+"""How long a thaw keeps retrying an unpause that Docker refuses while the cgroup is frozen."""
+
+
 def _freeze(engine: DockerEngine, container: str, *, thaw: bool) -> None:
     api = engine.client.api
-    try:
-        (api.unpause if thaw else api.pause)(container)
-    except docker.errors.APIError as exc:
-        text = str(exc)
-        if thaw and "not paused" in text:
+    deadline = time.monotonic() + THAW_RETRY_S
+    while True:
+        try:
+            (api.unpause if thaw else api.pause)(container)
             return
-        if not thaw and "already paused" in text:
-            return
-        raise
+        except docker.errors.APIError as exc:
+            text = str(exc)
+            if not thaw:
+                if "already paused" in text:
+                    return
+                raise
+            if "not paused" not in text:
+                raise
+            # Docker 20.10 can answer "not paused" to an unpause sent soon after a pause
+            # while the container is still frozen (a late containerd event flipped its
+            # state flag); a later unpause thaws it. Only a container that really runs is done.
+            if not api.inspect_container(container)["State"].get("Paused"):
+                return
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def pause(engine: DockerEngine, sandbox: Sandbox) -> None:
