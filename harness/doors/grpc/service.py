@@ -37,7 +37,12 @@ Docker engine; its policy is the server's, tightened by the ``CreateSandbox`` ov
   engine, is the one record a retry runs past).
 * **Approvals.** A client may resolve the approvals of its own runs (``by = grpc:NAME``)
   unless the server is started with ``approvals_by_clients=False``, which reserves them
-  to the operator (``callbox approvals``).
+  to the operator (``callbox approvals``); those of sandbox actions (the Sandboxes
+  service records them in the sandbox's run) too.
+* **Sandboxes.** The ``harness.v1.Sandboxes`` service (:mod:`harness.doors.grpc.sandboxes`)
+  works on these sessions (``client_of``, ``session_of``); a fork becomes a session of the
+  same client through ``reserved`` and ``register``, like a created sandbox. A paused
+  sandbox's ``CallTool`` is FAILED_PRECONDITION, PAUSED.
 """
 
 from __future__ import annotations
