@@ -488,7 +488,8 @@ def test_health_and_reflection_answer(server):
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
         responses = list(stub.ServerReflectionInfo(iter([request]), metadata=(("authorization", f"Bearer {TOKEN_A}"),)))
         names = {s.name for s in responses[0].list_services_response.service}
-        assert names == {"harness.v1.Executor", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
+        assert names == {"harness.v1.Executor", "harness.v1.Sandboxes", "grpc.health.v1.Health",
+                         "grpc.reflection.v1alpha.ServerReflection"}
     finally:
         channel.close()
     authed = grpc.intercept_channel(grpc.insecure_channel(server.target), _Bearer(TOKEN_A))
