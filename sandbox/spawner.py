@@ -25,6 +25,7 @@ import os
 import selectors
 import socket
 import subprocess
+import sys
 import termios
 import threading
 from collections.abc import Mapping, Sequence
@@ -61,11 +62,25 @@ class _Pending:
 
 
 class Spawner:
-    """Agent side: start commands through the pre-forked spawner process."""
+    """Agent side: start commands through the pre-forked spawner process.
 
-    def __init__(self) -> None:
+    ``fresh`` starts the spawner as a new interpreter instead of a fork of this process:
+    for a process that has already started gRPC (tests), whose fork handlers a forked
+    spawner would inherit and run in every child it starts.
+    """
+
+    def __init__(self, *, fresh: bool = False) -> None:
         agent_end, spawner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
+        self._fresh: subprocess.Popen[bytes] | None = None
+        if fresh:
+            self._fresh = subprocess.Popen(
+                [sys.executable, "-c", "import sys; from sandbox.spawner import serve_fd; serve_fd(int(sys.argv[1]))",
+                 str(spawner_end.fileno())],
+                pass_fds=(spawner_end.fileno(),), close_fds=True,
+            )
+            pid = self._fresh.pid
+        else:
+            pid = os.fork()
         if pid == 0:  # the spawner
             agent_end.close()
             try:
@@ -135,6 +150,9 @@ class Spawner:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
+        if self._fresh is not None:
+            self._fresh.wait()
+            return
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
 
@@ -185,6 +203,11 @@ class Spawner:
 
 
 # ---- the spawner process ------------------------------------------------------------
+
+
+def serve_fd(fd: int) -> None:
+    """The main of a ``fresh`` spawner: serve the socket inherited as ``fd``."""
+    _serve(socket.socket(fileno=fd))
 
 
 def _serve(sock: socket.socket) -> None:

@@ -39,7 +39,10 @@ def agent() -> Iterator[tuple[Agent, str]]:
     # A short directory: a unix socket's path is at most 108 bytes.
     short = tempfile.mkdtemp(prefix="cbx-jobs-", dir="/tmp")
     socket = os.path.join(short, "agent.sock")
-    spawner = Spawner()
+    # A new interpreter, not a fork of this one: a fork would carry gRPC's fork handlers
+    # (this process runs gRPC already) into every job it starts (the agent forks its
+    # spawner before it imports gRPC).
+    spawner = Spawner(fresh=True)
     built = build_server(AgentConfig(socket=socket, workspace=short, roots=[short], user=None,
                                      max_concurrent=8, spawner=spawner))
     built.server.add_insecure_port(f"unix:{socket}")
