@@ -20,10 +20,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import queue
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from harness.cli.sandbox_common import (
@@ -36,16 +37,14 @@ from harness.cli.sandbox_common import (
     print_json,
 )
 from harness.cli.sandbox_jobs import job_exit_code
-from harness.core.errors import UsageError
+from harness.core.errors import AgentCallError, UsageError
 
 if TYPE_CHECKING:
     from harness.engine.docker.sandbox import Sandbox
-    from harness.engine.jobs import JobInfo, Terminal
+    from harness.engine.jobs import JobInfo, JobsClient
 
 DETACH_KEY = b"\x1d"
 """Ctrl-]: detach, leaving the job running."""
-END_OF_INPUT = b"\x04"
-"""^D: what the end of piped input is sent as."""
 DEFAULT_COMMAND = ["bash", "-i"]
 READ_BYTES = 4096
 
@@ -86,10 +85,11 @@ def _attach(args: argparse.Namespace) -> int:
             else:
                 pid = args.pid
             with known_job(sandbox, pid):
-                term = jobs.terminal(pid)
+                jobs.get(pid)
             if args.pid is not None and rows:
-                term.resize(rows, cols)  # the job's programs redraw for this terminal
-            ended, detached = _session(term, local)
+                with contextlib.suppress(AgentCallError):  # a job without a terminal has no size
+                    jobs.resize(pid, rows, cols)  # its programs redraw for this terminal
+            ended, detached = _session(jobs, pid, local)
             ticket.outcome.update(pid=pid, detached=detached)
     return _report(args, sandbox, pid, ended, detached)
 
@@ -107,18 +107,41 @@ def _report(args: argparse.Namespace, sandbox: Sandbox, pid: int, ended: JobInfo
     return 0 if detached else 1
 
 
-def _session(term: Terminal, local: LocalTerminal) -> tuple[JobInfo | None, bool]:
-    """Pump keys in and output out until the job ends (its final info) or the user detaches."""
+class _Detach(BaseException):
+    """Raised in the main thread (by DETACH_SIGNAL) to leave the output loop on a detach."""
+
+
+DETACH_SIGNAL = signal.SIGUSR1
+"""How the input thread wakes the main thread, blocked reading the output, to detach."""
+
+
+def _session(jobs: JobsClient, pid: int, local: LocalTerminal) -> tuple[JobInfo | None, bool]:
+    """Pump keys in and output out until the job ends (its final info) or the user detaches.
+
+    The output is one Attach stream read by the main thread; keys go in by WriteInput from an
+    input thread, sizes by Resize from another (so a signal handler never makes a call). A
+    detach interrupts the main thread's read with DETACH_SIGNAL; the stream is then only
+    cancelled, never read again (a gRPC call interrupted mid-read takes no second read)."""
     from harness.engine.jobs import JobChunk, JobEnded, JobGap, gap_text
 
     detached = threading.Event()
+    pumping = True
     ended: JobInfo | None = None
     out = sys.stdout.buffer
-    with local.raw(), local.signals(on_resize=lambda r, c: _resize(term, r, c)):
-        reader = threading.Thread(target=_keys, args=(term, local, detached), name="attach-input", daemon=True)
-        reader.start()
+    sizes: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()  # put() is safe in a handler
+
+    def on_detach() -> None:
+        if pumping:
+            raise _Detach
+
+    with local.raw(), local.signals(on_resize=lambda rows, cols: sizes.put((rows, cols)), on_detach=on_detach):
+        reader = threading.Thread(target=_keys, args=(jobs, pid, local, detached), name="attach-input", daemon=True)
+        resizer = threading.Thread(target=_resizes, args=(jobs, pid, sizes), name="attach-resize", daemon=True)
+        events = jobs.attach(pid, follow=True)
         try:
-            for event in term.events():
+            resizer.start()
+            reader.start()  # inside the try: a detach may come before start() returns
+            for event in events:
                 if isinstance(event, JobChunk):
                     out.write(event.data)
                     out.flush()
@@ -127,31 +150,49 @@ def _session(term: Terminal, local: LocalTerminal) -> tuple[JobInfo | None, bool
                     out.flush()
                 elif isinstance(event, JobEnded):
                     ended = event.info
+        except _Detach:
+            pass
         finally:
-            term.close()
+            pumping = False
+            sizes.put(None)
+            if isinstance(events, Generator):
+                events.close()  # cancels the stream; the job runs on
     return ended, detached.is_set()
 
 
-def _resize(term: Terminal, rows: int, cols: int) -> None:
-    with contextlib.suppress(ValueError):  # the terminal closed meanwhile
-        term.resize(rows, cols)
+def _resizes(jobs: JobsClient, pid: int, sizes: queue.SimpleQueue[tuple[int, int] | None]) -> None:
+    """The resize thread: each new local size to the job's terminal, until None."""
+    while (size := sizes.get()) is not None:
+        with contextlib.suppress(AgentCallError):  # the job ended meanwhile, or has no terminal
+            jobs.resize(pid, *size)
 
 
-def _keys(term: Terminal, local: LocalTerminal, detached: threading.Event) -> None:
-    """The input thread: local keys (or piped bytes) to the job, until detach or the end."""
+def _keys(jobs: JobsClient, pid: int, local: LocalTerminal, detached: threading.Event) -> None:
+    """The input thread: local keys (or piped bytes) to the job until the detach key or the
+    end of the input. Keys the job cannot take (it ended, or has no stdin) are dropped; the
+    detach key still works."""
+    taking = True
     try:
         while data := local.read():
             before, key, _ = data.partition(DETACH_KEY)
-            if before:
-                term.send(before)
+            if before and taking:
+                taking = _write(jobs, pid, before)
             if key:
                 detached.set()
-                term.close()
+                local.wake_main()
                 return
-        if not local.is_tty:
-            term.send(END_OF_INPUT)
-    except (ValueError, OSError):
-        return  # the terminal closed (the job ended) or stdin went away
+        if not local.is_tty and taking:
+            _write(jobs, pid, b"", close=True)  # a terminal gets ^D, a pipe its end of file
+    except OSError:
+        return  # stdin went away
+
+
+def _write(jobs: JobsClient, pid: int, data: bytes, *, close: bool = False) -> bool:
+    try:
+        jobs.write(pid, data, close=close)
+    except AgentCallError:
+        return False
+    return True
 
 
 class LocalTerminal:
@@ -202,13 +243,19 @@ class LocalTerminal:
         finally:
             termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
+    def wake_main(self) -> None:
+        """Make the main thread run its ``on_detach`` (see :meth:`signals`)."""
+        main = threading.main_thread().ident
+        if main is not None:
+            signal.pthread_kill(main, DETACH_SIGNAL)
+
     @contextlib.contextmanager
-    def signals(self, *, on_resize: Callable[[int, int], None]) -> Iterator[None]:
-        """SIGWINCH resizes (a terminal only); SIGHUP and SIGTERM unwind through every
-        ``finally`` (raw mode is undone) and exit 128+N. The previous handlers come back after."""
+    def signals(self, *, on_resize: Callable[[int, int], None], on_detach: Callable[[], None]) -> Iterator[None]:
+        """SIGWINCH resizes (a terminal only); DETACH_SIGNAL runs ``on_detach``; SIGHUP and
+        SIGTERM unwind through every ``finally`` (raw mode is undone) and exit 128+N. The
+        previous handlers come back after. Only the main thread can have signal handlers."""
         if threading.current_thread() is not threading.main_thread():
-            yield
-            return
+            raise UsageError("callbox sandbox attach runs in the main thread only (it handles signals)")
 
         def resized(_signum: int, _frame: object) -> None:
             rows, cols = self.size()
@@ -218,7 +265,10 @@ class LocalTerminal:
         def ended(signum: int, _frame: object) -> None:
             raise SystemExit(128 + signum)
 
-        wanted: dict[int, Any] = {signal.SIGHUP: ended, signal.SIGTERM: ended}
+        def detach(_signum: int, _frame: object) -> None:
+            on_detach()
+
+        wanted: dict[int, Any] = {signal.SIGHUP: ended, signal.SIGTERM: ended, DETACH_SIGNAL: detach}
         if self.is_tty:
             wanted[signal.SIGWINCH] = resized
         previous = {signum: signal.signal(signum, handler) for signum, handler in wanted.items()}

@@ -30,7 +30,7 @@ from harness.cli import main as cli
 from harness.cli.sandbox_common import guarded, json_errors
 from harness.cli.sandbox_files import plan_copy, sandbox_path, split_endpoint
 from harness.cli.sandbox_jobs import job_exit_code
-from harness.cli.sandbox_terminal import END_OF_INPUT, LocalTerminal, _keys, _session
+from harness.cli.sandbox_terminal import DETACH_SIGNAL, LocalTerminal, _keys, _session
 from harness.core.actions import ActionDenied, ApprovalPending
 from harness.core.policy import parse_policy
 from harness.engine.jobs import JobChunk, JobEnded, JobGap, JobInfo
@@ -215,28 +215,23 @@ def test_a_jobs_exit_code_is_the_shells() -> None:
 # ---- attach's local side ----------------------------------------------------------------------------
 
 
-class FakeTerminal:
-    """What `_keys` and `_session` use of a Terminal: sends recorded, events given."""
+class FakeJobs:
+    """What `_keys` and `_session` use of a JobsClient: writes recorded, events given."""
 
     def __init__(self, events: list[Any] | None = None) -> None:
-        self.sent: list[bytes] = []
-        self.sizes: list[tuple[int, int]] = []
-        self.closed = False
+        self.written: list[tuple[int, bytes, bool]] = []
+        self.attached: list[tuple[int, bool]] = []
         self._events = events or []
 
-    def send(self, data: bytes) -> None:
-        if self.closed:
-            raise ValueError("the terminal is closed")
-        self.sent.append(data)
+    def write(self, pid: int, data: bytes, *, close: bool = False) -> None:
+        self.written.append((pid, data, close))
 
-    def resize(self, rows: int, cols: int) -> None:
-        self.sizes.append((rows, cols))
+    def resize(self, pid: int, rows: int, cols: int) -> None:
+        raise AssertionError("no resize expected")
 
-    def events(self) -> Iterator[Any]:
+    def attach(self, pid: int, *, follow: bool = False) -> Iterator[Any]:
+        self.attached.append((pid, follow))
         yield from self._events
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class Pipe:
@@ -268,29 +263,36 @@ def piped(monkeypatch: pytest.MonkeyPatch) -> Iterator[Pipe]:
             pipe.close()
 
 
-def test_the_detach_key_sends_what_came_before_it_then_detaches(piped: Pipe) -> None:
+class Woken(LocalTerminal):
+    woken = 0
+
+    def wake_main(self) -> None:
+        self.woken += 1
+
+
+def test_the_detach_key_sends_what_came_before_it_then_wakes_the_main_thread(piped: Pipe) -> None:
     piped.write(b"echo hi\r\x1dnot sent")
-    term, detached = FakeTerminal(), threading.Event()
-    _keys(term, LocalTerminal(), detached)  # type: ignore[arg-type]
-    assert term.sent == [b"echo hi\r"] and term.closed and detached.is_set()
+    jobs, detached, local = FakeJobs(), threading.Event(), Woken()
+    _keys(jobs, 7, local, detached)  # type: ignore[arg-type]
+    assert jobs.written == [(7, b"echo hi\r", False)] and detached.is_set() and local.woken == 1
 
 
-def test_the_end_of_piped_input_is_sent_as_ctrl_d(piped: Pipe) -> None:
+def test_the_end_of_piped_input_closes_the_jobs_input(piped: Pipe) -> None:
     piped.write(b"exit\n")
     piped.close()
-    term, detached = FakeTerminal(), threading.Event()
-    _keys(term, LocalTerminal(), detached)  # type: ignore[arg-type]
-    assert b"".join(term.sent) == b"exit\n" + END_OF_INPUT and not detached.is_set()
+    jobs, detached = FakeJobs(), threading.Event()
+    _keys(jobs, 7, LocalTerminal(), detached)  # type: ignore[arg-type]
+    assert jobs.written == [(7, b"exit\n", False), (7, b"", True)] and not detached.is_set()
 
 
 def test_a_session_writes_the_output_and_returns_how_the_job_ended(piped: Pipe,
                                                                   capfdbinary: pytest.CaptureFixture[bytes]) -> None:
     piped.close()
     ended = info("exited", 5)
-    term = FakeTerminal([JobGap(0, 2, 100), JobChunk(2, "stdout", b"out\r\n"), JobEnded(ended)])
-    assert _session(term, LocalTerminal()) == (ended, False)  # type: ignore[arg-type]
+    jobs = FakeJobs([JobGap(0, 2, 100), JobChunk(2, "stdout", b"out\r\n"), JobEnded(ended)])
+    assert _session(jobs, 7, LocalTerminal()) == (ended, False)  # type: ignore[arg-type]
     assert capfdbinary.readouterr().out == b"\n[callbox: 100 bytes (chunks 0-1) dropped]\nout\r\n"
-    assert term.closed
+    assert jobs.attached == [(7, True)]
 
 
 @pytest.fixture
@@ -317,15 +319,20 @@ def test_raw_mode_is_set_and_always_restored(terminal: int) -> None:
     assert termios.tcgetattr(terminal) == before
 
 
-def test_a_resize_signal_resizes_and_the_handlers_come_back(terminal: int) -> None:
+def test_signals_resize_detach_and_end_and_the_handlers_come_back(terminal: int) -> None:
     local = LocalTerminal()
     sizes: list[tuple[int, int]] = []
-    before = {s: signal.getsignal(s) for s in (signal.SIGWINCH, signal.SIGTERM, signal.SIGHUP)}
-    with local.signals(on_resize=lambda rows, cols: sizes.append((rows, cols))):
+    detaches: list[bool] = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGWINCH, signal.SIGTERM, signal.SIGHUP, DETACH_SIGNAL)}
+    with local.signals(on_resize=lambda rows, cols: sizes.append((rows, cols)),
+                       on_detach=lambda: detaches.append(True)):
         fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
         signal.raise_signal(signal.SIGWINCH)
+        woke = threading.Thread(target=local.wake_main)
+        woke.start()
+        woke.join()
         with pytest.raises(SystemExit) as ended:
             signal.raise_signal(signal.SIGTERM)
         assert ended.value.code == 128 + signal.SIGTERM
-    assert sizes == [(40, 120)]
+    assert sizes == [(40, 120)] and detaches == [True]
     assert {s: signal.getsignal(s) for s in before} == before
