@@ -231,6 +231,7 @@ class JobLoop:
         self._added: list[Job] = []
         self._input: set[Job] = set()
         self._stopping = False
+        self._closed = False
         self._watches: dict[Job, _Watch] = {}
         self._thread = threading.Thread(target=self._run, name="jobs-io", daemon=True)
         self._thread.start()
@@ -256,8 +257,11 @@ class JobLoop:
         self._wake()
 
     def _wake(self) -> None:
-        with contextlib.suppress(OSError):  # full: it wakes anyway; closed: it has stopped
-            os.write(self._wake_w, b"x")
+        with self._lock:
+            if self._closed:
+                return
+            with contextlib.suppress(BlockingIOError):  # full: it wakes anyway
+                os.write(self._wake_w, b"x")
 
     # ---- the thread ---------------------------------------------------------------
 
@@ -290,8 +294,10 @@ class JobLoop:
             raise
         finally:
             self._sel.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            with self._lock:  # never write to a descriptor number someone else may get next
+                self._closed = True
+                os.close(self._wake_r)
+                os.close(self._wake_w)
 
     def _timeout(self) -> float | None:
         deadlines = [w.drain_until for w in self._watches.values() if w.drain_until is not None]
