@@ -164,8 +164,10 @@ def known_job(sandbox: Sandbox, pid: int) -> Iterator[None]:
                    "lists its jobs") from None
 
 
-def print_json(value: Any) -> None:
-    print(json.dumps(value), flush=True)
+def print_json(value: Any, *, listing: bool = False) -> None:
+    """One JSON value on one line (a stream of them is JSON lines); a ``listing`` (``ls``,
+    ``ps``, ``snapshots``) indented like ``callbox ps --json``."""
+    print(json.dumps(value, indent=2 if listing else None), flush=True)
 
 
 def sandbox_json(sandbox: Sandbox, *, now: float | None = None) -> dict[str, Any]:

@@ -48,13 +48,28 @@ def add_verbs(verbs: Any) -> None:
 
     port = verbs.add_parser("port", help="forward a host loopback port to a sandbox port until Ctrl-C")
     port.add_argument("name", help="sandbox name or id")
-    port.add_argument("port", type=int, help="the port in the sandbox (its loopback)")
-    port.add_argument("--host-port", type=int, default=0, metavar="P",
+    port.add_argument("port", type=_port_number(1), help="the port in the sandbox (its loopback)")
+    port.add_argument("--host-port", type=_port_number(0), default=0, metavar="P",
                       help="the host port on 127.0.0.1 (default 0: a free one)")
     port.add_argument("--json", action="store_true",
                       help="print JSON lines: {host, host_port, sandbox_port, url, sandbox, sandbox_id} first, "
                            "{connection, peer} per connection, {closed, connections} at the end")
     gate_options(port)
+
+
+def _port_number(lowest: int) -> Callable[[str], int]:
+    """An argparse ``type``: a port from ``lowest`` to 65535."""
+
+    def port(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+        if not lowest <= value <= 65535:
+            raise argparse.ArgumentTypeError(f"{text} is not a port from {lowest} to 65535")
+        return value
+
+    return port
 
 
 def split_endpoint(text: str) -> tuple[str, str] | None:
@@ -119,11 +134,15 @@ def _say_copy(args: argparse.Namespace, sandbox: Sandbox, direction: str, path: 
                     "host_path": host, **result.to_json(), "mb_per_s": round(rate, 2)})
         return
     where = f"{host} -> {sandbox.label}:{path}" if direction == "in" else f"{sandbox.label}:{path} -> {host}"
-    links = f", {result.symlinks} symlinks" if result.symlinks else ""
-    print(f"copied {result.files} files, {result.dirs} dirs{links} ({size(result.bytes)}) {where} "
+    links = f", {_count(result.symlinks, 'symlink')}" if result.symlinks else ""
+    print(f"copied {_count(result.files, 'file')}, {_count(result.dirs, 'dir')}{links} ({size(result.bytes)}) {where} "
           f"in {result.seconds:.2f} s ({rate:.1f} MB/s)")
     for note in result.skipped:
         print(f"callbox: left out: {note}", file=sys.stderr)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 class _Stop(BaseException):

@@ -2,13 +2,14 @@
 
 ``exec NAME -- CMD`` runs CMD in the foreground like ``callbox exec`` (streamed, piped stdin,
 its exit code; not a policy action, as ``callbox exec`` is not); with ``--background`` it
-starts a job (the ``process`` action) and prints its pid. ``ps`` lists the jobs. ``logs``
+starts a job (the ``process`` action) and prints its pid. ``ps`` lists the jobs of one
+sandbox, or of every running named one (paused ones are skipped: their agent is frozen). ``logs``
 (the ``attach`` action) replays a job's held output, a marker line on stdout where older
 output was dropped (``[callbox: N bytes (chunks A-B) dropped]``); with ``--follow`` it then
 streams live output until the job ends and exits with the job's code (128+N when signal N
 ended it, 137 for SIGKILL and the OOM killer); without, it exits 0 once the held output is
 printed, whatever the job's state. ``kill`` ends a job (SIGKILL to every process of it) or
-sends it ``--signal``.
+sends it ``--signal`` (not a policy action: it only stops what runs).
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def _ps(args: argparse.Namespace) -> int:
             except CallboxError as error:  # it went away or was paused meanwhile
                 say(f"skipping sandbox {found.name}: {error.message}")
     if args.json:
-        print_json(rows)
+        print_json(rows, listing=True)
         return 0
     box_w = max([9, *(len(r["sandbox"]) + 2 for r in rows)])
     print(f"{'SANDBOX':<{box_w}}{'PID':<8}{'TAG':<12}{'STATE':<9}{'EXIT':<7}{'AGE':<9}COMMAND")

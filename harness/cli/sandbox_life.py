@@ -139,7 +139,7 @@ def _ls(args: argparse.Namespace) -> int:
     now = time.time()
     rows = [_info_json(info, now) for info in engine.list_sandboxes()]
     if args.json:
-        print_json(rows)
+        print_json(rows, listing=True)
         return 0
     name_w = max([6, *(len(r["name"] or r["sandbox_id"]) + 2 for r in rows)])
     owner_w = max([7, *(len(r["owner"]) + 2 for r in rows)])
@@ -238,7 +238,7 @@ def _snapshots(args: argparse.Namespace) -> int:
 
     found = SnapshotStore().list()
     if args.json:
-        print_json([info.to_json() for info in found])
+        print_json([info.to_json() for info in found], listing=True)
         return 0
     name_w = max([10, *(len(s.name) + 2 for s in found)])
     source_w = max([8, *(len(_source(s)) + 2 for s in found)])

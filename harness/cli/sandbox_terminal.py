@@ -10,8 +10,9 @@ too; a change of its size (SIGWINCH) resizes the job's terminal.
 ``Ctrl-]`` (byte 0x1d, as in telnet) detaches: the job keeps running, ``attach --pid P``
 joins it again; exit 0. When the job ends, the command exits with its code (128+N for
 signal N). Without a terminal on stdin there is no raw mode: piped input goes to the job as
-it comes (a 0x1d in it detaches too) and the end of the input is sent as ``^D``, what typing
-it would send. ``--json`` prints one object on stdout after the terminal ends: ``{sandbox,
+it comes (a 0x1d in it detaches too), the end of the input closes the job's input (a PTY job
+gets ``^D``, what typing it would send), and Ctrl-C interrupts callbox (exit 130), not the
+job, which keeps running. ``--json`` prints one object on stdout after the terminal ends: ``{sandbox,
 sandbox_id, pid, detached, state, exit_code, signal}``.
 """
 
@@ -241,7 +242,8 @@ class LocalTerminal:
             tty.setraw(fd, termios.TCSANOW)
             yield
         finally:
-            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+            with contextlib.suppress(termios.error):  # the terminal is gone (SIGHUP)
+                termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
     def wake_main(self) -> None:
         """Make the main thread run its ``on_detach`` (see :meth:`signals`)."""

@@ -98,6 +98,8 @@ def test_a_word_between_the_name_and_the_double_dash_is_refused(capsys: pytest.C
     (["logs", "web", "3", "--from-seq", "-1"], "negative"),
     (["kill", "web", "3", "--signal", "NOPE"], "not a signal"),
     (["kill", "web", "3", "--signal", "999"], "not a signal number"),
+    (["port", "web", "0"], "not a port from 1 to 65535"),
+    (["port", "web", "8000", "--host-port", "70000"], "not a port from 0 to 65535"),
     (["cp", "a", "b"], "neither side is in a sandbox"),
     (["cp", "web:/a", "db:/b"], "both sides are in a sandbox"),
     (["cp", "web:/a", ""], "host path is empty"),
