@@ -248,9 +248,12 @@ def test_terminal_sends_keys_resizes_and_detaches(client: AgentClient) -> None:
     term.resize(40, 120)
     term.send(b"stty size\n")
     live.wait_for(b"40 120")
-    term.close()
+    term.send(b"echo sent-just-before-close\n")
+    term.close()  # while another thread reads: the agent still takes what was sent
     live.finish()
     assert client.jobs.get(info.pid).state == "running"  # detached, not killed
+    replay = Follower(client.jobs.attach(info.pid, follow=True))
+    replay.wait_for(rb"[\r\n]sent-just-before-close\r\n")  # the output, not the echo
 
     # Another terminal replays from where the first left off, then exits the shell.
     with client.jobs.terminal(info.pid, from_seq=client.jobs.get(info.pid).next_seq) as again:
