@@ -128,7 +128,10 @@ class JobManager:
                 self._reserved.pop(old, None)
             self._jobs[job.pid] = job
             self._reserved[job] = capacity
+            stopping = self._stopping is not None
         self._loop.add(job)
+        if stopping:  # stop began while it started and did not see it
+            job.kill_all()
         return job
 
     def _command(self, request: jobs_pb2.JobStartRequest) -> tuple[list[str], list[str]]:
