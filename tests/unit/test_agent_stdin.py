@@ -153,7 +153,7 @@ def test_write_stdin_through_the_agent_server(tmp_path: Path) -> None:
     socket = str(tmp_path / "agent.sock")
     # As in the agent: commands start from a pre-forked spawner, never by forking a process
     # that runs gRPC's threads.
-    spawner = Spawner()
+    spawner = Spawner(fresh=True)
     agent = build_server(AgentConfig(socket=socket, workspace=str(tmp_path), roots=[str(tmp_path)], user=None,
                                      max_concurrent=4, spawner=spawner))
     server, runner = agent.server, agent.runner

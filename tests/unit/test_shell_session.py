@@ -521,7 +521,7 @@ def test_close_all_kills_every_session(manager: ShellManager) -> None:
 
 
 def test_through_the_spawner(workspace: Path) -> None:
-    spawner = Spawner()
+    spawner = Spawner(fresh=True)
     m = ShellManager(None, str(workspace), SpawnerLauncher(spawner))
     try:
         run(m, "cd /; v=1")
