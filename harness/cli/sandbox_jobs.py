@@ -27,6 +27,7 @@ from harness.cli.options import read_stdin, say
 from harness.cli.sandbox_common import (
     age,
     connect,
+    fail,
     gate_options,
     guarded,
     known_job,
@@ -60,7 +61,7 @@ def add_verbs(verbs: Any) -> None:
 
     logs = verbs.add_parser("logs", help="a job's output: the held part, then live with --follow")
     logs.add_argument("name", help="sandbox name or id")
-    logs.add_argument("pid", type=int, help="the job's pid (see `ps`)")
+    logs.add_argument("pid", metavar="PID|TAG", help="the job's pid, or the tag of its newest job (see `ps`)")
     logs.add_argument("--from-seq", type=_seq, default=0, metavar="N",
                       help="start at output chunk N (default 0: the oldest still held)")
     logs.add_argument("--follow", "-f", action="store_true",
@@ -72,7 +73,7 @@ def add_verbs(verbs: Any) -> None:
 
     kill = verbs.add_parser("kill", help="end a job (SIGKILL to each of its processes) or signal it")
     kill.add_argument("name", help="sandbox name or id")
-    kill.add_argument("pid", type=int, help="the job's pid (see `ps`)")
+    kill.add_argument("pid", metavar="PID|TAG", help="the job's pid, or the tag of its newest job (see `ps`)")
     kill.add_argument("--signal", "-s", type=_signal, metavar="SIG",
                       help="send this signal (TERM, SIGINT, 15, ...) instead of killing")
     kill.add_argument("--json", action="store_true",
@@ -188,16 +189,29 @@ def _ps(args: argparse.Namespace) -> int:
     return 0
 
 
+def job_pid(sandbox: Sandbox, ref: str) -> int:
+    """The pid ``ref`` names: digits are a pid, anything else the tag of the newest job with it."""
+    if ref.isdigit():
+        return int(ref)
+    tagged = [job for job in sandbox.jobs.list() if job.tag == ref]
+    if not tagged:
+        raise fail(f"sandbox {sandbox.label} has no job tagged {ref!r}; `callbox sandbox ps {sandbox.label}` "
+                   "lists its jobs")
+    return max(tagged, key=lambda job: job.started_at).pid
+
+
 def _logs(args: argparse.Namespace) -> int:
     policy = load_gate_policy(args)
     engine = connect()
-    with opened(engine, args.name) as sandbox, known_job(sandbox, args.pid):
-        jobs = sandbox.jobs
-        details = {"sandbox": args.name, "pid": args.pid, "mode": "logs"}
-        with guarded(args, policy, sandbox.id, "attach", details, workdir=sandbox.spec.workdir) as ticket:
-            jobs.get(args.pid)  # an unknown pid is NO_SUCH_PROCESS before anything is printed
-            ended = _print_events(jobs.attach(args.pid, from_seq=args.from_seq, follow=args.follow), args.json)
-            ticket.outcome.update(pid=args.pid, follow=args.follow)
+    with opened(engine, args.name) as sandbox:
+        pid = job_pid(sandbox, args.pid)
+        with known_job(sandbox, pid):
+            jobs = sandbox.jobs
+            details = {"sandbox": args.name, "pid": pid, "mode": "logs"}
+            with guarded(args, policy, sandbox.id, "attach", details, workdir=sandbox.spec.workdir) as ticket:
+                jobs.get(pid)  # an unknown pid is NO_SUCH_PROCESS before anything is printed
+                ended = _print_events(jobs.attach(pid, from_seq=args.from_seq, follow=args.follow), args.json)
+                ticket.outcome.update(pid=pid, follow=args.follow)
     if args.follow and ended is not None:
         return job_exit_code(ended)
     return 0
@@ -248,16 +262,18 @@ def _chunk_json(seq: int, stream: str, data: bytes) -> dict[str, Any]:
 
 def _kill(args: argparse.Namespace) -> int:
     engine = connect()
-    with opened(engine, args.name) as sandbox, known_job(sandbox, args.pid):
-        jobs = sandbox.jobs
-        if args.signal is not None:
-            delivered = jobs.signal(args.pid, args.signal)
-            if args.json:
-                print_json({"pid": args.pid, "signal": args.signal, "delivered": delivered})
-            else:
-                print(f"sent {_signal_name(args.signal)} to {delivered} process(es) of job {args.pid}")
-            return 0
-        info = jobs.kill(args.pid)
+    with opened(engine, args.name) as sandbox:
+        pid = job_pid(sandbox, args.pid)
+        with known_job(sandbox, pid):
+            jobs = sandbox.jobs
+            if args.signal is not None:
+                delivered = jobs.signal(pid, args.signal)
+                if args.json:
+                    print_json({"pid": pid, "signal": args.signal, "delivered": delivered})
+                else:
+                    print(f"sent {_signal_name(args.signal)} to {delivered} process(es) of job {pid}")
+                return 0
+            info = jobs.kill(pid)
     if args.json:
         print_json(job_json(sandbox, info))
     else:
