@@ -37,3 +37,23 @@ def test_readme_framework_snippets_are_the_tested_code(name: str, test_file: str
     snippet = snippet_in((README.parents[0] / test_file).read_text(), name)
     assert len(snippet.splitlines()) >= 8
     assert f"```python\n{snippet}```" in README.read_text(), f"the README's {name} snippet differs from {test_file}"
+
+
+def test_readme_actions_example_loads_and_decides_as_documented(tmp_path: Path) -> None:
+    blocks = [b.split("```", 1)[0] for b in README.read_text().split("```toml\n")[1:]]
+    block = next(b for b in blocks if "[actions." in b)
+    path = tmp_path / "policy.toml"
+    path.write_text(block)
+    policy = load_policy(path)
+    assert any("actions.port_forward.rules[0]" in line for line in policy.loosened())
+
+    def decide(action: str, **details: object) -> Action:
+        return policy.actions.decide(action, details, workdir="/workspace").action
+
+    assert decide("port_forward", port=8000) is Action.ALLOW
+    assert decide("port_forward", port=8085) is Action.ALLOW
+    assert decide("port_forward", port=22) is Action.DENY
+    assert decide("copy_out", path="/workspace/app/.env") is Action.DENY
+    assert decide("copy_out", path="/workspace/app/main.py") is Action.ALLOW
+    assert decide("process", command="python3 -m http.server 8000") is Action.ASK
+    assert decide("snapshot", name="s") is Action.ALLOW
