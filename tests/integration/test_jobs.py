@@ -7,10 +7,7 @@ output (events gathered by a thread), each bounded.
 
 from __future__ import annotations
 
-import queue
-import re
 import signal
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,14 +15,13 @@ import pytest
 
 from harness.engine.agent_client import AgentClient
 from harness.engine.docker.sandbox import AGENT_SOCKET_NAME
-from harness.engine.jobs import JobChunk, JobEnded, JobEvent, JobGap
+from harness.engine.jobs import JobChunk, JobEnded, JobGap
 from harness.engine.spec import SandboxSpec
 from tests.conftest import IMAGE
 from tests.integration.helpers import run
+from tests.job_follower import Follower
 
 pytestmark = pytest.mark.docker
-
-WAIT_S = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -36,47 +32,6 @@ def box(engine: Any) -> Iterator[Any]:
     finally:
         sandbox.destroy()
 
-
-class Follower:
-    """Gather a job's events in a thread; wait for output by pattern or for the end."""
-
-    def __init__(self, events: Iterator[JobEvent]) -> None:
-        self.items: queue.Queue[JobEvent | BaseException | None] = queue.Queue()
-        self.events: list[JobEvent] = []
-        self.text = b""
-        self.done = False
-        threading.Thread(target=self._consume, args=(events,), daemon=True).start()
-
-    def _consume(self, events: Iterator[JobEvent]) -> None:
-        try:
-            for event in events:
-                self.items.put(event)
-        except BaseException as exc:  # handed to the test thread
-            self.items.put(exc)
-        finally:
-            self.items.put(None)
-
-    def _next(self) -> None:
-        item = self.items.get(timeout=WAIT_S)
-        if isinstance(item, BaseException):
-            raise item
-        if item is None:
-            self.done = True
-            return
-        self.events.append(item)
-        if isinstance(item, JobChunk):
-            self.text += item.data
-
-    def wait_for(self, pattern: bytes) -> re.Match[bytes]:
-        while (match := re.search(pattern, self.text)) is None:
-            assert not self.done, f"the stream ended before {pattern!r}; got {self.text[-2000:]!r}"
-            self._next()
-        return match
-
-    def finish(self) -> list[JobEvent]:
-        while not self.done:
-            self._next()
-        return self.events
 
 
 def test_output_past_the_buffer_is_replayed_from_seq_0_with_the_exact_gap(box: Any) -> None:

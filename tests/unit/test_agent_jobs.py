@@ -7,8 +7,6 @@ Waits are on the jobs' own output (events gathered by a thread), each bounded, n
 from __future__ import annotations
 
 import os
-import queue
-import re
 import shutil
 import signal
 import tempfile
@@ -22,7 +20,7 @@ import pytest
 
 from harness.core.errors import AgentCallError
 from harness.engine.agent_client import AgentClient
-from harness.engine.jobs import JobChunk, JobEnded, JobEvent, JobGap, JobLive, gap_text
+from harness.engine.jobs import JobChunk, JobEnded, JobGap, JobLive, gap_text
 from sandbox import jobs as agent_jobs
 from sandbox import jobterm, proctree
 from sandbox.errors import AgentError
@@ -30,6 +28,7 @@ from sandbox.launch import Identity, SpawnerLauncher
 from sandbox.server import Agent, AgentConfig, build_server
 from sandbox.spawner import Spawner
 from sandbox.v1 import jobs_pb2, jobs_pb2_grpc
+from tests.job_follower import Follower
 
 WAIT_S = 15.0
 
@@ -63,53 +62,11 @@ def client(agent: tuple[Agent, str]) -> Iterator[AgentClient]:
         yield c
 
 
-class Follower:
-    """Gather a job's events in a thread; wait for output by pattern or for the end."""
-
-    def __init__(self, events: Iterator[JobEvent]) -> None:
-        self.items: queue.Queue[JobEvent | BaseException | None] = queue.Queue()
-        self.events: list[JobEvent] = []
-        self.text = b""
-        self.done = False
-        self._thread = threading.Thread(target=self._consume, args=(events,), daemon=True)
-        self._thread.start()
-
-    def _consume(self, events: Iterator[JobEvent]) -> None:
-        try:
-            for event in events:
-                self.items.put(event)
-        except BaseException as exc:  # handed to the test thread
-            self.items.put(exc)
-        finally:
-            self.items.put(None)
-
-    def _next(self) -> None:
-        item = self.items.get(timeout=WAIT_S)
-        if isinstance(item, BaseException):
-            raise item
-        if item is None:
-            self.done = True
-            return
-        self.events.append(item)
-        if isinstance(item, JobChunk):
-            self.text += item.data
-
-    def wait_for(self, pattern: bytes) -> re.Match[bytes]:
-        while (match := re.search(pattern, self.text)) is None:
-            assert not self.done, f"the stream ended before {pattern!r}; got {self.text!r}"
-            self._next()
-        return match
-
-    def finish(self) -> list[JobEvent]:
-        while not self.done:
-            self._next()
-        return self.events
-
 
 def test_a_job_runs_detached_and_replays_its_output(client: AgentClient) -> None:
     info = client.jobs.start("echo out; echo err >&2; read go; echo after; exit 3", tag="demo", stdin=True)
     assert (info.state, info.tag, info.command[:2], info.pty) == ("running", "demo", ["bash", "-c"], False)
-    live = Follower(client.jobs.attach(info.pid, follow=True))
+    live = Follower(client.jobs.attach(info.pid, follow=True), wait_s=WAIT_S)
     live.wait_for(b"out\n")
     assert any(j.pid == info.pid and j.state == "running" for j in client.jobs.list())
 
@@ -138,11 +95,11 @@ def test_a_job_runs_detached_and_replays_its_output(client: AgentClient) -> None
 def test_a_job_outlives_its_client(agent: tuple[Agent, str]) -> None:
     with AgentClient(agent[1]) as first:
         info = first.jobs.start(["sh", "-c", "echo started; read x; echo got $x"], stdin=True)
-        Follower(first.jobs.attach(info.pid, follow=True)).wait_for(b"started\n")
+        Follower(first.jobs.attach(info.pid, follow=True), wait_s=WAIT_S).wait_for(b"started\n")
     with AgentClient(agent[1]) as second:
         assert second.jobs.get(info.pid).state == "running"
         second.jobs.write(info.pid, b"later\n")
-        events = Follower(second.jobs.attach(info.pid, follow=True)).finish()
+        events = Follower(second.jobs.attach(info.pid, follow=True), wait_s=WAIT_S).finish()
         assert b"".join(e.data for e in events if isinstance(e, JobChunk)) == b"started\ngot later\n"
 
 
@@ -155,7 +112,7 @@ def test_kill_reaches_a_double_forked_tree_that_ignores_sigterm(agent: tuple[Age
         exec sleep 1000
     """
     info = client.jobs.start(script)
-    live = Follower(client.jobs.attach(info.pid, follow=True))
+    live = Follower(client.jobs.attach(info.pid, follow=True), wait_s=WAIT_S)
     orphan = int(live.wait_for(rb"orphan (\d+)").group(1))
     live.wait_for(b"leader")
     marker = agent[0].jobs.get(info.pid).marker
@@ -226,7 +183,7 @@ def test_running_jobs_and_streams_are_capped(client: AgentClient, monkeypatch: p
 def test_pty_job_has_a_terminal_that_resizes(client: AgentClient) -> None:
     info = client.jobs.start("tty; stty size; read line; stty size; echo got=$line", pty=True, rows=30, cols=100)
     assert info.pty
-    live = Follower(client.jobs.attach(info.pid, follow=True))
+    live = Follower(client.jobs.attach(info.pid, follow=True), wait_s=WAIT_S)
     live.wait_for(rb"/dev/pts/\d+\r\n")
     live.wait_for(b"30 100\r\n")
     client.jobs.resize(info.pid, 50, 132)
@@ -242,7 +199,7 @@ def test_pty_job_has_a_terminal_that_resizes(client: AgentClient) -> None:
 def test_terminal_sends_keys_resizes_and_detaches(client: AgentClient) -> None:
     info = client.jobs.start(["bash", "--norc", "--noprofile", "-i"], pty=True, env={"PS1": "$ "})
     term = client.jobs.terminal(info.pid)
-    live = Follower(term.events())
+    live = Follower(term.events(), wait_s=WAIT_S)
     term.send(b"stty size; tty\n")
     live.wait_for(rb"24 80\r\n/dev/pts/\d+")
     term.resize(40, 120)
@@ -252,12 +209,12 @@ def test_terminal_sends_keys_resizes_and_detaches(client: AgentClient) -> None:
     term.close()  # while another thread reads: the agent still takes what was sent
     live.finish()
     assert client.jobs.get(info.pid).state == "running"  # detached, not killed
-    replay = Follower(client.jobs.attach(info.pid, follow=True))
+    replay = Follower(client.jobs.attach(info.pid, follow=True), wait_s=WAIT_S)
     replay.wait_for(rb"[\r\n]sent-just-before-close\r\n")  # the output, not the echo
 
     # Another terminal replays from where the first left off, then exits the shell.
     with client.jobs.terminal(info.pid, from_seq=client.jobs.get(info.pid).next_seq) as again:
-        later = Follower(again.events())
+        later = Follower(again.events(), wait_s=WAIT_S)
         again.send(b"echo second; exit 7\n")
         later.wait_for(b"second")
         events = later.finish()
@@ -269,7 +226,7 @@ def test_terminal_sends_keys_resizes_and_detaches(client: AgentClient) -> None:
 def test_a_small_buffer_drops_the_oldest_output_and_says_how_much(client: AgentClient) -> None:
     # 200 lines of 100 bytes; the 4 KiB buffer holds the last few dozen chunks at most.
     info = client.jobs.start("for i in $(seq 1000 1199); do printf '%099d\\n' $i; done", buffer_bytes=4096)
-    events = Follower(client.jobs.attach(info.pid, follow=True)).finish()
+    events = Follower(client.jobs.attach(info.pid, follow=True), wait_s=WAIT_S).finish()
     assert isinstance(events[-1], JobEnded)
     final = client.jobs.get(info.pid)
     assert final.output_bytes == 200 * 100 and final.dropped_bytes > 0
