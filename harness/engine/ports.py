@@ -246,7 +246,6 @@ class _Connection:
         self.conn = conn
         self.peer = peer
         self.tunnel: Tunnel | None = None
-        self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
         self.closed = False
 
@@ -288,6 +287,8 @@ class PortForward:
         self.on_connection = on_connection
         self.connections = 0
         self._live: set[_Connection] = set()
+        # Every connection thread not yet joined: one leaves _live a moment before it ends.
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = threading.Event()
         try:
@@ -327,9 +328,10 @@ class PortForward:
             live = list(self._live)
         for connection in live:
             connection.abort()
-        for connection in live:
-            if connection.thread is not None:
-                connection.thread.join(CLOSE_WAIT_S)
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(CLOSE_WAIT_S)
 
     def __enter__(self) -> PortForward:
         return self
@@ -360,16 +362,18 @@ class PortForward:
         connection = _Connection(conn, (str(peer[0]), int(peer[1])))
         thread = threading.Thread(target=self._serve, args=(connection,), name=f"forward-{self.host_port}-conn",
                                   daemon=True)
-        connection.thread = thread
         with self._lock:
             self.connections += 1
             self._live.add(connection)
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
         try:
             thread.start()
         except RuntimeError as error:
             log.warning("forward %s: no thread for a connection from %s: %s", self.address, connection.peer, error)
             with self._lock:
                 self._live.discard(connection)
+                self._threads.remove(thread)
             _reset(conn)
 
     def _serve(self, connection: _Connection) -> None:
