@@ -15,12 +15,16 @@ if [ $check -eq 1 ]; then
     trap 'rm -rf "$out"' EXIT
 fi
 status=0
-for pkg in sandbox/v1 harness/v1; do
+# harness/doors/e2b/envd holds the messages of E2B's envd services, served over the Connect
+# protocol (HTTP), not gRPC: messages only, no gRPC stubs.
+for pkg in sandbox/v1 harness/v1 harness/doors/e2b/envd; do
     [ -d "proto/$pkg" ] || continue
     mkdir -p "$out/$pkg"
     [ $check -eq 1 ] || rm -f "$pkg"/*_pb2.py "$pkg"/*_pb2.pyi "$pkg"/*_pb2_grpc.py "$pkg"/*_pb2_grpc.pyi
+    stubs=(--grpc_python_out="$out" --mypy_grpc_out="$out")
+    [ "$pkg" = harness/doors/e2b/envd ] && stubs=()
     "$PY" -m grpc_tools.protoc -Iproto \
-        --python_out="$out" --grpc_python_out="$out" --mypy_out="$out" --mypy_grpc_out="$out" \
+        --python_out="$out" --mypy_out="$out" "${stubs[@]}" \
         "proto/$pkg"/*.proto >/dev/null
     if [ $check -eq 1 ]; then
         for f in "$out/$pkg"/*; do

@@ -123,7 +123,7 @@ class SnapshotsAndForks(SandboxesBase):
                                         source.overrides)
                 session.expires = forked.expires or session.expires
                 self._note_origin(run_id, {"forked_from": owned.sandbox_id})
-                self.executor.register(session, context)
+                self.executor.register(session, context.is_active)
         return session.message()
 
     def _fork_snapshot(self, request: sandboxes_pb2.ForkRequest,
@@ -149,7 +149,7 @@ class SnapshotsAndForks(SandboxesBase):
             with self._acting(gate, ticket, context):
                 session = self._restored(client, run_id, policy, overrides, info)
                 self._note_origin(run_id, {"forked_from_snapshot": request.snapshot})
-                self.executor.register(session, context)
+                self.executor.register(session, context.is_active)
         return session.message()
 
     def _fork_run(self, client: str, approval_id: str) -> tuple[str, bool]:

@@ -252,22 +252,23 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         finally:
             self._unreserve(client)
 
-    def new_run(self, client: str) -> str:
-        """A new run of ``client`` in the audit store (a sandbox's id is its run's id)."""
-        run_id = f"grpc-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(6)}"
-        return self.audit.start_run(run_id, meta={"door": DOOR, "client": client})
+    def new_run(self, client: str, *, door: str = DOOR) -> str:
+        """A new run of ``client`` in the audit store (a sandbox's id is its run's id), marked
+        with the door that made it (only ``grpc`` runs are listed by GetRun/ListRuns)."""
+        run_id = f"{door}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(6)}"
+        return self.audit.start_run(run_id, meta={"door": door, "client": client})
 
-    def register(self, session: ClientSession, context: grpc.ServicerContext) -> None:
+    def register(self, session: ClientSession, still_wanted: Callable[[], bool]) -> None:
         """Make a session whose sandbox is running live (call while ``reserved``); if the
-        server is shutting down or the request was cancelled meanwhile, destroy it instead
-        and raise."""
+        server is shutting down or the request was cancelled meanwhile (``still_wanted()``
+        is false: a gRPC context's ``is_active``), destroy it instead and raise."""
         box = session.harness.active_sandbox
         try:
             if box is not None:
                 with contextlib.suppress(AuditError):
                     self.audit.update_run_meta(session.sandbox_id, {"container": box.id})
             with self._lock:
-                keep = not self._closing and context.is_active()
+                keep = not self._closing and still_wanted()
                 if keep:
                     self._sessions[session.sandbox_id] = session
         except BaseException:
@@ -282,13 +283,15 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         log.info("client %s has sandbox %s (container %s)", session.client, session.sandbox_id,
                  box.id if box is not None else "?")
 
-    @handle_errors
-    def CreateSandbox(self, request: executor_pb2.CreateSandboxRequest, context: grpc.ServicerContext) -> Any:
-        client = self._client(context)
-        overrides = SandboxOverrides.from_request(request)
-        policy = sandbox_policy(self.policy, overrides, self.exposed)
+    def create_session(self, client: str, overrides: SandboxOverrides, *, door: str = DOOR,
+                       base_policy: Policy | None = None,
+                       still_wanted: Callable[[], bool] = lambda: True) -> ClientSession:
+        """Start a sandbox for ``client`` and make it a live session (what CreateSandbox does,
+        for every door): ``overrides`` tighten ``base_policy`` (default: the server's);
+        ServiceError for a refused override, a limit reached or a sandbox that cannot start."""
+        policy = sandbox_policy(base_policy or self.policy, overrides, self.exposed)
         with self.reserved(client):
-            run_id = self.new_run(client)
+            run_id = self.new_run(client, door=door)
             harness = Session(self.registry, policy, self.audit, run_id=run_id, engine_factory=self.engine_factory)
             tools = self.registry.exposed_names(policy)
             session = ClientSession(client, harness, policy, tools, policy.sandbox.ttl_seconds, overrides)
@@ -298,18 +301,27 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                 with contextlib.suppress(AuditError):
                     self.audit.end_run(run_id, "sandbox_start_failed")
                 raise creation_failure(error) from None
-            self.register(session, context)
-            return session.message()
+            self.register(session, still_wanted)
+            return session
+
+    @handle_errors
+    def CreateSandbox(self, request: executor_pb2.CreateSandboxRequest, context: grpc.ServicerContext) -> Any:
+        client = self._client(context)
+        overrides = SandboxOverrides.from_request(request)
+        return self.create_session(client, overrides, still_wanted=context.is_active).message()
+
+    def delete_session(self, session: ClientSession, reason: str = "deleted") -> int:
+        """Destroy a live session's sandbox and end its run; the calls it cancelled."""
+        with self._lock:
+            self._sessions.pop(session.sandbox_id, None)
+            self._lock.notify_all()
+        return session.close(self.audit, reason)
 
     @handle_errors
     def DeleteSandbox(self, request: executor_pb2.DeleteSandboxRequest, context: grpc.ServicerContext) -> Any:
         client = self._client(context)
         session = self._session(request.sandbox_id, client)
-        with self._lock:
-            self._sessions.pop(session.sandbox_id, None)
-            self._lock.notify_all()
-        cancelled = session.close(self.audit, "deleted")
-        return executor_pb2.DeleteSandboxResponse(cancelled_calls=cancelled)
+        return executor_pb2.DeleteSandboxResponse(cancelled_calls=self.delete_session(session))
 
     # ---- CallTool ------------------------------------------------------------------------------
 
@@ -447,6 +459,12 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         """sandbox id -> client, of the live sessions."""
         with self._lock:
             return {sid: s.client for sid, s in self._sessions.items()}
+
+    def sessions_of(self, client: str) -> list[ClientSession]:
+        """``client``'s live sessions, oldest first."""
+        with self._lock:
+            return sorted((s for s in self._sessions.values() if s.client == client and not s.closed),
+                          key=lambda s: s.created)
 
     def begin_shutdown(self) -> None:
         """Refuse new sandboxes and cancel every running call (the sandboxes stay until ``shutdown``)."""
