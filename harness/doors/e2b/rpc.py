@@ -30,7 +30,8 @@ from harness.engine.cancel import CallScope
 if TYPE_CHECKING:
     from harness.doors.e2b.boxes import E2bSandbox
 
-__all__ = ["EnvdCall", "HttpRequest", "HttpResponse", "Kind", "Method", "Service", "json_response"]
+__all__ = ["EnvdCall", "EnvdRoute", "HttpRequest", "HttpResponse", "Kind", "Method", "RestRoute", "Service",
+           "json_response"]
 
 Kind = Literal["unary", "server_stream", "client_stream"]
 
@@ -133,3 +134,10 @@ def json_response(status: int, value: Any, headers: list[tuple[str, str]] | None
     body = b"" if status == 204 else json.dumps(value, separators=(",", ":")).encode()
     head = [("content-type", "application/json")] if status != 204 else []
     return HttpResponse(status, head + (headers or []), body)
+
+
+RestRoute = tuple[str, str, Callable[[HttpRequest, str], HttpResponse]]
+"""A control-plane route: HTTP method, path template (``/sandboxes/{sandboxID}``), handler(request, client)."""
+
+EnvdRoute = tuple[str, str, Callable[[HttpRequest, EnvdCall], HttpResponse]]
+"""A plain HTTP route of envd (``/files``): HTTP method, path, handler(request, call)."""
