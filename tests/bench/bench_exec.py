@@ -26,7 +26,9 @@ Rows:
    spawn -> exit time of ``true`` vs ``subprocess.run(["true"])`` on the host;
 8. the cost of redacting secrets from every result: a whole call (no sandbox) on a 16 KiB
    and a 1 MiB tool output, vs the same call path with redaction off;
-9.-13. living sandboxes (attach replay, PTY keystroke, cp, pause/resume, snapshot/fork): bench_living.py.
+9.-13. living sandboxes (attach replay, PTY keystroke, cp, pause/resume, snapshot/fork): bench_living.py;
+14. the E2B SDK against ``callbox serve --e2b`` (cold start, ``commands.run`` round trip, file
+    write/read throughput), each beside the engine doing the same in process: bench_e2b.py.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from harness.engine.docker import labels
 from harness.engine.docker.engine import DockerEngine, Sandbox, seccomp_profile
 from harness.engine.exec_result import ExecResult, collect
 from harness.engine.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
+from tests.bench.bench_e2b import add_e2b_rows, bench_e2b
 from tests.bench.bench_living import Toolkit, add_living_rows, bench_living
 from tests.bench.bench_overhead import bench_overhead
 from tests.bench.bench_redaction import bench_redaction
@@ -80,6 +83,8 @@ TARGET_COLD_START_FACTOR = 1.15
 TARGET_STREAM_FACTOR = 1.5
 TARGET_IDLE_MEMORY_MIB = 25.0
 TARGET_OVERHEAD_P50_MS = 0.3
+
+SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b"]
 
 
 LOAD_SEEN: list[float] = []  # 1-minute load average at every progress line: how busy the machine was
@@ -630,6 +635,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
         add("8c. of which `Redactor.redact` alone, 16 KiB / 1 MiB", "time", data["redaction_only_16k"], "—", None,
             f"— (info; 1 MiB: p50 {p50(data['redaction_only_1m']):.2f} ms)")
     add_living_rows(data, add)
+    add_e2b_rows(data, add)
     if "callbox_health" in data:
         add("5a. floor: gRPC unary Health/Check on the agent socket (interleaved)", "time",
             data["callbox_health"], "—", None, "— (info)")
@@ -689,7 +695,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stream-mib", type=int, default=None, help="stream size in MiB (default 64; 8 with --quick)")
     parser.add_argument("--image", default=SandboxSpec().image, help="sandbox image (default %(default)s)")
     parser.add_argument("--only", action="append",
-                        choices=["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living"],
+                        choices=SECTIONS,
                         help="run only these sections (repeatable); the default is all")
     args = parser.parse_args(argv)
     if args.quick:
@@ -719,7 +725,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sections = set(args.only or ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living"])
+    sections = set(args.only or SECTIONS)
     engine = DockerEngine.connect(reap_on_start=False)  # leave other sessions' sandboxes alone
     try:
         engine.client.images.get(args.image)
@@ -761,6 +767,9 @@ def main(argv: list[str] | None = None) -> int:
             if "living" in sections:
                 data.update(bench_living(res, spec, args.samples, args.warmup,
                                          Toolkit(progress, interleaved, hardened_run_kwargs), quick=args.quick))
+            if "e2b" in sections:
+                data.update(bench_e2b(res, spec, args.samples, args.warmup,
+                                      Toolkit(progress, interleaved, hardened_run_kwargs), quick=args.quick))
         except KeyboardInterrupt:
             progress("interrupted: cleaning up")
             raise
