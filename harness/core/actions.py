@@ -453,16 +453,23 @@ class ActionGate:
         self.workdir = workdir or policy.sandbox.workdir
         self.run_id = audit.start_run(run_id, {"kind": "sandbox"})
 
-    def authorize(self, action: str, details: Mapping[str, Any], *, approval_id: str | None = None) -> ActionTicket:
+    def authorize(self, action: str, details: Mapping[str, Any], *, approval_id: str | None = None,
+                  floor: Decision | None = None) -> ActionTicket:
         """Decide and record one action: ``allow`` gives a ticket (end it with :meth:`finish`);
         ``deny`` raises :class:`ActionDenied`; ``ask`` raises :class:`ApprovalPending` unless
         ``approval_id`` names an approved approval of this run, action, actor and details,
-        which is then used up (a denied one raises :class:`ActionDenied`)."""
+        which is then used up (a denied one raises :class:`ActionDenied`).
+
+        ``floor`` is another decision about the same act (a tool's rules, when a door runs a
+        command that is also that tool's call): the more restrictive of it and the action's
+        own decision is the one decided and recorded (the action's on a tie)."""
         tool = action_tool(action)
         if "actor" in details:
             raise ValueError("'actor' is not a detail: the gate records who acts (ActionGate(actor=...))")
         arguments = {"actor": self.actor, **details}
         decision = self.policy.actions.decide(action, details, workdir=self.workdir)
+        if floor is not None and _RANK[floor.action] > _RANK[decision.action]:
+            decision = floor
         if decision.action is Action.ASK and approval_id is not None:
             return self._approved(action, details, arguments, decision, approval_id)
         call_id = self._record(tool, arguments, decision)
