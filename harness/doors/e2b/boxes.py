@@ -16,6 +16,15 @@ Who may do what:
   A missing or wrong token is ``unauthenticated``; an unknown sandbox ``not_found``.
 * **Actions**: each is gated by the sandbox's policy with the actor ``e2b:CLIENT``
   (:meth:`E2bSandboxes.acting`), recorded in the sandbox's run like the gRPC door's.
+
+Lifetime (the E2B ``timeout``): a sandbox's timeout is its session's TTL, at least
+``MIN_TIMEOUT_S`` and at most its template policy's ``sandbox.ttl_seconds`` (more is
+``permission_denied`` naming that key). :meth:`E2bSandboxes.set_timeout` moves its end to now
++ timeout through the engine's keep-alive (the gRPC door's KeepAlive), which the door's
+reaper follows; :meth:`~E2bSandboxes.pause` and :meth:`~E2bSandboxes.resume` are the
+engine's (the clock stands still while paused) and the policy's ``pause`` action;
+:meth:`~E2bSandboxes.connect` resumes a paused sandbox and never shortens a timeout, only
+extends it. :meth:`~E2bSandboxes.metrics` reads the sandbox's cgroup.
 """
 
 from __future__ import annotations
@@ -23,10 +32,11 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
+import math
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,20 +44,44 @@ from harness.audit.store import AuditError
 from harness.core.actions import ActionDenied, ActionGate, ActionTicket, ApprovalPending
 from harness.core.errors import CallboxError, short_reason
 from harness.core.policy import Policy
-from harness.doors.e2b.errors import E2bError, from_callbox, from_service_error, not_found
+from harness.doors.e2b.errors import E2bError, from_callbox, from_service_error, invalid, not_found
 from harness.doors.grpc.errors import ServiceError
 from harness.doors.grpc.overrides import SandboxOverrides
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import ClientSession
+from harness.engine.docker.lifetime import MIN_TTL_S
 from harness.engine.docker.sandbox import Sandbox as DockerSandbox
 
-__all__ = ["DEFAULT_TEMPLATE", "DOOR", "E2bSandbox", "E2bSandboxes", "e2b_errors"]
+__all__ = ["DEFAULT_TEMPLATE", "DEFAULT_TIMEOUT_S", "DOOR", "MIN_TIMEOUT_S", "E2bSandbox", "E2bSandboxes",
+           "Metric", "e2b_errors"]
 
 log = logging.getLogger("callbox.e2b")
 
 DOOR = "e2b"
 DEFAULT_TEMPLATE = "base"
 """The template the SDK asks for when its caller names none: the server's own policy and image."""
+DEFAULT_TIMEOUT_S = 300
+"""E2B's timeout when a request gives none (create and connect), capped at the server's limit."""
+MIN_TIMEOUT_S = int(MIN_TTL_S)
+"""The shortest timeout the engine keeps a sandbox for."""
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One reading of a sandbox's resources, in the units of E2B's metrics."""
+
+    timestamp: float
+    cpu_count: int
+    cpu_used_pct: float
+    """CPU time used since the previous reading (the first: since the start), as a percent
+    of the CPU quota over that wall time."""
+    mem_used: int
+    mem_total: int
+    disk_used: int
+    """Not measured: the scratch places are tmpfs, their pages count in ``mem_used``."""
+    disk_total: int
+    """The sizes of the scratch tmpfs mounts (workspace, /tmp, home) together."""
 
 
 @dataclass
@@ -60,6 +94,10 @@ class E2bSandbox:
     metadata: dict[str, str] = field(default_factory=dict)
     env_vars: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    """Held by the lifetime operations (pause, resume, connect, timeout), one at a time."""
+    _cpu_sample: tuple[float, float] | None = field(default=None, repr=False, compare=False)
+    """(wall time, CPU seconds) of the last metrics reading."""
 
     @property
     def sandbox_id(self) -> str:
@@ -92,7 +130,12 @@ class E2bSandbox:
 
     @property
     def state(self) -> str:
-        """``running`` or ``paused``, as the E2B API names them."""
+        """``running`` or ``paused``, as the E2B API names them (a pause from the host,
+        ``callbox sandbox pause``, counts: the session's clock stops then too)."""
+        if not self.session.paused and not self.closed:
+            box = self.session.harness.active_sandbox
+            if isinstance(box, DockerSandbox) and box.paused:
+                self.session.mark_paused(time.time())
         return "paused" if self.session.paused else "running"
 
     def end_at(self, now: float | None = None) -> float:
@@ -110,17 +153,62 @@ class E2bSandboxes:
         self.templates.setdefault(DEFAULT_TEMPLATE, executor.policy)
         self._lock = threading.Lock()
         self._boxes: dict[str, E2bSandbox] = {}
+        self._idempotent: dict[tuple[str, str], tuple[str, str | None]] = {}
+        """(client, Idempotency-Key) -> (the request's fingerprint, its sandbox id; None while starting)."""
 
     # ---- create, find, remove --------------------------------------------------------------------
 
     def create(self, client: str, *, template_id: str = DEFAULT_TEMPLATE, overrides: SandboxOverrides | None = None,
-               metadata: Mapping[str, str] | None = None) -> E2bSandbox:
+               metadata: Mapping[str, str] | None = None, idempotency_key: str | None = None,
+               fingerprint: str = "") -> E2bSandbox:
         """Start a sandbox of ``template_id`` for ``client`` (``overrides`` tighten its policy:
-        the timeout as ``ttl_seconds``, the envVars as ``env``)."""
+        the timeout as ``ttl_seconds``, the envVars as ``env``).
+
+        With ``idempotency_key`` (the ``Idempotency-Key`` header), a repeat of the same
+        request (``fingerprint``: what identifies it) while its sandbox lives returns that
+        sandbox instead of starting another; the key with a different request, or while the
+        first is still starting, is ``already_exists`` (409)."""
+        self.check_template(template_id)
+        if not idempotency_key:
+            return self._create(client, template_id, overrides, metadata)
+        slot = (client, idempotency_key)
+        with self._lock:
+            for key in [k for k, (_, sid) in self._idempotent.items() if sid is not None and sid not in self._boxes]:
+                del self._idempotent[key]
+            found = self._idempotent.get(slot)
+            if found is not None:
+                earlier, sandbox_id = found
+                if earlier != fingerprint:
+                    raise E2bError("already_exists", f"Idempotency-Key {idempotency_key!r} was used for a different "
+                                   "create request; use a new key for a new sandbox")
+                if sandbox_id is None:
+                    raise E2bError("already_exists", f"the sandbox of Idempotency-Key {idempotency_key!r} is still "
+                                   "being created; retry in a moment")
+                live = self._boxes.get(sandbox_id)
+                if live is not None and not live.closed:
+                    return live
+            self._idempotent[slot] = (fingerprint, None)
+        try:
+            sandbox = self._create(client, template_id, overrides, metadata)
+        except BaseException:
+            with self._lock:
+                self._idempotent.pop(slot, None)
+            raise
+        with self._lock:
+            self._idempotent[slot] = (fingerprint, sandbox.sandbox_id)
+        return sandbox
+
+    def check_template(self, template_id: str) -> Policy:
+        """The policy of template ``template_id``; ``not_found`` listing the known ones."""
         base = self.templates.get(template_id or DEFAULT_TEMPLATE)
         if base is None:
             known = ", ".join(sorted(self.templates))
             raise E2bError("not_found", f"template {template_id!r} not found; this server has: {known}")
+        return base
+
+    def _create(self, client: str, template_id: str, overrides: SandboxOverrides | None,
+                metadata: Mapping[str, str] | None) -> E2bSandbox:
+        base = self.check_template(template_id)
         wanted = overrides or SandboxOverrides()
         try:
             session = self.executor.create_session(client, wanted, door=DOOR, base_policy=base)
@@ -161,12 +249,18 @@ class E2bSandboxes:
                            f"the X-Access-Token header is missing or not the access token of sandbox {sandbox_id}")
         return sandbox
 
-    def list(self, client: str) -> list[E2bSandbox]:
-        """``client``'s live sandboxes, oldest first."""
+    def list(self, client: str, *, metadata: Mapping[str, str] | None = None,
+             states: Collection[str] | None = None) -> list[E2bSandbox]:
+        """``client``'s live sandboxes, oldest first; with ``metadata``, those whose metadata
+        has every one of its pairs; with ``states``, those in one of them (running, paused)."""
         with self._lock:
             for sid in [sid for sid, s in self._boxes.items() if s.closed]:
                 del self._boxes[sid]
-            return sorted((s for s in self._boxes.values() if s.client == client), key=lambda s: s.started_at)
+            mine = sorted((s for s in self._boxes.values() if s.client == client), key=lambda s: s.started_at)
+        wanted = dict(metadata or {})
+        return [s for s in mine
+                if all(s.metadata.get(key) == value for key, value in wanted.items())
+                and (not states or s.state in states)]
 
     def kill(self, client: str, sandbox_id: str) -> None:
         """Destroy ``client``'s sandbox (``not_found`` for anyone else's)."""
@@ -174,6 +268,97 @@ class E2bSandboxes:
         with self._lock:
             self._boxes.pop(sandbox_id, None)
         self.executor.delete_session(sandbox.session, "deleted")
+
+    # ---- lifetime: timeout, pause, resume, connect, metrics ---------------------------------------
+
+    def timeout_limit(self, template_id: str) -> int:
+        """The longest timeout a sandbox of ``template_id`` may have: its policy's ``sandbox.ttl_seconds``."""
+        base = self.templates.get(template_id) or self.templates[DEFAULT_TEMPLATE]
+        return base.sandbox.ttl_seconds
+
+    def check_timeout(self, template_id: str, seconds: object, what: str = "timeout") -> int:
+        """``seconds`` as a timeout for a sandbox of ``template_id``: ``invalid_argument`` for
+        anything but a whole number of at least ``MIN_TIMEOUT_S``, ``permission_denied`` above
+        the limit."""
+        if isinstance(seconds, bool) or not isinstance(seconds, int):
+            raise invalid(f"{what}: {seconds!r} is not a whole number of seconds")
+        if seconds < MIN_TIMEOUT_S:
+            raise invalid(f"{what}: {seconds} s is too short: this server keeps a sandbox for at least "
+                          f"{MIN_TIMEOUT_S} s")
+        limit = self.timeout_limit(template_id)
+        if seconds > limit:
+            raise E2bError("permission_denied",
+                           f"{what}: {seconds} s is above this server's limit of {limit} s (sandbox.ttl_seconds "
+                           "in its policy); ask for at most that")
+        return seconds
+
+    def set_timeout(self, sandbox: E2bSandbox, seconds: int) -> float:
+        """Make ``sandbox`` end ``seconds`` from now (shorter or longer than before, at most
+        the limit; while paused: that much running time once resumed); its new end."""
+        self.check_timeout(sandbox.template_id, seconds)
+        with sandbox.lock, e2b_errors(sandbox):
+            return self._extend(sandbox, seconds)
+
+    def _extend(self, sandbox: E2bSandbox, seconds: int) -> float:
+        now = time.time()
+        expires = sandbox.box.keep_alive(float(seconds))
+        sandbox.session.mark_kept_alive(expires, now)
+        with contextlib.suppress(AuditError):
+            self.audit.update_run_meta(sandbox.sandbox_id, {"timeout_s": seconds, "timeout_set_at": now})
+        return sandbox.end_at(now)
+
+    def pause(self, sandbox: E2bSandbox) -> None:
+        """Freeze ``sandbox`` (the policy's ``pause`` action, op pause); ``already_exists``
+        (409, as E2B answers) if it is paused already."""
+        with sandbox.lock:
+            if sandbox.state == "paused":
+                raise E2bError("already_exists", f"sandbox {sandbox.sandbox_id} is already paused")
+            with self.acting(sandbox, "pause", {"op": "pause"}), e2b_errors(sandbox):
+                sandbox.box.pause()
+                sandbox.session.mark_paused(time.time())
+
+    def resume(self, sandbox: E2bSandbox) -> None:
+        """Thaw a paused ``sandbox`` (the policy's ``pause`` action, op resume), its clock
+        moved later by the pause; ``failed_precondition`` (409) if it is running."""
+        with sandbox.lock:
+            if sandbox.state != "paused":
+                raise E2bError("failed_precondition", f"sandbox {sandbox.sandbox_id} is running, not paused",
+                               status=409)
+            self._resume(sandbox)
+
+    def _resume(self, sandbox: E2bSandbox) -> None:
+        with self.acting(sandbox, "pause", {"op": "resume"}), e2b_errors(sandbox):
+            sandbox.session.mark_resumed(sandbox.box.resume())
+
+    def connect(self, sandbox: E2bSandbox, seconds: int) -> bool:
+        """Resume ``sandbox`` if it is paused, then make it last at least ``seconds`` more
+        (a longer timeout it has stays); whether it was resumed."""
+        self.check_timeout(sandbox.template_id, seconds)
+        with sandbox.lock:
+            resumed = sandbox.state == "paused"
+            if resumed:
+                self._resume(sandbox)
+            if sandbox.end_at() < time.time() + seconds:
+                with e2b_errors(sandbox):
+                    self._extend(sandbox, seconds)
+            return resumed
+
+    def metrics(self, sandbox: E2bSandbox) -> Metric:
+        """The sandbox's resources now, from its cgroup (works while paused)."""
+        with e2b_errors(sandbox):
+            box = sandbox.box
+            stats = box.stats()
+        now = time.time()
+        spec = box.spec
+        with sandbox.lock:
+            since, cpu_before = sandbox._cpu_sample or (sandbox.started_at, 0.0)
+            sandbox._cpu_sample = (now, stats.cpu_usage_s)
+        wall = max(now - since, 1e-3)
+        used = max(0.0, stats.cpu_usage_s - cpu_before)
+        pct = min(100.0, 100.0 * used / (wall * spec.cpus))
+        scratch = spec.effective_workspace_size + spec.effective_tmp_size + spec.effective_home_size
+        return Metric(timestamp=now, cpu_count=max(1, math.ceil(spec.cpus)), cpu_used_pct=round(pct, 2),
+                      mem_used=stats.memory_bytes, mem_total=spec.memory, disk_used=0, disk_total=scratch)
 
     # ---- policy and audit of sandbox actions -------------------------------------------------------
 

@@ -1,0 +1,307 @@
+"""The E2B control plane: the REST API the e2b SDK calls with ``E2B_API_URL`` pointing here.
+
+Every route answers the calling client (named by its ``X-API-KEY``) about its own
+sandboxes only; anyone else's is 404 with the words of one that never existed.
+
+=========================================  =======================================================
+``POST /v2/sandboxes`` (and v1's           create (201 ``Sandbox``; see :mod:`rest_models` for
+``POST /sandboxes``)                       each field); an ``Idempotency-Key`` repeat returns the
+                                           same sandbox
+``GET /v2/sandboxes``                      list: ``metadata`` (``k=v&...``, url-encoded as the SDK
+                                           sends it), ``state`` (running, paused, comma separated),
+                                           ``template``, ``startedAfter``, ``order`` (asc by start,
+                                           or desc), ``limit`` (1 to 100, default 100), paged by
+                                           ``nextToken`` / the ``x-next-token`` header
+``GET /sandboxes``                         v1's list: the running ones, unpaged
+``GET /sandboxes/{id}``                    ``SandboxDetail``
+``DELETE /sandboxes/{id}``                 204 (the SDK reads 404 as ``False``)
+``POST /sandboxes/{id}/timeout``           204: its end is now + ``timeout``, shorter or longer
+``POST /sandboxes/{id}/pause``             204, 409 if paused already (the SDK: ``False``)
+``POST /v2/sandboxes/{id}/connect``        201 and a resumed sandbox if it was paused, else 200;
+(and v1's ``/sandboxes/{id}/connect``)     its timeout is extended to ``timeout`` (default
+                                           300 s) from now, never shortened
+``POST /sandboxes/{id}/resume``            v1's resume: as connect, 409 if it is running
+``GET /sandboxes/{id}/metrics``            one reading now (``start``/``end``: empty if now is
+                                           outside them)
+=========================================  =======================================================
+
+What the SDK can ask on these paths that this server does not do (network updates, forks,
+snapshots, logs, refreshes, the metrics of many sandboxes, snapshot listing and deletion)
+is 501 with a sentence naming it. Errors are ``{"code": STATUS, "message": ...}``; a 429
+says ``Should-Retry: false`` (a limit of sandboxes per client is not passed by waiting a
+few seconds, which is what the SDK's retries would do).
+
+A pause or resume is the policy's ``pause`` action (``op``), recorded in the sandbox's run;
+create and delete are its run's start and end (through the executor).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import json
+import logging
+import time
+import urllib.parse
+from collections.abc import Callable, Collection, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from harness.doors.e2b.boxes import DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes
+from harness.doors.e2b.errors import E2bError, invalid
+from harness.doors.e2b.rest_models import (
+    ENVD_VERSION,
+    created_body,
+    detail_body,
+    listed_body,
+    metric_body,
+    parse_create,
+    unsupported,
+)
+from harness.doors.e2b.rpc import HttpRequest, HttpResponse, RestRoute, json_response
+
+__all__ = ["ENVD_VERSION", "MAX_LIST_LIMIT", "ControlPlane", "routes"]
+
+log = logging.getLogger("callbox.e2b")
+
+MAX_LIST_LIMIT = 100
+"""The most sandboxes one list page holds (E2B's maximum, and its default)."""
+STATES = ("running", "paused")
+
+Handler = Callable[[HttpRequest, str], HttpResponse]
+
+
+def _answering(handler: Handler) -> Handler:
+    """E2bError as the control plane's error response."""
+
+    @functools.wraps(handler)
+    def answer(request: HttpRequest, client: str) -> HttpResponse:
+        try:
+            return handler(request, client)
+        except E2bError as error:
+            headers = [("should-retry", "false")] if error.status == 429 else []
+            return json_response(error.status, error.rest_body(), headers)
+
+    return answer
+
+
+def _not_served(what: str) -> Handler:
+    def refuse(request: HttpRequest, client: str) -> HttpResponse:
+        error = unsupported(f"{what} is not supported by this server (callbox's E2B door)")
+        return json_response(error.status, error.rest_body())
+
+    return refuse
+
+
+def _object(request: HttpRequest) -> dict[str, Any]:
+    body = request.json()
+    if not isinstance(body, dict):
+        raise invalid(f"the request body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+def _int_param(request: HttpRequest, name: str) -> int | None:
+    text = request.first(name)
+    if text is None or text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise invalid(f"{name}: {text!r} is not a whole number") from None
+
+
+def parse_metadata_query(text: str) -> dict[str, str]:
+    """The ``metadata`` query parameter as the SDK builds it: ``urlencode`` of pairs whose
+    keys and values were already ``quote``d (so each is decoded twice)."""
+    pairs = urllib.parse.parse_qsl(text, keep_blank_values=True)
+    if not pairs and text.strip():
+        raise invalid(f"metadata: {text!r} is not key=value pairs joined by &")
+    return {urllib.parse.unquote(key): urllib.parse.unquote(value) for key, value in pairs}
+
+
+def _states(request: HttpRequest) -> list[str]:
+    states = [part.strip() for value in request.query.get("state", []) for part in value.split(",") if part.strip()]
+    for state in states:
+        if state not in STATES:
+            raise invalid(f"state: {state!r} is not a sandbox state; use running or paused")
+    return states
+
+
+def _started_after(request: HttpRequest) -> float | None:
+    text = request.first("startedAfter")
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise invalid(f"startedAfter: {text!r} is not an RFC 3339 time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def _cursor(sandbox: E2bSandbox) -> str:
+    raw = json.dumps([sandbox.started_at, sandbox.sandbox_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _after_cursor(token: str) -> tuple[float, str]:
+    try:
+        started, sandbox_id = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        return float(started), str(sandbox_id)
+    except (ValueError, TypeError, binascii.Error):
+        raise invalid(f"nextToken: {token!r} is not a token this server gave (x-next-token of a list)") from None
+
+
+class ControlPlane:
+    """The REST handlers over one server's :class:`E2bSandboxes`."""
+
+    def __init__(self, sandboxes: E2bSandboxes) -> None:
+        self.sandboxes = sandboxes
+
+    def _sandbox(self, request: HttpRequest, client: str) -> E2bSandbox:
+        return self.sandboxes.get(client, request.path_params.get("sandboxID", ""))
+
+    # ---- create, list, get, delete -----------------------------------------------------------------
+
+    def create(self, request: HttpRequest, client: str) -> HttpResponse:
+        wanted = parse_create(request.json(), self.sandboxes)
+        sandbox = self.sandboxes.create(client, template_id=wanted.template_id, overrides=wanted.overrides,
+                                        metadata=wanted.metadata,
+                                        idempotency_key=request.headers.get("idempotency-key") or None,
+                                        fingerprint=wanted.fingerprint)
+        log.info("e2b client %s created sandbox %s (template %s, timeout %d s)", client, sandbox.sandbox_id,
+                 sandbox.template_id, wanted.timeout)
+        return json_response(201, created_body(sandbox))
+
+    def list_v2(self, request: HttpRequest, client: str) -> HttpResponse:
+        text = request.first("metadata")
+        metadata = parse_metadata_query(text) if text else None
+        limit = _int_param(request, "limit")
+        if limit is None:
+            limit = MAX_LIST_LIMIT
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise invalid(f"limit: {limit} is out of range; ask for 1 to {MAX_LIST_LIMIT} per page")
+        order = request.first("order") or "asc"
+        if order not in ("asc", "desc"):
+            raise invalid(f"order: {order!r} is not asc or desc")
+        template = request.first("template")
+        after = _started_after(request)
+        found = [s for s in self.sandboxes.list(client, metadata=metadata, states=_states(request))
+                 if (not template or s.template_id == template) and (after is None or s.started_at >= after)]
+        found.sort(key=lambda s: (s.started_at, s.sandbox_id), reverse=order == "desc")
+        token = request.first("nextToken")
+        if token:
+            mark = _after_cursor(token)
+            found = [s for s in found if ((s.started_at, s.sandbox_id) < mark if order == "desc"
+                                          else (s.started_at, s.sandbox_id) > mark)]
+        page = found[:limit]
+        headers = [("x-next-token", _cursor(page[-1]))] if len(found) > limit else []
+        return json_response(200, self._listed(page), headers)
+
+    def list_v1(self, request: HttpRequest, client: str) -> HttpResponse:
+        text = request.first("metadata")
+        metadata = parse_metadata_query(text) if text else None
+        return json_response(200, self._listed(self.sandboxes.list(client, metadata=metadata, states=["running"])))
+
+    def _listed(self, sandboxes: Collection[E2bSandbox]) -> list[dict[str, Any]]:
+        now = time.time()
+        bodies = []
+        for sandbox in sandboxes:
+            try:
+                bodies.append(listed_body(sandbox, now))
+            except E2bError:
+                if not sandbox.closed:  # one that ended while listed is simply not in the list
+                    raise
+        return bodies
+
+    def get(self, request: HttpRequest, client: str) -> HttpResponse:
+        sandbox = self._sandbox(request, client)
+        return json_response(200, detail_body(sandbox, time.time()))
+
+    def kill(self, request: HttpRequest, client: str) -> HttpResponse:
+        self.sandboxes.kill(client, request.path_params.get("sandboxID", ""))
+        return json_response(204, None)
+
+    # ---- lifetime ----------------------------------------------------------------------------------
+
+    def timeout(self, request: HttpRequest, client: str) -> HttpResponse:
+        sandbox = self._sandbox(request, client)
+        body = _object(request)
+        if "timeout" not in body:
+            raise invalid('the body needs "timeout": the seconds from now the sandbox should end')
+        self.sandboxes.set_timeout(sandbox, body["timeout"])
+        return json_response(204, None)
+
+    def pause(self, request: HttpRequest, client: str) -> HttpResponse:
+        sandbox = self._sandbox(request, client)
+        body = _object(request)
+        if body.get("memory") is False:
+            raise unsupported("a filesystem-only pause (mode 'filesystem') is not supported: this server freezes "
+                              "the sandbox's processes with their memory; pause it without a mode")
+        # requireHealthyGuest: a freeze needs nothing of the agent, so it changes nothing here.
+        self.sandboxes.pause(sandbox)
+        return json_response(204, None)
+
+    def connect(self, request: HttpRequest, client: str) -> HttpResponse:
+        sandbox = self._sandbox(request, client)
+        return self._connect(sandbox, _object(request), must_be_paused=False)
+
+    def resume(self, request: HttpRequest, client: str) -> HttpResponse:
+        sandbox = self._sandbox(request, client)
+        body = _object(request)
+        if body.get("autoPause") is True:
+            raise unsupported("autoPause: this server removes a sandbox when its timeout passes, it cannot pause it")
+        return self._connect(sandbox, body, must_be_paused=True)
+
+    def _connect(self, sandbox: E2bSandbox, body: Mapping[str, Any], *, must_be_paused: bool) -> HttpResponse:
+        timeout = body.get("timeout")
+        if timeout is None:
+            timeout = min(DEFAULT_TIMEOUT_S, self.sandboxes.timeout_limit(sandbox.template_id))
+        paused = sandbox.state == "paused"
+        if must_be_paused and not paused:
+            raise E2bError("already_exists", f"sandbox {sandbox.sandbox_id} is already running")
+        if paused and body.get("memory") is False:
+            raise unsupported("resuming with a reboot (on_resume 'reboot') is not supported: this server resumes "
+                              "the sandbox's frozen processes; connect without on_resume")
+        resumed = self.sandboxes.connect(sandbox, timeout)
+        return json_response(201 if resumed else 200, created_body(sandbox))
+
+    def metrics(self, request: HttpRequest, client: str) -> HttpResponse:
+        sandbox = self._sandbox(request, client)
+        start, end = _int_param(request, "start"), _int_param(request, "end")
+        metric = self.sandboxes.metrics(sandbox)
+        if (start is not None and metric.timestamp < start) or (end is not None and metric.timestamp > end + 1):
+            return json_response(200, [])
+        return json_response(200, [metric_body(metric)])
+
+
+def routes(sandboxes: E2bSandboxes) -> list[RestRoute]:
+    """The control plane's routes, in the order to match them (literal segments before
+    ``{sandboxID}``: ``/sandboxes/metrics`` is not a sandbox)."""
+    api = ControlPlane(sandboxes)
+    served: list[tuple[str, str, Handler]] = [
+        ("POST", "/v2/sandboxes", api.create),
+        ("GET", "/v2/sandboxes", api.list_v2),
+        ("POST", "/sandboxes", api.create),
+        ("GET", "/sandboxes", api.list_v1),
+        ("GET", "/sandboxes/metrics", _not_served("the metrics of many sandboxes at once (GET /sandboxes/metrics)")),
+        ("GET", "/sandboxes/{sandboxID}", api.get),
+        ("DELETE", "/sandboxes/{sandboxID}", api.kill),
+        ("POST", "/sandboxes/{sandboxID}/timeout", api.timeout),
+        ("POST", "/sandboxes/{sandboxID}/pause", api.pause),
+        ("POST", "/v2/sandboxes/{sandboxID}/connect", api.connect),
+        ("POST", "/sandboxes/{sandboxID}/connect", api.connect),
+        ("POST", "/sandboxes/{sandboxID}/resume", api.resume),
+        ("GET", "/sandboxes/{sandboxID}/metrics", api.metrics),
+        ("PUT", "/sandboxes/{sandboxID}/network", _not_served("changing a sandbox's network (update_network)")),
+        ("POST", "/sandboxes/{sandboxID}/fork", _not_served("forking a sandbox (fork)")),
+        ("POST", "/sandboxes/{sandboxID}/snapshots", _not_served("snapshots of a sandbox (create_snapshot)")),
+        ("GET", "/sandboxes/{sandboxID}/logs", _not_served("a sandbox's logs")),
+        ("GET", "/v2/sandboxes/{sandboxID}/logs", _not_served("a sandbox's logs")),
+        ("POST", "/sandboxes/{sandboxID}/refreshes", _not_served("refreshing a sandbox (use set_timeout)")),
+        ("GET", "/snapshots", _not_served("listing snapshots (list_snapshots)")),
+        ("DELETE", "/templates/{templateID}", _not_served("deleting templates or snapshots (delete_snapshot)")),
+    ]
+    return [(method, path, _answering(handler)) for method, path, handler in served]
