@@ -29,7 +29,7 @@ import pytest
 from harness.audit.store import AuditStore
 from harness.core.calls import ToolCall
 from harness.core.policy import parse_policy
-from harness.doors.e2b.boxes import E2bSandboxes
+from harness.doors.e2b.boxes import MIN_TIMEOUT_S, E2bSandboxes
 from harness.doors.e2b.rest import ENVD_VERSION, routes
 from harness.doors.e2b.rpc import HttpRequest, HttpResponse
 from harness.doors.grpc.service import ExecutorService
@@ -167,7 +167,7 @@ def test_refusals_of_create_name_the_fix(api: Api) -> None:
     before = [s.sandbox_id for s in api.sandboxes.list("alice")]
     api.refused("POST", "/v2/sandboxes", 403, "above this server's limit of 900 s (sandbox.ttl_seconds",
                 body={"templateID": "base", "timeout": LIMIT + 1})
-    api.refused("POST", "/v2/sandboxes", 400, "at least 10 s", body={"templateID": "base", "timeout": 3})
+    api.refused("POST", "/v2/sandboxes", 400, "not a whole number", body={"templateID": "base", "timeout": 1.5})
     error = api.refused("POST", "/v2/sandboxes", 404, "template 'nope' not found", body={"templateID": "nope"})
     assert "base, locked" in error["message"]
     api.refused("POST", "/v2/sandboxes", 403, "sandbox.network = 'none'",
@@ -329,3 +329,18 @@ def test_delete_then_not_found(api: Api) -> None:
     api.refused("GET", f"/sandboxes/{sid}", 404, "not found")
     assert not api.engine.client.containers.list(all=True, filters={"id": container})
     assert api.audit.get_run(sid).end_reason == "deleted"
+
+
+def test_a_short_timeout_is_the_minimum_and_the_reaper_removes_it(api: Api) -> None:
+    made = api.create(timeout=1)
+    sid = made["sandboxID"]
+    try:
+        end = when(api.ok("GET", f"/sandboxes/{sid}")["endAt"])
+        assert 5 <= end - time.time() <= MIN_TIMEOUT_S
+        assert api.service.reap_expired(now=end - 1) == []
+        assert api.service.reap_expired(now=end + 1) == [sid]
+        api.refused("GET", f"/sandboxes/{sid}", 404, "not found")
+        assert sid not in [s["sandboxID"] for s in api.ok("GET", "/v2/sandboxes")]
+        assert api.audit.get_run(sid).end_reason == "expired"
+    finally:
+        api.call("DELETE", f"/sandboxes/{sid}")

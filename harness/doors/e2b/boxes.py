@@ -18,7 +18,7 @@ Who may do what:
   (:meth:`E2bSandboxes.acting`), recorded in the sandbox's run like the gRPC door's.
 
 Lifetime (the E2B ``timeout``): a sandbox's timeout is its session's TTL, at least
-``MIN_TIMEOUT_S`` and at most its template policy's ``sandbox.ttl_seconds`` (more is
+``MIN_TIMEOUT_S`` (a shorter one is raised to it) and at most its template policy's ``sandbox.ttl_seconds`` (more is
 ``permission_denied`` naming that key). :meth:`E2bSandboxes.set_timeout` moves its end to now
 + timeout through the engine's keep-alive (the gRPC door's KeepAlive), which the door's
 reaper follows; :meth:`~E2bSandboxes.pause` and :meth:`~E2bSandboxes.resume` are the
@@ -278,13 +278,14 @@ class E2bSandboxes:
 
     def check_timeout(self, template_id: str, seconds: object, what: str = "timeout") -> int:
         """``seconds`` as a timeout for a sandbox of ``template_id``: ``invalid_argument`` for
-        anything but a whole number of at least ``MIN_TIMEOUT_S``, ``permission_denied`` above
-        the limit."""
-        if isinstance(seconds, bool) or not isinstance(seconds, int):
+        anything but a whole number of seconds, ``permission_denied`` above the limit. A
+        shorter one than the engine keeps a sandbox for (``MIN_TIMEOUT_S``) is that minimum:
+        the sandbox ends a few seconds later than asked (its ``endAt`` says when), not never."""
+        if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < 0:
             raise invalid(f"{what}: {seconds!r} is not a whole number of seconds")
         if seconds < MIN_TIMEOUT_S:
-            raise invalid(f"{what}: {seconds} s is too short: this server keeps a sandbox for at least "
-                          f"{MIN_TIMEOUT_S} s")
+            log.info("a %s of %d s is below this server's minimum: %d s", what, seconds, MIN_TIMEOUT_S)
+            return MIN_TIMEOUT_S
         limit = self.timeout_limit(template_id)
         if seconds > limit:
             raise E2bError("permission_denied",
@@ -295,7 +296,7 @@ class E2bSandboxes:
     def set_timeout(self, sandbox: E2bSandbox, seconds: int) -> float:
         """Make ``sandbox`` end ``seconds`` from now (shorter or longer than before, at most
         the limit; while paused: that much running time once resumed); its new end."""
-        self.check_timeout(sandbox.template_id, seconds)
+        seconds = self.check_timeout(sandbox.template_id, seconds)
         with sandbox.lock, e2b_errors(sandbox):
             return self._extend(sandbox, seconds)
 
@@ -333,7 +334,7 @@ class E2bSandboxes:
     def connect(self, sandbox: E2bSandbox, seconds: int) -> bool:
         """Resume ``sandbox`` if it is paused, then make it last at least ``seconds`` more
         (a longer timeout it has stays); whether it was resumed."""
-        self.check_timeout(sandbox.template_id, seconds)
+        seconds = self.check_timeout(sandbox.template_id, seconds)
         with sandbox.lock:
             resumed = sandbox.state == "paused"
             if resumed:

@@ -5,7 +5,8 @@ field by field (:func:`parse_create`):
 
 * ``templateID`` names a template of :attr:`E2bSandboxes.templates` (``base``: the server's
   policy); an unknown one is ``not_found`` listing the known ones.
-* ``timeout`` (seconds) is the session's ``ttl_seconds``: at least ``MIN_TIMEOUT_S``, at most
+* ``timeout`` (seconds) is the session's ``ttl_seconds``: at least ``MIN_TIMEOUT_S`` (10 s, the
+  engine's shortest; a shorter one is raised to it, as ``endAt`` then shows), at most
   the template's ``sandbox.ttl_seconds`` (more is ``permission_denied`` naming that key);
   none given: E2B's 300 s, or the limit if that is shorter.
 * ``envVars`` become the sandbox's environment (``SandboxOverrides.env``), ``metadata`` is
