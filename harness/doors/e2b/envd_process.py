@@ -249,7 +249,7 @@ class ProcessDoor:
 
     # ---- Start and Connect -------------------------------------------------------------------
 
-    def start(self, request: pb.StartRequest, call: EnvdCall) -> Iterator[pb.StartResponse]:
+    def start(self, request: pb.StartRequest, call: EnvdCall) -> Generator[pb.StartResponse, None, None]:
         sandbox = call.sandbox
         _check_user(call.user)
         config = request.process
@@ -285,7 +285,7 @@ class ProcessDoor:
                 if call.scope.cancelled:
                     ticket.outcome["ended"] = "the client went away; the process runs on"
 
-    def connect(self, request: pb.ConnectRequest, call: EnvdCall) -> Iterator[pb.ConnectResponse]:
+    def connect(self, request: pb.ConnectRequest, call: EnvdCall) -> Generator[pb.ConnectResponse, None, None]:
         sandbox = call.sandbox
         with e2b_errors(sandbox):
             box = sandbox.running()

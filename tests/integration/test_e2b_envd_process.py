@@ -1,0 +1,453 @@
+"""envd's process.Process of the E2B door, its handlers called directly on the real engine.
+
+An ExecutorService and E2bSandboxes as ``callbox serve --e2b`` builds them, one sandbox of the
+module (created with envVars) shared by the tests: foreground commands with both streams and
+exit codes (envd's end event), a background tree reattached from a second call by tag and
+killed whole, stdin by SendInput, StreamInput and CloseStdin, a PTY (size, resize, input, exit),
+a Start deadline killing its process, a client going away mid-stream (the stream ends, the
+process runs on), users, and the policy: a shell rule's deny and an action rule's ask, each
+recorded in the sandbox's run, the ask approved and used by repeating the command."""
+
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+import tempfile
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.audit.store import AuditStore
+from harness.core.policy import parse_policy
+from harness.doors.e2b.boxes import E2bSandbox, E2bSandboxes
+from harness.doors.e2b.envd import process_pb2 as pb
+from harness.doors.e2b.envd_process import ProcessDoor, process_service
+from harness.doors.e2b.errors import E2bError
+from harness.doors.e2b.rpc import EnvdCall
+from harness.doors.grpc.overrides import SandboxOverrides
+from harness.doors.grpc.service import ExecutorService
+from harness.doors.grpc.tokens import TokenSet
+from harness.engine.docker.engine import DockerEngine
+from harness.tools import registry_for
+from tests.conftest import IMAGE
+
+pytestmark = pytest.mark.docker
+
+WAIT_S = 60.0
+POLICY = textwrap.dedent(f"""
+    [sandbox]
+    image = "{IMAGE}"
+    memory = "512m"
+    ttl_seconds = 900
+
+    [tools.shell]
+    decision = "allow"
+
+    [[tools.shell.rules]]
+    action = "deny"
+    command = "rm -rf *"
+    reason = "recursive removal is not allowed in these sandboxes"
+
+    [[actions.process.rules]]
+    action = "ask"
+    command = "*needs-approval*"
+""")
+
+
+@dataclass
+class Door:
+    sandboxes: E2bSandboxes
+    process: ProcessDoor
+    audit: AuditStore
+    box: E2bSandbox
+
+
+@pytest.fixture(scope="module")
+def door(engine: Any) -> Iterator[Door]:
+    state = Path(tempfile.mkdtemp(prefix="cbx-e2b-process-"))
+    docker_engine = DockerEngine(engine.client, reap_on_start=False)
+    audit = AuditStore(state / "audit.sqlite3")
+    policy = parse_policy(POLICY)
+    executor = ExecutorService(registry=registry_for(policy), policy=policy, audit=audit,
+                               tokens=TokenSet({"alice": "token-of-e2b-alice-0123456"}, source="test tokens"),
+                               engine_factory=lambda: docker_engine)
+    sandboxes = E2bSandboxes(executor)
+    try:
+        box = sandboxes.create("alice", overrides=SandboxOverrides(env={"FROM_CREATE": "c1"}))
+        yield Door(sandboxes, ProcessDoor(sandboxes), audit, box)
+    finally:
+        for session in list(executor.sessions_of("alice")):
+            executor.delete_session(session, "test over")
+        executor.shutdown()
+        audit.close()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def call_of(door: Door, *, user: str | None = None, deadline_s: float | None = None) -> EnvdCall:
+    """An envd call on the module's sandbox; its scope is cancelled after WAIT_S at the latest,
+    so a test that goes wrong fails instead of hanging."""
+    call = EnvdCall(sandbox=door.box, headers={}, user=user,
+                    deadline=None if deadline_s is None else time.monotonic() + deadline_s)
+    guard = threading.Timer(WAIT_S, call.scope.cancel)
+    guard.daemon = True
+    guard.start()
+    return call
+
+
+def bash(script: str, *, stdin: bool = False, tag: str | None = None, **envs: str) -> pb.StartRequest:
+    """What the SDK's commands.run sends."""
+    request = pb.StartRequest(process=pb.ProcessConfig(cmd="/bin/bash", args=["-l", "-c", script], envs=envs),
+                              stdin=stdin)
+    if tag is not None:
+        request.tag = tag
+    return request
+
+
+@dataclass
+class Ran:
+    pid: int = 0
+    stdout: bytes = b""
+    stderr: bytes = b""
+    pty: bytes = b""
+    end: pb.ProcessEvent.EndEvent | None = None
+    kinds: list[str] = field(default_factory=list)
+
+    def add(self, event: pb.ProcessEvent) -> None:
+        kind = event.WhichOneof("event")
+        assert kind is not None
+        self.kinds.append(kind)
+        if kind == "start":
+            assert self.kinds == ["start"], self.kinds
+            self.pid = event.start.pid
+        elif kind == "data":
+            self.stdout += event.data.stdout
+            self.stderr += event.data.stderr
+            self.pty += event.data.pty
+        elif kind == "end":
+            assert self.end is None
+            self.end = event.end
+
+
+def collect(responses: Iterator[Any]) -> Ran:
+    ran = Ran()
+    for response in responses:
+        ran.add(response.event)
+    return ran
+
+
+class Follower:
+    """A stream's events gathered by a thread, to wait on while the test sends input."""
+
+    def __init__(self, responses: Iterator[Any]) -> None:
+        self.ran = Ran()
+        self._events: queue.Queue[pb.ProcessEvent | None] = queue.Queue()
+        self._responses = responses
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        try:
+            for response in self._responses:
+                self._events.put(response.event)
+        except BaseException as error:
+            self.error = error
+        finally:
+            self._events.put(None)
+
+    def until(self, text: bytes | None = None, *, end: bool = False) -> Ran:
+        """Wait until ``text`` is in the output (stdout + pty) or, with ``end``, for the end event."""
+        deadline = time.monotonic() + WAIT_S
+        while not ((end and self.ran.end is not None) or (text is not None and text in self.ran.stdout + self.ran.pty)):
+            event = self._events.get(timeout=max(0.0, deadline - time.monotonic()))
+            if event is None:
+                break
+            self.ran.add(event)
+        return self.ran
+
+    def join(self) -> None:
+        """Wait until the stream has ended, which it must have done without an error."""
+        self._thread.join(WAIT_S)
+        assert not self._thread.is_alive()
+        assert self.error is None, repr(self.error)
+
+
+def refused(code: str, responses: Any) -> E2bError:
+    with pytest.raises(E2bError) as failure:
+        for _ in responses:
+            pass
+    assert failure.value.code == code, failure.value
+    return failure.value
+
+
+def pkill_count(door: Door, pattern: str) -> int:
+    ran = collect(door.process.start(bash(f"pgrep -c -f '^{pattern}$' || true"), call_of(door)))
+    return int(ran.stdout.strip() or 0)
+
+
+def actions(door: Door, tool: str = "sandbox.process") -> list[dict[str, Any]]:
+    """The sandbox's recorded actions of ``tool``, their arguments parsed."""
+    found = [c for c in door.audit.calls_for_run(door.box.sandbox_id) if c["tool"] == tool]
+    return [{**c, "arguments": json.loads(c["arguments"])} for c in found]
+
+
+# ---- the tests ------------------------------------------------------------------------------------
+
+
+def test_the_service_has_envd_methods(door: Door) -> None:
+    service = process_service(door.sandboxes)
+    assert service.name == "process.Process"
+    assert sorted(service.methods) == sorted(["Start", "Connect", "List", "SendInput", "StreamInput", "CloseStdin",
+                                              "SendSignal", "Update"])
+    assert service.methods["Start"].kind == "server_stream"
+    keepalive = service.methods["Start"].keepalive
+    assert keepalive is not None
+    ping = keepalive()
+    assert isinstance(ping, pb.StartResponse) and ping.event.HasField("keepalive")
+    assert service.methods["StreamInput"].kind == "client_stream"
+
+
+def test_foreground_command_both_streams_env_and_cwd(door: Door) -> None:
+    script = "echo out; echo err >&2; echo $FROM_CREATE $FROM_REQUEST; pwd; id -un"
+    ran = collect(door.process.start(bash(script, FROM_REQUEST="r1"), call_of(door)))
+    assert ran.pid > 0 and ran.kinds[0] == "start" and ran.kinds[-1] == "end"
+    assert ran.stdout == b"out\nc1 r1\n/workspace\nsandbox\n"
+    assert ran.stderr == b"err\n"
+    assert ran.end is not None
+    assert (ran.end.exit_code, ran.end.exited, ran.end.status) == (0, True, "exit status 0")
+    assert not ran.end.HasField("error")  # the SDK's CommandResult.error is then None
+
+    request = bash("pwd")
+    request.process.cwd = "/tmp"
+    assert collect(door.process.start(request, call_of(door))).stdout == b"/tmp\n"
+
+    done = [c for c in actions(door) if c["arguments"].get("command") == script]
+    assert len(done) == 1, done
+    assert done[0]["state"] == "done" and done[0]["decision"] == "allow", done[0]
+
+
+def test_nonzero_exit_is_envds_end_event(door: Door) -> None:
+    ran = collect(door.process.start(bash("echo partial; exit 3"), call_of(door)))
+    assert ran.stdout == b"partial\n"
+    assert ran.end is not None
+    assert (ran.end.exit_code, ran.end.exited, ran.end.status, ran.end.error) == \
+        (3, True, "exit status 3", "exit status 3")
+
+
+def test_background_tree_connect_by_tag_list_and_kill(door: Door) -> None:
+    script = "sleep 1001 & sleep 1001 & echo ready; wait"
+    first = door.process.start(bash(script, tag="tree", FROM_REQUEST="bg"), call_of(door))
+    started = next(first)
+    pid = started.event.start.pid
+    seen = b""
+    while b"ready" not in seen:
+        seen += next(first).event.data.stdout
+    first.close()  # the SDK's disconnect: the process runs on
+
+    listed = {p.pid: p for p in door.process.list(pb.ListRequest(), call_of(door)).processes}
+    assert pid in listed
+    info = listed[pid]
+    assert info.tag == "tree"
+    assert (info.config.cmd, list(info.config.args)) == ("/bin/bash", ["-l", "-c", script])
+    assert dict(info.config.envs) == {"FROM_REQUEST": "bg"} and info.config.cwd == "/workspace"
+    assert pkill_count(door, "sleep 1001") == 2
+
+    again = Follower(door.process.connect(pb.ConnectRequest(process=pb.ProcessSelector(tag="tree")), call_of(door)))
+    assert again.until(b"ready").pid == pid  # replayed from the job's buffer
+    door.process.send_signal(pb.SendSignalRequest(process=pb.ProcessSelector(pid=pid), signal=pb.SIGNAL_SIGKILL),
+                             call_of(door))
+    ran = again.until(end=True)
+    assert ran.end is not None
+    assert (ran.end.exit_code, ran.end.exited, ran.end.status, ran.end.error) == \
+        (-1, False, "signal: killed", "signal: killed")
+    again.join()
+    assert pkill_count(door, "sleep 1001") == 0  # the whole tree
+    assert pid not in {p.pid for p in door.process.list(pb.ListRequest(), call_of(door)).processes}
+
+    with pytest.raises(E2bError) as gone:  # the SDK's kill then says False
+        door.process.send_signal(pb.SendSignalRequest(process=pb.ProcessSelector(pid=pid),
+                                                      signal=pb.SIGNAL_SIGKILL), call_of(door))
+    assert gone.value.code == "not_found"
+    assert [c["arguments"]["mode"] for c in actions(door, "sandbox.attach") if c["arguments"]["pid"] == pid] == \
+        ["attach"]
+
+
+def test_sigterm_reaches_the_process(door: Door) -> None:
+    follower = Follower(door.process.start(bash("trap 'echo term; exit 9' TERM; echo up; while :; do sleep 0.1; done"),
+                                           call_of(door)))
+    pid = follower.until(b"up").pid
+    door.process.send_signal(pb.SendSignalRequest(process=pb.ProcessSelector(pid=pid), signal=pb.SIGNAL_SIGTERM),
+                             call_of(door))
+    ran = follower.until(end=True)
+    assert ran.end is not None and ran.end.exit_code in (9, -1), ran.end
+    with pytest.raises(E2bError) as wrong:
+        door.process.send_signal(pb.SendSignalRequest(process=pb.ProcessSelector(pid=pid),
+                                                      signal=pb.SIGNAL_UNSPECIFIED), call_of(door))
+    assert wrong.value.code == "invalid_argument"
+
+
+def test_stdin_send_stream_and_close(door: Door) -> None:
+    follower = Follower(door.process.start(bash("echo listening; cat", stdin=True), call_of(door)))
+    pid = follower.until(b"listening").pid
+    selector = pb.ProcessSelector(pid=pid)
+    door.process.send_input(pb.SendInputRequest(process=selector, input=pb.ProcessInput(stdin=b"hello ")),
+                            call_of(door))
+    door.process.stream_input(iter([
+        pb.StreamInputRequest(start=pb.StreamInputRequest.StartEvent(process=selector)),
+        pb.StreamInputRequest(data=pb.StreamInputRequest.DataEvent(input=pb.ProcessInput(stdin=b"world"))),
+        pb.StreamInputRequest(keepalive=pb.StreamInputRequest.KeepAlive()),
+        pb.StreamInputRequest(data=pb.StreamInputRequest.DataEvent(input=pb.ProcessInput(stdin=b"!\n"))),
+    ]), call_of(door))
+    assert b"hello world!\n" in follower.until(b"hello world!\n").stdout
+    with pytest.raises(E2bError) as wrong_kind:
+        door.process.send_input(pb.SendInputRequest(process=selector, input=pb.ProcessInput(pty=b"x")), call_of(door))
+    assert wrong_kind.value.code == "invalid_argument" and "stdin" in wrong_kind.value.message
+    door.process.close_stdin(pb.CloseStdinRequest(process=selector), call_of(door))
+    ran = follower.until(end=True)
+    assert ran.stdout == b"listening\nhello world!\n"
+    assert ran.end is not None and ran.end.exit_code == 0
+
+    with pytest.raises(E2bError) as no_start:
+        door.process.stream_input(iter([pb.StreamInputRequest(
+            data=pb.StreamInputRequest.DataEvent(input=pb.ProcessInput(stdin=b"x")))]), call_of(door))
+    assert no_start.value.code == "invalid_argument"
+
+    closed = Follower(door.process.start(bash("echo up; sleep 30"), call_of(door)))  # stdin=False, as the SDK's default
+    closed_pid = closed.until(b"up").pid
+    with pytest.raises(E2bError) as no_stdin:
+        door.process.send_input(pb.SendInputRequest(process=pb.ProcessSelector(pid=closed_pid),
+                                                    input=pb.ProcessInput(stdin=b"x")), call_of(door))
+    assert no_stdin.value.code == "invalid_argument", no_stdin.value
+    door.process.send_signal(pb.SendSignalRequest(process=pb.ProcessSelector(pid=closed_pid),
+                                                  signal=pb.SIGNAL_SIGKILL), call_of(door))
+    assert closed.until(end=True).end is not None
+
+
+def test_pty_size_resize_input_and_exit(door: Door) -> None:
+    request = pb.StartRequest(process=pb.ProcessConfig(cmd="/bin/bash", args=["-i", "-l"],
+                                                       envs={"TERM": "xterm-256color", "LANG": "C.UTF-8"}),
+                              pty=pb.PTY(size=pb.PTY.Size(rows=24, cols=80)))
+    follower = Follower(door.process.start(request, call_of(door)))
+    selector = pb.ProcessSelector(pid=follower.until(b"$").pid)
+
+    def typed(text: bytes) -> None:
+        door.process.send_input(pb.SendInputRequest(process=selector, input=pb.ProcessInput(pty=text)),
+                                call_of(door))
+
+    typed(b"stty size\n")
+    assert b"24 80" in follower.until(b"24 80").pty
+    door.process.update(pb.UpdateRequest(process=selector, pty=pb.PTY(size=pb.PTY.Size(rows=40, cols=100))),
+                        call_of(door))
+    typed(b"stty size\n")
+    follower.until(b"40 100")
+    with pytest.raises(E2bError) as wrong_kind:
+        door.process.send_input(pb.SendInputRequest(process=selector, input=pb.ProcessInput(stdin=b"x")),
+                                call_of(door))
+    assert wrong_kind.value.code == "invalid_argument" and "pty" in wrong_kind.value.message
+    typed(b"exit 7\n")
+    ran = follower.until(end=True)
+    assert ran.stdout == b"" and ran.stderr == b""  # a terminal's output is all pty data
+    assert ran.end is not None and (ran.end.exit_code, ran.end.status) == (7, "exit status 7")
+    assert [c["arguments"]["pty"] for c in actions(door) if c["arguments"].get("command") ==
+            ["/bin/bash", "-i", "-l"]] == [True]
+
+
+def test_a_start_deadline_kills_its_process(door: Door) -> None:
+    stream = door.process.start(bash("sleep 1003", tag="deadline"), call_of(door, deadline_s=1.5))
+    pid = next(stream).event.start.pid
+    stream.close()  # gone before its deadline: the process lives until then
+    assert pid in {p.pid for p in door.process.list(pb.ListRequest(), call_of(door)).processes}
+    ran = collect(door.process.connect(pb.ConnectRequest(process=pb.ProcessSelector(pid=pid)), call_of(door)))
+    assert ran.end is not None and ran.end.status == "signal: killed"
+
+
+def test_a_client_going_away_ends_the_stream_not_the_process(door: Door) -> None:
+    call = call_of(door)
+    follower = Follower(door.process.start(bash("echo up; sleep 1004"), call))
+    pid = follower.until(b"up").pid
+    call.scope.cancel()  # what the server does when the client disconnects
+    follower.join()  # the stream ended, with no end event
+    assert follower.until(end=True).end is None
+    assert pid in {p.pid for p in door.process.list(pb.ListRequest(), call_of(door)).processes}
+    door.process.send_signal(pb.SendSignalRequest(process=pb.ProcessSelector(pid=pid), signal=pb.SIGNAL_SIGKILL),
+                             call_of(door))
+    ended = [c for c in actions(door) if c["arguments"].get("command") == "echo up; sleep 1004"]
+    assert len(ended) == 1 and ended[0]["state"] == "done", ended
+
+
+def test_streams_past_the_agents_limit_and_a_cancel_giving_one_back(door: Door) -> None:
+    """The agent follows at most 16 jobs' output at once: one more Start is refused and its
+    process killed; a client going away gives its stream back at once."""
+    calls = [call_of(door) for _ in range(16)]
+    followers = [Follower(door.process.start(bash(f"echo up; sleep {2000 + n}"), call)) for n, call in enumerate(calls)]
+    pids = [follower.until(b"up").pid for follower in followers]
+    try:
+        busy = refused("resource_exhausted", door.process.start(bash("echo one-too-many; sleep 2100"), call_of(door)))
+        assert "killed rather than left running" in busy.message
+        running = door.process.list(pb.ListRequest(), call_of(door)).processes
+        assert not [p for p in running if "sleep 2100" in " ".join(p.config.args)], running
+        calls[0].scope.cancel()
+        followers[0].join()
+        assert collect(door.process.start(bash("echo fits"), call_of(door))).stdout == b"fits\n"
+    finally:
+        for pid in pids:
+            door.process.send_signal(pb.SendSignalRequest(process=pb.ProcessSelector(pid=pid),
+                                                          signal=pb.SIGNAL_SIGKILL), call_of(door))
+    for follower in followers[1:]:
+        assert follower.until(end=True).end is not None
+        follower.join()
+
+
+def test_users(door: Door) -> None:
+    for user in (None, "user", "sandbox"):
+        assert collect(door.process.start(bash("id -un"), call_of(door, user=user))).stdout == b"sandbox\n"
+    denied = refused("permission_denied", door.process.start(bash("id -un"), call_of(door, user="root")))
+    assert "unprivileged user 'sandbox'" in denied.message and "'root'" in denied.message
+
+
+def test_a_shell_rule_denies_with_its_reason_and_is_audited(door: Door) -> None:
+    denied = refused("permission_denied", door.process.start(bash("rm -rf /workspace/x"), call_of(door)))
+    assert "recursive removal is not allowed" in denied.message
+    record = [c for c in actions(door) if c["arguments"].get("command") == "rm -rf /workspace/x"]
+    assert len(record) == 1 and record[0]["decision"] == "deny", record
+    assert "tools.shell.rules[0]" in record[0]["rule"], record[0]
+    # the same command as a plain argv is the same shell command to the policy
+    argv = pb.StartRequest(process=pb.ProcessConfig(cmd="rm", args=["-rf", "/workspace/x"]))
+    refused("permission_denied", door.process.start(argv, call_of(door)))
+
+
+def test_an_ask_waits_for_approval_then_the_repeat_runs_once(door: Door) -> None:
+    script = "echo needs-approval"
+    asked = refused("failed_precondition", door.process.start(bash(script), call_of(door)))
+    pending = door.audit.list_approvals("pending", run_id=door.box.sandbox_id)
+    assert len(pending) == 1
+    approval = pending[0].id
+    assert approval in asked.message and f"callbox approvals approve {approval}" in asked.message
+    again = refused("failed_precondition", door.process.start(bash(script), call_of(door)))
+    assert approval in again.message  # the same approval, not a second one
+    assert len(door.audit.list_approvals("pending", run_id=door.box.sandbox_id)) == 1
+
+    door.audit.resolve_approval(approval, True, by="test", reason=None)
+    ran = collect(door.process.start(bash(script), call_of(door)))
+    assert ran.stdout == b"needs-approval\n"
+    refused("failed_precondition", door.process.start(bash(script), call_of(door)))  # used once: asks anew
+    assert door.audit.get_approval(approval).state == "consumed"
+    assert len(door.audit.list_approvals("pending", run_id=door.box.sandbox_id)) == 1
+
+
+def test_unknown_processes_are_not_found(door: Door) -> None:
+    refused("not_found", door.process.connect(pb.ConnectRequest(process=pb.ProcessSelector(pid=999999)),
+                                              call_of(door)))
+    refused("not_found", door.process.connect(pb.ConnectRequest(process=pb.ProcessSelector(tag="no-such-tag")),
+                                              call_of(door)))
+    with pytest.raises(E2bError) as missing:
+        door.process.close_stdin(pb.CloseStdinRequest(process=pb.ProcessSelector(pid=999999)), call_of(door))
+    assert missing.value.code == "not_found"
+    refused("invalid_argument", door.process.start(pb.StartRequest(process=pb.ProcessConfig()), call_of(door)))
