@@ -411,3 +411,51 @@ def test_copy_in_denied_by_policy_and_both_actions_audited(door: Door) -> None:
     download(door, "/workspace/rel.txt")
     records = json.dumps(door.audit.calls_for_run(door.box.sandbox_id), default=str)
     assert "sandbox.copy_out" in records and "/workspace/rel.txt" in records
+
+
+# ---- through the unmodified SDK ------------------------------------------------------------------------
+
+
+def test_the_sdk_files_calls_through_the_door(door: Door, monkeypatch: pytest.MonkeyPatch) -> None:
+    from e2b import FilesystemEventType, Sandbox
+    from e2b.exceptions import FileNotFoundException
+
+    from harness.doors.e2b.server import serve_e2b
+
+    server = serve_e2b("127.0.0.1:0", sandboxes=door.sandboxes, announce=None)
+    try:
+        for name in [n for n in os.environ if n.startswith("E2B_")]:
+            monkeypatch.delenv(name)
+        monkeypatch.setenv("E2B_API_URL", server.url)
+        monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
+        monkeypatch.setenv("E2B_API_KEY", "token-of-e2b-alice-0123456")
+        sbx = Sandbox.create(timeout=300)
+        try:
+            assert sbx.files.write("notes/hello.txt", "hello").path == "/workspace/notes/hello.txt"
+            assert sbx.files.read("/workspace/notes/hello.txt") == "hello"
+            written = sbx.files.write_files([{"path": "/workspace/notes/a", "data": b"\0A"},
+                                             {"path": "/workspace/notes/b", "data": "B"}])
+            assert [w.path for w in written] == ["/workspace/notes/a", "/workspace/notes/b"]
+            assert sbx.files.read("/workspace/notes/a", format="bytes") == bytearray(b"\0A")
+            assert sorted(e.name for e in sbx.files.list("/workspace/notes")) == ["a", "b", "hello.txt"]
+            assert sbx.files.exists("/workspace/notes/a") and not sbx.files.exists("/workspace/notes/zz")
+            assert sbx.files.make_dir("/workspace/notes/sub") is True
+            assert sbx.files.make_dir("/workspace/notes/sub") is False
+            assert sbx.files.rename("/workspace/notes/a", "/workspace/notes/sub/a").path == "/workspace/notes/sub/a"
+            handle = sbx.files.watch_dir("/workspace/notes/sub")
+            sbx.files.write("/workspace/notes/sub/w.txt", "w")
+            seen: list[tuple[str, FilesystemEventType]] = []
+            deadline = time.monotonic() + WAIT_S
+            while ("w.txt", FilesystemEventType.WRITE) not in seen and time.monotonic() < deadline:
+                seen += [(e.name, e.type) for e in handle.get_new_events()]
+                time.sleep(0.05)  # watch_dir of the sync SDK is polled
+            handle.stop()
+            assert seen[:2] == [("w.txt", FilesystemEventType.CREATE), ("w.txt", FilesystemEventType.WRITE)], seen
+            sbx.files.remove("/workspace/notes")
+            assert not sbx.files.exists("/workspace/notes")
+            with pytest.raises(FileNotFoundException):
+                sbx.files.read("/workspace/notes/hello.txt")
+        finally:
+            sbx.kill()
+    finally:
+        server.stop()
