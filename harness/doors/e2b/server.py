@@ -1,0 +1,280 @@
+"""``callbox serve --e2b HOST:PORT``: the E2B door, a drop-in for the e2b SDK.
+
+:func:`serve_e2b` starts the door's ASGI app (:mod:`harness.doors.e2b.app`) under uvicorn in
+a background thread and returns an :class:`E2bServer` handle (``url``, ``address``,
+``stop()``). A program written for E2B reaches it with ``E2B_API_URL`` and
+``E2B_SANDBOX_URL`` both set to ``url`` and ``E2B_API_KEY`` set to a token of the server's
+token file. Decisions:
+
+* **Address.** ``HOST:PORT`` (``[::1]:PORT``; port 0 picks a free one, the handle reports
+  the real one). A host that is not loopback needs TLS (``tls_cert`` + ``tls_key``, PEM
+  files) or ``insecure=True``: API keys and access tokens would otherwise cross the network
+  in clear text. Serving without TLS off loopback is logged as a warning.
+* **Sessions.** The door's sandboxes are sessions of an
+  :class:`~harness.doors.grpc.service.ExecutorService`. Given one (``executor``, e.g. the
+  gRPC door's when both doors run in one process), the door shares its limits, policy, audit
+  store and API keys, and leaves its sandboxes to its owner. Otherwise the door makes its own
+  from ``tokens``/``token_file`` (see :mod:`harness.doors.grpc.tokens`: each ``NAME:TOKEN``
+  line is an E2B API key), ``policy`` and ``audit``, runs its TTL reaper, and ``stop()``
+  destroys every sandbox in it.
+* **Services.** The control plane's REST routes (:mod:`harness.doors.e2b.rest`), envd's
+  ``process.Process`` and ``filesystem.Filesystem`` (:mod:`harness.doors.e2b.envd_process`,
+  :mod:`harness.doors.e2b.envd_filesystem`) and its ``/files`` and ``/health``
+  (:mod:`harness.doors.e2b.envd_files`); tests may pass their own.
+* **Threads.** Handlers run on a pool of ``workers`` threads (a stream holds one for its
+  whole life: the default leaves room for about 20 sandboxes each streaming several
+  commands, watches and transfers at once).
+* **Shutdown.** ``stop()``: new sandboxes are refused (when the door owns its executor),
+  every request in flight ends (its call scope cancelled, a stream ended with
+  ``unavailable``), uvicorn stops, then the owned executor destroys its sandboxes.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import uvicorn
+
+from harness.audit.store import AuditStore
+from harness.core.policy import Policy, load_policy
+from harness.doors.e2b.app import E2bApp
+from harness.doors.e2b.boxes import E2bSandboxes
+from harness.doors.e2b.rpc import EnvdRoute, RestRoute, Service
+from harness.doors.grpc.server import ServeError, _print_stderr, _read_pem
+from harness.doors.grpc.service import ExecutorService
+from harness.doors.grpc.sessions import Limits
+from harness.doors.grpc.tokens import TokenSet, server_tokens
+from harness.doors.mcp.http import _bind, _is_loopback, parse_addr
+from harness.engine.docker.engine import DockerEngine
+from harness.tools import registry_for
+
+__all__ = ["DEFAULT_WORKERS", "E2bServer", "serve_e2b"]
+
+log = logging.getLogger("callbox.e2b")
+
+DEFAULT_WORKERS = 256
+GRACEFUL_SHUTDOWN_S = 5
+START_TIMEOUT_S = 30.0
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn, telling when it listens (or gave up)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        finally:
+            self.ready.set()
+
+
+class E2bServer:
+    """A running E2B door; see the module docstring."""
+
+    def __init__(self, *, app: E2bApp, server: _Uvicorn, sock: socket.socket, host: str, tls: bool,
+                 sandboxes: E2bSandboxes, owns_executor: bool, owned_audit: AuditStore | None,
+                 pool: ThreadPoolExecutor) -> None:
+        self.app = app
+        self.sandboxes = sandboxes
+        self.executor = sandboxes.executor
+        self.owns_executor = owns_executor
+        self.tls = tls
+        self.host = host
+        self.port: int = sock.getsockname()[1]
+        self._server = server
+        self._sock = sock
+        self._owned_audit = owned_audit
+        self._pool = pool
+        self._thread = threading.Thread(target=self._run, name="callbox-e2b-http", daemon=True)
+        self._error: BaseException | None = None
+        self._stop_lock = threading.Lock()
+        self._stopped = False
+        self.destroyed: list[str] = []
+
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` as bound (the real port when 0 was asked for)."""
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{shown}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """What ``E2B_API_URL`` and ``E2B_SANDBOX_URL`` are set to (an unspecified host as loopback)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)  # noqa: S104
+        shown = f"[{host}]" if ":" in host else host
+        return f"{'https' if self.tls else 'http'}://{shown}:{self.port}"
+
+    def __repr__(self) -> str:
+        return f"E2bServer({self.url})"
+
+    def _run(self) -> None:
+        try:
+            self._server.run(sockets=[self._sock])
+        except BaseException as exc:  # reported by start()
+            self._error = exc
+        finally:
+            self._server.ready.set()
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> None:
+        self._thread.start()
+        if not self._server.ready.wait(timeout) or not self._server.started:
+            self.stop()
+            raise ServeError(f"the E2B API server did not start on {self.address}: {self._error or 'timed out'}")
+
+    def stop(self, timeout: float = 60.0) -> list[str]:
+        """Stop serving (see the module docstring); the ids of the sandboxes destroyed. Idempotent."""
+        with self._stop_lock:
+            if self._stopped:
+                return []
+            self._stopped = True
+            if self.owns_executor:
+                self.executor.begin_shutdown()
+            self.app.shutdown()
+            self._server.should_exit = True
+            if self._thread.is_alive():
+                self._thread.join(timeout)
+            self.app.shutdown()  # anything that arrived meanwhile
+            self._sock.close()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            if self.owns_executor:
+                self.destroyed = self.executor.shutdown()
+            if self._owned_audit is not None:
+                self._owned_audit.close()
+            log.info("E2B API on %s stopped; destroyed %d sandbox(es)", self.url, len(self.destroyed))
+            return self.destroyed
+
+    def __enter__(self) -> E2bServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _check_transport(host: str, port: int, *, insecure: bool, tls: bool) -> None:
+    if tls or _is_loopback(host):
+        return
+    if not insecure:
+        raise ServeError(
+            f"refusing to serve TCP {host}:{port} without TLS: API keys and access tokens would cross the network "
+            "in clear text; pass --tls-cert and --tls-key, or --insecure to accept that (e.g. on a trusted network)"
+        )
+    log.warning("serving the E2B API on %s:%d without TLS (--insecure): API keys and access tokens cross the "
+                "network in clear text", host, port)
+
+
+def _door_services(sandboxes: E2bSandboxes) -> tuple[list[Service], list[RestRoute], list[EnvdRoute]]:
+    from harness.doors.e2b.envd_files import http_routes
+    from harness.doors.e2b.envd_filesystem import filesystem_service
+    from harness.doors.e2b.envd_process import process_service
+    from harness.doors.e2b.rest import routes
+
+    return [process_service(sandboxes), filesystem_service(sandboxes)], routes(sandboxes), http_routes(sandboxes)
+
+
+def serve_e2b(
+    addr: str = "127.0.0.1:0",
+    *,
+    sandboxes: E2bSandboxes | None = None,
+    executor: ExecutorService | None = None,
+    tokens: TokenSet | None = None,
+    token_file: Path | None = None,
+    policy: Policy | None = None,
+    audit: AuditStore | None = None,
+    insecure: bool = False,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
+    announce: Callable[[str], None] | None = _print_stderr,
+    max_sandboxes_per_client: int = 16,
+    max_sandboxes_total: int = 64,
+    engine_factory: Callable[[], DockerEngine] | None = None,
+    reaper_interval_s: float = 5.0,
+    workers: int = DEFAULT_WORKERS,
+    services: Iterable[Service] | None = None,
+    rest_routes: Iterable[RestRoute] | None = None,
+    envd_routes: Iterable[EnvdRoute] | None = None,
+) -> E2bServer:
+    """Start the E2B door on ``addr`` in the background; see the module docstring.
+
+    ``sandboxes`` or ``executor``: serve those (shared; not destroyed by ``stop``). Otherwise
+    an executor of the door's own is made from ``tokens`` (else ``token_file`` and the token
+    sources of :func:`~harness.doors.grpc.tokens.server_tokens`; ``announce`` shows a token
+    generated on first start), ``policy`` (default: the packaged one), ``audit`` (default:
+    the default audit store) and the limits. ``services``, ``rest_routes``, ``envd_routes``
+    replace the door's own (tests). Raises ServeError (exit code 2) for a refused address,
+    bad TLS files, or a port that cannot be bound.
+    """
+    host, port = parse_addr(addr)
+    if (tls_cert is None) != (tls_key is None):
+        raise ServeError("TLS needs both --tls-cert and --tls-key (PEM files)")
+    tls = tls_cert is not None and tls_key is not None
+    _check_transport(host, port, insecure=insecure, tls=tls)
+    if tls_cert is not None and tls_key is not None:
+        _read_pem(tls_cert, "cert")
+        _read_pem(tls_key, "key")
+    owned_audit: AuditStore | None = None
+    owns = False
+    if sandboxes is None:
+        if executor is None:
+            token_set = tokens if tokens is not None else server_tokens(token_file, announce=announce)
+            owned_audit = AuditStore() if audit is None else None
+            store = audit if audit is not None else owned_audit
+            assert store is not None
+            served = policy or load_policy(None)
+            try:
+                executor = ExecutorService(
+                    registry=registry_for(served), policy=served, audit=store, tokens=token_set,
+                    limits=Limits(max_sandboxes_per_client=max_sandboxes_per_client,
+                                  max_sandboxes_total=max_sandboxes_total),
+                    engine_factory=engine_factory,
+                )
+            except BaseException:
+                if owned_audit is not None:
+                    owned_audit.close()
+                raise
+            owns = True
+        sandboxes = E2bSandboxes(executor)
+    keys = tokens if tokens is not None else sandboxes.executor.tokens
+    try:
+        if services is None or rest_routes is None or envd_routes is None:
+            own_services, own_rest, own_envd = _door_services(sandboxes)
+            services = own_services if services is None else services
+            rest_routes = own_rest if rest_routes is None else rest_routes
+            envd_routes = own_envd if envd_routes is None else envd_routes
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="callbox-e2b")
+        app = E2bApp(tokens=keys, sandboxes=sandboxes, services=services, rest_routes=rest_routes,
+                     envd_routes=envd_routes, pool=pool)
+        config = uvicorn.Config(
+            app, http="h11", ws="none", lifespan="on", log_level="warning", access_log=False, log_config=None,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            ssl_certfile=str(tls_cert) if tls_cert is not None else None,
+            ssl_keyfile=str(tls_key) if tls_key is not None else None,
+        )
+        try:
+            config.load()
+        except (ssl.SSLError, OSError) as exc:
+            raise ServeError(f"--tls-cert {tls_cert} / --tls-key {tls_key} cannot be used: {exc}") from None
+        sock = _bind(host, port)
+        # Accepted connections inherit TCP_NODELAY from the listener. asyncio sets it only on
+        # sockets made with IPPROTO_TCP, and without it a response's body waits for the
+        # client's delayed ACK of its head: about 40 ms a call.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except BaseException:
+        if owned_audit is not None:
+            owned_audit.close()
+        raise
+    handle = E2bServer(app=app, server=_Uvicorn(config), sock=sock, host=host, tls=tls, sandboxes=sandboxes,
+                       owns_executor=owns, owned_audit=owned_audit, pool=pool)
+    handle.start()
+    if owns:
+        sandboxes.executor.start_reaper(reaper_interval_s)
+    log.info("E2B API on %s (%d API key(s) from %s)", handle.url, len(keys), keys.source)
+    return handle
