@@ -2,8 +2,13 @@
 
 ``serve --grpc [ADDR]`` runs the ``harness.v1.Executor`` gRPC service (a unix socket by
 default; TCP needs TLS or an explicit ``--insecure``); ``serve --mcp-http ADDR`` runs the
-MCP server over streamable HTTP; both can run in one process. ``callbox mcp`` is the MCP
-server over stdio, for MCP clients that start their servers as subprocesses.
+MCP server over streamable HTTP; ``serve --e2b HOST:PORT`` runs the E2B API, for programs
+written against the e2b SDK (``E2B_API_URL`` and ``E2B_SANDBOX_URL`` set to the URL it
+prints; a non-loopback host needs TLS or ``--insecure``). Any of them can run in one process;
+``--token-file``, ``--policy``, ``--audit-db`` and the limits apply to each, and with both
+``--grpc`` and ``--e2b`` the two share one executor, so the limits count the sandboxes of
+both. ``callbox mcp`` is the MCP server over stdio, for MCP clients that start their servers
+as subprocesses.
 """
 
 from __future__ import annotations
@@ -21,15 +26,19 @@ COMMANDS = ("serve", "mcp")
 
 
 def add_parsers(sub: Any) -> None:
-    serve = sub.add_parser("serve", help="serve callbox to other harnesses (gRPC and/or MCP over HTTP)")
+    serve = sub.add_parser("serve", help="serve callbox to other harnesses (gRPC, MCP over HTTP, the E2B API)")
     serve.add_argument("--grpc", nargs="?", const="", metavar="ADDR",
                        help="gRPC executor on ADDR (unix:PATH, PATH or HOST:PORT; default: a unix socket)")
     serve.add_argument("--mcp-http", metavar="ADDR", help="MCP server over streamable HTTP on HOST:PORT")
-    serve.add_argument("--token-file", type=Path, help="bearer tokens, one NAME:TOKEN per line (mode 0600)")
+    serve.add_argument("--e2b", metavar="HOST:PORT",
+                       help="the E2B API (control plane and envd) for the e2b SDK on HOST:PORT (port 0: a free one)")
+    serve.add_argument("--token-file", type=Path,
+                       help="client tokens, one NAME:TOKEN per line (mode 0600): gRPC bearer tokens and E2B API keys")
     serve.add_argument("--insecure", action="store_true",
-                       help="allow gRPC over TCP without TLS, and MCP over HTTP on a non-loopback address")
-    serve.add_argument("--tls-cert", type=Path, help="TLS certificate (PEM) for gRPC over TCP")
-    serve.add_argument("--tls-key", type=Path, help="TLS private key (PEM) for gRPC over TCP")
+                       help="allow gRPC over TCP without TLS, and MCP over HTTP or the E2B API on a non-loopback "
+                            "address without TLS")
+    serve.add_argument("--tls-cert", type=Path, help="TLS certificate (PEM) for gRPC over TCP and the E2B API")
+    serve.add_argument("--tls-key", type=Path, help="TLS private key (PEM) for gRPC over TCP and the E2B API")
     serve.add_argument("--max-per-client", type=positive_int, default=16,
                        help="live sandboxes per client (default 16)")
     serve.add_argument("--max-sandboxes", type=positive_int, default=64, help="live sandboxes in total (default 64)")
@@ -62,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    if args.grpc is None and args.mcp_http is None:
-        raise UsageError("give --grpc [ADDR] and/or --mcp-http HOST:PORT")
+    if args.grpc is None and args.mcp_http is None and args.e2b is None:
+        raise UsageError("give --grpc [ADDR], --mcp-http HOST:PORT and/or --e2b HOST:PORT")
     stop = threading.Event()
     servers: list[Any] = []
 
@@ -93,6 +102,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
     """Start the doors ``args`` ask for, appending each to ``servers`` as it starts."""
+    grpc_server = None
     if args.grpc is not None:
         from harness.audit.store import AuditStore
         from harness.core.policy import load_policy
@@ -113,3 +123,20 @@ def _start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
                                     insecure=args.insecure)
         servers.append(mcp_server)
         print(f"callbox: MCP server (streamable HTTP) on {mcp_server.url}", file=sys.stderr, flush=True)
+    if args.e2b is not None:
+        from harness.doors.e2b.server import serve_e2b
+
+        if grpc_server is not None:  # one executor for both doors: one set of limits, keys, policy, audit
+            e2b_server = serve_e2b(args.e2b, executor=grpc_server.service, insecure=args.insecure,
+                                   tls_cert=args.tls_cert, tls_key=args.tls_key)
+        else:
+            from harness.audit.store import AuditStore
+            from harness.core.policy import load_policy
+
+            e2b_server = serve_e2b(
+                args.e2b, token_file=args.token_file, insecure=args.insecure, tls_cert=args.tls_cert,
+                tls_key=args.tls_key, policy=load_policy(args.policy), audit=AuditStore(args.audit_db),
+                max_sandboxes_per_client=args.max_per_client, max_sandboxes_total=args.max_sandboxes,
+            )
+        servers.append(e2b_server)
+        print(f"callbox: E2B API on {e2b_server.url}", file=sys.stderr, flush=True)
