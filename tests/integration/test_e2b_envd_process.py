@@ -6,7 +6,8 @@ exit codes (envd's end event), a background tree reattached from a second call b
 killed whole, stdin by SendInput, StreamInput and CloseStdin, a PTY (size, resize, input, exit),
 a Start deadline killing its process, a client going away mid-stream (the stream ends, the
 process runs on), users, and the policy: a shell rule's deny and an action rule's ask, each
-recorded in the sandbox's run, the ask approved and used by repeating the command."""
+recorded in the sandbox's run, the ask approved and used by repeating the command. Then the
+same through the unmodified e2b SDK against serve_e2b on the same sandboxes."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from tests.conftest import IMAGE
 pytestmark = pytest.mark.docker
 
 WAIT_S = 60.0
+API_KEY = "token-of-e2b-alice-0123456"
 POLICY = textwrap.dedent(f"""
     [sandbox]
     image = "{IMAGE}"
@@ -76,7 +78,7 @@ def door(engine: Any) -> Iterator[Door]:
     audit = AuditStore(state / "audit.sqlite3")
     policy = parse_policy(POLICY)
     executor = ExecutorService(registry=registry_for(policy), policy=policy, audit=audit,
-                               tokens=TokenSet({"alice": "token-of-e2b-alice-0123456"}, source="test tokens"),
+                               tokens=TokenSet({"alice": API_KEY}, source="test tokens"),
                                engine_factory=lambda: docker_engine)
     sandboxes = E2bSandboxes(executor)
     try:
@@ -451,3 +453,84 @@ def test_unknown_processes_are_not_found(door: Door) -> None:
         door.process.close_stdin(pb.CloseStdinRequest(process=pb.ProcessSelector(pid=999999)), call_of(door))
     assert missing.value.code == "not_found"
     refused("invalid_argument", door.process.start(pb.StartRequest(process=pb.ProcessConfig()), call_of(door)))
+
+
+# ---- through the unmodified e2b SDK ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sdk(door: Door) -> Iterator[str]:
+    """serve_e2b on the module's sandboxes, and the SDK's environment pointed at it; the URL."""
+    from harness.doors.e2b.server import serve_e2b
+
+    server = serve_e2b("127.0.0.1:0", sandboxes=door.sandboxes, announce=None)
+    patch = pytest.MonkeyPatch()
+    patch.setenv("E2B_API_URL", server.url)
+    patch.setenv("E2B_SANDBOX_URL", server.url)
+    patch.setenv("E2B_API_KEY", API_KEY)
+    try:
+        yield server.url
+    finally:
+        patch.undo()
+        server.stop()
+
+
+def test_sdk_run_background_connect_kill_and_pty(sdk: str) -> None:
+    from e2b import CommandExitException, Sandbox
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    sandbox = Sandbox.create(envs={"FROM_CREATE": "sdk"}, timeout=300)
+    try:
+        out: list[str] = []
+        err: list[str] = []
+        result = sandbox.commands.run("echo out; echo err >&2; echo $FROM_CREATE $X", envs={"X": "x1"},
+                                      on_stdout=out.append, on_stderr=err.append)
+        assert (result.stdout, result.stderr, result.exit_code, result.error) == ("out\nsdk x1\n", "err\n", 0, None)
+        assert "".join(out) == result.stdout and "".join(err) == result.stderr
+        with pytest.raises(CommandExitException) as failed:
+            sandbox.commands.run("echo bad >&2; exit 3")
+        assert (failed.value.exit_code, failed.value.error, failed.value.stderr) == (3, "exit status 3", "bad\n")
+
+        handle = sandbox.commands.run("sleep 1005 & echo ready; wait", background=True)
+        other = Sandbox.connect(sandbox.sandbox_id)  # a second client
+        assert handle.pid in [p.pid for p in other.commands.list()]
+        joined = other.commands.connect(handle.pid)
+        assert other.commands.kill(handle.pid) is True
+        with pytest.raises(CommandExitException) as killed:
+            joined.wait()
+        assert (killed.value.exit_code, killed.value.error) == (-1, "signal: killed")
+        assert "ready" in (killed.value.stdout or "")
+        assert other.commands.kill(handle.pid) is False
+        assert sandbox.commands.run("pgrep -c -f '^sleep 1005$' || true").stdout.strip() == "0"
+        handle.disconnect()
+
+        reader = sandbox.commands.run("read a; echo got:$a", background=True, stdin=True)
+        sandbox.commands.send_stdin(reader.pid, "hello\n")
+        assert reader.wait().stdout == "got:hello\n"
+
+        seen: list[bytes] = []
+        terminal = sandbox.pty.create(PtySize(rows=24, cols=80))
+        sandbox.pty.send_stdin(terminal.pid, b"stty size\n")
+        sandbox.pty.resize(terminal.pid, PtySize(rows=40, cols=100))
+        sandbox.pty.send_stdin(terminal.pid, b"stty size; exit 5\n")
+        with pytest.raises(CommandExitException) as ended:
+            terminal.wait(on_pty=seen.append)
+        assert ended.value.exit_code == 5
+        assert b"24 80" in b"".join(seen) and b"40 100" in b"".join(seen)
+    finally:
+        sandbox.kill()
+
+
+def test_sdk_raises_the_policys_refusals(sdk: str) -> None:
+    from e2b import Sandbox, SandboxException
+
+    sandbox = Sandbox.create(timeout=300)
+    try:
+        with pytest.raises(SandboxException, match="recursive removal is not allowed"):
+            sandbox.commands.run("rm -rf /workspace/y")
+        with pytest.raises(SandboxException, match="callbox approvals approve"):
+            sandbox.commands.run("echo needs-approval from the sdk")
+        with pytest.raises(SandboxException, match="unprivileged user"):
+            sandbox.commands.run("id", user="root")
+    finally:
+        sandbox.kill()
