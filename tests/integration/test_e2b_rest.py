@@ -7,12 +7,16 @@ access beyond the policy, autoPause, unknown fields); list filters (metadata as 
 encodes it, state, template) and paging by x-next-token; get; set_timeout shortening and
 extending the end, the session's clock and the engine's record agreeing; pause (409 the
 second time) and connect resuming it (201, then 200 for a running one); a denied pause
-recorded in the run; metrics; delete (then 404); another client's sandbox 404 on every route.
+recorded in the run; metrics; delete (then 404); another client's sandbox 404 on every route;
+a short timeout raised to the minimum and reaped. Then the same through the unmodified e2b
+SDK against serve_e2b: create, get_info, set_timeout, list, pause, connect, metrics, kill,
+the refusals it raises, and another API key.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import textwrap
@@ -49,6 +53,8 @@ POLICY = textwrap.dedent(f"""
     memory = "256m"
     ttl_seconds = {LIMIT}
 """)
+ALICE_KEY = "a" * 24
+BOB_KEY = "b" * 24
 LOCKED = POLICY + textwrap.dedent("""
     [actions.pause]
     decision = "deny"
@@ -118,7 +124,7 @@ def api(engine: Any) -> Iterator[Api]:
     audit = AuditStore(state / "audit.sqlite3")
     policy = parse_policy(POLICY)
     service = ExecutorService(registry=registry_for(policy), policy=policy, audit=audit,
-                              tokens=TokenSet({"alice": "a" * 24, "bob": "b" * 24}, source="test tokens"),
+                              tokens=TokenSet({"alice": ALICE_KEY, "bob": BOB_KEY}, source="test tokens"),
                               limits=Limits(max_sandboxes_per_client=6), engine_factory=lambda: docker_engine)
     sandboxes = E2bSandboxes(service, {"locked": parse_policy(LOCKED)})
     table: dict[tuple[str, str], Any] = {}
@@ -344,3 +350,83 @@ def test_a_short_timeout_is_the_minimum_and_the_reaper_removes_it(api: Api) -> N
         assert api.audit.get_run(sid).end_reason == "expired"
     finally:
         api.call("DELETE", f"/sandboxes/{sid}")
+
+
+# ---- through the SDK --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sdk(api: Api, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """serve_e2b over the module's sandboxes, the SDK's environment pointed at it as alice."""
+    from harness.doors.e2b.server import serve_e2b
+
+    server = serve_e2b("127.0.0.1:0", sandboxes=api.sandboxes, announce=None)
+    try:
+        for name in [n for n in os.environ if n.startswith("E2B_")]:
+            monkeypatch.delenv(name)
+        monkeypatch.setenv("E2B_API_URL", server.url)
+        monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
+        monkeypatch.setenv("E2B_API_KEY", ALICE_KEY)
+        yield server.url
+    finally:
+        server.stop()
+
+
+def test_sdk_create_info_timeout_list_pause_connect_kill(api: Api, sdk: str) -> None:
+    from e2b import Sandbox, SandboxQuery, SandboxState
+    from e2b.exceptions import SandboxException
+
+    sandbox = Sandbox.create(timeout=120, envs={"SDK_MARK": "s1"}, metadata={"case": "sdk-rest"})
+    try:
+        info = sandbox.get_info()
+        assert info.sandbox_id == sandbox.sandbox_id and info.template_id == "base" and info.name == "base"
+        assert info.metadata == {"case": "sdk-rest"} and info.state == SandboxState.RUNNING
+        assert info.envd_version == ENVD_VERSION and info.memory_mb == 256 and info.cpu_count == 1
+        assert abs((info.end_at - info.started_at).total_seconds() - 120) < 5
+        assert api.sandboxes.get("alice", sandbox.sandbox_id).box.spec.env["SDK_MARK"] == "s1"
+
+        sandbox.set_timeout(LIMIT)
+        assert abs(Sandbox.get_info(sandbox.sandbox_id).end_at.timestamp() - time.time() - LIMIT) < 5
+        with pytest.raises(SandboxException, match=r"sandbox\.ttl_seconds"):
+            sandbox.set_timeout(LIMIT + 1)
+
+        paginator = Sandbox.list(query=SandboxQuery(metadata={"case": "sdk-rest"}))
+        assert [s.sandbox_id for s in paginator.next_items()] == [sandbox.sandbox_id] and not paginator.has_next
+
+        assert sandbox.pause() is True
+        assert sandbox.pause() is False
+        paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+        assert [s.sandbox_id for s in paused] == [sandbox.sandbox_id]
+        again = Sandbox.connect(sandbox.sandbox_id)
+        assert again.sandbox_id == sandbox.sandbox_id and again.get_info().state == SandboxState.RUNNING
+        metrics = again.get_metrics()
+        assert len(metrics) == 1 and metrics[0].mem_total == 256 << 20 and metrics[0].mem_used > 0
+
+        assert sandbox.kill() is True
+        assert Sandbox.kill(sandbox.sandbox_id) is False
+    finally:
+        api.call("DELETE", f"/sandboxes/{sandbox.sandbox_id}")
+
+
+def test_sdk_refusals_and_another_key(api: Api, sdk: str) -> None:
+    from e2b import Sandbox
+    from e2b.exceptions import NotFoundException, SandboxException, SandboxNotFoundException
+
+    with pytest.raises(SandboxException, match=r"sandbox\.ttl_seconds"):
+        Sandbox.create(timeout=LIMIT + 1)
+    with pytest.raises(SandboxException, match="template 'nope' not found"):
+        Sandbox.create(template="nope")
+    with pytest.raises(SandboxException, match="allow_internet_access"):
+        Sandbox.create(allow_internet_access=True)
+    mine = Sandbox.create(timeout=60)
+    try:
+        bob = {"api_key": BOB_KEY}
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.get_info(mine.sandbox_id, **bob)
+        with pytest.raises(NotFoundException):
+            Sandbox.set_timeout(mine.sandbox_id, 60, **bob)
+        assert Sandbox.kill(mine.sandbox_id, **bob) is False
+        assert Sandbox.list(**bob).next_items() == []
+        assert mine.get_info().state.value == "running"
+    finally:
+        mine.kill()

@@ -217,6 +217,12 @@ class E2bSandboxes:
         sandbox = E2bSandbox(session=session, template_id=template_id or DEFAULT_TEMPLATE,
                              access_token=secrets.token_urlsafe(24), metadata=dict(metadata or {}),
                              env_vars=dict(wanted.env))
+        # The timeout counts from when the sandbox is ready, not from the request: on a busy
+        # host a start can take seconds, which a short timeout would otherwise lose.
+        try:
+            sandbox.session.mark_kept_alive(sandbox.box.keep_alive(float(session.ttl_seconds)), sandbox.started_at)
+        except (CallboxError, E2bError) as error:
+            log.warning("sandbox %s: its timeout counts from the request (%s)", sandbox.sandbox_id, error)
         with contextlib.suppress(AuditError):
             self.audit.update_run_meta(sandbox.sandbox_id, {"template": sandbox.template_id,
                                                             "metadata": sandbox.metadata})
