@@ -66,8 +66,9 @@ URL_LINE = r"E2B API on (https?://\S+?)/?\s*$"
 """The line ``callbox serve --e2b`` prints once it listens."""
 API_KEY = "bench-" + "k" * 32
 WORKSPACE_FILE = "/workspace/bench-e2b.bin"
-PUBLISHED = ("published, not measured here: E2B ≈150 ms start (E2B); ComputeSDK, April 2026, median "
-             "time-to-interactive: E2B 0.49 s, Daytona 0.19 s")
+PUBLISHED = ("published, not measured here: about 150 ms start (E2B's own figure); ComputeSDK's April 2026 "
+             "median time-to-interactive: E2B 0.49 s, Daytona 0.19 s")
+"""Cloud figures others published, shown beside row 14a as context; nothing here measures them."""
 
 
 def heavy_samples(samples: int) -> int:
