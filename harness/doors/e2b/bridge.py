@@ -165,7 +165,10 @@ class Exchange:
 
     async def close(self) -> None:
         """Stop reading from the client (the exchange is over; a handler still reading the
-        body gets ``canceled``)."""
+        body gets ``canceled``). An exchange that ends without its response complete (an
+        error, a task cancelled) runs its end callbacks, so no worker thread waits on it."""
+        if not self.done:
+            self._end("shutdown")
         if self._channel is not None:
             self._channel.finish(E2bError("canceled", "the response was complete before the request body was read"))
         reader, self._reader = self._reader, None
