@@ -6,7 +6,8 @@ The core scenario, written from the SDK's documentation: create a sandbox with
 environment variables and metadata; run a command in the foreground (its exit code, its
 output through the callbacks and on the result, a non-zero exit raising
 ``CommandExitException``); start a command in the background, connect to it and kill it;
-write, read and list files; kill the sandbox. It runs once on its own (with the background
+write, read and list files; kill the sandbox (``is_running`` then says False, a second kill
+finds nothing). It runs once on its own (with the background
 command reached from a second client, ``AsyncSandbox.connect``), then for 20 sandboxes at
 once with ``asyncio.gather``: each checks its own output and files, all are killed in
 ``finally``, and the server lists none of them afterwards.
@@ -120,7 +121,9 @@ async def core_scenario(n: int, run: str, created: list[AsyncSandbox], *, second
     ours = [entry.name for entry in await sandbox.files.list("/workspace") if entry.name.startswith("async-")]
     assert ours == [f"async-{n}"], ours
 
+    assert await sandbox.is_running() is True
     assert await sandbox.kill() is True
+    assert await sandbox.is_running() is False  # as the SDK's docstring shows
     assert await AsyncSandbox.kill(sandbox.sandbox_id) is False  # already gone
     return sandbox.sandbox_id
 
