@@ -7,10 +7,10 @@ environment variables and metadata; run a command in the foreground (its exit co
 output through the callbacks and on the result, a non-zero exit raising
 ``CommandExitException``); start a command in the background, connect to it and kill it;
 write, read and list files; kill the sandbox (``is_running`` then says False, a second kill
-finds nothing). It runs once on its own (with the background
-command reached from a second client, ``AsyncSandbox.connect``), then for 20 sandboxes at
-once with ``asyncio.gather``: each checks its own output and files, all are killed in
-``finally``, and the server lists none of them afterwards.
+finds nothing). It runs once on its own, with the background command reached from a second
+client (``AsyncSandbox.connect``), then for 20 sandboxes at once with ``asyncio.gather``:
+each checks its own output and files, all are killed in ``finally``, and the server lists
+none of them afterwards.
 """
 
 from __future__ import annotations
