@@ -36,8 +36,8 @@ unit: setup
 	@$(VENV)/bin/pytest tests/unit -q
 
 test: setup npm-tools proto-check lint engine image
-	@echo "callbox: running the test suite (unit, integration, security) on the real engine"
-	@$(VENV)/bin/pytest -q
+	@echo "callbox: running the test suite (unit, integration, security, interop) on the real engine"
+	@scripts/run-tests.sh
 
 demo: setup engine image
 	@scripts/demo.sh

@@ -128,6 +128,7 @@ def _says_the_sandbox_went_away(text: str) -> bool:
     return STOPPING in text or SANDBOX_GONE in text
 
 
+@pytest.mark.engine_restart  # stops dockerd: run alone (make test runs it after the rest)
 def test_daemon_restart_during_calls(engine, run_root: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     client = engine.client
     if client.info().get("LiveRestoreEnabled"):

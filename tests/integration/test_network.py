@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from harness.engine.docker import labels
 from harness.engine.docker.engine import DockerEngine
 from harness.engine.docker.networks import EGRESS_NETWORK, ROLE, network_name, proxy_name
 from harness.engine.spec import SandboxSpec
@@ -151,7 +152,9 @@ def test_destroy_leaves_no_network_or_proxy_and_gc_removes_the_filter(net_engine
     box.destroy()
     assert not api.networks(names=[network_name(sandbox_id)])
     assert not api.containers(all=True, filters={"name": proxy_name(sandbox_id)})
-    assert not api.containers(all=True, filters={"label": f"{ROLE}=egress-proxy"})
+    # (only this sandbox's: make test runs the lifecycle soak, with proxies of its own, beside)
+    mine = [f"{ROLE}=egress-proxy", f"{labels.SANDBOX_ID}={sandbox_id}"]
+    assert not api.containers(all=True, filters={"label": mine})
     net_engine.gc()
     if not api.networks(filters={"label": "callbox.managed"}):
         assert not net_engine.networks.packet_filter.installed()

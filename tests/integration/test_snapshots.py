@@ -125,6 +125,7 @@ def test_snapshot_then_fork_after_the_original_is_destroyed(life: DockerEngine, 
         life.remove_snapshot("t-snap")
 
 
+@pytest.mark.engine_restart  # stops dockerd: run alone (make test runs it after the rest)
 def test_restore_after_the_docker_daemon_restarts(life: DockerEngine) -> None:
     client = life.client
     if client.info().get("LiveRestoreEnabled"):

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The whole test suite, as `make test` runs it, in three pytest runs:
+#   1. the lifecycle soak (marker `slow`: a thousand sandboxes, bound by the Docker engine,
+#      not by this process), in the background, its output kept in a log;
+#   2. meanwhile everything else but the tests that stop dockerd;
+#   3. then, alone, the tests that stop and restart dockerd (marker `engine_restart`): a
+#      restart would kill the sandboxes of anything running beside them.
+# Extra arguments go to every run. The exit status is non-zero if any run failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTEST=${PYTEST:-.venv/bin/pytest}
+log=$(mktemp "${TMPDIR:-/tmp}/callbox-soak.XXXXXX")
+trap 'rm -f "$log"' EXIT
+start=$SECONDS
+echo "callbox: the lifecycle soak runs in the background (its output follows the main run)"
+"$PYTEST" -q -m slow -p no:cacheprovider "$@" >"$log" 2>&1 &
+soak_pid=$!
+"$PYTEST" -q -m "not slow and not engine_restart" "$@"
+main=$?
+wait "$soak_pid"
+soak=$?
+echo "callbox: the lifecycle soak (pytest -m slow):"
+cat "$log"
+echo "callbox: the tests that restart dockerd, alone (pytest -m engine_restart):"
+"$PYTEST" -q -m engine_restart -p no:cacheprovider "$@"
+restart=$?
+status=0
+for run in "main:$main" "soak:$soak" "engine_restart:$restart"; do
+    rc=${run#*:}
+    # 5: no tests collected (e.g. a -k that selects none of a run's tests) is not a failure.
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
+        echo "callbox: the ${run%%:*} run failed (pytest exit status $rc)" >&2
+        status=1
+    fi
+done
+echo "callbox: test suite finished in $((SECONDS - start)) s (main $main, soak $soak, engine_restart $restart)"
+exit $status
