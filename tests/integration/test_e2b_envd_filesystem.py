@@ -150,11 +150,11 @@ def test_octet_stream_round_trip_with_binary_content(door: Door) -> None:
     got, body = download(door, "/workspace/bin/data.bin")
     assert got.status == 200 and body == data
     assert ("content-length", str(len(data))) in got.headers
-    # Relative paths start in the workdir, ~ is the home directory.
+    # Relative paths start in the workdir, ~ is HOME: both /home/user, as in E2B.
     assert upload(door, "rel.txt", b"relative").status == 200
-    assert download(door, "/workspace/rel.txt")[1] == b"relative"
+    assert download(door, "/home/user/rel.txt")[1] == b"relative"
     assert upload(door, "~/home.txt", b"home").status == 200
-    assert download(door, "/home/sandbox/home.txt")[1] == b"home"
+    assert download(door, "/home/user/home.txt")[1] == b"home"
     # An empty file, and an existing file replaced keeping its mode.
     assert upload(door, "/workspace/empty", b"").status == 200
     assert download(door, "/workspace/empty")[1] == b""
@@ -167,7 +167,7 @@ def test_multipart_with_several_files(door: Door) -> None:
     response = door.routes["POST", "/files"](request("POST", {}, body, headers), call_of(door.box))
     assert response.status == 200, response.body
     assert [e["path"] for e in json_of(response)] == [
-        "/workspace/multi/a.txt", "/workspace/multi/deep/b.bin", "/tmp/c.txt"]
+        "/workspace/multi/a.txt", "/home/user/multi/deep/b.bin", "/tmp/c.txt"]
     for (_, data), entry in zip(files, json_of(response), strict=True):
         assert download(door, entry["path"])[1] == data
     # One file with ?path=: the part's filename is not used.
@@ -408,9 +408,9 @@ def test_copy_in_denied_by_policy_and_both_actions_audited(door: Door) -> None:
         assert "sandbox.copy_in" in records and "/workspace/secret/key" in records
     finally:
         door.sandboxes.kill("alice", guarded.sandbox_id)
-    download(door, "/workspace/rel.txt")
+    download(door, "/home/user/rel.txt")
     records = json.dumps(door.audit.calls_for_run(door.box.sandbox_id), default=str)
-    assert "sandbox.copy_out" in records and "/workspace/rel.txt" in records
+    assert "sandbox.copy_out" in records and "/home/user/rel.txt" in records
 
 
 # ---- through the unmodified SDK ------------------------------------------------------------------------
@@ -431,19 +431,19 @@ def test_the_sdk_files_calls_through_the_door(door: Door, monkeypatch: pytest.Mo
         monkeypatch.setenv("E2B_API_KEY", "token-of-e2b-alice-0123456")
         sbx = Sandbox.create(timeout=300)
         try:
-            assert sbx.files.write("notes/hello.txt", "hello").path == "/workspace/notes/hello.txt"
-            assert sbx.files.read("/workspace/notes/hello.txt") == "hello"
-            written = sbx.files.write_files([{"path": "/workspace/notes/a", "data": b"\0A"},
-                                             {"path": "/workspace/notes/b", "data": "B"}])
-            assert [w.path for w in written] == ["/workspace/notes/a", "/workspace/notes/b"]
-            assert sbx.files.read("/workspace/notes/a", format="bytes") == bytearray(b"\0A")
-            assert sorted(e.name for e in sbx.files.list("/workspace/notes")) == ["a", "b", "hello.txt"]
-            assert sbx.files.exists("/workspace/notes/a") and not sbx.files.exists("/workspace/notes/zz")
-            assert sbx.files.make_dir("/workspace/notes/sub") is True
-            assert sbx.files.make_dir("/workspace/notes/sub") is False
-            assert sbx.files.rename("/workspace/notes/a", "/workspace/notes/sub/a").path == "/workspace/notes/sub/a"
-            handle = sbx.files.watch_dir("/workspace/notes/sub")
-            sbx.files.write("/workspace/notes/sub/w.txt", "w")
+            assert sbx.files.write("notes/hello.txt", "hello").path == "/home/user/notes/hello.txt"
+            assert sbx.files.read("/home/user/notes/hello.txt") == "hello"
+            written = sbx.files.write_files([{"path": "/home/user/notes/a", "data": b"\0A"},
+                                             {"path": "/home/user/notes/b", "data": "B"}])
+            assert [w.path for w in written] == ["/home/user/notes/a", "/home/user/notes/b"]
+            assert sbx.files.read("/home/user/notes/a", format="bytes") == bytearray(b"\0A")
+            assert sorted(e.name for e in sbx.files.list("/home/user/notes")) == ["a", "b", "hello.txt"]
+            assert sbx.files.exists("/home/user/notes/a") and not sbx.files.exists("/home/user/notes/zz")
+            assert sbx.files.make_dir("/home/user/notes/sub") is True
+            assert sbx.files.make_dir("/home/user/notes/sub") is False
+            assert sbx.files.rename("/home/user/notes/a", "/home/user/notes/sub/a").path == "/home/user/notes/sub/a"
+            handle = sbx.files.watch_dir("/home/user/notes/sub")
+            sbx.files.write("/home/user/notes/sub/w.txt", "w")
             seen: list[tuple[str, FilesystemEventType]] = []
             deadline = time.monotonic() + WAIT_S
             while ("w.txt", FilesystemEventType.WRITE) not in seen and time.monotonic() < deadline:
@@ -451,10 +451,10 @@ def test_the_sdk_files_calls_through_the_door(door: Door, monkeypatch: pytest.Mo
                 time.sleep(0.05)  # watch_dir of the sync SDK is polled
             handle.stop()
             assert seen[:2] == [("w.txt", FilesystemEventType.CREATE), ("w.txt", FilesystemEventType.WRITE)], seen
-            sbx.files.remove("/workspace/notes")
-            assert not sbx.files.exists("/workspace/notes")
+            sbx.files.remove("/home/user/notes")
+            assert not sbx.files.exists("/home/user/notes")
             with pytest.raises(FileNotFoundException):
-                sbx.files.read("/workspace/notes/hello.txt")
+                sbx.files.read("/home/user/notes/hello.txt")
         finally:
             sbx.kill()
     finally:

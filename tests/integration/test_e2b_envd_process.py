@@ -220,7 +220,7 @@ def test_foreground_command_both_streams_env_and_cwd(door: Door) -> None:
     script = "echo out; echo err >&2; echo $FROM_CREATE $FROM_REQUEST; pwd; id -un"
     ran = collect(door.process.start(bash(script, FROM_REQUEST="r1"), call_of(door)))
     assert ran.pid > 0 and ran.kinds[0] == "start" and ran.kinds[-1] == "end"
-    assert ran.stdout == b"out\nc1 r1\n/workspace\nsandbox\n"
+    assert ran.stdout == b"out\nc1 r1\n/home/user\nsandbox\n"
     assert ran.stderr == b"err\n"
     assert ran.end is not None
     assert (ran.end.exit_code, ran.end.exited, ran.end.status) == (0, True, "exit status 0")
@@ -258,7 +258,7 @@ def test_background_tree_connect_by_tag_list_and_kill(door: Door) -> None:
     info = listed[pid]
     assert info.tag == "tree"
     assert (info.config.cmd, list(info.config.args)) == ("/bin/bash", ["-l", "-c", script])
-    assert dict(info.config.envs) == {"FROM_REQUEST": "bg"} and info.config.cwd == "/workspace"
+    assert dict(info.config.envs) == {"FROM_REQUEST": "bg"} and info.config.cwd == "/home/user"
     assert pkill_count(door, "sleep 1001") == 2
 
     again = Follower(door.process.connect(pb.ConnectRequest(process=pb.ProcessSelector(tag="tree")), call_of(door)))

@@ -11,9 +11,10 @@ try:
     result = sandbox.commands.run("echo Hello from $(uname -s)")
     print(result.stdout.strip())
 
-    sandbox.files.write("/tmp/greeting.txt", "Hello, file!\n")
-    print(sandbox.files.read("/tmp/greeting.txt").strip())
-    print(sandbox.commands.run("wc -c < /tmp/greeting.txt").stdout.strip(), "bytes")
+    sandbox.files.write("/home/user/greeting.txt", "Hello, file!\n")
+    print(sandbox.files.read("/home/user/greeting.txt").strip())
+    print(sandbox.commands.run("pwd").stdout.strip())
+    print(sandbox.commands.run("wc -c < greeting.txt").stdout.strip(), "bytes")
 
     listed = Sandbox.list().next_items()
     print("listed:", sandbox.sandbox_id in [info.sandbox_id for info in listed])

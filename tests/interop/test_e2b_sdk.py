@@ -523,6 +523,7 @@ def test_the_e2b_example_script_runs_unchanged(sdk: E2bServer) -> None:
     assert done.stdout.splitlines() == [
         "Hello from Linux",
         "Hello, file!",
+        "/home/user",
         "13 bytes",
         "listed: True",
         "killed: True",

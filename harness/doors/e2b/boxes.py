@@ -25,6 +25,11 @@ reaper follows; :meth:`~E2bSandboxes.pause` and :meth:`~E2bSandboxes.resume` are
 engine's (the clock stands still while paused) and the policy's ``pause`` action;
 :meth:`~E2bSandboxes.connect` resumes a paused sandbox and never shortens a timeout, only
 extends it. :meth:`~E2bSandboxes.metrics` reads the sandbox's cgroup.
+
+Templates: ``base`` (what the SDK asks for when its caller names none) is the server's
+policy with the sandbox working in ``/home/user``, E2B's home and working directory, where
+E2B scripts put their files (a scratch tmpfs of its own, like ``/workspace``, and ``HOME``;
+relative paths, the policy's relative path rules included, are anchored there).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from harness.audit.store import AuditError
 from harness.core.actions import ActionDenied, ActionGate, ActionTicket, ApprovalPending
 from harness.core.errors import CallboxError, short_reason
 from harness.core.policy import Policy
+from harness.core.sandbox_settings import SandboxSettings
 from harness.doors.e2b.errors import E2bError, from_callbox, from_service_error, invalid, not_found
 from harness.doors.grpc.errors import ServiceError
 from harness.doors.grpc.overrides import SandboxOverrides
@@ -52,12 +58,14 @@ from harness.doors.grpc.sessions import ClientSession
 from harness.engine.docker.lifetime import MIN_TTL_S
 from harness.engine.docker.sandbox import Sandbox as DockerSandbox
 
-__all__ = ["DEFAULT_TEMPLATE", "DEFAULT_TIMEOUT_S", "DOOR", "MIN_TIMEOUT_S", "E2bSandbox", "E2bSandboxes",
-           "Metric", "e2b_errors"]
+__all__ = ["DEFAULT_TEMPLATE", "DEFAULT_TIMEOUT_S", "DOOR", "E2B_WORKDIR", "MIN_TIMEOUT_S", "E2bSandbox",
+           "E2bSandboxes", "Metric", "e2b_errors", "e2b_template"]
 
 log = logging.getLogger("callbox.e2b")
 
 DOOR = "e2b"
+E2B_WORKDIR = "/home/user"
+"""Where an E2B sandbox works: its commands start there and relative paths resolve there."""
 DEFAULT_TEMPLATE = "base"
 """The template the SDK asks for when its caller names none: the server's own policy and image."""
 DEFAULT_TIMEOUT_S = 300
@@ -143,6 +151,17 @@ class E2bSandbox:
         return self.session.expires_at(time.time() if now is None else now)
 
 
+def e2b_template(policy: Policy) -> Policy:
+    """``policy`` with its sandbox working in :data:`E2B_WORKDIR`, which is also its ``HOME``
+    (unless the policy's env sets one), as in E2B sandboxes."""
+    sandbox = policy.sandbox
+    env = {"HOME": E2B_WORKDIR, **sandbox.env}
+    if sandbox.workdir == E2B_WORKDIR and env == sandbox.env:
+        return policy
+    settings = SandboxSettings.model_validate({**sandbox.model_dump(), "workdir": E2B_WORKDIR, "env": env})
+    return policy.model_copy(update={"sandbox": settings})
+
+
 class E2bSandboxes:
     """The E2B sandboxes of one server, over an :class:`ExecutorService`; see the module docstring."""
 
@@ -150,7 +169,7 @@ class E2bSandboxes:
         self.executor = executor
         self.audit = executor.audit
         self.templates: dict[str, Policy] = dict(templates or {})
-        self.templates.setdefault(DEFAULT_TEMPLATE, executor.policy)
+        self.templates.setdefault(DEFAULT_TEMPLATE, e2b_template(executor.policy))
         self._lock = threading.Lock()
         self._boxes: dict[str, E2bSandbox] = {}
         self._idempotent: dict[tuple[str, str], tuple[str, str | None]] = {}

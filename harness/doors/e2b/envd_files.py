@@ -361,7 +361,7 @@ def http_routes(sandboxes: E2bSandboxes) -> list[EnvdRoute]:
         try:
             _users(request, call)
             box = call.sandbox.running()
-            path = sandbox_path(request.first("path") or "", box.spec.workdir)
+            path = sandbox_path(request.first("path") or "", box.spec)
             with fs_errors(call.sandbox):
                 real, info = _final(box, path)
                 if info is None:
@@ -402,7 +402,7 @@ def http_routes(sandboxes: E2bSandboxes) -> list[EnvdRoute]:
             if media == "application/octet-stream":
                 if not query_path:
                     raise invalid("an application/octet-stream upload needs the path query parameter")
-                path = sandbox_path(query_path, box.spec.workdir)
+                path = sandbox_path(query_path, box.spec)
                 write_file(sandboxes, call.sandbox, box, path, _body(request))
                 written.append(_written(path))
             elif media.startswith("multipart/"):
@@ -415,7 +415,7 @@ def http_routes(sandboxes: E2bSandboxes) -> list[EnvdRoute]:
                     if not given:
                         raise invalid("a file part has no filename and the request no path query parameter: "
                                       "name the path of each file")
-                    path = sandbox_path(given, box.spec.workdir)
+                    path = sandbox_path(given, box.spec)
                     if any(entry["path"] == path for entry in written):
                         raise invalid(f"you cannot upload several files to the same path {path!r} in one request")
                     write_file(sandboxes, call.sandbox, box, path, part.data)

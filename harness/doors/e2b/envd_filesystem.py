@@ -7,12 +7,11 @@ the mounts) is ``permission_denied`` naming them.
 
 Users and paths: the sandbox has one unprivileged user (``sandbox``); E2B's default user
 ``user`` means that user too, no user means it, and any other user (``root``) is
-``permission_denied``, never silently ignored. ``~`` and ``~/...`` expand to its home
-directory (``/home/sandbox``); an empty or relative path is taken from the sandbox's workdir
-(``/workspace`` unless the policy sets another), the directory commands start in
+``permission_denied``, never silently ignored. ``~`` and ``~/...`` expand to its ``HOME``
+(``/home/user`` in the E2B door's templates, as in E2B); an empty or relative path is taken
+from the sandbox's workdir (``/home/user`` too), the directory commands start in
 (:mod:`harness.doors.e2b.envd_process`), so ``files.write("a.txt")`` and ``commands.run("cat
-a.txt")`` meet, as they do in an E2B sandbox whose home is its workdir. (envd takes relative
-paths from the home directory.) The path is then normalised lexically (``..`` as text), and
+a.txt")`` meet, as they do in an E2B sandbox. The path is then normalised lexically (``..`` as text), and
 every path reported back is absolute.
 
 What the SDK sees:
@@ -64,7 +63,7 @@ from harness.doors.e2b.errors import E2bError, from_callbox, invalid, not_found
 from harness.doors.e2b.rpc import EnvdCall, Method, Service
 from harness.engine.cancel import CallScope, current_scope
 from harness.engine.docker.sandbox import Sandbox as DockerSandbox
-from harness.engine.spec import HOME
+from harness.engine.spec import HOME, SandboxSpec
 from harness.engine.transfer import Watch, WatchChange
 from sandbox.v1 import filesystem_pb2 as agent_pb
 
@@ -113,16 +112,18 @@ def check_user(user: str | None) -> None:
                    f"'user' is the same user) and cannot act as {user!r}: leave the user unset")
 
 
-def sandbox_path(path: str, workdir: str) -> str:
-    """The absolute, normalised sandbox path of ``path`` (see the module docstring)."""
+def sandbox_path(path: str, spec: SandboxSpec) -> str:
+    """The absolute, normalised sandbox path of ``path`` in a sandbox of ``spec`` (see the
+    module docstring; ``~`` is its ``HOME``)."""
+    home = spec.env.get("HOME", HOME)
     if "\0" in path:
         raise invalid("a path cannot contain a NUL character")
     if path.startswith("~"):
         if len(path) > 1 and path[1] != "/":
-            raise invalid(f"cannot expand {path.split('/', 1)[0]!r}: only '~' (the home directory {HOME}) is known")
-        path = HOME + path[1:]
+            raise invalid(f"cannot expand {path.split('/', 1)[0]!r}: only '~' (the home directory {home}) is known")
+        path = home + path[1:]
     if not path.startswith("/"):
-        path = posixpath.join(workdir, path)
+        path = posixpath.join(spec.workdir, path)
     return "/" + posixpath.normpath(path).lstrip("/")
 
 
@@ -339,7 +340,7 @@ class FilesystemHandlers:
 
     def stat(self, request: pb.StatRequest, call: EnvdCall) -> pb.StatResponse:
         with self._agent(call) as box:
-            path = sandbox_path(request.path, box.spec.workdir)
+            path = sandbox_path(request.path, box.spec)
             own, _, real = follow(box, path)
             return pb.StatResponse(entry=entry_info(path, own, box, target_type=_FILE_TYPES.get(real.type)))
 
@@ -348,7 +349,7 @@ class FilesystemHandlers:
         if depth > MAX_LIST_DEPTH:
             raise invalid(f"depth {depth} is more than this server lists ({MAX_LIST_DEPTH}); ask for less")
         with self._agent(call) as box:
-            path = sandbox_path(request.path, box.spec.workdir)
+            path = sandbox_path(request.path, box.spec)
             listing = box.agent.list_dir(path, depth=depth, include_hidden=True, limit=LIST_LIMIT)
         if listing.truncated:
             raise E2bError("resource_exhausted", f"{path} holds more than {LIST_LIMIT} entries {depth} levels "
@@ -359,7 +360,7 @@ class FilesystemHandlers:
 
     def make_dir(self, request: pb.MakeDirRequest, call: EnvdCall) -> pb.MakeDirResponse:
         with self._agent(call) as box:
-            path = sandbox_path(request.path, box.spec.workdir)
+            path = sandbox_path(request.path, box.spec)
             try:
                 box.agent.make_dir(path, parents=True, exist_ok=False)
             except AgentCallError as error:
@@ -373,8 +374,8 @@ class FilesystemHandlers:
 
     def move(self, request: pb.MoveRequest, call: EnvdCall) -> pb.MoveResponse:
         with self._agent(call) as box:
-            source = sandbox_path(request.source, box.spec.workdir)
-            destination = sandbox_path(request.destination, box.spec.workdir)
+            source = sandbox_path(request.source, box.spec)
+            destination = sandbox_path(request.destination, box.spec)
             box.agent.stat(source)  # a missing source is not_found before any directory is made
             box.agent.make_dir(posixpath.dirname(destination), parents=True, exist_ok=True)
             box.transfer.move(source, destination, overwrite=True)
@@ -382,7 +383,7 @@ class FilesystemHandlers:
 
     def remove(self, request: pb.RemoveRequest, call: EnvdCall) -> pb.RemoveResponse:
         with self._agent(call) as box:
-            path = sandbox_path(request.path, box.spec.workdir)
+            path = sandbox_path(request.path, box.spec)
             try:
                 box.agent.remove(path, recursive=True)
             except AgentCallError as error:
@@ -400,7 +401,7 @@ class FilesystemHandlers:
 
     def watch_dir(self, request: pb.WatchDirRequest, call: EnvdCall) -> Iterator[pb.WatchDirResponse]:
         with self._agent(call) as box:
-            path = sandbox_path(request.path, box.spec.workdir)
+            path = sandbox_path(request.path, box.spec)
             watch, translate = self._watch(box, path, recursive=request.recursive,
                                            include_entry=request.include_entry)
         return self._watch_stream(call.sandbox, watch, translate)
@@ -424,7 +425,7 @@ class FilesystemHandlers:
                 raise E2bError("resource_exhausted", f"sandbox {sandbox.sandbox_id} already has {MAX_WATCHERS} "
                                                      "watchers; stop one (WatchHandle.stop) first")
         with self._agent(call) as box, current_scope(CallScope()):  # the watch outlives this request
-            path = sandbox_path(request.path, box.spec.workdir)
+            path = sandbox_path(request.path, box.spec)
             watch, translate = self._watch(box, path, recursive=request.recursive,
                                            include_entry=request.include_entry)
         watcher_id = "w" + secrets.token_hex(8)
