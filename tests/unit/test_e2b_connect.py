@@ -103,12 +103,13 @@ def event(**fields) -> pb.StartResponse:
 
 def start(request, call) -> Iterator[pb.StartResponse]:
     cmd, args = request.process.cmd, list(request.process.args)
+    # A blocking call's probe exists before its start event is sent: the test reads it then.
+    seen = probe(call, args[0]) if cmd == "block" else None
     yield event(start=pb.ProcessEvent.StartEvent(pid=1))
     if cmd == "echo":
         for arg in args:
             yield event(data=pb.ProcessEvent.DataEvent(stdout=arg.encode()))
-    elif cmd == "block":
-        seen = probe(call, args[0])
+    elif seen is not None:
         seen.ran_in = threading.get_ident()
         try:
             seen.release.wait(WAIT_S)
