@@ -121,6 +121,9 @@ def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # asyncio sets TCP_NODELAY only on sockets it made itself with IPPROTO_TCP; without it a
+    # response waits on Nagle for the client's delayed ACK (~40 ms). Accepted sockets inherit it.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
