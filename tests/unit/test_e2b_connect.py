@@ -67,7 +67,7 @@ class Boxes:
             raise E2bError("unauthenticated", "the X-Access-Token header is missing or wrong")
         return self.box
 
-    def _live(self, sandbox_id):
+    def find(self, sandbox_id):
         return self.box if sandbox_id == SANDBOX else None
 
 

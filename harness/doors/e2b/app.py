@@ -271,7 +271,7 @@ class E2bApp:
     def _untokened(self, sandbox_id: str) -> E2bSandbox:
         """The sandbox ``/health`` names when it carries no access token (health says only
         whether the sandbox runs)."""
-        sandbox = self.sandboxes._live(sandbox_id)
+        sandbox = self.sandboxes.find(sandbox_id)
         if sandbox is None:
             raise E2bError("not_found", f"sandbox {sandbox_id!r} not found")
         return sandbox

@@ -45,8 +45,10 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.audit.records import arguments_digest
 from harness.audit.store import AuditError
-from harness.core.actions import ActionDenied, ActionGate, ActionTicket, ApprovalPending
+from harness.core.actions import ActionDenied, ActionGate, ActionTicket, ApprovalPending, action_tool
+from harness.core.calls import Decision
 from harness.core.errors import CallboxError, short_reason
 from harness.core.policy import Policy
 from harness.core.sandbox_settings import SandboxSettings
@@ -257,6 +259,11 @@ class E2bSandboxes:
                 return None
             return sandbox
 
+    def find(self, sandbox_id: str) -> E2bSandbox | None:
+        """The live sandbox ``sandbox_id`` whoever owns it, or None (for what tells no more
+        than whether it runs, like envd's ``/health``)."""
+        return self._live(sandbox_id)
+
     def get(self, client: str, sandbox_id: str) -> E2bSandbox:
         """``client``'s live sandbox ``sandbox_id``; ``not_found`` for anyone else's or none."""
         sandbox = self._live(sandbox_id)
@@ -394,31 +401,62 @@ class E2bSandboxes:
                           actor=f"{DOOR}:{sandbox.client}")
 
     @contextlib.contextmanager
-    def acting(self, sandbox: E2bSandbox, action: str, details: Mapping[str, Any]) -> Iterator[ActionTicket]:
-        """Authorize ``action`` (``permission_denied`` if the policy denies it;
-        ``failed_precondition`` naming the approval if it asks), then record its outcome when
-        the block ends: ok, cancelled (the client went away: an ok end), or failed."""
+    def acting(self, sandbox: E2bSandbox, action: str, details: Mapping[str, Any], *,
+               floor: Decision | None = None) -> Iterator[ActionTicket]:
+        """Authorize ``action`` (the more restrictive of its policy decision and ``floor``):
+        ``permission_denied`` if denied; if the policy asks, ``failed_precondition`` naming the
+        approval. E2B clients cannot send an approval id, so the same action repeated after a
+        person approved it uses that approval (once). Then record the outcome when the block
+        ends: ok, cancelled (the client went away: an ok end), or failed."""
         gate = self.gate(sandbox)
+        full = {"sandbox": sandbox.sandbox_id, **details}
         try:
-            ticket = gate.authorize(action, {"sandbox": sandbox.sandbox_id, **details})
-        except (ActionDenied, ApprovalPending) as refusal:
-            raise from_callbox(refusal) from None
+            ticket = gate.authorize(action, full, approval_id=_approval_of(gate, action, full), floor=floor)
+        except ActionDenied as denied:
+            raise from_callbox(denied) from None
+        except ApprovalPending as pending:
+            raise _asked(gate, pending) from None
         try:
             yield ticket
         except GeneratorExit:
-            self._finish(gate, ticket, ok=True, detail={**ticket.outcome, "ended": "cancelled"})
+            _finish(gate, ticket, ok=True, detail={**ticket.outcome, "ended": "cancelled"})
             raise
         except BaseException as exc:
-            self._finish(gate, ticket, ok=False, detail={**ticket.outcome, "error": short_reason(exc)})
+            _finish(gate, ticket, ok=False, detail={**ticket.outcome, "error": short_reason(exc)})
             raise
-        self._finish(gate, ticket, ok=True, detail=ticket.outcome)
+        _finish(gate, ticket, ok=True, detail=ticket.outcome)
 
-    @staticmethod
-    def _finish(gate: ActionGate, ticket: ActionTicket, *, ok: bool, detail: Mapping[str, Any]) -> None:
-        try:
-            gate.finish(ticket, ok=ok, detail=detail)
-        except AuditError as error:  # the action's own result matters more than its record
-            log.error("cannot record the outcome of %s in run %s: %s", ticket.tool, ticket.run_id, error.message)
+
+def _approval_of(gate: ActionGate, action: str, details: Mapping[str, Any]) -> str | None:
+    """The approval a person gave (or has yet to give) to this very action, if any."""
+    tool = action_tool(action)
+    digest = arguments_digest({"actor": gate.actor, **details})
+    try:
+        for state in ("approved", "pending"):
+            for approval in gate.audit.list_approvals(state, run_id=gate.run_id):
+                if approval.tool == tool and approval.args_digest == digest:
+                    return approval.id
+    except AuditError as error:
+        log.error("cannot look up the approvals of run %s: %s", gate.run_id, error.message)
+    return None
+
+
+def _asked(gate: ActionGate, pending: ApprovalPending) -> E2bError:
+    approval_id = pending.approval_id
+    try:
+        why = gate.audit.get_approval(approval_id).reason
+    except AuditError:
+        why = f"approval required by policy ({pending.rule})"
+    return E2bError("failed_precondition", f"{why}; it waits for approval {approval_id}: approve it with "
+                    f"`callbox approvals approve {approval_id}` (or deny it), then do the same again, "
+                    "which uses the approval once")
+
+
+def _finish(gate: ActionGate, ticket: ActionTicket, *, ok: bool, detail: Mapping[str, Any]) -> None:
+    try:
+        gate.finish(ticket, ok=ok, detail=detail)
+    except AuditError as error:  # the action's own result matters more than its record
+        log.error("cannot record the outcome of %s in run %s: %s", ticket.tool, ticket.run_id, error.message)
 
 
 @contextlib.contextmanager

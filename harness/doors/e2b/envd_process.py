@@ -69,18 +69,13 @@ import shlex
 import signal
 import threading
 import time
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from harness.audit.errors import AuditError
-from harness.audit.records import arguments_digest
-from harness.core.actions import ActionDenied, ActionGate, ActionTicket, ApprovalPending, action_tool
-from harness.core.calls import Decision
 from harness.core.errors import AgentCallError, CallboxError, short_reason
 from harness.doors.e2b.boxes import E2bSandbox, E2bSandboxes, e2b_errors
 from harness.doors.e2b.envd import process_pb2 as pb
-from harness.doors.e2b.errors import E2bError, from_callbox, invalid
+from harness.doors.e2b.errors import E2bError, invalid
 from harness.doors.e2b.rpc import EnvdCall, Method, Service
 from harness.engine.cancel import current_scope
 from harness.engine.docker.sandbox import Sandbox as DockerSandbox
@@ -268,7 +263,7 @@ class ProcessDoor:
             script = shell_script(argv)
             floor = sandbox.session.policy.decide(self.shell, {"command": policy_command(argv), "workdir": cwd})
             details = {"command": argv if script is None else script, "tag": tag, "pty": pty}
-            with self._acting(sandbox, "process", details, floor=floor) as ticket:
+            with self.sandboxes.acting(sandbox, "process", details, floor=floor) as ticket:
                 env = {**box.spec.env, **sandbox.env_vars, **config.envs}
                 info = box.jobs.start(argv, tag=tag, cwd=cwd, env=env, pty=pty, rows=rows, cols=cols,
                                       stdin=stdin or pty)
@@ -290,7 +285,7 @@ class ProcessDoor:
         with e2b_errors(sandbox):
             box = sandbox.running()
             info = _select(box, request.process, running_only=False)
-            with self._acting(sandbox, "attach", {"pid": info.pid, "mode": "attach"}):
+            with self.sandboxes.acting(sandbox, "attach", {"pid": info.pid, "mode": "attach"}):
                 events = self._follow(box, sandbox, info, call, kill_if_busy=False)
                 yield pb.ConnectResponse(event=_started(info.pid))
                 for event in events:
@@ -442,30 +437,7 @@ class ProcessDoor:
             raise invalid(f"process {info.pid} runs on a terminal; send its input as pty (pty.send_stdin)")
         box.jobs.write(info.pid, data.pty if kind == "pty" else data.stdin)
 
-    # ---- policy, audit and bookkeeping ---------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _acting(self, sandbox: E2bSandbox, action: str, details: Mapping[str, Any], *,
-                floor: Decision | None = None) -> Iterator[ActionTicket]:
-        """Authorize ``action`` (the more restrictive of its decision and ``floor``), using a
-        person's approval of the same action if there is one, and record how it ended."""
-        gate = self.sandboxes.gate(sandbox)
-        full = {"sandbox": sandbox.sandbox_id, **details}
-        try:
-            ticket = gate.authorize(action, full, approval_id=_approval_of(gate, action, full), floor=floor)
-        except ActionDenied as denied:
-            raise from_callbox(denied) from None
-        except ApprovalPending as pending:
-            raise _asked(gate, pending) from None
-        try:
-            yield ticket
-        except GeneratorExit:  # the stream was closed: the client went away
-            _finish(gate, ticket, ok=True, detail={**ticket.outcome, "ended": "the client went away"})
-            raise
-        except BaseException as exc:
-            _finish(gate, ticket, ok=False, detail={**ticket.outcome, "error": short_reason(exc)})
-            raise
-        _finish(gate, ticket, ok=True, detail=ticket.outcome)
+    # ---- bookkeeping ----------------------------------------------------------------------------
 
     def _remember(self, sandbox: E2bSandbox, info: JobInfo, config: pb.ProcessConfig, tag: str, pty: bool,
                   cwd: str) -> None:
@@ -513,39 +485,6 @@ def _select(box: DockerSandbox, selector: pb.ProcessSelector, *, running_only: b
     if found:
         raise E2bError("not_found", f"{what} has ended; `commands.list()` shows the running processes")
     raise E2bError("not_found", f"{what} not found; `commands.list()` shows the running processes")
-
-
-def _approval_of(gate: ActionGate, action: str, details: Mapping[str, Any]) -> str | None:
-    """The approval a person gave (or has yet to give) to this very action, if any: the SDK
-    cannot pass an approval id, so repeating the action is how it is used."""
-    tool = action_tool(action)
-    digest = arguments_digest({"actor": gate.actor, **details})
-    try:
-        for state in ("approved", "pending"):
-            for approval in gate.audit.list_approvals(state, run_id=gate.run_id):
-                if approval.tool == tool and approval.args_digest == digest:
-                    return approval.id
-    except AuditError as error:
-        log.error("cannot look up the approvals of run %s: %s", gate.run_id, error.message)
-    return None
-
-
-def _asked(gate: ActionGate, pending: ApprovalPending) -> E2bError:
-    approval_id = pending.approval_id
-    try:
-        why = gate.audit.get_approval(approval_id).reason
-    except AuditError:
-        why = f"approval required by policy ({pending.rule})"
-    return E2bError("failed_precondition", f"{why}; it waits for approval {approval_id}: approve it with "
-                    f"`callbox approvals approve {approval_id}` (or deny it), then run the same command again, "
-                    "which uses the approval once")
-
-
-def _finish(gate: ActionGate, ticket: ActionTicket, *, ok: bool, detail: Mapping[str, Any]) -> None:
-    try:
-        gate.finish(ticket, ok=ok, detail=detail)
-    except AuditError as error:  # the action's own result matters more than its record
-        log.error("cannot record the outcome of %s in run %s: %s", ticket.tool, ticket.run_id, error.message)
 
 
 def process_service(sandboxes: E2bSandboxes) -> Service:

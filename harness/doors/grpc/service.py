@@ -223,7 +223,8 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                 raise ServiceError(
                     Reason.ERROR_REASON_LIMIT_REACHED,
                     f"client {client!r} already has {mine} live sandboxes, the most one client may have on this "
-                    f"server ({limits.max_sandboxes_per_client}); delete one with DeleteSandbox first",
+                    f"server ({limits.max_sandboxes_per_client}); delete one first (DeleteSandbox, or kill in the "
+                    "E2B SDK)",
                 )
             if total >= limits.max_sandboxes_total:
                 raise ServiceError(
