@@ -419,12 +419,12 @@ class E2bSandboxes:
         try:
             yield ticket
         except GeneratorExit:
-            _finish(gate, ticket, ok=True, detail={**ticket.outcome, "ended": "cancelled"})
+            gate.finish_logged(ticket, ok=True, detail={**ticket.outcome, "ended": "cancelled"})
             raise
         except BaseException as exc:
-            _finish(gate, ticket, ok=False, detail={**ticket.outcome, "error": short_reason(exc)})
+            gate.finish_logged(ticket, ok=False, detail={**ticket.outcome, "error": short_reason(exc)})
             raise
-        _finish(gate, ticket, ok=True, detail=ticket.outcome)
+        gate.finish_logged(ticket, ok=True, detail=ticket.outcome)
 
 
 def _approval_of(gate: ActionGate, action: str, details: Mapping[str, Any]) -> str | None:
@@ -450,13 +450,6 @@ def _asked(gate: ActionGate, pending: ApprovalPending) -> E2bError:
     return E2bError("failed_precondition", f"{why}; it waits for approval {approval_id}: approve it with "
                     f"`callbox approvals approve {approval_id}` (or deny it), then do the same again, "
                     "which uses the approval once")
-
-
-def _finish(gate: ActionGate, ticket: ActionTicket, *, ok: bool, detail: Mapping[str, Any]) -> None:
-    try:
-        gate.finish(ticket, ok=ok, detail=detail)
-    except AuditError as error:  # the action's own result matters more than its record
-        log.error("cannot record the outcome of %s in run %s: %s", ticket.tool, ticket.run_id, error.message)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 
-from harness.audit.store import AuditError
 from harness.core.actions import ActionDenied, ActionGate, ActionTicket, ApprovalPending
 from harness.core.errors import CallboxError, short_reason
 from harness.core.policy import Policy
@@ -91,18 +90,11 @@ class SandboxesBase:
                 yield ticket
         except BaseException as exc:
             if isinstance(exc, GeneratorExit) or not context.is_active():
-                self._finish(gate, ticket, ok=True, detail={**ticket.outcome, "ended": "cancelled"})
+                gate.finish_logged(ticket, ok=True, detail={**ticket.outcome, "ended": "cancelled"})
             else:
-                self._finish(gate, ticket, ok=False, detail={**ticket.outcome, "error": short_reason(exc)})
+                gate.finish_logged(ticket, ok=False, detail={**ticket.outcome, "error": short_reason(exc)})
             raise
-        self._finish(gate, ticket, ok=True, detail=ticket.outcome)
-
-    @staticmethod
-    def _finish(gate: ActionGate, ticket: ActionTicket, *, ok: bool, detail: Mapping[str, Any]) -> None:
-        try:
-            gate.finish(ticket, ok=ok, detail=detail)
-        except AuditError as error:  # the action's own result matters more than its record
-            log.error("cannot record the outcome of %s in run %s: %s", ticket.tool, ticket.run_id, error.message)
+        gate.finish_logged(ticket, ok=True, detail=ticket.outcome)
 
     @contextlib.contextmanager
     def _live(self, owned: Owned | None) -> Iterator[None]:
