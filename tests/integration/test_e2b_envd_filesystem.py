@@ -13,33 +13,26 @@ import hashlib
 import json
 import os
 import queue
-import shutil
-import tempfile
 import textwrap
 import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from harness.audit.store import AuditStore
-from harness.core.policy import parse_policy
 from harness.doors.e2b.boxes import E2bSandbox, E2bSandboxes
 from harness.doors.e2b.envd import filesystem_pb2 as pb
 from harness.doors.e2b.envd_files import http_routes
 from harness.doors.e2b.envd_filesystem import MAX_WATCHERS, FilesystemHandlers
 from harness.doors.e2b.errors import E2bError
 from harness.doors.e2b.rpc import EnvdCall, HttpRequest, HttpResponse
-from harness.doors.grpc.service import ExecutorService
-from harness.doors.grpc.tokens import TokenSet
-from harness.engine.docker.engine import DockerEngine
-from harness.tools import registry_for
 from tests.conftest import IMAGE
+from tests.integration.e2b_door import e2b_sandboxes
 
 pytestmark = pytest.mark.docker
 
@@ -73,24 +66,12 @@ class Door:
 
 @pytest.fixture(scope="module")
 def door(engine: Any) -> Iterator[Door]:
-    state = Path(tempfile.mkdtemp(prefix="cbx-e2b-fs-"))
-    docker_engine = DockerEngine(engine.client, reap_on_start=False)
-    audit = AuditStore(state / "audit.sqlite3")
-    policy = parse_policy(POLICY)
-    executor = ExecutorService(registry=registry_for(policy), policy=policy, audit=audit,
-                               tokens=TokenSet({"alice": "token-of-e2b-alice-0123456"}, source="test tokens"),
-                               engine_factory=lambda: docker_engine)
-    sandboxes = E2bSandboxes(executor, templates={"no-copy-in": parse_policy(NO_COPY_IN)})
-    try:
+    with e2b_sandboxes(engine, POLICY, prefix="cbx-e2b-fs-", keys={"alice": "token-of-e2b-alice-0123456"},
+                       templates={"no-copy-in": NO_COPY_IN}) as state:
+        sandboxes = state.sandboxes
         box = sandboxes.create("alice")
         routes = {(method, path): handler for method, path, handler in http_routes(sandboxes)}
-        yield Door(sandboxes, FilesystemHandlers(sandboxes), routes, audit, box)
-    finally:
-        for session in list(executor.sessions_of("alice")):
-            executor.delete_session(session, "test over")
-        executor.shutdown()
-        audit.close()
-        shutil.rmtree(state, ignore_errors=True)
+        yield Door(sandboxes, FilesystemHandlers(sandboxes), routes, state.audit, box)
 
 
 def call_of(box: E2bSandbox, *, user: str | None = None) -> EnvdCall:

@@ -13,31 +13,24 @@ from __future__ import annotations
 
 import json
 import queue
-import shutil
-import tempfile
 import textwrap
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness.audit.store import AuditStore
-from harness.core.policy import parse_policy
 from harness.doors.e2b.boxes import E2bSandbox, E2bSandboxes
 from harness.doors.e2b.envd import process_pb2 as pb
 from harness.doors.e2b.envd_process import ProcessDoor, process_service
 from harness.doors.e2b.errors import E2bError
 from harness.doors.e2b.rpc import EnvdCall
 from harness.doors.grpc.overrides import SandboxOverrides
-from harness.doors.grpc.service import ExecutorService
-from harness.doors.grpc.tokens import TokenSet
-from harness.engine.docker.engine import DockerEngine
-from harness.tools import registry_for
 from tests.conftest import IMAGE
+from tests.integration.e2b_door import e2b_sandboxes
 
 pytestmark = pytest.mark.docker
 
@@ -73,23 +66,10 @@ class Door:
 
 @pytest.fixture(scope="module")
 def door(engine: Any) -> Iterator[Door]:
-    state = Path(tempfile.mkdtemp(prefix="cbx-e2b-process-"))
-    docker_engine = DockerEngine(engine.client, reap_on_start=False)
-    audit = AuditStore(state / "audit.sqlite3")
-    policy = parse_policy(POLICY)
-    executor = ExecutorService(registry=registry_for(policy), policy=policy, audit=audit,
-                               tokens=TokenSet({"alice": API_KEY}, source="test tokens"),
-                               engine_factory=lambda: docker_engine)
-    sandboxes = E2bSandboxes(executor)
-    try:
+    with e2b_sandboxes(engine, POLICY, prefix="cbx-e2b-process-", keys={"alice": API_KEY}) as state:
+        sandboxes = state.sandboxes
         box = sandboxes.create("alice", overrides=SandboxOverrides(env={"FROM_CREATE": "c1"}))
-        yield Door(sandboxes, ProcessDoor(sandboxes), audit, box)
-    finally:
-        for session in list(executor.sessions_of("alice")):
-            executor.delete_session(session, "test over")
-        executor.shutdown()
-        audit.close()
-        shutil.rmtree(state, ignore_errors=True)
+        yield Door(sandboxes, ProcessDoor(sandboxes), state.audit, box)
 
 
 def call_of(door: Door, *, user: str | None = None, deadline_s: float | None = None) -> EnvdCall:

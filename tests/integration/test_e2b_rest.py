@@ -17,32 +17,27 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import textwrap
 import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness.audit.store import AuditStore
 from harness.core.calls import ToolCall
-from harness.core.policy import parse_policy
 from harness.doors.e2b.boxes import MIN_TIMEOUT_S, E2bSandboxes
 from harness.doors.e2b.rest import ENVD_VERSION, routes
 from harness.doors.e2b.rpc import HttpRequest, HttpResponse
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import Limits
-from harness.doors.grpc.tokens import TokenSet
 from harness.engine.docker.engine import DockerEngine
 from harness.engine.docker.lifetime import read_record
-from harness.tools import registry_for
 from tests.conftest import IMAGE
+from tests.integration.e2b_door import e2b_sandboxes
 
 pytestmark = pytest.mark.docker
 
@@ -119,23 +114,12 @@ def match(template: str, path: str) -> dict[str, str] | None:
 
 @pytest.fixture(scope="module")
 def api(engine: Any) -> Iterator[Api]:
-    state = Path(tempfile.mkdtemp(prefix="cbx-e2b-rest-"))
-    docker_engine = DockerEngine(engine.client, reap_on_start=False, snapshot_dir=state / "snapshots")
-    audit = AuditStore(state / "audit.sqlite3")
-    policy = parse_policy(POLICY)
-    service = ExecutorService(registry=registry_for(policy), policy=policy, audit=audit,
-                              tokens=TokenSet({"alice": ALICE_KEY, "bob": BOB_KEY}, source="test tokens"),
-                              limits=Limits(max_sandboxes_per_client=6), engine_factory=lambda: docker_engine)
-    sandboxes = E2bSandboxes(service, {"locked": parse_policy(LOCKED)})
-    table: dict[tuple[str, str], Any] = {}
-    for method, path, handler in routes(sandboxes):
-        table.setdefault((method, path), handler)
-    try:
-        yield Api(sandboxes, service, audit, docker_engine, table)
-    finally:
-        service.shutdown()
-        audit.close()
-        shutil.rmtree(state, ignore_errors=True)
+    with e2b_sandboxes(engine, POLICY, prefix="cbx-e2b-rest-", keys={"alice": ALICE_KEY, "bob": BOB_KEY},
+                       templates={"locked": LOCKED}, limits=Limits(max_sandboxes_per_client=6)) as door:
+        table: dict[tuple[str, str], Any] = {}
+        for method, path, handler in routes(door.sandboxes):
+            table.setdefault((method, path), handler)
+        yield Api(door.sandboxes, door.executor, door.audit, door.engine, table)
 
 
 @pytest.fixture(scope="module")
