@@ -126,6 +126,7 @@ def python_blocks(text: str) -> list[tuple[int, str]]:
 SNIPPET_SOURCES = {
     "openai-agents": "tests/interop/test_openai_agents.py",
     "pydantic-ai": "tests/interop/test_pydantic_ai.py",
+    "e2b-example": "tests/interop/e2b_example.py",
 }
 """README snippets copied from the interop tests that run them, by marker name."""
 

@@ -4,6 +4,7 @@
     E2B_API_KEY=YOUR-KEY python e2b_example.py
 """
 
+# README: e2b-example snippet start
 from e2b import Sandbox
 
 sandbox = Sandbox.create(metadata={"purpose": "example"})
@@ -20,3 +21,4 @@ try:
     print("listed:", sandbox.sandbox_id in [info.sandbox_id for info in listed])
 finally:
     print("killed:", sandbox.kill())
+# README: e2b-example snippet end
