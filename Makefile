@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CALLBOX := $(VENV)/bin/callbox
 
-.PHONY: setup npm-tools engine image test unit demo tour bench proto proto-check lint
+.PHONY: setup npm-tools engine image test unit demo tour bench bench-scale proto proto-check lint
 
 setup:
 	@scripts/setup-python.sh
@@ -45,5 +45,13 @@ demo: setup engine image
 tour: setup engine image
 	@scripts/tour.sh
 
+# make bench: the table on stdout, bench-results.json (one object per row) where it is started.
+# make bench-scale [SANDBOXES=N]: the scale probe alone (N live sandboxes, default 100),
+# written to bench-scale-results.json.
+SANDBOXES ?= 100
+
 bench: setup engine image
 	@$(PY) -m tests.bench.bench_exec
+
+bench-scale: setup engine image
+	@$(PY) -m tests.bench.bench_exec --only scale --sandboxes $(SANDBOXES) --json bench-scale-results.json

@@ -1,6 +1,8 @@
 """``make bench``: callbox against its baselines and performance targets, side by side in one run.
 
-Run as ``python -m tests.bench.bench_exec [--samples N] [--json FILE] [--quick]``.
+Run as ``python -m tests.bench.bench_exec [--samples N] [--json PATH] [--quick] [--only SECTION]
+[--sandboxes N]``. The results go to ``bench-results.json`` in the current directory (or PATH):
+one object per row (:mod:`tests.bench.bench_results`), the raw samples beside them.
 
 Every figure is measured in this process on this machine, interleaved with its
 baseline (callbox and baseline samples alternate, so drift in machine load hits both
@@ -28,7 +30,14 @@ Rows:
    and a 1 MiB tool output, vs the same call path with redaction off;
 9.-13. living sandboxes (attach replay, PTY keystroke, cp, pause/resume, snapshot/fork): bench_living.py;
 14. the E2B SDK against ``callbox serve --e2b`` (cold start, ``commands.run`` round trip, file
-    write/read throughput), each beside the engine doing the same in process: bench_e2b.py.
+    write/read throughput), each beside the engine doing the same in process: bench_e2b.py;
+15. (left for the warm pool's rows);
+16.-17. many cold creates (sequential, 4 and 16 concurrent creators, staggered, a burst of 50) and
+    destroy latency to the caller: bench_scale.py, section ``create``;
+18. tool calls through the gRPC door with 1, 8 and 32 concurrent clients against the bare exec:
+    bench_door.py, section ``door``;
+19. the scale probe (``--sandboxes N`` live sandboxes of 128 MiB: memory, answers, create and
+    destroy times): bench_scale.py, section ``scale``, not in the default run (``make bench-scale``).
 """
 
 from __future__ import annotations
@@ -36,20 +45,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import json
 import math
 import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +71,13 @@ from harness.engine.docker import labels
 from harness.engine.docker.engine import DockerEngine, Sandbox, seccomp_profile
 from harness.engine.exec_result import ExecResult, collect
 from harness.engine.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
+from tests.bench.bench_door import add_door_rows, bench_door
 from tests.bench.bench_e2b import add_e2b_rows, bench_e2b
 from tests.bench.bench_living import Toolkit, add_living_rows, bench_living
 from tests.bench.bench_overhead import bench_overhead
 from tests.bench.bench_redaction import bench_redaction
+from tests.bench.bench_results import DEFAULT_RESULTS, Row, markdown_table, p50, write_results
+from tests.bench.bench_scale import add_create_rows, add_scale_rows, bench_create, bench_scale
 
 MIN_SAMPLES = 30
 MIB = 1 << 20
@@ -84,7 +93,11 @@ TARGET_STREAM_FACTOR = 1.5
 TARGET_IDLE_MEMORY_MIB = 25.0
 TARGET_OVERHEAD_P50_MS = 0.3
 
-SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b"]
+SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
+            "create", "door", "scale"]
+DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
+"""``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
+DEFAULT_SCALE_SANDBOXES = 100
 
 
 LOAD_SEEN: list[float] = []  # 1-minute load average at every progress line: how busy the machine was
@@ -93,95 +106,6 @@ LOAD_SEEN: list[float] = []  # 1-minute load average at every progress line: how
 def progress(message: str) -> None:
     LOAD_SEEN.append(os.getloadavg()[0])
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-# ---- statistics ---------------------------------------------------------------------------
-
-
-def p50(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def p90(values: list[float]) -> float:
-    if len(values) < 2:
-        return values[0]
-    return statistics.quantiles(values, n=10, method="inclusive")[8]
-
-
-@dataclass
-class Row:
-    """One line of the report. ``kind`` is time (ms), rate (bytes per sample time) or mem (bytes)."""
-
-    what: str
-    kind: str
-    callbox: list[float]
-    baseline_name: str
-    baseline: list[float] | None
-    target: str
-    check: Callable[[Row], bool] | None = None
-    rate_bytes: int = 0
-    note: str = ""
-
-    # Times and memory are summarised directly; a rate from the sample times, so that its
-    # "p90" is the slow tail (size / p90 time), as for every other row.
-    def cb(self, stat: Callable[[list[float]], float]) -> float:
-        return self._value(self.callbox, stat)
-
-    def base(self, stat: Callable[[list[float]], float]) -> float | None:
-        return None if self.baseline is None else self._value(self.baseline, stat)
-
-    def _value(self, values: list[float], stat: Callable[[list[float]], float]) -> float:
-        if self.kind == "rate":
-            return self.rate_bytes / MB / (stat(values) / 1000)
-        return stat(values)
-
-    def ratio(self) -> float | None:
-        base = self.base(p50)
-        if base is None:
-            return None
-        cb = self.cb(p50)
-        if self.kind == "time":
-            return base / cb  # how many times faster callbox is
-        return cb / base  # throughput: how many times more; memory: how many times bigger
-
-    def met(self) -> str:
-        if self.check is None:
-            return "—"
-        return "yes" if self.check(self) else "**NO**"
-
-    def fmt(self, value: float | None) -> str:
-        if value is None:
-            return "—"
-        if self.kind == "time":
-            return f"{value:.2f} ms" if value < 100 else f"{value:.0f} ms"
-        if self.kind == "rate":
-            return f"{value:.0f} MB/s"
-        return f"{value / MIB:.1f} MiB"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "what": self.what, "kind": self.kind, "baseline_name": self.baseline_name, "target": self.target,
-            "callbox_p50": self.cb(p50), "callbox_p90": self.cb(p90),
-            "baseline_p50": self.base(p50), "baseline_p90": self.base(p90),
-            "ratio": self.ratio(), "met": self.met().strip("*"), "samples": len(self.callbox),
-            "baseline_samples": len(self.baseline or []),
-            "unit": {"time": "ms", "rate": "MB/s (1 MB = 10^6 bytes)", "mem": "bytes"}[self.kind],
-        }
-
-
-def markdown_table(rows: list[Row]) -> str:
-    lines = [
-        "| what | callbox p50 | callbox p90 | baseline | baseline p50 | baseline p90 | ratio | target | met? |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        ratio = row.ratio()
-        lines.append(" | ".join([
-            f"| {row.what}", row.fmt(row.cb(p50)), row.fmt(row.cb(p90)), row.baseline_name,
-            row.fmt(row.base(p50)), row.fmt(row.base(p90)),
-            "—" if ratio is None else f"{ratio:.2f}{TIMES}", row.target, f"{row.met()} |",
-        ]))
-    return "\n".join(lines)
 
 
 # ---- the machine ------------------------------------------------------------------------
@@ -270,6 +194,12 @@ class Resources:
         self.container_names.discard(name)
 
     def cleanup(self) -> None:
+        self.release()
+        self._remove_half_created()
+        shutil.rmtree(self.mount_root, ignore_errors=True)
+
+    def release(self) -> None:
+        """Destroy the sandboxes and remove the containers started so far (the run goes on)."""
         for box in list(self.sandboxes.values()):
             try:
                 self.destroy_sandbox(box)
@@ -280,8 +210,6 @@ class Resources:
                 self.remove_container(name)
             except Exception as exc:
                 progress(f"cleanup: could not remove container {name}: {exc}")
-        self._remove_half_created()
-        shutil.rmtree(self.mount_root, ignore_errors=True)
 
     def _remove_half_created(self) -> None:
         """Sandboxes of this process that ``create`` never returned (interrupted mid-create).
@@ -636,6 +564,9 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
             f"— (info; 1 MiB: p50 {p50(data['redaction_only_1m']):.2f} ms)")
     add_living_rows(data, add)
     add_e2b_rows(data, add)
+    add_create_rows(data, add)
+    add_door_rows(data, add)
+    add_scale_rows(data, add)
     if "callbox_health" in data:
         add("5a. floor: gRPC unary Health/Check on the agent socket (interleaved)", "time",
             data["callbox_health"], "—", None, "— (info)")
@@ -654,9 +585,13 @@ def report(info: dict[str, Any], args: argparse.Namespace, rows: list[Row], data
         machine_markdown(info),
         f"- samples per figure: {args.samples} (after {args.warmup} uncounted warm-up iterations); "
         f"callbox and baseline samples interleaved{'; QUICK smoke run, not a measurement' if args.quick else ''}",
+        f"- run time {info.get('total_seconds', 0):.0f} s; per section: "
+        + ", ".join(f"{name} {sec:.0f} s" for name, sec in info.get("section_seconds", {}).items()),
         "",
         markdown_table(rows),
         "",
+        *[f"**Section {name} failed, its rows are missing:** {why}\n" for name, why in info.get("failed_sections",
+                                                                                              {}).items()],
         "ratio: baseline p50 / callbox p50 for times (how many times faster callbox is); "
         "callbox / baseline for throughput (how many times more) and memory (how many times bigger). "
         "Throughput p50/p90 are the stream size over the p50/p90 time, so p90 is the slow tail; "
@@ -691,12 +626,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=None, help="uncounted warm-up iterations (default 5, 2 "
                         "for cold start and streaming)")
     parser.add_argument("--quick", action="store_true", help="smoke run: few samples, small stream, no minimum")
-    parser.add_argument("--json", metavar="FILE", help="also write the raw samples and the table as JSON")
+    parser.add_argument("--json", metavar="PATH", default=DEFAULT_RESULTS,
+                        help="where to write the results as JSON: one object per row, the raw samples, the "
+                        "table (default: %(default)s in the directory the run is started from)")
     parser.add_argument("--stream-mib", type=int, default=None, help="stream size in MiB (default 64; 8 with --quick)")
     parser.add_argument("--image", default=SandboxSpec().image, help="sandbox image (default %(default)s)")
     parser.add_argument("--only", action="append",
                         choices=SECTIONS,
-                        help="run only these sections (repeatable); the default is all")
+                        help="run only these sections (repeatable); the default is all but scale")
+    parser.add_argument("--sandboxes", type=int, default=DEFAULT_SCALE_SANDBOXES, metavar="N",
+                        help="live sandboxes of the scale probe (section scale; default %(default)s)")
     args = parser.parse_args(argv)
     if args.quick:
         if args.samples == MIN_SAMPLES:
@@ -725,7 +664,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sections = set(args.only or SECTIONS)
+    sections = set(args.only or DEFAULT_SECTIONS)
     engine = DockerEngine.connect(reap_on_start=False)  # leave other sessions' sandboxes alone
     try:
         engine.client.images.get(args.image)
@@ -738,43 +677,74 @@ def main(argv: list[str] | None = None) -> int:
     data: dict[str, list[float]] = {}
     slow_warmup = min(args.warmup, 2)
     started = time.monotonic()
+    kit = Toolkit(progress, interleaved, hardened_run_kwargs)
+
+    def live_box_rows() -> dict[str, list[float]]:
+        progress("starting the live sandbox for the round-trip and streaming rows")
+        box = res.create_sandbox(spec)
+        out: dict[str, list[float]] = {}
+        if "roundtrip" in sections:
+            out.update(bench_round_trip(box, args.samples, args.warmup))
+        if "stream" in sections:
+            out.update(bench_stream(box, args.stream_mib * MIB, args.samples, slow_warmup))
+        res.destroy_sandbox(box)
+        return out
+
+    def network_rows() -> dict[str, list[float]]:
+        problem = engine.networks.packet_filter.problem()
+        if problem is not None:
+            progress(f"network modes skipped: {problem}")
+            return {}
+        return bench_network_start(res, spec, args.samples, slow_warmup)
+
+    def overhead_rows() -> dict[str, list[float]]:
+        progress("harness overhead per call (no sandbox)")
+        return bench_overhead(max(args.samples, 1000), 100)
+
+    def redaction_rows() -> dict[str, list[float]]:
+        progress("secret redaction per call (no sandbox)")
+        return bench_redaction(max(args.samples, 300), 20)
+
+    # In order; a section that fails is reported and the run goes on with the next one.
+    plan: list[tuple[str, bool, Callable[[], dict[str, list[float]]]]] = [
+        ("roundtrip+stream", bool(sections & {"roundtrip", "stream"}), live_box_rows),
+        ("cold", "cold" in sections, lambda: bench_cold_start(res, spec, args.samples, slow_warmup)),
+        ("memory", "memory" in sections, lambda: bench_memory(res, spec, args.samples, args.quick)),
+        ("network", "network" in sections, network_rows),
+        ("overhead", "overhead" in sections, overhead_rows),
+        ("redaction", "redaction" in sections, redaction_rows),
+        ("living", "living" in sections,
+         lambda: bench_living(res, spec, args.samples, args.warmup, kit, quick=args.quick)),
+        ("e2b", "e2b" in sections, lambda: bench_e2b(res, spec, args.samples, args.warmup, kit, quick=args.quick)),
+        ("create", "create" in sections, lambda: bench_create(res, spec, args.samples, kit, quick=args.quick)),
+        ("door", "door" in sections, lambda: bench_door(res, spec, kit, quick=args.quick)),
+        ("scale", "scale" in sections,
+         lambda: bench_scale(res, spec, args.sandboxes, kit,
+                             lambda container, hint: memory_reading(engine.client, container, hint))),
+    ]
+    failed: dict[str, str] = {}
+    seconds: dict[str, float] = {}
     with sigterm_as_interrupt():
         try:
-            if sections & {"roundtrip", "stream"}:
-                progress("starting the live sandbox for the round-trip and streaming rows")
-                box = res.create_sandbox(spec)
-                if "roundtrip" in sections:
-                    data.update(bench_round_trip(box, args.samples, args.warmup))
-                if "stream" in sections:
-                    data.update(bench_stream(box, args.stream_mib * MIB, args.samples, slow_warmup))
-                res.destroy_sandbox(box)
-            if "cold" in sections:
-                data.update(bench_cold_start(res, spec, args.samples, slow_warmup))
-            if "memory" in sections:
-                data.update(bench_memory(res, spec, args.samples, args.quick))
-            if "network" in sections:
-                problem = engine.networks.packet_filter.problem()
-                if problem is None:
-                    data.update(bench_network_start(res, spec, args.samples, slow_warmup))
-                else:
-                    progress(f"network modes skipped: {problem}")
-            if "overhead" in sections:
-                progress("harness overhead per call (no sandbox)")
-                data.update(bench_overhead(max(args.samples, 1000), 100))
-            if "redaction" in sections:
-                progress("secret redaction per call (no sandbox)")
-                data.update(bench_redaction(max(args.samples, 300), 20))
-            if "living" in sections:
-                data.update(bench_living(res, spec, args.samples, args.warmup,
-                                         Toolkit(progress, interleaved, hardened_run_kwargs), quick=args.quick))
-            if "e2b" in sections:
-                data.update(bench_e2b(res, spec, args.samples, args.warmup,
-                                      Toolkit(progress, interleaved, hardened_run_kwargs), quick=args.quick))
+            for name, wanted, run in plan:
+                if not wanted:
+                    continue
+                t_section = time.monotonic()
+                try:
+                    data.update(run())
+                except Exception as exc:  # the other sections still run; the report names this one
+                    failed[name] = f"{type(exc).__name__}: {exc}"
+                    progress(f"section {name} FAILED ({failed[name]}); its rows are missing, going on")
+                    res.release()
+                seconds[name] = round(time.monotonic() - t_section, 1)
         except KeyboardInterrupt:
             progress("interrupted: cleaning up")
             raise
         finally:
             res.cleanup()
+    info["section_seconds"] = seconds
+    info["failed_sections"] = failed
+    info["total_seconds"] = round(time.monotonic() - started, 1)
     progress(f"done in {time.monotonic() - started:.0f} s")
     info["loadavg_end"] = os.getloadavg()
     info["loadavg_max_1min"] = max(LOAD_SEEN, default=0.0)
@@ -784,12 +754,9 @@ def main(argv: list[str] | None = None) -> int:
     text = report(info, args, rows, data)
     sys.stdout.write(text)
     sys.stdout.flush()
-    if args.json:
-        payload = {"machine": info, "args": vars(args), "rows": [r.to_json() for r in rows], "samples": data,
-                   "markdown": text}
-        Path(args.json).write_text(json.dumps(payload, indent=1, default=str) + "\n")
-        progress(f"raw results written to {args.json}")
-    return 0
+    written = write_results(Path(args.json), rows, machine=info, args=vars(args), samples=data, markdown=text)
+    progress(f"results (one object per row, raw samples beside them) written to {written}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
