@@ -6,19 +6,18 @@ cgroup v1 exposes ``oom_kill N`` in ``memory.oom_control``; cgroup v2 in
 
 from __future__ import annotations
 
-from pathlib import Path
-
 _CANDIDATES = (
-    Path("/sys/fs/cgroup/memory/memory.oom_control"),  # v1
-    Path("/sys/fs/cgroup/memory.events"),  # v2
+    "/sys/fs/cgroup/memory/memory.oom_control",  # v1
+    "/sys/fs/cgroup/memory.events",  # v2
 )
 
 
-def oom_kill_count(candidates: tuple[Path, ...] = _CANDIDATES) -> int | None:
+def oom_kill_count(candidates: tuple[str, ...] = _CANDIDATES) -> int | None:
     """Return the cgroup's OOM-kill counter, or None when no counter is readable."""
     for path in candidates:
         try:
-            text = path.read_text()
+            with open(path) as f:
+                text = f.read()
         except OSError:
             continue
         for line in text.splitlines():

@@ -55,7 +55,7 @@ from typing import Protocol, TypeVar
 
 import grpc
 
-from sandbox import download, move, upload, watch
+from sandbox import move, watch
 from sandbox.errors import (
     ALREADY_EXISTS,
     INTERNAL,
@@ -175,6 +175,10 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
     def Upload(
         self, request_iterator: Iterator[filesystem_pb2.UploadChunk], context: grpc.ServicerContext
     ) -> filesystem_pb2.UploadResponse:
+        # Upload and Download are imported on their first call: with tarfile they add
+        # milliseconds to the agent's start-up, before a request that may never come.
+        from sandbox import upload
+
         return self._call(
             context, "Upload", "the upload destination", lambda: upload.receive(self._resolver, request_iterator)
         )
@@ -182,6 +186,8 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
     def Download(
         self, request: filesystem_pb2.DownloadRequest, context: grpc.ServicerContext
     ) -> Iterator[filesystem_pb2.DownloadChunk]:
+        from sandbox import download
+
         return self._stream(context, "Download", request.path,
                             lambda: download.stream(self._resolver, request, self.acting, context.is_active))
 

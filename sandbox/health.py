@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
+from google.protobuf import descriptor_pool, message, message_factory
 
 SERVICE_NAME = "grpc.health.v1.Health"
 CHECK_METHOD = f"/{SERVICE_NAME}/Check"
@@ -23,22 +23,27 @@ NOT_SERVING = 2
 SERVICE_UNKNOWN = 3
 
 
+# The serialized FileDescriptorProto of this proto3 file (tests/unit/test_health_descriptor.py
+# builds it field by field and checks it is these bytes). It is spelled out as bytes because
+# building it needs google.protobuf.descriptor_pb2, which costs milliseconds of start-up:
+#
+#   package grpc.health.v1;  // file "callbox/grpc_health_v1.proto"
+#   message HealthCheckRequest { string service = 1; }
+#   message HealthCheckResponse {
+#     enum ServingStatus { UNKNOWN = 0; SERVING = 1; NOT_SERVING = 2; SERVICE_UNKNOWN = 3; }
+#     ServingStatus status = 1;
+#   }
+FILE_DESCRIPTOR = (
+    b'\n\x1ccallbox/grpc_health_v1.proto\x12\x0egrpc.health.v1"%\n\x12HealthCheckRequest\x12\x0f\n\x07service'
+    b'\x18\x01 \x01(\t"\xa9\x01\n\x13HealthCheckResponse\x12A\n\x06status\x18\x01 \x01(\x0e21.grpc.health.v1.'
+    b'HealthCheckResponse.ServingStatus"O\n\rServingStatus\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0b\n\x07SERVING'
+    b'\x10\x01\x12\x0f\n\x0bNOT_SERVING\x10\x02\x12\x13\n\x0fSERVICE_UNKNOWN\x10\x03b\x06proto3'
+)
+
+
 def _build_messages() -> tuple[type[message.Message], type[message.Message]]:
-    fdp = descriptor_pb2.FileDescriptorProto(
-        name="callbox/grpc_health_v1.proto", package="grpc.health.v1", syntax="proto3"
-    )
-    request = fdp.message_type.add(name="HealthCheckRequest")
-    request.field.add(name="service", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
-                      label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
-    response = fdp.message_type.add(name="HealthCheckResponse")
-    status = response.enum_type.add(name="ServingStatus")
-    for number, name in enumerate(("UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN")):
-        status.value.add(name=name, number=number)
-    response.field.add(name="status", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_ENUM,
-                       type_name=".grpc.health.v1.HealthCheckResponse.ServingStatus",
-                       label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
     pool = descriptor_pool.DescriptorPool()
-    pool.Add(fdp)
+    pool.AddSerializedFile(FILE_DESCRIPTOR)
     return (
         message_factory.GetMessageClass(pool.FindMessageTypeByName("grpc.health.v1.HealthCheckRequest")),
         message_factory.GetMessageClass(pool.FindMessageTypeByName("grpc.health.v1.HealthCheckResponse")),

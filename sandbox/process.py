@@ -12,7 +12,6 @@ import os
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -120,6 +119,12 @@ MAX_PENDING_STDIN = 16 << 20
 """At most this much WriteStdin data may wait for a command to read it."""
 
 
+def _new_exec_id() -> str:
+    """32 random hex digits, the shape of ``uuid.uuid4().hex`` (the uuid module, which nothing
+    else in the agent needs, costs milliseconds of start-up to import)."""
+    return os.urandom(16).hex()
+
+
 class ProcessRunner:
     """Starts commands and tracks the live ones by exec id."""
 
@@ -181,7 +186,7 @@ class ProcessRunner:
         # tell, made with the tool user's permissions (see _spawn), not the agent's.
         cwd = request.cwd or self.workspace
         timeout_ms = checked_timeout_ms(request.timeout_ms)
-        execution = self._register(request.exec_id or uuid.uuid4().hex, request.keep_stdin_open)
+        execution = self._register(request.exec_id or _new_exec_id(), request.keep_stdin_open)
         swept = False
         try:
             oom_before = oom_kill_count()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -90,7 +89,7 @@ class ShellManager:
         self.workspace = workspace
         self.starter = ToolStarter(user, launcher)
         self.max_sessions = max_sessions
-        self.runtime_dir = runtime_dir or tempfile.gettempdir()
+        self._runtime_dir = runtime_dir
         root = os.geteuid() == 0
         # The status FIFO is made as the tool user (the agent has no CAP_DAC_OVERRIDE).
         self.fs_identity = FsIdentity(user.uid, user.gid) if user is not None and root else None
@@ -99,6 +98,17 @@ class ShellManager:
         self._lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
         self._markers: set[int] = set()
+
+    @property
+    def runtime_dir(self) -> str:
+        """Where sessions keep their private directories (default: the temporary directory).
+
+        Found on the first session, so the agent's start-up does not import tempfile."""
+        if self._runtime_dir is None:
+            import tempfile
+
+            self._runtime_dir = tempfile.gettempdir()
+        return self._runtime_dir
 
     def as_tool_user(self) -> contextlib.AbstractContextManager[None]:
         """File operations as the tool user (in the container), else as this process."""

@@ -24,9 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -154,9 +152,13 @@ class Session:
 
         On failure everything started is killed and released, so a later Run can try again.
         """
+        import shutil  # here, not at the top: the agent's start-up never needs them
+        import tempfile
+
         manager = self.manager
+        runtime_dir = manager.runtime_dir  # found as the agent, not as the tool user
         with manager.as_tool_user():
-            private = tempfile.mkdtemp(prefix="callbox-shell-", dir=manager.runtime_dir)
+            private = tempfile.mkdtemp(prefix="callbox-shell-", dir=runtime_dir)
         keep_open = -1
         try:
             with manager.as_tool_user():
