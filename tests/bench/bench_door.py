@@ -47,6 +47,7 @@ CALLBOX = str(Path(sys.executable).with_name("callbox"))
 TOKEN = "bench-" + "g" * 32
 START_TIMEOUT_S = 60.0
 LISTENING = r"gRPC executor listening on (\S+)"
+MAX_TOOL_CALLS = 100_000
 TARGET_EXTRA_MS = 1.0
 TARGET_P99_MS = 50.0
 TARGET_CALLS_PER_S = 600.0
@@ -61,7 +62,8 @@ class GrpcDoor:
         tokens.write_text(f"bench:{TOKEN}\n")
         tokens.chmod(0o600)
         policy = self.dir / "policy.toml"
-        policy.write_text(f'[sandbox]\nimage = "{image}"\n')
+        # The default budget (200 tool calls per run, a run being a sandbox) would stop the 1-client level.
+        policy.write_text(f'[sandbox]\nimage = "{image}"\n\n[budgets]\nmax_tool_calls = {MAX_TOOL_CALLS}\n')
         self.target = f"unix:{self.dir / 'executor.sock'}"
         limit = str(max_sandboxes + 4)
         args = ["serve", "--grpc", self.target, "--token-file", str(tokens), "--policy", str(policy),
