@@ -47,7 +47,6 @@ import errno
 import functools
 import logging
 import os
-import secrets
 import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -431,7 +430,7 @@ def _unlink_quietly(name: str, dir_fd: int) -> None:
 
 def _replace(res: Resolved, data: bytes, mode: int, *, no_overwrite: bool) -> int:
     """Write to a temporary name beside the target, then publish it in one step."""
-    tmp = f".callbox-{secrets.token_hex(8)}.tmp"
+    tmp = f".callbox-{os.urandom(8).hex()}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(tmp, flags, 0o600, dir_fd=res.dir_fd)
     try:

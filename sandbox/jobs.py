@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import secrets
 import signal
 import struct
 import termios
@@ -176,7 +175,7 @@ class JobManager:
             # Kill of an ended job can never reach a newer job's processes.
             used = {job.marker for job in self._jobs.values()} | self._starting_markers
             while True:
-                marker = JOB_MARKER_BASE + secrets.randbelow(proctree.MARKER_SPAN)
+                marker = JOB_MARKER_BASE + proctree.random_below(proctree.MARKER_SPAN)
                 if marker not in used:
                     self._starting_markers.add(marker)
                     return marker

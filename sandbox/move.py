@@ -29,7 +29,6 @@ import contextlib
 import ctypes
 import errno
 import os
-import secrets
 import stat
 
 from sandbox.errors import ALREADY_EXISTS, INVALID_ARGUMENT, PERMISSION_DENIED, WRONG_TYPE, AgentError
@@ -147,7 +146,7 @@ def _copy_across(src: Resolved, dst: Resolved, st: os.stat_result, *, overwrite:
         )
     if overwrite:
         _check_replace(dst, st)
-    tmp = f".callbox-move-{secrets.token_hex(8)}.tmp"
+    tmp = f".callbox-move-{os.urandom(8).hex()}.tmp"
     try:
         if stat.S_ISLNK(st.st_mode):
             os.symlink(os.readlink(src.name, dir_fd=src.dir_fd), tmp, dir_fd=dst.dir_fd)

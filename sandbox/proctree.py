@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import secrets
 import signal
 import threading
 from collections.abc import Iterator
@@ -21,6 +20,16 @@ MARKER_BASE = 3_000_000_000
 MARKER_SPAN = 1_000_000
 
 
+def random_below(n: int) -> int:
+    """A uniformly random integer in [0, n) from the kernel's CSPRNG, as ``secrets.randbelow``
+    gives, without importing secrets (and with it random, hashlib and hmac) at start-up."""
+    bits = n.bit_length()
+    while True:
+        value = int.from_bytes(os.urandom((bits + 7) // 8), "big") >> (-bits % 8)
+        if value < n:
+            return value
+
+
 class MarkerAllocator:
     """Hands out marker gids, unique among the agent's live commands."""
 
@@ -28,7 +37,7 @@ class MarkerAllocator:
         self._lock = threading.Lock()
         # A random start keeps two agents that can see each other's processes (say, one
         # in a test on the host and one in a container) from sharing markers.
-        self._counter = itertools.count(secrets.randbelow(MARKER_SPAN))
+        self._counter = itertools.count(random_below(MARKER_SPAN))
         self._live: set[int] = set()
 
     def acquire(self) -> int:

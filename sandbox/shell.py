@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -206,7 +205,7 @@ class ShellManager:
                 f"{self.max_sessions} bash sessions are open already; close one first",
             )
         while True:
-            marker = SHELL_MARKER_BASE + secrets.randbelow(proctree.MARKER_SPAN)
+            marker = SHELL_MARKER_BASE + proctree.random_below(proctree.MARKER_SPAN)
             if marker not in self._markers:
                 self._markers.add(marker)
                 return Session(self, session_id, marker)
