@@ -16,10 +16,10 @@ import os
 os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
 
 import sys
-from typing import TYPE_CHECKING
 
 from sandbox.spawner import Spawner
 
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing is imported after the fork
 if TYPE_CHECKING:
     import argparse
 

@@ -29,24 +29,36 @@ import sys
 import termios
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from sandbox.identity import FsIdentity
+
+# The agent forks the spawner right after importing this module, and every page the agent
+# writes after that is copied: so this module imports neither typing nor dataclasses (some
+# 3 MiB of objects the agent imports anyway, after the fork, held once instead of twice).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_MESSAGE = 1 << 20
 
 
-@dataclass(frozen=True)
 class SpawnRequest:
-    argv: Sequence[str]
-    env: Mapping[str, str]
-    cwd: str
-    uid: int | None
-    gid: int | None
-    groups: Sequence[int] | None
-    controlling_tty: bool = False
-    """Make the child's stdin (a terminal) its controlling terminal, in its new session."""
+    """One command to start: argv, environment, working directory and identity.
+
+    ``controlling_tty``: make the child's stdin (a terminal) its controlling terminal, in
+    its new session."""
+
+    __slots__ = ("argv", "controlling_tty", "cwd", "env", "gid", "groups", "uid")
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, uid: int | None, gid: int | None,
+                 groups: Sequence[int] | None, controlling_tty: bool = False) -> None:
+        self.argv = argv
+        self.env = env
+        self.cwd = cwd
+        self.uid = uid
+        self.gid = gid
+        self.groups = groups
+        self.controlling_tty = controlling_tty
 
 
 class SpawnerDied(RuntimeError):
