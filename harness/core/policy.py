@@ -122,7 +122,7 @@ from harness.core.rules import (
     takes_command,
     tool_decision,
 )
-from harness.core.sandbox_settings import MountSetting, SandboxSettings
+from harness.core.sandbox_settings import MountSetting, PoolSettings, SandboxSettings
 from harness.core.units import format_size
 from harness.core.validation import describe_validation_error, render_path
 from harness.engine.spec import HostLimits, Mount, SandboxSpec, SpecError
@@ -182,6 +182,8 @@ class Policy(BaseModel):
     """``[[tool]]``: the tools this policy declares (see :mod:`harness.core.declared`)."""
     actions: ActionsPolicy = Field(default_factory=ActionsPolicy)
     """``[actions.NAME]``: what may be done with a living sandbox (see :mod:`harness.core.actions`)."""
+    pool: PoolSettings = Field(default_factory=PoolSettings)
+    """``[pool]``: pre-started sandboxes a server's creates claim (off unless ``size`` > 0)."""
 
     @field_validator("allowed_tools")
     @classmethod

@@ -29,7 +29,7 @@ from pydantic.fields import FieldInfo
 
 from harness.engine.spec import Mount, SandboxFields, SandboxSpec
 
-__all__ = ["MountSetting", "SandboxSettings"]
+__all__ = ["MountSetting", "PoolSettings", "SandboxSettings"]
 
 
 class MountSetting(BaseModel):
@@ -106,3 +106,25 @@ class SandboxSettings(_SettingsFields):
         made by :meth:`MountSetting.mount`); a value the spec refuses is a ``ValidationError``."""
         values = {name: getattr(self, name) for name in type(self).model_fields if name not in _NOT_COPIED}
         return SandboxSpec(**values, mounts=mounts)
+
+
+class PoolSettings(BaseModel):
+    """``[pool]``: pre-started sandboxes of the ``[sandbox]`` spec that a server's creates
+    claim (:mod:`harness.engine.docker.pool`). Off by default (``size = 0``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    size: int = Field(default=0, ge=0, le=1000)
+    """The floor: how many never-used sandboxes are kept ready (0: no pool)."""
+    max: int | None = Field(default=None, ge=0, le=1000)
+    """The ceiling: creates that find the pool empty raise its target up to this (default: ``size``)."""
+    pause_s: float = Field(default=0.05, ge=0.0, le=60.0)
+    """Seconds the refill waits between two starts, and after a claim, before the next start."""
+
+    @property
+    def ceiling(self) -> int:
+        return self.size if self.max is None else self.max
+
+    def model_post_init(self, context: Any, /) -> None:
+        if self.ceiling < self.size:
+            raise ValueError(f"pool.max ({self.max}) must be at least pool.size ({self.size})")

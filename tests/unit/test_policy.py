@@ -26,6 +26,7 @@ from harness.core.policy import (
     parse_policy,
 )
 from harness.core.redaction import RedactionSettings
+from harness.core.sandbox_settings import PoolSettings
 from harness.engine.spec import HostLimits, Mount, SandboxSpec
 
 
@@ -87,14 +88,14 @@ def test_default_policy_allows_every_tool() -> None:
 
 def test_default_policy_documents_every_key() -> None:
     text = (resources.files("harness") / "data/default-policy.toml").read_text()
-    models: list[type[BaseModel]] = [Policy, SandboxSettings, Budgets, Rule, RedactionSettings]
+    models: list[type[BaseModel]] = [Policy, SandboxSettings, Budgets, Rule, RedactionSettings, PoolSettings]
     for model in models:
         for key in model.model_fields:
-            if key in ("sandbox", "budgets", "tools", "mounts", "env", "rules", "redaction"):
+            if key in ("sandbox", "budgets", "tools", "mounts", "env", "rules", "redaction", "pool"):
                 continue  # tables, documented by their [header]
             assert re.search(rf"^#? ?{key} = ", text, re.MULTILINE), f"{model.__name__}.{key} is not documented"
     for header in ("[sandbox]", "[sandbox.env]", "[[sandbox.mounts]]", "[budgets]", "[redaction]", "[tools.shell]",
-                   "[[tools.shell.rules]]"):
+                   "[[tools.shell.rules]]", "[pool]"):
         assert header in text
 
 
@@ -158,7 +159,7 @@ def test_load_from_a_file_names_the_file(tmp_path: Path) -> None:
     ("text", "problem"),
     [
         ('sandboxx = 1', "unexpected key 'sandboxx' (allowed: sandbox, allowed_tools, default_decision, tools, "
-                         "budgets, redaction, tool, actions)"),
+                         "budgets, redaction, tool, actions, pool)"),
         ('[sandbox]\nmemroy = "1g"', "unexpected key 'sandbox.memroy' (allowed: image, memory, cpus, pids, "
                                      "network, allow_hosts, mounts, allowed_mount_roots, workdir, env, tmp_size, "
                                      "workspace_size, home_size, noexec, nofile, fsize, ttl_seconds)"),

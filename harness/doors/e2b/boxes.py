@@ -56,7 +56,7 @@ from harness.doors.e2b.errors import E2bError, from_callbox, from_service_error,
 from harness.doors.grpc.errors import ServiceError
 from harness.doors.grpc.overrides import SandboxOverrides
 from harness.doors.grpc.service import ExecutorService
-from harness.doors.grpc.sessions import ClientSession
+from harness.doors.grpc.sessions import ClientSession, SharedEngine
 from harness.engine.docker.lifetime import MIN_TTL_S
 from harness.engine.docker.sandbox import Sandbox as DockerSandbox
 
@@ -172,6 +172,8 @@ class E2bSandboxes:
         self.audit = executor.audit
         self.templates: dict[str, Policy] = dict(templates or {})
         self.templates.setdefault(DEFAULT_TEMPLATE, e2b_template(executor.policy))
+        if isinstance(executor.engine_factory, SharedEngine) and executor.policy.pool.size:  # pool E2B's base too
+            executor.engine_factory.pool_specs.append(self.templates[DEFAULT_TEMPLATE].sandbox_spec())
         self._lock = threading.Lock()
         self._boxes: dict[str, E2bSandbox] = {}
         self._idempotent: dict[tuple[str, str], tuple[str, str | None]] = {}

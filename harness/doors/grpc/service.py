@@ -141,7 +141,8 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         self.audit = audit
         self.tokens = tokens
         self.limits = limits or Limits()
-        self.engine_factory = engine_factory or SharedEngine()
+        self.engine_factory = engine_factory or SharedEngine(
+            pool=policy.pool, pool_specs=[policy.sandbox_spec()] if policy.pool.size else [], room=self._pool_room)
         self.approvals_by_clients = approvals_by_clients
         self.exposed = registry.exposed_names(policy)
         self._lock = threading.Condition()
@@ -488,7 +489,15 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         if sessions:
             with ThreadPoolExecutor(max_workers=min(8, len(sessions)), thread_name_prefix="callbox-destroy") as pool:
                 list(pool.map(lambda s: s.close(self.audit, "server_shutdown"), sessions))
+        if isinstance(self.engine_factory, SharedEngine):
+            self.engine_factory.close()  # the warm pool's sandboxes, if any
         return [s.sandbox_id for s in sessions]
+
+    def _pool_room(self) -> int:
+        """The most pooled sandboxes beside the live ones: the total limit counts both."""
+        # Read without the service's lock (the pool's refill thread asks under its own): a
+        # moment's stale count only delays or brings forward one refill.
+        return self.limits.max_sandboxes_total - len(self._sessions) - sum(list(self._creating.values()))
 
     def reap_expired(self, now: float | None = None) -> list[str]:
         """Destroy the sandboxes whose ttl_seconds have passed (a paused one's clock stands
@@ -504,9 +513,12 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         return [s.sandbox_id for s in expired]
 
     def start_reaper(self, interval_s: float = 5.0) -> None:
-        """A daemon thread that runs ``reap_expired`` every ``interval_s`` until ``shutdown``."""
+        """A daemon thread that runs ``reap_expired`` every ``interval_s`` until ``shutdown``;
+        with a warm pool in the policy, the engine is connected now so the pool fills ahead."""
         if self._reaper is not None:
             return
+        if self.policy.pool.size and isinstance(self.engine_factory, SharedEngine):
+            threading.Thread(target=self.engine_factory.warm, name="callbox-pool-warm", daemon=True).start()
 
         def loop() -> None:
             while not self._stop_reaper.wait(interval_s):

@@ -26,6 +26,9 @@ owner string; ``open(name_or_id)`` reconnects from any process; ``pause``/``resu
 it with the expiry clock stopped; ``keep_alive`` pushes its expiry; ``list_sandboxes``
 shows name, owner, state and cgroup CPU and memory; ``snapshot``, ``fork``, ``restore``,
 ``snapshots``, ``remove_snapshot`` and ``remove`` manage its files and itself.
+
+A warm pool (opt-in, ``enable_pool``: :mod:`harness.engine.docker.pool`) makes a create whose
+spec matches a pre-started sandbox a claim; without one every create is cold.
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ from harness.engine.docker.lifetime import (
 from harness.engine.docker.living import SandboxInfo
 from harness.engine.docker.netfilter import PacketFilter
 from harness.engine.docker.networks import Attachment, EgressEvent, SandboxNetworks, engine_is_local
+from harness.engine.docker.pool import WarmPool
 from harness.engine.docker.sandbox import AGENT_SOCKET_NAME, Sandbox
 from harness.engine.docker.snapshots import SnapshotInfo, SnapshotStore
 from harness.engine.spec import AGENT_DIR, TMP, HostLimits, SandboxSpec
@@ -161,6 +165,8 @@ class DockerEngine:
             test_network=egress_test_network, test_hosts=egress_test_hosts,
         )
         self._host: HostLimits | None = None
+        self.pool: WarmPool | None = None
+        """Pre-started sandboxes ``create`` claims from (none unless ``enable_pool``)."""
         if reap_on_start:
             for sandbox_id in self.gc():
                 log.info("reaped leftover sandbox %s", sandbox_id)
@@ -169,6 +175,13 @@ class DockerEngine:
     def connect(cls, **kwargs: Any) -> DockerEngine:
         """Connect to the engine named by DOCKER_HOST (default socket); fail closed if unreachable."""
         return cls(connect_client(), **kwargs)
+
+    def enable_pool(self, specs: list[SandboxSpec], **settings: Any) -> WarmPool:
+        """Keep pre-started sandboxes of ``specs`` (:class:`WarmPool`'s settings: ``size``, ``max``,
+        ...) that matching creates, named ones too, claim; the refill thread is started."""
+        if self.pool is None:
+            self.pool = WarmPool(self, specs, **settings).start()
+        return self.pool
 
     # ---- create ---------------------------------------------------------------------------
 
@@ -211,6 +224,8 @@ class DockerEngine:
         for note in spec.loosened():
             log.warning("this policy loosens a hardened default: %s", note)
         uid, gid = _tool_identity(spec)
+        if self.pool is not None and (claimed := self.pool.claim(spec, uid, gid, name=name, owner=owner, ttl=ttl)):
+            return claimed
         sandbox_id = uuid.uuid4().hex[:12]
         socket_dir = self.run_root / sandbox_id
         self.run_root.mkdir(parents=True, mode=0o700, exist_ok=True)
