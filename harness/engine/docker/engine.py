@@ -92,7 +92,7 @@ from harness.engine.docker.lifetime import (
     write_record as write_lifetime,
 )
 from harness.engine.docker.living import SandboxInfo
-from harness.engine.docker.netfilter import PacketFilter
+from harness.engine.docker.netfilter import PacketFilter, lock_path_for
 from harness.engine.docker.networks import Attachment, EgressEvent, SandboxNetworks, engine_is_local
 from harness.engine.docker.pool import WarmPool
 from harness.engine.docker.sandbox import AGENT_SOCKET_NAME, Sandbox
@@ -161,7 +161,7 @@ class DockerEngine:
         if egress_test_hosts is None:
             egress_test_hosts = _parse_hosts(os.environ.get("CALLBOX_EGRESS_TEST_HOSTS", ""))
         self.networks = SandboxNetworks(
-            client, PacketFilter(self.run_root / "netfilter.lock"), self.run_root / "egress",
+            client, PacketFilter(lock_path_for(self.run_root)), self.run_root / "egress",
             test_network=egress_test_network, test_hosts=egress_test_hosts,
         )
         self._host: HostLimits | None = None

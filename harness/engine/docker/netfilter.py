@@ -17,8 +17,11 @@ them all, whatever the subnet:
 The rules only match ``cbx`` interfaces, so they never touch other containers. They are
 installed (idempotently, checked with ``iptables -C``) every time a networked sandbox
 is created, and removed by ``gc`` once no callbox network is left; both happen under
-one file lock so a removal never races a creation. Installing needs root and the
-``iptables`` command (the one Docker itself uses); without them a networked sandbox is
+one host-wide file lock (:func:`lock_path_for`: the rules are the host's, whichever run
+root a harness uses) so a removal never races a creation. A removal that still finds a
+chain in use (a jump that a harness not holding this lock, say an older one, added) leaves
+it and logs that: the chains are harmless without callbox bridges, and the next gc retries.
+Installing needs root and the ``iptables`` command (the one Docker itself uses); without them a networked sandbox is
 refused (fail closed), never started unfiltered.
 """
 
@@ -37,6 +40,16 @@ from pathlib import Path
 from harness.core.errors import CallboxError
 
 log = logging.getLogger("callbox.netfilter")
+
+HOST_LOCK_PATH = Path("/run/callbox-netfilter.lock")
+"""The lock every root harness on this host takes around installing or removing the rules."""
+
+
+def lock_path_for(run_root: Path) -> Path:
+    """Where the packet filter's lock lives: host-wide for root (only root installs rules,
+    and harnesses with different run roots share the host's iptables); beside the run root
+    otherwise, where nothing is ever installed."""
+    return HOST_LOCK_PATH if os.geteuid() == 0 else run_root / "netfilter.lock"
 
 BRIDGE_PREFIX = "cbx"
 """Every bridge callbox creates is named ``cbx…`` (at most 15 characters, a Linux limit)."""
@@ -138,7 +151,10 @@ class PacketFilter:
             for chain in (INPUT_CHAIN, FORWARD_CHAIN):
                 if self._run(binary, ["-n", "-L", chain], check=False).returncode == 0:
                     self._run(binary, ["-F", chain])
-                    self._run(binary, ["-X", chain])
+                    deleted = self._run(binary, ["-X", chain], check=False)
+                    if deleted.returncode != 0:
+                        log.info("packet filter chain %s kept (still referenced; gc retries): %s", chain,
+                                 deleted.stderr.strip()[:200])
 
     # ---- internals -----------------------------------------------------------------------------
 
