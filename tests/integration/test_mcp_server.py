@@ -111,7 +111,8 @@ def _text(result: Any) -> str:
 
 
 def _containers(engine: Any, sandbox_id: str) -> list[Any]:
-    return engine.client.containers.list(all=True, filters={"label": f"callbox.sandbox-id={sandbox_id}"})
+    return engine.client.containers.list(all=True, filters={"label": f"callbox.sandbox-id={sandbox_id}"},
+                                        ignore_removed=True)
 
 
 def _wait_gone(engine: Any, sandbox_id: str, timeout: float = 20.0) -> None:
