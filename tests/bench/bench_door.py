@@ -21,7 +21,6 @@ import contextlib
 import queue
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from harness.engine.exec_result import collect
 from harness.engine.spec import SandboxSpec
 from tests.bench.bench_living import Resources, Toolkit
 from tests.bench.bench_results import p50, p99
+from tests.child_process import stop_child
 
 CLIENT_LEVELS = (1, 8, 32)
 ROUNDS = 3
@@ -100,13 +100,7 @@ class GrpcDoor:
 
     def stop(self) -> None:
         """SIGTERM (the server removes its sandboxes), then wait; SIGKILL if it hangs."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_child(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

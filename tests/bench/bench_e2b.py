@@ -35,7 +35,6 @@ import os
 import queue
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -53,6 +52,7 @@ from harness.engine.docker.engine import Sandbox
 from harness.engine.exec_result import collect
 from harness.engine.spec import SandboxSpec
 from tests.bench.bench_living import Resources, Toolkit
+from tests.child_process import stop_child
 
 MIB = 1 << 20
 TIMES = "\N{MULTIPLICATION SIGN}"
@@ -127,13 +127,7 @@ class E2bDoor:
 
     def stop(self) -> None:
         """SIGTERM (the server removes its sandboxes), then wait; SIGKILL if it hangs."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_child(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

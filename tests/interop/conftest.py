@@ -13,7 +13,6 @@ import os
 import queue
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tests.child_process import stop_child
 from tests.conftest import IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,13 +117,7 @@ class Served:
                 return match
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_child(self.proc)
 
 
 @pytest.fixture
