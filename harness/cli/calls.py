@@ -5,7 +5,8 @@ the call succeeded, 1 when the result is an error the model should read (denied,
 invalid arguments, non-zero exit, pending approval, ...), 2 for bad usage and 125 when
 callbox itself failed. ``approvals`` and ``audit`` read and write the same SQLite store
 as every other harness process, so an approval given here reaches a harness waiting
-elsewhere.
+elsewhere. ``call``'s sandbox starts cold whatever the policy's ``[pool]`` says: the process
+ends with its one sandbox (see :mod:`harness.engine.shared`).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def _call(args: argparse.Namespace) -> int:
     from harness.core.calls import ToolCall
     from harness.core.policy import load_policy
     from harness.core.session import Session
+    from harness.engine.default import connect_default_engine
     from harness.tools import registry_for
 
     policy = load_policy(args.policy)
@@ -102,7 +104,7 @@ def _call(args: argparse.Namespace) -> int:
 
     announced = policy.sandbox_spec().loosened()  # load_policy said these, naming their keys
     with loosened_said_once(spec, announced), AuditStore(args.audit_db) as audit, Session(
-        registry_for(policy), policy, audit, run_id=args.run_id, spec=spec
+        registry_for(policy), policy, audit, run_id=args.run_id, spec=spec, engine_factory=connect_default_engine
     ) as harness:
         result = harness.call(call, on_output=stream if args.stream else None)
         if args.run_id is None and not result.meta.get("approval_id"):

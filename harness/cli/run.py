@@ -18,6 +18,10 @@ stderr before the run starts: ``callbox: this policy loosens a hardened default:
 the sandbox options; the policy file's own loosenings are said, naming their keys, when it
 is loaded. The engine does not repeat them when the run's sandbox starts.
 
+The run's sandbox starts cold even when the policy has a ``[pool]``: this process ends with
+its one sandbox, so a pool would only start a second container to throw away (see
+:mod:`harness.engine.shared`).
+
 A paused run prints the command that continues it, exactly runnable (shell-quoted, absolute
 paths): the transcript or ``--model``/``--base-url``, ``--policy`` and ``--audit-db`` of the
 run. A resumed run keeps the policy, sandbox and loop settings it was checkpointed with;
@@ -147,6 +151,7 @@ def _model(args: argparse.Namespace, *, turns_done: int = 0) -> Any:
 def _start(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any:
     from harness.core.policy import load_policy
     from harness.core.session import Session
+    from harness.engine.default import connect_default_engine
     from harness.loop.agent_loop import run_agent
     from harness.tools import registry_for
 
@@ -156,13 +161,15 @@ def _start(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any
     task = args.task or SCRIPTED_TASK
     show = _show(args, policy)
     announced = policy.sandbox_spec().loosened()  # load_policy said these, naming their keys
-    with loosened_said_once(spec, announced), Session(registry_for(policy), policy, audit, spec=spec) as harness:
+    with loosened_said_once(spec, announced), Session(registry_for(policy), policy, audit, spec=spec,
+                                                      engine_factory=connect_default_engine) as harness:
         return run_agent(model, harness, task=task, system=args.system, config=loop_config(options),
                          on_event=show, resume_command=resume_command(args, harness.run_id, audit.path))
 
 
 def _resume(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any:
     from harness.core.session import Session
+    from harness.engine.default import connect_default_engine
     from harness.loop import checkpoint
     from harness.loop.agent_loop import resume
     from harness.tools import registry_for
@@ -175,7 +182,7 @@ def _resume(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> An
     policy, spec = saved.policy_model(), saved.spec_model()
     show = _show(args, policy)
     with loosened_said_once(spec, []), Session(registry_for(policy), policy, audit, run_id=args.resume,
-                                                spec=spec) as harness:
+                                                spec=spec, engine_factory=connect_default_engine) as harness:
         return resume(args.resume, model, harness, config=config, on_event=show,
                       resume_command=resume_command(args, args.resume, audit.path))
 

@@ -4,7 +4,9 @@
 wrong (bad call id, unknown tool, bad JSON, schema violation, denied, over budget,
 timed out) comes back as a ``ToolResult`` with ``is_error``; only broken
 infrastructure raises. The run's sandbox starts on the first call that needs it and
-is destroyed by ``close``. Every call is claimed in the audit store first, so a
+is destroyed by ``close``; with the policy's ``[pool]`` and no ``engine_factory`` given, the
+process's shared pooled engine (:func:`harness.engine.shared.pooled_engine`) makes that start
+a claim of a pre-started sandbox. Every call is claimed in the audit store first, so a
 replayed or concurrent duplicate call_id returns the recorded result instead of
 running again; an ``ask`` decision leaves the call pending until an approval is
 resolved, after which sending the same call again runs it exactly once.
@@ -44,6 +46,7 @@ from harness.core.validation import CallRejected, check_call_id
 from harness.engine.base import Engine, Sandbox
 from harness.engine.cancel import CallScope, current_scope
 from harness.engine.default import connect_default_engine
+from harness.engine.shared import pooled_engine
 from harness.engine.spec import SandboxSpec
 
 log = logging.getLogger("callbox.harness")
@@ -60,7 +63,7 @@ class Session:
         *,
         run_id: str | None = None,
         spec: SandboxSpec | None = None,
-        engine_factory: Callable[[], Engine] = connect_default_engine,
+        engine_factory: Callable[[], Engine] | None = None,
     ) -> None:
         policy.check_tools(t.definition for t in registry.tools())
         self.registry = registry
@@ -71,13 +74,21 @@ class Session:
         self.spec = spec if spec is not None else policy.sandbox_spec()
         self.redactor = Redactor.for_policy(policy.redaction, os.environ, self.spec.env)
         """Takes the policy's secrets out of every result (built once: the env values are read now)."""
-        self._engine_factory = engine_factory
+        self._engine_factory = engine_factory if engine_factory is not None else self._default_engine()
         self._sandbox: Sandbox | None = None
         self._sandbox_lock = threading.Lock()
         self._closed = False
         self._calls_lock = threading.Lock()
         self._running: set[CallScope] = set()
         """The scopes of the calls running now, cancelled by ``cancel_calls`` and ``close``."""
+
+    def _default_engine(self) -> Callable[[], Engine]:
+        """Without an ``engine_factory``: the process's shared engine with the policy's warm
+        pool of this session's spec when ``[pool]`` asks for one (so a create is a claim once
+        it has filled), else a connection of the session's own."""
+        if self.policy.pool.size > 0:
+            return pooled_engine(self.policy.pool, self.spec)
+        return connect_default_engine
 
     def exposed_tools(self) -> list[Tool]:
         """The tools this run offers the model (registered and allowed by its policy)."""

@@ -43,6 +43,11 @@ Sessions and sandboxes
       clients in ``auto`` mode then use the handshake), and refuses a 2026-07-28 request with
       ``-32022`` (unsupported protocol version) naming the versions it serves.
 
+    With the policy's ``[pool]``, every session of the server shares one engine whose warm
+    pool of the policy's ``[sandbox]`` spec fills from the server's start, so a session's
+    first sandbox is a claim of a pre-started one (over stdio too: the pool fills while the
+    client initializes); the pooled sandboxes go when the server stops.
+
     A call still running when its session ends is cut off: its processes are killed, the
     sandbox goes, and the call ends with an error result in the audit log. A server killed with SIGKILL leaves its
     sandboxes behind; ``callbox gc`` (and every engine start) reaps them, their owner being

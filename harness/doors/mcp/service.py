@@ -21,6 +21,7 @@ from harness.core.policy import Policy, load_policy
 from harness.core.registry import ToolRegistry
 from harness.core.session import Session
 from harness.engine.cancel import CallScope
+from harness.engine.shared import SharedEngine
 from harness.engine.spec import SandboxSpec
 from harness.tools import registry_for
 
@@ -130,7 +131,10 @@ class McpToolService:
     """The tools every MCP session of one server shares: registry, policy, audit store.
 
     ``engine_factory`` (tests, other engines) defaults to the Session's own: connect to the
-    Docker engine named by DOCKER_HOST, failing closed when there is none.
+    Docker engine named by DOCKER_HOST, failing closed when there is none. With the policy's
+    ``[pool]`` it is one :class:`~harness.engine.shared.SharedEngine` for every session of
+    this server, its warm pool of the server's spec filling from the start, so a session's
+    first sandbox is a claim; ``close`` destroys the pooled sandboxes after the sessions'.
     """
 
     def __init__(
@@ -142,6 +146,11 @@ class McpToolService:
         self.policy = policy
         self.audit = audit
         self.spec = spec if spec is not None else policy.sandbox_spec()
+        self.shared_engine: SharedEngine | None = None
+        """The engine every session shares when the policy has ``[pool]`` (and none was given)."""
+        if engine_factory is None and policy.pool.size > 0:
+            engine_factory = self.shared_engine = SharedEngine(pool=policy.pool, pool_specs=[self.spec])
+            self.shared_engine.warm_in_background()
         self.engine_factory = engine_factory
         self._owns_audit = owns_audit
         self._slots: set[SessionSlot] = set()
@@ -202,9 +211,14 @@ class McpToolService:
                 log.exception("closing an MCP session failed")
 
     def close(self) -> None:
-        """End every session, then close the audit store if this service opened it."""
+        """End every session, destroy the warm pool's sandboxes (if any), then close the
+        audit store if this service opened it."""
         with self._lock:
             self._closed = True
         self.close_sessions()
-        if self._owns_audit:
-            self.audit.close()
+        try:
+            if self.shared_engine is not None:
+                self.shared_engine.close()  # the pooled sandboxes
+        finally:
+            if self._owns_audit:
+                self.audit.close()
