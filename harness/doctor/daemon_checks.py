@@ -3,7 +3,8 @@
 The daemon settings that matter for untrusted code (user-namespace remapping,
 live-restore, the daemon-wide no-new-privileges default and log size limits, the CIS
 section 2 items of those names, whose numbers differ between versions, so they carry ids
-of their own) and the runc version against the container-escape fixes; and what the host
+of their own), the runc version against the container-escape fixes and the address pools
+left for networked sandboxes (``address_pools``); and what the host
 kernel provides (seccomp, enforceable cgroup limits, the OOM-kill counter callbox's
 ``oom_killed`` needs, the packet filter networked sandboxes need).
 """
@@ -14,6 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from harness.doctor.address_pools import check_address_pools
 from harness.doctor.evidence import (
     Evidence,
     Probe,
@@ -193,6 +195,7 @@ def daemon_checks(ev: Evidence) -> list[CheckResult]:
         check_daemon_no_new_privileges(ev.daemon_config, ev.daemon_config_note),
         check_log_size(ev.container, ev.info, ev.daemon_config),
         check_runc(runc_version(ev.version, ev.info, ev.runc_cli), ev.runc_changelog),
+        check_address_pools(ev),
     ]
 
 

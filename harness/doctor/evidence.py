@@ -2,7 +2,9 @@
 
 Every check is a pure function of the evidence (``docker inspect`` of the sandbox,
 ``docker info``, ``docker version``, ``/etc/docker/daemon.json`` when readable, a probe
-run as a tool process inside the sandbox, runc's package changelog when readable), so
+run as a tool process inside the sandbox, runc's package changelog when readable, the
+engine's networks and, for a local engine, this host's routes, nameservers and dockerd's
+command line), so
 each is unit-tested against hand-written dicts; ``gather`` collects the evidence from a
 live engine, and the readers here pick the fields the checks share out of it.
 """
@@ -10,6 +12,7 @@ live engine, and the readers here pick the fields the checks share out of it.
 from __future__ import annotations
 
 import gzip
+import ipaddress
 import json
 import os
 import subprocess
@@ -22,6 +25,8 @@ if TYPE_CHECKING:
     from harness.engine.docker.engine import DockerEngine, Sandbox
 
 DAEMON_JSON = Path("/etc/docker/daemon.json")
+PROC = Path("/proc")
+RESOLV_CONF = Path("/etc/resolv.conf")
 RUNC_CHANGELOGS = (Path("/usr/share/doc/runc/changelog.Debian.gz"),)
 """Debian and Ubuntu ship the package changelog here; it lists backported CVE fixes."""
 
@@ -94,6 +99,15 @@ class Evidence:
     """Why networked sandboxes would be refused here (``PacketFilter.problem``); None: they work."""
     remote_engine: bool = False
     """The engine is not on this host, so its packet filter cannot be checked from here."""
+    networks: tuple[Mapping[str, Any], ...] | None = None
+    """``docker network ls`` (each network with its IPAM subnets); None when not listed."""
+    networks_note: str = ""
+    """Why ``networks`` is None."""
+    host_networks: tuple[str, ...] | None = None
+    """CIDRs of this host's IPv4 routes and nameservers, which Docker keeps new networks
+    clear of; None when the engine is remote (its host's are unknown)."""
+    dockerd_args: tuple[str, ...] | None = None
+    """dockerd's command line, when it runs on this host and its process is visible."""
 
 
 def host_config(container: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -166,6 +180,60 @@ def read_daemon_config(path: Path = DAEMON_JSON) -> tuple[dict[str, Any] | None,
     return (data, "") if isinstance(data, dict) else (None, f"{path} is not a JSON object")
 
 
+def read_host_networks(proc: Path = PROC, resolv_conf: Path = RESOLV_CONF) -> tuple[str, ...]:
+    """The IPv4 routes (``/proc/net/route``: little-endian hex destination and mask) and the
+    nameservers (as /32s) of this host; what cannot be read is left out."""
+    found: list[str] = []
+    try:
+        rows = (proc / "net" / "route").read_text().splitlines()[1:]
+    except OSError:
+        rows = []
+    for row in rows:
+        fields = row.split()
+        if len(fields) < 8:
+            continue
+        try:
+            destination = ipaddress.IPv4Address(int(fields[1], 16).to_bytes(4, "little"))
+            prefix = bin(int(fields[7], 16)).count("1")
+        except ValueError:
+            continue
+        found.append(f"{destination}/{prefix}")
+    try:
+        lines = resolv_conf.read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        words = line.split()
+        if len(words) >= 2 and words[0] == "nameserver" and ":" not in words[1]:
+            found.append(f"{words[1]}/32")
+    return tuple(found)
+
+
+def read_dockerd_args(proc: Path = PROC) -> tuple[str, ...] | None:
+    """The command line of the dockerd process on this host, None when none is visible."""
+    try:
+        entries = [e for e in proc.iterdir() if e.name.isdigit()]
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if args and os.path.basename(args[0].decode("utf-8", "replace")) == "dockerd":
+            return tuple(a.decode("utf-8", "replace") for a in args if a)
+    return None
+
+
+def _list_networks(client: Any) -> tuple[tuple[Mapping[str, Any], ...] | None, str]:
+    import docker.errors
+
+    try:
+        return tuple(client.api.networks()), ""
+    except docker.errors.DockerException as exc:
+        return None, f"docker network ls failed: {exc}"
+
+
 def _read_runc_changelog() -> str | None:
     if not _local_engine():
         return None
@@ -201,7 +269,8 @@ def _probe(sandbox: Sandbox) -> Probe | None:
 
 def gather(engine: DockerEngine) -> Evidence:
     """Start a sandbox through the real code path, inspect and probe it, destroy it; read
-    the engine's info and version, daemon.json and runc's changelog when local."""
+    the engine's info, version and networks; daemon.json, runc's changelog, this host's
+    routes and nameservers and dockerd's command line when local."""
     import docker.errors
 
     from harness.core.errors import EngineUnavailable
@@ -225,12 +294,18 @@ def gather(engine: DockerEngine) -> Evidence:
     finally:
         sandbox.destroy()
     daemon_config, note = read_daemon_config()
+    networks, networks_note = _list_networks(client)
+    local = engine_is_local(client)
+    # A rootless daemon lives in a network namespace of its own: this host's routes are not its.
+    own_netns = local and "rootless" not in daemon_security_options(info)
     needs_cli = not any(str(c.get("Name", "")).lower() == "runc" for c in version.get("Components") or [])
     return Evidence(
         container=container, info=info, version=version, daemon_config=daemon_config, daemon_config_note=note,
         probe=probe, runc_cli=_runc_cli() if needs_cli and _local_engine() else None,
         runc_changelog=_read_runc_changelog(), expected_seccomp=seccomp_profile(),
         engine_sockets=(_engine_socket(),),
-        packet_filter_problem=engine.networks.packet_filter.problem() if engine_is_local(client) else None,
-        remote_engine=not engine_is_local(client),
+        packet_filter_problem=engine.networks.packet_filter.problem() if local else None,
+        remote_engine=not local, networks=networks, networks_note=networks_note,
+        host_networks=read_host_networks() if own_netns else None,
+        dockerd_args=read_dockerd_args() if local else None,
     )

@@ -216,15 +216,7 @@ class SandboxNetworks:
             self.client.api.create_network(name, driver="bridge", internal=internal, options=options,
                                            labels=dict(net_labels), check_duplicate=True)
         except docker.errors.APIError as exc:
-            text = str(exc)
-            if "non-overlapping" in text or "address pool" in text:
-                raise SandboxStartError(
-                    "the Docker engine has no free address pool for another sandbox network (each networked "
-                    "sandbox gets its own bridge); remove unused networks (`callbox gc`, `docker network prune`) "
-                    'or give dockerd more, smaller pools, e.g. "default-address-pools": '
-                    '[{"base": "10.213.0.0/16", "size": 28}] in /etc/docker/daemon.json'
-                ) from None
-            raise SandboxStartError(f"the Docker engine could not create network {name}: {short_reason(exc)}") from None
+            raise network_create_error(name, exc) from None
 
     def _ensure_egress_network(self, base_labels: Mapping[str, str]) -> None:
         if self.client.api.networks(names=[EGRESS_NETWORK]):
@@ -395,6 +387,29 @@ class SandboxNetworks:
             pass
         except docker.errors.APIError as exc:
             log.warning("could not remove network %s (gc retries): %s", name, short_reason(exc))
+
+
+POOLS_EXHAUSTED = (
+    "non-overlapping IPv4 address pool",  # older dockerd: "could not find an available, non-overlapping ..."
+    "predefined address pools have been fully subnetted",  # newer dockerd
+)
+"""What dockerd says when every subnet of its default address pools is taken."""
+
+
+def network_create_error(name: str, exc: docker.errors.APIError) -> SandboxStartError:
+    """The error a user sees when the engine refuses to create a sandbox's network; running
+    out of address pools names the limit and how to lift it."""
+    text = str(exc)
+    if any(marker in text for marker in POOLS_EXHAUSTED):
+        return SandboxStartError(
+            f"the Docker engine has no free address pool for network {name}: each open or allowlist sandbox gets "
+            "a bridge network of its own, with a subnet from dockerd's default-address-pools, and all of them are "
+            "in use (Docker's defaults give 31; `callbox doctor` shows how many are left). Remove unused networks "
+            "(`callbox gc`, `docker network prune`) or give dockerd more, smaller pools in /etc/docker/daemon.json, "
+            'e.g. "default-address-pools": [{"base": "10.200.0.0/16", "size": 24}] (256 networks), and restart '
+            f"dockerd (Docker said: {short_reason(exc)})"
+        )
+    return SandboxStartError(f"the Docker engine could not create network {name}: {short_reason(exc)}")
 
 
 def engine_is_local(client: docker.DockerClient) -> bool:
