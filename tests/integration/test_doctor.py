@@ -1,6 +1,7 @@
 """`callbox doctor` on the real engine: the sandbox callbox starts passes every CIS section 5
 item except those that depend only on the host, the output is valid JSON or one line per
-check, and the sandbox the doctor started is gone when it exits."""
+check, the sandbox the doctor started is gone when it exits, and the address-pool count
+sees a network the engine allocates."""
 
 from __future__ import annotations
 
@@ -10,14 +11,25 @@ import re
 import subprocess
 import sys
 
+import docker.errors
 import pytest
 
+from harness.doctor.address_pools import (
+    check_address_pools,
+    configured_pools,
+    host_networks,
+    network_subnets,
+    usage,
+)
 from harness.doctor.container_checks import APPARMOR_ABSENT, HOST_DEPENDENT_IDS, SELINUX_ABSENT
+from harness.doctor.evidence import Evidence, read_daemon_config, read_host_networks
+from harness.engine.docker.networks import POOLS_EXHAUSTED
 
 pytestmark = pytest.mark.docker
 
 HOST_REASONS = {"5.1": APPARMOR_ABSENT, "5.2": SELINUX_ABSENT}
 LINE = re.compile(r"^(PASS|WARN|FAIL)  (\S+) +(.+?): (.+)$")
+POOLS_REASON = re.compile(r"^(\d+ more can start \(\d+ of \d+ address pools in use[;,] .*source: .+\)|unknown: .+)")
 
 
 def _doctor(*args: str) -> tuple[subprocess.CompletedProcess[str], int]:
@@ -57,6 +69,9 @@ def test_doctor_json_container_items_pass_and_the_sandbox_is_gone(engine):
             assert (item["status"], item["reason"]) == ("WARN", HOST_REASONS[item["id"]]), item
         else:
             assert item["status"] == "PASS", item
+    pools = [r for r in results if r["id"] == "daemon.address-pools"]
+    assert len(pools) == 1 and pools[0]["status"] in ("PASS", "WARN"), pools
+    assert POOLS_REASON.match(pools[0]["reason"]), pools
     # Exit status: 1 exactly when some check fails (daemon and host items may, on other hosts).
     assert done.returncode == (1 if any(r["status"] == "FAIL" for r in results) else 0)
     assert _owned_by(engine, pid) == []
@@ -76,3 +91,36 @@ def test_doctor_text_prints_one_line_per_check_and_a_summary(engine):
     assert re.fullmatch(rf"callbox doctor: {len(checks)} checks, \d+ pass, \d+ warn, {fails} fail \(.+\)", summary)
     assert done.returncode == (1 if fails else 0)
     assert _owned_by(engine, pid) == []
+
+
+def test_address_pools_count_the_network_the_engine_allocates(engine):
+    """A bridge network created with no subnet gets one from the pools the check reads, and
+    the count of pools in use includes it: exactly one more than without it."""
+    client = engine.client
+    config, note = read_daemon_config()
+    try:
+        created = client.api.create_network(f"callbox-test-pools-{os.getpid()}", driver="bridge",
+                                            labels={"callbox.test": "doctor-address-pools"})
+    except docker.errors.APIError as exc:
+        if any(marker in str(exc) for marker in POOLS_EXHAUSTED):
+            pytest.skip(f"the shared engine has no free address pool right now: {exc}")
+        raise
+    try:
+        listing = tuple(client.api.networks())
+        ev = Evidence(container={}, info=client.info(), version={}, daemon_config=config, daemon_config_note=note,
+                      networks=listing, host_networks=read_host_networks())
+        pools, source = configured_pools(ev)
+        if pools is None:
+            pytest.skip(f"this engine's address pools cannot be read: {source}")
+        mine = network_subnets([n for n in listing if n["Id"] == created["Id"]])
+        assert len(mine) == 1 and any(mine[0].subnet_of(p.base) for p in pools), (mine, pools, source)
+        # Networks only: the bridge's own route on this host would block its subnet anyway.
+        others = [n for n in listing if n["Id"] != created["Id"]]
+        assert usage(pools, network_subnets(listing)).used == usage(pools, network_subnets(others)).used + 1
+        with_it = usage(pools, network_subnets(listing), host_networks(ev.host_networks or ()))
+        result = check_address_pools(ev)
+        assert result.status in ("PASS", "WARN") and result.id == "daemon.address-pools"
+        assert result.reason.startswith(f"{with_it.free} more can start ({with_it.used} of {with_it.total} address "
+                                        "pools in use"), result.reason
+    finally:
+        client.api.remove_network(created["Id"])
