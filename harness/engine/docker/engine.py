@@ -4,9 +4,10 @@
 memory, mounts and their writability, before anything is created), starts a container
 with every hardened default, waits until the agent
 inside answers its health check on the per-sandbox unix socket, and returns a
-``Sandbox`` holding the agent client. ``destroy`` removes the container and its
-socket directory. Labels name the owner and expiry so ``gc`` can reap leftovers,
-also after the harness was killed; the engine runs gc when it starts.
+``Sandbox`` holding the agent client. ``destroy`` returns at once and removes the container,
+its network and socket directory in the background (:mod:`harness.engine.docker.teardown`;
+``drain``/``close`` wait for that, and so does process exit). Labels name the owner and expiry
+so ``gc`` can reap leftovers, also after the harness was killed; the engine runs gc when it starts.
 
 Keeping a sandbox past its process (a paused run): ``keep(sandbox, run_id=..., until=...)``
 writes a host-side record (:mod:`harness.engine.docker.kept`). ``gc`` consults it: a
@@ -36,7 +37,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import socket
 import time
 import uuid
@@ -57,7 +57,7 @@ from harness.core.errors import (
     SandboxStartError,
     short_reason,
 )
-from harness.engine.docker import labels, living, reaper
+from harness.engine.docker import labels, living, reaper, teardown
 from harness.engine.docker.cgroup_stats import CgroupReader, SandboxStats
 from harness.engine.docker.client import (
     connect_client,
@@ -68,7 +68,6 @@ from harness.engine.docker.client import (
 from harness.engine.docker.kept import (
     KeptSandbox,
     SandboxExpired,
-    kept_path,
     read_record,
     when,
     write_expiry,
@@ -81,7 +80,6 @@ from harness.engine.docker.lifetime import (
     SandboxPaused,
     locked,
     release_name,
-    remove_record,
     validate_name,
     validate_ttl,
 )
@@ -167,6 +165,7 @@ class DockerEngine:
         self._host: HostLimits | None = None
         self.pool: WarmPool | None = None
         """Pre-started sandboxes ``create`` claims from (none unless ``enable_pool``)."""
+        self.teardown = teardown.Teardown(self)  # the background remover of ``destroy``
         if reap_on_start:
             for sandbox_id in self.gc():
                 log.info("reaped leftover sandbox %s", sandbox_id)
@@ -387,23 +386,27 @@ class DockerEngine:
 
     # ---- destroy, list, gc -------------------------------------------------------------------
 
-    @engine_calls
     def destroy(self, sandbox_id: str, *, network: str | None = None) -> list[EgressEvent]:
-        """Remove the sandbox's container, its network and egress proxy (unless ``network``
-        says it has none) and its socket directory; a missing one is not an error. Returns
-        the egress proxy's decisions (also logged)."""
-        remove_container(self.client, f"callbox-{sandbox_id}")
-        events = [] if network == "none" else self.networks.detach(sandbox_id)
-        shutil.rmtree(self.run_root / sandbox_id, ignore_errors=True)
-        kept_path(self.run_root, sandbox_id).unlink(missing_ok=True)
-        remove_record(self.run_root, sandbox_id)
-        return events
+        """Doom the sandbox, return at once: its agent and proxy stop, its records and name go; its
+        container, network and egress proxy (unless ``network`` says it has none) and socket directory
+        go in the background (``drain`` waits). A missing one is not an error. Returns the egress
+        proxy's decisions so far (all are logged on removal)."""
+        return self.teardown.destroy(sandbox_id, network)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until the sandboxes destroyed so far are removed; False if ``timeout`` passed."""
+        return self.teardown.drain(timeout)
+
+    def close(self, timeout: float | None = teardown.EXIT_DRAIN_S) -> bool:
+        """Finish the pending removals (bounded by ``timeout``); later destroys are synchronous."""
+        return self.teardown.close(timeout)
 
     @engine_calls
     def list_sandboxes(self, *, stats: bool = True) -> list[SandboxInfo]:
-        """Every sandbox on the engine (and each named one of this run root whose container is
-        gone), oldest first; with ``stats``, CPU and memory of the running and paused ones."""
-        return living.list_sandboxes(self, with_stats=stats)
+        """Every sandbox on the engine but those this process destroyed (and each named one of this
+        run root whose container is gone), oldest first; with ``stats``, CPU and memory of the live ones."""
+        doomed = teardown.removing_anywhere()
+        return [i for i in living.list_sandboxes(self, with_stats=stats) if i.sandbox_id not in doomed]
 
     @engine_calls
     def gc(self, now: float | None = None) -> list[str]:
@@ -411,7 +414,8 @@ class DockerEngine:
         stopped (its agent is gone for good: the engine restarted, it was killed, or it
         expired); return their ids. A kept sandbox (``keep``) is removed only once its keep
         has expired (``attach`` removes a stopped one); named and paused ones follow their
-        lifetime records (:func:`harness.engine.docker.lifetime.judge`)."""
+        lifetime records (:func:`harness.engine.docker.lifetime.judge`); pending removals first."""
+        self.teardown.drain(teardown.EXIT_DRAIN_S)
         return reaper.gc(self, time.time() if now is None else now)
 
     # ---- keep a sandbox past its process, attach to it later ----------------------------------
