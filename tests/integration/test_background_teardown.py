@@ -24,6 +24,7 @@ from typing import Any
 import docker.errors
 import pytest
 
+from harness.core.errors import EngineUnavailable
 from harness.engine.docker import labels
 from harness.engine.docker.engine import DockerEngine, Sandbox
 from harness.engine.docker.kept import expiry_passed
@@ -228,3 +229,14 @@ def test_gc_of_a_later_process_removes_what_a_crashed_one_left(own_engine: Docke
         box.destroy()
     assert eng.drain(DRAIN_S)
     _assert_nothing_left(eng, {box.id})
+
+
+def test_destroy_on_an_engine_that_is_not_there_says_so(tmp_path: Path) -> None:
+    """Nothing listens on the engine's socket (dockerd stopped): a clear error at once, as before,
+    and nothing queued to retry (a process exiting then would wait in vain)."""
+    client = docker.DockerClient(base_url=f"unix://{tmp_path}/no-dockerd.sock", version="1.41")
+    eng = DockerEngine(client, run_root=tmp_path / "run", reap_on_start=False)
+    with pytest.raises(EngineUnavailable, match="lost the Docker engine"):
+        eng.destroy("0123456789ab")
+    assert eng.teardown.pending() == 0
+    assert eng.close(1.0)

@@ -386,11 +386,11 @@ class DockerEngine:
 
     # ---- destroy, list, gc -------------------------------------------------------------------
 
+    @engine_calls
     def destroy(self, sandbox_id: str, *, network: str | None = None) -> list[EgressEvent]:
-        """Doom the sandbox, return at once: its agent and proxy stop, its records and name go; its
-        container, network and egress proxy (unless ``network`` says it has none) and socket directory
-        go in the background (``drain`` waits). A missing one is not an error. Returns the egress
-        proxy's decisions so far (all are logged on removal)."""
+        """Doom the sandbox, return at once: its agent and proxy stop, records and name go; its container,
+        network and proxy (unless ``network`` is ``none``) and socket directory go in the background
+        (``drain`` waits; a missing one is no error). The egress proxy's decisions so far (all logged)."""
         return self.teardown.destroy(sandbox_id, network)
 
     def drain(self, timeout: float | None = None) -> bool:

@@ -27,7 +27,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import shutil
+import socket
 import threading
 import time
 import weakref
@@ -35,6 +37,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import docker
+import requests
 import tenacity
 
 from harness.core.errors import short_reason
@@ -55,8 +59,10 @@ IDLE_S = 2.0
 """A worker with nothing to do for this long ends (the next destroy starts one again)."""
 RETRY_FOR_S = 60.0
 """How long a failing removal is retried before it is left to gc."""
-EXIT_DRAIN_S = 60.0
-"""At interpreter exit, how long the pending removals of all engines may take in total."""
+EXIT_DRAIN_S = 30.0
+"""At interpreter exit, how long the pending removals of all engines may take in total (a
+removal still retrying then gives up: its expiry has passed, so gc removes it)."""
+CONNECT_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -85,14 +91,19 @@ class Teardown:
         self._workers = 0
         self._idle = 0
         self._closed = False
+        self._closing = threading.Event()
+        """Set by ``close``: a removal still retrying then gives up (gc removes it)."""
         _LIVE.add(self)
 
     # ---- the caller's side --------------------------------------------------------------------
 
     def destroy(self, sandbox_id: str, network: str | None) -> list[EgressEvent]:
-        """The cheap part now, the rest queued; the egress proxy's decisions so far."""
+        """The cheap part now, the rest queued; the egress proxy's decisions so far. An engine
+        that is not there at all (its socket refuses) is an error now, as a removal would be:
+        requests' ConnectionError, which ``engine_calls`` turns into EngineUnavailable."""
         engine = self.engine
-        now = time.time()
+        _check_listening(engine.client)
+        now = float(math.floor(time.time()))  # written as whole seconds: never rounded up into the future
         with contextlib.suppress(OSError):  # no socket directory: nothing listens there anyway
             write_expiry(engine.run_root / sandbox_id, now)
         events: list[EgressEvent] = []
@@ -148,6 +159,7 @@ class Teardown:
         """Drain (bounded by ``timeout``), then stop the workers; a destroy after this removes
         synchronously. Whether everything pending was done. Idempotent."""
         done = self.drain(timeout)
+        self._closing.set()
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -191,7 +203,8 @@ class Teardown:
         """Remove what ``removal`` names, retrying failures; one that keeps failing is logged
         and left to gc."""
         retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_delay(self.retry_for_s),
+            stop=tenacity.stop_any(tenacity.stop_after_delay(self.retry_for_s),
+                                   tenacity.stop_when_event_set(self._closing)),
             wait=tenacity.wait_exponential(multiplier=0.05, max=5.0),
             retry=tenacity.retry_if_exception_type(Exception),
             before_sleep=lambda state: log.warning(
@@ -204,8 +217,8 @@ class Teardown:
         except Exception as exc:
             with self._cond:
                 self._failed.add(removal.sandbox_id)
-            log.error("gave up removing sandbox %s after %.0f s (gc removes it, its expiry has passed): %s",
-                      removal.sandbox_id, self.retry_for_s, _reason(exc))
+            log.error("gave up removing sandbox %s (gc removes it, its expiry has passed): %s",
+                      removal.sandbox_id, _reason(exc))
 
     def remove_now(self, removal: Removal) -> None:
         """One attempt: the container, its proxy and network, its socket directory (each step
@@ -215,6 +228,21 @@ class Teardown:
         if removal.network != "none":
             engine.networks.detach(removal.sandbox_id)
         shutil.rmtree(engine.run_root / removal.sandbox_id, ignore_errors=True)
+
+
+def _check_listening(client: docker.DockerClient) -> None:
+    """Connect to a unix-socket engine and hang up (tens of microseconds, no request: a ping
+    would cost milliseconds under load); ConnectionError if nothing listens. An engine reached
+    otherwise is not checked. The path is the one docker-py's own unix adapter connects to."""
+    path = getattr(getattr(client.api, "_custom_adapter", None), "socket_path", None)
+    if not isinstance(path, str):
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            probe.connect(path)
+        except OSError as exc:
+            raise requests.exceptions.ConnectionError(f"{path}: {exc.strerror or exc}") from None
 
 
 def _reason(exc: BaseException | None) -> str:
