@@ -114,6 +114,15 @@ def test_a_destroyed_name_is_free_at_once(own_engine: DockerEngine) -> None:
     _assert_nothing_left(eng, {first.id, second.id})
 
 
+def test_remove_returns_once_the_container_is_gone(own_engine: DockerEngine) -> None:
+    """``remove`` (``callbox sandbox rm``) waits for its own removal, unlike ``destroy``."""
+    eng = own_engine
+    box = eng.create(_spec(), name="td-rm")
+    assert eng.remove("td-rm") == box.id
+    assert not eng.client.api.containers(all=True, filters={"id": box.container_id})
+    assert box.id not in eng.teardown.removing()
+
+
 def test_a_burst_of_destroys_leaves_nothing(own_engine: DockerEngine) -> None:
     eng = own_engine
     networked = eng.networks.packet_filter.problem() is None

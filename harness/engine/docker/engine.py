@@ -4,9 +4,8 @@
 memory, mounts and their writability, before anything is created), starts a container
 with every hardened default, waits until the agent
 inside answers its health check on the per-sandbox unix socket, and returns a
-``Sandbox`` holding the agent client. ``destroy`` returns at once and removes the container,
-its network and socket directory in the background (:mod:`harness.engine.docker.teardown`;
-``drain``/``close`` wait for that, and so does process exit). Labels name the owner and expiry
+``Sandbox`` holding the agent client. ``destroy`` returns at once; the container, its network and socket
+directory go in the background (:mod:`harness.engine.docker.teardown`). Labels name the owner and expiry
 so ``gc`` can reap leftovers, also after the harness was killed; the engine runs gc when it starts.
 
 Keeping a sandbox past its process (a paused run): ``keep(sandbox, run_id=..., until=...)``
@@ -570,8 +569,9 @@ class DockerEngine:
 
     @engine_calls
     def remove(self, name_or_id: str) -> str:
-        """Remove a sandbox by name or id (running, paused or gone) and free its name; its id."""
-        return living.remove(self, name_or_id)
+        """Remove a sandbox by name or id (running, paused or gone), free its name, wait until it is gone; its id."""
+        self.teardown.wait(sandbox_id := living.remove(self, name_or_id), teardown.EXIT_DRAIN_S)
+        return sandbox_id
 
 
 def _agent_environment(spec: SandboxSpec) -> dict[str, str]:

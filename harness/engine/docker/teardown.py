@@ -155,6 +155,12 @@ class Teardown:
         with self._cond:
             return self._cond.wait_for(lambda: self._pending_count() == 0, timeout)
 
+    def wait(self, sandbox_id: str, timeout: float | None = None) -> bool:
+        """Wait until the removal of ``sandbox_id`` (if any is pending) is done; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: sandbox_id not in self._queued and sandbox_id not in self._running, timeout)
+
     def close(self, timeout: float | None = None) -> bool:
         """Drain (bounded by ``timeout``), then stop the workers; a destroy after this removes
         synchronously. Whether everything pending was done. Idempotent."""
