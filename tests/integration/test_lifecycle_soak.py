@@ -21,9 +21,10 @@ one per cycle, so a run is reproducible whatever the thread scheduling. Every fa
 inside a cycle must be the structured error its outcome expects; anything else is counted
 and fails the test. At the end, with no ``gc`` (the cycles clean up after
 themselves; a gc of the whole engine would also take the sandboxes of the tests that
-``make test`` runs beside the soak): no container or network of these sandboxes, no socket
-directory under the test's own run root, no host mount naming them, and no threads or file
-descriptors left in this process beyond a small tolerance.
+``make test`` runs beside the soak), once the engine's background removals are drained: no
+container or network of these sandboxes, no socket directory under the test's own run root,
+no host mount naming them, and no threads or file descriptors left in this process beyond a
+small tolerance.
 
 ``test_sigkilled_harness_mid_call_is_reaped_by_the_next_start_and_by_gc`` covers the
 harness itself dying mid-call (SIGKILL, so no cleanup runs).
@@ -262,6 +263,8 @@ def test_lifecycle_soak(soak_engine: DockerEngine, capsys: pytest.CaptureFixture
     assert not unexpected, f"{len(unexpected)} unexpected results (seed {seed}):\n" + "\n".join(unexpected[:10])
     assert sum(counts.values()) == CYCLES + 2 * WORKERS
 
+    # destroy returns before the removal is done: wait for the background removals (bounded).
+    assert engine.drain(300), f"removals still pending: {engine.teardown.pending()}"
     mine = set(ids)
     api = engine.client.api
     containers = [c for c in api.containers(all=True, filters={"label": f"{labels.MANAGED}=1"})
