@@ -11,6 +11,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+# As in the agent: nothing here forks without exec once gRPC runs, except the agent's process
+# spawner in unit tests, whose children gRPC's fork handlers (inherited through the fork of this
+# threaded process) would abort.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 IMAGE = os.environ.get("CALLBOX_TEST_IMAGE", "callbox-sandbox:latest")
 

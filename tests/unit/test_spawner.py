@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -92,5 +95,113 @@ def test_a_dead_spawner_is_an_error_not_a_hang(tmp_path):
     try:
         with pytest.raises(SpawnerDied):
             SpawnerLauncher(sp).launch(["true"], str(tmp_path), {}, Identity(None, None, None), with_stdin=False)
+    finally:
+        sp.close()
+
+
+def _children_of(pid: int) -> set[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return {int(p) for p in f.read().split()}
+    except FileNotFoundError:
+        return set()
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="starting commands as another user needs root")
+
+
+@pytest.fixture
+def open_dir():
+    """A directory any user may enter (pytest's tmp_path sits below a root-only one)."""
+    path = Path(tempfile.mkdtemp(prefix="callbox-spawner-"))
+    try:
+        path.chmod(0o755)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@needs_root
+def test_a_command_gets_its_identity_marker_oom_score_and_nothing_else(spawner, open_dir):
+    # Exactly the requested user, with the marker group, no capability, the OOM score,
+    # stdio only, in a session of its own, in a directory only that user may enter.
+    marker = 3_000_123_456
+    workdir = open_dir / "private"
+    workdir.mkdir(mode=0o700)
+    os.chown(workdir, 1000, 1000)  # only the tool user may enter it
+    script = ("id -u; id -g; id -G; cat /proc/self/oom_score_adj;"
+              " grep -E '^Cap(Prm|Eff|Bnd|Amb)' /proc/self/status | grep -c ':\t0000000000000000$';"
+              " ls /proc/self/fd | sort -n | tr '\\n' ' '; echo; pwd; ps -o sid= -p $$")
+    child = SpawnerLauncher(spawner).launch(
+        ["sh", "-c", script], str(workdir), {"PATH": "/usr/bin:/bin"},
+        Identity(1000, 1000, [1000, marker]), with_stdin=False,
+    )
+    try:
+        lines = _read_all(child.stdout).decode().splitlines()
+        assert child.reap() == 0, _read_all(child.stderr)
+    finally:
+        child.close_pipes()
+    uid, gid, groups, oom, zero_caps, fds, cwd, sid = lines
+    assert (uid, gid) == ("1000", "1000")
+    assert set(groups.split()) == {"1000", str(marker)}
+    assert oom == "1000"
+    assert zero_caps == "3"  # permitted, effective and ambient are empty (the bounding set is the spawner's)
+    assert fds.split() == ["0", "1", "2", "3"]  # stdio, and the descriptor ls itself opened
+    assert cwd == str(workdir)
+    assert int(sid) == child.pid  # a session of its own
+
+
+@needs_root
+def test_start_errors_name_what_failed_like_popen(spawner, open_dir):
+    tmp_path = open_dir
+    launcher = SpawnerLauncher(spawner)
+    with pytest.raises(FileNotFoundError) as missing_dir:
+        launcher.launch(["true"], str(tmp_path / "gone"), {"PATH": "/usr/bin:/bin"},
+                        Identity(1000, 1000, [1000]), with_stdin=False)
+    assert missing_dir.value.filename == str(tmp_path / "gone")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o700)  # root's: the tool user may not enter it
+    with pytest.raises(PermissionError) as refused:
+        launcher.launch(["true"], str(locked), {"PATH": "/usr/bin:/bin"}, Identity(1000, 1000, [1000]),
+                        with_stdin=False)
+    assert refused.value.filename == str(locked)
+    script = tmp_path / "script"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o644)
+    with pytest.raises(PermissionError) as not_executable:
+        launcher.launch([str(script)], str(tmp_path), {}, Identity(None, None, None), with_stdin=False)
+    assert not_executable.value.filename == str(script)
+    with pytest.raises(FileNotFoundError) as not_on_path:
+        launcher.launch(["no-such-command-anywhere"], str(tmp_path), {"PATH": "/usr/bin:/bin"},
+                        Identity(None, None, None), with_stdin=False)
+    assert not_on_path.value.filename == "no-such-command-anywhere"
+    # The command's own PATH is searched, not the spawner's.
+    (tmp_path / "bin").mkdir()
+    tool = tmp_path / "bin" / "only-here"
+    tool.write_text("#!/bin/sh\necho found\n")
+    tool.chmod(0o755)
+    child = launcher.launch(["only-here"], str(tmp_path), {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"},
+                            Identity(None, None, None), with_stdin=False)
+    try:
+        assert _read_all(child.stdout) == b"found\n"
+        assert child.reap() == 0
+    finally:
+        child.close_pipes()
+
+
+def test_back_to_back_commands_and_no_child_left_after_close(tmp_path):
+    sp = Spawner()
+    launcher = SpawnerLauncher(sp)
+    try:
+        for i in range(30):
+            child = launcher.launch(["sh", "-c", f"echo {i}"], str(tmp_path), {"PATH": "/usr/bin:/bin"},
+                                    Identity(None, None, None), with_stdin=False)
+            try:
+                assert _read_all(child.stdout) == f"{i}\n".encode()
+                assert child.reap() == 0
+            finally:
+                child.close_pipes()
+        # Every command was reaped by the spawner: nothing of them is left as its child.
+        assert _children_of(sp.pid) == set()
     finally:
         sp.close()
