@@ -4,6 +4,16 @@ Thin on purpose: it turns gRPC errors into ``AgentCallError`` with the agent's
 structured reason, and leaves shaping results to the callers. Its channel records the
 streaming RPCs it opens in the calling thread's :class:`~harness.engine.cancel.CallScope`,
 so cancelling a tool call's scope cancels them (and the agent kills what they started).
+
+``Exec`` and bash ``Run`` go over a second channel object whose server-streaming calls are
+read on the calling thread (gRPC's ``SingleThreadedUnaryStream``): a plain channel starts a
+"channel spin thread" whenever a streaming call begins with none in flight, so every short
+command paid for a thread start and two thread hand-offs. Cancelling such a stream from
+another thread (a :class:`~harness.engine.cancel.CallScope`) still ends it at once. Both
+channel objects have the same core arguments, so gRPC core shares one connection between
+them. The other streams (jobs, transfers, tunnels) keep the plain channel: some of them are
+watched from other threads (done callbacks, metadata), which the single-threaded kind
+does not allow.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import grpc
+import grpc.experimental
 
 from harness.engine.agent_errors import translate
 from harness.engine.cancel import StreamTracker
@@ -39,6 +50,13 @@ UPLOAD_CHUNK_BYTES = 1 << 20
 
 
 _TRACKER = StreamTracker()
+_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.enable_retries", 0),
+]
+_SINGLE_THREADED = (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)
+"""Server-streaming calls read on the calling thread, no channel spin thread (see the module docstring)."""
 
 
 class AgentClient:
@@ -46,16 +64,13 @@ class AgentClient:
 
     def __init__(self, socket_path: str) -> None:
         self.target = f"unix:{socket_path}"
-        channel = grpc.insecure_channel(
-            self.target,
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.enable_retries", 0),
-            ],
-        )
+        channel = grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
         self.channel: grpc.Channel = grpc.intercept_channel(channel, _TRACKER)
+        self._stream_channel = grpc.insecure_channel(self.target, options=[*_CHANNEL_OPTIONS, _SINGLE_THREADED])
+        streams = grpc.intercept_channel(self._stream_channel, _TRACKER)
         self.process = process_pb2_grpc.ProcessStub(self.channel)
+        self._exec = process_pb2_grpc.ProcessStub(streams).Exec
+        self._shell_run = shell_pb2_grpc.ShellStub(streams).Run
         self.files = filesystem_pb2_grpc.FilesystemStub(self.channel)
         self.jobs = JobsClient(self.channel)
         """Background jobs and terminals (:mod:`harness.engine.jobs`)."""
@@ -65,6 +80,7 @@ class AgentClient:
         """TCP tunnels to the sandbox's loopback (:mod:`harness.engine.ports`)."""
 
     def close(self) -> None:
+        self._stream_channel.close()
         self.channel.close()
 
     def __enter__(self) -> AgentClient:
@@ -109,7 +125,7 @@ class AgentClient:
         if rpc_timeout is None:
             # Never wait forever on a wedged agent: the command's own limit plus a margin.
             rpc_timeout = (timeout_ms or DEFAULT_AGENT_TIMEOUT_MS) / 1000 + RPC_MARGIN_S
-        stream = self.process.Exec(request, timeout=rpc_timeout)
+        stream = self._exec(request, timeout=rpc_timeout)
         try:
             yield from stream
         except grpc.RpcError as error:
@@ -216,7 +232,7 @@ class AgentClient:
         )
         if rpc_timeout is None:
             rpc_timeout = 2 * (timeout_ms or DEFAULT_AGENT_TIMEOUT_MS) / 1000 + RPC_MARGIN_S
-        stream = self.shell.Run(request, timeout=rpc_timeout)
+        stream = self._shell_run(request, timeout=rpc_timeout)
         try:
             yield from stream
         except grpc.RpcError as error:
