@@ -24,7 +24,8 @@ Docker engine; its policy is the server's, tightened by the ``CreateSandbox`` ov
   ``DeleteSandbox``, when its ``ttl_seconds`` pass (the reaper), or at shutdown.
 * **Limits.** Live sandboxes per client and in total (creations in progress count), each
   a RESOURCE_EXHAUSTED with ``retryable`` set and a sentence naming the limit.
-* **Cancellation.** Each ``CallTool`` runs ``Session.call`` in a worker thread, with a
+* **Cancellation.** Each ``CallTool`` runs ``Session.call`` in a worker thread (kept for the
+  next call: :mod:`harness.doors.grpc.workers`), with a
   :class:`~harness.engine.cancel.CallScope` of its own, and streams the output chunks it
   reports. The scope holds the streaming agent RPCs (``Exec``, bash ``Run``) the call makes;
   when the ``CallTool`` RPC ends early (client cancel, deadline passed) it is cancelled, and
@@ -82,6 +83,7 @@ from harness.doors.grpc.errors import (
 from harness.doors.grpc.overrides import SandboxOverrides, sandbox_policy
 from harness.doors.grpc.sessions import ClientSession, Limits, SharedEngine
 from harness.doors.grpc.tokens import TokenSet, bearer_token
+from harness.doors.grpc.workers import Workers
 from harness.engine.base import Engine
 from harness.engine.cancel import CallScope
 from harness.v1 import executor_pb2, executor_pb2_grpc
@@ -151,6 +153,8 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         self._closing = False
         self._stop_reaper = threading.Event()
         self._reaper: threading.Thread | None = None
+        self._workers = Workers("callbox-call")
+        """Run each CallTool's call beside its RPC's thread (threads kept between calls)."""
 
     # ---- who is asking, and what they own ----------------------------------------------------
 
@@ -353,7 +357,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             except BaseException as exc:
                 events.put(("error", exc, None))
 
-        threading.Thread(target=work, name=f"callbox-call-{call_id}", daemon=True).start()
+        self._workers.submit(work)
         seq = 0
         while True:
             try:
