@@ -16,9 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.audit.errors import AuditError
+from harness.audit.records import ACTION_CALL_PREFIX, ACTION_TOOL_PREFIX
 
-__all__ = ["ATTEMPTS_TABLE", "CHECKPOINTS_TABLE", "EGRESS_TABLE", "MIGRATIONS", "SCHEMA_VERSION", "migrate",
-           "table_exists"]
+__all__ = ["ATTEMPTS_TABLE", "CHECKPOINTS_TABLE", "COUNTED", "EGRESS_TABLE", "MIGRATIONS", "SCHEMA_VERSION",
+           "ensure_call_counts", "migrate", "table_exists"]
 
 log = logging.getLogger("callbox.audit")
 
@@ -140,6 +141,56 @@ ATTEMPTS_TABLE = """CREATE TABLE IF NOT EXISTS call_attempts (
 )"""
 """One row per superseded attempt of a call (a retry-safe failure that a retry replaced);
 the call's row in ``calls`` always holds its latest attempt."""
+
+
+def _counted(row: str) -> str:
+    """Whether the calls row ``row`` (``NEW``, ``OLD`` or ``calls``) counts toward the run's
+    ``max_tool_calls`` budget, as 0 or 1: authorized, not refused for the budget itself, and
+    not a sandbox action."""
+    return (f"coalesce(({row}.authorized = 1 AND ({row}.error_code IS NULL OR {row}.error_code != 'budget_exceeded') "
+            f"AND NOT ({row}.tool GLOB '{ACTION_TOOL_PREFIX}*' AND {row}.call_id GLOB '{ACTION_CALL_PREFIX}*')), 0)")
+
+
+_ADD_COUNT = ("INSERT INTO call_counts (run_id, counted) VALUES ({run}, {delta}) "
+              "ON CONFLICT (run_id) DO UPDATE SET counted = counted + excluded.counted")
+CALL_COUNTS = (
+    "CREATE TABLE IF NOT EXISTS call_counts (run_id TEXT PRIMARY KEY, counted INTEGER NOT NULL) WITHOUT ROWID",
+    f"CREATE TRIGGER IF NOT EXISTS call_counts_insert AFTER INSERT ON calls WHEN {_counted('NEW')} = 1 "
+    f"BEGIN {_ADD_COUNT.format(run='NEW.run_id', delta=1)}; END",
+    # A call's run and its tool and call_id never change; what it counts by can.
+    f"CREATE TRIGGER IF NOT EXISTS call_counts_update AFTER UPDATE OF authorized, error_code ON calls "
+    f"WHEN {_counted('NEW')} != {_counted('OLD')} "
+    f"BEGIN {_ADD_COUNT.format(run='NEW.run_id', delta=_counted('NEW') + ' - ' + _counted('OLD'))}; END",
+    f"CREATE TRIGGER IF NOT EXISTS call_counts_delete AFTER DELETE ON calls WHEN {_counted('OLD')} = 1 "
+    f"BEGIN {_ADD_COUNT.format(run='OLD.run_id', delta=-1)}; END",
+    f"INSERT INTO call_counts (run_id, counted) SELECT run_id, sum({_counted('calls')}) FROM calls GROUP BY run_id",  # noqa: S608
+)
+"""The ``call_counts`` table: per run, how many of its calls count toward ``max_tool_calls``,
+kept by triggers on ``calls`` (so every writer keeps it right, older callbox versions too),
+filled from the calls already stored when it is made. The budget check reads one row
+instead of counting the run's calls, which took longer with every call of a long run."""
+
+COUNTED = "SELECT coalesce((SELECT counted FROM call_counts WHERE run_id = ?), 0)"
+"""A run's calls that count toward ``max_tool_calls`` (``call_counts``)."""
+
+
+def ensure_call_counts(conn: sqlite3.Connection) -> None:
+    """Make ``call_counts`` and its triggers if the database has none yet (one ``BEGIN
+    IMMEDIATE`` transaction: another process may be making them at the same time). Not a
+    schema version: a bumped ``user_version`` would make older callbox versions refuse the
+    database, and they keep the table right through the triggers all the same."""
+    if table_exists(conn, "call_counts"):
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if not table_exists(conn, "call_counts"):  # another process may have won
+            for statement in CALL_COUNTS:
+                conn.execute(statement)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 def table_exists(conn: sqlite3.Connection, name: str) -> bool:

@@ -36,12 +36,13 @@ Timestamps are Unix epoch seconds (floats).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import socket
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from harness.audit.approvals import SELECT_APPROVALS, Approvals
@@ -50,8 +51,6 @@ from harness.audit.database import ENSURE_RUN, default_audit_path
 from harness.audit.egress import Egress
 from harness.audit.errors import AuditError, unknown_call, unknown_run
 from harness.audit.records import (
-    ACTION_CALL_PREFIX,
-    ACTION_TOOL_PREFIX,
     ARGUMENTS_CAP,
     ATTEMPT_COLUMNS,
     Approval,
@@ -61,6 +60,7 @@ from harness.audit.records import (
     Claim,
     RunRecord,
     _approval_from_row,
+    _Args,
     _attempt_from_row,
     _call_from_row,
     _json_default,
@@ -74,7 +74,7 @@ from harness.audit.records import (
     result_to_json,
     retry_safe,
 )
-from harness.audit.schema import ATTEMPTS_TABLE, table_exists
+from harness.audit.schema import ATTEMPTS_TABLE, COUNTED, table_exists
 from harness.core.calls import Action, Decision, ErrorCode, ToolResult
 from harness.engine.docker.labels import Owner, owner_alive
 
@@ -85,6 +85,7 @@ __all__ = [
     "AuditError",
     "AuditStore",
     "CallRecord",
+    "CallStart",
     "CheckpointRecord",
     "Claim",
     "RunRecord",
@@ -135,12 +136,6 @@ _RECLAIM_CALL = (
     "result_text = NULL, result_json = NULL, decision = NULL, rule = NULL, reason = NULL, authorized = 0 "
     "WHERE run_id = ? AND call_id = ? AND state = 'done'"
 )
-_COUNT_AUTHORIZED = (
-    "SELECT COUNT(*) FROM calls WHERE run_id = ? AND authorized = 1 "  # noqa: S608
-    "AND (error_code IS NULL OR error_code != 'budget_exceeded') "
-    f"AND NOT (tool GLOB '{ACTION_TOOL_PREFIX}*' AND call_id GLOB '{ACTION_CALL_PREFIX}*')"
-)
-"""Authorized calls of a run for the budget (sandbox actions are not tool calls: not counted)."""
 
 
 def _earlier_attempts(
@@ -157,6 +152,72 @@ def _earlier_attempts(
     for row in c.execute(f"{sql} ORDER BY call_id, attempt", params).fetchall():
         found.setdefault(row[0], []).append(_attempt_from_row(row[1:]))
     return {key: tuple(value) for key, value in found.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class CallStart:
+    """The answer to ``claim_and_start``: the claim, and for a fresh one the decision
+    recorded and whether the call is now running (an allow within the budget)."""
+
+    claim: Claim
+    decision: Decision | None = None
+    running: bool = False
+
+
+def _claim(c: sqlite3.Connection, run_id: str, call_id: str, tool: str, args: _Args, owner: str,
+           now: float) -> Claim:
+    """``claim_call`` inside the caller's transaction."""
+    params = (run_id, call_id, tool, args.digest, args.text, int(args.truncated), args.size, owner, now)
+    c.execute(ENSURE_RUN, (run_id, now))
+    if c.execute(_INSERT_CALL, params).rowcount == 1:
+        record = CallRecord(
+            run_id=run_id, call_id=call_id, tool=tool, args_digest=args.digest, arguments=args.text,
+            arguments_truncated=args.truncated, bytes_in=args.size, state="claimed", decision=None,
+            authorized=False, owner=owner, started=now,
+        )  # fmt: skip
+        return Claim(fresh=True, record=record)
+    row = c.execute(_SELECT_CALL, (run_id, call_id)).fetchone()
+    existing = _call_from_row(row, _earlier_attempts(c, run_id, call_id).get(call_id, ()))
+    conflict = existing.tool != tool or existing.args_digest != args.digest
+    if conflict or existing.state != "done" or not retry_safe(existing.result):
+        return Claim(fresh=False, record=existing, conflict=conflict)
+    c.execute(ATTEMPTS_TABLE)
+    c.execute(_ARCHIVE_ATTEMPT, (existing.attempts, run_id, call_id))
+    c.execute(_RECLAIM_CALL, (owner, now, run_id, call_id))
+    row = c.execute(_SELECT_CALL, (run_id, call_id)).fetchone()
+    return Claim(fresh=True, record=_call_from_row(row, _earlier_attempts(c, run_id, call_id)[call_id]))
+
+
+def _record_decision(c: sqlite3.Connection, run_id: str, call_id: str, decision: Decision) -> None:
+    """``record_decision`` inside the caller's transaction."""
+    allow = int(decision.action is Action.ALLOW)
+    cur = c.execute(
+        "UPDATE calls SET decision = ?, rule = ?, reason = ?, authorized = max(authorized, ?) "
+        "WHERE run_id = ? AND call_id = ?",
+        (decision.action.value, decision.rule, decision.reason, allow, run_id, call_id),
+    )
+    if cur.rowcount == 0:
+        raise unknown_call(run_id, call_id)
+
+
+def _mark_running(c: sqlite3.Connection, run_id: str, call_id: str, max_calls: int | None) -> bool:
+    """``mark_running`` inside the caller's transaction."""
+    row = c.execute(
+        "SELECT state, authorized, error_code FROM calls WHERE run_id = ? AND call_id = ?", (run_id, call_id)
+    ).fetchone()
+    if row is None:
+        raise unknown_call(run_id, call_id)
+    state, authorized, error_code = row
+    if state != "claimed":
+        raise AuditError(f"call {call_id} of run {run_id} is already {state}; a call_id runs at most once")
+    if max_calls is not None:
+        counted = c.execute(COUNTED, (run_id,)).fetchone()[0]
+        others = counted - int(bool(authorized) and error_code != ErrorCode.BUDGET_EXCEEDED.value)
+        if others >= max_calls:
+            c.execute("UPDATE calls SET authorized = 0 WHERE run_id = ? AND call_id = ?", (run_id, call_id))
+            return False
+    c.execute("UPDATE calls SET state = 'running', authorized = 1 WHERE run_id = ? AND call_id = ?", (run_id, call_id))
+    return True
 
 
 def _new_run_id() -> str:
@@ -244,29 +305,35 @@ class AuditStore(Approvals, Checkpoints, Egress):
         call is ``claimed`` anew, atomically, so only one retry of it runs.
         """
         args = _prepare_arguments(arguments_json)
-        owner = self._owner_label()
-        now = time.time()
-        params = (run_id, call_id, tool, args.digest, args.text, int(args.truncated), args.size, owner, now)
+        owner, now = self._owner_label(), time.time()
+        return self._write(lambda c: _claim(c, run_id, call_id, tool, args, owner, now))
 
-        def body(c: sqlite3.Connection) -> Claim:
-            c.execute(ENSURE_RUN, (run_id, now))
-            if c.execute(_INSERT_CALL, params).rowcount == 1:
-                record = CallRecord(
-                    run_id=run_id, call_id=call_id, tool=tool, args_digest=args.digest, arguments=args.text,
-                    arguments_truncated=args.truncated, bytes_in=args.size, state="claimed", decision=None,
-                    authorized=False, owner=owner, started=now,
-                )  # fmt: skip
-                return Claim(fresh=True, record=record)
-            row = c.execute(_SELECT_CALL, (run_id, call_id)).fetchone()
-            existing = _call_from_row(row, _earlier_attempts(c, run_id, call_id).get(call_id, ()))
-            conflict = existing.tool != tool or existing.args_digest != args.digest
-            if conflict or existing.state != "done" or not retry_safe(existing.result):
-                return Claim(fresh=False, record=existing, conflict=conflict)
-            c.execute(ATTEMPTS_TABLE)
-            c.execute(_ARCHIVE_ATTEMPT, (existing.attempts, run_id, call_id))
-            c.execute(_RECLAIM_CALL, (owner, now, run_id, call_id))
-            row = c.execute(_SELECT_CALL, (run_id, call_id)).fetchone()
-            return Claim(fresh=True, record=_call_from_row(row, _earlier_attempts(c, run_id, call_id)[call_id]))
+    def claim_and_start(
+        self, run_id: str, call_id: str, tool: str, arguments_json: str | Mapping[str, Any],
+        decide: Callable[[int], Decision], *, max_calls: int | None = None,
+    ) -> CallStart:
+        """``claim_call``, ``record_decision`` and, for an allow, ``mark_running``, in one
+        transaction: the path of a call that passed validation.
+
+        When the claim is fresh, ``decide`` gets the run's authorized calls so far (what
+        ``count_calls`` returns) and gives the policy's decision, which is recorded; an
+        ``allow`` then marks the call running (``max_calls`` as in ``mark_running``). What is
+        stored, and in which states a concurrent claimant can find the call, is what the three
+        calls made one after the other store, so every record is committed before the command
+        runs, as with them. ``decide`` runs inside the transaction, so it must be quick and
+        must not use the store; if it raises, nothing is recorded. Not fresh: ``decide`` is
+        not called and the answer holds the stored record (``claim``)."""
+        args = _prepare_arguments(arguments_json)
+        owner, now = self._owner_label(), time.time()
+
+        def body(c: sqlite3.Connection) -> CallStart:
+            claim = _claim(c, run_id, call_id, tool, args, owner, now)
+            if not claim.fresh:
+                return CallStart(claim)
+            decision = decide(int(c.execute(COUNTED, (run_id,)).fetchone()[0]))
+            _record_decision(c, run_id, call_id, decision)
+            running = decision.action is Action.ALLOW and _mark_running(c, run_id, call_id, max_calls)
+            return CallStart(claim, decision, running)
 
         return self._write(body)
 
@@ -282,46 +349,14 @@ class AuditStore(Approvals, Checkpoints, Egress):
     def record_decision(self, run_id: str, call_id: str, decision: Decision) -> None:
         """Store the policy's decision and rule before anything runs (an ``allow`` marks the
         call authorized, which ``count_calls`` counts)."""
-        allow = int(decision.action is Action.ALLOW)
-
-        def body(c: sqlite3.Connection) -> None:
-            cur = c.execute(
-                "UPDATE calls SET decision = ?, rule = ?, reason = ?, authorized = max(authorized, ?) "
-                "WHERE run_id = ? AND call_id = ?",
-                (decision.action.value, decision.rule, decision.reason, allow, run_id, call_id),
-            )
-            if cur.rowcount == 0:
-                raise unknown_call(run_id, call_id)
-
-        self._write(body)
+        self._write(lambda c: _record_decision(c, run_id, call_id, decision))
 
     def mark_running(self, run_id: str, call_id: str, *, max_calls: int | None = None) -> bool:
         """claimed -> running, right before executing. With ``max_calls``, atomically refuse
         (return False, nothing changed but the call no longer counts as authorized) when the
         run already has ``max_calls`` other authorized calls, so concurrent processes cannot
         overrun the budget together."""
-
-        def body(c: sqlite3.Connection) -> bool:
-            row = c.execute(
-                "SELECT state, authorized, error_code FROM calls WHERE run_id = ? AND call_id = ?", (run_id, call_id)
-            ).fetchone()
-            if row is None:
-                raise unknown_call(run_id, call_id)
-            state, authorized, error_code = row
-            if state != "claimed":
-                raise AuditError(f"call {call_id} of run {run_id} is already {state}; a call_id runs at most once")
-            if max_calls is not None:
-                counted = c.execute(_COUNT_AUTHORIZED, (run_id,)).fetchone()[0]
-                others = counted - int(bool(authorized) and error_code != ErrorCode.BUDGET_EXCEEDED.value)
-                if others >= max_calls:
-                    c.execute("UPDATE calls SET authorized = 0 WHERE run_id = ? AND call_id = ?", (run_id, call_id))
-                    return False
-            c.execute(
-                "UPDATE calls SET state = 'running', authorized = 1 WHERE run_id = ? AND call_id = ?", (run_id, call_id)
-            )
-            return True
-
-        return self._write(body)
+        return self._write(lambda c: _mark_running(c, run_id, call_id, max_calls))
 
     def finish_call(
         self,
@@ -401,7 +436,7 @@ class AuditStore(Approvals, Checkpoints, Egress):
         decision recorded, an approval consumed, or ``mark_running``; calls refused for the
         budget itself and sandbox actions (``ACTION_TOOL_PREFIX``) are not counted. The current
         call counts once its allow is recorded."""
-        row = self._read(lambda c: c.execute(_COUNT_AUTHORIZED, (run_id,)).fetchone())
+        row = self._read(lambda c: c.execute(COUNTED, (run_id,)).fetchone())
         return int(row[0])
 
     def first_call_time(self, run_id: str) -> float | None:

@@ -109,18 +109,25 @@ class CallPath:
         return dataclasses.replace(result, meta={**result.meta, "decision": self.decision})
 
     def run(self) -> ToolResult:
+        """Claim the call_id, then run the call once, or return what a claim before this one
+        recorded. A call that cannot run (unknown or disabled tool, arguments its schema
+        refuses) is checked before the claim, as that needs nothing stored, and its failure is
+        recorded once claimed; one that can is claimed, decided and, if allowed, marked running
+        in one transaction (``AuditStore.claim_and_start``)."""
         s, call, tool = self.session, self.call, self.tool
-        claim = s.audit.claim_call(s.run_id, call.call_id, call.name, call.arguments)
-        if not claim.fresh:
-            return self._repeat(claim)
         if tool is None or not s.policy.tool_allowed(call.name):
-            return self._finish(self._unavailable())
+            return self._refused(self._unavailable())
         try:
             args = validate_call(tool.definition, call.arguments)
         except CallRejected as rejected:
-            return self._finish(ToolResult.failure(call.call_id, rejected.code, rejected.message))
-        decision = self._authorize(tool, args)
-        s.audit.record_decision(s.run_id, call.call_id, decision)
+            return self._refused(ToolResult.failure(call.call_id, rejected.code, rejected.message))
+        start = s.audit.claim_and_start(
+            s.run_id, call.call_id, call.name, call.arguments, lambda counted: self._authorize(tool, args, counted),
+            max_calls=s.policy.budgets.max_tool_calls,
+        )
+        claim, decision = start.claim, start.decision
+        if not claim.fresh or decision is None:
+            return self._repeat(claim)
         if decision.action is Action.DENY:
             code = ErrorCode.BUDGET_EXCEEDED if decision.rule.startswith("budgets.") else ErrorCode.DENIED
             return self._finish(ToolResult.failure(call.call_id, code, decision.reason), decision)
@@ -129,7 +136,16 @@ class CallPath:
             if approved is None:
                 return self._ask(decision)
             decision = approved
-        return self._execute(tool, args, decision)
+        return self._execute(tool, args, decision, running=start.running)
+
+    def _refused(self, failure: ToolResult) -> ToolResult:
+        """Claim a call that cannot run and record ``failure`` as its result (or return what
+        an earlier claim of its call_id recorded)."""
+        s, call = self.session, self.call
+        claim = s.audit.claim_call(s.run_id, call.call_id, call.name, call.arguments)
+        if not claim.fresh:
+            return self._repeat(claim)
+        return self._finish(failure)
 
     def _approved_before(self, claim: Claim) -> Decision | None:
         """For a retry of a call a person approved whose attempt never started: that
@@ -150,9 +166,10 @@ class CallPath:
         text = f"tool {call.name!r} is not enabled in this run; the enabled tools are: {', '.join(exposed)}"
         return ToolResult.failure(call.call_id, ErrorCode.TOOL_NOT_ALLOWED, text)
 
-    def _authorize(self, tool: Tool, args: Any) -> Decision:
+    def _authorize(self, tool: Tool, args: Any, counted: int) -> Decision:
+        """The budgets' decision (``counted``: the run's authorized calls so far), else the policy's."""
         s = self.session
-        budget = s.policy.budgets.check(s.audit.count_calls(s.run_id), time.time() - s.started)
+        budget = s.policy.budgets.check(counted, time.time() - s.started)
         if budget is not None:
             return budget
         return s.policy.decide(tool.definition, args, workdir=s.spec.workdir)
@@ -225,10 +242,11 @@ class CallPath:
         approved = Decision(Action.ALLOW, f"approval {approval.id}", decision.reason)
         return self._execute(tool, args, approved)
 
-    def _execute(self, tool: Tool, args: Any, decision: Decision) -> ToolResult:
+    def _execute(self, tool: Tool, args: Any, decision: Decision, *, running: bool = False) -> ToolResult:
+        """Run an authorized call; ``running``: ``claim_and_start`` marked it running already."""
         s, call = self.session, self.call
         budgets = s.policy.budgets
-        if not s.audit.mark_running(s.run_id, call.call_id, max_calls=budgets.max_tool_calls):
+        if not running and not s.audit.mark_running(s.run_id, call.call_id, max_calls=budgets.max_tool_calls):
             denied = budgets.check(budgets.max_tool_calls, 0) or decision
             result = ToolResult.failure(call.call_id, ErrorCode.BUDGET_EXCEEDED, denied.reason)
             return self._finish(result, denied)

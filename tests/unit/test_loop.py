@@ -830,6 +830,7 @@ def test_a_broken_audit_store_ends_with_error_harness(make_harness, audit, monke
         raise AuditError("the audit database is locked")
 
     monkeypatch.setattr(audit, "claim_call", broken)
+    monkeypatch.setattr(audit, "claim_and_start", broken)  # the claim of a call that passed validation
     outcome = run(FakeModel([calls(("c1", "echo", {"text": "x"}))]), harness)
     assert (outcome.reason, outcome.message) == ("error:harness", "the audit database is locked")
     assert audit.get_run(harness.run_id).end_reason == "error:harness"
