@@ -75,6 +75,7 @@ from tests.bench.bench_door import add_door_rows, bench_door
 from tests.bench.bench_e2b import add_e2b_rows, bench_e2b
 from tests.bench.bench_living import Toolkit, add_living_rows, bench_living
 from tests.bench.bench_overhead import bench_overhead
+from tests.bench.bench_pool import add_pool_rows, bench_pool
 from tests.bench.bench_redaction import bench_redaction
 from tests.bench.bench_results import DEFAULT_RESULTS, Row, markdown_table, p50, write_results
 from tests.bench.bench_scale import add_create_rows, add_scale_rows, bench_create, bench_scale
@@ -94,7 +95,7 @@ TARGET_IDLE_MEMORY_MIB = 25.0
 TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
-            "create", "door", "scale"]
+            "pool", "create", "door", "scale"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
 """``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
 DEFAULT_SCALE_SANDBOXES = 100
@@ -564,6 +565,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
             f"— (info; 1 MiB: p50 {p50(data['redaction_only_1m']):.2f} ms)")
     add_living_rows(data, add)
     add_e2b_rows(data, add)
+    add_pool_rows(data, add)
     add_create_rows(data, add)
     add_door_rows(data, add)
     add_scale_rows(data, add)
@@ -716,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         ("living", "living" in sections,
          lambda: bench_living(res, spec, args.samples, args.warmup, kit, quick=args.quick)),
         ("e2b", "e2b" in sections, lambda: bench_e2b(res, spec, args.samples, args.warmup, kit, quick=args.quick)),
+        ("pool", "pool" in sections, lambda: bench_pool(res, args.samples, kit, quick=args.quick)),
         ("create", "create" in sections, lambda: bench_create(res, spec, args.samples, kit, quick=args.quick)),
         ("door", "door" in sections, lambda: bench_door(res, spec, kit, quick=args.quick)),
         ("scale", "scale" in sections,

@@ -1,16 +1,18 @@
 """The warm pool against a cold create, in one run: create -> first result (``true``).
 
-Run as ``python -m tests.bench.bench_pool [--samples N] [--burst N] [--json PATH]``.
+Run as ``python -m tests.bench.bench_pool [--samples N] [--burst N] [--json PATH]``, or as
+section ``pool`` of ``make bench`` (rows 15a-15c: ``bench_pool`` and ``add_pool_rows``).
 
 * sequential: callbox ``engine.create`` of a pooled spec (a claim) then the first exec,
   interleaved with a cold create of the same spec on an engine without a pool; before each
   sample the pool is refilled (untimed), so every claim finds a sandbox ready and the refill
   thread is idle while either side is timed;
-* burst: ``--burst`` creates at once (one thread each) against a pool holding that many,
-  then the same burst cold.
+* burst: ``--burst`` creates at once (one thread each, released together by a barrier)
+  against a pool holding that many, then the same burst cold.
 
-Destroys are not timed. Everything started is removed in ``finally``. Results go to stdout
-(Markdown) and, with ``--json``, to a file (one object per row: key, what, p50, p95, p99, unit).
+Destroys are not timed (their background removals are waited for before the next figure).
+Everything started is removed in ``finally``. Results go to stdout (Markdown) and, with
+``--json``, to a file (one object per row: key, what, p50, p95, p99, unit).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,10 +33,16 @@ from typing import Any
 from harness.engine.docker.engine import DockerEngine, Sandbox
 from harness.engine.exec_result import collect
 from harness.engine.spec import SandboxSpec
+from tests.bench.bench_living import Resources, Toolkit
+from tests.bench.bench_results import p50, p95, p99
 from tests.conftest import IMAGE
 
 SPEC = SandboxSpec(image=IMAGE, memory=128 << 20)
 FILL_TIMEOUT_S = 600.0
+BURST = 50
+TARGET_CLAIM_P50_MS = 10.0
+TARGET_CLAIM_P99_MS = 50.0
+TARGET_BURST_P95_MS = 100.0
 
 
 def _first_result(engine: DockerEngine) -> tuple[float, Sandbox]:
@@ -57,7 +66,8 @@ def _row(key: str, what: str, samples: list[float]) -> dict[str, Any]:
             "p95": _quantile(samples, 0.95), "p99": _quantile(samples, 0.99), "unit": "ms"}
 
 
-def sequential(pooled: DockerEngine, cold: DockerEngine, samples: int) -> list[dict[str, Any]]:
+def sequential(pooled: DockerEngine, cold: DockerEngine, samples: int) -> tuple[list[float], list[float]]:
+    """Claim -> first result and cold create -> first result, interleaved (ms each)."""
     pool = pooled.pool
     assert pool is not None
     claims: list[float] = []
@@ -69,24 +79,92 @@ def sequential(pooled: DockerEngine, cold: DockerEngine, samples: int) -> list[d
             before = pool.claims
             elapsed, box = _first_result(engine)
             box.destroy()
+            engine.drain(FILL_TIMEOUT_S)  # untimed: no removal runs while the next one is timed
             if engine is pooled and pool.claims != before + 1:
                 raise RuntimeError("a pooled create did not claim")
             if index >= 3:
                 into.append(elapsed)
-    return [_row("pool-claim", "warm pool: create -> first result (claim)", claims),
-            _row("pool-cold", "cold create -> first result (same run)", colds)]
+    return claims, colds
 
 
-def burst(engine: DockerEngine, size: int, key: str, what: str) -> dict[str, Any]:
+def burst(engine: DockerEngine, size: int) -> list[float]:
+    """``size`` creates -> first result at once, one thread each, released together (ms each)."""
     boxes: list[Sandbox] = []
+    gate = threading.Barrier(size)
+
+    def one(_: int) -> tuple[float, Sandbox]:
+        gate.wait()
+        return _first_result(engine)
+
     try:
         with ThreadPoolExecutor(max_workers=size) as threads:
-            results = list(threads.map(lambda _: _first_result(engine), range(size)))
+            results = list(threads.map(one, range(size)))
         boxes = [box for _, box in results]
-        return _row(key, what, [ms for ms, _ in results])
+        return [ms for ms, _ in results]
     finally:
-        with ThreadPoolExecutor(max_workers=8) as threads:
-            list(threads.map(lambda box: box.destroy(), boxes))
+        for box in boxes:
+            box.destroy()
+        engine.drain(FILL_TIMEOUT_S)
+
+
+def measure(client: Any, samples: int, size: int, progress: Callable[[str], None]) -> dict[str, list[float]]:
+    """Every figure of this benchmark, raw (ms): ``pool_claim``/``pool_cold`` (sequential,
+    interleaved), ``pool_burst``/``cold_burst`` (``size`` at once; none when ``size`` is 0).
+    Its engines have run roots of their own; everything started is removed before it returns."""
+    roots = [Path(tempfile.mkdtemp(prefix="cbx-bpool-", dir="/tmp")) for _ in range(2)]
+    pooled, cold = _engine(client, roots[0]), _engine(client, roots[1])
+    data: dict[str, list[float]] = {}
+    closers: list[Callable[[], object]] = []
+    try:
+        pool = pooled.enable_pool([SPEC], size=1)
+        closers.append(pool.close)
+        progress(f"pool: claim vs cold create -> first result, {samples} each, interleaved")
+        data["pool_claim"], data["pool_cold"] = sequential(pooled, cold, samples)
+        pool.close()
+        if size > 0:
+            big = _engine(client, roots[0])
+            big_pool = big.enable_pool([SPEC], size=size)
+            closers.append(big_pool.close)
+            progress(f"pool: filling a pool of {size}")
+            if not big_pool.wait_filled(FILL_TIMEOUT_S):
+                raise RuntimeError("the pool did not fill")
+            data["pool_burst"] = burst(big, size)
+            if big_pool.claims != size:
+                raise RuntimeError(f"{size - big_pool.claims} of the burst's creates did not claim")
+            big_pool.close()
+            progress(f"pool: burst of {size} cold creates")
+            data["cold_burst"] = burst(cold, size)
+    finally:
+        for close in closers:
+            close()
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+    return data
+
+
+def bench_pool(res: Resources, samples: int, kit: Toolkit, *, quick: bool = False) -> dict[str, list[float]]:
+    """Rows 15a-15c of ``make bench`` (section ``pool``)."""
+    return measure(res.engine.client, samples, 5 if quick else BURST, kit.progress)
+
+
+def add_pool_rows(data: dict[str, list[float]], add: Callable[..., None]) -> None:
+    """Rows 15a-15c (``add`` takes ``Row``'s arguments)."""
+    if "pool_claim" not in data:
+        return
+    claims = data["pool_claim"]
+    add(f"15a. warm pool: claim → first result ({len(claims)} claims)", "time", claims,
+        "cold create → first result (same run, interleaved)", data["pool_cold"],
+        f"p50 ≤ {TARGET_CLAIM_P50_MS:g} ms, p99 ≤ {TARGET_CLAIM_P99_MS:g} ms (p99 {p99(claims):.1f} ms)",
+        lambda r: r.cb(p50) <= TARGET_CLAIM_P50_MS and r.cb(p99) <= TARGET_CLAIM_P99_MS,
+        extra={"p95": p95(claims), "p99": p99(claims)})
+    if "pool_burst" not in data:
+        return
+    pooled, cold = data["pool_burst"], data["cold_burst"]
+    n = len(pooled)
+    add(f"15b. burst of {n} concurrent creates, pool of {n}: create → first result", "time", pooled,
+        f"15c. the same burst, cold (p95 {p95(cold):.0f} ms)", cold,
+        f"p95 ≤ {TARGET_BURST_P95_MS:g} ms (p95 {p95(pooled):.1f} ms)",
+        lambda r: p95(r.callbox) <= TARGET_BURST_P95_MS, extra={"p95": p95(pooled), "cold_p95": p95(cold)})
 
 
 def _engine(client: Any, root: Path) -> DockerEngine:
@@ -96,37 +174,16 @@ def _engine(client: Any, root: Path) -> DockerEngine:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=50)
-    parser.add_argument("--burst", type=int, default=50, help="concurrent creates (0: skip the burst rows)")
+    parser.add_argument("--burst", type=int, default=BURST, help="concurrent creates (0: skip the burst rows)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     base = DockerEngine.connect(reap_on_start=False)
-    roots = [Path(tempfile.mkdtemp(prefix="cbx-bpool-", dir="/tmp")) for _ in range(2)]
-    pooled, cold = _engine(base.client, roots[0]), _engine(base.client, roots[1])
-    rows: list[dict[str, Any]] = []
-    closers: list[Callable[[], object]] = []
-    try:
-        pool = pooled.enable_pool([SPEC], size=1)
-        closers.append(pool.close)
-        print("sequential ...", file=sys.stderr)
-        rows += sequential(pooled, cold, args.samples)
-        pool.close()
-        if args.burst > 0:
-            big = _engine(base.client, roots[0])
-            big_pool = big.enable_pool([SPEC], size=args.burst)
-            closers.append(big_pool.close)
-            print(f"filling a pool of {args.burst} ...", file=sys.stderr)
-            if not big_pool.wait_filled(FILL_TIMEOUT_S):
-                raise RuntimeError("the pool did not fill")
-            rows.append(burst(big, args.burst, "pool-burst", f"burst of {args.burst} creates, pool of {args.burst}"))
-            claimed = big_pool.claims
-            big_pool.close()
-            rows.append(burst(cold, args.burst, "cold-burst", f"burst of {args.burst} cold creates"))
-            rows[-2]["claimed"] = claimed
-    finally:
-        for close in closers:
-            close()
-        for root in roots:
-            shutil.rmtree(root, ignore_errors=True)
+    data = measure(base.client, args.samples, args.burst, lambda text: print(text, file=sys.stderr))
+    whats = {"pool_claim": "warm pool: create -> first result (claim)",
+             "pool_cold": "cold create -> first result (same run)",
+             "pool_burst": f"burst of {args.burst} creates, pool of {args.burst}",
+             "cold_burst": f"burst of {args.burst} cold creates"}
+    rows = [_row(key, whats[key], values) for key, values in data.items()]
     print("| row | what | n | p50 ms | p95 ms | p99 ms |")
     print("|---|---|---|---|---|---|")
     for row in rows:

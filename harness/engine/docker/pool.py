@@ -53,7 +53,8 @@ creates, and it waits while a claim is in progress or was made in the last ``pau
 finds its fingerprint empty raises that fingerprint's target by one, up to the ceiling
 (``max``), and each pooled sandbox that expires unclaimed lowers it by one, down to the floor.
 
-**Shutdown** (``close``) stops the thread and destroys every pooled sandbox.
+**Shutdown** (``close``) stops the thread and destroys every pooled sandbox, returning once
+their containers are gone (``CLOSE_DRAIN_S`` at most: gc removes what is left).
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ NOT_PART_OF_FINGERPRINT = frozenset({"env", "ttl_seconds", "allowed_mount_roots"
 CLAIM_HEALTH_TIMEOUT_S = 1.0
 EXPIRY_MARGIN = 0.1
 """A pooled sandbox is replaced once less than this share of its TTL (at least 10 s) is left."""
+CLOSE_DRAIN_S = 60.0
+"""How long ``close`` waits for its sandboxes' containers to be removed."""
 IDLE_WAKE_S = 5.0
 """How often an idle refill thread looks for pooled sandboxes close to their expiry."""
 
@@ -342,8 +345,8 @@ class WarmPool:
     # ---- shutdown --------------------------------------------------------------------------------
 
     def close(self) -> list[str]:
-        """Stop refilling and destroy every pooled sandbox (waiting for a start in progress);
-        the ids destroyed. Idempotent."""
+        """Stop refilling and destroy every pooled sandbox (waiting for a start in progress
+        and, bounded, for the removals); the ids destroyed. Idempotent."""
         with self._lock:
             self._closed = True
             self._lock.notify_all()
@@ -356,6 +359,10 @@ class WarmPool:
                 slot.ready.clear()
         for sandbox in doomed:
             self._discard(sandbox)
+        # A destroy removes the container in the background; a closed pool has none left.
+        if not self.engine.drain(CLOSE_DRAIN_S):
+            log.warning("the warm pool's sandboxes were not all removed within %.0f s; gc removes the rest",
+                        CLOSE_DRAIN_S)
         return [s.id for s in doomed]
 
     def _discard(self, sandbox: Sandbox) -> None:
