@@ -124,6 +124,10 @@ _FINISH_CALL = (
     "authorized = max(authorized, ?) "
     "WHERE run_id = ? AND call_id = ? AND state != 'done'"
 )
+_START_CALL = (
+    "UPDATE calls SET decision = ?, rule = ?, reason = ?, authorized = 1, state = 'running' "
+    "WHERE run_id = ? AND call_id = ? AND state = 'claimed'"
+)
 _ARCHIVE_ATTEMPT = (
     "INSERT INTO call_attempts (run_id, call_id, attempt, owner, started, finished, duration_ms, decision, rule, "
     "reason, exit_code, error_code, bytes_out, result_text, result_json) "
@@ -330,10 +334,16 @@ class AuditStore(Approvals, Checkpoints, Egress):
             claim = _claim(c, run_id, call_id, tool, args, owner, now)
             if not claim.fresh:
                 return CallStart(claim)
-            decision = decide(int(c.execute(COUNTED, (run_id,)).fetchone()[0]))
+            counted = int(c.execute(COUNTED, (run_id,)).fetchone()[0])  # a fresh claim is not authorized yet
+            decision = decide(counted)
+            allow = decision.action is Action.ALLOW
+            if allow and (max_calls is None or counted < max_calls):  # record_decision and mark_running at once
+                c.execute(_START_CALL, (decision.action.value, decision.rule, decision.reason, run_id, call_id))
+                return CallStart(claim, decision, running=True)
             _record_decision(c, run_id, call_id, decision)
-            running = decision.action is Action.ALLOW and _mark_running(c, run_id, call_id, max_calls)
-            return CallStart(claim, decision, running)
+            if allow:  # over the budget: refused as mark_running refuses it
+                c.execute("UPDATE calls SET authorized = 0 WHERE run_id = ? AND call_id = ?", (run_id, call_id))
+            return CallStart(claim, decision)
 
         return self._write(body)
 
