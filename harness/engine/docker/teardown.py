@@ -126,7 +126,7 @@ class Teardown:
             if not inline:
                 self._failed.discard(removal.sandbox_id)
                 self._queued[removal.sandbox_id] = removal
-                if self._idle == 0 and self._workers < self.max_workers:
+                if len(self._queued) > self._idle and self._workers < self.max_workers:
                     inline = not self._start_worker()
                     if inline:
                         del self._queued[removal.sandbox_id]
