@@ -11,13 +11,16 @@ in the machine's load hits both.
 
 Rows 18a-18c: a call's latency (p50, p90; p99 in the target column); rows 18d-18f: calls per
 second in all, each round's count over its wall time (p50 of the rounds; "p90" is the slowest
-round). The clients are threads of one Python process, so at 32 clients the client side's
+round); rows 18g-18i: the CPU time the server process spent per call (its user + system time
+over each door round, divided by the round's calls: what the door costs, whatever else the
+machine runs). The clients are threads of one Python process, so at 32 clients the client side's
 GIL is part of the figure (for the door and the baseline alike).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import re
 import shutil
@@ -113,6 +116,15 @@ def grpc_door(image: str, max_sandboxes: int) -> Iterator[GrpcDoor]:
         door.stop()
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """The CPU time (user + system, seconds) process ``pid`` has used so far; None without /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def ms_since(start_ns: int) -> float:
     return (time.perf_counter_ns() - start_ns) / 1e6
 
@@ -191,9 +203,14 @@ def bench_door(res: Resources, spec: SandboxSpec, kit: Toolkit, *, quick: bool =
                 for r in range(ROUNDS):
                     order = list(sides) if r % 2 == 0 else list(reversed(sides))
                     for side in order:
+                        cpu_before = process_cpu_s(door.proc.pid)
                         latencies, rate = one_round(sides[side], calls)
+                        cpu_after = process_cpu_s(door.proc.pid)
                         data.setdefault(f"{side}_c{n}_latency", []).extend(latencies)
                         data.setdefault(f"{side}_c{n}_per_s", []).append(rate)
+                        if side == "door" and cpu_before is not None and cpu_after is not None:
+                            data.setdefault(f"door_c{n}_server_cpu", []).append(
+                                (cpu_after - cpu_before) * 1000 / len(latencies))
                 kit.progress(f"door: {n} clients: door p50 {p50(data[f'door_c{n}_latency']):.2f} ms, "
                              f"{p50(data[f'door_c{n}_per_s']):.0f} calls/s; bare p50 "
                              f"{p50(data[f'bare_c{n}_latency']):.2f} ms, {p50(data[f'bare_c{n}_per_s']):.0f} calls/s")
@@ -244,3 +261,10 @@ def add_door_rows(data: dict[str, list[float]], add: Callable[..., None]) -> Non
         add(f"18{letter}. gRPC door: calls per second in all, {n} client{'s' if n > 1 else ''} "
             f"({len(door_rate)} rounds)", "ops", door_rate, base_name, bare_rate, target, rate_check,
             unit="calls/s")
+    for letter, n in zip("ghi", levels, strict=False):
+        cpu = data.get(f"door_c{n}_server_cpu")
+        if cpu:
+            add(f"18{letter}. gRPC door: the server process's CPU time (user + system) per call, {n} "
+                f"client{'s' if n > 1 else ''} ({len(cpu)} rounds)", "time", cpu,
+                "— (the bare exec has no server)", None, "— (info; what the calls cost the server, "
+                "less sensitive to the machine's load than the latency)")
