@@ -62,7 +62,6 @@ RETRY_FOR_S = 60.0
 EXIT_DRAIN_S = 30.0
 """At interpreter exit, how long the pending removals of all engines may take in total (a
 removal still retrying then gives up: its expiry has passed, so gc removes it)."""
-CONNECT_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -237,16 +236,19 @@ class Teardown:
 
 
 def _check_listening(client: docker.DockerClient) -> None:
-    """Connect to a unix-socket engine and hang up (tens of microseconds, no request: a ping
-    would cost milliseconds under load); ConnectionError if nothing listens. An engine reached
-    otherwise is not checked. The path is the one docker-py's own unix adapter connects to."""
+    """Connect to a unix-socket engine and hang up, without blocking (tens of microseconds, no
+    request: a ping costs milliseconds under load); ConnectionError if nothing listens there.
+    A full backlog (EAGAIN) means dockerd is there, only busy. An engine reached otherwise is
+    not checked. The path is the one docker-py's own unix adapter connects to."""
     path = getattr(getattr(client.api, "_custom_adapter", None), "socket_path", None)
     if not isinstance(path, str):
         return
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(CONNECT_TIMEOUT_S)
+        probe.setblocking(False)
         try:
             probe.connect(path)
+        except BlockingIOError:
+            return
         except OSError as exc:
             raise requests.exceptions.ConnectionError(f"{path}: {exc.strerror or exc}") from None
 
