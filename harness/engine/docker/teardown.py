@@ -59,7 +59,7 @@ IDLE_S = 2.0
 """A worker with nothing to do for this long ends (the next destroy starts one again)."""
 RETRY_FOR_S = 60.0
 """How long a failing removal is retried before it is left to gc."""
-EXIT_DRAIN_S = 30.0
+EXIT_DRAIN_S = 60.0
 """At interpreter exit, how long the pending removals of all engines may take in total (a
 removal still retrying then gives up: its expiry has passed, so gc removes it)."""
 
