@@ -1,16 +1,18 @@
 """A small pre-forked process that starts tool processes for the agent.
 
-Starting a process as another user with an extra group makes CPython fork instead of
-vfork, and forking the agent (large, with gRPC's threads) costs over a millisecond and
-is fragile. So the agent forks this spawner once, at start-up, before gRPC is even
-imported: a single-threaded process with a few MiB of memory. The agent sends it one
-request per command (argv, environment, cwd, identity, and the three stdio pipe ends
-as SCM_RIGHTS descriptors); the spawner starts the process, answers with its pid or
-the errno of the failure, and reports each exit status when the child ends. The agent
-watches the child with a pidfd, as it would its own child.
+Starting a process as another user with an extra group is something CPython's
+``subprocess`` can only do by fork, and forking the agent (large, with gRPC's threads)
+costs over a millisecond and is fragile. So the agent forks this spawner once, at
+start-up, before gRPC is even imported: a single-threaded process with a few MiB of
+memory, which can start commands with ``posix_spawn`` (see ``spawn_start``). The agent
+sends it one request per command (argv, environment, cwd, identity, and the three stdio
+pipe ends as SCM_RIGHTS descriptors); the spawner starts the process, answers with its
+pid or the errno of the failure, and reports each exit status when the child ends. The
+agent watches the child with a pidfd, as it would its own child.
 
 The spawner runs as root in the container with the agent's capabilities, so tool
-processes can neither signal nor trace it; it is reached only through an anonymous
+processes cannot trace it, and can signal it only in the moment it starts one of them
+(``spawn_start`` says why that is harmless); it is reached only through an anonymous
 socketpair. It exits when the agent closes its end.
 """
 
@@ -19,18 +21,16 @@ from __future__ import annotations
 import array
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import selectors
 import socket
 import subprocess
 import sys
-import termios
 import threading
 from collections.abc import Mapping, Sequence
 
-from sandbox.identity import FsIdentity
+from sandbox.spawn_start import Starter
 
 # The agent forks the spawner right after importing this module, and every page the agent
 # writes after that is copied: so this module imports neither typing nor dataclasses (some
@@ -226,24 +226,26 @@ def _serve(sock: socket.socket) -> None:
     """Spawner main loop: start requested commands, report exits, stop on EOF."""
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ, None)
-    children: dict[int, subprocess.Popen[bytes]] = {}
+    starter = Starter()
+    # The children, by pid; those started through subprocess keep their Popen, which reaps them.
+    children: dict[int, subprocess.Popen[bytes] | None] = {}
     while True:
         for key, _ in sel.select():
             if key.data is None:
-                if not _handle_request(sock, sel, children):
+                if not _handle_request(sock, sel, starter, children):
                     return
             else:
-                proc = children.pop(key.data)
+                pid = key.data
+                proc = children.pop(pid)
                 sel.unregister(key.fd)
                 os.close(key.fd)
-                returncode = proc.wait()
+                returncode = proc.wait() if proc is not None else os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
                 with contextlib.suppress(OSError):
-                    sock.send(json.dumps({"exit": proc.pid, "returncode": returncode}).encode())
+                    sock.send(json.dumps({"exit": pid, "returncode": returncode}).encode())
 
 
-def _handle_request(
-    sock: socket.socket, sel: selectors.BaseSelector, children: dict[int, subprocess.Popen[bytes]]
-) -> bool:
+def _handle_request(sock: socket.socket, sel: selectors.BaseSelector, starter: Starter,
+                    children: dict[int, subprocess.Popen[bytes] | None]) -> bool:
     fds = array.array("i")
     try:
         data, ancdata, _flags, _addr = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(3 * fds.itemsize))
@@ -256,20 +258,20 @@ def _handle_request(
     try:
         if len(fds) != 3:
             raise OSError(0, "expected three stdio descriptors")
-        proc = _start(request, fds[0], fds[1], fds[2])
+        pid, proc = starter.start(request, fds[0], fds[1], fds[2])
     except OSError as exc:
         reply = {"id": request["id"], "errno": exc.errno or 0, "error": exc.strerror or str(exc)}
         if exc.filename is not None:
             reply["filename"] = os.fsdecode(exc.filename)
     except (ValueError, TypeError) as exc:
-        # What Popen refuses before forking (a NUL byte in an argument or the environment):
+        # What exec cannot take (a NUL byte in an argument or the environment):
         # the request's fault, answered as EINVAL; the spawner must live on for the next one.
         reply = {"id": request["id"], "errno": errno.EINVAL, "error": str(exc)}
     else:
-        pidfd = os.pidfd_open(proc.pid)
-        children[proc.pid] = proc
-        sel.register(pidfd, selectors.EVENT_READ, proc.pid)
-        reply = {"id": request["id"], "pid": proc.pid}
+        pidfd = os.pidfd_open(pid)
+        children[pid] = proc
+        sel.register(pidfd, selectors.EVENT_READ, pid)
+        reply = {"id": request["id"], "pid": pid}
         # The agent gets its own pidfd, opened before this loop can reap the child.
         sock.sendmsg([json.dumps(reply).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                                       array.array("i", [pidfd]))])
@@ -287,66 +289,3 @@ def _received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
     return list(fds)
-
-
-def _start(request: dict[str, Any], stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
-    ids: dict[str, object] = {}
-    if request.get("uid") is not None:
-        ids["user"] = request["uid"]
-    if request.get("gid") is not None:
-        ids["group"] = request["gid"]
-    if request.get("groups") is not None:
-        ids["extra_groups"] = request["groups"]
-    # Tool processes are the OOM killer's first choice, so a memory bomb of many small
-    # processes cannot get the agent killed. The child inherits the score at fork; the
-    # spawner raises its own around the fork and lowers it back, which needs no privilege
-    # as long as it goes no lower than where it started.
-    previous = _set_oom_score_adj(b"1000")
-    # The child changes into the working directory before it drops to the tool user, and
-    # the spawner has no CAP_DAC_OVERRIDE: a directory only the tool user may enter (a
-    # 0700 project mounted from the host) would be refused. The kernel checks that chdir
-    # against the filesystem ids, which the child inherits from this thread, so the fork
-    # happens while they are the tool user's.
-    acting = FsIdentity(request["uid"], request.get("gid") or request["uid"]).acting() \
-        if request.get("uid") is not None else contextlib.nullcontext()
-    try:
-        with acting:
-            return subprocess.Popen(  # type: ignore[call-overload,no-any-return]
-                request["argv"],
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                cwd=request["cwd"],
-                env=request["env"],
-                start_new_session=True,
-                close_fds=True,
-                # The spawner has a single thread, so a preexec_fn is safe here.
-                preexec_fn=take_controlling_tty if request.get("ctty") else None,  # noqa: PLW1509
-                **ids,
-            )
-    finally:
-        if previous is not None:
-            _set_oom_score_adj(previous)
-
-
-def take_controlling_tty() -> None:
-    """In the child, after ``setsid`` and the switch to the tool user: make stdin (the slave
-    side of a fresh pseudo-terminal) the session's controlling terminal, so ``tty``, job
-    control and SIGWINCH work. A session leader without a terminal needs no privilege to
-    take one that no other session holds."""
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-
-OOM_SCORE_ADJ = "/proc/self/oom_score_adj"
-
-
-def _set_oom_score_adj(value: bytes) -> bytes | None:
-    """Set this process's OOM score adjustment; return the previous one (None if unavailable)."""
-    try:
-        with open(OOM_SCORE_ADJ, "r+b", buffering=0) as f:
-            previous = f.read().strip()
-            f.seek(0)
-            f.write(value)
-            return previous
-    except OSError:
-        return None

@@ -151,6 +151,41 @@ def test_a_command_gets_its_identity_marker_oom_score_and_nothing_else(spawner, 
     assert int(sid) == child.pid  # a session of its own
 
 
+def _status(pid: int, field: str) -> list[str]:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return line.split()[1:]
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+@needs_root
+def test_the_spawner_is_root_again_after_each_start_and_leaks_no_descriptor(open_dir):
+    # The spawner takes the tool user's real ids and groups for the moment of a start; an
+    # inheritable descriptor it was given must not reach the command either.
+    leaked_r, leaked_w = os.pipe()
+    os.set_inheritable(leaked_w, True)
+    sp = Spawner()
+    os.close(leaked_r)
+    os.close(leaked_w)
+    try:
+        child = SpawnerLauncher(sp).launch(
+            ["sh", "-c", "ls /proc/self/fd | sort -n | tr '\\n' ' '"], str(open_dir), {"PATH": "/usr/bin:/bin"},
+            Identity(1000, 1000, [1000, 3_000_000_321]), with_stdin=False,
+        )
+        try:
+            assert _read_all(child.stdout).split() == [b"0", b"1", b"2", b"3"]
+            assert child.reap() == 0
+        finally:
+            child.close_pipes()
+        assert _status(sp.pid, "Uid") == ["0", "0", "0", "0"]
+        assert _status(sp.pid, "Gid") == ["0", "0", "0", "0"]
+        assert _status(sp.pid, "Groups") == []
+        assert os.readlink(f"/proc/{sp.pid}/cwd") == "/"
+    finally:
+        sp.close()
+
+
 @needs_root
 def test_start_errors_name_what_failed_like_popen(spawner, open_dir):
     tmp_path = open_dir
@@ -175,18 +210,19 @@ def test_start_errors_name_what_failed_like_popen(spawner, open_dir):
         launcher.launch(["no-such-command-anywhere"], str(tmp_path), {"PATH": "/usr/bin:/bin"},
                         Identity(None, None, None), with_stdin=False)
     assert not_on_path.value.filename == "no-such-command-anywhere"
-    # The command's own PATH is searched, not the spawner's.
     (tmp_path / "bin").mkdir()
     tool = tmp_path / "bin" / "only-here"
     tool.write_text("#!/bin/sh\necho found\n")
     tool.chmod(0o755)
-    child = launcher.launch(["only-here"], str(tmp_path), {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"},
-                            Identity(None, None, None), with_stdin=False)
-    try:
-        assert _read_all(child.stdout) == b"found\n"
-        assert child.reap() == 0
-    finally:
-        child.close_pipes()
+    for argv, cwd in ((["only-here"], tmp_path), (["./only-here"], tmp_path / "bin")):
+        # Found on the command's own PATH, not the spawner's; a relative path from the workdir.
+        child = launcher.launch(argv, str(cwd), {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"},
+                                Identity(1000, 1000, [1000]), with_stdin=False)
+        try:
+            assert _read_all(child.stdout) == b"found\n"
+            assert child.reap() == 0
+        finally:
+            child.close_pipes()
 
 
 def test_back_to_back_commands_and_no_child_left_after_close(tmp_path):
