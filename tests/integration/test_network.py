@@ -150,6 +150,7 @@ def test_destroy_leaves_no_network_or_proxy_and_gc_removes_the_filter(net_engine
     assert api.inspect_network(EGRESS_NETWORK)["Options"]["com.docker.network.bridge.enable_icc"] == "false"
     assert net_engine.networks.packet_filter.installed()
     box.destroy()
+    assert net_engine.drain(60)  # the removal runs in the background; wait for it
     assert not api.networks(names=[network_name(sandbox_id)])
     assert not api.containers(all=True, filters={"name": proxy_name(sandbox_id)})
     # (only this sandbox's: make test runs the lifecycle soak, with proxies of its own, beside)

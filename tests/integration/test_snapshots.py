@@ -99,6 +99,7 @@ def test_snapshot_then_fork_after_the_original_is_destroyed(life: DockerEngine, 
         original.destroy()
         with pytest.raises(SandboxNotFound):
             life.open("t-orig")
+        assert life.drain(60)  # the container's removal runs in the background; wait for it
         assert not life.client.api.containers(all=True, filters={"id": original.container_id})
 
         forked = life.fork("t-snap", from_snapshot=True, name="t-fork")
