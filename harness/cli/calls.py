@@ -6,7 +6,7 @@ invalid arguments, non-zero exit, pending approval, ...), 2 for bad usage and 12
 callbox itself failed. ``approvals`` and ``audit`` read and write the same SQLite store
 as every other harness process, so an approval given here reaches a harness waiting
 elsewhere. ``call``'s sandbox starts cold whatever the policy's ``[pool]`` says: the process
-ends with its one sandbox (see :mod:`harness.engine.shared`).
+ends with its one sandbox (see :mod:`harness.core.shared_engine`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ is loaded. The engine does not repeat them when the run's sandbox starts.
 
 The run's sandbox starts cold even when the policy has a ``[pool]``: this process ends with
 its one sandbox, so a pool would only start a second container to throw away (see
-:mod:`harness.engine.shared`).
+:mod:`harness.core.shared_engine`).
 
 A paused run prints the command that continues it, exactly runnable (shell-quoted, absolute
 paths): the transcript or ``--model``/``--base-url``, ``--policy`` and ``--audit-db`` of the

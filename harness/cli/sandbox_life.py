@@ -125,7 +125,7 @@ def _new(args: argparse.Namespace) -> int:
         validate_name(args.name)
     spec = spec_from_args(args)
     engine = connect()
-    # Always cold: a warm pool lives in the process that holds it (see harness.engine.shared).
+    # Always cold: a warm pool lives in the process that holds it (see harness.core.shared_engine).
     sandbox = engine.create(spec, name=args.name or new_name(), ttl_s=args.ttl, owner=actor())
     sandbox.agent.close()
     if args.json:

@@ -5,7 +5,7 @@ wrong (bad call id, unknown tool, bad JSON, schema violation, denied, over budge
 timed out) comes back as a ``ToolResult`` with ``is_error``; only broken
 infrastructure raises. The run's sandbox starts on the first call that needs it and
 is destroyed by ``close``; with the policy's ``[pool]`` and no ``engine_factory`` given, the
-process's shared pooled engine (:func:`harness.engine.shared.pooled_engine`) makes that start
+process's shared pooled engine (:func:`harness.core.shared_engine.pooled_engine`) makes that start
 a claim of a pre-started sandbox. Every call is claimed in the audit store first, so a
 replayed or concurrent duplicate call_id returns the recorded result instead of
 running again; an ``ask`` decision leaves the call pending until an approval is
@@ -42,11 +42,11 @@ from harness.core.errors import CallboxError, SandboxStartError, SessionClosed
 from harness.core.policy import Policy
 from harness.core.redaction import Redactor
 from harness.core.registry import Tool, ToolRegistry
+from harness.core.shared_engine import pooled_engine
 from harness.core.validation import CallRejected, check_call_id
 from harness.engine.base import Engine, Sandbox
 from harness.engine.cancel import CallScope, current_scope
 from harness.engine.default import connect_default_engine
-from harness.engine.shared import pooled_engine
 from harness.engine.spec import SandboxSpec
 
 log = logging.getLogger("callbox.harness")

@@ -196,6 +196,7 @@ class Resources:
 
     def cleanup(self) -> None:
         self.release()
+        self.engine.drain(60)  # destroys remove in the background: not half-created, just pending
         self._remove_half_created()
         shutil.rmtree(self.mount_root, ignore_errors=True)
 

@@ -30,12 +30,12 @@ from harness.audit.store import AuditStore
 from harness.core.calls import ToolCall
 from harness.core.policy import Policy, parse_policy
 from harness.core.session import Session
+from harness.core.shared_engine import SharedEngine, close_pooled_engines, pooled_engine
 from harness.doors.mcp.http import serve_mcp_http
 from harness.engine.docker import labels
 from harness.engine.docker.engine import DockerEngine
 from harness.engine.docker.lifetime import read_record
 from harness.engine.docker.pool import POOL_OWNER, WarmPool
-from harness.engine.shared import SharedEngine, close_pooled_engines, pooled_engine
 from harness.tools import registry_for
 from tests.conftest import IMAGE
 

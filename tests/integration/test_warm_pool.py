@@ -21,11 +21,11 @@ from harness.audit.store import AuditStore
 from harness.client import ExecutorClient
 from harness.core.policy import parse_policy
 from harness.core.sandbox_settings import PoolSettings
+from harness.core.shared_engine import SharedEngine
 from harness.doors.e2b.boxes import E2bSandboxes
 from harness.doors.grpc.overrides import SandboxOverrides
 from harness.doors.grpc.server import serve_grpc
 from harness.doors.grpc.service import ExecutorService
-from harness.doors.grpc.sessions import SharedEngine
 from harness.doors.grpc.tokens import TokenSet
 from harness.engine.docker import labels
 from harness.engine.docker.engine import DockerEngine, Sandbox

@@ -52,11 +52,12 @@ from harness.core.calls import Decision
 from harness.core.errors import CallboxError, short_reason
 from harness.core.policy import Policy
 from harness.core.sandbox_settings import SandboxSettings
+from harness.core.shared_engine import SharedEngine
 from harness.doors.e2b.errors import E2bError, from_callbox, from_service_error, invalid, not_found
 from harness.doors.grpc.errors import ServiceError
 from harness.doors.grpc.overrides import SandboxOverrides
 from harness.doors.grpc.service import ExecutorService
-from harness.doors.grpc.sessions import ClientSession, SharedEngine
+from harness.doors.grpc.sessions import ClientSession
 from harness.engine.docker.lifetime import MIN_TTL_S
 from harness.engine.docker.sandbox import Sandbox as DockerSandbox
 

@@ -69,6 +69,7 @@ from harness.core.formats import Format, result_item, tool_definitions
 from harness.core.policy import Policy
 from harness.core.registry import ToolRegistry
 from harness.core.session import Session
+from harness.core.shared_engine import SharedEngine
 from harness.doors.grpc.errors import (
     Reason,
     ServiceError,
@@ -81,11 +82,12 @@ from harness.doors.grpc.errors import (
     paused,
 )
 from harness.doors.grpc.overrides import SandboxOverrides, sandbox_policy
-from harness.doors.grpc.sessions import ClientSession, Limits, SharedEngine
+from harness.doors.grpc.sessions import ClientSession, Limits
 from harness.doors.grpc.tokens import TokenSet, bearer_token
 from harness.doors.grpc.workers import Workers
 from harness.engine.base import Engine
 from harness.engine.cancel import CallScope
+from harness.engine.docker.engine import DockerEngine
 from harness.v1 import executor_pb2, executor_pb2_grpc
 
 __all__ = ["ExecutorService"]
@@ -143,8 +145,10 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         self.audit = audit
         self.tokens = tokens
         self.limits = limits or Limits()
+        # DockerEngine.connect: a server fails at once when the engine is not there (no retries).
         self.engine_factory = engine_factory or SharedEngine(
-            pool=policy.pool, pool_specs=[policy.sandbox_spec()] if policy.pool.size else [], room=self._pool_room)
+            DockerEngine.connect, pool=policy.pool, pool_specs=[policy.sandbox_spec()] if policy.pool.size else [],
+            room=self._pool_room)
         self.approvals_by_clients = approvals_by_clients
         self.exposed = registry.exposed_names(policy)
         self._lock = threading.Condition()
@@ -522,7 +526,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         if self._reaper is not None:
             return
         if self.policy.pool.size and isinstance(self.engine_factory, SharedEngine):
-            threading.Thread(target=self.engine_factory.warm, name="callbox-pool-warm", daemon=True).start()
+            self.engine_factory.warm_in_background()
 
         def loop() -> None:
             while not self._stop_reaper.wait(interval_s):

@@ -1,4 +1,4 @@
-"""The gRPC door's sessions: one client's sandbox and its run, the limits, the shared engine.
+"""The gRPC door's sessions: one client's sandbox and its run, and the limits.
 
 The expiry clock of a session follows the engine's (:mod:`harness.engine.docker.lifetime`):
 while its sandbox is paused the clock stands still (``reap_expired`` leaves it alone unless
@@ -12,73 +12,18 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness.audit.store import AuditError, AuditStore
-from harness.core.errors import CallboxError
 from harness.core.policy import Policy
-from harness.core.sandbox_settings import PoolSettings
 from harness.core.session import Session
 from harness.doors.grpc.overrides import SandboxOverrides
-from harness.engine.base import Engine
-from harness.engine.docker.engine import DockerEngine
 from harness.engine.docker.lifetime import PAUSE_LIMIT_FACTOR
-from harness.engine.spec import SandboxSpec
 from harness.v1 import executor_pb2
 
-__all__ = ["ClientSession", "Limits", "SharedEngine"]
+__all__ = ["ClientSession", "Limits"]
 
 log = logging.getLogger("callbox.executor")
-
-
-class SharedEngine:
-    """One Docker engine connection for all sessions (connected on first use; reaps leftovers then).
-
-    With ``pool`` (the policy's ``[pool]``, ``size`` > 0) the engine gets a warm pool of the
-    ``pool_specs`` (:mod:`harness.engine.docker.pool`) when it connects; ``room``: the most
-    sandboxes the pool may hold at a time (the server's total limit minus its live ones).
-    ``close`` destroys the pooled sandboxes."""
-
-    def __init__(self, connect: Callable[[], Engine] = DockerEngine.connect, *, pool: PoolSettings | None = None,
-                 pool_specs: list[SandboxSpec] | None = None, room: Callable[[], int] | None = None) -> None:
-        self._connect = connect
-        self._engine: Engine | None = None
-        self._lock = threading.Lock()
-        self._pool = pool if pool is not None and pool.size > 0 else None
-        self.pool_specs = list(pool_specs or [])
-        """The specs pooled (a door may add its own before the first connect)."""
-        self._room = room
-
-    def __call__(self) -> Engine:
-        with self._lock:
-            if self._engine is None:
-                self._engine = self._connect()
-                pooled = [spec for spec in self.pool_specs if spec.network == "none"]
-                if len(pooled) < len(self.pool_specs):
-                    log.warning("the warm pool holds network = \"none\" sandboxes only; other creates start cold")
-                if self._pool is not None and isinstance(self._engine, DockerEngine) and pooled:
-                    try:
-                        self._engine.enable_pool(pooled, size=self._pool.size, max=self._pool.ceiling,
-                                                 pause_s=self._pool.pause_s, room=self._room)
-                    except CallboxError as exc:  # e.g. a mount missing now: creates say so, cold
-                        log.warning("no warm pool: %s", exc)
-            return self._engine
-
-    def warm(self) -> None:
-        """Connect now (a warm pool starts filling); a failure is logged, the first create retries."""
-        try:
-            self()
-        except Exception as exc:
-            log.warning("cannot start the warm pool yet: %s", exc)
-
-    def close(self) -> list[str]:
-        """Destroy the pooled sandboxes (if a pool was started); their ids."""
-        with self._lock:
-            engine = self._engine
-        if isinstance(engine, DockerEngine) and engine.pool is not None:
-            return engine.pool.close()
-        return []
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ from harness.core.formats import tool_definition
 from harness.core.policy import Policy, load_policy
 from harness.core.registry import ToolRegistry
 from harness.core.session import Session
+from harness.core.shared_engine import SharedEngine
 from harness.engine.cancel import CallScope
-from harness.engine.shared import SharedEngine
+from harness.engine.docker import teardown
 from harness.engine.spec import SandboxSpec
 from harness.tools import registry_for
 
@@ -132,7 +133,7 @@ class McpToolService:
 
     ``engine_factory`` (tests, other engines) defaults to the Session's own: connect to the
     Docker engine named by DOCKER_HOST, failing closed when there is none. With the policy's
-    ``[pool]`` it is one :class:`~harness.engine.shared.SharedEngine` for every session of
+    ``[pool]`` it is one :class:`~harness.core.shared_engine.SharedEngine` for every session of
     this server, its warm pool of the server's spec filling from the start, so a session's
     first sandbox is a claim; ``close`` destroys the pooled sandboxes after the sessions'.
     """
@@ -211,14 +212,17 @@ class McpToolService:
                 log.exception("closing an MCP session failed")
 
     def close(self) -> None:
-        """End every session, destroy the warm pool's sandboxes (if any), then close the
-        audit store if this service opened it."""
+        """End every session, destroy the warm pool's sandboxes (if any), wait (bounded) until
+        their containers are removed, then close the audit store if this service opened it."""
         with self._lock:
             self._closed = True
         self.close_sessions()
         try:
             if self.shared_engine is not None:
                 self.shared_engine.close()  # the pooled sandboxes
+            # Sandboxes are removed in the background; a stopped server has removed its own.
+            if not teardown.drain_all():
+                log.error("the sandboxes of the ended MCP sessions are not all removed yet; gc removes the rest")
         finally:
             if self._owns_audit:
                 self.audit.close()

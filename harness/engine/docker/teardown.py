@@ -269,6 +269,13 @@ def removing_anywhere() -> set[str]:
     return found
 
 
+def drain_all(timeout: float = EXIT_DRAIN_S) -> bool:
+    """Wait until every engine of this process has removed what it destroyed (a server that
+    stops, before it says it has); False if ``timeout`` passed first."""
+    deadline = time.monotonic() + timeout
+    return all([teardown.drain(max(0.0, deadline - time.monotonic())) for teardown in list(_LIVE)])
+
+
 @atexit.register
 def _close_all() -> None:
     deadline = time.monotonic() + EXIT_DRAIN_S

@@ -65,15 +65,15 @@ class SharedEngine:
             return self._engine
 
     def _enable_pool(self, engine: Engine, settings: PoolSettings) -> None:
-        from harness.engine.docker.engine import DockerEngine
-
         pooled = [spec for spec in self.pool_specs if spec.network == "none"]
         if len(pooled) < len(self.pool_specs):
             log.warning("the warm pool holds network = \"none\" sandboxes only; other creates start cold")
-        if not isinstance(engine, DockerEngine) or not pooled:
+        # An engine that can keep a pool (Docker's) has enable_pool; any other creates cold.
+        enable_pool = getattr(engine, "enable_pool", None)
+        if enable_pool is None or not pooled:
             return
         try:
-            engine.enable_pool(pooled, size=settings.size, max=settings.ceiling, pause_s=settings.pause_s,
+            enable_pool(pooled, size=settings.size, max=settings.ceiling, pause_s=settings.pause_s,
                                room=self._room)
         except CallboxError as exc:  # e.g. a mount missing now: creates say so, cold
             log.warning("no warm pool: %s", exc)
