@@ -284,7 +284,7 @@ def add_e2b_rows(data: dict[str, list[float]], add: Callable[..., None]) -> None
     size = int(data["e2b_file_bytes"][0])
     mib = f"{size / MIB:.0f} MiB"
     heavy = f"{len(data['e2b_write'])} samples"
-    add(f"14a. E2B SDK: `Sandbox.create()` → first `commands.run('true')` result, cold: no warm pool yet ({cold})",
+    add(f"14a. E2B SDK: `Sandbox.create()` → first `commands.run('true')` result, cold (no warm pool) ({cold})",
         "time", data["e2b_cold_first"], "engine in-process: create → first `true` (row 2b's path)",
         data["engine_cold_first"], f"— (info; {PUBLISHED})")
     add(f"14b. E2B SDK: of which `Sandbox.create()` returns ({cold})", "time", data["e2b_cold_create"],
