@@ -255,7 +255,29 @@ def check_packet_filter(problem: str | None, remote_engine: bool) -> CheckResult
                         "filters that keep them from the host, each other and link-local metadata")
 
 
+PIDS_PER_IDLE_SANDBOX = 95
+"""Host pids an idle sandbox holds: the agent's 82 threads (its request threads are all
+started before the first request, so a fork bomb cannot keep it from serving), its
+spawner, docker-init, and about 10 threads of its containerd-shim."""
+
+
+def check_pid_max(pid_max: int | None, remote_engine: bool) -> CheckResult:
+    make = result_maker("host.pid-max", "pids for many live sandboxes", "host")
+    if remote_engine or pid_max is None:
+        where = "the engine is on another host" if remote_engine else "/proc/sys/kernel/pid_max is not readable"
+        return make("WARN", f"unknown: {where}; each idle sandbox takes about {PIDS_PER_IDLE_SANDBOX} of the "
+                            "host's pids (kernel.pid_max)")
+    room = pid_max // PIDS_PER_IDLE_SANDBOX
+    reason = (f"kernel.pid_max {pid_max}: room for about {room} live sandboxes (each idle one takes about "
+              f"{PIDS_PER_IDLE_SANDBOX} pids: every thread is one)")
+    if room < 500:
+        return make("PASS", f"{reason}; for more, raise it: sysctl -w kernel.pid_max=4194304 "
+                            "(and kernel.pid_max = 4194304 in /etc/sysctl.d/ to keep it)")
+    return make("PASS", reason)
+
+
 def host_checks(ev: Evidence) -> list[CheckResult]:
     return [check_seccomp_available(ev.info), check_cgroup_limits(ev.info), check_oom_counter(ev.info, ev.probe),
-            check_packet_filter(ev.packet_filter_problem, ev.remote_engine)]
+            check_packet_filter(ev.packet_filter_problem, ev.remote_engine),
+            check_pid_max(ev.pid_max, ev.remote_engine)]
 

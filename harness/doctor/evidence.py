@@ -108,6 +108,9 @@ class Evidence:
     clear of; None when the engine is remote (its host's are unknown)."""
     dockerd_args: tuple[str, ...] | None = None
     """dockerd's command line, when it runs on this host and its process is visible."""
+    pid_max: int | None = None
+    """This host's ``kernel.pid_max`` (every thread of every sandbox takes a pid); None when
+    the engine is remote or it cannot be read."""
 
 
 def host_config(container: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -209,6 +212,14 @@ def read_host_networks(proc: Path = PROC, resolv_conf: Path = RESOLV_CONF) -> tu
     return tuple(found)
 
 
+def read_pid_max(proc: Path = PROC) -> int | None:
+    """``kernel.pid_max`` of this host, or None if unreadable."""
+    try:
+        return int((proc / "sys/kernel/pid_max").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def read_dockerd_args(proc: Path = PROC) -> tuple[str, ...] | None:
     """The command line of the dockerd process on this host, None when none is visible."""
     try:
@@ -308,4 +319,5 @@ def gather(engine: DockerEngine) -> Evidence:
         remote_engine=not local, networks=networks, networks_note=networks_note,
         host_networks=read_host_networks() if own_netns else None,
         dockerd_args=read_dockerd_args() if local else None,
+        pid_max=read_pid_max() if local else None,
     )
