@@ -51,3 +51,14 @@ def grpc_door(policy: Any, audit: Any, **options: Any) -> Iterator[Any]:
     finally:
         server.stop(grace=1)
         shutil.rmtree(short, ignore_errors=True)
+
+
+def container_exists(engine: Any, sandbox_id: str) -> bool:
+    """Whether the sandbox's container is still on the engine (in any state)."""
+    import docker.errors
+
+    try:
+        engine.client.api.inspect_container(f"callbox-{sandbox_id}")
+    except docker.errors.NotFound:
+        return False
+    return True

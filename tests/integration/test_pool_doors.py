@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import docker.errors
 import psutil
 import pytest
 from mcp import Client
@@ -38,6 +37,7 @@ from harness.engine.docker.lifetime import read_record
 from harness.engine.docker.pool import POOL_OWNER, WarmPool
 from harness.tools import registry_for
 from tests.conftest import IMAGE
+from tests.integration.helpers import container_exists
 
 pytestmark = pytest.mark.docker
 
@@ -61,20 +61,12 @@ def _filled(shared: SharedEngine) -> tuple[DockerEngine, WarmPool]:
     return engine, engine.pool
 
 
-def _exists(engine: DockerEngine, sandbox_id: str) -> bool:
-    try:
-        engine.client.api.inspect_container(f"callbox-{sandbox_id}")
-    except docker.errors.NotFound:
-        return False
-    return True
-
-
 def _all_gone(engine: DockerEngine, sandbox_ids: Iterable[str], timeout: float = 60.0) -> bool:
     """Whether none of ``sandbox_ids`` has a container, waiting (bounded) for removals still
     under way (a destroy may remove the container in the background)."""
     ids = list(sandbox_ids)
     deadline = time.monotonic() + timeout
-    while any(_exists(engine, i) for i in ids):
+    while any(container_exists(engine, i) for i in ids):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)

@@ -34,7 +34,7 @@ from harness.engine.docker.pool import POOL_OWNER, WarmPool
 from harness.engine.spec import SandboxSpec
 from harness.tools import registry_for
 from tests.conftest import IMAGE
-from tests.integration.helpers import run
+from tests.integration.helpers import container_exists, run
 
 pytestmark = pytest.mark.docker
 
@@ -73,14 +73,6 @@ def _filled(engine: DockerEngine, specs: list[SandboxSpec], size: int, **setting
     return pool
 
 
-def _exists(engine: DockerEngine, sandbox_id: str) -> bool:
-    try:
-        engine.client.api.inspect_container(f"callbox-{sandbox_id}")
-    except docker.errors.NotFound:
-        return False
-    return True
-
-
 def test_a_claim_hands_over_a_running_never_used_sandbox_made_the_claimers(pool_engine: DockerEngine) -> None:
     pool = _filled(pool_engine, [SPEC], 2)
     pooled = set(pool.pooled_ids())
@@ -103,13 +95,13 @@ def test_a_claim_hands_over_a_running_never_used_sandbox_made_the_claimers(pool_
         assert listed[first.id].owner == "grpc:alice" and listed[first.id].expires == record.expires
         assert listed[second.id].owner == pool_engine.owner.label()  # as a cold create without an owner
         assert first.id not in pool_engine.gc() and second.id not in pool_engine.gc()
-        assert _exists(pool_engine, first.id) and _exists(pool_engine, second.id)
+        assert container_exists(pool_engine, first.id) and container_exists(pool_engine, second.id)
         # The label expiry (the pooled start) is not what gc goes by: past it, the record still keeps it.
         label_expiry = labels.time_label(
             pool_engine.client.api.inspect_container(first.container_id)["Config"]["Labels"], labels.EXPIRES)
         assert first.id not in pool_engine.gc(now=min(label_expiry + 1, record.expires - 1))
         assert first.id in pool_engine.gc(now=record.expires + 1)  # and it expires like any other
-        assert not _exists(pool_engine, first.id)
+        assert not container_exists(pool_engine, first.id)
     finally:
         first.destroy()
         second.destroy()
@@ -177,7 +169,7 @@ def test_a_pooled_sandbox_whose_agent_died_is_destroyed_and_the_create_goes_cold
     box = pool_engine.create(SPEC)
     try:
         assert box.id != dead and pool.claims == 0
-        assert not _exists(pool_engine, dead)
+        assert not container_exists(pool_engine, dead)
         assert run(box, ["echo", "cold"]).stdout.data() == b"cold\n"
     finally:
         box.destroy()
@@ -188,7 +180,7 @@ def test_shutdown_leaves_no_container(pool_engine: DockerEngine) -> None:
     pooled = pool.pooled_ids()
     assert len(pooled) == 4
     assert sorted(pool.close()) == sorted(pooled)
-    assert not any(_exists(pool_engine, i) for i in pooled)
+    assert not any(container_exists(pool_engine, i) for i in pooled)
     assert not any(read_record(pool_engine.run_root, i) for i in pooled)
     assert pool.pooled() == 0
     box = pool_engine.create(SPEC)  # a closed pool: every create is cold
@@ -219,7 +211,7 @@ def test_the_servers_shared_engine_pools_only_when_the_policy_asks(engine: Docke
         assert pooled_engine.pool.wait_filled(FILL_TIMEOUT_S)
         ids = pooled_engine.pool.pooled_ids()
         assert len(ids) == 1
-        assert on.close() == ids and not _exists(pooled_engine, ids[0])
+        assert on.close() == ids and not container_exists(pooled_engine, ids[0])
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -260,7 +252,7 @@ def test_the_grpc_server_claims_from_the_pool_its_policy_asks_for() -> None:
     finally:
         server.stop(grace=1)
         shutil.rmtree(short, ignore_errors=True)
-    assert pooled and not any(_exists(engine, i) for i in pooled)
+    assert pooled and not any(container_exists(engine, i) for i in pooled)
 
 
 def test_the_e2b_door_claims_its_base_template_with_a_timeout_and_envs() -> None:
@@ -293,4 +285,4 @@ def test_the_e2b_door_claims_its_base_template_with_a_timeout_and_envs() -> None
         executor.shutdown()
         audit.close()
         shutil.rmtree(short, ignore_errors=True)
-    assert engine is not None and not any(_exists(engine, i) for i in pooled)
+    assert engine is not None and not any(container_exists(engine, i) for i in pooled)
