@@ -317,6 +317,7 @@ def test_delete_then_not_found(api: Api) -> None:
     api.ok("DELETE", f"/sandboxes/{sid}", 204)
     api.refused("DELETE", f"/sandboxes/{sid}", 404, "not found")
     api.refused("GET", f"/sandboxes/{sid}", 404, "not found")
+    assert api.engine.drain(60)  # the container's removal runs in the background; wait for it
     assert not api.engine.client.containers.list(all=True, filters={"id": container}, ignore_removed=True)
     assert api.audit.get_run(sid).end_reason == "deleted"
 
