@@ -24,6 +24,7 @@ from harness.doctor.address_pools import (
 from harness.doctor.container_checks import APPARMOR_ABSENT, HOST_DEPENDENT_IDS, SELINUX_ABSENT
 from harness.doctor.evidence import Evidence, read_daemon_config, read_host_networks
 from harness.engine.docker.networks import POOLS_EXHAUSTED
+from tests.conftest import unavailable
 
 pytestmark = pytest.mark.docker
 
@@ -103,7 +104,7 @@ def test_address_pools_count_the_network_the_engine_allocates(engine):
                                             labels={"callbox.test": "doctor-address-pools"})
     except docker.errors.APIError as exc:
         if any(marker in str(exc) for marker in POOLS_EXHAUSTED):
-            pytest.skip(f"the shared engine has no free address pool right now: {exc}")
+            unavailable(f"the shared engine has no free address pool right now: {exc}")
         raise
     try:
         listing = tuple(client.api.networks())
@@ -111,7 +112,7 @@ def test_address_pools_count_the_network_the_engine_allocates(engine):
                       networks=listing, host_networks=read_host_networks())
         pools, source = configured_pools(ev)
         if pools is None:
-            pytest.skip(f"this engine's address pools cannot be read: {source}")
+            unavailable(f"this engine's address pools cannot be read: {source}")
         mine = network_subnets([n for n in listing if n["Id"] == created["Id"]])
         assert len(mine) == 1 and any(mine[0].subnet_of(p.base) for p in pools), (mine, pools, source)
         # Networks only: the bridge's own route on this host would block its subnet anyway.
