@@ -305,7 +305,14 @@ def _freeze(engine: DockerEngine, container: str, *, thaw: bool) -> None:
             if not thaw:
                 if "already paused" in text:
                     return
-                raise
+                # runc's cgroup v1 freezer gives up ("unable to freeze") when tasks of the
+                # container are in the middle of starting or exiting; the freeze is undone
+                # and may be tried again once they are done.
+                if "unable to freeze" not in text or time.monotonic() > deadline:
+                    raise
+                log.warning("pausing %s: %s; trying again", container[:12], short_reason(exc))
+                time.sleep(0.05)
+                continue
             if "not paused" not in text:
                 raise
             # Docker 20.10 can answer "not paused" to an unpause sent soon after a pause
