@@ -271,6 +271,10 @@ class SandboxFields(BaseModel, Generic[MountT]):
 
     image: str = DEFAULT_IMAGE
     """Local image to run (there is no registry: build it with ``callbox image build``)."""
+    runtime: Literal["runc", "runsc"] = "runc"
+    """OCI runtime of the container: ``runc`` (Linux namespaces, cgroups and seccomp on the
+    host kernel) or ``runsc`` (gVisor: the tools' system calls go to a user-space kernel,
+    which must be installed as a Docker runtime, ``make runsc``)."""
     memory: ByteSize = Field(default=512 << 20, ge=32 << 20)
     """Memory limit in bytes; swap is set equal to it (no swap). ``for_host`` refuses more
     than the host has."""

@@ -16,6 +16,7 @@ BASE = SandboxSpec()
 
 CHANGES: dict[str, Any] = {
     "image": "other:latest",
+    "runtime": "runsc",
     "memory": 256 << 20,
     "cpus": 0.5,
     "pids": 64,
