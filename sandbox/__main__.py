@@ -35,34 +35,58 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--root", action="append", default=[], help="a directory file operations may touch")
     parser.add_argument("--uid", type=int, help="uid tool processes run as (default: the sandbox user)")
     parser.add_argument("--gid", type=int, help="gid tool processes run as (default: the uid's group)")
+    parser.add_argument("--home", help="the tool user's HOME (default: from the user database, else /home/sandbox)")
+    parser.add_argument("--tool-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="the image's environment, the base of every tool process's (repeatable)")
+    parser.add_argument("--scratch-tmp", help="the scratch /tmp (a fresh tmpfs) to make world-writable and sticky")
     parser.add_argument("--max-concurrent", type=int, default=32, help="concurrent commands at most")
     return parser
 
 
-def _tool_user(uid: int | None, gid: int | None) -> ToolUser:
+def _tool_user(uid: int | None, gid: int | None, home: str | None = None,
+               tool_env: list[str] | None = None) -> ToolUser:
+    """Who tool processes run as: ``uid`` (default the image's ``sandbox`` user), named and
+    homed by the image's user database when it has the uid, else ``sandbox`` in /home/sandbox;
+    ``home`` overrides the home, ``tool_env`` (``NAME=VALUE``) is the image's environment."""
     import pwd
 
     from sandbox.launch import ToolUser
 
+    base = dict(entry.split("=", 1) for entry in tool_env or [] if "=" in entry) if tool_env else None
     if uid is None:
         entry = pwd.getpwnam("sandbox")
-        return ToolUser(entry.pw_uid, gid if gid is not None else entry.pw_gid, entry.pw_dir, entry.pw_name)
+        return ToolUser(entry.pw_uid, gid if gid is not None else entry.pw_gid, home or entry.pw_dir,
+                        entry.pw_name, base)
     if uid == 0:
         raise SystemExit("callbox-agent: tool processes never run as uid 0")
     try:
         entry = pwd.getpwuid(uid)
-        home, name = entry.pw_dir, entry.pw_name
+        found_home, name = entry.pw_dir, entry.pw_name
         default_gid = entry.pw_gid
-    except KeyError:
-        home, name, default_gid = "/home/sandbox", "sandbox", uid
-    return ToolUser(uid, gid if gid is not None else default_gid, home, name)
+    except (KeyError, OSError):
+        found_home, name, default_gid = "/home/sandbox", "sandbox", uid
+    return ToolUser(uid, gid if gid is not None else default_gid, home or found_home, name, base)
+
+
+def _open_scratch_tmp(path: str | None) -> None:
+    """Make the scratch /tmp mode 1777. Docker mounts the tmpfs with that mode, then gives it
+    the mode of the image's own directory there, which an image may have made 0755; only a
+    root-owned directory (the tmpfs, never a user's mount) is changed."""
+    import stat
+
+    if not path:
+        return
+    info = os.lstat(path)
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and stat.S_IMODE(info.st_mode) != 0o1777:
+        os.chmod(path, 0o1777)  # noqa: S103 (a fresh, empty tmpfs: what /tmp is everywhere)
 
 
 def main(argv: list[str] | None = None) -> int:
     spawner = Spawner()
     try:
         args = _parser().parse_args(argv)
-        user = _tool_user(args.uid, args.gid)
+        user = _tool_user(args.uid, args.gid, args.home, args.tool_env)
+        _open_scratch_tmp(args.scratch_tmp)
     except BaseException:
         spawner.close()
         raise

@@ -35,6 +35,7 @@ from sandbox.joblog import MIN_CAPACITY, JobLog
 from sandbox.jobloop import RUNNING, Job, JobLoop, no_such_job
 from sandbox.jobterm import follow_log, terminal_events
 from sandbox.launch import Launcher, ToolUser
+from sandbox.shells import command_shell
 from sandbox.toolstart import ToolStarter
 from sandbox.v1 import jobs_pb2, jobs_pb2_grpc
 
@@ -139,7 +140,8 @@ class JobManager:
         if which == "shell":
             if "\0" in request.shell:
                 raise AgentError(INVALID_ARGUMENT, "the shell command contains a NUL byte")
-            return ["/bin/bash", "-c", request.shell], ["bash", "-c", request.shell]
+            shell = command_shell()
+            return [shell, "-c", request.shell], [os.path.basename(shell), "-c", request.shell]
         if which == "argv" and request.argv.args:
             if any("\0" in a for a in request.argv.args):
                 raise AgentError(INVALID_ARGUMENT, "argv contains a NUL byte")

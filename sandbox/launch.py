@@ -44,11 +44,15 @@ class ToolUser:
     gid: int
     home: str
     name: str = "sandbox"
+    image_env: Mapping[str, str] | None = None
+    """The image's own environment (an image other than callbox's): its PATH and the rest
+    replace the defaults; HOME, USER and LOGNAME stay the tool user's."""
 
     def environment(self) -> dict[str, str]:
         # Scripts that `pip install --user` writes land in ~/.local/bin: on PATH, after the system's.
-        path = f"{BASE_ENV['PATH']}:{self.home.rstrip('/')}/.local/bin"
-        return {**BASE_ENV, "PATH": path, "HOME": self.home, "USER": self.name, "LOGNAME": self.name}
+        base = {**BASE_ENV, **self.image_env} if self.image_env is not None else dict(BASE_ENV)
+        path = f"{base.get('PATH') or BASE_ENV['PATH']}:{self.home.rstrip('/')}/.local/bin"
+        return {**base, "PATH": path, "HOME": self.home, "USER": self.name, "LOGNAME": self.name}
 
 
 @dataclass(frozen=True)

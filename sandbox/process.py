@@ -22,6 +22,7 @@ from sandbox.cgroup import oom_kill_count
 from sandbox.errors import AgentError
 from sandbox.execloop import ExecLoop
 from sandbox.launch import BASE_ENV, Child, Launcher, ToolUser
+from sandbox.shells import command_shell
 from sandbox.toolstart import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ToolStarter, checked_timeout_ms
 from sandbox.v1 import errors_pb2, process_pb2
 
@@ -247,7 +248,7 @@ class ProcessRunner:
     def _argv(request: process_pb2.ExecRequest) -> list[str]:
         which = request.WhichOneof("command")
         if which == "shell":
-            return ["/bin/bash", "-c", request.shell]
+            return [command_shell(), "-c", request.shell]
         if which == "argv" and request.argv.args:
             if any("\0" in a for a in request.argv.args):
                 raise AgentError(errors_pb2.ERROR_REASON_INVALID_ARGUMENT, "argv contains a NUL byte")

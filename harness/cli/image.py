@@ -29,13 +29,21 @@ def run(args: argparse.Namespace) -> int:
 def _image_build(args: argparse.Namespace) -> int:
     from harness.engine.docker.engine import connect_client
     from harness.engine.image import ImageBuildError, build_image
+    from harness.engine.image.bundle import ensure_bundle
 
     client = connect_client(timeout=600)
     repo_root = Path(__file__).resolve().parents[2]
+
+    def progress(line: str) -> None:
+        print(f"callbox: {line}", file=sys.stderr)
+
     try:
         result = build_image(client, repo_root=repo_root, base=args.base, tag=args.tag,
-                             wheelhouse=args.wheelhouse, progress=lambda line: print(f"callbox: {line}",
-                                                                                    file=sys.stderr))
+                             wheelhouse=args.wheelhouse, progress=progress)
+        # Images other than callbox's run the agent from a bundle packed from this image:
+        # pack it now rather than at the first such sandbox.
+        bundle = ensure_bundle(client, source=result.tag, progress=progress)
+        progress(f"agent bundle for other images: {bundle.path}")
     except ImageBuildError as exc:
         raise CallboxError(str(exc)) from None
     state = "built" if result.built else "up to date"

@@ -61,6 +61,12 @@ NO_COMMAND = (
 )
 
 
+NO_BASH_HINT = (
+    ". This sandbox's image has no bash, which this tool's persistent session needs; the shell "
+    "tool runs a command string with the image's /bin/sh instead"
+)
+
+
 class BashArgs(BaseModel):
     """Run commands in a persistent bash session."""
 
@@ -115,7 +121,8 @@ def run_bash(ctx: ToolContext, args: BashArgs) -> ToolOutput:
             return ToolOutput(text=error.message, is_error=True, error=ErrorCode.TOOL_FAILED)
         if error.reason == "BUSY":
             return ToolOutput(text=f"bash is busy: {error.message}", is_error=True, error=ErrorCode.TOOL_FAILED)
-        return ToolOutput(text=f"bash could not run the command: {error.message}", is_error=True,
+        hint = NO_BASH_HINT if error.message.startswith("bash: command not found") else ""
+        return ToolOutput(text=f"bash could not run the command: {error.message}{hint}", is_error=True,
                           error=ErrorCode.TOOL_FAILED)
     if done is None:
         return ToolOutput(text="bash could not run the command: the agent ended the stream early",

@@ -169,6 +169,10 @@ def run_search(ctx: ToolContext, args: SearchArgs) -> ToolOutput:
         result = collect(agent.exec(search_argv(args), timeout_ms=max(1, int(timeout_s * 1000)),
                                     output_cap_bytes=SEARCH_OUTPUT_CAP))
     except AgentCallError as error:
+        if error.message.startswith("rg: command not found"):
+            return ToolOutput(text="search needs ripgrep (rg), which this sandbox's image does not have: "
+                                   "search with the shell tool instead (grep -rn PATTERN PATH), or use an "
+                                   "image with ripgrep installed", is_error=True, error=ErrorCode.TOOL_FAILED)
         return agent_failure(error, args.path)
     complete = not result.stdout.truncated
     raw = bytes(result.stdout.data() if complete else result.stdout.head)

@@ -160,8 +160,8 @@ def test_load_from_a_file_names_the_file(tmp_path: Path) -> None:
     [
         ('sandboxx = 1', "unexpected key 'sandboxx' (allowed: sandbox, allowed_tools, default_decision, tools, "
                          "budgets, redaction, tool, actions, pool)"),
-        ('[sandbox]\nmemroy = "1g"', "unexpected key 'sandbox.memroy' (allowed: image, memory, cpus, pids, "
-                                     "network, allow_hosts, mounts, allowed_mount_roots, workdir, env, tmp_size, "
+        ('[sandbox]\nmemroy = "1g"', "unexpected key 'sandbox.memroy' (allowed: image, runtime, memory, cpus, "
+                                     "pids, network, allow_hosts, mounts, allowed_mount_roots, workdir, env, tmp_size, "
                                      "workspace_size, home_size, noexec, nofile, fsize, ttl_seconds)"),
         ('[[sandbox.mounts]]\nsource = "/srv"\ntarget = "/data"\nreadonly = true',
          "unexpected key 'sandbox.mounts[0].readonly' (allowed: source, target, mode, uid, gid)"),

@@ -16,6 +16,7 @@ from docker.types import Ulimit
 
 from harness.core.errors import ImageNotFound, SandboxStartError, short_reason
 from harness.engine.docker import labels
+from harness.engine.docker.agent_launch import agent_launch
 from harness.engine.docker.client import remove_container, seccomp_profile
 from harness.engine.docker.networks import Attachment, SandboxNetworks
 from harness.engine.docker.sandbox import AGENT_SOCKET_NAME
@@ -88,7 +89,11 @@ def run_container(
     ]
     for root in roots:
         command += ["--root", root]
-    mounts = [DockerMount(AGENT_DIR, str(socket_dir), type="bind", propagation="rprivate")]
+    if TMP in spec.scratch_tmpfs():
+        command += ["--scratch-tmp", TMP]
+    launch = agent_launch(client, spec.image)
+    command += launch.args
+    mounts = [DockerMount(AGENT_DIR, str(socket_dir), type="bind", propagation="rprivate"), *launch.mounts]
     mounts += [
         DockerMount(m.target, str(m.source), type="bind", read_only=m.read_only, propagation="rprivate")
         for m in spec.mounts
@@ -125,6 +130,7 @@ def run_container(
         created = api.create_container(
             spec.image,
             command=command,
+            entrypoint=launch.entrypoint,
             name=f"callbox-{sandbox_id}",
             hostname="sandbox",
             user="0:0",
