@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CALLBOX := $(VENV)/bin/callbox
 
-.PHONY: setup npm-tools engine image test unit demo tour bench bench-scale proto proto-check lint
+.PHONY: setup npm-tools engine image runsc test unit demo tour bench bench-scale proto proto-check lint
 
 setup:
 	@scripts/setup-python.sh
@@ -19,6 +19,10 @@ engine:
 
 image: setup engine
 	@$(CALLBOX) image build
+
+# gVisor as the Docker runtime "runsc" (sandboxes with runtime = "runsc"); needs root.
+runsc: engine
+	@scripts/setup_runsc.sh
 
 proto: setup
 	@scripts/gen-proto.sh
@@ -35,9 +39,11 @@ lint: setup
 unit: setup
 	@$(VENV)/bin/pytest tests/unit -q
 
-test: setup npm-tools proto-check lint engine image
+test: setup npm-tools proto-check lint engine image runsc
 	@echo "callbox: running the test suite (unit, integration, security, interop) on the real engine"
 	@scripts/run-tests.sh
+	@echo "callbox: the security suite again, under gVisor (CALLBOX_TEST_RUNTIME=runsc)"
+	@CALLBOX_TEST_RUNTIME=runsc $(VENV)/bin/pytest tests/security -q -p no:cacheprovider
 
 demo: setup engine image
 	@scripts/demo.sh

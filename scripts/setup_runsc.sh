@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Make gVisor's runsc a Docker runtime named "runsc" (`make runsc`), so a sandbox with
+# runtime = "runsc" runs its tools on gVisor's user-space kernel instead of the host's.
+#   1. install Debian's runsc package when /usr/bin/runsc is missing (Debian's archive only);
+#   2. merge a runtimes.runsc entry into /etc/docker/daemon.json, keeping every other key;
+#   3. reload dockerd with SIGHUP (it rereads "runtimes" without restarting containers, so
+#      running sandboxes survive) and wait until `docker info` lists runsc.
+# Idempotent: when runsc is installed, configured with these flags and listed, it changes nothing.
+set -euo pipefail
+
+say() { printf 'callbox runsc: %s\n' "$*" >&2; }
+
+RUNSC=/usr/bin/runsc
+DAEMON_JSON=${CALLBOX_DAEMON_JSON:-/etc/docker/daemon.json}
+# The runtime's flags, each for a reason:
+#   --host-uds=create  the agent creates its gRPC socket in the bind-mounted /run/callbox
+#                      and the harness connects to it from the host. gVisor keeps unix
+#                      sockets inside its own kernel unless told otherwise (with no
+#                      --host-uds the socket never appears on the host); "create" makes a
+#                      socket bound inside the sandbox a real host socket, and nothing more:
+#                      tools cannot connect to host sockets in a mount ("open" or "all").
+#   (no --oci-seccomp) it would apply the container's seccomp profile inside gVisor (without
+#                      it a tool sees "Seccomp: 0" and reaches unshare or io_uring_setup of
+#                      gVisor's kernel, never the host's: gVisor's own filter on its Sentry
+#                      guards the host), but this runsc (Debian's 20221219) answers every
+#                      refused call with the profile's default errno and ignores a rule's own
+#                      (callbox's profile answers clone3 with ENOSYS so glibc falls back to
+#                      clone; gVisor answers EPERM and no thread can start: the agent dies
+#                      with "can't start new thread"). Re-check on a newer runsc.
+#   --network=none     gVisor gets no network stack of its own: the sandbox has only lo.
+#                      Its netstack ("sandbox", the default) would be needed for the
+#                      "allowlist" and "open" modes (Docker bridge networks), but this runsc
+#                      cannot start inside the network namespace Docker gives it here
+#                      ("cannot run with network enabled in root network namespace"); so
+#                      callbox refuses runtime "runsc" with a network other than "none"
+#                      rather than start a networked sandbox without its network.
+# Not set: --platform (the default ptrace platform works everywhere; KVM hangs on hosts
+# without usable nested virtualisation).
+RUNTIME_ARGS=${CALLBOX_RUNSC_ARGS:-'["--host-uds=create", "--network=none"]'}
+
+if [ "$(id -u)" -ne 0 ]; then
+    say "needs root (it installs a package, edits $DAEMON_JSON and signals dockerd); run: sudo make runsc"
+    exit 1
+fi
+if [ -n "${DOCKER_HOST:-}" ] && [ "${DOCKER_HOST#unix://}" = "$DOCKER_HOST" ]; then
+    say "DOCKER_HOST=$DOCKER_HOST is a remote engine: install runsc on that host instead"
+    exit 1
+fi
+
+if [ ! -x "$RUNSC" ]; then
+    say "installing Debian's runsc package (gVisor)..."
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends runsc >/dev/null
+    [ -x "$RUNSC" ] || { say "apt-get installed runsc but $RUNSC is missing"; exit 1; }
+fi
+say "$("$RUNSC" --version 2>/dev/null | head -1)"
+
+# Merge with Python (json keeps every other key and the file's other runtimes as they are).
+changed=$(python3 - "$DAEMON_JSON" "$RUNSC" "$RUNTIME_ARGS" <<'EOF'
+import json, os, sys
+path, runsc, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+try:
+    with open(path) as f:
+        text = f.read()
+    config = json.loads(text) if text.strip() else {}
+except FileNotFoundError:
+    config = {}
+except ValueError as exc:
+    sys.exit(f"callbox runsc: {path} is not valid JSON ({exc}); fix it first, nothing was changed")
+if not isinstance(config, dict):
+    sys.exit(f"callbox runsc: {path} is not a JSON object; fix it first, nothing was changed")
+runtimes = config.setdefault("runtimes", {})
+wanted = {"path": runsc, "runtimeArgs": args}
+if runtimes.get("runsc") == wanted:
+    print("no")
+    sys.exit(0)
+runtimes["runsc"] = wanted
+os.makedirs(os.path.dirname(path), exist_ok=True)
+tmp = path + ".callbox-tmp"
+with open(tmp, "w") as f:
+    json.dump(config, f, indent=2)
+    f.write("\n")
+if os.path.exists(path):
+    os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+os.replace(tmp, path)
+print("yes")
+EOF
+)
+
+listed() { docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; }
+
+if [ "$changed" = "no" ] && listed; then
+    say "already set up: docker info lists runsc (${RUNTIME_ARGS})"
+    exit 0
+fi
+[ "$changed" = "yes" ] && say "wrote runtimes.runsc (${RUNTIME_ARGS}) into $DAEMON_JSON"
+
+pid=""
+[ -r /var/run/docker.pid ] && pid=$(cat /var/run/docker.pid)
+if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+    pid=$(pidof dockerd || true)
+fi
+if [ -z "$pid" ]; then
+    say "no dockerd is running; start it (make engine) and run make runsc again"
+    exit 1
+fi
+say "reloading dockerd (pid $pid) with SIGHUP: running containers are not restarted"
+kill -HUP "$pid"
+for _ in $(seq 1 100); do
+    if listed; then
+        say "docker info lists runsc; sandboxes may use runtime = \"runsc\" (--runtime runsc)"
+        exit 0
+    fi
+    sleep 0.1
+done
+say "dockerd did not list runsc after SIGHUP; see its log (is $DAEMON_JSON valid for this dockerd?)"
+exit 1
