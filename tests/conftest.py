@@ -18,6 +18,11 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 IMAGE = os.environ.get("CALLBOX_TEST_IMAGE", "callbox-sandbox:latest")
+RUNTIME = os.environ.get("CALLBOX_TEST_RUNTIME", "runc")
+"""The OCI runtime the sandboxes of the Docker tests run under: ``runc`` (default) or
+``runsc`` (gVisor; ``make test`` runs tests/security a second time with it)."""
+if RUNTIME not in ("runc", "runsc"):
+    raise pytest.UsageError(f"CALLBOX_TEST_RUNTIME={RUNTIME!r}: use runc or runsc")
 
 
 def unavailable(reason: str, *, module: bool = False) -> None:
@@ -41,6 +46,8 @@ def engine():  # type: ignore[no-untyped-def]
         eng.client.images.get(IMAGE)
     except Exception:
         unavailable(f"image {IMAGE} is missing (run `make image`)")
+    if RUNTIME != "runc" and RUNTIME not in (eng.client.info().get("Runtimes") or {}):
+        unavailable(f"CALLBOX_TEST_RUNTIME={RUNTIME} but the Docker engine has no runtime {RUNTIME} (run `make runsc`)")
     return eng
 
 
@@ -53,6 +60,7 @@ def make_sandbox(engine) -> Iterator[Callable[..., object]]:  # type: ignore[no-
 
     def make(**fields: object) -> object:
         fields.setdefault("image", IMAGE)
+        fields.setdefault("runtime", RUNTIME)
         box = engine.create(SandboxSpec(**fields))
         created.append(box)
         return box

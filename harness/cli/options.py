@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from harness.core.errors import UsageError
 
 if TYPE_CHECKING:
+    from harness.core.policy import Policy
     from harness.engine.docker.engine import DockerEngine
     from harness.engine.spec import SandboxSpec
 
@@ -50,6 +51,10 @@ def sandbox_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -
 
     group = parser.add_argument_group("sandbox")
     group.add_argument("--image", default=d("callbox-sandbox:latest"), help="local sandbox image")
+    group.add_argument("--runtime", choices=["runc", "runsc"], default=d("runc"),
+                       help="OCI runtime: runc (default: namespaces and seccomp on the host's kernel) or runsc "
+                            "(gVisor's user-space kernel between the tools and the host's; `make runsc` installs "
+                            "it; network none only). Never weaker than the policy's sandbox.runtime or [runtime]")
     group.add_argument("--memory", default=d("512m"), help="memory limit, swap equal to it (default 512m)")
     group.add_argument("--cpus", type=float, default=d(1.0), help="CPU quota in cores (default 1)")
     group.add_argument("--pids", type=int, default=d(256), help="process limit for tools (default 256)")
@@ -71,10 +76,16 @@ def sandbox_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -
     group.add_argument("--env", action="append", default=[], metavar="K=V", help="environment variable")
 
 
-def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, **extra: object) -> SandboxSpec:
+def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, *, policy: Policy | None = None,
+                   **extra: object) -> SandboxSpec:
     """The sandbox flags applied over ``base`` (the hardened defaults when None); flags left
     unset (None) keep the base's value, mounts and env add to it. The spec is checked against
-    this host (mounts, their writability, cpus, memory) before any engine is contacted."""
+    this host (mounts, their writability, cpus, memory) before any engine is contacted.
+
+    The runtime is checked, never raised: ``--runtime`` weaker than ``base``'s (the policy's
+    ``sandbox.runtime``, which meets its ``[runtime]`` requirements) or than what ``policy``
+    requires is refused, and so is runsc with a network."""
+    from harness.core.policy import runtime_network_check, weaker_runtime
     from harness.engine.spec import Mount, SandboxSpec
 
     fields: dict[str, object] = base.model_dump() if base is not None else {}
@@ -86,8 +97,8 @@ def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, **
         env[name] = value
     try:
         mounts = tuple(Mount.parse(m) for m in args.mount)
-        flags = {"image": args.image, "memory": args.memory, "cpus": args.cpus, "pids": args.pids,
-                 "network": args.network, "workdir": args.workdir, "noexec": args.noexec or None}
+        flags = {"image": args.image, "runtime": args.runtime, "memory": args.memory, "cpus": args.cpus,
+                 "pids": args.pids, "network": args.network, "workdir": args.workdir, "noexec": args.noexec or None}
         fields.update({k: v for k, v in flags.items() if v is not None})
         fields["env"] = env
         fields["mounts"] = (*(base.mounts if base is not None else ()), *mounts)
@@ -96,11 +107,20 @@ def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, **
         elif fields.get("network") != "allowlist":
             fields["allow_hosts"] = ()  # the policy's list does not apply to another mode
         fields.update(extra)
-        return SandboxSpec.model_validate(fields).for_host()
+        spec = SandboxSpec.model_validate(fields).for_host()
     except ValidationError as exc:
         raise UsageError(first_error(exc)) from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if base is not None and weaker_runtime(spec.runtime, base.runtime):
+        raise UsageError(f"--runtime {spec.runtime} is weaker than the policy's sandbox.runtime = "
+                         f"\"{base.runtime}\"; a command line may choose a stronger runtime than its policy, "
+                         f"never a weaker one: pass --runtime {base.runtime} or leave it out")
+    if policy is not None:
+        policy.check_runtime(spec.runtime, spec.network, asked_by="--runtime")
+    else:
+        runtime_network_check(spec.runtime, spec.network, asked_by="--runtime")
+    return spec
 
 
 def first_error(exc: ValidationError) -> str:

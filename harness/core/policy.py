@@ -21,6 +21,17 @@ Sections:
     warning on ``callbox.policy`` naming the key (:meth:`Policy.loosened`); ``noexec``
     is a tightening.
 
+``[runtime]``
+    The weakest OCI runtime a sandbox of this policy may run under (``runc`` < ``runsc``):
+    ``require`` for every sandbox, in whichever door is served with this policy, and
+    ``tools = { NAME = "runsc" }`` for a sandbox in which the tool is exposed (listed in
+    ``allowed_tools``, or any tool when that is absent). ``[sandbox] runtime`` must meet
+    them: a weaker one is a PolicyError naming both keys, when the policy loads and
+    wherever a spec is made from it (a door's tightened policy, :meth:`Policy.sandbox_spec`);
+    the command line's ``--runtime`` may not be weaker than the policy's runtime either.
+    Nothing is ever moved to a stronger runtime on its own. ``runsc`` runs with
+    ``network = "none"`` only (gVisor is installed without a network stack, ``make runsc``).
+
 ``allowed_tools``
     The tools exposed to the model in this run (absent: all registered tools). A call
     of any other tool is denied with the rule ``allowed_tools``.
@@ -101,7 +112,7 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -129,6 +140,7 @@ from harness.engine.spec import HostLimits, Mount, SandboxSpec, SpecError
 
 __all__ = [
     "DEFAULT_POLICY_RESOURCE",
+    "RUNTIME_STRENGTH",
     "Budgets",
     "CallTimeout",
     "MountSetting",
@@ -136,6 +148,7 @@ __all__ = [
     "PolicyError",
     "PolicyTarget",
     "Rule",
+    "RuntimeRequirement",
     "SandboxSettings",
     "ToolPolicy",
     "glob_to_regex",
@@ -156,6 +169,35 @@ class PolicyError(CallboxError):
 
 def _spec_default(name: str) -> Any:
     return SandboxSpec.model_fields[name].default
+
+
+RuntimeName = Literal["runc", "runsc"]
+RUNTIME_STRENGTH: dict[str, int] = {"runc": 0, "runsc": 1}
+"""How much each OCI runtime isolates the host from a tool: runc's namespaces and seccomp
+on the host's kernel, then gVisor's user-space kernel in front of it."""
+
+
+def weaker_runtime(asked: str, required: str) -> bool:
+    """Whether runtime ``asked`` isolates less than ``required``."""
+    return RUNTIME_STRENGTH[asked] < RUNTIME_STRENGTH[required]
+
+
+class RuntimeRequirement(BaseModel):
+    """``[runtime]``: the weakest OCI runtime this policy's sandboxes may run under."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    require: RuntimeName = "runc"
+    """Every sandbox of this policy, in whichever door serves it (``runc``: no requirement)."""
+    tools: dict[str, RuntimeName] = Field(default_factory=dict)
+    """Per tool name: the runtime a sandbox needs in which that tool is exposed."""
+
+    @field_validator("tools")
+    @classmethod
+    def _tool_names(cls, value: dict[str, RuntimeName]) -> dict[str, RuntimeName]:
+        for name in value:
+            _check_tool_name(name)
+        return value
 
 
 # --- the policy --------------------------------------------------------------------------------
@@ -184,6 +226,8 @@ class Policy(BaseModel):
     """``[actions.NAME]``: what may be done with a living sandbox (see :mod:`harness.core.actions`)."""
     pool: PoolSettings = Field(default_factory=PoolSettings)
     """``[pool]``: pre-started sandboxes a server's creates claim (off unless ``size`` > 0)."""
+    runtime: RuntimeRequirement = Field(default_factory=RuntimeRequirement)
+    """``[runtime]``: the weakest OCI runtime a sandbox may run under, for all or per tool."""
 
     @field_validator("allowed_tools")
     @classmethod
@@ -309,6 +353,29 @@ class Policy(BaseModel):
 
     # -- sandbox --
 
+    def required_runtime(self) -> tuple[RuntimeName, str | None]:
+        """The strongest runtime ``[runtime]`` asks of this policy's sandboxes, and the key
+        that asks it (None: nothing beyond runc is required)."""
+        best: tuple[RuntimeName, str | None] = ("runc", None)
+        if self.runtime.require != "runc":
+            best = (self.runtime.require, "runtime.require")
+        for name, runtime in self.runtime.tools.items():
+            if self.tool_allowed(name) and weaker_runtime(best[0], runtime):
+                best = (runtime, f"runtime.tools.{name}")
+        return best
+
+    def check_runtime(self, runtime: str, network: str = "none", *, asked_by: str = "sandbox.runtime") -> None:
+        """Refuse a sandbox under ``runtime`` (with ``network``) that this policy does not
+        allow: a runtime weaker than ``[runtime]`` requires, or runsc with a network.
+        ``asked_by`` names what asked for it in the message (``--runtime``). A PolicyError;
+        the runtime is never raised on the caller's behalf."""
+        required, key = self.required_runtime()
+        if key is not None and weaker_runtime(runtime, required):
+            raise PolicyError(f"{asked_by} {runtime!r} is weaker than {required!r}, which {key} requires of "
+                              f"this policy's sandboxes; use runtime {required!r} (set sandbox.runtime = "
+                              f"\"{required}\" or pass --runtime {required}), or change {key}")
+        runtime_network_check(runtime, network, asked_by=asked_by)
+
     def sandbox_spec(self) -> SandboxSpec:
         """The :class:`SandboxSpec` these settings describe; a bad value is a PolicyError naming its key."""
         mounts: list[Mount] = []
@@ -318,9 +385,11 @@ class Policy(BaseModel):
             except ValidationError as exc:
                 raise _spec_error(exc, Mount, key) from None
         try:
-            return self.sandbox.spec(tuple(mounts))
+            spec = self.sandbox.spec(tuple(mounts))
         except ValidationError as exc:
             raise _spec_error(exc, SandboxSpec, "sandbox") from None
+        self.check_runtime(spec.runtime, spec.network)
+        return spec
 
     def host_checked_spec(self, host: HostLimits | None = None) -> SandboxSpec:
         """:meth:`sandbox_spec` checked against ``host`` (default this machine): mounts exist,
@@ -385,6 +454,15 @@ class Policy(BaseModel):
                          "and JWTs (the default is true)")
         notes.extend(self.actions.loosened())
         return notes
+
+
+def runtime_network_check(runtime: str, network: str, *, asked_by: str = "sandbox.runtime") -> None:
+    """Refuse runsc with a network: gVisor is installed without its network stack
+    (``--network=none``, scripts/setup_runsc.sh), so such a sandbox would have only ``lo``."""
+    if runtime == "runsc" and network != "none":
+        raise PolicyError(f"{asked_by} 'runsc' runs sandboxes without a network (gVisor is set up with "
+                          f"--network=none), but network is {network!r}; use network 'none' with runsc, "
+                          "or runtime 'runc' for a networked sandbox")
 
 
 def _within(path: str, target: str) -> bool:

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from harness.engine.spec import SandboxSpec
-from tests.conftest import IMAGE
+from tests.conftest import IMAGE, RUNTIME
 from tests.integration.helpers import run
 
 pytestmark = pytest.mark.docker
@@ -83,7 +83,7 @@ def refused(outcome: list[int], *also: int) -> bool:
 @pytest.fixture(scope="module")
 def box(engine) -> Iterator[Any]:  # type: ignore[no-untyped-def]
     """One sandbox for the whole module: every attack here only reads or fails."""
-    sandbox = engine.create(SandboxSpec(image=IMAGE))
+    sandbox = engine.create(SandboxSpec(image=IMAGE, runtime=RUNTIME))
     try:
         yield sandbox
     finally:

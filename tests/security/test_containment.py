@@ -30,7 +30,7 @@ import pytest
 
 from harness.engine.exec_result import ExecResult, collect
 from harness.engine.spec import SandboxSpec
-from tests.conftest import IMAGE
+from tests.conftest import IMAGE, RUNTIME
 from tests.integration.helpers import run
 
 pytestmark = pytest.mark.docker
@@ -47,7 +47,7 @@ EFBIG = 27
 @pytest.fixture(scope="module")
 def other(engine) -> Iterator[Any]:  # type: ignore[no-untyped-def]
     """Sandbox B: it only answers ``echo``, so one serves the whole module."""
-    sandbox = engine.create(SandboxSpec(image=IMAGE))
+    sandbox = engine.create(SandboxSpec(image=IMAGE, runtime=RUNTIME))
     try:
         yield sandbox
     finally:

@@ -32,7 +32,7 @@ from harness.core.session import Session
 from harness.engine.spec import SandboxSpec
 from harness.tools.file_search import LIST_DIR, SEARCH, ListDirArgs, SearchArgs
 from harness.tools.files import FILE_TOOLS, READ_FILE, WRITE_FILE, ReadFileArgs, WriteFileArgs
-from tests.conftest import IMAGE
+from tests.conftest import IMAGE, RUNTIME
 from tests.integration.helpers import run
 
 pytestmark = pytest.mark.docker
@@ -128,7 +128,7 @@ def assert_escape(out: Any, path: str) -> None:
 
 @pytest.fixture(scope="module")
 def box(engine):  # type: ignore[no-untyped-def]
-    sandbox = engine.create(SandboxSpec(image=IMAGE))
+    sandbox = engine.create(SandboxSpec(image=IMAGE, runtime=RUNTIME))
     _sh(sandbox, TREE)
     yield sandbox
     sandbox.destroy()
@@ -243,7 +243,8 @@ def test_nul_bytes_are_refused_by_the_agent(box, unchanged_outside, path):
 
 def test_nul_bytes_never_reach_the_sandbox_through_the_harness(engine, tmp_path):
     with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
-        ToolRegistry(list(FILE_TOOLS)), Policy(), audit, spec=SandboxSpec(image=IMAGE), engine_factory=lambda: engine
+        ToolRegistry(list(FILE_TOOLS)), Policy(), audit, spec=SandboxSpec(image=IMAGE, runtime=RUNTIME),
+        engine_factory=lambda: engine
     ) as harness:
         for index, path in enumerate(NUL_PATHS):
             result = harness.call(ToolCall("read_file", {"path": path}, f"c{index}"))

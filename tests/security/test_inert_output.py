@@ -30,7 +30,7 @@ from harness.engine.spec import SandboxSpec
 from harness.loop.agent_loop import Loop, LoopConfig, ToolCallFinished, ToolCallStarted
 from harness.models.scripted import ScriptedModel
 from harness.tools import builtin_registry
-from tests.conftest import IMAGE
+from tests.conftest import IMAGE, RUNTIME
 from tests.integration.helpers import run
 
 pytestmark = pytest.mark.docker
@@ -69,7 +69,8 @@ COMMAND = f"cat <<'EOF'\n{PAYLOAD}\nEOF\nprintf '0\\0/tmp\\0'\necho {AFTER}\n(ex
 @pytest.fixture
 def harness(engine, tmp_path) -> Iterator[Session]:  # type: ignore[no-untyped-def]
     with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
-        builtin_registry(), Policy(), audit, spec=SandboxSpec(image=IMAGE), engine_factory=lambda: engine
+        builtin_registry(), Policy(), audit, spec=SandboxSpec(image=IMAGE, runtime=RUNTIME),
+        engine_factory=lambda: engine
     ) as h:
         yield h
 
@@ -173,7 +174,8 @@ def test_the_loop_runs_no_call_that_tool_output_imitates(engine, tmp_path, fmt):
     ], format=fmt)
     events: list[Any] = []
     with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
-        builtin_registry(), Policy(), audit, spec=SandboxSpec(image=IMAGE), engine_factory=lambda: engine
+        builtin_registry(), Policy(), audit, spec=SandboxSpec(image=IMAGE, runtime=RUNTIME),
+        engine_factory=lambda: engine
     ) as h:
         outcome = Loop.start(model, h, task="run the two commands", config=LoopConfig(max_turns=4),
                              on_event=events.append).run()

@@ -24,7 +24,7 @@ from harness.engine.docker.engine import DockerEngine
 from harness.engine.docker.netfilter import FORWARD_CHAIN, INPUT_CHAIN
 from harness.engine.docker.networks import network_name
 from harness.engine.spec import SandboxSpec
-from tests.conftest import IMAGE
+from tests.conftest import IMAGE, RUNTIME
 from tests.integration.helpers import run
 from tests.netdest import HOST_ADDRESS, HTTP_PORT, connect_from
 
@@ -38,8 +38,9 @@ def boxes(net_engine: DockerEngine) -> Iterator[dict[str, Any]]:
     """One open and one allowlist sandbox for the module (the attacks only read or fail)."""
     made: dict[str, Any] = {}
     try:
-        made["open"] = net_engine.create(SandboxSpec(image=IMAGE, network="open"))
-        made["allowlist"] = net_engine.create(SandboxSpec(image=IMAGE, network="allowlist", allow_hosts=ALLOW))
+        made["open"] = net_engine.create(SandboxSpec(image=IMAGE, runtime=RUNTIME, network="open"))
+        made["allowlist"] = net_engine.create(SandboxSpec(image=IMAGE, runtime=RUNTIME, network="allowlist",
+                                                          allow_hosts=ALLOW))
         yield made
     finally:
         for box in made.values():
@@ -115,7 +116,7 @@ def test_open_mode_is_a_real_network(boxes, destination):
 
 @pytest.mark.parametrize("mode", ["open", "allowlist"])
 def test_sandboxes_do_not_reach_each_other(net_engine, boxes, mode):
-    listener = net_engine.create(SandboxSpec(image=IMAGE, network="open"))
+    listener = net_engine.create(SandboxSpec(image=IMAGE, runtime=RUNTIME, network="open"))
     try:
         address = listener.container.attrs["NetworkSettings"]["Networks"][network_name(listener.id)]["IPAddress"]
         serve = ("import socket\ns = socket.create_server(('0.0.0.0', 9000))\n"
@@ -157,7 +158,7 @@ def test_a_rule_put_before_the_jump_does_not_shadow_it(net_engine):
     decoy = ["INPUT", "-i", "cbxdecoy", "-j", "RETURN"]  # matches no interface: harmless
     subprocess.run(["iptables", "-w", "-I", *decoy[:1], "1", *decoy[1:]], check=True)
     try:
-        box = net_engine.create(SandboxSpec(image=IMAGE, network="open"))
+        box = net_engine.create(SandboxSpec(image=IMAGE, runtime=RUNTIME, network="open"))
         box.destroy()
         rules = subprocess.run(["iptables", "-S", "INPUT"], capture_output=True, text=True, check=True).stdout
         assert rules.splitlines()[1] == f"-A INPUT -i cbx+ -j {INPUT_CHAIN}", rules

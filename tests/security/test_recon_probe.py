@@ -61,9 +61,10 @@ def test_recon_probe_in_an_allowlist_sandbox_finds_only_its_proxy(net_engine):
     no outside name): every packet it sends off its subnet is dropped on this host, and the
     gateway is the host, which drops everything from a callbox bridge."""
     from harness.engine.spec import SandboxSpec
-    from tests.conftest import IMAGE
+    from tests.conftest import IMAGE, RUNTIME
 
-    box = net_engine.create(SandboxSpec(image=IMAGE, network="allowlist", allow_hosts=("dest.callbox.test:8080",)))
+    box = net_engine.create(SandboxSpec(image=IMAGE, runtime=RUNTIME, network="allowlist",
+                                        allow_hosts=("dest.callbox.test:8080",)))
     try:
         result = run(box, ["python3", "-"], stdin=PROBE.read_bytes(), timeout_ms=180_000)
     finally:

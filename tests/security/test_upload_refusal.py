@@ -23,7 +23,7 @@ import pytest
 
 from harness.core.errors import AgentCallError
 from harness.engine.spec import SandboxSpec
-from tests.conftest import IMAGE
+from tests.conftest import IMAGE, RUNTIME
 from tests.integration.helpers import run
 
 pytestmark = pytest.mark.docker
@@ -78,7 +78,7 @@ def archive(attack: Any) -> bytes:
 
 @pytest.fixture(scope="module")
 def box(engine) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-    sandbox = engine.create(SandboxSpec(image=IMAGE))
+    sandbox = engine.create(SandboxSpec(image=IMAGE, runtime=RUNTIME))
     try:
         yield sandbox
     finally:
