@@ -30,9 +30,12 @@ def run(args: argparse.Namespace) -> int:
     from harness.doctor.checks import run_checks
     from harness.doctor.evidence import gather
     from harness.doctor.report import render_text
+    from harness.doctor.runtimes import probe_runsc
     from harness.engine.docker.engine import DockerEngine
 
-    results = run_checks(gather(DockerEngine.connect()))
+    engine = DockerEngine.connect()
+    evidence = gather(engine)
+    results = run_checks(evidence, probe_runsc(engine, evidence.info))
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2))
     else:
