@@ -16,14 +16,14 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from harness.doctor.report import CheckResult, result_maker
 
 if TYPE_CHECKING:
     from harness.engine.docker.engine import DockerEngine
 
-RUNSC = "runsc"
+RUNSC: Final = "runsc"
 PROBE_COMMAND = "cat /proc/version; echo '--- dmesg'; dmesg 2>/dev/null | head -n 3; true"
 """Run as a tool process under runsc: the kernel it sees (gVisor's Sentry says so in its
 boot log, which ``dmesg`` shows without privilege; the host's log is not readable)."""
@@ -97,7 +97,7 @@ def probe_runsc(engine: DockerEngine, info: Mapping[str, Any]) -> RuntimeProbe |
         return None
     started = time.monotonic()
     try:
-        sandbox = engine.create(SandboxSpec(runtime=RUNSC))
+        sandbox = engine.create(SandboxSpec(runtime="runsc"))
     except CallboxError as exc:
         return RuntimeProbe(False, f"the sandbox did not start: {exc.message}")
     start_s = time.monotonic() - started
