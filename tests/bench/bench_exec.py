@@ -78,6 +78,7 @@ from tests.bench.bench_overhead import bench_overhead
 from tests.bench.bench_pool import add_pool_rows, bench_pool
 from tests.bench.bench_redaction import bench_redaction
 from tests.bench.bench_results import DEFAULT_RESULTS, Row, markdown_table, p50, write_results
+from tests.bench.bench_runtimes import add_runtime_rows, bench_runtimes
 from tests.bench.bench_scale import add_create_rows, add_scale_rows, bench_create, bench_scale
 
 MIN_SAMPLES = 30
@@ -95,7 +96,7 @@ TARGET_IDLE_MEMORY_MIB = 25.0
 TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
-            "pool", "create", "door", "scale"]
+            "pool", "create", "door", "runtimes", "scale"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
 """``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
 DEFAULT_SCALE_SANDBOXES = 100
@@ -569,6 +570,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
     add_pool_rows(data, add)
     add_create_rows(data, add)
     add_door_rows(data, add)
+    add_runtime_rows(data, add)
     add_scale_rows(data, add)
     if "callbox_health" in data:
         add("5a. floor: gRPC unary Health/Check on the agent socket (interleaved)", "time",
@@ -722,6 +724,7 @@ def main(argv: list[str] | None = None) -> int:
         ("pool", "pool" in sections, lambda: bench_pool(res, args.samples, kit, quick=args.quick)),
         ("create", "create" in sections, lambda: bench_create(res, spec, args.samples, kit, quick=args.quick)),
         ("door", "door" in sections, lambda: bench_door(res, spec, kit, quick=args.quick)),
+        ("runtimes", "runtimes" in sections, lambda: bench_runtimes(res, args.samples, progress)),
         ("scale", "scale" in sections,
          lambda: bench_scale(res, spec, args.sandboxes, kit,
                              lambda container, hint: memory_reading(engine.client, container, hint))),
