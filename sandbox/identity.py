@@ -14,6 +14,13 @@ the previous value whether or not the change happened, so :meth:`FsIdentity.acti
 each switch by calling again with ``-1`` (an invalid id, which changes nothing and returns the
 current value) and raises :class:`IdentityError` if the switch did not take effect.
 
+gVisor has no ``setfsuid``/``setfsgid`` (ENOSYS). There the effective ids stand in for them:
+the kernel checks file access against the fsuid, which follows the effective uid, and
+``setresuid``/``setresgid`` made as raw system calls (not through glibc, which would
+broadcast them) change only the calling thread. Only the effective id changes; the real and
+saved ids stay 0, so the thread can take root back, and a tool process (which may signal
+only processes whose real or saved uid is its own) cannot signal the agent meanwhile.
+
 Supplementary groups are not per-thread and setfsgid does not touch them; the agent should
 call :func:`drop_supplementary_groups` once at start-up (before serving) so that root's
 groups do not leak into permission checks made as the tool user.
@@ -45,7 +52,39 @@ def _load() -> tuple[Callable[[int], int], Callable[[int], int]]:
     return setfsuid, setfsgid
 
 
+_SYSCALLS = {"x86_64": (117, 119), "aarch64": (147, 149)}
+"""(setresuid, setresgid) system call numbers by machine."""
+
+
+def _effective_id_setters() -> tuple[Callable[[int], int], Callable[[int], int]]:
+    """``setfsuid``/``setfsgid``'s contract (return the previous id; -1 only asks) on the
+    calling thread's effective ids, for kernels without filesystem-id calls."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    numbers = _SYSCALLS.get(os.uname().machine)
+    if numbers is None:
+        raise IdentityError(f"no filesystem-id calls, and no known setresuid number on {os.uname().machine}")
+    keep = ctypes.c_long(-1)
+
+    def setter(number: int, current: Callable[[], int]) -> Callable[[int], int]:
+        def switch(value: int) -> int:
+            previous = current()
+            if value != _INVALID_ID:
+                libc.syscall(ctypes.c_long(number), keep, ctypes.c_long(value), keep)
+            return previous
+        return switch
+
+    return setter(numbers[0], os.geteuid), setter(numbers[1], os.getegid)
+
+
+def _fs_id_calls_missing(setfsuid: Callable[[int], int]) -> bool:
+    ctypes.set_errno(0)
+    return setfsuid(_INVALID_ID) == -1 and ctypes.get_errno() == 38  # ENOSYS
+
+
 _setfsuid, _setfsgid = _load()
+if _fs_id_calls_missing(_setfsuid):
+    _setfsuid, _setfsgid = _effective_id_setters()
 
 
 def current_fsuid() -> int:

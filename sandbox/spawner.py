@@ -8,7 +8,8 @@ memory, which can start commands with ``posix_spawn`` (see ``spawn_start``). The
 sends it one request per command (argv, environment, cwd, identity, and the three stdio
 pipe ends as SCM_RIGHTS descriptors); the spawner starts the process, answers with its
 pid or the errno of the failure, and reports each exit status when the child ends. The
-agent watches the child with a pidfd, as it would its own child.
+agent watches the child with a pidfd, as it would its own child (where the kernel has no
+pidfds, as under gVisor, with a pipe that the spawner closes when the child has ended).
 
 The spawner runs as root in the container with the agent's capabilities, so tool
 processes cannot trace it, and can signal it only in the moment it starts one of them
@@ -222,30 +223,83 @@ def serve_fd(fd: int) -> None:
     _serve(socket.socket(fileno=fd))
 
 
+class _ExitPipes:
+    """Stand-ins for pidfds where the kernel has none (gVisor has no ``pidfd_open``): per
+    child, a pipe whose write end the spawner closes once it has reaped the child, so the
+    read end, which the agent gets instead of a pidfd, turns readable (EOF) at the exit,
+    as a pidfd would. The spawner learns of exits from SIGCHLD through a wake-up pipe."""
+
+    def __init__(self, sel: selectors.BaseSelector) -> None:
+        import signal
+
+        self.writers: dict[int, int] = {}
+        self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        sel.register(self.wake_r, selectors.EVENT_READ, "sigchld")
+
+    def open(self, pid: int) -> int:
+        """A new exit pipe for ``pid``; its read end (the caller sends it and closes it)."""
+        read_end, self.writers[pid] = os.pipe2(os.O_CLOEXEC)
+        return read_end
+
+    def exited(self, children: dict[int, subprocess.Popen[bytes] | None]) -> list[int]:
+        """The children that have exited (not yet reaped), after a SIGCHLD."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.wake_r, 512):
+                pass
+        ended = []
+        for pid in list(children):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    ended.append(pid)
+        return ended
+
+
 def _serve(sock: socket.socket) -> None:
     """Spawner main loop: start requested commands, report exits, stop on EOF."""
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ, None)
     starter = Starter()
+    pipes = None if _has_pidfd() else _ExitPipes(sel)
     # The children, by pid; those started through subprocess keep their Popen, which reaps them.
     children: dict[int, subprocess.Popen[bytes] | None] = {}
     while True:
         for key, _ in sel.select():
             if key.data is None:
-                if not _handle_request(sock, sel, starter, children):
+                if not _handle_request(sock, sel, starter, children, pipes):
                     return
+            elif key.data == "sigchld":
+                assert pipes is not None
+                for pid in pipes.exited(children):
+                    _report_exit(sock, pid, children.pop(pid))
+                    os.close(pipes.writers.pop(pid))
             else:
                 pid = key.data
-                proc = children.pop(pid)
                 sel.unregister(key.fd)
                 os.close(key.fd)
-                returncode = proc.wait() if proc is not None else os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-                with contextlib.suppress(OSError):
-                    sock.send(json.dumps({"exit": pid, "returncode": returncode}).encode())
+                _report_exit(sock, pid, children.pop(pid))
+
+
+def _report_exit(sock: socket.socket, pid: int, proc: subprocess.Popen[bytes] | None) -> None:
+    """Reap ``pid`` (which has exited) and tell the agent its status."""
+    returncode = proc.wait() if proc is not None else os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    with contextlib.suppress(OSError):
+        sock.send(json.dumps({"exit": pid, "returncode": returncode}).encode())
+
+
+def _has_pidfd() -> bool:
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError as exc:
+        if exc.errno == errno.ENOSYS:
+            return False
+        raise
+    return True
 
 
 def _handle_request(sock: socket.socket, sel: selectors.BaseSelector, starter: Starter,
-                    children: dict[int, subprocess.Popen[bytes] | None]) -> bool:
+                    children: dict[int, subprocess.Popen[bytes] | None], pipes: _ExitPipes | None) -> bool:
     fds = array.array("i")
     try:
         data, ancdata, _flags, _addr = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(3 * fds.itemsize))
@@ -268,13 +322,23 @@ def _handle_request(sock: socket.socket, sel: selectors.BaseSelector, starter: S
         # the request's fault, answered as EINVAL; the spawner must live on for the next one.
         reply = {"id": request["id"], "errno": errno.EINVAL, "error": str(exc)}
     else:
-        pidfd = os.pidfd_open(pid)
         children[pid] = proc
-        sel.register(pidfd, selectors.EVENT_READ, pid)
         reply = {"id": request["id"], "pid": pid}
-        # The agent gets its own pidfd, opened before this loop can reap the child.
-        sock.sendmsg([json.dumps(reply).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                      array.array("i", [pidfd]))])
+        if pipes is None:
+            pidfd = os.pidfd_open(pid)
+            sel.register(pidfd, selectors.EVENT_READ, pid)
+            # The agent gets its own pidfd, opened before this loop can reap the child.
+            sock.sendmsg([json.dumps(reply).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                          array.array("i", [pidfd]))])
+        else:
+            read_end = pipes.open(pid)
+            try:
+                sock.sendmsg([json.dumps(reply).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                              array.array("i", [read_end]))])
+            finally:
+                os.close(read_end)
+            # A child that has already ended left its SIGCHLD's byte in the wake-up pipe,
+            # which this loop reads only after the child is in ``children``.
         return True
     finally:
         for fd in fds:

@@ -241,3 +241,44 @@ def test_back_to_back_commands_and_no_child_left_after_close(tmp_path):
         assert _children_of(sp.pid) == set()
     finally:
         sp.close()
+
+
+def test_without_pidfds_an_exit_pipe_stands_in_for_them(monkeypatch, tmp_path):
+    """Where the kernel has no pidfd_open (gVisor), the agent's exit fd is a pipe that turns
+    readable once the child has ended, and the exit status still arrives."""
+    import select
+
+    import sandbox.spawner as spawner_module
+
+    monkeypatch.setattr(spawner_module, "_has_pidfd", lambda: False)
+    sp = Spawner()  # the forked spawner keeps the patched function
+    try:
+        launcher = SpawnerLauncher(sp)
+        env = {"PATH": "/usr/bin:/bin"}
+        waiting = launcher.launch(["sleep", "30"], str(tmp_path), env, Identity(None, None, None), with_stdin=False)
+        quick = launcher.launch(["sh", "-c", "exit 3"], str(tmp_path), env, Identity(None, None, None),
+                                with_stdin=False)
+        try:
+            quick_fd = quick.open_pidfd()
+            assert select.select([quick_fd], [], [], 10)[0] == [quick_fd]
+            assert quick.reap() == 3
+            os.close(quick_fd)
+            waiting_fd = waiting.open_pidfd()
+            assert select.select([waiting_fd], [], [], 0.2)[0] == [], "readable while the child runs"
+            os.kill(waiting.pid, signal.SIGKILL)
+            assert select.select([waiting_fd], [], [], 10)[0] == [waiting_fd]
+            assert waiting.reap() == -signal.SIGKILL
+            os.close(waiting_fd)
+            # Many short children in a row: none of their exits is lost.
+            for code in range(20):
+                child = launcher.launch(["sh", "-c", f"exit {code}"], str(tmp_path), env,
+                                        Identity(None, None, None), with_stdin=False)
+                try:
+                    assert child.reap() == code
+                finally:
+                    child.close_pipes()
+        finally:
+            quick.close_pipes()
+            waiting.close_pipes()
+    finally:
+        sp.close()
