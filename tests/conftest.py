@@ -16,6 +16,8 @@ import pytest
 # threaded process) would abort.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
+pytest_plugins = ["tests.support.foreign_fixtures"]
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 IMAGE = os.environ.get("CALLBOX_TEST_IMAGE", "callbox-sandbox:latest")
 RUNTIME = os.environ.get("CALLBOX_TEST_RUNTIME", "runc")
