@@ -98,3 +98,11 @@ def test_bookworm_without_python_uses_the_images_user_database(make_sandbox,  # 
     maps = run(box, ["cat", "/proc/self/maps"]).stdout.data().decode()
     assert BUNDLE_DIR not in maps
     assert "/lib/x86_64-linux-gnu/libc.so.6" in maps or "libc.so.6" in maps
+
+
+def test_musl_image_tools_use_the_images_libc(make_sandbox, musl_image: str) -> None:  # type: ignore[no-untyped-def]
+    box = make_sandbox(image=musl_image)
+    # The image's musl loader runs as a tool's program; the agent (glibc, from its bundle) is unaffected.
+    banner = run(box, "/lib/ld-musl-x86_64.so.1 2>&1 | head -n 1").stdout.data()
+    assert banner.startswith(b"musl libc (x86_64)"), banner
+    assert run(box, ["sh", "-c", "echo hi"]).stdout.data() == b"hi\n"

@@ -15,3 +15,8 @@ def busybox_image(engine) -> str:  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def bookworm_nopython_image(engine) -> str:  # type: ignore[no-untyped-def]
     return foreign_images.bookworm_nopython_image(engine.client)
+
+
+@pytest.fixture(scope="session")
+def musl_image(engine) -> str:  # type: ignore[no-untyped-def]
+    return foreign_images.musl_image(engine.client)

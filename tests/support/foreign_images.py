@@ -2,6 +2,8 @@
 
 - ``busybox_image``: Debian's ``busybox-static`` alone (no libc, no Python, no ``/lib64``),
   with a root-only user database and an image ``/tmp`` of mode 0755, as some images have.
+- ``musl_image``: the same BusyBox with Debian's ``musl`` as the image's libc and loader
+  (``/lib/ld-musl-x86_64.so.1``), the libc of Alpine: tools may use it, the agent never does.
 - ``bookworm_nopython_image``: callbox's debootstrapped bookworm base with every python3
   package purged (bash and coreutils stay), re-imported so no layer keeps Python, and uid 1000
   named ``builder``.
@@ -66,35 +68,46 @@ def _import(client: docker.DockerClient, root: Path, tag: str, changes: list[str
     return tag
 
 
-def _busybox_deb() -> Path:
+def _deb(package: str) -> Path:
+    """Debian's package file for ``package``, downloaded once into the cache."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    found = sorted(CACHE.glob("busybox-static_*.deb"))
+    found = sorted(CACHE.glob(f"{package}_*.deb"))
     if not found:
-        _say("downloading Debian's busybox-static...")
-        _run(["apt-get", "download", "busybox-static"], "apt-get download busybox-static", cwd=CACHE)
-        found = sorted(CACHE.glob("busybox-static_*.deb"))
+        _say(f"downloading Debian's {package}...")
+        _run(["apt-get", "download", package], f"apt-get download {package}", cwd=CACHE)
+        found = sorted(CACHE.glob(f"{package}_*.deb"))
     if not found:
-        raise ForeignImageError(f"apt-get download left no busybox-static .deb in {CACHE}")
+        raise ForeignImageError(f"apt-get download left no {package} .deb in {CACHE}")
     return found[-1]
 
 
 def busybox_image(client: docker.DockerClient) -> str:
-    deb = _busybox_deb()
-    digest = hashlib.sha256(deb.read_bytes() + " ".join(BUSYBOX_APPLETS).encode() + b"v1").hexdigest()[:12]
-    tag = f"callbox-test/busybox:{digest}"
+    return _busybox_based(client, "busybox", [])
+
+
+def musl_image(client: docker.DockerClient) -> str:
+    return _busybox_based(client, "musl", ["musl"])
+
+
+def _busybox_based(client: docker.DockerClient, name: str, packages: list[str]) -> str:
+    debs = [_deb("busybox-static"), *(_deb(p) for p in packages)]
+    inputs = b"".join(d.read_bytes() for d in debs) + " ".join(BUSYBOX_APPLETS).encode() + b"v1"
+    tag = f"callbox-test/{name}:{hashlib.sha256(inputs).hexdigest()[:12]}"
     if _exists(client, tag):
         return tag
     _say(f"building {tag}...")
-    work = Path(tempfile.mkdtemp(prefix="callbox-busybox-"))
+    work = Path(tempfile.mkdtemp(prefix=f"callbox-{name}-"))
     try:
         unpacked = work / "deb"
-        _run(["dpkg-deb", "-x", str(deb), str(unpacked)], "dpkg-deb -x busybox-static")
+        _run(["dpkg-deb", "-x", str(debs[0]), str(unpacked)], "dpkg-deb -x busybox-static")
         root = work / "root"
-        (root / "bin").mkdir(parents=True)
+        for deb in debs[1:]:
+            _run(["dpkg-deb", "-x", str(deb), str(root)], f"dpkg-deb -x {deb.name}")
+        (root / "bin").mkdir(parents=True, exist_ok=True)
         shutil.copy2(unpacked / "bin" / "busybox", root / "bin" / "busybox")
         for applet in BUSYBOX_APPLETS:
             (root / "bin" / applet).symlink_to("busybox")
-        (root / "etc").mkdir()
+        (root / "etc").mkdir(exist_ok=True)
         (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
         (root / "etc" / "group").write_text("root:x:0:\n")
         (root / "tmp").mkdir(mode=0o755)
@@ -156,7 +169,8 @@ def _check_tar_has_no_python(client: docker.DockerClient, tag: str) -> None:
 
 
 def all_images(client: docker.DockerClient) -> dict[str, str]:
-    return {"busybox": busybox_image(client), "bookworm-nopython": bookworm_nopython_image(client)}
+    return {"busybox": busybox_image(client), "musl": musl_image(client),
+            "bookworm-nopython": bookworm_nopython_image(client)}
 
 
 if __name__ == "__main__":
