@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.engine.docker.engine import AGENT_PIDS_RESERVE
+from tests.conftest import RUNTIME
 from tests.integration.helpers import run
 
 pytestmark = pytest.mark.docker
@@ -20,7 +21,12 @@ def test_tool_processes_are_unprivileged(sandbox):
     assert fields["Uid"][0] == "1000"
     assert fields["CapEff"] == ["0000000000000000"]
     assert fields["CapPrm"] == ["0000000000000000"]
-    assert fields["NoNewPrivs"] == ["1"]
+    # gVisor's /proc/self/status has no NoNewPrivs line; the flag itself is asked for with
+    # prctl(PR_GET_NO_NEW_PRIVS) under both runtimes.
+    if "NoNewPrivs" in fields or RUNTIME != "runsc":
+        assert fields["NoNewPrivs"] == ["1"]
+    asked = run(sandbox, ["python3", "-c", "import ctypes; print(ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))"])
+    assert asked.stdout.data() == b"1\n", asked
     assert run(sandbox, ["id", "-u"]).stdout.data() == b"1000\n"
 
 
