@@ -1,0 +1,57 @@
+"""Sandboxes under gVisor (``runtime = "runsc"``, installed by ``make runsc``): the agent runs,
+commands, file tools, timeouts and images without Python work on gVisor's kernel."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import unavailable
+from tests.integration.helpers import callbox, run
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _runsc_installed(engine) -> None:  # type: ignore[no-untyped-def]
+    if "runsc" not in (engine.client.info().get("Runtimes") or {}):
+        unavailable("the Docker engine has no runtime runsc (run `make runsc`)", module=True)
+
+
+def test_cli_exec_under_runsc_runs_python_on_gvisors_kernel() -> None:
+    result = callbox("exec", "--runtime", "runsc", "--", "python3", "-c", "print(1)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"1\n"
+    kernel = callbox("exec", "--runtime", "runsc", "--", "cat", "/proc/version")
+    assert b"Linux version 4.4.0" in kernel.stdout, kernel.stdout  # gVisor's kernel, not the host's
+
+
+def test_file_tools_act_as_the_tool_user_under_runsc() -> None:
+    # gVisor has no setfsuid: the agent acts as the tool user through per-thread effective ids.
+    arguments = json.dumps({"path": "made.txt", "content": "hi\n"})
+    result = callbox("call", "--runtime", "runsc", "write_file", arguments)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Wrote 3 bytes" in json.loads(result.stdout)["output"]
+
+
+def test_timeout_kills_the_tree_under_runsc(make_sandbox) -> None:  # type: ignore[no-untyped-def]
+    box = make_sandbox(runtime="runsc")
+    result = run(box, "(sleep 1000 &) ; sleep 1001", timeout_ms=1000)
+    assert result.timed_out
+    left = run(box, ["python3", "-c", "import os; print(sum(open(f'/proc/{p}/comm').read() == 'sleep\\n' "
+                                      "for p in os.listdir('/proc') if p.isdigit()))"])
+    assert left.stdout.data() == b"0\n"
+    assert run(box, ["id", "-u"]).stdout.data() == b"1000\n"
+
+
+def test_an_image_without_python_runs_under_runsc(busybox_image: str) -> None:
+    result = callbox("exec", "--runtime", "runsc", "--image", busybox_image, "--", "sh", "-c", "echo hi")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"hi\n"
+
+
+def test_runsc_with_a_network_is_refused_before_any_container() -> None:
+    result = callbox("exec", "--runtime", "runsc", "--network", "open", "--", "true")
+    assert result.returncode == 2, result.stderr
+    assert b"runsc" in result.stderr
