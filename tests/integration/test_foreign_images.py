@@ -9,7 +9,6 @@ import pytest
 from tests.support import foreign_images
 
 pytestmark = pytest.mark.docker
-pytest_plugins = ["tests.support.foreign_fixtures"]
 
 
 def run(engine, image: str, script: str) -> str:

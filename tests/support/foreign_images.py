@@ -32,7 +32,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 REPO = "callbox-test"
 BASE_REPO = "callbox-base"
 ROOT_PASSWD = "root:x:0:0:root:/root:/bin/sh\n"
@@ -190,14 +190,15 @@ class _Tar:
 
 
 def _busybox_tree(tar: _Tar, busybox: Path) -> list[str]:
-    """/bin/busybox with a symlink per applet, /etc/passwd and /etc/group with root only, empty /tmp."""
+    """/bin/busybox with a symlink per applet, /etc/passwd and /etc/group with root only, an empty 0755 /tmp."""
     applets = sorted(set(_run([str(busybox), "--list"], "busybox --list").split()))
     missing = [a for a in REQUIRED_APPLETS if a not in applets]
     if missing:
         raise ForeignImageError(f"busybox-static lacks applets {missing}")
     for name in ("bin", "etc", "root", "dev", "proc", "sys"):
         tar.dir(name, 0o700 if name == "root" else 0o755)
-    tar.dir("tmp", 0o1777)
+    # 0755, as some images have it: the sandbox's scratch /tmp must still be 1777 over it.
+    tar.dir("tmp", 0o755)
     tar.file("bin/busybox", busybox.read_bytes(), 0o755)
     for applet in applets:
         if applet != "busybox":
