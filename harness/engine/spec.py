@@ -456,6 +456,11 @@ class SandboxSpec(SandboxFields[Mount]):
         with canonical mount sources; raises ``SpecError`` naming the setting. Run it before
         any container starts."""
         host = host if host is not None else HostLimits.local()
+        if self.runtime == "runsc" and self.network != "none":
+            # gVisor is set up without its network stack (make runsc): such a sandbox would
+            # silently have only lo.
+            raise SpecError("runtime", f"runtime 'runsc' runs sandboxes without a network, but network is "
+                                       f"{self.network!r}; use network 'none' with runsc, or runtime 'runc'")
         if host.cpus is not None and self.cpus > host.cpus:
             raise SpecError("cpus", f"cpus {self.cpus:g} is more than the {host.cpus} CPU(s) of {host.where}; "
                                     f"use at most {host.cpus}")

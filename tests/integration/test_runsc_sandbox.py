@@ -55,3 +55,13 @@ def test_runsc_with_a_network_is_refused_before_any_container() -> None:
     result = callbox("exec", "--runtime", "runsc", "--network", "open", "--", "true")
     assert result.returncode == 2, result.stderr
     assert b"runsc" in result.stderr
+
+
+def test_the_engine_refuses_runsc_with_a_network_before_any_container(engine) -> None:  # type: ignore[no-untyped-def]
+    from harness.engine.spec import SandboxSpec, SpecError
+
+    before = {c.id for c in engine.client.containers.list(all=True)}
+    with pytest.raises(SpecError, match="without a network") as refused:
+        engine.create(SandboxSpec(runtime="runsc", network="open"))
+    assert refused.value.key == "runtime"
+    assert {c.id for c in engine.client.containers.list(all=True)} <= before
