@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tool-env", action="append", default=[], metavar="NAME=VALUE",
                         help="the image's environment, the base of every tool process's (repeatable)")
     parser.add_argument("--scratch-tmp", help="the scratch /tmp (a fresh tmpfs) to make world-writable and sticky")
+    parser.add_argument("--gvisor", action="store_true",
+                        help="the sandbox runs on gVisor: check its seccomp profile is applied, answer clone3 ENOSYS")
     parser.add_argument("--max-concurrent", type=int, default=32, help="concurrent commands at most")
     return parser
 
@@ -82,6 +84,11 @@ def _open_scratch_tmp(path: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--gvisor" in (sys.argv[1:] if argv is None else argv):
+        # before the spawner's fork and its thread: the filter must cover every thread
+        from sandbox import gvisor
+
+        gvisor.prepare()
     spawner = Spawner()
     try:
         args = _parser().parse_args(argv)

@@ -91,6 +91,9 @@ def run_container(
         command += ["--root", root]
     if TMP in spec.scratch_tmpfs():
         command += ["--scratch-tmp", TMP]
+    if spec.runtime == "runsc":
+        # the agent checks gVisor applied the seccomp profile and makes clone3 answer ENOSYS
+        command.append("--gvisor")
     launch = agent_launch(client, spec.image)
     command += launch.args
     mounts = [DockerMount(AGENT_DIR, str(socket_dir), type="bind", propagation="rprivate"), *launch.mounts]
