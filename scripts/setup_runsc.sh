@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make gVisor's runsc a Docker runtime named "runsc" (`make runsc`), so a sandbox with
 # runtime = "runsc" runs its tools on gVisor's user-space kernel instead of the host's.
-#   1. install Debian's runsc package when /usr/bin/runsc is missing (Debian's archive only);
+#   1. install Debian's runsc package when /usr/bin/runsc is missing or older than 20240729
+#      (Debian's archive only: bookworm-backports on bookworm);
 #   2. merge a runtimes.runsc entry into /etc/docker/daemon.json, keeping every other key;
 #   3. reload dockerd with SIGHUP (it rereads "runtimes" without restarting containers, so
 #      running sandboxes survive) and wait until `docker info` lists runsc.
@@ -19,14 +20,16 @@ DAEMON_JSON=${CALLBOX_DAEMON_JSON:-/etc/docker/daemon.json}
 #                      --host-uds the socket never appears on the host); "create" makes a
 #                      socket bound inside the sandbox a real host socket, and nothing more:
 #                      tools cannot connect to host sockets in a mount ("open" or "all").
-#   (no --oci-seccomp) it would apply the container's seccomp profile inside gVisor (without
-#                      it a tool sees "Seccomp: 0" and reaches unshare or io_uring_setup of
-#                      gVisor's kernel, never the host's: gVisor's own filter on its Sentry
-#                      guards the host), but this runsc (Debian's 20221219) answers every
-#                      refused call with the profile's default errno and ignores a rule's own
-#                      (callbox's profile answers clone3 with ENOSYS so glibc falls back to
-#                      clone; gVisor answers EPERM and no thread can start: the agent dies
-#                      with "can't start new thread"). Re-check on a newer runsc.
+#   --oci-seccomp      apply the container's seccomp profile inside gVisor too, so a tool
+#                      is refused unshare, io_uring_setup, mount and the rest exactly as
+#                      under runc (without it a tool sees "Seccomp: 0" and reaches those
+#                      calls in gVisor's kernel). The runsc of Debian's bookworm (20221219)
+#                      cannot do this: it ignores the profile's per-call errno and clone3
+#                      fails with EPERM, so no thread starts. 20240729 (bookworm-backports,
+#                      trixie) applies it but still answers every refused call EPERM; the
+#                      agent adds a filter of its own before its first thread so clone3
+#                      answers ENOSYS (sandbox/gvisor.py), and refuses to start on a runsc
+#                      without --oci-seccomp.
 #   --network=none     gVisor gets no network stack of its own: the sandbox has only lo.
 #                      Its netstack ("sandbox", the default) would be needed for the
 #                      "allowlist" and "open" modes (Docker bridge networks), but this runsc
@@ -36,7 +39,9 @@ DAEMON_JSON=${CALLBOX_DAEMON_JSON:-/etc/docker/daemon.json}
 #                      rather than start a networked sandbox without its network.
 # Not set: --platform (the default ptrace platform works everywhere; KVM hangs on hosts
 # without usable nested virtualisation).
-RUNTIME_ARGS=${CALLBOX_RUNSC_ARGS:-'["--host-uds=create", "--network=none"]'}
+RUNTIME_ARGS=${CALLBOX_RUNSC_ARGS:-'["--host-uds=create", "--network=none", "--oci-seccomp"]'}
+# The oldest runsc that applies a seccomp profile callbox can use (see --oci-seccomp).
+MIN_VERSION=0.0~20240729
 
 if [ "$(id -u)" -ne 0 ]; then
     say "needs root (it installs a package, edits $DAEMON_JSON and signals dockerd); run: sudo make runsc"
@@ -47,12 +52,34 @@ if [ -n "${DOCKER_HOST:-}" ] && [ "${DOCKER_HOST#unix://}" = "$DOCKER_HOST" ]; t
     exit 1
 fi
 
-if [ ! -x "$RUNSC" ]; then
-    say "installing Debian's runsc package (gVisor)..."
+installed_version() { dpkg-query -W -f='${Version}' runsc 2>/dev/null || true; }
+new_enough() { [ -n "$1" ] && dpkg --compare-versions "$1" ge "$MIN_VERSION"; }
+
+if [ ! -x "$RUNSC" ] || ! new_enough "$(installed_version)"; then
     export DEBIAN_FRONTEND=noninteractive
+    # shellcheck disable=SC1091
+    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+    target=()
+    if [ "$codename" = "bookworm" ]; then
+        # bookworm's own runsc is too old; bookworm-backports (Debian's archive) has 20240729.
+        sources=/etc/apt/sources.list.d/callbox-bookworm-backports.sources
+        if ! grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+            say "adding Debian's bookworm-backports to apt's sources ($sources)"
+            printf '%s\n' "Types: deb" "URIs: http://deb.debian.org/debian" \
+                "Suites: bookworm-backports" "Components: main" \
+                "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" > "$sources"
+        fi
+        target=(-t bookworm-backports)
+    fi
+    say "installing Debian's runsc package (gVisor) ${target[*]:+from ${target[1]}}..."
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends runsc >/dev/null
+    apt-get install -y -qq --no-install-recommends "${target[@]}" runsc >/dev/null
     [ -x "$RUNSC" ] || { say "apt-get installed runsc but $RUNSC is missing"; exit 1; }
+    version=$(installed_version)
+    if ! new_enough "$version"; then
+        say "runsc $version is older than $MIN_VERSION, which callbox needs to apply its seccomp profile inside gVisor; install a newer runsc package"
+        exit 1
+    fi
 fi
 say "$("$RUNSC" --version 2>/dev/null | head -1)"
 

@@ -28,6 +28,8 @@ PROBE_COMMAND = "cat /proc/version; echo '--- dmesg'; dmesg 2>/dev/null | head -
 """Run as a tool process under runsc: the kernel it sees (gVisor's Sentry says so in its
 boot log, which ``dmesg`` shows without privilege; the host's log is not readable)."""
 GVISOR_MARK = "gVisor"
+OCI_SECCOMP: Final = "--oci-seccomp"
+"""The runsc flag that makes gVisor apply the container's seccomp profile to the tools."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,12 @@ def check_runsc(info: Mapping[str, Any], probe: RuntimeProbe | None) -> CheckRes
         return make("WARN", "the daemon has no runsc runtime, so sandboxes with runtime = \"runsc\" cannot start "
                             "(tools share the host's kernel under runc); `make runsc` installs gVisor and adds it")
     entry = runtimes.get(RUNSC) or {}
-    flags = " ".join(str(a) for a in entry.get("runtimeArgs") or []) or "no flags"
+    args = [str(a) for a in entry.get("runtimeArgs") or []]
+    flags = " ".join(args) or "no flags"
+    if OCI_SECCOMP not in args:
+        return make("FAIL", f"runsc is configured ({flags}) without {OCI_SECCOMP}, so gVisor would not apply the "
+                            "sandbox's seccomp profile and callbox's agent refuses to start there; `make runsc` "
+                            "sets the flags callbox needs")
     if probe is None:
         return make("WARN", f"runsc is configured ({entry.get('path', '?')} {flags}) but no sandbox was started "
                             "under it to check it")

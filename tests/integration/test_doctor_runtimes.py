@@ -30,9 +30,15 @@ def test_runsc_absent_is_a_warning_naming_the_fix() -> None:
     assert "make runsc" in runsc.reason
 
 
+def test_runsc_without_oci_seccomp_fails_before_any_probe() -> None:
+    info = {"Runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--host-uds=create", "--network=none"]}}}
+    result = check_runsc(info, RuntimeProbe(True, "a sandbox started"))
+    assert result.status == "FAIL" and "without --oci-seccomp" in result.reason and "make runsc" in result.reason
+
+
 def test_runsc_configured_is_judged_by_its_probe() -> None:
     info = {"Runtimes": {"runc": {"path": "runc"},
-                         "runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--host-uds=create"]}}}
+                         "runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--host-uds=create", "--oci-seccomp"]}}}
     assert check_runsc(info, None).status == "WARN"
     healthy = check_runsc(info, RuntimeProbe(True, "a sandbox started in 0.9 s and the tools run on gVisor's kernel"))
     assert healthy.status == "PASS" and "--host-uds=create" in healthy.reason
