@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -28,7 +28,8 @@ from typing import Any, BinaryIO
 import grpc
 import grpc.experimental
 
-from harness.engine.agent_errors import translate
+from harness.core.errors import AgentCallError
+from harness.engine.agent_errors import sandbox_gone, translate
 from harness.engine.cancel import StreamTracker
 from harness.engine.jobs import JobsClient
 from harness.engine.ports import PortsClient
@@ -78,6 +79,22 @@ class AgentClient:
         """Files both ways: download, copy in and out, move, watch (:mod:`harness.engine.transfer`)."""
         self.ports = PortsClient(self.channel)
         """TCP tunnels to the sandbox's loopback (:mod:`harness.engine.ports`)."""
+        self.explain_gone: Callable[[], str | None] | None = None
+        """Asked, when a call finds the sandbox gone, for why (``"its container was killed
+        for running out of memory"``): the engine that made the sandbox knows."""
+
+    def _failure(self, error: grpc.RpcError) -> AgentCallError:
+        """The AgentCallError of a failed RPC, saying why the sandbox went away if it did."""
+        failure = translate(error)
+        if self.explain_gone is not None and sandbox_gone(failure):
+            try:
+                why = self.explain_gone()
+            except Exception:  # the explanation is a courtesy: it never hides the failure
+                why = None
+            if why:
+                failure = AgentCallError(f"the sandbox stopped answering: {why}", reason=failure.reason,
+                                         code=failure.code, retryable=False)
+        return failure
 
     def close(self) -> None:
         self._stream_channel.close()
@@ -93,7 +110,7 @@ class AgentClient:
         try:
             return health.check(self.channel, timeout)
         except grpc.RpcError as error:
-            raise translate(error) from None
+            raise self._failure(error) from None
 
     def exec(
         self,
@@ -129,7 +146,7 @@ class AgentClient:
         try:
             yield from stream
         except grpc.RpcError as error:
-            raise translate(error) from None
+            raise self._failure(error) from None
         finally:
             stream.cancel()
 
@@ -236,7 +253,7 @@ class AgentClient:
         try:
             yield from stream
         except grpc.RpcError as error:
-            raise translate(error) from None
+            raise self._failure(error) from None
         finally:
             stream.cancel()
 
@@ -252,9 +269,8 @@ class AgentClient:
         """Kill the session's whole process tree and forget it; False if there was none."""
         return bool(self._unary(self.shell.Close, shell_pb2.ShellCloseRequest(session_id=session_id), timeout).closed)
 
-    @staticmethod
-    def _unary(method: Any, request: Any, timeout: float = 30.0) -> Any:
+    def _unary(self, method: Any, request: Any, timeout: float = 30.0) -> Any:
         try:
             return method(request, timeout=timeout)
         except grpc.RpcError as error:
-            raise translate(error) from None
+            raise self._failure(error) from None

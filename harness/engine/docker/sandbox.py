@@ -11,6 +11,7 @@ its deadline.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
     from harness.engine.docker.cgroup_stats import SandboxStats
     from harness.engine.docker.engine import DockerEngine
     from harness.engine.docker.snapshots import SnapshotInfo
+
+GONE_WAIT_S = 2
+"""How long ``why_gone`` waits for a container whose agent went away to stop."""
 
 AGENT_SOCKET_NAME = "agent.sock"
 """The agent's socket in the sandbox's socket directory."""
@@ -61,6 +65,34 @@ class Sandbox:
         """When gc removes it (Unix time), as this process last set or read it."""
         self.paused_here = False
         """This process paused it (or found it paused) and has not resumed it."""
+        self.agent.explain_gone = self.why_gone
+
+    def why_gone(self) -> str | None:
+        """Why its agent stopped answering, from its container's state (None if it runs or
+        no longer exists). Under runsc a tool over the memory limit takes the whole sandbox
+        down: gVisor's kernel holds every tool's memory in one host process, which the host's
+        OOM killer then kills."""
+        import docker.errors
+        import requests
+
+        api = self.engine.client.api
+        try:
+            # the agent's socket closes a moment before the engine records how the container
+            # ended: wait (briefly) for the container to stop
+            with contextlib.suppress(requests.exceptions.RequestException):
+                api.wait(self.container_id, timeout=GONE_WAIT_S)
+            state = api.inspect_container(self.container_id)["State"]
+        except docker.errors.DockerException:
+            return None
+        if state.get("OOMKilled"):
+            limit = f"limit {self.spec.memory >> 20} MiB"
+            if self.spec.runtime == "runsc":
+                return f"its container was killed for running out of memory ({limit}); under runsc a tool over " \
+                       "the limit stops the whole sandbox"
+            return f"its container was killed for running out of memory ({limit})"
+        if state.get("Running"):
+            return None
+        return f"its container {state.get('Status', 'stopped')} with exit code {state.get('ExitCode')}"
 
     @property
     def label(self) -> str:
