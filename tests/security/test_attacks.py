@@ -210,11 +210,12 @@ payload = b"secret"
 out["add_key"] = sc("add_key", b"user", b"callbox-probe", payload, L(len(payload)), L(KEY_SPEC_PROCESS_KEYRING))
 out["request_key"] = sc("request_key", b"user", b"callbox-probe", None, L(0))
 out["keyctl"] = sc("keyctl", L(KEYCTL_GET_KEYRING_ID), L(KEY_SPEC_SESSION_KEYRING), L(1))
-out["proc_keys"] = open("/proc/keys").read()
+out["proc_keys"] = open("/proc/keys").read() if os.path.exists("/proc/keys") else None
 """)
     for key in ("add_key", "request_key", "keyctl"):
         assert refused(out[key], errno.ENOSYS), (key, out[key])
-    assert out["proc_keys"] == ""  # masked
+    # masked under runc; gVisor's /proc has no keys file at all
+    assert out["proc_keys"] == "" or (GVISOR and out["proc_keys"] is None), out
 
 
 def test_raw_and_packet_sockets_fail(box):
@@ -253,9 +254,9 @@ for pid in [1, *agent_pids()]:
 """)
     assert len(out["targets"]) >= 3, out  # pid 1, the agent, its spawner
     for pid, outcome in out["targets"].items():
-        # EPERM: the access check refused before any address was looked at (EFAULT would mean allowed).
-        # gVisor does not implement process_vm_readv at all: ENOSYS, nothing read either.
-        assert outcome == [-1, errno.ENOSYS if GVISOR else EPERM], (pid, outcome)
+        # EPERM: the access check refused before any address was looked at (EFAULT would mean
+        # allowed); gVisor's kernel refuses it the same way.
+        assert outcome == [-1, EPERM], (pid, outcome)
 
 
 def test_ptrace_traceme_then_a_setuid_exec_gives_no_root(box):
@@ -274,7 +275,7 @@ out["traceme"] = int(os.read(r, 16))
 _, status = os.waitpid(pid, os.WUNTRACED)
 out["stopped"] = os.WIFSTOPPED(status) and os.WSTOPSIG(status) == 5
 fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
-out["status"] = {k: fields[k].split() for k in ("Name", "Uid", "CapEff", "CapPrm", "NoNewPrivs")}
+out["status"] = {k: fields[k].split() for k in ("Name", "Uid", "CapEff", "CapPrm", "NoNewPrivs") if k in fields}
 os.kill(pid, 9)
 os.waitpid(pid, 0)
 """)
@@ -283,7 +284,8 @@ os.waitpid(pid, 0)
     assert status["Name"] == ["passwd"], status  # ... and the setuid binary was exec'd under trace,
     assert status["Uid"] == ["1000"] * 4, status  # but it runs without root
     assert status["CapEff"] == status["CapPrm"] == ["0000000000000000"], status
-    assert status["NoNewPrivs"] == ["1"], status
+    # gVisor's /proc/PID/status has no NoNewPrivs line (test_isolation asks prctl instead)
+    assert status.get("NoNewPrivs") == ["1"] or (GVISOR and "NoNewPrivs" not in status), status
 
 
 # ---- kernel interfaces --------------------------------------------------------------------------
@@ -309,7 +311,9 @@ for path in ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/modprobe", "/pro
     except OSError as exc:
         out["writes"][path] = ["refused", exc.errno]
 """)
-    assert len(out["writes"]) >= 5, out  # the files exist here: the test proves something
+    # the files exist here, so the test proves something (gVisor's /proc/sys has only hostname,
+    # overcommit_memory and ip_forward of these)
+    assert len(out["writes"]) >= (3 if GVISOR else 5), out
     for path, (what, code) in out["writes"].items():
         assert what == "refused" and code in (errno.EROFS, errno.EACCES, EPERM), (path, what, code)
     assert run(box, "cat /proc/sys/kernel/core_pattern").stdout.data() == before
@@ -349,7 +353,9 @@ for path in ("/sys/kernel/mm/transparent_hugepage/enabled", "/sys/kernel/profili
     for point, options, fstype in out["sys_mounts"]:
         # sysfs and every cgroup hierarchy are read-only mounts; the tmpfs that holds the
         # cgroup v1 mount points is root's (mode 0755), so nothing can be created in it either
-        if fstype != "tmpfs":
+        # gVisor mounts its own cgroupfs read-write, but its files are root's (0644): the
+        # create and write checks below refuse a tool there all the same
+        if fstype != "tmpfs" and not (GVISOR and fstype == "cgroup"):
             assert "ro" in options.split(","), (point, options, fstype)
     for point, code in out["create"].items():
         assert code in (errno.EROFS, errno.EACCES, EPERM), (point, code)
@@ -408,10 +414,16 @@ def test_no_host_process_is_visible(box):
     assert init.startswith(b"/sbin/docker-init -- /usr/bin/python3 -I -S /opt/callbox/agent.py")
 
 
+# gVisor's own /dev adds its emulated FUSE and TUN devices (0666, as on its own hosts); they
+# reach no host device, and a tool can use neither: mounting a FUSE filesystem needs mount
+# (refused, test_mount_fails) and creating a TUN interface needs CAP_NET_ADMIN (checked below).
+GVISOR_DEVICES = {"/dev/fuse": (10, 229), "/dev/net/tun": (10, 200)}
+
+
 def test_only_the_minimal_dev_is_present(box):
     names = set(run(box, "ls -A /dev").stdout.data().decode().split())
     assert names <= {"console", "core", "fd", "full", "mqueue", "null", "ptmx", "pts", "random", "shm", "stderr",
-                     "stdin", "stdout", "tty", "urandom", "zero"}, names
+                     "stdin", "stdout", "tty", "urandom", "zero", *(("fuse", "net") if GVISOR else ())}, names
     out = probe(box, r"""
 out["devices"] = {}
 for d, _dirs, files in os.walk("/dev"):
@@ -432,15 +444,31 @@ try:
     out["cgroup_devices"] = open("/sys/fs/cgroup/devices/devices.list").read().split("\n")
 except OSError:
     out["cgroup_devices"] = None
+if os.path.exists("/dev/net/tun"):
+    import fcntl, struct
+    fd = os.open("/dev/net/tun", os.O_RDWR)
+    try:
+        fcntl.ioctl(fd, 0x400454CA, struct.pack("16sH22x", b"cbx-probe", 1))  # TUNSETIFF, IFF_TUN
+        out["tunsetiff"] = 0
+    except OSError as exc:
+        out["tunsetiff"] = exc.errno
+    finally:
+        os.close(fd)
 """)
     kinds = {kind for _major, _minor, kind in out["devices"].values()}
     assert kinds == {"c"}, out["devices"]  # no block device at all
     allowed = {(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 1), (5, 2)}  # null zero full random urandom tty
+    if GVISOR:
+        allowed |= set(GVISOR_DEVICES.values())
     odd = {p: v for p, v in out["devices"].items() if (v[0], v[1]) not in allowed and v[0] != 136}
     assert odd == {}, odd
     for path, code in out["opens"].items():
-        assert code == errno.ENOENT, (path, code)
-    if out["cgroup_devices"] is not None:  # cgroup v1: the device allowlist grants no block device access
+        assert code == (0 if GVISOR and path in GVISOR_DEVICES else errno.ENOENT), (path, code)
+    if GVISOR:
+        assert out["tunsetiff"] == EPERM, out  # no interface can be made: no CAP_NET_ADMIN
+    # cgroup v1: the device allowlist grants no block device access. gVisor's devices.list is
+    # a placeholder ("a *:* rwm"): its kernel has only the devices listed above, none a host's.
+    if out["cgroup_devices"] is not None and not GVISOR:
         rules = [r for r in out["cgroup_devices"] if r]
         assert "a *:* rwm" not in rules
         assert not [r for r in rules if r.startswith(("b ", "a ")) and set(r.split()[-1]) & {"r", "w"}], rules
@@ -464,22 +492,32 @@ def test_setns_fails(box):
     out = probe(box, r"""
 out["own"] = {}
 for ns in ("mnt", "net", "uts", "ipc", "pid", "user", "cgroup"):
+    if not os.path.exists(f"/proc/self/ns/{ns}"):  # gVisor has no cgroup namespace
+        continue
     fd = os.open(f"/proc/self/ns/{ns}", os.O_RDONLY)
     out["own"][ns] = sc("setns", L(fd), L(0))
     os.close(fd)
 out["foreign"] = {}
 for pid in [1, *agent_pids()]:
     try:
-        os.close(os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY))
-        out["foreign"][pid] = 0
+        fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)
     except OSError as exc:
         out["foreign"][pid] = exc.errno
+        continue
+    out["foreign"][pid] = sc("setns", L(fd), L(0))
+    os.close(fd)
 """)
+    assert len(out["own"]) == (6 if GVISOR else 7), out
     for ns, outcome in out["own"].items():
         assert refused(outcome), (ns, outcome)
     assert len(out["foreign"]) >= 3
     for pid, code in out["foreign"].items():
-        assert code == errno.EACCES, (pid, code)  # another process's namespaces cannot even be opened
+        if GVISOR:
+            # A finding: gVisor's /proc lets a tool open root's namespace files (runc's kernel
+            # refuses); joining one is still refused.
+            assert refused(code), (pid, code)
+        else:
+            assert code == errno.EACCES, (pid, code)  # another process's namespaces cannot even be opened
 
 
 def test_bpf_fails(box):
@@ -553,6 +591,24 @@ out["now"] = socket.gethostname()
 
 
 def test_device_nodes_cannot_be_created(box):
+    if GVISOR:
+        # A finding: gVisor's kernel lets a tool without CAP_MKNOD make device nodes on its
+        # tmpfs, where runc's host kernel refuses. The nodes are inert: gVisor maps no device
+        # numbers to the host's, and opening one fails with ENXIO.
+        out = probe(box, r"""
+out["opened"] = {}
+for path, kind, major, minor in (("/tmp/sda", stat.S_IFBLK, 8, 0), ("/workspace/vda", stat.S_IFBLK, 254, 0),
+                                  ("/home/sandbox/mem", stat.S_IFCHR, 1, 1), ("/dev/shm/kmsg", stat.S_IFCHR, 1, 11),
+                                  ("/tmp/port", stat.S_IFCHR, 1, 4), ("/tmp/kvm", stat.S_IFCHR, 10, 232)):
+    try:
+        os.mknod(path, kind | 0o666, os.makedev(major, minor))
+        os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK))
+        out["opened"][path] = 0
+    except OSError as exc:
+        out["opened"][path] = exc.errno
+""")
+        assert out["opened"] == dict.fromkeys(out["opened"], errno.ENXIO) and len(out["opened"]) == 6, out
+        return
     cli = run(box, "mknod /tmp/mem c 1 1")
     assert cli.exit_code != 0 and b"Operation not permitted" in cli.stderr.data()
     out = probe(box, r"""
@@ -633,7 +689,7 @@ out["tcp80"] = tcp("169.254.169.254", 80)
 out["tcp443"] = tcp("169.254.169.254", 443)
 out["udp"] = udp("169.254.169.254", 53)
 out["tcp6"] = tcp("fd00:ec2::254", 80, socket.AF_INET6)
-out["interfaces"] = sorted(os.listdir("/sys/class/net"))
+out["interfaces"] = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:])
 out["routes"] = [l for l in open("/proc/net/route").read().splitlines()[1:] if l.strip()]
 out["routes6"] = [l.split()[-1] for l in open("/proc/net/ipv6_route").read().splitlines() if l.strip()]
 """)

@@ -102,6 +102,8 @@ def identity() -> dict[str, object]:
         if caps[key] and int(caps[key], 16) != 0:
             finding("capability", f"{key} = {caps[key]}")
     nnp = status.get("NoNewPrivs", "")
+    if not nnp:  # gVisor's status has no such line: ask the kernel (PR_GET_NO_NEW_PRIVS)
+        nnp = str(ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))
     if caps["CapBnd"] and int(caps["CapBnd"], 16) != 0 and nnp != "1":
         finding("capability", f"bounding set {caps['CapBnd']} without NoNewPrivs: a setuid binary gains it")
     if status.get("Seccomp") != "2":
@@ -308,10 +310,9 @@ def udp(host: str, port: int, family: int = socket.AF_INET) -> str:
 
 
 def network() -> dict[str, object]:
-    try:
-        interfaces = sorted(os.listdir("/sys/class/net"))
-    except OSError:
-        interfaces = []
+    # /proc/net/dev lists this network namespace's interfaces under every kernel (gVisor has
+    # no /sys/class/net)
+    interfaces = sorted(line.split(":")[0].strip() for line in (read("/proc/net/dev") or "").splitlines()[2:])
     routes = [line.split() for line in (read("/proc/net/route") or "").splitlines()[1:] if line.strip()]
     routes6 = [line.split() for line in (read("/proc/net/ipv6_route") or "").splitlines() if line.strip()]
     if interfaces != ["lo"]:
