@@ -43,9 +43,7 @@ test: setup npm-tools proto-check lint engine image runsc
 	@echo "callbox: running the test suite (unit, integration, security, interop) on the real engine"
 	@scripts/run-tests.sh
 
-# The security suite under gVisor. Not part of `make test` yet: Debian's runsc (20221219)
-# answers coreutils' statx calls with EINVAL (ls and stat fail in every sandbox) and applies
-# no seccomp profile, so much of the suite fails there for reasons of that runsc.
+# The security suite under gVisor alone (`make test` runs it too, beside the main run).
 test-runsc: setup engine image runsc
 	@echo "callbox: the security suite under gVisor (CALLBOX_TEST_RUNTIME=runsc)"
 	@CALLBOX_TEST_RUNTIME=runsc $(VENV)/bin/pytest tests/security -q -p no:cacheprovider
