@@ -27,6 +27,22 @@ def test_cli_exec_under_runsc_runs_python_on_gvisors_kernel() -> None:
     assert b"Linux version 4.4.0" in kernel.stdout, kernel.stdout  # gVisor's kernel, not the host's
 
 
+def test_the_seccomp_profile_applies_under_runsc_and_threads_still_start(make_sandbox) -> None:  # type: ignore[no-untyped-def]
+    box = make_sandbox(runtime="runsc")
+    probe = run(box, ["python3", "-c", (
+        "import ctypes, errno, threading\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(open('/proc/self/status').read().split('Seccomp:')[1].split()[0])\n"
+        "libc.syscall(435, None, 0); print(errno.errorcode[ctypes.get_errno()])\n"  # clone3
+        "libc.unshare(0x10000000); print(errno.errorcode[ctypes.get_errno()])\n"  # CLONE_NEWUSER
+        "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\n"
+    )])
+    assert probe.exit_code == 0, probe.stderr.data()
+    # a filter applies (gVisor's own copy of callbox's profile), clone3 answers ENOSYS (the
+    # agent's repair), unshare is refused by the profile, and threads start
+    assert probe.stdout.data().split() == [b"2", b"ENOSYS", b"EPERM", b"thread"]
+
+
 def test_file_tools_act_as_the_tool_user_under_runsc() -> None:
     # gVisor has no setfsuid: the agent acts as the tool user through per-thread effective ids.
     arguments = json.dumps({"path": "made.txt", "content": "hi\n"})
