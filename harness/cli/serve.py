@@ -22,7 +22,9 @@ from typing import Any
 
 from harness.core.errors import UsageError
 
-COMMANDS = ("serve", "mcp")
+COMMANDS = ("serve", "mcp", "config")
+DEFAULT_MAX_PER_CLIENT = 16
+DEFAULT_MAX_SANDBOXES = 64
 
 
 def add_parsers(sub: Any) -> None:
@@ -39,11 +41,20 @@ def add_parsers(sub: Any) -> None:
                             "address without TLS")
     serve.add_argument("--tls-cert", type=Path, help="TLS certificate (PEM) for gRPC over TCP and the E2B API")
     serve.add_argument("--tls-key", type=Path, help="TLS private key (PEM) for gRPC over TCP and the E2B API")
-    serve.add_argument("--max-per-client", type=positive_int, default=16,
-                       help="live sandboxes per client (default 16)")
-    serve.add_argument("--max-sandboxes", type=positive_int, default=64, help="live sandboxes in total (default 64)")
+    serve.add_argument("--max-per-client", type=positive_int,
+                       help=f"live sandboxes per client (default {DEFAULT_MAX_PER_CLIENT})")
+    serve.add_argument("--max-sandboxes", type=positive_int,
+                       help=f"live sandboxes in total (default {DEFAULT_MAX_SANDBOXES})")
     serve.add_argument("--policy", type=Path, help="policy file (default: the packaged default policy)")
     serve.add_argument("--audit-db", type=Path, help="audit store (default $CALLBOX_AUDIT_DB or the state dir)")
+    serve.add_argument("--config", type=Path, metavar="FILE",
+                       help="server configuration (TOML); a flag given here wins over the file's setting")
+
+    config = sub.add_parser("config", help="check a server configuration file")
+    config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=type(config))
+    check = config_sub.add_parser("check", help="validate a server configuration and print the effective one")
+    check.add_argument("file", type=Path, metavar="FILE")
+    check.add_argument("--json", action="store_true", help="print the effective configuration as one JSON object")
 
     mcp = sub.add_parser("mcp", help="MCP server over stdio (one sandbox per session)")
     mcp.add_argument("--policy", type=Path, help="policy file (default: the packaged default policy)")
@@ -62,6 +73,8 @@ def positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.command == "config":
+        return _config_check(args)
     if args.command == "mcp":
         from harness.doors.mcp.stdio import run_mcp_stdio
 
@@ -70,9 +83,46 @@ def run(args: argparse.Namespace) -> int:
     return _serve(args)
 
 
+def _config_check(args: argparse.Namespace) -> int:
+    import json
+
+    from harness.cli.server_config import load_config, render_toml
+
+    effective = load_config(args.file).effective()
+    print(json.dumps(effective, indent=2) if args.json else render_toml(effective), end="\n" if args.json else "")
+    return 0
+
+
+def apply_config(args: argparse.Namespace) -> None:
+    """Fill the serve settings ``args`` leaves unset from ``--config``'s file, then the
+    defaults; a flag given on the command line wins over the file."""
+    if args.config is not None:
+        from harness.cli.server_config import load_config
+
+        config = load_config(args.config)
+        doors = config.doors
+        from_file = {
+            "grpc": doors.grpc.listen if doors.grpc else None,
+            "mcp_http": doors.mcp_http.listen if doors.mcp_http else None,
+            "e2b": doors.e2b.listen if doors.e2b else None,
+            "token_file": config.auth.token_file, "tls_cert": config.tls.cert, "tls_key": config.tls.key,
+            "policy": config.policy.file, "audit_db": config.audit.db,
+            "max_per_client": config.limits.max_per_client, "max_sandboxes": config.limits.max_sandboxes,
+        }
+        for name, value in from_file.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+        args.insecure = args.insecure or config.tls.insecure
+    if args.max_per_client is None:
+        args.max_per_client = DEFAULT_MAX_PER_CLIENT
+    if args.max_sandboxes is None:
+        args.max_sandboxes = DEFAULT_MAX_SANDBOXES
+
+
 def _serve(args: argparse.Namespace) -> int:
+    apply_config(args)
     if args.grpc is None and args.mcp_http is None and args.e2b is None:
-        raise UsageError("give --grpc [ADDR], --mcp-http HOST:PORT and/or --e2b HOST:PORT")
+        raise UsageError("give --grpc [ADDR], --mcp-http HOST:PORT and/or --e2b HOST:PORT, or --config FILE")
     stop = threading.Event()
     servers: list[Any] = []
 

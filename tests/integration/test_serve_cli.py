@@ -63,3 +63,35 @@ def _stop_signals_blocked(pid: int) -> dict[int, bool]:
             mask = next(int(line.split()[1], 16) for line in status if line.startswith("SigBlk:"))
         found[int(task)] = mask & wanted == wanted
     return found
+
+
+def test_serve_with_a_config_file_takes_its_doors_tokens_and_limits(engine, tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice:" + "b" * 32 + "\n")
+    tokens.chmod(0o600)
+    sock = tmp_path / "executor.sock"
+    config = tmp_path / "callbox.toml"
+    config.write_text(f'[doors.grpc]\nlisten = "unix:{sock}"\n[auth]\ntoken_file = "tokens"\n'
+                      '[audit]\ndb = "audit.sqlite3"\n[limits]\nmax_per_client = 1\n')
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli.main", "serve", "--config", str(config)],
+                            stderr=subprocess.PIPE, text=True, env={**os.environ})
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert f"gRPC executor listening on unix:{sock}" in line, line
+        with ExecutorClient(f"unix:{sock}", token="b" * 32) as client:
+            box = client.create_sandbox()
+            result = client.call(box, "shell", '{"command": "echo configured"}', call_id="c1")
+            assert "configured" in result.text and not result.is_error
+            # max_per_client = 1 came from the file: a second live sandbox is refused
+            with pytest.raises(Exception, match=r"already has 1 live sandboxes, the most one client may have on "
+                                                r"this server \(1\)"):
+                client.create_sandbox()
+        assert (tmp_path / "audit.sqlite3").exists()  # the audit path, relative to the file
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert _owned_by(engine, proc.pid) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
