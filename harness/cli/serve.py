@@ -20,11 +20,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from harness.cli.sd_notify import notify
 from harness.core.errors import UsageError
 
 COMMANDS = ("serve", "mcp", "config")
-DEFAULT_MAX_PER_CLIENT = 16
-DEFAULT_MAX_SANDBOXES = 64
 
 
 def add_parsers(sub: Any) -> None:
@@ -42,9 +41,9 @@ def add_parsers(sub: Any) -> None:
     serve.add_argument("--tls-cert", type=Path, help="TLS certificate (PEM) for gRPC over TCP and the E2B API")
     serve.add_argument("--tls-key", type=Path, help="TLS private key (PEM) for gRPC over TCP and the E2B API")
     serve.add_argument("--max-per-client", type=positive_int,
-                       help=f"live sandboxes per client (default {DEFAULT_MAX_PER_CLIENT})")
+                       help="live sandboxes per client (default 16)")
     serve.add_argument("--max-sandboxes", type=positive_int,
-                       help=f"live sandboxes in total (default {DEFAULT_MAX_SANDBOXES})")
+                       help="live sandboxes in total (default 64)")
     serve.add_argument("--policy", type=Path, help="policy file (default: the packaged default policy)")
     serve.add_argument("--audit-db", type=Path, help="audit store (default $CALLBOX_AUDIT_DB or the state dir)")
     serve.add_argument("--config", type=Path, metavar="FILE",
@@ -93,61 +92,71 @@ def _config_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def apply_config(args: argparse.Namespace) -> None:
-    """Fill the serve settings ``args`` leaves unset from ``--config``'s file, then the
-    defaults; a flag given on the command line wins over the file."""
-    if args.config is not None:
-        from harness.cli.server_config import load_config
-
-        config = load_config(args.config)
-        doors = config.doors
-        from_file = {
-            "grpc": doors.grpc.listen if doors.grpc else None,
-            "mcp_http": doors.mcp_http.listen if doors.mcp_http else None,
-            "e2b": doors.e2b.listen if doors.e2b else None,
-            "token_file": config.auth.token_file, "tls_cert": config.tls.cert, "tls_key": config.tls.key,
-            "policy": config.policy.file, "audit_db": config.audit.db,
-            "max_per_client": config.limits.max_per_client, "max_sandboxes": config.limits.max_sandboxes,
-        }
-        for name, value in from_file.items():
-            if getattr(args, name) is None:
-                setattr(args, name, value)
-        args.insecure = args.insecure or config.tls.insecure
-    if args.max_per_client is None:
-        args.max_per_client = DEFAULT_MAX_PER_CLIENT
-    if args.max_sandboxes is None:
-        args.max_sandboxes = DEFAULT_MAX_SANDBOXES
-
-
 def _serve(args: argparse.Namespace) -> int:
+    import copy
+
+    from harness.cli.server_config import apply_config
+
+    command_line = copy.copy(args)  # what a reload starts from: the flags win over the file again
     apply_config(args)
     if args.grpc is None and args.mcp_http is None and args.e2b is None:
         raise UsageError("give --grpc [ADDR], --mcp-http HOST:PORT and/or --e2b HOST:PORT, or --config FILE")
     stop = threading.Event()
+    wake = threading.Event()
+    reload_asked = threading.Event()
     servers: list[Any] = []
 
     def on_signal(_signum: int, _frame: object) -> None:
         stop.set()
+        wake.set()
+
+    def on_hangup(_signum: int, _frame: object) -> None:
+        reload_asked.set()
+        wake.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
     # The servers' threads inherit the signal mask of the thread that starts them: started
     # with the stop signals blocked, they leave those to this thread alone, and a SIGTERM
     # then wakes its wait below. (A signal the kernel hands to another thread runs the
     # handler only when this thread next runs Python code, which a plain wait never does.)
-    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    stop_signals = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
         try:
             _start_servers(args, servers)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)  # one sent meanwhile arrives now
-        stop.wait()
+        notify("READY=1", "STATUS=serving")
+        while not stop.is_set():
+            wake.wait()
+            wake.clear()
+            if reload_asked.is_set() and not stop.is_set():
+                reload_asked.clear()
+                _reload(command_line, args, servers)
+        notify("STOPPING=1")
         print("callbox: stopping; destroying the sandboxes this server owns", file=sys.stderr, flush=True)
     finally:
         for server in reversed(servers):
             server.stop()
     return 0
+
+
+def _reload(command_line: argparse.Namespace, running: argparse.Namespace, servers: list[Any]) -> None:
+    """SIGHUP: re-read the configuration file (see :mod:`harness.cli.serve_reload`)."""
+    from harness.cli.sd_notify import reloading
+    from harness.cli.serve_reload import reload
+    from harness.core.errors import CallboxError
+
+    notify(*reloading())
+    try:
+        notes = reload(command_line, running, servers)
+    except CallboxError as exc:
+        notes = [f"reload refused, the running configuration stays: {exc.message}"]
+    for note in notes:
+        print(f"callbox: {note}", file=sys.stderr, flush=True)
+    notify("READY=1", "STATUS=serving")
 
 
 def _start_servers(args: argparse.Namespace, servers: list[Any]) -> None:

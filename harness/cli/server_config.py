@@ -37,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import json
 import tomllib
 from pathlib import Path
@@ -46,6 +47,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.core.errors import UsageError
 from harness.core.validation import describe_validation_error
+
+DEFAULT_MAX_PER_CLIENT = 16
+DEFAULT_MAX_SANDBOXES = 64
 
 
 class ConfigError(UsageError):
@@ -98,9 +102,9 @@ class Audit(_Section):
 
 
 class Limits(_Section):
-    max_sandboxes: int = Field(default=64, ge=1)
+    max_sandboxes: int = Field(default=DEFAULT_MAX_SANDBOXES, ge=1)
     """Live sandboxes in total, over every client (``--max-sandboxes``)."""
-    max_per_client: int = Field(default=16, ge=1)
+    max_per_client: int = Field(default=DEFAULT_MAX_PER_CLIENT, ge=1)
     """Live sandboxes per client (``--max-per-client``)."""
 
 
@@ -227,3 +231,27 @@ UNSET = {
     "audit.db": "$CALLBOX_AUDIT_DB or the state dir",
 }
 """What applies when a path is not set, as ``callbox config check`` says it."""
+
+
+def apply_config(args: argparse.Namespace) -> None:
+    """Fill the serve settings ``args`` leaves unset from ``--config``'s file, then the
+    defaults; a flag given on the command line wins over the file."""
+    if args.config is not None:
+        config = load_config(args.config)
+        doors = config.doors
+        from_file = {
+            "grpc": doors.grpc.listen if doors.grpc else None,
+            "mcp_http": doors.mcp_http.listen if doors.mcp_http else None,
+            "e2b": doors.e2b.listen if doors.e2b else None,
+            "token_file": config.auth.token_file, "tls_cert": config.tls.cert, "tls_key": config.tls.key,
+            "policy": config.policy.file, "audit_db": config.audit.db,
+            "max_per_client": config.limits.max_per_client, "max_sandboxes": config.limits.max_sandboxes,
+        }
+        for name, value in from_file.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+        args.insecure = args.insecure or config.tls.insecure
+    if args.max_per_client is None:
+        args.max_per_client = DEFAULT_MAX_PER_CLIENT
+    if args.max_sandboxes is None:
+        args.max_sandboxes = DEFAULT_MAX_SANDBOXES

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 
@@ -92,6 +93,63 @@ def test_serve_with_a_config_file_takes_its_doors_tokens_and_limits(engine, tmp_
         assert proc.wait(60) == 0
         assert _owned_by(engine, proc.pid) == []
     finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sighup_reloads_the_config_keeping_sandboxes_and_systemd_hears_each_step(engine, tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice:" + "c" * 32 + "\n")
+    tokens.chmod(0o600)
+    sock = tmp_path / "executor.sock"
+    config = tmp_path / "callbox.toml"
+
+    def write(max_per_client: int, audit: str = "audit.sqlite3", extra: str = "") -> None:
+        config.write_text(f'[doors.grpc]\nlisten = "unix:{sock}"\n[auth]\ntoken_file = "tokens"\n'
+                          f'[audit]\ndb = "{audit}"\n[limits]\nmax_per_client = {max_per_client}\n{extra}')
+
+    write(1)
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(60)
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli.main", "serve", "--config", str(config)],
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+    try:
+        assert proc.stderr is not None
+        assert "gRPC executor listening" in proc.stderr.readline()
+        assert notify.recv(4096).decode().split("\n") == ["READY=1", "STATUS=serving"]
+        with ExecutorClient(f"unix:{sock}", token="c" * 32) as client:
+            first = client.create_sandbox()
+            with pytest.raises(Exception, match=r"the most one client may have on this server \(1\)"):
+                client.create_sandbox()
+            # a live change (the limit) and one that waits for a restart (the audit store)
+            write(2, audit="elsewhere.sqlite3")
+            proc.send_signal(signal.SIGHUP)
+            assert notify.recv(4096).decode().startswith("RELOADING=1\nMONOTONIC_USEC=")
+            notes = [proc.stderr.readline(), proc.stderr.readline()]
+            assert notify.recv(4096).decode().split("\n") == ["READY=1", "STATUS=serving"]
+            assert any("limits.max_per_client: 1 -> 2, applied" in line for line in notes), notes
+            assert any("audit.db:" in line and "takes effect when the server restarts" in line for line in notes)
+            second = client.create_sandbox()  # the raised limit applies at once ...
+            result = client.call(first, "shell", '{"command": "echo kept"}', call_id="c1")
+            assert "kept" in result.text and not result.is_error  # ... and the first sandbox lived through it
+            # a broken file is refused whole: nothing of it applies, the server goes on
+            write(1, extra="[limits.typo]\n")
+            proc.send_signal(signal.SIGHUP)
+            assert notify.recv(4096).decode().startswith("RELOADING=1")
+            refused = proc.stderr.readline()
+            assert "reload refused, the running configuration stays" in refused and "limits.typo" in refused
+            assert notify.recv(4096).decode().startswith("READY=1")
+            assert not client.call(second, "shell", '{"command": "true"}', call_id="c2").is_error
+        assert not (tmp_path / "elsewhere.sqlite3").exists()  # not applied: it waits for a restart
+        proc.send_signal(signal.SIGTERM)
+        assert notify.recv(4096) == b"STOPPING=1"
+        assert proc.wait(60) == 0
+        assert _owned_by(engine, proc.pid) == []
+    finally:
+        notify.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()

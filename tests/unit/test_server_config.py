@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli.main import main
-from harness.cli.serve import apply_config
-from harness.cli.server_config import ConfigError, load_config, parse_config, render_toml
+from harness.cli.server_config import ConfigError, apply_config, load_config, parse_config, render_toml
 
 TOKEN_LINE = "alice:" + "a" * 32 + "\n"
 

@@ -1,0 +1,68 @@
+"""``callbox serve --config FILE`` reloads its file on SIGHUP, keeping every live sandbox.
+
+The file is read and checked exactly as at start; a file with a problem is refused and the
+running configuration stays. The sandbox limits (``limits.max_sandboxes``,
+``limits.max_per_client``) apply at once to every door's executor: a client over a lowered
+limit keeps its sandboxes and may create none until it is under it again. A change of any
+other setting (a door's address, TLS, the token file, the policy, the audit store) cannot
+apply to a running door: it is reported as waiting for a restart and not applied, so the
+server never runs half of a new configuration without saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+from harness.cli.server_config import apply_config
+
+LIVE = ("max_per_client", "max_sandboxes")
+"""Settings a reload applies to the running doors."""
+AT_RESTART = {
+    "grpc": "doors.grpc.listen", "mcp_http": "doors.mcp_http.listen", "e2b": "doors.e2b.listen",
+    "tls_cert": "tls.cert", "tls_key": "tls.key", "insecure": "tls.insecure", "token_file": "auth.token_file",
+    "policy": "policy.file", "audit_db": "audit.db",
+}
+"""Settings that take effect when the server restarts, by their key in the file."""
+KEYS = {**AT_RESTART, "max_per_client": "limits.max_per_client", "max_sandboxes": "limits.max_sandboxes"}
+
+
+def executors(servers: Iterable[Any]) -> list[Any]:
+    """The executor services behind the running doors (the gRPC and E2B doors share one
+    when both run), each once."""
+    found: dict[int, Any] = {}
+    for server in servers:
+        for executor in (getattr(server, "service", None), getattr(server, "executor", None)):
+            if executor is not None and hasattr(executor, "limits"):
+                found[id(executor)] = executor
+    return list(found.values())
+
+
+def reload(command_line: argparse.Namespace, running: argparse.Namespace,
+           servers: Iterable[Any]) -> list[str]:
+    """Re-read ``--config``'s file and apply what can apply live; ``running`` (the settings
+    in force) is updated to match. Returns what happened, one line each; raises the file's
+    ConfigError (nothing applied) when it has a problem."""
+    from harness.doors.grpc.sessions import Limits
+
+    if command_line.config is None:
+        return ["SIGHUP: this server was started without --config, so there is nothing to reload"]
+    fresh = copy.copy(command_line)
+    apply_config(fresh)
+    notes: list[str] = []
+    for name, key in KEYS.items():
+        before, after = getattr(running, name), getattr(fresh, name)
+        if before == after:
+            continue
+        if name in LIVE:
+            setattr(running, name, after)
+            notes.append(f"{key}: {before} -> {after}, applied")
+        else:
+            notes.append(f"{key}: {before!r} -> {after!r} takes effect when the server restarts; "
+                         f"the running doors keep {before!r}")
+    limits = Limits(max_sandboxes_per_client=running.max_per_client, max_sandboxes_total=running.max_sandboxes)
+    for executor in executors(servers):
+        executor.limits = limits  # one reference swap: a create reads it under the executor's lock
+    return notes or ["SIGHUP: the configuration file is unchanged"]
