@@ -32,10 +32,12 @@ from harness.cli import run as cli_run
 from harness.cli import sandbox_cmd as cli_sandbox
 from harness.cli import sandboxes as cli_sandboxes
 from harness.cli import serve as cli_serve
+from harness.cli import service as cli_service
 from harness.cli.options import UsageParser, say
 from harness.core.errors import CallboxError, UsageError, short_reason
 
-GROUPS: tuple[ModuleType, ...] = (cli_image, cli_sandboxes, cli_sandbox, cli_calls, cli_run, cli_serve, cli_doctor)
+GROUPS: tuple[ModuleType, ...] = (cli_image, cli_sandboxes, cli_sandbox, cli_calls, cli_run, cli_serve, cli_service,
+                                  cli_doctor)
 """The command groups, in the order ``--help`` lists their commands."""
 
 
