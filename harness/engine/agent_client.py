@@ -29,7 +29,7 @@ import grpc
 import grpc.experimental
 
 from harness.core.errors import AgentCallError
-from harness.engine.agent_errors import sandbox_gone, translate
+from harness.engine.agent_errors import SANDBOX_GONE, sandbox_gone, translate
 from harness.engine.cancel import StreamTracker
 from harness.engine.jobs import JobsClient
 from harness.engine.ports import PortsClient
@@ -86,14 +86,14 @@ class AgentClient:
     def _failure(self, error: grpc.RpcError) -> AgentCallError:
         """The AgentCallError of a failed RPC, saying why the sandbox went away if it did."""
         failure = translate(error)
-        if self.explain_gone is not None and sandbox_gone(failure):
+        if self.explain_gone is not None and sandbox_gone(failure) and failure.message.startswith(SANDBOX_GONE):
             try:
                 why = self.explain_gone()
             except Exception:  # the explanation is a courtesy: it never hides the failure
                 why = None
             if why:
-                failure = AgentCallError(f"the sandbox stopped answering: {why}", reason=failure.reason,
-                                         code=failure.code, retryable=False)
+                failure = AgentCallError(f"{failure.message} ({why})", reason=failure.reason, code=failure.code,
+                                         retryable=failure.retryable)
         return failure
 
     def close(self) -> None:

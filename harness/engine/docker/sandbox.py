@@ -68,10 +68,10 @@ class Sandbox:
         self.agent.explain_gone = self.why_gone
 
     def why_gone(self) -> str | None:
-        """Why its agent stopped answering, from its container's state (None if it runs or
-        no longer exists). Under runsc a tool over the memory limit takes the whole sandbox
-        down: gVisor's kernel holds every tool's memory in one host process, which the host's
-        OOM killer then kills."""
+        """Why its agent stopped answering, when its container's state says more than that
+        the socket closed: an OOM kill (None otherwise). Under runsc a tool over the memory
+        limit takes the whole sandbox down: gVisor's kernel holds every tool's memory in one
+        host process, which the host's OOM killer then kills."""
         import docker.errors
         import requests
 
@@ -90,9 +90,7 @@ class Sandbox:
                 return f"its container was killed for running out of memory ({limit}); under runsc a tool over " \
                        "the limit stops the whole sandbox"
             return f"its container was killed for running out of memory ({limit})"
-        if state.get("Running"):
-            return None
-        return f"its container {state.get('Status', 'stopped')} with exit code {state.get('ExitCode')}"
+        return None
 
     @property
     def label(self) -> str:
