@@ -17,9 +17,7 @@ pytestmark = pytest.mark.docker
 
 
 def test_serve_both_doors_then_sigterm_destroys_sandboxes(engine, tmp_path):
-    tokens = tmp_path / "tokens"
-    tokens.write_text("alice:" + "a" * 32 + "\n")
-    tokens.chmod(0o600)
+    tokens = _token_file(tmp_path, "a" * 32)
     sock = tmp_path / "executor.sock"
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness.cli.main", "serve", "--grpc", f"unix:{sock}", "--mcp-http", "127.0.0.1:0",
@@ -50,6 +48,14 @@ def test_serve_both_doors_then_sigterm_destroys_sandboxes(engine, tmp_path):
             proc.wait()
 
 
+def _token_file(directory, token: str):  # type: ignore[no-untyped-def]
+    """A token file for client alice, mode 0600, in ``directory``."""
+    tokens = directory / "tokens"
+    tokens.write_text(f"alice:{token}\n")
+    tokens.chmod(0o600)
+    return tokens
+
+
 def _owned_by(engine, pid: int) -> list[str]:  # type: ignore[no-untyped-def]
     return [c["Id"] for c in engine.client.api.containers(all=True, filters={"label": "callbox.managed=1"})
             if f"/{pid}/" in c["Labels"].get("callbox.owner", "")]
@@ -67,9 +73,7 @@ def _stop_signals_blocked(pid: int) -> dict[int, bool]:
 
 
 def test_serve_with_a_config_file_takes_its_doors_tokens_and_limits(engine, tmp_path):
-    tokens = tmp_path / "tokens"
-    tokens.write_text("alice:" + "b" * 32 + "\n")
-    tokens.chmod(0o600)
+    _token_file(tmp_path, "b" * 32)
     sock = tmp_path / "executor.sock"
     config = tmp_path / "callbox.toml"
     config.write_text(f'[doors.grpc]\nlisten = "unix:{sock}"\n[auth]\ntoken_file = "tokens"\n'
@@ -99,9 +103,7 @@ def test_serve_with_a_config_file_takes_its_doors_tokens_and_limits(engine, tmp_
 
 
 def test_sighup_reloads_the_config_keeping_sandboxes_and_systemd_hears_each_step(engine, tmp_path):
-    tokens = tmp_path / "tokens"
-    tokens.write_text("alice:" + "c" * 32 + "\n")
-    tokens.chmod(0o600)
+    _token_file(tmp_path, "c" * 32)
     sock = tmp_path / "executor.sock"
     config = tmp_path / "callbox.toml"
 
