@@ -291,15 +291,17 @@ while time.time() < end:
     with open("f.tmp", "w") as f:
         f.write("safe\n")
     os.rename("f.tmp", "target")
-    # a directory component: a real directory <-> a symlink to /dev/shm, swapped atomically;
-    # gVisor has no RENAME_EXCHANGE (EINVAL): there three renames swap them, leaving a moment
-    # with no "dir" at all (a NOT_FOUND for a call that meets it)
+    # a directory component: a real directory <-> a symlink to /dev/shm, swapped atomically.
+    # gVisor has no RENAME_EXCHANGE (EINVAL): there "dir" becomes a symlink, atomically
+    # replaced by one to the real directory (moved to "realdir") or to /dev/shm in turn
     if exchange and libc.renameat2(-100, b"dir", -100, b"dirlink", RENAME_EXCHANGE) != 0:
         if ctypes.get_errno() != errno.EINVAL:
             raise OSError(ctypes.get_errno(), "renameat2")
-        exchange = False
+        exchange = False  # (on the first swap: a kernel has RENAME_EXCHANGE or not)
+        os.rename("dir", "realdir")
+        os.symlink("realdir", "dir")
     if not exchange:
-        os.rename("dir", "dir.tmp"); os.rename("dirlink", "dir"); os.rename("dir.tmp", "dirlink")
+        os.symlink("/dev/shm" if swaps % 2 else "realdir", "d.tmp"); os.rename("d.tmp", "dir")
     swaps += 1
 print(swaps)
 """
