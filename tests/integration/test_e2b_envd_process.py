@@ -497,15 +497,21 @@ def test_sdk_run_background_connect_kill_and_pty(sdk: str) -> None:
         sandbox.commands.send_stdin(reader.pid, "hello\n")
         assert reader.wait().stdout == "got:hello\n"
 
+        # the size given at creation, then a resize: each terminal is asked only after its
+        # size was set (one `stty size` sent before a resize may run after it)
         seen: list[bytes] = []
         terminal = sandbox.pty.create(PtySize(rows=24, cols=80))
-        sandbox.pty.send_stdin(terminal.pid, b"stty size\n")
-        sandbox.pty.resize(terminal.pid, PtySize(rows=40, cols=100))
         sandbox.pty.send_stdin(terminal.pid, b"stty size; exit 5\n")
         with pytest.raises(CommandExitException) as ended:
             terminal.wait(on_pty=seen.append)
-        assert ended.value.exit_code == 5
-        assert b"24 80" in b"".join(seen) and b"40 100" in b"".join(seen)
+        assert ended.value.exit_code == 5 and b"24 80" in b"".join(seen)
+        resized: list[bytes] = []
+        terminal = sandbox.pty.create(PtySize(rows=24, cols=80))
+        sandbox.pty.resize(terminal.pid, PtySize(rows=40, cols=100))
+        sandbox.pty.send_stdin(terminal.pid, b"stty size; exit 6\n")
+        with pytest.raises(CommandExitException) as ended:
+            terminal.wait(on_pty=resized.append)
+        assert ended.value.exit_code == 6 and b"40 100" in b"".join(resized)
     finally:
         sandbox.kill()
 
