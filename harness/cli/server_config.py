@@ -39,14 +39,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from harness.core.errors import UsageError
-from harness.core.validation import describe_validation_error
+from harness.core.validation import parse_toml_model
 
 DEFAULT_MAX_PER_CLIENT = 16
 DEFAULT_MAX_SANDBOXES = 64
@@ -141,17 +140,13 @@ class ServerConfig(_Section):
 
 def parse_config(text: str, *, source: str, base: Path) -> ServerConfig:
     """Validate configuration TOML; ``source`` names it in errors, ``base`` anchors paths."""
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source} is not valid TOML: {exc}; fix the syntax there") from None
-    try:
-        config = ServerConfig.model_validate(raw)
-    except ValidationError as exc:
-        problems = describe_validation_error(exc, ServerConfig, noun="key", object_word="a table")
-        head = f"{source}: " if len(problems) == 1 else f"{source} has {len(problems)} problems: "
-        raise ConfigError(head + "; ".join(problems)) from None
+    config = parse_toml_model(text, ServerConfig, source=source, error=ConfigError, message=_problems_message)
     return config.anchored(base)
+
+
+def _problems_message(source: str, problems: list[str]) -> str:
+    head = f"{source}: " if len(problems) == 1 else f"{source} has {len(problems)} problems: "
+    return head + "; ".join(problems)
 
 
 def load_config(path: Path) -> ServerConfig:

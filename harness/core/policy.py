@@ -108,7 +108,6 @@ import fnmatch
 import logging
 import posixpath
 import re
-import tomllib
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
@@ -135,7 +134,7 @@ from harness.core.rules import (
 )
 from harness.core.sandbox_settings import MountSetting, PoolSettings, SandboxSettings
 from harness.core.units import format_size
-from harness.core.validation import describe_validation_error, render_path
+from harness.core.validation import describe_validation_error, parse_toml_model, render_path
 from harness.engine.spec import HostLimits, Mount, SandboxSpec, SpecError
 
 __all__ = [
@@ -547,15 +546,7 @@ def parse_policy(text: str | bytes, *, source: str = "policy", base_dir: Path | 
             raise PolicyError(
                 f"{source} is not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8"
             ) from None
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"{source} is not valid TOML: {exc}; fix the syntax there") from None
-    try:
-        policy = Policy.model_validate(raw)
-    except ValidationError as exc:
-        problems = describe_validation_error(exc, Policy, noun="key", object_word="a table")
-        raise PolicyError(_problems_message(source, problems)) from None
+    policy = parse_toml_model(text, Policy, source=source, error=PolicyError, message=_problems_message)
     if base_dir is not None:
         policy = _anchor_paths(policy, base_dir)
     try:

@@ -571,3 +571,24 @@ def _allowed_keys(model: type[BaseModel] | None) -> tuple[str, ...]:
         names.append(alias or name)
     return tuple(names)
 
+
+
+_ModelT = typing.TypeVar("_ModelT", bound=BaseModel)
+
+
+def parse_toml_model(text: str, model: type[_ModelT], *, source: str,
+                     error: typing.Callable[[str], Exception],
+                     message: typing.Callable[[str, list[str]], str]) -> _ModelT:
+    """TOML ``text`` validated as ``model``: a syntax error or the key paths of every problem
+    raised as ``error(...)``; ``message(source, problems)`` words the problems."""
+    import tomllib
+
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{source} is not valid TOML: {exc}; fix the syntax there") from None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        problems = describe_validation_error(exc, model, noun="key", object_word="a table")
+        raise error(message(source, problems)) from None
