@@ -16,17 +16,10 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
-from harness.cli.server_config import apply_config
+from harness.cli.server_config import SETTINGS, apply_config
 
 LIVE = ("max_per_client", "max_sandboxes")
-"""Settings a reload applies to the running doors."""
-AT_RESTART = {
-    "grpc": "doors.grpc.listen", "mcp_http": "doors.mcp_http.listen", "e2b": "doors.e2b.listen",
-    "tls_cert": "tls.cert", "tls_key": "tls.key", "insecure": "tls.insecure", "token_file": "auth.token_file",
-    "policy": "policy.file", "audit_db": "audit.db",
-}
-"""Settings that take effect when the server restarts, by their key in the file."""
-KEYS = {**AT_RESTART, "max_per_client": "limits.max_per_client", "max_sandboxes": "limits.max_sandboxes"}
+"""Settings a reload applies to the running doors; every other one waits for a restart."""
 
 
 def executors(servers: Iterable[Any]) -> list[Any]:
@@ -52,7 +45,7 @@ def reload(command_line: argparse.Namespace, running: argparse.Namespace,
     fresh = copy.copy(command_line)
     apply_config(fresh)
     notes: list[str] = []
-    for name, key in KEYS.items():
+    for name, key in SETTINGS.items():
         before, after = getattr(running, name), getattr(fresh, name)
         if before == after:
             continue

@@ -228,24 +228,32 @@ UNSET = {
 """What applies when a path is not set, as ``callbox config check`` says it."""
 
 
+SETTINGS = {
+    "grpc": "doors.grpc.listen", "mcp_http": "doors.mcp_http.listen", "e2b": "doors.e2b.listen",
+    "tls_cert": "tls.cert", "tls_key": "tls.key", "insecure": "tls.insecure", "token_file": "auth.token_file",
+    "policy": "policy.file", "audit_db": "audit.db",
+    "max_per_client": "limits.max_per_client", "max_sandboxes": "limits.max_sandboxes",
+}
+"""Each ``callbox serve`` setting (its flag's name in the parsed arguments) and its key in the file."""
+
+
+def setting(config: ServerConfig, key: str) -> Any:
+    """The value at dotted ``key`` (None where a table on the way is absent: a door not served)."""
+    value: Any = config
+    for part in key.split("."):
+        value = getattr(value, part, None) if value is not None else None
+    return value
+
+
 def apply_config(args: argparse.Namespace) -> None:
     """Fill the serve settings ``args`` leaves unset from ``--config``'s file, then the
-    defaults; a flag given on the command line wins over the file."""
+    defaults; a flag given on the command line wins over the file (``--insecure`` can
+    only turn it on)."""
     if args.config is not None:
         config = load_config(args.config)
-        doors = config.doors
-        from_file = {
-            "grpc": doors.grpc.listen if doors.grpc else None,
-            "mcp_http": doors.mcp_http.listen if doors.mcp_http else None,
-            "e2b": doors.e2b.listen if doors.e2b else None,
-            "token_file": config.auth.token_file, "tls_cert": config.tls.cert, "tls_key": config.tls.key,
-            "policy": config.policy.file, "audit_db": config.audit.db,
-            "max_per_client": config.limits.max_per_client, "max_sandboxes": config.limits.max_sandboxes,
-        }
-        for name, value in from_file.items():
-            if getattr(args, name) is None:
-                setattr(args, name, value)
-        args.insecure = args.insecure or config.tls.insecure
+        for name, key in SETTINGS.items():
+            if getattr(args, name) in (None, False):
+                setattr(args, name, setting(config, key))
     if args.max_per_client is None:
         args.max_per_client = DEFAULT_MAX_PER_CLIENT
     if args.max_sandboxes is None:
