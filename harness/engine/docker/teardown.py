@@ -35,6 +35,7 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import docker
@@ -232,7 +233,19 @@ class Teardown:
         remove_container(engine.client, f"callbox-{removal.sandbox_id}")
         if removal.network != "none":
             engine.networks.detach(removal.sandbox_id)
-        shutil.rmtree(engine.run_root / removal.sandbox_id, ignore_errors=True)
+        remove_tree(engine.run_root / removal.sandbox_id)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove the directory ``path`` and everything in it; a missing one is no error, any other
+    failure raises (so the removal is retried). A second destroy of the same sandbox may write its
+    expiry file while the first removal empties the directory: that rmdir fails with ENOTEMPTY,
+    and the retry removes what was written."""
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        if path.exists():  # something inside vanished under us: the retry finishes the job
+            raise
 
 
 def _check_listening(client: docker.DockerClient) -> None:
