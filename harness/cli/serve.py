@@ -33,6 +33,8 @@ def add_parsers(sub: Any) -> None:
     serve.add_argument("--mcp-http", metavar="ADDR", help="MCP server over streamable HTTP on HOST:PORT")
     serve.add_argument("--e2b", metavar="HOST:PORT",
                        help="the E2B API (control plane and envd) for the e2b SDK on HOST:PORT (port 0: a free one)")
+    serve.add_argument("--http", metavar="HOST:PORT",
+                       help="/metrics, /healthz and the web console on HOST:PORT (port 0: a free one)")
     serve.add_argument("--token-file", type=Path,
                        help="client tokens, one NAME:TOKEN per line (mode 0600): gRPC bearer tokens and E2B API keys")
     serve.add_argument("--insecure", action="store_true",

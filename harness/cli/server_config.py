@@ -33,6 +33,39 @@ Example::
     [limits]
     max_sandboxes = 64
     max_per_client = 16
+
+    [http]
+    listen = "127.0.0.1:9464"        # /metrics, /healthz and the console
+
+    [service]
+    keep_sandboxes = true            # a restart re-adopts live sandboxes (the default here)
+
+    [log]
+    format = "json"                  # or "text"; to stderr (journald) unless file is set
+    # file = "/var/log/callbox/callbox.log"
+
+    [telemetry]
+    # otlp_endpoint = "http://127.0.0.1:4318/v1/traces"   # traces off when unset
+
+    [pool]                           # replaces the policy's [pool] for the doors' sandboxes
+    size = 4
+
+    [runtime]
+    default = "runc"                 # the doors' sandboxes run under this unless the policy asks more
+
+    [quotas]                         # every client's, unless its profile or its own table says otherwise
+    calls_per_minute = 600
+    memory = "16g"
+
+    [profiles.ci]
+    policy = "ci-policy.toml"        # the policy of the clients with this profile
+    [profiles.ci.quotas]
+    live_sandboxes = 4
+
+    [clients.builder]                # a client name of the token file
+    profile = "ci"
+    [clients.builder.quotas]
+    sandboxes_per_hour = 100
 """
 
 from __future__ import annotations
@@ -40,12 +73,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.core.errors import UsageError
+from harness.core.policy import Policy, RuntimeName
+from harness.core.sandbox_settings import PoolSettings
 from harness.core.validation import parse_toml_model
+from harness.doors.quotas import Quotas
 
 DEFAULT_MAX_PER_CLIENT = 16
 DEFAULT_MAX_SANDBOXES = 64
@@ -107,6 +143,61 @@ class Limits(_Section):
     """Live sandboxes per client (``--max-per-client``)."""
 
 
+class Http(_Section):
+    listen: str = Field(min_length=1, max_length=4096)
+    """``HOST:PORT`` of the HTTP endpoint (``--http``): ``/metrics`` (Prometheus text, no
+    token), ``/healthz`` and the web console under ``/`` (a token of the token file). A
+    non-loopback host needs TLS or ``tls.insecure``."""
+
+
+class Service(_Section):
+    keep_sandboxes: bool = True
+    """On stop, leave the live sandboxes running (their expiry still bounds them) and
+    re-adopt them, with their runs and pending approvals, at the next start on the same
+    audit store. ``false``: every sandbox is destroyed when the server stops."""
+
+
+class Log(_Section):
+    format: Literal["text", "json"] = "text"
+    """``json``: one JSON object a line (time, level, logger, message, and the fields a
+    record carries); ``text``: plain lines."""
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    """The least severe level written."""
+    file: Path | None = None
+    """Write to this file, rotated by size; absent: standard error (journald under systemd)."""
+    max_bytes: int = Field(default=10 << 20, ge=4096)
+    """With ``file``: its size at which it is rotated."""
+    backups: int = Field(default=5, ge=0, le=1000)
+    """With ``file``: how many rotated files are kept (``FILE.1`` ... ``FILE.N``)."""
+
+
+class Telemetry(_Section):
+    otlp_endpoint: str | None = Field(default=None, pattern=r"^https?://")
+    """OTLP/HTTP traces endpoint (``http://HOST:4318/v1/traces``); absent: no traces."""
+    service_name: str = Field(default="callbox", min_length=1, max_length=255)
+    """The ``service.name`` the traces carry."""
+
+
+class Runtime(_Section):
+    default: RuntimeName | None = None
+    """The OCI runtime of the doors' sandboxes (``runc`` or ``runsc``); absent: the
+    policy's ``[sandbox] runtime``. A policy's ``[runtime] require`` still applies."""
+
+
+class Profile(_Section):
+    policy: Path | None = None
+    """The policy the profile's clients are served with; absent: the server's policy."""
+    quotas: Quotas = Quotas()
+    """Quotas over ``[quotas]``, key by key."""
+
+
+class Client(_Section):
+    profile: str | None = Field(default=None, min_length=1, max_length=64)
+    """A ``[profiles.NAME]`` of this file."""
+    quotas: Quotas = Quotas()
+    """The client's own quotas, over its profile's and ``[quotas]``, key by key."""
+
+
 class ServerConfig(_Section):
     """A ``callbox serve`` configuration file."""
 
@@ -116,6 +207,50 @@ class ServerConfig(_Section):
     policy: PolicyRef = PolicyRef()
     audit: Audit = Audit()
     limits: Limits = Limits()
+    http: Http | None = None
+    """``[http]``: metrics, health and the console; absent: not served."""
+    service: Service = Service()
+    log: Log = Log()
+    telemetry: Telemetry = Telemetry()
+    pool: PoolSettings | None = None
+    """``[pool]``: pre-started sandboxes, replacing the served policy's ``[pool]`` table."""
+    runtime: Runtime = Runtime()
+    quotas: Quotas = Quotas()
+    """``[quotas]``: every client's quotas (see :mod:`harness.doors.quotas`)."""
+    profiles: dict[str, Profile] = Field(default_factory=dict)
+    """``[profiles.NAME]``: a policy and quotas that clients are mapped to."""
+    clients: dict[str, Client] = Field(default_factory=dict)
+    """``[clients.NAME]``: per client name of the token file, its profile and quotas."""
+
+    @model_validator(mode="after")
+    def _profiles_exist(self) -> ServerConfig:
+        for name, client in self.clients.items():
+            if client.profile is not None and client.profile not in self.profiles:
+                known = ", ".join(sorted(self.profiles)) or "none is defined"
+                raise ValueError(f"clients.{name}.profile: no [profiles.{client.profile}] ({known}); "
+                                 "add that table or fix the name")
+        return self
+
+    def client_quotas(self, client: str) -> Quotas:
+        """``client``'s quotas: its own over its profile's over ``[quotas]``, and
+        ``live_sandboxes`` at least bounded by ``limits.max_per_client``."""
+        entry = self.clients.get(client, Client())
+        quotas = self.quotas
+        if entry.profile is not None:
+            quotas = self.profiles[entry.profile].quotas.over(quotas)
+        quotas = entry.quotas.over(quotas)
+        if quotas.live_sandboxes is None:
+            quotas = quotas.model_copy(update={"live_sandboxes": self.limits.max_per_client})
+        return quotas
+
+    def client_policy_file(self, client: str) -> Path | None:
+        """The policy file ``client`` is served with (None: the packaged default)."""
+        entry = self.clients.get(client)
+        if entry is not None and entry.profile is not None:
+            profile_policy = self.profiles[entry.profile].policy
+            if profile_policy is not None:
+                return profile_policy
+        return self.policy.file
 
     def anchored(self, base: Path) -> ServerConfig:
         """Every relative path taken against ``base`` (the file's directory), ``~`` expanded."""
@@ -131,6 +266,9 @@ class ServerConfig(_Section):
             "auth": self.auth.model_copy(update={"token_file": anchor(self.auth.token_file)}),
             "policy": self.policy.model_copy(update={"file": anchor(self.policy.file)}),
             "audit": self.audit.model_copy(update={"db": anchor(self.audit.db)}),
+            "log": self.log.model_copy(update={"file": anchor(self.log.file)}),
+            "profiles": {name: profile.model_copy(update={"policy": anchor(profile.policy)})
+                         for name, profile in self.profiles.items()},
         })
 
     def effective(self) -> dict[str, Any]:
@@ -168,9 +306,8 @@ def load_config(path: Path) -> ServerConfig:
 
 
 def check_files(config: ServerConfig, source: str) -> None:
-    """The files the configuration names exist (and the policy is valid); ConfigError if not."""
+    """The files the configuration names exist (and the policies are valid); ConfigError if not."""
     from harness.core.errors import CallboxError
-    from harness.core.policy import load_policy
 
     named = {"auth.token_file": config.auth.token_file, "tls.cert": config.tls.cert, "tls.key": config.tls.key}
     for key, path in named.items():
@@ -185,13 +322,45 @@ def check_files(config: ServerConfig, source: str) -> None:
         from harness.doors.grpc.tokens import load_token_file
 
         try:
-            load_token_file(config.auth.token_file)
+            names = set(load_token_file(config.auth.token_file).names)
         except CallboxError as exc:
             raise ConfigError(f"{source}: auth.token_file: {exc.message}") from None
-    try:
-        load_policy(config.policy.file)
-    except CallboxError as exc:
-        raise ConfigError(f"{source}: policy.file: {exc.message}") from None
+        for client in config.clients:
+            if client not in names:
+                raise ConfigError(f"{source}: clients.{client}: the token file {config.auth.token_file} has no "
+                                  f"client named {client!r} (it has {', '.join(sorted(names))}); fix the name")
+    if config.log.file is not None and not config.log.file.parent.is_dir():
+        raise ConfigError(f"{source}: log.file = {str(config.log.file)!r}: its directory does not exist; "
+                          "create it or fix the path")
+    policies = {"policy.file": config.policy.file}
+    policies.update({f"profiles.{name}.policy": profile.policy for name, profile in config.profiles.items()
+                     if profile.policy is not None})
+    for key, path in policies.items():
+        try:
+            served_policy(path, config)
+        except CallboxError as exc:
+            raise ConfigError(f"{source}: {key}: {exc.message}") from None
+
+
+def served_policy(path: Path | None, config: ServerConfig | None) -> Policy:
+    """The policy at ``path`` (None: the packaged default) as the doors serve it: with the
+    configuration's ``[pool]`` and ``[runtime] default`` over the policy's own. Raises
+    PolicyError naming the key when the result is not a valid sandbox spec."""
+    from harness.core.policy import PolicyError, load_policy
+
+    policy = load_policy(path)
+    if config is None:
+        return policy
+    if config.pool is not None:
+        policy = policy.model_copy(update={"pool": config.pool})
+    if config.runtime.default is not None:
+        sandbox = policy.sandbox.model_copy(update={"runtime": config.runtime.default})
+        policy = policy.model_copy(update={"sandbox": sandbox})
+        try:
+            policy.sandbox_spec()
+        except PolicyError as exc:
+            raise PolicyError(f"runtime.default = {config.runtime.default!r} with this policy: {exc.message}") from None
+    return policy
 
 
 def render_toml(effective: dict[str, Any]) -> str:
@@ -201,20 +370,35 @@ def render_toml(effective: dict[str, Any]) -> str:
 
     def table(name: str, values: dict[str, Any]) -> None:
         lines.append(f"[{name}]")
+        nested = {key: value for key, value in values.items() if isinstance(value, dict)}
         for key, value in values.items():
+            if key in nested:
+                continue
             if value is None:
-                lines.append(f"# {key}: not set ({UNSET.get(f'{name}.{key}', 'not used')})")
+                lines.append(f"# {key}: not set ({_unset(f'{name}.{key}')})")
             else:
                 lines.append(f"{key} = {json.dumps(value)}")
         lines.append("")
+        for key, value in nested.items():
+            table(f"{name}.{key}", value)
 
     for door, address in effective["doors"].items():
         if address is None:
             lines += [f"# [doors.{door}]: not served", ""]
         else:
             table(f"doors.{door}", address)
-    for section in ("tls", "auth", "policy", "audit", "limits"):
-        table(section, effective[section])
+    for section, value in effective.items():
+        if section == "doors":
+            continue
+        if section in ("profiles", "clients"):
+            for name, entry in value.items():
+                table(f"{section}.{name}", entry)
+            if not value:
+                lines += [f"# [{section}.NAME]: none", ""]
+        elif value is None:
+            lines += [f"# [{section}]: {_unset(section)}", ""]
+        else:
+            table(section, value)
     return "\n".join(lines)
 
 
@@ -224,8 +408,30 @@ UNSET = {
     "auth.token_file": "$CALLBOX_TOKEN, $CALLBOX_TOKEN_FILE, or the default token file (made on first start)",
     "policy.file": "the packaged default policy",
     "audit.db": "$CALLBOX_AUDIT_DB or the state dir",
+    "http": "not served: no /metrics, /healthz or console",
+    "pool": "the policy's [pool]",
+    "log.file": "standard error",
+    "telemetry.otlp_endpoint": "no traces",
+    "runtime.default": "the policy's [sandbox] runtime",
+    "quotas.live_sandboxes": "limits.max_per_client",
+    "pool.max": "pool.size",
+    "profiles.*.policy": "the server's policy",
+    "profiles.*.quotas.*": "[quotas]",
+    "clients.*.profile": "none: the server's policy and [quotas]",
+    "clients.*.quotas.*": "its profile's, else [quotas]",
 }
-"""What applies when a path is not set, as ``callbox config check`` says it."""
+"""What applies when a key is not set, as ``callbox config check`` says it (``*``: any name)."""
+
+
+def _unset(key: str) -> str:
+    """What :data:`UNSET` says of dotted ``key`` (a name under profiles or clients matches
+    ``*``; a quota key there too); unlisted keys are limits: "no limit"."""
+    parts = key.split(".")
+    if parts[0] in ("profiles", "clients") and len(parts) > 1:
+        parts[1] = "*"
+        if len(parts) > 3 and parts[2] == "quotas":
+            parts[3] = "*"
+    return UNSET.get(".".join(parts), "no limit")
 
 
 SETTINGS = {
@@ -233,6 +439,7 @@ SETTINGS = {
     "tls_cert": "tls.cert", "tls_key": "tls.key", "insecure": "tls.insecure", "token_file": "auth.token_file",
     "policy": "policy.file", "audit_db": "audit.db",
     "max_per_client": "limits.max_per_client", "max_sandboxes": "limits.max_sandboxes",
+    "http": "http.listen",
 }
 """Each ``callbox serve`` setting (its flag's name in the parsed arguments) and its key in the file."""
 
@@ -249,8 +456,10 @@ def apply_config(args: argparse.Namespace) -> None:
     """Fill the serve settings ``args`` leaves unset from ``--config``'s file, then the
     defaults; a flag given on the command line wins over the file (``--insecure`` can
     only turn it on)."""
+    args.server_config = None
     if args.config is not None:
         config = load_config(args.config)
+        args.server_config = config
         for name, key in SETTINGS.items():
             if getattr(args, name) in (None, False):
                 setattr(args, name, setting(config, key))
