@@ -54,3 +54,17 @@ class Egress(Database):
 
         names = ("call_id", "sandbox_id", "ts", "decision", "method", "host", "port", "address", "reason")
         return [dict(zip(names, row, strict=True)) for row in self._read(body)]
+
+    def recent_egress(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The last ``limit`` egress decisions across runs, newest first (each with its ``run_id``)."""
+
+        def body(c: sqlite3.Connection) -> Any:
+            if not table_exists(c, "egress"):
+                return []
+            return c.execute(
+                "SELECT run_id, call_id, sandbox_id, ts, decision, method, host, port, address, reason FROM egress "
+                "ORDER BY id DESC LIMIT ?", (limit,),
+            ).fetchall()
+
+        names = ("run_id", "call_id", "sandbox_id", "ts", "decision", "method", "host", "port", "address", "reason")
+        return [dict(zip(names, row, strict=True)) for row in self._read(body)]
