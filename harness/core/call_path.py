@@ -11,6 +11,10 @@ has the session's secrets taken out (:mod:`harness.core.redaction`) before the o
 budget bounds it, so neither the model, a door nor the audit store gets them; the result's
 ``meta["redactions"]`` (recorded with it) says how many were taken out, of which kinds and
 where, and is absent when there were none.
+
+Each step is a span while tracing is on (:mod:`harness.telemetry.tracing`): validate,
+authorize, exec (with the sandbox's start or claim inside it), shape, audit; the handler's
+time is kept for the call metrics (``sandbox_s``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Literal
 
 from harness.audit.records import final_decision
@@ -32,6 +37,7 @@ from harness.core.shaping import bound_text, strip_terminal_codes
 from harness.core.validation import CallRejected, validate_call
 from harness.engine.agent_errors import sandbox_gone
 from harness.engine.base import Sandbox
+from harness.telemetry import tracing
 
 if TYPE_CHECKING:
     from harness.core.session import Session
@@ -73,12 +79,17 @@ def _freeform(call: ToolCall, tool: Tool | None) -> ToolCall:
 class _CallSandbox:
     """The run's sandbox as one call's handler sees it, noting whether it got one."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, attributes: dict[str, str] | None) -> None:
         self._session = session
+        self._attributes = attributes
         self.handed_out = False
 
     def sandbox(self) -> Sandbox:
-        sandbox = self._session.sandbox()
+        if self._attributes is not None and self._session.active_sandbox is None:
+            with tracing.span("callbox.sandbox", self._attributes):  # started, or claimed from the pool
+                sandbox = self._session.sandbox()
+        else:
+            sandbox = self._session.sandbox()
         self.handed_out = True
         return sandbox
 
@@ -95,6 +106,18 @@ class CallPath:
         self.on_output = on_output
         self._on_decided = on_decided
         self.decision: DecisionLabel | None = None
+        self.tool_label = self.tool.definition.name if self.tool is not None else "unknown"
+        """The call's tool in metrics (a name no tool has is ``unknown``: the label set stays bounded)."""
+        self.sandbox_s: float | None = None
+        """Seconds the tool's handler ran (None: it never ran)."""
+        self.attributes: dict[str, str] | None = (
+            {"callbox.run_id": session.run_id, "callbox.call_id": str(call.call_id)[:128]}
+            if tracing.active() else None)
+        """The attributes of the call's spans; None while tracing is off."""
+
+    def step(self, name: str) -> AbstractContextManager[Any]:
+        """The span of one step of the call (a no-op while tracing is off)."""
+        return tracing.span(name, self.attributes)
 
     def decided(self, label: DecisionLabel) -> None:
         """Report the call's decision (only the first report counts)."""
@@ -118,13 +141,15 @@ class CallPath:
         if tool is None or not s.policy.tool_allowed(call.name):
             return self._refused(self._unavailable())
         try:
-            args = validate_call(tool.definition, call.arguments)
+            with self.step("callbox.validate"):
+                args = validate_call(tool.definition, call.arguments)
         except CallRejected as rejected:
             return self._refused(ToolResult.failure(call.call_id, rejected.code, rejected.message))
-        start = s.audit.claim_and_start(
-            s.run_id, call.call_id, call.name, call.arguments, lambda counted: self._authorize(tool, args, counted),
-            max_calls=s.policy.budgets.max_tool_calls,
-        )
+        with self.step("callbox.authorize"):
+            start = s.audit.claim_and_start(
+                s.run_id, call.call_id, call.name, call.arguments, lambda counted: self._authorize(tool, args, counted),
+                max_calls=s.policy.budgets.max_tool_calls,
+            )
         claim, decision = start.claim, start.decision
         if not claim.fresh or decision is None:
             return self._repeat(claim)
@@ -250,7 +275,7 @@ class CallPath:
             denied = budgets.check(budgets.max_tool_calls, 0) or decision
             result = ToolResult.failure(call.call_id, ErrorCode.BUDGET_EXCEEDED, denied.reason)
             return self._finish(result, denied)
-        provider = _CallSandbox(s)
+        provider = _CallSandbox(s, self.attributes)
         stream = s.redactor.stream(self.on_output) if self.on_output is not None and s.redactor.active else None
         ctx = ToolContext(
             run_id=s.run_id, call_id=call.call_id, provider=provider,
@@ -258,14 +283,17 @@ class CallPath:
             output_budget=budgets.max_output_bytes, on_output=stream or self.on_output,
         )
         self.decided(decision_label(decision))
-        started = time.monotonic()
-        output = self._unless_gone(self._run_handler(tool, ctx, args, stream))
+        started = time.perf_counter()
+        with self.step("callbox.exec"):
+            output = self._unless_gone(self._run_handler(tool, ctx, args, stream))
+        self.sandbox_s = time.perf_counter() - started
         if output.error is ErrorCode.SANDBOX_UNAVAILABLE and not provider.handed_out:
             output = dataclasses.replace(output, structured={**(output.structured or {}), "command_started": False})
-        duration_ms = (time.monotonic() - started) * 1000
-        s.record_egress(call.call_id)
-        text, structured, findings = self._redacted(output)
-        shaped = bound_text(text, budgets.max_output_bytes, keep_terminal_codes=True)  # codes went before redaction
+        duration_ms = self.sandbox_s * 1000
+        with self.step("callbox.shape"):
+            s.record_egress(call.call_id)
+            text, structured, findings = self._redacted(output)
+            shaped = bound_text(text, budgets.max_output_bytes, keep_terminal_codes=True)  # codes went before redaction
         meta: dict[str, Any] = {"duration_ms": round(duration_ms, 3), "rule": decision.rule,
                                 "raw_bytes": output.raw_bytes, "truncated": shaped.truncated}
         if findings:
@@ -275,11 +303,12 @@ class CallPath:
             structured=structured, meta=meta,
         ))
         exit_code = (output.structured or {}).get("exit_code")
-        s.audit.finish_call(
-            s.run_id, call.call_id, result, decision=decision,
-            exit_code=exit_code if isinstance(exit_code, int) else None,
-            duration_ms=duration_ms, bytes_out=len(shaped.text.encode()), truncated=shaped.truncated,
-        )
+        with self.step("callbox.audit"):
+            s.audit.finish_call(
+                s.run_id, call.call_id, result, decision=decision,
+                exit_code=exit_code if isinstance(exit_code, int) else None,
+                duration_ms=duration_ms, bytes_out=len(shaped.text.encode()), truncated=shaped.truncated,
+            )
         return result
 
     def _redacted(self, output: ToolOutput) -> tuple[str, dict[str, Any] | None, list[Finding]]:
@@ -335,8 +364,9 @@ class CallPath:
         """Record the result of a call that did not run (its decision label follows ``decision``)."""
         s = self.session
         result = self.labelled(result, decision_label(decision))
-        s.audit.finish_call(
-            s.run_id, self.call.call_id, result, decision=decision, exit_code=None, duration_ms=0.0,
-            bytes_out=len(result.text.encode()), truncated=False,
-        )
+        with self.step("callbox.audit"):
+            s.audit.finish_call(
+                s.run_id, self.call.call_id, result, decision=decision, exit_code=None, duration_ms=0.0,
+                bytes_out=len(result.text.encode()), truncated=False,
+            )
         return result

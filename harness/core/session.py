@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 
 import tenacity
@@ -48,6 +49,7 @@ from harness.engine.base import Engine, Sandbox
 from harness.engine.cancel import CallScope, current_scope
 from harness.engine.default import connect_default_engine
 from harness.engine.spec import SandboxSpec
+from harness.telemetry import metrics, tracing
 
 log = logging.getLogger("callbox.harness")
 
@@ -64,13 +66,18 @@ class Session:
         run_id: str | None = None,
         spec: SandboxSpec | None = None,
         engine_factory: Callable[[], Engine] | None = None,
+        door: str | None = None,
     ) -> None:
         policy.check_tools(t.definition for t in registry.tools())
         self.registry = registry
         self.policy = policy
         self.audit = audit
         self.run_id = audit.start_run(run_id)
-        self.started = audit.get_run(self.run_id).created
+        run = audit.get_run(self.run_id)
+        self.started = run.created
+        self.door = door or str(run.meta.get("door") or "local")
+        """How the run's calls arrive (``grpc``, ``mcp``, ``e2b``, ``local``): a label of the
+        call metrics and spans; the run's recorded ``door`` unless given."""
         self.spec = spec if spec is not None else policy.sandbox_spec()
         self.redactor = Redactor.for_policy(policy.redaction, os.environ, self.spec.env)
         """Takes the policy's secrets out of every result (built once: the env values are read now)."""
@@ -185,6 +192,7 @@ class Session:
             events = sandbox.new_egress_events()  # empty unless allowlist
             if not events:
                 return
+            metrics.record_egress(str(getattr(e, "decision", "?")) for e in events)
             self.audit.record_egress(self.run_id, call_id, sandbox.id, [e.raw for e in events])
         except CallboxError as error:  # the call's result matters more than its audit trail
             log.error("could not record the egress decisions of sandbox %s: %s", sandbox.id, error.message)
@@ -212,8 +220,32 @@ class Session:
         exactly once, before the handler runs (before the result returns, for a call that
         never runs); every result carries it in ``meta["decision"]``. ``scope`` (made
         current for the call, so the agent RPCs it makes are tracked) lets the caller cancel
-        the call from any thread; ``cancel_calls`` and ``close`` cancel it too."""
+        the call from any thread; ``cancel_calls`` and ``close`` cancel it too.
+
+        Each call is counted in the call metrics (:func:`harness.telemetry.metrics.record_call`)
+        and, while tracing is on, is a ``callbox.call`` span (child of the current span: a
+        caller's, when the door continued its trace)."""
+        started = time.perf_counter()
         path = CallPath(self, call, on_output, on_decided)
+        tracer = tracing.tracer()
+        if tracer is None:
+            result = self._call(path, scope)
+        else:
+            with tracer.start_as_current_span("callbox.call", attributes=path.attributes) as span:
+                result = self._call(path, scope)
+                span.set_attributes({"callbox.tool": path.tool_label, "callbox.door": self.door,
+                                     "callbox.decision": path.decision or "rejected"})
+                if result.is_error:
+                    tracing.failed(span, str(result.error or "error"))
+        total = time.perf_counter() - started
+        sandbox_s = path.sandbox_s
+        metrics.record_call(path.tool_label, self.door, path.decision or "rejected",
+                            result.error or ("error" if result.is_error else "ok"),
+                            total - sandbox_s if sandbox_s is not None else total, sandbox_s)
+        return result
+
+    def _call(self, path: CallPath, scope: CallScope | None) -> ToolResult:
+        call = path.call
         try:
             check_call_id(call.call_id)
         except CallRejected as rejected:

@@ -15,7 +15,8 @@ import docker
 import docker.errors
 import requests
 
-from harness.core.errors import EngineUnavailable, short_reason
+from harness.core.errors import EngineUnavailable, ImageNotFound, SandboxStartError, short_reason
+from harness.telemetry.metrics import record_engine_error
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -33,6 +34,7 @@ def connect_client(timeout: int = 60) -> docker.DockerClient:
         client = docker.from_env(timeout=timeout)
         client.ping()
     except docker.errors.DockerException as exc:
+        record_engine_error("engine_unavailable")
         raise EngineUnavailable(
             f"cannot reach the Docker engine at {engine_host()} ({short_reason(exc)}); start dockerd "
             "(`make test` and `make demo` start it) or set DOCKER_HOST. No tool runs without a sandbox."
@@ -40,9 +42,27 @@ def connect_client(timeout: int = 60) -> docker.DockerClient:
     return client
 
 
+_ERROR_KINDS: tuple[tuple[type[Exception], str], ...] = (
+    (EngineUnavailable, "engine_unavailable"), (ImageNotFound, "image_not_found"),
+    (SandboxStartError, "sandbox_start"), (docker.errors.APIError, "docker_api"),
+)
+
+
+def _count_error(exc: Exception) -> None:
+    """Count ``exc`` in ``callbox_engine_errors_total`` once (engine methods call each other)."""
+    if getattr(exc, "_callbox_counted", False):
+        return
+    for cls, kind in _ERROR_KINDS:
+        if isinstance(exc, cls):
+            record_engine_error(kind)
+            exc._callbox_counted = True  # type: ignore[attr-defined]
+            return
+
+
 def engine_calls(method: Callable[_P, _R]) -> Callable[_P, _R]:
     """Losing the engine mid-request (dockerd stopped or restarting) raises the requests
-    library's own errors, which docker-py passes through; make them EngineUnavailable."""
+    library's own errors, which docker-py passes through; make them EngineUnavailable. The
+    engine's failures are counted in the metrics by kind."""
 
     @wraps(method)
     def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
@@ -50,11 +70,17 @@ def engine_calls(method: Callable[_P, _R]) -> Callable[_P, _R]:
             return method(*args, **kwargs)
         except requests.exceptions.RequestException as exc:
             if isinstance(exc, docker.errors.DockerException):  # APIError is both: an answer, not a loss
+                _count_error(exc)
                 raise
-            raise EngineUnavailable(
+            lost = EngineUnavailable(
                 f"lost the Docker engine at {engine_host()} ({short_reason(exc)}): it stopped or is restarting; "
                 "start dockerd again (`make test` and `make demo` start it)"
-            ) from None
+            )
+            _count_error(lost)
+            raise lost from None
+        except (EngineUnavailable, ImageNotFound, SandboxStartError) as exc:
+            _count_error(exc)
+            raise
 
     return call
 

@@ -93,6 +93,7 @@ from harness.engine.docker.sandbox import AGENT_SOCKET_NAME, Sandbox
 from harness.engine.docker.snapshots import SnapshotInfo, SnapshotStore
 from harness.engine.spec import HOME as _HOME
 from harness.engine.spec import HostLimits, SandboxSpec
+from harness.telemetry import metrics, tracing
 from harness.wire import default_run_root
 from sandbox.health import SERVING
 
@@ -154,6 +155,7 @@ class DockerEngine:
         self.pool: WarmPool | None = None
         """Pre-started sandboxes ``create`` claims from (none unless ``enable_pool``)."""
         self.teardown = teardown.Teardown(self)  # the background remover of ``destroy``
+        metrics.watch_engine(self)  # its sandboxes in the gauges /metrics reads
         if reap_on_start:
             for sandbox_id in self.gc():
                 log.info("reaped leftover sandbox %s", sandbox_id)
@@ -201,7 +203,10 @@ class DockerEngine:
         a named sandbox outlives this process until its expiry. ``ttl_s``: its time-to-live
         (default the spec's ``ttl_seconds``). ``owner``: who it belongs to, shown by
         ``list_sandboxes`` (``user:1000``, ``grpc:client``). With any of them the sandbox
-        gets a lifetime record, so ``open`` finds it from another process."""
+        gets a lifetime record, so ``open`` finds it from another process.
+
+        Each create is counted, and timed, in the metrics by source (``pool`` or ``cold``)."""
+        started = time.perf_counter()
         if name is not None:
             validate_name(name)
         ttl = float(spec.ttl_seconds) if ttl_s is None else validate_ttl(ttl_s)
@@ -212,6 +217,7 @@ class DockerEngine:
             log.warning("this policy loosens a hardened default: %s", note)
         uid, gid = _tool_identity(spec)
         if self.pool is not None and (claimed := self.pool.claim(spec, uid, gid, name=name, owner=owner, ttl=ttl)):
+            self._created("pool", started)
             return claimed
         sandbox_id = uuid.uuid4().hex[:12]
         socket_dir = self.run_root / sandbox_id
@@ -219,13 +225,20 @@ class DockerEngine:
         if name is not None:
             living.claim(self, name, sandbox_id)
         try:
-            return self._start(spec, sandbox_id, socket_dir, uid, gid, name=name, owner=owner, ttl=ttl,
-                               record=name is not None or owner is not None or ttl_s is not None,
-                               ready_timeout=ready_timeout)
+            sandbox = self._start(spec, sandbox_id, socket_dir, uid, gid, name=name, owner=owner, ttl=ttl,
+                                  record=name is not None or owner is not None or ttl_s is not None,
+                                  ready_timeout=ready_timeout)
         except BaseException:
             if name is not None:
                 release_name(self.run_root, name, sandbox_id)
             raise
+        self._created("cold", started)
+        return sandbox
+
+    @staticmethod
+    def _created(source: str, started: float) -> None:
+        metrics.record_sandbox_created(source, time.perf_counter() - started)
+        tracing.annotate("callbox.sandbox.source", source)
 
     def _start(self, spec: SandboxSpec, sandbox_id: str, socket_dir: Path, uid: int, gid: int, *,
                name: str | None, owner: str | None, ttl: float, record: bool, ready_timeout: float) -> Sandbox:
@@ -419,6 +432,22 @@ class DockerEngine:
         its container no longer runs (restore it from a snapshot); ``SandboxExpired`` for a
         kept one past its keep (see ``attach``)."""
         return living.open_sandbox(self, name_or_id, ready_timeout)
+
+    def sandbox_census(self) -> tuple[int, int]:
+        """The sandboxes on the engine, running or paused (this process's pooled ones among them),
+        and of them paused: for the metrics' gauges (one container list, no stats)."""
+        doomed = teardown.removing_anywhere()
+        live = paused = 0
+        for info in living.list_sandboxes(self, with_stats=False):
+            if info.sandbox_id in doomed or info.state not in ("running", "paused"):
+                continue
+            live += 1
+            paused += info.state == "paused"
+        return live, paused
+
+    def pooled_count(self) -> int:
+        """The warm sandboxes in this engine's pool (0 without one)."""
+        return self.pool.pooled() if self.pool is not None else 0
 
     def is_paused(self, sandbox: Sandbox) -> bool:
         """Whether ``sandbox`` is paused, as far as this process or its record knows (cheap)."""
