@@ -32,7 +32,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
-from opentelemetry.trace import Span, Status, StatusCode, Tracer, get_current_span
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "continued",
     "failed",
     "flush",
+    "request_span",
     "shutdown",
     "span",
     "tracer",
@@ -172,3 +173,22 @@ def continued(headers: Mapping[str, str] | None) -> contextlib.AbstractContextMa
     if not headers or _state.tracer is None:
         return _NULL
     return _attached(headers)
+
+
+@contextlib.contextmanager
+def _server_span(current: Tracer, name: str, headers: Mapping[str, str],
+                 attributes: Mapping[str, Any] | None) -> Iterator[None]:
+    parent = _PROPAGATOR.extract(headers) if headers else None
+    with current.start_as_current_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes):
+        yield
+
+
+def request_span(name: str, headers: Mapping[str, Any] | None,
+                 attributes: Mapping[str, Any] | None = None) -> contextlib.AbstractContextManager[Any]:
+    """A server span for one request of a door whose work is not a call through the call path
+    (the E2B door's envd and REST requests), the child of the caller's span when its
+    ``headers`` carry a traceparent; a no-op while tracing is off."""
+    current = _state.tracer
+    if current is None:
+        return _NULL
+    return _server_span(current, name, carrier(headers), attributes)

@@ -52,6 +52,7 @@ from harness.doors.e2b.errors import E2bError
 from harness.doors.e2b.rpc import EnvdCall, EnvdRoute, HttpRequest, HttpResponse, Method, RestRoute, Service
 from harness.doors.grpc.tokens import TokenSet
 from harness.engine.cancel import current_scope
+from harness.telemetry import tracing
 
 __all__ = ["ENVD_PORT", "E2bApp", "envd_user"]
 
@@ -193,7 +194,9 @@ class E2bApp:
             if closing:
                 await exchange.respond(*_rest_error(E2bError("unavailable", "the server is shutting down")))
             else:
-                await self._route(exchange)
+                # A span per request while tracing is on; a caller's traceparent header continues its trace.
+                with tracing.request_span("callbox.e2b", exchange.headers, _span_attributes(exchange)):
+                    await self._route(exchange)
         except ClientGone:
             pass
         finally:
@@ -378,6 +381,15 @@ def _close(body: object) -> None:
     if close is not None:
         with contextlib.suppress(Exception):
             close()
+
+
+def _span_attributes(exchange: Exchange) -> dict[str, str]:
+    """The request's span attributes (a sandbox's id is its run's)."""
+    attributes = {"http.request.method": exchange.method, "url.path": exchange.path}
+    sandbox_id = exchange.headers.get("e2b-sandbox-id")
+    if sandbox_id is not None:
+        attributes["callbox.run_id"] = sandbox_id
+    return attributes
 
 
 def _no_route(exchange: Exchange, allowed: list[str], what: str) -> E2bError:

@@ -88,6 +88,7 @@ from harness.doors.grpc.workers import Workers
 from harness.engine.base import Engine
 from harness.engine.cancel import CallScope
 from harness.engine.docker.engine import DockerEngine
+from harness.telemetry import metrics, tracing
 from harness.v1 import executor_pb2, executor_pb2_grpc
 
 __all__ = ["ExecutorService"]
@@ -143,6 +144,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         self.registry = registry
         self.policy = policy
         self.audit = audit
+        metrics.watch_approvals(str(audit.path), audit)  # the approvals pending, in /metrics
         self.tokens = tokens
         self.limits = limits or Limits()
         # DockerEngine.connect: a server fails at once when the engine is not there (no retries).
@@ -351,13 +353,16 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         context.add_callback(scope.cancel)  # runs when the RPC ends: cancelled, expired or done
         events: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
         call = ToolCall(request.name, request.arguments_json or "{}", call_id)
+        trace = tracing.carrier(context.invocation_metadata())  # a caller's traceparent continues its trace
 
         def on_output(stream: str, data: bytes) -> None:
             events.put(("output", stream, data))
 
         def work() -> None:
             try:
-                events.put(("result", session.harness.call(call, on_output=on_output, scope=scope), None))
+                with tracing.continued(trace):
+                    result = session.harness.call(call, on_output=on_output, scope=scope)
+                events.put(("result", result, None))
             except BaseException as exc:
                 events.put(("error", exc, None))
 

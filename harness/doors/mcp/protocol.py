@@ -27,6 +27,7 @@ from harness.doors.mcp.progress import OutputPump, progress_requested
 from harness.doors.mcp.service import McpSession, McpToolService, SessionSlot
 from harness.engine.cancel import CallScope
 from harness.engine.spec import SandboxSpec
+from harness.telemetry import tracing
 
 __all__ = [
     "CALL_ID_META_KEY",
@@ -162,11 +163,15 @@ class _McpProtocol:
         scope = CallScope()
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(DEFAULT_MAX_CONCURRENT_CALLS)
+        # Over HTTP, a caller's traceparent header continues its trace (one in the request's
+        # _meta already did, through the SDK's own span in the current context).
+        trace = tracing.carrier(getattr(ctx.request, "headers", None))
 
         def run() -> tuple[ToolResult, McpSession]:
             session = slot.session()
-            result = session.call(name, arguments, call_id=client_call_id,
-                                  on_output=pump.push if pump is not None else None, scope=scope)
+            with tracing.continued(trace):
+                result = session.call(name, arguments, call_id=client_call_id,
+                                      on_output=pump.push if pump is not None else None, scope=scope)
             return result, session
 
         try:

@@ -41,7 +41,8 @@ class McpSession:
         extra: dict[str, Any] = {}
         if service.engine_factory is not None:
             extra["engine_factory"] = service.engine_factory
-        self.harness = Session(service.registry, service.policy, service.audit, spec=service.spec, **extra)
+        self.harness = Session(service.registry, service.policy, service.audit, spec=service.spec, door="mcp",
+                               **extra)
         self.run_id = self.harness.run_id
         self._audit = service.audit
         self._lock = threading.Lock()
