@@ -293,6 +293,13 @@ class AuditStore(Approvals, Checkpoints, Egress):
         )
         return [_run_from_row(r) for r in rows]
 
+    def open_runs(self) -> list[RunRecord]:
+        """The runs not ended yet, oldest first (a restarted server looks for its sandboxes among them)."""
+        rows = self._read(
+            lambda c: c.execute(f"{_RUN_SELECT} WHERE r.ended IS NULL ORDER BY r.created, r.rowid").fetchall()
+        )
+        return [_run_from_row(r) for r in rows]
+
 
     # -- calls
 

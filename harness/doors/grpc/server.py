@@ -28,6 +28,9 @@ handle (``stop()``, ``wait()``, ``serve_forever()``). Decisions:
   and waits up to ``grace`` seconds for RPCs in flight, then every sandbox the server owns
   is destroyed and its run ended (``server_shutdown``). Expired sandboxes
   (``ttl_seconds``) are destroyed by a reaper thread while the server runs.
+* **Restarts.** With ``keep_sandboxes=True`` the gRPC door's sandboxes are left running at
+  ``stop`` instead, and a server started on the same audit store adopts them before it
+  serves (:mod:`harness.doors.grpc.adoption`).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from harness.audit.store import AuditStore
 from harness.core.errors import CallboxError
 from harness.core.policy import Policy, load_policy
 from harness.core.registry import ToolRegistry
+from harness.doors.grpc.adoption import adopt
 from harness.doors.grpc.errors import Reason, ServiceError, abort
 from harness.doors.grpc.sandboxes import SandboxesService
 from harness.doors.grpc.service import ExecutorService
@@ -280,7 +284,8 @@ class GrpcServer:
         return f"GrpcServer({self.target}{' tls' if self.tls else ''})"
 
     def stop(self, grace: float = 5.0) -> list[str]:
-        """Stop serving and destroy every sandbox this server owns; their ids. Idempotent."""
+        """Stop serving and destroy every sandbox this server owns (with ``keep_sandboxes``,
+        those of the E2B door only: the rest are left running); the ids destroyed. Idempotent."""
         with self._stop_lock:
             if self._stopped.is_set():
                 return []
@@ -298,7 +303,8 @@ class GrpcServer:
             if self._owned_audit is not None:
                 self._owned_audit.close()
             self._stopped.set()
-            log.info("gRPC executor on %s stopped; destroyed %d sandbox(es)", self.target, len(self.destroyed))
+            log.info("gRPC executor on %s stopped; destroyed %d sandbox(es), left %d running for the next server",
+                     self.target, len(self.destroyed), len(self.service.left_running))
             return self.destroyed
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -357,6 +363,7 @@ def serve_grpc(
     announce: Callable[[str], None] | None = _print_stderr,
     tokens: TokenSet | None = None,
     reaper_interval_s: float = 5.0,
+    keep_sandboxes: bool = False,
 ) -> GrpcServer:
     """Start the executor service in the background; see the module docstring.
 
@@ -364,7 +371,9 @@ def serve_grpc(
     ``policy`` defaults to the packaged default policy, ``audit`` to the default audit store
     (``CALLBOX_AUDIT_DB``), ``registry`` to the built-in tools and those the policy declares. ``announce`` receives the
     one-time message showing a token generated on first start. ``tokens`` bypasses the
-    token sources (tests). Raises ServeError (exit code 2) for a bad address, TLS or
+    token sources (tests). ``keep_sandboxes``: leave the sandboxes running at ``stop`` and
+    adopt those an earlier server on this audit store left, before serving (needs the
+    Docker engine now). Raises ServeError (exit code 2) for a bad address, TLS or
     token configuration, or a socket/port that cannot be bound.
     """
     address = parse_address(addr)
@@ -389,8 +398,10 @@ def serve_grpc(
         service = ExecutorService(
             registry=registry or registry_for(served), policy=served, audit=store,
             tokens=token_set, limits=limits, engine_factory=engine_factory,
-            approvals_by_clients=approvals_by_clients,
+            approvals_by_clients=approvals_by_clients, keep_sandboxes=keep_sandboxes,
         )
+        if keep_sandboxes:
+            log.info("gRPC executor: %s", adopt(service).summary())
         if address.kind == "unix":
             _prepare_socket_path(Path(address.value))
         server = grpc.server(

@@ -70,6 +70,7 @@ from harness.core.policy import Policy
 from harness.core.registry import ToolRegistry
 from harness.core.session import Session
 from harness.core.shared_engine import SharedEngine
+from harness.doors.grpc import adoption
 from harness.doors.grpc.errors import (
     Reason,
     ServiceError,
@@ -139,6 +140,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         limits: Limits | None = None,
         engine_factory: Callable[[], Engine] | None = None,
         approvals_by_clients: bool = True,
+        keep_sandboxes: bool = False,
     ) -> None:
         policy.check_tools(t.definition for t in registry.tools())
         self.registry = registry
@@ -152,6 +154,11 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             DockerEngine.connect, pool=policy.pool, pool_specs=[policy.sandbox_spec()] if policy.pool.size else [],
             room=self._pool_room)
         self.approvals_by_clients = approvals_by_clients
+        self.keep_sandboxes = keep_sandboxes
+        """Leave the gRPC door's sandboxes running at shutdown for the next server (:mod:`.adoption`)."""
+        self.instance = adoption.new_instance()
+        self.left_running: list[str] = []
+        """The sandboxes ``shutdown`` left running (``keep_sandboxes``)."""
         self.exposed = registry.exposed_names(policy)
         self._lock = threading.Condition()
         self._sessions: dict[str, ClientSession] = {}
@@ -278,7 +285,10 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         try:
             if box is not None:
                 with contextlib.suppress(AuditError):
-                    self.audit.update_run_meta(session.sandbox_id, {"container": box.id})
+                    kept = self.keep_sandboxes and self.audit.get_run(session.sandbox_id).meta.get("door") == DOOR
+                    if kept:
+                        session.kept = adoption.keep_past_server(box, session.sandbox_id)
+                    self.audit.update_run_meta(session.sandbox_id, adoption.run_meta(session, self.instance, kept))
             with self._lock:
                 keep = not self._closing and still_wanted()
                 if keep:
@@ -481,6 +491,11 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             return sorted((s for s in self._sessions.values() if s.client == client and not s.closed),
                           key=lambda s: s.created)
 
+    def adopt_session(self, session: ClientSession) -> None:
+        """Make a sandbox an earlier server left a live session (:func:`.adoption.adopt`)."""
+        with self._lock:
+            self._sessions[session.sandbox_id] = session
+
     def begin_shutdown(self) -> None:
         """Refuse new sandboxes and cancel every running call (the sandboxes stay until ``shutdown``)."""
         with self._lock:
@@ -490,7 +505,8 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             session.harness.cancel_calls()
 
     def shutdown(self, *, wait_for_creations_s: float = CREATE_WAIT_AT_SHUTDOWN_S) -> list[str]:
-        """Destroy every sandbox this server owns (after creations in progress finish); their ids."""
+        """Destroy every sandbox this server owns (after creations in progress finish); their ids.
+        With ``keep_sandboxes`` the kept ones are left running instead (``left_running``)."""
         self.begin_shutdown()
         self._stop_reaper.set()
         deadline = time.monotonic() + wait_for_creations_s
@@ -499,6 +515,12 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                 self._lock.wait(timeout=max(0.0, deadline - time.monotonic()))
             sessions = list(self._sessions.values())
             self._sessions.clear()
+        kept = [s for s in sessions if self.keep_sandboxes and s.kept]
+        for session in kept:
+            session.release()
+        self.left_running = [s.sandbox_id for s in kept]
+        adoption.retire_instance(self.instance)
+        sessions = [s for s in sessions if s not in kept]
         if sessions:
             with ThreadPoolExecutor(max_workers=min(8, len(sessions)), thread_name_prefix="callbox-destroy") as pool:
                 list(pool.map(lambda s: s.close(self.audit, "server_shutdown"), sessions))

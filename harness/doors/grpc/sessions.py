@@ -57,6 +57,8 @@ class ClientSession:
         self._remaining = 0.0
         self._lock = threading.Lock()
         self.closed = False
+        self.kept = False
+        """Kept for the next server: a stopping server that keeps sandboxes leaves it running."""
 
     # ---- the expiry clock (see the module docstring) -------------------------------------------
 
@@ -93,9 +95,37 @@ class ClientSession:
             if self.paused_at is not None:
                 self._remaining = max(0.0, expires - now)
 
+    def restore_clock(self, *, created: float, expires: float, paused_at: float | None,
+                      remaining: float | None) -> None:
+        """Take the clock of a sandbox adopted after a server restart (its run's creation, and
+        its expiry or pause as the engine's records say)."""
+        with self._lock:
+            self.created = created
+            self.expires = expires
+            self.paused_at = paused_at
+            self._remaining = max(0.0, remaining if remaining is not None else expires - time.time())
+
     @property
     def sandbox_id(self) -> str:
         return self.harness.run_id
+
+    def release(self) -> int:
+        """Stop serving this session but leave its sandbox running and its run open (a
+        server that keeps its sandboxes, stopping): cancel running calls, let go of the
+        sandbox; the calls cancelled. Idempotent."""
+        with self._lock:
+            if self.closed:
+                return 0
+            self.closed = True
+        cancelled = self.harness.cancel_calls()
+        box = self.harness.detach()
+        self.harness.close()  # no sandbox any more: nothing is destroyed
+        agent = getattr(box, "agent", None)
+        if agent is not None:
+            with contextlib.suppress(Exception):
+                agent.close()
+        log.info("sandbox %s of client %s left running for the next server", self.sandbox_id, self.client)
+        return cancelled
 
     def close(self, audit: AuditStore, reason: str) -> int:
         """Cancel running calls, destroy the sandbox, end the run; the calls cancelled. Idempotent."""
