@@ -1,0 +1,325 @@
+"""The HTTP endpoint's routes: ``/metrics``, ``/healthz``, the login, and the console's pages
+and actions (see :mod:`harness.doors.http` for what each does and who may use it).
+
+Pages and actions are server-rendered with no script. A page asked for without a valid token
+is 401 with the login form; an action (``POST``) is refused 403 when another site started it,
+401 without a valid token, 403 without the session's CSRF token (see
+:mod:`harness.doors.http.auth`). Every response carries headers that keep the pages from
+being framed, sniffed, cached or given any resource but their own stylesheet.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from importlib import resources
+from string import Template
+from typing import Any
+from urllib.parse import parse_qs
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import MutableHeaders
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from harness.core.errors import CallboxError
+from harness.doors.http import pages
+from harness.doors.http.auth import (
+    Caller,
+    Sessions,
+    caller_of,
+    clear_cookie,
+    cross_site_refusal,
+    csrf_valid,
+    set_cookie,
+)
+from harness.doors.http.console import Console, ConsoleError
+from harness.doors.mcp.http import _is_loopback
+from harness.telemetry.metrics import exposition
+
+__all__ = ["FORM_MAX_BYTES", "console_app"]
+
+log = logging.getLogger("callbox.http")
+
+FORM_MAX_BYTES = 64 * 1024
+"""The largest form body accepted (a denial's reason is the longest field)."""
+SECURITY_HEADERS = {
+    "content-security-policy": "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+                               "frame-ancestors 'none'; base-uri 'none'",
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
+WWW_AUTHENTICATE = 'Bearer realm="callbox console"'
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+class _Frame:
+    """An ASGI wrapper: the security headers on every response and, for a console on a
+    loopback address, 421 for a request whose ``Host`` is not a loopback name (a page of
+    another site reaching it by DNS rebinding)."""
+
+    def __init__(self, app: ASGIApp, *, loopback: bool) -> None:
+        self.app = app
+        self.loopback = loopback
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.loopback and not _loopback_host(_header(scope, b"host")):
+            response = PlainTextResponse("this console answers only to a loopback host name (127.0.0.1, "
+                                         "localhost, [::1])", status_code=421)
+            await response(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    if name not in headers:
+                        headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope.get("headers") or ():
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return ""
+
+
+def _loopback_host(host: str) -> bool:
+    text = host.strip().lower()
+    if text.startswith("["):
+        name = text[1:text.find("]")] if "]" in text else text
+    else:
+        name = text.rpartition(":")[0] if ":" in text else text
+    return _is_loopback(name)
+
+
+def _safe_next(path: str | None) -> str:
+    """Where the login goes on to: a path of this console, else ``/``."""
+    if not path or not path.startswith("/") or path.startswith("//") or "\\" in path or len(path) > 2048:
+        return "/"
+    return path
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """The request's url-encoded form (first value of each field); _Refused for anything else."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > FORM_MAX_BYTES:
+            raise _Refused(413, f"the form is larger than {FORM_MAX_BYTES} bytes")
+    if not body:
+        return {}
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded":
+        raise _Refused(415, "send the form as application/x-www-form-urlencoded")
+    try:
+        parsed = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=20)
+    except ValueError:
+        raise _Refused(400, "the form has too many fields") from None
+    return {key: values[0] for key, values in parsed.items()}
+
+
+def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[], None], tls: bool,
+                loopback: bool) -> ASGIApp:
+    """The ASGI app of the HTTP endpoint (see the module docstring)."""
+    css = resources.files("harness").joinpath("data/console.css").read_bytes()
+
+    # ---- no token ------------------------------------------------------------------------------------
+
+    async def metrics(_request: Request) -> Response:
+        data, content_type = await run_in_threadpool(exposition)
+        return Response(data, headers={"content-type": content_type})
+
+    async def healthz(_request: Request) -> Response:
+        try:
+            await run_in_threadpool(engine_ping)
+        except CallboxError as error:
+            return _json({"status": "unavailable", "engine": error.message}, 503)
+        except Exception as error:  # a ping that fails in a way of its own is still an unhealthy engine
+            return _json({"status": "unavailable", "engine": f"{type(error).__name__}: {error}"}, 503)
+        return _json({"status": "ok", "engine": "reachable"}, 200)
+
+    async def stylesheet(_request: Request) -> Response:
+        return Response(css, media_type="text/css", headers={"cache-control": "max-age=300"})
+
+    # ---- logging in and out ----------------------------------------------------------------------------
+
+    async def login_form(request: Request) -> Response:
+        next_path = _safe_next(request.query_params.get("next"))
+        if caller_of(request, sessions) is not None:
+            return RedirectResponse(next_path, status_code=303)
+        return HTMLResponse(pages.login_page(next_path=next_path))
+
+    async def login(request: Request) -> Response:
+        try:
+            _refuse_cross_site(request)
+            form = await _form(request)
+        except _Refused as refused:
+            return PlainTextResponse(refused.text, status_code=refused.status)
+        next_path = _safe_next(form.get("next"))
+        session = sessions.login(form.get("token", ""))
+        if session is None:
+            return HTMLResponse(pages.login_page(error="That token is not one of this server's tokens.",
+                                                 next_path=next_path), status_code=401,
+                                headers={"www-authenticate": WWW_AUTHENTICATE})
+        log.info("console: client %s logged in", session.client)
+        response = RedirectResponse(next_path, status_code=303)
+        set_cookie(response, session, secure=tls, ttl_s=sessions.ttl_s)
+        return response
+
+    async def logout(request: Request) -> Response:
+        try:
+            caller = await _authorized_post(request)
+        except _Refused as refused:
+            return PlainTextResponse(refused.text, status_code=refused.status)
+        if caller[0].session is not None:
+            sessions.logout(caller[0].session.id)
+        response = RedirectResponse("/login", status_code=303)
+        clear_cookie(response, secure=tls)
+        return response
+
+    # ---- pages -----------------------------------------------------------------------------------------
+
+    def page(key: str, title: str, render: Callable[[Request, Caller], pages.Html]
+             ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            caller = caller_of(request, sessions)
+            if caller is None:
+                return _login_needed(request)
+            try:
+                body = await run_in_threadpool(render, request, caller)
+                status = 200
+            except ConsoleError as error:
+                body, status = pages.not_found_page(error.message), error.status
+            except CallboxError as error:
+                body, status = pages.not_found_page(f"the console could not read this: {error.message}"), 503
+            notes = caller.session.take_notes() if caller.session is not None else []
+            csrf = caller.session.csrf if caller.session is not None else None
+            html = pages.page(title if status == 200 else "Not available", body, active=key, client=caller.client,
+                              csrf=csrf, notes=notes)
+            return HTMLResponse(html, status_code=status)
+
+        return endpoint
+
+    def approvals(_request: Request, caller: Caller) -> pages.Html:
+        return pages.approvals_page(console.pending(), csrf=_csrf(caller))
+
+    def sandboxes(_request: Request, caller: Caller) -> pages.Html:
+        return pages.sandboxes_page(console.sandboxes(), csrf=_csrf(caller))
+
+    def runs(_request: Request, _caller: Caller) -> pages.Html:
+        return pages.runs_page(console.runs(), console.live())
+
+    def run(request: Request, _caller: Caller) -> pages.Html:
+        run_id = request.path_params["run_id"]
+        record, calls, approvals_of_run = console.run(run_id)
+        title = pages.fill(Template('<p class="run-id"><code>$id</code></p>\n'), id=record.id)
+        return pages.join([title, pages.run_page(record, calls, approvals_of_run, live=record.id in console.live())])
+
+    def egress(_request: Request, _caller: Caller) -> pages.Html:
+        return pages.egress_page(console.egress())
+
+    # ---- actions ---------------------------------------------------------------------------------------
+
+    async def _authorized_post(request: Request) -> tuple[Caller, dict[str, str]]:
+        _refuse_cross_site(request)
+        caller = caller_of(request, sessions)
+        if caller is None:
+            raise _Refused(401, "this request carries no valid token: send 'Authorization: Bearer TOKEN' "
+                                "(a token of the server's token file) or log in at /login")
+        form = await _form(request)
+        if not csrf_valid(caller, form.get("csrf")):
+            raise _Refused(403, "this form has no valid CSRF token; reload the page and submit it again")
+        return caller, form
+
+    def action(back: str, do: Callable[[Request, Caller, dict[str, str]], str]
+               ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                caller, form = await _authorized_post(request)
+            except _Refused as refused:
+                headers = {"www-authenticate": WWW_AUTHENTICATE} if refused.status == 401 else None
+                return PlainTextResponse(refused.text, status_code=refused.status, headers=headers)
+            try:
+                done = await run_in_threadpool(do, request, caller, form)
+            except (ConsoleError, _Refused) as error:
+                status = error.status
+                text = error.message if isinstance(error, ConsoleError) else error.text
+                if caller.session is None:
+                    return PlainTextResponse(text, status_code=status)
+                caller.session.note("error", text)
+                return RedirectResponse(back, status_code=303)
+            log.info("console: %s: %s", caller.client, done)
+            if caller.session is None:
+                return PlainTextResponse(done)
+            caller.session.note("ok", done)
+            return RedirectResponse(back, status_code=303)
+
+        return endpoint
+
+    def resolve(request: Request, caller: Caller, form: Mapping[str, str]) -> str:
+        decision = form.get("decision")
+        if decision not in ("approve", "deny"):
+            raise _Refused(400, "the form's decision must be approve or deny")
+        _, done = console.resolve(request.path_params["approval_id"], decision == "approve", client=caller.client,
+                                  reason=form.get("reason"))
+        return done
+
+    def kill(request: Request, caller: Caller, _form: Mapping[str, str]) -> str:
+        return console.kill(request.path_params["sandbox_id"], client=caller.client)
+
+    routes = [
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/static/console.css", stylesheet, methods=["GET"]),
+        Route("/login", login_form, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/", page("approvals", "Pending approvals", approvals), methods=["GET"]),
+        Route("/sandboxes", page("sandboxes", "Live sandboxes", sandboxes), methods=["GET"]),
+        Route("/runs", page("runs", "Recent runs", runs), methods=["GET"]),
+        Route("/runs/{run_id:path}", page("runs", "Run", run), methods=["GET"]),
+        Route("/egress", page("egress", "Egress log", egress), methods=["GET"]),
+        Route("/approvals/{approval_id}/resolve", action("/", resolve), methods=["POST"]),
+        Route("/sandboxes/{sandbox_id:path}/kill", action("/sandboxes", kill), methods=["POST"]),
+    ]
+    return _Frame(Starlette(routes=routes), loopback=loopback)
+
+
+def _refuse_cross_site(request: Request) -> None:
+    reason = cross_site_refusal(request)
+    if reason is not None:
+        raise _Refused(403, reason)
+
+
+def _csrf(caller: Caller) -> str | None:
+    return caller.session.csrf if caller.session is not None else None
+
+
+def _login_needed(request: Request) -> Response:
+    """401 with the login form, which comes back to this page."""
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return HTMLResponse(pages.login_page(next_path=_safe_next(target)), status_code=401,
+                        headers={"www-authenticate": WWW_AUTHENTICATE})
+
+
+def _json(value: Any, status: int) -> Response:
+    return Response(json.dumps(value) + "\n", status_code=status, media_type="application/json")

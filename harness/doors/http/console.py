@@ -1,0 +1,237 @@
+"""What the console shows and does: pending approvals with their run's context, live
+sandboxes with their resources, runs and their calls, and the egress log, read from the
+audit store and the executor; approving, denying and killing.
+
+Every action goes the way the other doors take: an approval is resolved with the audit
+store's ``resolve_approval`` (as ``callbox approvals`` and the gRPC ``ResolveApproval`` do),
+``by = "console:CLIENT"``, so the waiting client's re-sent call runs once (or gets the
+denial's reason); a sandbox is killed through the executor's ``delete_session``, which cancels
+its running calls, destroys the container and ends its run (``killed_by_console``), as
+``DeleteSandbox`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from harness.audit.records import ACTION_TOOL_PREFIX, Approval, RunRecord
+from harness.audit.store import AuditError, AuditStore
+from harness.core.errors import CallboxError
+from harness.doors.grpc.errors import ServiceError
+from harness.doors.grpc.service import ExecutorService
+
+__all__ = ["ACTOR_PREFIX", "KILL_REASON", "Console", "ConsoleError", "LiveSandbox", "PendingApproval"]
+
+ACTOR_PREFIX = "console"
+"""Who resolved an approval from the console: ``console:CLIENT``."""
+KILL_REASON = "killed_by_console"
+"""The end reason of a run whose sandbox was killed from the console."""
+EARLIER_CALLS_SHOWN = 10
+"""The run's calls shown beside a pending approval (the latest ones before it)."""
+REASON_MAX = 2000
+"""A denial's reason is cut at this many characters (the model reads it)."""
+
+
+class ConsoleError(CallboxError):
+    """An action the console cannot take; ``status`` is the HTTP status it answers with."""
+
+    def __init__(self, message: str, status: int = 409) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Stats(Protocol):
+    cpu_usage_s: float
+    memory_bytes: int
+    pids: int
+
+
+@dataclass(frozen=True)
+class PendingApproval:
+    """A call waiting for a person, with what an operator needs to decide."""
+
+    approval: Approval
+    run: RunRecord | None
+    earlier: list[dict[str, Any]]
+    """The run's latest calls before this one (oldest first), as ``calls_for_run`` gives them."""
+    earlier_total: int
+    """How many calls the run had before this one."""
+
+    @property
+    def door(self) -> str:
+        return str(self.run.meta.get("door") or "?") if self.run is not None else "?"
+
+    @property
+    def client(self) -> str:
+        return str(self.run.meta.get("client") or "?") if self.run is not None else "?"
+
+
+@dataclass(frozen=True)
+class LiveSandbox:
+    """A live sandbox of the executor, as the console lists it."""
+
+    sandbox_id: str
+    client: str
+    created: float
+    expires: float
+    state: str
+    """``running``, ``paused``, or ``gone`` (its container no longer answers)."""
+    cpu_seconds: float | None
+    cpu_percent: float | None
+    """CPU use since the console last looked (since it started, the first time), in % of its CPU limit."""
+    memory_bytes: int | None
+    memory_limit: int
+    cpus: float
+    pids: int | None
+    container: str | None
+
+
+class Console:
+    """The console's reads and actions over one audit store and, when the server runs one,
+    the doors' executor (None: runs, approvals and egress only)."""
+
+    def __init__(self, audit: AuditStore, executor: ExecutorService | None) -> None:
+        self.audit = audit
+        self.executor = executor
+        self._cpu_lock = threading.Lock()
+        self._cpu_seen: dict[str, tuple[float, float]] = {}
+        """sandbox id -> (when, CPU seconds) of the last reading, for the CPU % column."""
+
+    # ---- approvals -------------------------------------------------------------------------------
+
+    def pending(self) -> list[PendingApproval]:
+        """Every pending approval, oldest first, with its run and the calls before it."""
+        found: list[PendingApproval] = []
+        runs: dict[str, tuple[RunRecord | None, list[dict[str, Any]]]] = {}
+        for approval in self.audit.list_approvals("pending"):
+            if approval.run_id not in runs:
+                try:
+                    runs[approval.run_id] = (self.audit.get_run(approval.run_id),
+                                             self.audit.calls_for_run(approval.run_id))
+                except AuditError:
+                    runs[approval.run_id] = (None, [])
+            run, calls = runs[approval.run_id]
+            index = next((i for i, c in enumerate(calls) if c.get("call_id") == approval.call_id), len(calls))
+            before = calls[:index]
+            found.append(PendingApproval(approval, run, before[-EARLIER_CALLS_SHOWN:], len(before)))
+        return found
+
+    def resolve(self, approval_id: str, approve: bool, *, client: str, reason: str | None) -> tuple[Approval, str]:
+        """Approve or deny a pending approval as ``console:CLIENT``; the approval and a
+        sentence saying what happens next. ConsoleError (404 unknown, 409 already resolved)."""
+        text = (reason or "").strip()[:REASON_MAX] or None
+        try:
+            resolved = self.audit.resolve_approval(approval_id, approve, by=f"{ACTOR_PREFIX}:{client}", reason=text)
+        except AuditError as error:
+            status = 404 if error.message.startswith("no approval") else 409
+            raise ConsoleError(error.message, status) from None
+        if approve and resolved.tool.startswith(ACTION_TOOL_PREFIX):
+            what = (f"approval {resolved.id} approved; the sandbox action "
+                    f"{resolved.tool.removeprefix(ACTION_TOOL_PREFIX)} runs when its client repeats it")
+        elif approve:
+            what = f"approval {resolved.id} approved; the call runs when its client sends it again"
+        else:
+            what = f"approval {resolved.id} denied; the model gets the denial" + (f": {text}" if text else "")
+        return resolved, what
+
+    # ---- live sandboxes --------------------------------------------------------------------------
+
+    def sandboxes(self) -> list[LiveSandbox] | None:
+        """The executor's live sandboxes, oldest first, with CPU and memory from their
+        cgroups; None when this server runs no executor."""
+        if self.executor is None:
+            return None
+        now = time.time()
+        found = []
+        live = self.executor.live_sandboxes()
+        for sandbox_id, client in live.items():
+            try:
+                session = self.executor.session_of(sandbox_id, client)
+            except ServiceError:
+                continue  # deleted meanwhile
+            box = session.harness.active_sandbox
+            spec = box.spec if box is not None else session.harness.spec
+            stats = self._stats(box)
+            found.append(LiveSandbox(
+                sandbox_id=sandbox_id, client=client, created=session.created, expires=session.expires_at(now),
+                state=("paused" if session.paused else "running") if stats is not None else "gone",
+                cpu_seconds=stats.cpu_usage_s if stats is not None else None,
+                cpu_percent=self._cpu_percent(sandbox_id, session.created, stats, spec.cpus),
+                memory_bytes=stats.memory_bytes if stats is not None else None, memory_limit=int(spec.memory),
+                cpus=float(spec.cpus), pids=stats.pids if stats is not None else None,
+                container=str(getattr(box, "container_id", "") or "")[:12] or None,
+            ))
+        with self._cpu_lock:
+            for gone in set(self._cpu_seen) - set(live):
+                del self._cpu_seen[gone]
+        return sorted(found, key=lambda s: s.created)
+
+    @staticmethod
+    def _stats(box: object) -> _Stats | None:
+        """One reading of the sandbox's cgroup (the engine's own ``stats``: cgroup files, else
+        the Docker stats API); None when it has none (not started, gone, no living sandboxes)."""
+        read = getattr(box, "stats", None)
+        if read is None:
+            return None
+        try:
+            stats: _Stats = read()
+        except CallboxError:
+            return None
+        return stats
+
+    def _cpu_percent(self, sandbox_id: str, created: float, stats: _Stats | None, cpus: float) -> float | None:
+        if stats is None:
+            return None
+        now = time.time()
+        with self._cpu_lock:
+            since, before = self._cpu_seen.get(sandbox_id, (created, 0.0))
+            self._cpu_seen[sandbox_id] = (now, stats.cpu_usage_s)
+        wall = max(now - since, 1e-3)
+        return round(min(100.0, 100.0 * max(0.0, stats.cpu_usage_s - before) / (wall * max(cpus, 0.01))), 1)
+
+    def kill(self, sandbox_id: str, *, client: str) -> str:
+        """Destroy a live sandbox through the executor (its running calls cancelled, its run
+        ended ``killed_by_console``); a sentence saying what was done. ConsoleError 404 when
+        no such sandbox lives here."""
+        if self.executor is None:
+            raise ConsoleError("this server runs no gRPC or E2B door, so it has no live sandboxes to kill", 404)
+        owner = self.executor.live_sandboxes().get(sandbox_id)
+        if owner is None:
+            raise ConsoleError(f"no live sandbox {sandbox_id} on this server (already deleted or expired?)", 404)
+        try:
+            session = self.executor.session_of(sandbox_id, owner)
+        except ServiceError:
+            raise ConsoleError(f"no live sandbox {sandbox_id} on this server (already deleted or expired?)",
+                               404) from None
+        with contextlib.suppress(AuditError):
+            self.audit.update_run_meta(sandbox_id, {"killed_by": f"{ACTOR_PREFIX}:{client}"})
+        cancelled = self.executor.delete_session(session, KILL_REASON)
+        calls = f"; {cancelled} running call(s) cancelled" if cancelled else ""
+        return f"sandbox {sandbox_id} of client {owner} killed{calls}"
+
+    # ---- runs, calls, egress ---------------------------------------------------------------------
+
+    def runs(self, limit: int = 100) -> list[RunRecord]:
+        """The latest runs, newest first."""
+        return self.audit.list_runs(limit)
+
+    def run(self, run_id: str) -> tuple[RunRecord, list[dict[str, Any]], list[Approval]]:
+        """A run, its calls in order (with the decision that stands) and its approvals; ConsoleError 404."""
+        try:
+            run = self.audit.get_run(run_id)
+            calls = self.audit.calls_for_run(run_id)
+        except AuditError as error:
+            raise ConsoleError(error.message, 404) from None
+        return run, calls, self.audit.list_approvals(None, run_id=run_id)
+
+    def live(self) -> set[str]:
+        """The ids of the executor's live sandboxes (each is its run's id)."""
+        return set(self.executor.live_sandboxes()) if self.executor is not None else set()
+
+    def egress(self, limit: int = 200) -> list[dict[str, Any]]:
+        """The latest egress proxy decisions across runs, newest first."""
+        return self.audit.recent_egress(limit)

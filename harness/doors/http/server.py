@@ -1,0 +1,233 @@
+"""Binding the HTTP endpoint and running it: :func:`serve_http` starts the app of
+:mod:`harness.doors.http.app` under uvicorn in a background thread and returns an
+:class:`HttpServer` (``url``, ``address``, ``stop()``).
+
+* **Address.** ``HOST:PORT`` (``[::1]:PORT``; port 0 picks a free one, the handle reports
+  the real one). A host that is not loopback needs TLS (``tls_cert`` + ``tls_key``, the PEM
+  files the other doors use) or ``insecure=True``: tokens and the session cookie would
+  otherwise cross the network in clear text. Serving without TLS off loopback is logged as a
+  warning. This is how the E2B door and the gRPC door decide.
+* **Health.** ``/healthz`` calls ``engine_ping`` (default: a ping of the Docker engine named
+  by ``DOCKER_HOST``, at most :data:`PING_TIMEOUT_S`); 200 when it returns, 503 with the
+  reason when it raises.
+* **Shutdown.** ``stop()`` ends uvicorn (requests in flight get a few seconds) and closes the
+  socket; the executor and the audit store belong to the caller (unless ``close_audit``).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+import docker.errors
+import requests
+import uvicorn
+
+from harness.audit.store import AuditStore
+from harness.core.errors import EngineUnavailable, short_reason
+from harness.doors.grpc.server import ServeError, _read_pem
+from harness.doors.grpc.service import ExecutorService
+from harness.doors.grpc.tokens import TokenSet
+from harness.doors.http.app import console_app
+from harness.doors.http.auth import Sessions
+from harness.doors.http.console import Console
+from harness.doors.mcp.http import _bind, _is_loopback, parse_addr
+from harness.engine.docker.client import engine_host
+
+__all__ = ["PING_TIMEOUT_S", "EnginePing", "HttpServer", "serve_http"]
+
+log = logging.getLogger("callbox.http")
+
+PING_TIMEOUT_S = 5
+GRACEFUL_SHUTDOWN_S = 3
+START_TIMEOUT_S = 30.0
+
+
+class EnginePing:
+    """The default health check: ``GET /_ping`` of the Docker engine (one client, kept while
+    it answers); EngineUnavailable naming the engine when it does not."""
+
+    def __init__(self, timeout_s: int = PING_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._client: docker.DockerClient | None = None
+
+    def __call__(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        try:
+            client = client or docker.from_env(timeout=self.timeout_s)
+            client.ping()
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            if client is not None:
+                client.close()
+            raise EngineUnavailable(f"the Docker engine at {engine_host()} does not answer ({short_reason(exc)})"
+                                    ) from None
+        with self._lock:
+            if self._client is None:
+                self._client = client
+                return
+        client.close()  # another request kept its own meanwhile
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn, telling when it listens (or gave up)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        finally:
+            self.ready.set()
+
+
+class HttpServer:
+    """The running HTTP endpoint: ``/metrics``, ``/healthz`` and the console."""
+
+    def __init__(self, *, server: _Uvicorn, sock: socket.socket, host: str, tls: bool, console: Console,
+                 sessions: Sessions, ping: Callable[[], None], close_audit: bool) -> None:
+        self.console = console
+        self.sessions = sessions
+        self.tls = tls
+        self.host = host
+        self.port: int = sock.getsockname()[1]
+        self._server = server
+        self._sock = sock
+        self._ping = ping
+        self._close_audit = close_audit
+        self._thread = threading.Thread(target=self._run, name="callbox-http", daemon=True)
+        self._error: BaseException | None = None
+        self._stop_lock = threading.Lock()
+        self._stopped = False
+
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` as bound (the real port when 0 was asked for)."""
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{shown}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The console's base URL (an unspecified host shown as loopback), without a trailing slash."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)  # noqa: S104
+        shown = f"[{host}]" if ":" in host else host
+        return f"{'https' if self.tls else 'http'}://{shown}:{self.port}"
+
+    def __repr__(self) -> str:
+        return f"HttpServer({self.url})"
+
+    def _run(self) -> None:
+        try:
+            self._server.run(sockets=[self._sock])
+        except BaseException as exc:  # reported by start()
+            self._error = exc
+        finally:
+            self._server.ready.set()
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> None:
+        self._thread.start()
+        if not self._server.ready.wait(timeout) or not self._server.started:
+            self.stop()
+            raise ServeError(f"the HTTP endpoint did not start on {self.address}: {self._error or 'timed out'}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop serving (idempotent). The executor is left to its door."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._server.should_exit = True
+            if self._thread.is_alive():
+                self._thread.join(timeout)
+            self._sock.close()
+            if isinstance(self._ping, EnginePing):
+                self._ping.close()
+            if self._close_audit:
+                self.console.audit.close()
+            log.info("HTTP endpoint on %s stopped", self.url)
+
+    def __enter__(self) -> HttpServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _check_transport(host: str, port: int, *, insecure: bool, tls: bool) -> None:
+    if tls or _is_loopback(host):
+        return
+    if not insecure:
+        raise ServeError(
+            f"refusing to serve the console on {host}:{port} without TLS: tokens and the login cookie would cross "
+            "the network in clear text; pass --tls-cert and --tls-key, or --insecure to accept that (e.g. on a "
+            "trusted network)"
+        )
+    log.warning("serving the console on %s:%d without TLS (--insecure): tokens and the login cookie cross the "
+                "network in clear text", host, port)
+
+
+def serve_http(
+    listen: str,
+    *,
+    tokens: TokenSet,
+    executor: ExecutorService | None,
+    audit: AuditStore,
+    insecure: bool = False,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
+    engine_ping: Callable[[], None] | None = None,
+    close_audit: bool = False,
+) -> HttpServer:
+    """Start ``/metrics``, ``/healthz`` and the console on ``listen`` (``HOST:PORT``) in the
+    background; see :mod:`harness.doors.http`.
+
+    ``tokens``: who may use the console (the doors' token set). ``executor``: the gRPC/E2B
+    doors' shared executor when one runs (live sandboxes and the kill button), else None.
+    ``audit``: the store the doors write (approvals, runs, egress); ``close_audit`` closes it
+    on ``stop``. ``engine_ping`` raises when the engine does not answer (default: ping the
+    Docker engine). Raises ServeError (exit code 2) for a refused address, bad TLS files or a
+    port that cannot be bound.
+    """
+    host, port = parse_addr(listen)
+    if (tls_cert is None) != (tls_key is None):
+        raise ServeError("TLS needs both --tls-cert and --tls-key (PEM files)")
+    tls = tls_cert is not None and tls_key is not None
+    _check_transport(host, port, insecure=insecure, tls=tls)
+    if tls_cert is not None and tls_key is not None:
+        _read_pem(tls_cert, "cert")
+        _read_pem(tls_key, "key")
+    ping = engine_ping if engine_ping is not None else EnginePing()
+    console = Console(audit, executor)
+    sessions = Sessions(tokens)
+    app = console_app(console, sessions, engine_ping=ping, tls=tls, loopback=_is_loopback(host))
+    config = uvicorn.Config(
+        app, http="h11", ws="none", lifespan="off", log_level="warning", access_log=False, log_config=None,
+        proxy_headers=False, server_header=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        ssl_certfile=str(tls_cert) if tls_cert is not None else None,
+        ssl_keyfile=str(tls_key) if tls_key is not None else None,
+    )
+    try:
+        config.load()
+    except (ssl.SSLError, OSError) as exc:
+        raise ServeError(f"--tls-cert {tls_cert} / --tls-key {tls_key} cannot be used: {exc}") from None
+    sock = _bind(host, port)
+    handle = HttpServer(server=_Uvicorn(config), sock=sock, host=host, tls=tls, console=console, sessions=sessions,
+                        ping=ping, close_audit=close_audit)
+    handle.start()
+    log.info("HTTP endpoint on %s: /metrics, /healthz, console (%d token(s) from %s)", handle.url, len(tokens),
+             tokens.source)
+    return handle
