@@ -4,6 +4,9 @@ A server's configuration gives every client the ``[quotas]`` table; a client map
 profile (``[clients.NAME] profile = "P"``) takes ``[profiles.P.quotas]`` over it, and the
 client's own ``[clients.NAME.quotas]`` over both, key by key. An unset key is no limit,
 except ``live_sandboxes``, which falls back to ``limits.max_per_client``.
+
+They are enforced by :class:`harness.doors.quota_ledger.QuotaKeeper`, one for every door of
+a server.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ class Quotas(BaseModel):
     """Memory (the sandboxes' limits added up) over the client's live sandboxes: bytes or ``"8g"``."""
     calls_per_minute: int | None = Field(default=None, ge=1)
     """Tool calls the client may start in any sliding minute."""
+    concurrent_calls: int | None = Field(default=None, ge=1)
+    """Requests the client may have in flight at once at one door (unset: the door's fair
+    share, a quarter of its threads; a value above the fair share has no effect)."""
 
     def over(self, base: Quotas) -> Quotas:
         """These quotas with ``base``'s value wherever this one leaves a key unset."""
