@@ -1,0 +1,252 @@
+"""The console in a real browser: Debian's headless Chromium driven by Playwright (the
+``playwright`` package from PyPI, pointed at /usr/bin/chromium; no browser download).
+
+A gRPC door runs with a policy where every ``shell`` call asks a person; an agent's calls come
+back pending. An operator logs in through the form, approves one call in the page while the
+agent's client waits for it (the client then sends the call again, and it runs exactly once),
+denies another with a reason (the model's result item carries it), and kills the live
+sandbox (its container is gone). A form another site serves cannot act on the console.
+
+Chromium comes from ``scripts/setup-browser.sh`` (``apt-get install chromium``); when it is
+missing the test skips saying so, except under CI=true, where it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import grpc
+import pytest
+
+from harness.audit.store import AuditStore
+from harness.client import CallResult, ExecutorClient, ExecutorError
+from harness.core.policy import parse_policy
+from harness.doors.grpc.server import GrpcServer, serve_grpc
+from harness.doors.grpc.tokens import TokenSet
+from harness.doors.http import HttpServer, serve_http
+from tests.conftest import IMAGE, unavailable
+
+pytestmark = [pytest.mark.interop, pytest.mark.docker]
+
+CHROMIUM = Path(os.environ.get("CALLBOX_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+OPERATOR_TOKEN = "console-operator-token-0123456789"
+AGENT_TOKEN = "console-agent-token-0123456789ab"
+TOKENS = TokenSet({"operator": OPERATOR_TOKEN, "agent": AGENT_TOKEN}, source="test tokens")
+WAIT_S = 60.0
+PAGE_TIMEOUT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium from Debian, or a skip (a failure under CI=true) saying how to get it."""
+    if not os.access(CHROMIUM, os.X_OK):
+        unavailable(f"{CHROMIUM} is missing: run scripts/setup-browser.sh (apt-get install chromium) as root")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@dataclass
+class Stack:
+    grpc: GrpcServer
+    http: HttpServer
+    audit: AuditStore
+
+
+@pytest.fixture
+def stack(engine, tmp_path: Path) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
+    """A gRPC door whose policy asks a person about every shell call, and the console on its executor."""
+    short = Path(tempfile.mkdtemp(prefix="cbx-console-", dir="/tmp"))  # sun_path is 108 bytes
+    audit = AuditStore(tmp_path / "audit.sqlite3")
+    policy = parse_policy(textwrap.dedent(f"""
+        [sandbox]
+        image = "{IMAGE}"
+        memory = "256m"
+
+        [tools.shell]
+        decision = "ask"
+    """))
+    door = serve_grpc(str(short / "executor.sock"), policy=policy, audit=audit, tokens=TOKENS, announce=None)
+    try:
+        http = serve_http("127.0.0.1:0", tokens=TOKENS, executor=door.service, audit=audit)
+        try:
+            yield Stack(door, http, audit)
+        finally:
+            http.stop()
+    finally:
+        door.stop(grace=1)
+        audit.close()
+        shutil.rmtree(short, ignore_errors=True)
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context()
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+class WaitingClient(threading.Thread):
+    """An agent's client that got ``approval_pending`` and waits for a person: it watches its
+    run's approval (GetRun) and, once resolved, sends the same call again."""
+
+    def __init__(self, agent: ExecutorClient, sandbox_id: str, call_id: str, arguments: dict[str, Any],
+                 approval_id: str) -> None:
+        super().__init__(daemon=True)
+        self.agent, self.sandbox_id, self.call_id = agent, sandbox_id, call_id
+        self.arguments, self.approval_id = arguments, approval_id
+        self.result: CallResult | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            deadline = time.monotonic() + WAIT_S
+            while self._state() == "pending":
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"approval {self.approval_id} was not resolved in {WAIT_S} s")
+                time.sleep(0.05)
+            self.result = self.agent.call(self.sandbox_id, "shell", self.arguments, call_id=self.call_id)
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def _state(self) -> str:
+        run = self.agent.get_run(self.sandbox_id)
+        return next(a.state for a in run.approvals if a.approval_id == self.approval_id)
+
+    def outcome(self) -> CallResult:
+        assert self.done.wait(WAIT_S), "the waiting client never got its result"
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+def _log_in(page: Any, url: str) -> None:
+    response = page.goto(f"{url}/")
+    assert response is not None and response.status == 401  # the login form, as a 401
+    page.get_by_label("Token").fill(OPERATOR_TOKEN)
+    page.get_by_role("button", name="Log in").click()
+    page.get_by_role("heading", name="Pending approvals").wait_for()
+
+
+def _container_gone(engine: Any, container: str) -> bool:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            engine.client.api.inspect_container(container)
+        except docker.errors.NotFound:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_approve_deny_and_kill_in_chromium(engine, stack: Stack, page: Any) -> None:  # type: ignore[no-untyped-def]
+    from playwright.sync_api import expect
+
+    _log_in(page, stack.http.url)
+    cookie = next(c for c in page.context.cookies() if c["name"] == "callbox_console")
+    assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
+
+    with ExecutorClient(stack.grpc.target, AGENT_TOKEN) as agent:
+        box = agent.create_sandbox()
+        container = stack.audit.get_run(box).meta["container"]
+
+        # 1. approve: the agent's call is pending; its client waits; the page lets it run, once
+        command = {"command": "echo ran >> /workspace/count; echo approved-output-$((6*7))"}
+        first = agent.call(box, "shell", command, call_id="call-approve")
+        assert first.error_code == "approval_pending" and first.approval_id, first
+        waiting = WaitingClient(agent, box, "call-approve", command, first.approval_id)
+        waiting.start()
+        page.reload()
+        card = page.locator(f'[id="approval-{first.approval_id}"]')
+        expect(card).to_contain_text("shell")
+        expect(card).to_contain_text("approved-output-$((6*7))")  # the arguments
+        expect(card).to_contain_text("tools.shell")  # the rule that asked
+        expect(card).to_contain_text(box)  # the run, its door and client
+        expect(card).to_contain_text("client agent")
+        assert not waiting.done.is_set()  # the client is really waiting
+        card.get_by_role("button", name="Approve").click()
+        expect(page.get_by_role("status")).to_contain_text(f"approval {first.approval_id} approved")
+        approved = waiting.outcome()
+        assert not approved.is_error, approved.text
+        assert "approved-output-42" in approved.text
+        again = agent.call(box, "shell", command, call_id="call-approve")  # a retry returns the record
+        assert again.text == approved.text
+        counted = agent.call(box, "read_file", {"path": "/workspace/count"})
+        assert counted.text.count("ran") == 1, counted.text  # the command ran exactly once
+        assert stack.audit.get_approval(first.approval_id).resolved_by == "console:operator"
+
+        # 2. deny with a reason: the model's result item carries it
+        wipe = {"command": "rm -rf /workspace/count"}
+        second = agent.call(box, "shell", wipe, call_id="call-deny")
+        assert second.error_code == "approval_pending" and second.approval_id
+        page.reload()
+        card = page.locator(f'[id="approval-{second.approval_id}"]')
+        expect(card).to_contain_text("rm -rf /workspace/count")
+        expect(card).to_contain_text("call-approve")  # the run's earlier calls
+        card.get_by_label("Reason").fill("the count file is evidence; keep it")
+        card.get_by_role("button", name="Deny").click()
+        expect(page.get_by_role("status")).to_contain_text(f"approval {second.approval_id} denied")
+        denied = agent.call(box, "shell", wipe, call_id="call-deny")
+        assert denied.is_error and denied.error_code == "approval_denied", denied
+        assert "the count file is evidence; keep it" in str(denied.item), denied.item
+        assert agent.call(box, "read_file", {"path": "/workspace/count"}).text.count("ran") == 1
+
+        # 3. the run's calls in order with their results
+        page.goto(f"{stack.http.url}/runs/{box}")
+        calls = page.locator("section.call")
+        expect(calls).to_have_count(4)
+        expect(calls.nth(0)).to_contain_text("call-approve")
+        expect(calls.nth(0)).to_contain_text("approved-output-42")
+        expect(calls.nth(2)).to_contain_text("call-deny")
+        expect(calls.nth(2)).to_contain_text("the count file is evidence; keep it")
+
+        # 4. a form served by another site cannot act on the console
+        third = agent.call(box, "shell", {"command": "true"}, call_id="call-cross-site")
+        assert third.approval_id
+        attacker = page.context.new_page()
+        attacker.route("http://attacker.test/", lambda route: route.fulfill(content_type="text/html", body=(
+            f'<form method="post" action="{stack.http.url}/approvals/{third.approval_id}/resolve">'
+            '<input name="decision" value="approve"><button>win a prize</button></form>')))
+        attacker.goto("http://attacker.test/")
+        with attacker.expect_response(lambda r: "/resolve" in r.url) as posted:
+            attacker.get_by_role("button", name="win a prize").click()
+        assert posted.value.status == 403
+        attacker.close()
+        assert stack.audit.get_approval(third.approval_id).state == "pending"
+
+        # 5. kill the live sandbox from the page: the executor deletes it, the container goes
+        page.goto(f"{stack.http.url}/sandboxes")
+        row = page.locator(f'[id="sandbox-{box}"]')
+        expect(row).to_contain_text("agent")
+        expect(row).to_contain_text("MiB of 256.0 MiB")
+        row.get_by_role("button", name=f"Kill {box}").click()
+        expect(page.get_by_role("status")).to_contain_text(f"sandbox {box} of client agent killed")
+        expect(page.locator(f'[id="sandbox-{box}"]')).to_have_count(0)
+        assert _container_gone(engine, container), f"container {container} is still there"
+        with pytest.raises(ExecutorError) as gone:
+            agent.call(box, "read_file", {"path": "/workspace/count"})
+        assert gone.value.code == grpc.StatusCode.NOT_FOUND
