@@ -40,6 +40,7 @@ from harness.doors.e2b.errors import E2bError, not_found
 from harness.doors.e2b.rpc import HttpResponse, Method, Service, json_response
 from harness.doors.e2b.server import serve_e2b
 from harness.doors.grpc.tokens import TokenSet
+from harness.doors.quota_ledger import QuotaKeeper
 
 KEY = "k" * 24
 SANDBOX = "e2b-toy"
@@ -55,10 +56,10 @@ MIB = 1 << 20
 class Boxes:
     """A stand-in for E2bSandboxes: one sandbox, one access token."""
 
-    executor = None
+    executor = types.SimpleNamespace(quotas=QuotaKeeper())
 
     def __init__(self) -> None:
-        self.box = types.SimpleNamespace(sandbox_id=SANDBOX, access_token=TOKEN)
+        self.box = types.SimpleNamespace(sandbox_id=SANDBOX, access_token=TOKEN, client="alice")
 
     def for_envd(self, sandbox_id, token):
         if sandbox_id != SANDBOX:

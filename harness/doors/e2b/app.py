@@ -18,6 +18,10 @@ How a request is routed (the e2b SDK sends both kinds to the same URL when
   anything else must match an envd HTTP route (``/files``, ``/health``).
 * Anything else is 404, with a JSON body naming the method and path.
 
+Each client may have at most ``share`` requests in flight at once (a quarter of the workers
+by default, so one client's streams cannot hold every worker); one more is 429 with
+``Retry-After`` (:mod:`harness.doors.quota_ledger`).
+
 Handlers run on a pool of worker threads (:mod:`harness.doors.e2b.bridge` carries bodies and
 streams between them and the event loop with bounded queues). A request body reaches a plain
 HTTP handler in chunks as they arrive; a response body may be an iterator, streamed as it
@@ -40,17 +44,18 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import unquote
 
-from harness.doors.e2b.boxes import E2bSandbox, E2bSandboxes
+from harness.doors.e2b.boxes import DOOR, E2bSandbox, E2bSandboxes
 from harness.doors.e2b.bridge import STOPPED, ClientGone, Done, Exchange, OutputChannel, Receive, Scope, Send
 from harness.doors.e2b.connect import as_error, connect_error_response, read_head, serve_call
-from harness.doors.e2b.errors import E2bError
+from harness.doors.e2b.errors import E2bError, from_quota
 from harness.doors.e2b.rpc import EnvdCall, EnvdRoute, HttpRequest, HttpResponse, Method, RestRoute, Service
 from harness.doors.grpc.tokens import TokenSet
+from harness.doors.quota_ledger import QuotaExceeded
 from harness.engine.cancel import current_scope
 from harness.telemetry import tracing
 
@@ -132,7 +137,7 @@ def envd_user(headers: Mapping[str, str]) -> str | None:
 
 def _rest_error(error: E2bError) -> tuple[int, list[tuple[str, str]], bytes]:
     body = json.dumps(error.rest_body(), separators=(",", ":")).encode()
-    return error.status, [("content-type", "application/json")], body
+    return error.status, [("content-type", "application/json"), *error.headers()], body
 
 
 class _CutOff(Exception):
@@ -144,8 +149,11 @@ class E2bApp:
     """The ASGI app; see the module docstring. ``shutdown`` ends every request in flight."""
 
     def __init__(self, *, tokens: TokenSet, sandboxes: E2bSandboxes, services: Iterable[Service],
-                 rest_routes: Iterable[RestRoute], envd_routes: Iterable[EnvdRoute], pool: Any) -> None:
+                 rest_routes: Iterable[RestRoute], envd_routes: Iterable[EnvdRoute], pool: Any,
+                 share: int | None = None) -> None:
         self.tokens = tokens
+        self.share = share
+        """How many requests one client may have in flight at once (None: no bound)."""
         self.sandboxes = sandboxes
         self.services: dict[str, Service] = {service.name: service for service in services}
         self.rest = _Router(rest_routes)
@@ -239,13 +247,21 @@ class E2bApp:
                 await respond_error(exchange, error)
                 return
             call = EnvdCall(sandbox=sandbox, headers=headers, deadline=head.deadline, user=user)
-            await serve_call(exchange, method, exchange.path, head, call)
+            with self._fair(sandbox.client) as refusal:
+                if refusal is not None:
+                    await respond_error(exchange, refusal)
+                else:
+                    await serve_call(exchange, method, exchange.path, head, call)
             return
         assert found is not None
         route, params = found
         call = EnvdCall(sandbox=sandbox, headers=headers, user=user)
         handler = route.handler
-        await self._serve_http(exchange, params, lambda request: handler(request, call), call)
+        with self._fair(sandbox.client) as refusal:
+            if refusal is not None:
+                await respond_error(exchange, refusal)
+            else:
+                await self._serve_http(exchange, params, lambda request: handler(request, call), call)
 
     def _connect_method(self, http_method: str, segments: list[str]) -> Method | None:
         if len(segments) != 2:
@@ -294,7 +310,29 @@ class E2bApp:
             return
         route, params = found
         handler = route.handler
-        await self._serve_http(exchange, params, lambda request: handler(request, client), None)
+        with self._fair(client) as refusal:
+            if refusal is not None:
+                await _http_refusal(exchange, refusal)
+            else:
+                await self._serve_http(exchange, params, lambda request: handler(request, client), None)
+
+    @contextlib.contextmanager
+    def _fair(self, client: str) -> Iterator[E2bError | None]:
+        """One of ``client``'s requests in flight, within its share of the door's workers
+        (:mod:`harness.doors.quota_ledger`); yields the refusal (429) when it is over it."""
+        if self.share is None:
+            yield None
+            return
+        quotas = self.sandboxes.executor.quotas
+        try:
+            quotas.enter(client, door=DOOR, share=self.share)
+        except QuotaExceeded as refusal:
+            yield from_quota(refusal)
+            return
+        try:
+            yield None
+        finally:
+            quotas.leave(client, door=DOOR)
 
     # ---- plain HTTP ----------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ engine's (the clock stands still while paused) and the policy's ``pause`` action
 extends it. :meth:`~E2bSandboxes.metrics` reads the sandbox's cgroup.
 
 Templates: ``base`` (what the SDK asks for when its caller names none) is the server's
-policy with the sandbox working in ``/home/user``, E2B's home and working directory, where
+policy (or the client's profile's) with the sandbox working in ``/home/user``, E2B's home and working directory, where
 E2B scripts put their files (a scratch tmpfs of its own, like ``/workspace``, and ``HOME``;
 relative paths, the policy's relative path rules included, are anchored there).
 """
@@ -176,6 +176,8 @@ class E2bSandboxes:
         if isinstance(executor.engine_factory, SharedEngine) and executor.policy.pool.size:  # pool E2B's base too
             executor.engine_factory.pool_specs.append(self.templates[DEFAULT_TEMPLATE].sandbox_spec())
         self._lock = threading.Lock()
+        self._profile_bases: dict[int, tuple[Policy, Policy]] = {}
+        """id of a client's profile policy -> (it, the ``base`` template made of it)."""
         self._boxes: dict[str, E2bSandbox] = {}
         self._idempotent: dict[tuple[str, str], tuple[str, str | None]] = {}
         """(client, Idempotency-Key) -> (the request's fingerprint, its sandbox id; None while starting)."""
@@ -192,7 +194,7 @@ class E2bSandboxes:
         request (``fingerprint``: what identifies it) while its sandbox lives returns that
         sandbox instead of starting another; the key with a different request, or while the
         first is still starting, is ``already_exists`` (409)."""
-        self.check_template(template_id)
+        self.check_template(template_id, client)
         if not idempotency_key:
             return self._create(client, template_id, overrides, metadata)
         slot = (client, idempotency_key)
@@ -222,9 +224,24 @@ class E2bSandboxes:
             self._idempotent[slot] = (fingerprint, sandbox.sandbox_id)
         return sandbox
 
-    def check_template(self, template_id: str) -> Policy:
-        """The policy of template ``template_id``; ``not_found`` listing the known ones."""
-        base = self.templates.get(template_id or DEFAULT_TEMPLATE)
+    def template(self, template_id: str, client: str | None = None) -> Policy | None:
+        """The policy of template ``template_id`` for ``client``: ``base`` is made of the
+        client's own policy when its profile has one (:mod:`harness.doors.profiles`)."""
+        name = template_id or DEFAULT_TEMPLATE
+        if name != DEFAULT_TEMPLATE or client is None:
+            return self.templates.get(name)
+        policy = self.executor.profiles.of(client)
+        if policy is self.executor.policy:
+            return self.templates[DEFAULT_TEMPLATE]
+        with self._lock:
+            known = self._profile_bases.get(id(policy))
+            if known is None or known[0] is not policy:
+                known = self._profile_bases[id(policy)] = (policy, e2b_template(policy))
+        return known[1]
+
+    def check_template(self, template_id: str, client: str | None = None) -> Policy:
+        """The policy of template ``template_id`` (for ``client``); ``not_found`` listing the known ones."""
+        base = self.template(template_id, client)
         if base is None:
             known = ", ".join(sorted(self.templates))
             raise E2bError("not_found", f"template {template_id!r} not found; this server has: {known}")
@@ -232,7 +249,7 @@ class E2bSandboxes:
 
     def _create(self, client: str, template_id: str, overrides: SandboxOverrides | None,
                 metadata: Mapping[str, str] | None) -> E2bSandbox:
-        base = self.check_template(template_id)
+        base = self.check_template(template_id, client)
         wanted = overrides or SandboxOverrides()
         try:
             session = self.executor.create_session(client, wanted, door=DOOR, base_policy=base)
@@ -306,12 +323,13 @@ class E2bSandboxes:
 
     # ---- lifetime: timeout, pause, resume, connect, metrics ---------------------------------------
 
-    def timeout_limit(self, template_id: str) -> int:
+    def timeout_limit(self, template_id: str, client: str | None = None) -> int:
         """The longest timeout a sandbox of ``template_id`` may have: its policy's ``sandbox.ttl_seconds``."""
-        base = self.templates.get(template_id) or self.templates[DEFAULT_TEMPLATE]
+        base = self.template(template_id, client) or self.templates[DEFAULT_TEMPLATE]
         return base.sandbox.ttl_seconds
 
-    def check_timeout(self, template_id: str, seconds: object, what: str = "timeout") -> int:
+    def check_timeout(self, template_id: str, seconds: object, what: str = "timeout",
+                      client: str | None = None) -> int:
         """``seconds`` as a timeout for a sandbox of ``template_id``: ``invalid_argument`` for
         anything but a whole number of seconds, ``permission_denied`` above the limit. A
         shorter one than the engine keeps a sandbox for (``MIN_TIMEOUT_S``) is that minimum:
@@ -321,7 +339,7 @@ class E2bSandboxes:
         if seconds < MIN_TIMEOUT_S:
             log.info("a %s of %d s is below this server's minimum: %d s", what, seconds, MIN_TIMEOUT_S)
             return MIN_TIMEOUT_S
-        limit = self.timeout_limit(template_id)
+        limit = self.timeout_limit(template_id, client)
         if seconds > limit:
             raise E2bError("permission_denied",
                            f"{what}: {seconds} s is above this server's limit of {limit} s (sandbox.ttl_seconds "
@@ -331,7 +349,7 @@ class E2bSandboxes:
     def set_timeout(self, sandbox: E2bSandbox, seconds: int) -> float:
         """Make ``sandbox`` end ``seconds`` from now (shorter or longer than before, at most
         the limit; while paused: that much running time once resumed); its new end."""
-        seconds = self.check_timeout(sandbox.template_id, seconds)
+        seconds = self.check_timeout(sandbox.template_id, seconds, client=sandbox.client)
         with sandbox.lock, e2b_errors(sandbox):
             return self._extend(sandbox, seconds)
 
@@ -369,7 +387,7 @@ class E2bSandboxes:
     def connect(self, sandbox: E2bSandbox, seconds: int) -> bool:
         """Resume ``sandbox`` if it is paused, then make it last at least ``seconds`` more
         (a longer timeout it has stays); whether it was resumed."""
-        seconds = self.check_timeout(sandbox.template_id, seconds)
+        seconds = self.check_timeout(sandbox.template_id, seconds, client=sandbox.client)
         with sandbox.lock:
             resumed = sandbox.state == "paused"
             if resumed:

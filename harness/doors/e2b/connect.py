@@ -245,7 +245,7 @@ def connect_error_response(error: E2bError) -> tuple[int, list[tuple[str, str]],
     proxy's 502): clients read the code from the body either way."""
     body = json.dumps(error.connect_body(), separators=(",", ":")).encode()
     status = error.status
-    headers = [("content-type", "application/json")]
+    headers = [("content-type", "application/json"), *error.headers()]
     if status == 405:
         headers.append(("allow", "POST"))
     return status, headers, body
@@ -418,6 +418,11 @@ async def _drain(exchange: Exchange, out: OutputChannel, codec: Codec, where: st
         await _write(exchange, codec, b"".join(batch))
         last = time.monotonic()
     if exchange.ended == "disconnected":
+        return
+    if not exchange.started and error is not None and error.retry_after is not None:
+        # Refused before the stream began (a quota): a plain 429 with Retry-After, which
+        # Connect clients read like an end-of-stream error and HTTP clients can honour.
+        await exchange.respond(*connect_error_response(error))
         return
     if not exchange.started:
         await exchange.start(200, [("content-type", codec.stream_type)])

@@ -37,7 +37,8 @@ when it passes, the process is killed, foreground or background, as envd does. A
 started without a deadline runs until it exits, is killed, or the sandbox goes. At most 64
 jobs run in a sandbox, and at most 16 streams (Start or Connect) follow its jobs at once
 (the agent's limits): one more Start is ``resource_exhausted``, and its process is killed
-rather than left running unseen.
+rather than left running unseen. A Start counts as a tool call of the client's
+``calls_per_minute`` quota; over it, the Start is refused with 429 and ``Retry-After``.
 
 Policy: a started command is both a call of the ``shell`` tool (its ``[tools.shell]`` rules,
 ``default_decision`` and ``allowed_tools`` apply to the command string: for ``bash -l -c CMD``
@@ -73,7 +74,7 @@ from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from harness.core.errors import AgentCallError, CallboxError, short_reason
-from harness.doors.e2b.boxes import E2bSandbox, E2bSandboxes, e2b_errors
+from harness.doors.e2b.boxes import DOOR, E2bSandbox, E2bSandboxes, e2b_errors
 from harness.doors.e2b.envd import process_pb2 as pb
 from harness.doors.e2b.errors import E2bError, invalid
 from harness.doors.e2b.rpc import EnvdCall, Method, Service
@@ -258,6 +259,7 @@ class ProcessDoor:
         tag = request.tag if request.HasField("tag") else ""
         stdin = request.stdin if request.HasField("stdin") else True
         with e2b_errors(sandbox):
+            self.sandboxes.executor.quotas.start_call(sandbox.client, door=DOOR)  # a command is a tool call
             box = sandbox.running()
             cwd = config.cwd if config.HasField("cwd") and config.cwd else box.spec.workdir
             script = shell_script(argv)

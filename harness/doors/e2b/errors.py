@@ -8,19 +8,23 @@ for 401, ...); an envd RPC answers it as a Connect error ``{"code": "not_found",
 in the end-of-stream envelope).
 
 The gRPC door's :class:`ServiceError` and callbox's own errors convert with
-:func:`from_service_error` and :func:`from_callbox`.
+:func:`from_service_error` and :func:`from_callbox`. A refusal by a client's quota is 429
+(``resource_exhausted``) with a ``Retry-After`` header (the seconds until it frees up), on
+the control plane and on envd alike, also for a stream refused before it began.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from harness.core.actions import ActionDenied, ApprovalPending
 from harness.core.errors import AgentCallError, CallboxError, EngineUnavailable, SessionClosed, UsageError
 from harness.doors.grpc.errors import ServiceError
+from harness.doors.quota_ledger import QuotaExceeded
 from harness.engine.agent_errors import sandbox_gone
 
-__all__ = ["CONNECT_STATUS", "E2bError", "from_callbox", "from_service_error", "invalid", "not_found"]
+__all__ = ["CONNECT_STATUS", "E2bError", "from_callbox", "from_quota", "from_service_error", "invalid", "not_found"]
 
 CONNECT_STATUS: dict[str, int] = {
     "canceled": 499,
@@ -65,13 +69,19 @@ _GRPC_TO_CONNECT = {
 class E2bError(Exception):
     """A refusal of the E2B door: a Connect code, one sentence, and the HTTP status to send."""
 
-    def __init__(self, code: str, message: str, *, status: int | None = None) -> None:
+    def __init__(self, code: str, message: str, *, status: int | None = None, retry_after: int | None = None) -> None:
         if code not in CONNECT_STATUS:
             raise ValueError(f"not a Connect error code: {code!r}")
         super().__init__(message)
         self.code = code
         self.message = message
         self.status = status if status is not None else CONNECT_STATUS[code]
+        self.retry_after = retry_after
+        """Seconds until a retry may succeed (a quota's refusal): the ``Retry-After`` header."""
+
+    def headers(self) -> list[tuple[str, str]]:
+        """The response headers an error response carries besides its content type."""
+        return [("retry-after", str(self.retry_after))] if self.retry_after is not None else []
 
     def rest_body(self) -> dict[str, Any]:
         """The control plane's error body (the SDK reads ``message``)."""
@@ -95,9 +105,15 @@ def invalid(message: str) -> E2bError:
 
 
 def from_service_error(error: ServiceError) -> E2bError:
-    """A gRPC-door refusal (limits, overrides, a sandbox that cannot start) for E2B clients."""
+    """A gRPC-door refusal (limits, quotas, overrides, a sandbox that cannot start) for E2B clients."""
     code = _GRPC_TO_CONNECT.get(error.code.name, "unknown")
-    return E2bError(code, error.message)
+    retry_after = None if error.retry_after_s is None else max(1, math.ceil(error.retry_after_s))
+    return E2bError(code, error.message, retry_after=retry_after)
+
+
+def from_quota(error: QuotaExceeded) -> E2bError:
+    """A client's quota refused it: 429 (``resource_exhausted``) naming the quota, with ``Retry-After``."""
+    return E2bError("resource_exhausted", error.message, retry_after=error.retry_after)
 
 
 def from_callbox(error: CallboxError) -> E2bError:
@@ -106,6 +122,8 @@ def from_callbox(error: CallboxError) -> E2bError:
     permission_denied (an approval asked for: failed_precondition naming the approval)."""
     if isinstance(error, E2bError):  # pragma: no cover - E2bError is not a CallboxError
         return error
+    if isinstance(error, QuotaExceeded):
+        return from_quota(error)
     if isinstance(error, ActionDenied):
         return E2bError("permission_denied", error.message)
     if isinstance(error, ApprovalPending):

@@ -166,7 +166,7 @@ class ControlPlane:
     # ---- create, list, get, delete -----------------------------------------------------------------
 
     def create(self, request: HttpRequest, client: str) -> HttpResponse:
-        wanted = parse_create(request.json(), self.sandboxes)
+        wanted = parse_create(request.json(), self.sandboxes, client)
         sandbox = self.sandboxes.create(client, template_id=wanted.template_id, overrides=wanted.overrides,
                                         metadata=wanted.metadata,
                                         idempotency_key=request.headers.get("idempotency-key") or None,
@@ -258,7 +258,7 @@ class ControlPlane:
     def _connect(self, sandbox: E2bSandbox, body: Mapping[str, Any], *, must_be_paused: bool) -> HttpResponse:
         timeout = body.get("timeout")
         if timeout is None:
-            timeout = min(DEFAULT_TIMEOUT_S, self.sandboxes.timeout_limit(sandbox.template_id))
+            timeout = min(DEFAULT_TIMEOUT_S, self.sandboxes.timeout_limit(sandbox.template_id, sandbox.client))
         paused = sandbox.state == "paused"
         if must_be_paused and not paused:
             raise E2bError("already_exists", f"sandbox {sandbox.sandbox_id} is already running")

@@ -131,19 +131,19 @@ def _refuse_unimplemented(body: Mapping[str, Any]) -> None:
                       "(it would not do what they ask)")
 
 
-def parse_create(body: Any, sandboxes: E2bSandboxes) -> CreateRequest:
+def parse_create(body: Any, sandboxes: E2bSandboxes, client: str | None = None) -> CreateRequest:
     """A create request's body, checked against the template's policy (see the module docstring)."""
     if not isinstance(body, dict):
         raise invalid(f"the create request must be a JSON object, not {type(body).__name__}")
     template_id = body.get("templateID") or DEFAULT_TEMPLATE
     if not isinstance(template_id, str):
         raise invalid(f"templateID must be a string, not {template_id!r}")
-    policy = sandboxes.check_template(template_id)
+    policy = sandboxes.check_template(template_id, client)
     _refuse_unimplemented(body)
     timeout = body.get("timeout")
     if timeout is None:
-        timeout = min(DEFAULT_TIMEOUT_S, sandboxes.timeout_limit(template_id))
-    timeout = sandboxes.check_timeout(template_id, timeout)
+        timeout = min(DEFAULT_TIMEOUT_S, sandboxes.timeout_limit(template_id, client))
+    timeout = sandboxes.check_timeout(template_id, timeout, client=client)
     secure = body.get("secure")
     if secure is not None and not isinstance(secure, bool):
         raise invalid(f"secure must be true or false, not {secure!r}")

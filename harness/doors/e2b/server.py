@@ -23,7 +23,10 @@ token file. Decisions:
   (:mod:`harness.doors.e2b.envd_files`); tests may pass their own.
 * **Threads.** Handlers run on a pool of ``workers`` threads (a stream holds one for its
   whole life: the default leaves room for about 20 sandboxes each streaming several
-  commands, watches and transfers at once).
+  commands, watches and transfers at once); one client may hold a quarter of them at once
+  (429 beyond), so the others always find some.
+* **Quotas.** The executor's (:mod:`harness.doors.quota_ledger`): a create over one is 429
+  with ``Retry-After``, as is a process Start over ``calls_per_minute``.
 * **Shutdown.** ``stop()``: new sandboxes are refused (when the door owns its executor),
   every request in flight ends (its call scope cancelled, a stream ended with
   ``unavailable``), uvicorn stops, then the owned executor destroys its sandboxes.
@@ -51,6 +54,8 @@ from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import Limits
 from harness.doors.grpc.tokens import TokenSet, server_tokens
 from harness.doors.mcp.http import _bind, _is_loopback, parse_addr
+from harness.doors.profiles import PolicySource
+from harness.doors.quota_ledger import QuotaKeeper, fair_share
 from harness.engine.docker.engine import DockerEngine
 from harness.tools import registry_for
 
@@ -201,6 +206,8 @@ def serve_e2b(
     services: Iterable[Service] | None = None,
     rest_routes: Iterable[RestRoute] | None = None,
     envd_routes: Iterable[EnvdRoute] | None = None,
+    quotas: QuotaKeeper | None = None,
+    policies: PolicySource | None = None,
 ) -> E2bServer:
     """Start the E2B door on ``addr`` in the background; see the module docstring.
 
@@ -209,8 +216,11 @@ def serve_e2b(
     sources of :func:`~harness.doors.grpc.tokens.server_tokens`; ``announce`` shows a token
     generated on first start), ``policy`` (default: the packaged one), ``audit`` (default:
     the default audit store) and the limits. ``services``, ``rest_routes``, ``envd_routes``
-    replace the door's own (tests). Raises ServeError (exit code 2) for a refused address,
-    bad TLS files, or a port that cannot be bound.
+    replace the door's own (tests). ``quotas`` and ``policies`` go to an executor of the
+    door's own as in :func:`~harness.doors.grpc.server.serve_grpc` (a shared executor has
+    its own). Each client may have a quarter of the ``workers`` busy at once. Raises
+    ServeError (exit code 2) for a refused address, bad TLS files, or a port that cannot be
+    bound.
     """
     host, port = parse_addr(addr)
     if (tls_cert is None) != (tls_key is None):
@@ -234,7 +244,7 @@ def serve_e2b(
                     registry=registry_for(served), policy=served, audit=store, tokens=token_set,
                     limits=Limits(max_sandboxes_per_client=max_sandboxes_per_client,
                                   max_sandboxes_total=max_sandboxes_total),
-                    engine_factory=engine_factory,
+                    engine_factory=engine_factory, quotas=quotas, policies=policies,
                 )
             except BaseException:
                 if owned_audit is not None:
@@ -251,7 +261,7 @@ def serve_e2b(
             envd_routes = own_envd if envd_routes is None else envd_routes
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="callbox-e2b")
         app = E2bApp(tokens=keys, sandboxes=sandboxes, services=services, rest_routes=rest_routes,
-                     envd_routes=envd_routes, pool=pool)
+                     envd_routes=envd_routes, pool=pool, share=fair_share(workers))
         config = uvicorn.Config(
             app, http="h11", ws="none", lifespan="on", log_level="warning", access_log=False, log_config=None,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

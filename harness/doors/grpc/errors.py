@@ -2,7 +2,10 @@
 
 A refused request ends with a status code and an ``ErrorDetail`` (reason, one sentence,
 ``retryable``, and for an action waiting for a person ``approval_id``) in the trailing
-metadata under ``DETAIL_METADATA_KEY``. :func:`action_refused` and :func:`sandbox_failure`
+metadata under ``DETAIL_METADATA_KEY``. A refusal by a client's quota (:func:`quota_refused`) is
+RESOURCE_EXHAUSTED, LIMIT_REACHED, with a sentence naming the quota and when it frees up, and
+the milliseconds until then in the trailer ``grpc-retry-pushback-ms`` (the key gRPC's retry
+policy honours). :func:`action_refused` and :func:`sandbox_failure`
 say how the policy's refusals of sandbox actions and the engine's and agent's errors read.
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -17,6 +21,7 @@ import grpc
 
 from harness.core.actions import ActionDenied, ApprovalPending
 from harness.core.errors import AgentCallError, CallboxError, EngineUnavailable, ImageNotFound, UsageError
+from harness.doors.quota_ledger import QuotaExceeded
 from harness.engine.agent_errors import sandbox_gone
 from harness.engine.docker.kept import SandboxExpired
 from harness.engine.docker.lifetime import SandboxPaused
@@ -26,7 +31,8 @@ from harness.v1 import executor_pb2
 from harness.wire import DETAIL_METADATA_KEY
 
 __all__ = ["Reason", "ServiceError", "abort", "action_refused", "creation_failure", "denied", "handle_errors",
-           "handle_errors_any", "handle_stream_errors", "invalid", "not_found", "paused", "sandbox_failure"]
+           "handle_errors_any", "handle_stream_errors", "invalid", "not_found", "paused", "quota_refused",
+           "sandbox_failure"]
 
 log = logging.getLogger("callbox.executor")
 
@@ -44,6 +50,7 @@ _CODES: dict[int, grpc.StatusCode] = {
     Reason.ERROR_REASON_APPROVAL_PENDING: grpc.StatusCode.FAILED_PRECONDITION,
     Reason.ERROR_REASON_PAUSED: grpc.StatusCode.FAILED_PRECONDITION,
 }
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
 _RETRYABLE = frozenset(
     {Reason.ERROR_REASON_LIMIT_REACHED, Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, Reason.ERROR_REASON_SHUTTING_DOWN}
 )
@@ -60,6 +67,7 @@ class ServiceError(Exception):
         code: grpc.StatusCode | None = None,
         retryable: bool | None = None,
         approval_id: str = "",
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.reason = reason
@@ -67,6 +75,8 @@ class ServiceError(Exception):
         self.code: grpc.StatusCode = code or _CODES.get(reason, grpc.StatusCode.UNKNOWN)
         self.retryable = reason in _RETRYABLE if retryable is None else retryable
         self.approval_id = approval_id
+        self.retry_after_s = retry_after_s
+        """When a retry may succeed (a quota's refusal): sent as ``grpc-retry-pushback-ms``."""
 
     def detail(self) -> executor_pb2.ErrorDetail:
         return executor_pb2.ErrorDetail(reason=self.reason, message=self.message, retryable=self.retryable,
@@ -75,7 +85,10 @@ class ServiceError(Exception):
 
 def abort(context: grpc.ServicerContext, error: ServiceError) -> NoReturn:
     """End the RPC with the error's status code and its ErrorDetail in the trailing metadata."""
-    context.set_trailing_metadata(((DETAIL_METADATA_KEY, error.detail().SerializeToString()),))
+    trailers: list[tuple[str, str | bytes]] = [(DETAIL_METADATA_KEY, error.detail().SerializeToString())]
+    if error.retry_after_s is not None:
+        trailers.append((RETRY_PUSHBACK_KEY, str(max(0, math.ceil(error.retry_after_s * 1000)))))
+    context.set_trailing_metadata(tuple(trailers))
     context.abort(error.code, error.message)
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
@@ -90,6 +103,12 @@ def denied(message: str) -> ServiceError:
 
 def invalid(message: str) -> ServiceError:
     return ServiceError(Reason.ERROR_REASON_INVALID_ARGUMENT, message)
+
+
+def quota_refused(error: QuotaExceeded) -> ServiceError:
+    """A client's quota refused the request: RESOURCE_EXHAUSTED, the retry time in the trailer."""
+    return ServiceError(Reason.ERROR_REASON_LIMIT_REACHED, error.message, retryable=error.retryable,
+                        retry_after_s=error.retry_after_s if error.retryable else None)
 
 
 def paused(sandbox_id: str) -> ServiceError:
@@ -126,6 +145,8 @@ def sandbox_failure(error: CallboxError, sandbox_id: str = "") -> ServiceError:
     """How an error of a sandbox operation (the engine's, the agent's, the policy's) reads."""
     if isinstance(error, ActionDenied | ApprovalPending):
         return action_refused(error)
+    if isinstance(error, QuotaExceeded):
+        return quota_refused(error)
     if isinstance(error, SandboxPaused):
         return paused(sandbox_id or error.name_or_id)
     if isinstance(error, AgentCallError):
@@ -160,6 +181,8 @@ def handle_errors(method: Callable[..., Any]) -> Callable[..., Any]:
             return method(self, request, context)
         except ServiceError as error:
             failure = error
+        except QuotaExceeded as error:
+            failure = quota_refused(error)
         except Exception:
             log.exception("%s failed", method.__name__)
             failure = ServiceError(Reason.ERROR_REASON_INTERNAL, f"{method.__name__} failed inside the server (a bug); "

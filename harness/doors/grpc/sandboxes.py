@@ -263,7 +263,7 @@ class SandboxesService(SnapshotsAndForks, sandboxes_pb2_grpc.SandboxesServicer):
     @handle_errors_any
     def KeepAlive(self, request: sandboxes_pb2.KeepAliveRequest, context: grpc.ServicerContext) -> Any:
         owned = self._owned(request.sandbox_id, context)
-        limit = self.executor.policy.sandbox.ttl_seconds
+        limit = self.executor.profiles.of(owned.client).sandbox.ttl_seconds
         ttl = request.ttl_seconds or owned.session.ttl_seconds
         if ttl > limit:
             raise denied(f"ttl_seconds: {ttl} is above this server's limit of {limit} (sandbox.ttl_seconds in its "

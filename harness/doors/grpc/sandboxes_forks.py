@@ -7,10 +7,11 @@ a new sandbox of the same client, made while a place is reserved under the clien
 * of a live sandbox (``sandbox_id``): the engine's fork (a temporary snapshot restored into a
   sandbox of the same spec), with the source's policy, tools and overrides; the action is
   authorized and recorded in the source's run;
-* of a snapshot: a sandbox of the server's policy tightened by what the snapshot recorded
-  (checked again now), its files restored from the snapshot; the action is authorized and
-  recorded in the fork's own run, so an approval asked for names the sandbox id the fork
-  then gets, and the repeat with that approval_id reuses it.
+* of a snapshot: a sandbox of the client's policy (its profile's, else the server's)
+  tightened by what the snapshot recorded (checked again now), its files restored from the
+  snapshot; the action is authorized and recorded in the fork's own run, so an approval
+  asked for names the sandbox id the fork then gets, and the repeat with that approval_id
+  reuses it.
 
 The fork's run records where it came from (``forked_from`` or ``forked_from_snapshot`` in
 its meta).
@@ -106,7 +107,7 @@ class SnapshotsAndForks(SandboxesBase):
     def _fork_live(self, request: sandboxes_pb2.ForkRequest, context: grpc.ServicerContext) -> executor_pb2.Sandbox:
         owned = self._running(request.sandbox_id, context)
         source = owned.session
-        with self.executor.reserved(owned.client):
+        with self.executor.reserved(owned.client, owned.box.spec) as reservation:
             gate, ticket = self._gate(owned, "fork", {"from_snapshot": False}, request.approval_id)
             with self._acting(gate, ticket, context, owned):
                 run_id = self.executor.new_run(owned.client)
@@ -123,7 +124,7 @@ class SnapshotsAndForks(SandboxesBase):
                                         source.overrides)
                 session.expires = forked.expires or session.expires
                 self._note_origin(run_id, {"forked_from": owned.sandbox_id})
-                self.executor.register(session, context.is_active)
+                self.executor.register(session, context.is_active, reservation)
         return session.message()
 
     def _fork_snapshot(self, request: sandboxes_pb2.ForkRequest,
@@ -132,11 +133,11 @@ class SnapshotsAndForks(SandboxesBase):
         snapshots = ClientSnapshots(self._engine(), client)
         info = snapshots.get(request.snapshot)
         _, recorded = read_sidecar(info)
-        server = self.executor.policy
+        server = self.executor.profiles.of(client)
         overrides = recorded if recorded is not None else overrides_from_spec(
             snapshots.engine.snapshot_store.spec(info), server.sandbox_spec())
-        policy = sandbox_policy(server, overrides, self.executor.exposed)
-        with self.executor.reserved(client):
+        policy = sandbox_policy(server, overrides, self.executor.profiles.exposed(client))
+        with self.executor.reserved(client, policy.sandbox_spec()) as reservation:
             run_id, reused = self._fork_run(client, request.approval_id)
             try:
                 gate, ticket = self._authorize(policy, run_id, client, "fork",
@@ -149,7 +150,7 @@ class SnapshotsAndForks(SandboxesBase):
             with self._acting(gate, ticket, context):
                 session = self._restored(client, run_id, policy, overrides, info)
                 self._note_origin(run_id, {"forked_from_snapshot": request.snapshot})
-                self.executor.register(session, context.is_active)
+                self.executor.register(session, context.is_active, reservation)
         return session.message()
 
     def _fork_run(self, client: str, approval_id: str) -> tuple[str, bool]:

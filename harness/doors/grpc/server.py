@@ -14,6 +14,11 @@ handle (``stop()``, ``wait()``, ``serve_forever()``). Decisions:
 * **TLS.** TCP without TLS is refused unless ``insecure=True`` (bearer tokens would cross
   the network in clear text). ``tls_cert`` + ``tls_key`` (PEM files) serve TLS on either
   kind of address.
+* **Fairness and quotas.** Each client may have at most a quarter of the server's
+  ``max_workers`` threads busy with its RPCs at once (its ``concurrent_calls`` quota when
+  lower); one more is RESOURCE_EXHAUSTED at once, so one client's flood leaves threads to
+  the others. The quotas of :mod:`harness.doors.quota_ledger` apply to CreateSandbox,
+  Fork and CallTool.
 * **Auth.** A server interceptor checks ``authorization: Bearer TOKEN`` on every RPC except
   the standard health service (so probes such as ``grpc_health_probe`` work without a
   secret; it reveals only SERVING / NOT_SERVING). A missing or unknown token is
@@ -43,7 +48,7 @@ import socket
 import stat
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,11 +64,13 @@ from harness.core.errors import CallboxError
 from harness.core.policy import Policy, load_policy
 from harness.core.registry import ToolRegistry
 from harness.doors.grpc.adoption import adopt
-from harness.doors.grpc.errors import Reason, ServiceError, abort
+from harness.doors.grpc.errors import Reason, ServiceError, abort, quota_refused
 from harness.doors.grpc.sandboxes import SandboxesService
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import Limits
 from harness.doors.grpc.tokens import TOKEN_ENV, TokenSet, bearer_token, server_tokens
+from harness.doors.profiles import PolicySource
+from harness.doors.quota_ledger import QuotaExceeded, QuotaKeeper, fair_share
 from harness.engine.docker.engine import DockerEngine
 from harness.tools import registry_for
 from harness.v1 import executor_pb2, executor_pb2_grpc, sandboxes_pb2, sandboxes_pb2_grpc
@@ -172,18 +179,25 @@ def _unauthenticated(message: str) -> Callable[[Any, grpc.ServicerContext], Any]
 
 
 class _AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Lets through only RPCs with a known bearer token (the health service excepted)."""
+    """Lets through only RPCs with a known bearer token (the health service excepted), each
+    client at most ``share`` at once (:func:`_fair`)."""
 
-    def __init__(self, tokens: TokenSet) -> None:
+    def __init__(self, tokens: TokenSet, quotas: QuotaKeeper | None = None, share: int = 1 << 30) -> None:
         self.tokens = tokens
+        self.quotas = quotas
+        self.share = share
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
         method: str = handler_call_details.method or ""
         if method.startswith(_UNAUTHENTICATED_EXEMPT):
             return continuation(handler_call_details)
         token = bearer_token(handler_call_details.invocation_metadata)
-        if token is not None and self.tokens.lookup(token) is not None:
-            return continuation(handler_call_details)
+        client = self.tokens.lookup(token) if token is not None else None
+        if client is not None:
+            handler = continuation(handler_call_details)
+            if handler is None or self.quotas is None:
+                return handler
+            return _fair(handler, client, self.quotas, self.share)
         if token is None:
             message = (f"this request carries no bearer token; send the metadata 'authorization: Bearer TOKEN' "
                        f"(the server's token file, or {TOKEN_ENV})")
@@ -198,6 +212,44 @@ class _AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         if handler.request_streaming:
             return grpc.stream_unary_rpc_method_handler(fail)
         return grpc.unary_stream_rpc_method_handler(fail)
+
+
+def _fair(handler: Any, client: str, quotas: QuotaKeeper, share: int) -> Any:
+    """``handler`` counted as one of ``client``'s requests in flight from its start until the
+    RPC ends (however it ends: the RPC's termination callback); beyond the client's share of
+    the server's threads it is RESOURCE_EXHAUSTED at once, leaving the threads to the others
+    (see :mod:`harness.doors.quota_ledger`)."""
+
+    def enter(context: grpc.ServicerContext) -> None:
+        try:
+            quotas.enter(client, door="grpc", share=share)
+        except QuotaExceeded as refusal:
+            abort(context, quota_refused(refusal))
+        if not context.add_callback(lambda: quotas.leave(client, door="grpc")):
+            quotas.leave(client, door="grpc")  # the RPC has already ended
+
+    def unary(behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
+        def run(request: Any, context: grpc.ServicerContext) -> Any:
+            enter(context)
+            return behavior(request, context)
+
+        return run
+
+    def streamed(behavior: Callable[[Any, grpc.ServicerContext], Iterator[Any]]
+                 ) -> Callable[[Any, grpc.ServicerContext], Iterator[Any]]:
+        def run(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            enter(context)
+            yield from behavior(request, context)
+
+        return run
+
+    if handler.unary_unary is not None:
+        return handler._replace(unary_unary=unary(handler.unary_unary))
+    if handler.stream_unary is not None:
+        return handler._replace(stream_unary=unary(handler.stream_unary))
+    if handler.unary_stream is not None:
+        return handler._replace(unary_stream=streamed(handler.unary_stream))
+    return handler._replace(stream_stream=streamed(handler.stream_stream))
 
 
 # --- reflection ----------------------------------------------------------------------------------------
@@ -364,6 +416,8 @@ def serve_grpc(
     tokens: TokenSet | None = None,
     reaper_interval_s: float = 5.0,
     keep_sandboxes: bool = False,
+    quotas: QuotaKeeper | None = None,
+    policies: PolicySource | None = None,
 ) -> GrpcServer:
     """Start the executor service in the background; see the module docstring.
 
@@ -373,7 +427,10 @@ def serve_grpc(
     one-time message showing a token generated on first start. ``tokens`` bypasses the
     token sources (tests). ``keep_sandboxes``: leave the sandboxes running at ``stop`` and
     adopt those an earlier server on this audit store left, before serving (needs the
-    Docker engine now). Raises ServeError (exit code 2) for a bad address, TLS or
+    Docker engine now). ``quotas``: every client's quotas, shared with the server's other
+    doors (default: a keeper of this server's own, fair shares only); each client may have at
+    most a quarter of the ``max_workers`` threads in flight. ``policies``: a client's policy
+    (its profile's; default: ``policy`` for every client). Raises ServeError (exit code 2) for a bad address, TLS or
     token configuration, or a socket/port that cannot be bound.
     """
     address = parse_address(addr)
@@ -399,6 +456,7 @@ def serve_grpc(
             registry=registry or registry_for(served), policy=served, audit=store,
             tokens=token_set, limits=limits, engine_factory=engine_factory,
             approvals_by_clients=approvals_by_clients, keep_sandboxes=keep_sandboxes,
+            quotas=quotas, policies=policies,
         )
         if keep_sandboxes:
             log.info("gRPC executor: %s", adopt(service).summary())
@@ -406,7 +464,7 @@ def serve_grpc(
             _prepare_socket_path(Path(address.value))
         server = grpc.server(
             ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="callbox-grpc"),
-            interceptors=[_AuthInterceptor(token_set)],
+            interceptors=[_AuthInterceptor(token_set, service.quotas, fair_share(max_workers))],
             options=[
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -3,7 +3,8 @@
 A *session* is one sandbox and the :class:`~harness.core.session.Session` of its run (the
 sandbox id is the run id), owned by the client name its bearer token maps to
 (:mod:`harness.doors.grpc.tokens`). Every session shares the server's registry, audit store and
-Docker engine; its policy is the server's, tightened by the ``CreateSandbox`` overrides
+Docker engine; its policy is the server's (or the client's profile's:
+:mod:`harness.doors.profiles`), tightened by the ``CreateSandbox`` overrides
 (:func:`sandbox_policy`). Decisions made here:
 
 * **Ownership.** A sandbox, its run and its approvals exist only for the client that
@@ -22,8 +23,9 @@ Docker engine; its policy is the server's, tightened by the ``CreateSandbox`` ov
 * **Eager start.** ``CreateSandbox`` starts the container (so engine or image problems
   surface there, and the limits count real containers); it is destroyed by
   ``DeleteSandbox``, when its ``ttl_seconds`` pass (the reaper), or at shutdown.
-* **Limits.** Live sandboxes per client and in total (creations in progress count), each
-  a RESOURCE_EXHAUSTED with ``retryable`` set and a sentence naming the limit.
+* **Limits.** Live sandboxes per client and in total (creations in progress count), and the
+  client's quotas (:mod:`harness.doors.quota_ledger`; ``calls_per_minute`` at each CallTool),
+  each a RESOURCE_EXHAUSTED with ``retryable`` set and a sentence naming the limit.
 * **Cancellation.** Each ``CallTool`` runs ``Session.call`` in a worker thread (kept for the
   next call: :mod:`harness.doors.grpc.workers`), with a
   :class:`~harness.engine.cancel.CallScope` of its own, and streams the output chunks it
@@ -81,14 +83,18 @@ from harness.doors.grpc.errors import (
     invalid,
     not_found,
     paused,
+    quota_refused,
 )
 from harness.doors.grpc.overrides import SandboxOverrides, sandbox_policy
 from harness.doors.grpc.sessions import ClientSession, Limits
 from harness.doors.grpc.tokens import TokenSet, bearer_token
 from harness.doors.grpc.workers import Workers
+from harness.doors.profiles import ClientPolicies, PolicySource
+from harness.doors.quota_ledger import QuotaExceeded, QuotaKeeper, Reservation
 from harness.engine.base import Engine
 from harness.engine.cancel import CallScope
 from harness.engine.docker.engine import DockerEngine
+from harness.engine.spec import SandboxSpec
 from harness.telemetry import metrics, tracing
 from harness.v1 import executor_pb2, executor_pb2_grpc
 
@@ -141,6 +147,8 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         engine_factory: Callable[[], Engine] | None = None,
         approvals_by_clients: bool = True,
         keep_sandboxes: bool = False,
+        quotas: QuotaKeeper | None = None,
+        policies: PolicySource | None = None,
     ) -> None:
         policy.check_tools(t.definition for t in registry.tools())
         self.registry = registry
@@ -160,6 +168,10 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         self.left_running: list[str] = []
         """The sandboxes ``shutdown`` left running (``keep_sandboxes``)."""
         self.exposed = registry.exposed_names(policy)
+        self.quotas = quotas or QuotaKeeper()
+        """Every client's quotas (shared with the other doors of the server)."""
+        self.profiles = ClientPolicies(policy, registry, policies)
+        """The policy each client's sandboxes start from (its profile's, or ``policy``)."""
         self._lock = threading.Condition()
         self._sessions: dict[str, ClientSession] = {}
         self._creating: dict[str, int] = {}
@@ -219,7 +231,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def ListTools(self, request: executor_pb2.ListToolsRequest, context: grpc.ServicerContext) -> Any:
         client = self._client(context)
         fmt = _format(request.format)
-        names = self._session(request.sandbox_id, client).tools if request.sandbox_id else self.exposed
+        names = self._session(request.sandbox_id, client).tools if request.sandbox_id else self.profiles.exposed(client)
         tools = [t for t in self.registry.tools() if t.definition.name in names]
         response = executor_pb2.ListToolsResponse(format=_FORMAT_ENUM[fmt])
         for tool, definition in zip(tools, tool_definitions(tools, fmt), strict=True):
@@ -230,14 +242,14 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
 
     # ---- CreateSandbox / DeleteSandbox -------------------------------------------------------
 
-    def _reserve(self, client: str) -> None:
+    def _reserve(self, client: str, spec: SandboxSpec | None) -> Reservation:
         with self._lock:
             if self._closing:
                 raise ServiceError(Reason.ERROR_REASON_SHUTTING_DOWN, "the server is shutting down; create no sandbox")
             mine = sum(1 for s in self._sessions.values() if s.client == client) + self._creating.get(client, 0)
             total = len(self._sessions) + sum(self._creating.values())
             limits = self.limits
-            if mine >= limits.max_sandboxes_per_client:
+            if self.quotas.limits(client).live_sandboxes is None and mine >= limits.max_sandboxes_per_client:
                 raise ServiceError(
                     Reason.ERROR_REASON_LIMIT_REACHED,
                     f"client {client!r} already has {mine} live sandboxes, the most one client may have on this "
@@ -250,7 +262,13 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                     f"this server already runs {total} sandboxes, its limit ({limits.max_sandboxes_total}); "
                     "try again when one is deleted",
                 )
+            try:  # the client's quotas, counted over every door
+                reservation = self.quotas.reserve_sandbox(client, cpus=spec.cpus if spec else 0.0,
+                                                          memory=spec.memory if spec else 0, door=DOOR)
+            except QuotaExceeded as refusal:
+                raise quota_refused(refusal) from None
             self._creating[client] = self._creating.get(client, 0) + 1
+            return reservation
 
     def _unreserve(self, client: str) -> None:
         with self._lock:
@@ -262,12 +280,17 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             self._lock.notify_all()
 
     @contextlib.contextmanager
-    def reserved(self, client: str) -> Iterator[None]:
-        """A place for one more sandbox of ``client`` while it is made (RESOURCE_EXHAUSTED
-        beyond the limits, SHUTTING_DOWN once shutdown began)."""
-        self._reserve(client)
+    def reserved(self, client: str, spec: SandboxSpec | None = None) -> Iterator[Reservation]:
+        """A place for one more sandbox of ``client`` (of ``spec``'s CPUs and memory) while it
+        is made (RESOURCE_EXHAUSTED beyond the limits or the client's quotas, SHUTTING_DOWN once
+        shutdown began). Pass the reservation to ``register``; a failed make gives it back."""
+        reservation = self._reserve(client, spec)
         try:
-            yield
+            yield reservation
+        except BaseException:
+            reservation.release()
+            reservation.refund()
+            raise
         finally:
             self._unreserve(client)
 
@@ -277,11 +300,13 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         run_id = f"{door}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(6)}"
         return self.audit.start_run(run_id, meta={"door": door, "client": client})
 
-    def register(self, session: ClientSession, still_wanted: Callable[[], bool]) -> None:
+    def register(self, session: ClientSession, still_wanted: Callable[[], bool],
+                 reservation: Reservation | None = None) -> None:
         """Make a session whose sandbox is running live (call while ``reserved``); if the
         server is shutting down or the request was cancelled meanwhile (``still_wanted()``
         is false: a gRPC context's ``is_active``), destroy it instead and raise."""
         box = session.harness.active_sandbox
+        session.hold(reservation)
         try:
             if box is not None:
                 with contextlib.suppress(AuditError):
@@ -309,10 +334,11 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                        base_policy: Policy | None = None,
                        still_wanted: Callable[[], bool] = lambda: True) -> ClientSession:
         """Start a sandbox for ``client`` and make it a live session (what CreateSandbox does,
-        for every door): ``overrides`` tighten ``base_policy`` (default: the server's);
-        ServiceError for a refused override, a limit reached or a sandbox that cannot start."""
-        policy = sandbox_policy(base_policy or self.policy, overrides, self.exposed)
-        with self.reserved(client):
+        for every door): ``overrides`` tighten ``base_policy`` (default: the client's profile's
+        policy, else the server's); ServiceError for a refused override, a limit or quota
+        reached or a sandbox that cannot start."""
+        policy = sandbox_policy(base_policy or self.profiles.of(client), overrides, self.profiles.exposed(client))
+        with self.reserved(client, policy.sandbox_spec()) as reservation:
             run_id = self.new_run(client, door=door)
             harness = Session(self.registry, policy, self.audit, run_id=run_id, engine_factory=self.engine_factory)
             tools = self.registry.exposed_names(policy)
@@ -323,7 +349,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                 with contextlib.suppress(AuditError):
                     self.audit.end_run(run_id, "sandbox_start_failed")
                 raise creation_failure(error) from None
-            self.register(session, still_wanted)
+            self.register(session, still_wanted, reservation)
             return session
 
     @handle_errors
@@ -359,6 +385,10 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             abort(context, not_found("sandbox", request.sandbox_id))
         if session.paused:
             abort(context, paused(request.sandbox_id))
+        try:
+            self.quotas.start_call(client, door=DOOR)
+        except QuotaExceeded as refusal:
+            abort(context, quota_refused(refusal))
         scope = CallScope()
         context.add_callback(scope.cancel)  # runs when the RPC ends: cancelled, expired or done
         events: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
@@ -493,6 +523,8 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
 
     def adopt_session(self, session: ClientSession) -> None:
         """Make a sandbox an earlier server left a live session (:func:`.adoption.adopt`)."""
+        spec = session.harness.active_sandbox.spec if session.harness.active_sandbox else session.harness.spec
+        session.hold(self.quotas.adopt_sandbox(session.client, cpus=spec.cpus, memory=spec.memory))
         with self._lock:
             self._sessions[session.sandbox_id] = session
 

@@ -18,6 +18,7 @@ from harness.audit.store import AuditError, AuditStore
 from harness.core.policy import Policy
 from harness.core.session import Session
 from harness.doors.grpc.overrides import SandboxOverrides
+from harness.doors.quota_ledger import Reservation
 from harness.engine.docker.lifetime import PAUSE_LIMIT_FACTOR
 from harness.v1 import executor_pb2
 
@@ -57,6 +58,8 @@ class ClientSession:
         self._remaining = 0.0
         self._lock = threading.Lock()
         self.closed = False
+        self.reservation: Reservation | None = None
+        """Its place in its client's quotas, given back when it closes (or is released)."""
         self.kept = False
         """Kept for the next server: a stopping server that keeps sandboxes leaves it running."""
 
@@ -127,12 +130,23 @@ class ClientSession:
         log.info("sandbox %s of client %s left running for the next server", self.sandbox_id, self.client)
         return cancelled
 
+    def hold(self, reservation: Reservation | None) -> None:
+        """Keep ``reservation`` (its place in its client's quotas) until the session ends."""
+        self.reservation = reservation
+        if self.closed and reservation is not None:
+            reservation.release()
+
+    def _give_back(self) -> None:
+        if self.reservation is not None:
+            self.reservation.release()
+
     def close(self, audit: AuditStore, reason: str) -> int:
         """Cancel running calls, destroy the sandbox, end the run; the calls cancelled. Idempotent."""
         with self._lock:
             if self.closed:
                 return 0
             self.closed = True
+        self._give_back()
         cancelled = 0
         try:
             cancelled = self.harness.close()
