@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import ssl
 import tempfile
 import textwrap
 import time
@@ -312,3 +313,26 @@ def test_a_run_page_that_does_not_exist_is_404(http):
 
 def test_json_health_body_is_one_line(http):
     assert json.loads(httpx.get(f"{http.url}/healthz").text.strip())["status"] == "ok"
+
+
+def test_tls_serves_https_and_the_cookie_is_secure(audit, tmp_path):
+    from tests.integration.test_grpc_executor import _self_signed
+
+    cert, key = _self_signed(tmp_path)
+    with pytest.raises(ServeError, match="both"):
+        serve_http("127.0.0.1:0", tokens=TOKENS, executor=None, audit=audit, tls_cert=cert)
+    # TLS is what a non-loopback address needs (no --insecure)
+    server = serve_http("0.0.0.0:0", tokens=TOKENS, executor=None, audit=audit, tls_cert=cert, tls_key=key,
+                        engine_ping=lambda: None)
+    try:
+        assert server.url.startswith("https://127.0.0.1:")
+        with httpx.Client(base_url=server.url, verify=ssl.create_default_context(cafile=str(cert))) as client:
+            assert client.get("/healthz").status_code == 200
+            login = client.post("/login", data={"token": TOKEN})
+            assert login.status_code == 303
+            attributes = [part.strip().lower() for part in login.headers["set-cookie"].split(";")]
+            assert {"secure", "httponly", "samesite=strict"} <= set(attributes)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{server.url}/healthz")  # an unverified certificate is refused, so it really is TLS
+    finally:
+        server.stop()
