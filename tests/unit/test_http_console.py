@@ -146,7 +146,8 @@ def test_resolving_records_the_console_operator_and_refuses_twice(tmp_path: Path
         audit.claim_call(run_id, "call-0", "read_file", {"path": "a"})
         approval = audit.create_approval(run_id, "call-1", "shell", {"command": "x"}, "rule", "why")
         console = Console(audit, None)
-        [pending] = console.pending()
+        [pending], total = console.pending()
+        assert total == 1
         assert (pending.door, pending.client, pending.earlier_total) == ("grpc", "agent", 1)
         assert pending.earlier[0]["call_id"] == "call-0"
         resolved, said = console.resolve(approval.id, False, client="operator", reason="  no  ")
@@ -159,6 +160,15 @@ def test_resolving_records_the_console_operator_and_refuses_twice(tmp_path: Path
         with pytest.raises(ConsoleError) as unknown:
             console.resolve("nosuchid", True, client="operator", reason=None)
         assert unknown.value.status == 404
-        assert console.pending() == [] and console.sandboxes() is None
+        assert console.pending() == ([], 0) and console.sandboxes() is None
         with pytest.raises(ConsoleError, match="no live sandboxes to kill"):
             console.kill("anything", client="operator")
+
+
+def test_the_oldest_pending_approvals_are_shown_first_up_to_the_limit(tmp_path: Path):
+    with AuditStore(tmp_path / "audit.sqlite3") as audit:
+        ids = [audit.create_approval("run-1", f"call-{i}", "shell", {"command": str(i)}, "rule", "why").id
+               for i in range(3)]
+        shown, total = Console(audit, None).pending(limit=2)
+        assert total == 3
+        assert [p.approval.id for p in shown] == ids[:2]

@@ -221,7 +221,8 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
         return endpoint
 
     def approvals(_request: Request, caller: Caller) -> pages.Html:
-        return pages.approvals_page(console.pending(), csrf=_csrf(caller))
+        items, total = console.pending()
+        return pages.approvals_page(items, total, csrf=_csrf(caller))
 
     def sandboxes(_request: Request, caller: Caller) -> pages.Html:
         return pages.sandboxes_page(console.sandboxes(), csrf=_csrf(caller))

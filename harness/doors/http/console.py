@@ -32,6 +32,8 @@ KILL_REASON = "killed_by_console"
 """The end reason of a run whose sandbox was killed from the console."""
 EARLIER_CALLS_SHOWN = 10
 """The run's calls shown beside a pending approval (the latest ones before it)."""
+PENDING_SHOWN = 100
+"""Pending approvals shown on one page (the oldest first)."""
 REASON_MAX = 2000
 """A denial's reason is cut at this many characters (the model reads it)."""
 
@@ -103,11 +105,13 @@ class Console:
 
     # ---- approvals -------------------------------------------------------------------------------
 
-    def pending(self) -> list[PendingApproval]:
-        """Every pending approval, oldest first, with its run and the calls before it."""
+    def pending(self, limit: int = PENDING_SHOWN) -> tuple[list[PendingApproval], int]:
+        """The oldest ``limit`` pending approvals, each with its run and the calls before it,
+        and how many are pending in all."""
         found: list[PendingApproval] = []
         runs: dict[str, tuple[RunRecord | None, list[dict[str, Any]]]] = {}
-        for approval in self.audit.list_approvals("pending"):
+        waiting = self.audit.list_approvals("pending")
+        for approval in waiting[:limit]:
             if approval.run_id not in runs:
                 try:
                     runs[approval.run_id] = (self.audit.get_run(approval.run_id),
@@ -118,7 +122,7 @@ class Console:
             index = next((i for i, c in enumerate(calls) if c.get("call_id") == approval.call_id), len(calls))
             before = calls[:index]
             found.append(PendingApproval(approval, run, before[-EARLIER_CALLS_SHOWN:], len(before)))
-        return found
+        return found, len(waiting)
 
     def resolve(self, approval_id: str, approve: bool, *, client: str, reason: str | None) -> tuple[Approval, str]:
         """Approve or deny a pending approval as ``console:CLIENT``; the approval and a

@@ -242,11 +242,12 @@ def _approval(item: PendingApproval, csrf: str | None, now: float) -> Html:
     )
 
 
-def approvals_page(items: list[PendingApproval], *, csrf: str | None) -> Html:
+def approvals_page(items: list[PendingApproval], total: int, *, csrf: str | None) -> Html:
     if not items:
         return Html('<p class="empty">No call is waiting for approval.</p>')
     now = time.time()
-    count = fill(Template('<p class="muted">$n pending, oldest first.</p>\n'), n=len(items))
+    shown = f"{total} pending, oldest first" + (f"; the first {len(items)} shown" if total > len(items) else "")
+    count = fill(Template('<p class="muted">$shown.</p>\n'), shown=shown)
     return join([count, *(_approval(item, csrf, now) for item in items)])
 
 
