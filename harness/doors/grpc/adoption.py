@@ -28,9 +28,9 @@ approvals stay resolvable (they live in the audit store). What it takes:
 * **Adoption** (:func:`adopt`, when the server starts): every open ``grpc`` run with a
   container is looked at. A kept one whose sandbox the engine can open again (running or
   paused) becomes a live session of its client, with its run's creation time, the expiry
-  (or pause and time left) the engine's records hold, and the server's policy tightened by
-  its recorded overrides (overrides the restarted server's policy no longer allows: the
-  sandbox is destroyed, the run ends ``policy_changed``). One whose container is gone (removed
+  (or pause and time left) the engine's records hold, and its client's policy (the server's
+  or its profile's) tightened by its recorded overrides (overrides that policy no longer
+  allows: the sandbox is destroyed, the run ends ``policy_changed``). One whose container is gone (removed
   while the server was down, the engine restarted, or it expired) has its run ended
   (``sandbox_gone``); so has any run of a dead server whose sandbox was not kept.
 * **Calls in flight.** A stopping server cancels its running calls, and each records that
@@ -41,7 +41,10 @@ approvals stay resolvable (they live in the audit store). What it takes:
   pending; once approved, a re-send runs it exactly once, before or after the restart.
 
 Sandboxes of the E2B door are not kept: its door state (template, metadata, envd access
-token) lives in that door's memory, so a stopping server destroys them as before.
+token) lives in that door's memory, so a stopping server destroys them as before. Paused
+runs of the agent loop (``callbox run``) never belong to a server: their checkpoint is in
+the audit store and their sandbox has a keep record of its own, so a server's restart
+leaves them as they are (a later ``callbox run --resume`` continues them).
 """
 
 from __future__ import annotations
@@ -236,8 +239,8 @@ def _session(service: ExecutorService, run: RunRecord, box: DockerSandbox,
     recorded = run.meta.get(OVERRIDES)
     overrides = _overrides(recorded, box.spec.env) if isinstance(recorded, Mapping) else SandboxOverrides()
     try:
-        policy = sandbox_policy(service.policy, overrides, service.exposed)
-    except ServiceError as refusal:
+        policy = sandbox_policy(service.profiles.of(client), overrides, service.profiles.exposed(client))
+    except (ServiceError, CallboxError) as refusal:
         log.warning("sandbox %s of client %s is not adopted: this server's policy refuses what it was created "
                     "with (%s); it is destroyed", box.id, client, refusal)
         return None

@@ -120,6 +120,7 @@ class ClientSession:
             if self.closed:
                 return 0
             self.closed = True
+        self._give_back()
         cancelled = self.harness.cancel_calls()
         box = self.harness.detach()
         self.harness.close()  # no sandbox any more: nothing is destroyed
