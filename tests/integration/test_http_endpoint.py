@@ -20,7 +20,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.audit.store import AuditStore
+from harness.audit.store import AuditError, AuditStore
 from harness.client import ExecutorClient
 from harness.core.policy import parse_policy
 from harness.doors.grpc.server import GrpcServer, ServeError, serve_grpc
@@ -336,3 +336,11 @@ def test_tls_serves_https_and_the_cookie_is_secure(audit, tmp_path):
             httpx.get(f"{server.url}/healthz")  # an unverified certificate is refused, so it really is TLS
     finally:
         server.stop()
+
+
+def test_a_port_in_use_is_a_serve_error_and_an_owned_audit_store_is_closed(http, tmp_path):
+    owned = AuditStore(tmp_path / "owned.sqlite3")
+    with pytest.raises(ServeError, match="cannot listen"):
+        serve_http(f"127.0.0.1:{http.port}", tokens=TOKENS, executor=None, audit=owned, close_audit=True)
+    with pytest.raises(AuditError, match="closed"):
+        owned.list_runs()

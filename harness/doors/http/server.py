@@ -29,7 +29,7 @@ import requests
 import uvicorn
 
 from harness.audit.store import AuditStore
-from harness.core.errors import EngineUnavailable, short_reason
+from harness.core.errors import EngineUnavailable, UsageError, short_reason
 from harness.doors.grpc.server import ServeError, _read_pem
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.tokens import TokenSet
@@ -200,8 +200,20 @@ def serve_http(
     ``audit``: the store the doors write (approvals, runs, egress); ``close_audit`` closes it
     on ``stop``. ``engine_ping`` raises when the engine does not answer (default: ping the
     Docker engine). Raises ServeError (exit code 2) for a refused address, bad TLS files or a
-    port that cannot be bound.
+    port that cannot be bound (the audit store then closed too, with ``close_audit``).
     """
+    try:
+        return _serve(listen, tokens=tokens, executor=executor, audit=audit, insecure=insecure, tls_cert=tls_cert,
+                      tls_key=tls_key, engine_ping=engine_ping, close_audit=close_audit)
+    except BaseException:
+        if close_audit:
+            audit.close()
+        raise
+
+
+def _serve(listen: str, *, tokens: TokenSet, executor: ExecutorService | None, audit: AuditStore, insecure: bool,
+           tls_cert: Path | None, tls_key: Path | None, engine_ping: Callable[[], None] | None,
+           close_audit: bool) -> HttpServer:
     host, port = parse_addr(listen)
     if (tls_cert is None) != (tls_key is None):
         raise ServeError("TLS needs both --tls-cert and --tls-key (PEM files)")
@@ -224,7 +236,10 @@ def serve_http(
         config.load()
     except (ssl.SSLError, OSError) as exc:
         raise ServeError(f"--tls-cert {tls_cert} / --tls-key {tls_key} cannot be used: {exc}") from None
-    sock = _bind(host, port)
+    try:
+        sock = _bind(host, port)
+    except UsageError as error:
+        raise ServeError(error.message) from None
     handle = HttpServer(server=_Uvicorn(config), sock=sock, host=host, tls=tls, console=console, sessions=sessions,
                         ping=ping, close_audit=close_audit)
     handle.start()
