@@ -187,7 +187,7 @@ def test_approve_deny_and_kill_in_chromium(engine, stack: Stack, page: Any) -> N
         expect(card).to_contain_text("tools.shell")  # the rule that asked
         expect(card).to_contain_text(box)  # the run, its door and client
         expect(card).to_contain_text("client agent")
-        assert not waiting.done.is_set()  # the client is really waiting
+        assert not waiting.done.is_set(), waiting.error  # the client is really waiting
         card.get_by_role("button", name="Approve").click()
         expect(page.get_by_role("status")).to_contain_text(f"approval {first.approval_id} approved")
         approved = waiting.outcome()
