@@ -14,8 +14,8 @@ as subprocesses.
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,8 @@ from harness.cli.sd_notify import notify
 from harness.core.errors import UsageError
 
 COMMANDS = ("serve", "mcp", "config")
+
+log = logging.getLogger("callbox.serve")
 
 
 def add_parsers(sub: Any) -> None:
@@ -101,6 +103,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     command_line = copy.copy(args)  # what a reload starts from: the flags win over the file again
     apply_config(args)
+    if args.server_config is not None:
+        from harness.cli.serve_logging import configure_logging
+
+        configure_logging(args.server_config.log)
+    else:
+        log.setLevel(logging.INFO)  # the server's own lines, as "callbox: ..." on stderr
     if args.grpc is None and args.mcp_http is None and args.e2b is None:
         raise UsageError("give --grpc [ADDR], --mcp-http HOST:PORT and/or --e2b HOST:PORT, or --config FILE")
     stop = threading.Event()
@@ -138,7 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
                 reload_asked.clear()
                 _reload(command_line, args, servers)
         notify("STOPPING=1")
-        print("callbox: stopping; destroying the sandboxes this server owns", file=sys.stderr, flush=True)
+        log.info("stopping; destroying the sandboxes this server owns")
     finally:
         for server in reversed(servers):
             server.stop()
@@ -157,33 +165,34 @@ def _reload(command_line: argparse.Namespace, running: argparse.Namespace, serve
     except CallboxError as exc:
         notes = [f"reload refused, the running configuration stays: {exc.message}"]
     for note in notes:
-        print(f"callbox: {note}", file=sys.stderr, flush=True)
+        log.info("%s", note)
     notify("READY=1", "STATUS=serving")
 
 
 def _start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
     """Start the doors ``args`` ask for, appending each to ``servers`` as it starts."""
+    from harness.cli.server_config import served_policy
+
     grpc_server = None
     if args.grpc is not None:
         from harness.audit.store import AuditStore
-        from harness.core.policy import load_policy
         from harness.doors.grpc.server import serve_grpc
 
         grpc_server = serve_grpc(
             args.grpc or None, token_file=args.token_file, insecure=args.insecure,
-            tls_cert=args.tls_cert, tls_key=args.tls_key, policy=load_policy(args.policy),
+            tls_cert=args.tls_cert, tls_key=args.tls_key, policy=served_policy(args.policy, args.server_config),
             audit=AuditStore(args.audit_db), max_sandboxes_per_client=args.max_per_client,
             max_sandboxes_total=args.max_sandboxes,
         )
         servers.append(grpc_server)
-        print(f"callbox: gRPC executor listening on {grpc_server.target}", file=sys.stderr, flush=True)
+        log.info("gRPC executor listening on %s", grpc_server.target)
     if args.mcp_http is not None:
         from harness.doors.mcp.http import serve_mcp_http
 
         mcp_server = serve_mcp_http(args.mcp_http, policy_path=args.policy, audit_path=args.audit_db,
                                     insecure=args.insecure)
         servers.append(mcp_server)
-        print(f"callbox: MCP server (streamable HTTP) on {mcp_server.url}", file=sys.stderr, flush=True)
+        log.info("MCP server (streamable HTTP) on %s", mcp_server.url)
     if args.e2b is not None:
         from harness.doors.e2b.server import serve_e2b
 
@@ -192,12 +201,12 @@ def _start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
                                    tls_cert=args.tls_cert, tls_key=args.tls_key)
         else:
             from harness.audit.store import AuditStore
-            from harness.core.policy import load_policy
 
             e2b_server = serve_e2b(
                 args.e2b, token_file=args.token_file, insecure=args.insecure, tls_cert=args.tls_cert,
-                tls_key=args.tls_key, policy=load_policy(args.policy), audit=AuditStore(args.audit_db),
+                tls_key=args.tls_key, policy=served_policy(args.policy, args.server_config),
+                audit=AuditStore(args.audit_db),
                 max_sandboxes_per_client=args.max_per_client, max_sandboxes_total=args.max_sandboxes,
             )
         servers.append(e2b_server)
-        print(f"callbox: E2B API on {e2b_server.url}", file=sys.stderr, flush=True)
+        log.info("E2B API on %s", e2b_server.url)

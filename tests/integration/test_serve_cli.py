@@ -82,7 +82,7 @@ def test_serve_with_a_config_file_takes_its_doors_tokens_and_limits(engine, tmp_
                             stderr=subprocess.PIPE, text=True, env={**os.environ})
     try:
         assert proc.stderr is not None
-        line = proc.stderr.readline()
+        line = _line_with(proc.stderr, "listening on")
         assert f"gRPC executor listening on unix:{sock}" in line, line
         with ExecutorClient(f"unix:{sock}", token="b" * 32) as client:
             box = client.create_sandbox()
@@ -102,6 +102,15 @@ def test_serve_with_a_config_file_takes_its_doors_tokens_and_limits(engine, tmp_
             proc.wait()
 
 
+def _line_with(stream, text: str) -> str:
+    """The next line of ``stream`` that holds ``text`` (a server started with --config logs at
+    info level, so other lines come between); the last line read if the stream ends first."""
+    line = stream.readline()
+    while line and text not in line:
+        line = stream.readline()
+    return line
+
+
 def test_sighup_reloads_the_config_keeping_sandboxes_and_systemd_hears_each_step(engine, tmp_path):
     _token_file(tmp_path, "c" * 32)
     sock = tmp_path / "executor.sock"
@@ -109,7 +118,8 @@ def test_sighup_reloads_the_config_keeping_sandboxes_and_systemd_hears_each_step
 
     def write(max_per_client: int, audit: str = "audit.sqlite3", extra: str = "") -> None:
         config.write_text(f'[doors.grpc]\nlisten = "unix:{sock}"\n[auth]\ntoken_file = "tokens"\n'
-                          f'[audit]\ndb = "{audit}"\n[limits]\nmax_per_client = {max_per_client}\n{extra}')
+                          f'[audit]\ndb = "{audit}"\n[limits]\nmax_per_client = {max_per_client}\n'
+                          f'[service]\nkeep_sandboxes = false\n{extra}')
 
     write(1)
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -120,7 +130,7 @@ def test_sighup_reloads_the_config_keeping_sandboxes_and_systemd_hears_each_step
                             env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
     try:
         assert proc.stderr is not None
-        assert "gRPC executor listening" in proc.stderr.readline()
+        assert "gRPC executor listening" in _line_with(proc.stderr, "listening")
         assert notify.recv(4096).decode().split("\n") == ["READY=1", "STATUS=serving"]
         with ExecutorClient(f"unix:{sock}", token="c" * 32) as client:
             first = client.create_sandbox()
@@ -130,7 +140,7 @@ def test_sighup_reloads_the_config_keeping_sandboxes_and_systemd_hears_each_step
             write(2, audit="elsewhere.sqlite3")
             proc.send_signal(signal.SIGHUP)
             assert notify.recv(4096).decode().startswith("RELOADING=1\nMONOTONIC_USEC=")
-            notes = [proc.stderr.readline(), proc.stderr.readline()]
+            notes = [_line_with(proc.stderr, "audit.db"), _line_with(proc.stderr, "limits.max_per_client")]
             assert notify.recv(4096).decode().split("\n") == ["READY=1", "STATUS=serving"]
             assert any("limits.max_per_client: 1 -> 2, applied" in line for line in notes), notes
             assert any("audit.db:" in line and "takes effect when the server restarts" in line for line in notes)
@@ -141,7 +151,7 @@ def test_sighup_reloads_the_config_keeping_sandboxes_and_systemd_hears_each_step
             write(1, extra="[limits.typo]\n")
             proc.send_signal(signal.SIGHUP)
             assert notify.recv(4096).decode().startswith("RELOADING=1")
-            refused = proc.stderr.readline()
+            refused = _line_with(proc.stderr, "reload refused")
             assert "reload refused, the running configuration stays" in refused and "limits.typo" in refused
             assert notify.recv(4096).decode().startswith("READY=1")
             assert not client.call(second, "shell", '{"command": "true"}', call_id="c2").is_error
