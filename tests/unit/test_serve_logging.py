@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli.server_config import Log
 from harness.cli.serve_logging import configure_logging
+from harness.cli.server_config import Log
 
 
 @pytest.fixture
