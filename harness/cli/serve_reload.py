@@ -3,10 +3,11 @@
 The file is read and checked exactly as at start; a file with a problem is refused and the
 running configuration stays. The sandbox limits (``limits.max_sandboxes``,
 ``limits.max_per_client``) apply at once to every door's executor: a client over a lowered
-limit keeps its sandboxes and may create none until it is under it again. A change of any
-other setting (a door's address, TLS, the token file, the policy, the audit store) cannot
-apply to a running door: it is reported as waiting for a restart and not applied, so the
-server never runs half of a new configuration without saying so.
+limit keeps its sandboxes and may create none until it is under it again. ``[log]`` applies
+at once too. A change of any other setting (a door's address, TLS, the token file, the
+policy, the audit store, ``[http]`` listen, ``[service]``, ``[telemetry]``, ``[pool]``,
+``[runtime]``) cannot apply to a running door: it is reported as waiting for a restart and
+not applied, so the server never runs half of a new configuration without saying so.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from harness.cli.server_config import SETTINGS, apply_config
 
 LIVE = ("max_per_client", "max_sandboxes")
 """Settings a reload applies to the running doors; every other one waits for a restart."""
+
+LIVE_SECTIONS = ("log",)
+"""Tables of the file (beyond :data:`SETTINGS`) a reload applies at once."""
+RESTART_SECTIONS = ("service", "telemetry", "pool", "runtime")
+"""Tables of the file whose change waits for a restart."""
 
 
 def executors(servers: Iterable[Any]) -> list[Any]:
@@ -55,7 +61,31 @@ def reload(command_line: argparse.Namespace, running: argparse.Namespace,
         else:
             notes.append(f"{key}: {before!r} -> {after!r} takes effect when the server restarts; "
                          f"the running doors keep {before!r}")
+    notes += _sections(running, fresh)
     limits = Limits(max_sandboxes_per_client=running.max_per_client, max_sandboxes_total=running.max_sandboxes)
     for executor in executors(servers):
         executor.limits = limits  # one reference swap: a create reads it under the executor's lock
     return notes or ["SIGHUP: the configuration file is unchanged"]
+
+
+def _sections(running: argparse.Namespace, fresh: argparse.Namespace) -> list[str]:
+    """Apply the live tables of the fresh file, report the others; ``running.server_config``
+    becomes the running file with the live tables replaced."""
+    from harness.cli.serve_logging import configure_logging
+
+    before, after = running.server_config, fresh.server_config
+    if before is None or after is None:
+        return []
+    notes: list[str] = []
+    update: dict[str, Any] = {}
+    for section in LIVE_SECTIONS:
+        if getattr(before, section) != getattr(after, section):
+            update[section] = getattr(after, section)
+            notes.append(f"[{section}]: changed, applied")
+    if "log" in update:
+        configure_logging(after.log)
+    for section in RESTART_SECTIONS:
+        if getattr(before, section) != getattr(after, section):
+            notes.append(f"[{section}]: changed; takes effect when the server restarts")
+    running.server_config = before.model_copy(update=update)
+    return notes

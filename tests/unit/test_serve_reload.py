@@ -74,3 +74,28 @@ def test_without_a_config_file_there_is_nothing_to_reload() -> None:
     command_line, running = _started("--grpc")
     assert reload(command_line, running, []) == [
         "SIGHUP: this server was started without --config, so there is nothing to reload"]
+
+
+def test_log_applies_live_and_service_tables_wait_for_a_restart(tmp_path: Path) -> None:
+    import logging
+
+    config = _config(tmp_path, '[doors.mcp_http]\nlisten = "127.0.0.1:8765"\n')
+    command_line, running = _started("--config", str(config))
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), logging.getLogger("callbox").level
+    config.write_text('[doors.mcp_http]\nlisten = "127.0.0.1:8765"\n[log]\nlevel = "error"\n'
+                      '[http]\nlisten = "127.0.0.1:9464"\n[pool]\nsize = 1\n')
+    try:
+        notes = reload(command_line, running, [])
+        assert logging.getLogger("callbox").level == logging.ERROR
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        logging.getLogger("callbox").setLevel(level)
+    assert notes == ["http.listen: None -> '127.0.0.1:9464' takes effect when the server restarts; "
+                     "the running doors keep None",
+                     "[log]: changed, applied", "[pool]: changed; takes effect when the server restarts"]
+    assert running.server_config.log.level == "error" and running.server_config.pool is None
+    assert reload(command_line, running, [])[1] == "[pool]: changed; takes effect when the server restarts"
