@@ -2,12 +2,14 @@
 
 The unit is ``Type=notify`` (the server says READY once its doors listen, see
 :mod:`harness.cli.sd_notify`), reloads with SIGHUP (``systemctl reload callbox``) and stops
-with SIGTERM, on which the server destroys the sandboxes it owns. Its hardening is what
-does not conflict with driving Docker: the server runs as root, because it talks to the
-Docker socket and, for networked sandboxes, changes the host's packet filter; systemd
-keeps it from gaining privileges, writing the system's files or homes, and reaching
-kernel modules, logs and the clock. Its state (audit store, default tokens, snapshots)
-lives in ``/var/lib/callbox`` and its cache (agent bundles) in ``/var/cache/callbox``.
+with SIGTERM, on which the server cancels the calls running and, as ``[service]
+keep_sandboxes`` says, leaves its live sandboxes for the next start to re-adopt (the
+default) or destroys them. Its hardening is what does not conflict with driving Docker:
+the server runs as root, because it talks to the Docker socket and, for networked
+sandboxes, changes the host's packet filter; systemd keeps it from gaining privileges,
+writing the system's files or homes, and reaching kernel modules, logs and the clock. Its state (audit store, default tokens, snapshots)
+lives in ``/var/lib/callbox``, its cache (agent bundles) in ``/var/cache/callbox``, and a
+``[log] file`` may go in ``/var/log/callbox`` (made 0700 for it).
 
 Not set, and why: ``PrivateTmp`` (policy mounts under the host's ``/tmp`` would vanish from
 the server's view and be refused), ``ProtectKernelTunables`` (iptables works through
@@ -67,12 +69,15 @@ ExecStart={command} serve --config {shlex.quote(str(config))}
 ExecReload=/bin/kill -HUP $MAINPID
 Restart=on-failure
 RestartSec=2
-# on SIGTERM the server destroys the sandboxes it owns: give it time
+# on SIGTERM the server cancels running calls; it leaves live sandboxes for the next start
+# ([service] keep_sandboxes, the default) or destroys them: give it time for either
 TimeoutStopSec=90
 Environment=XDG_STATE_HOME=/var/lib XDG_CACHE_HOME=/var/cache PYTHONUNBUFFERED=1
 StateDirectory=callbox
 StateDirectoryMode=0700
 CacheDirectory=callbox
+LogsDirectory=callbox
+LogsDirectoryMode=0700
 UMask=0077
 NoNewPrivileges=yes
 ProtectSystem=full
