@@ -6,13 +6,17 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CALLBOX := $(VENV)/bin/callbox
 
-.PHONY: setup npm-tools engine image runsc test test-runsc unit demo tour bench bench-scale proto proto-check lint
+.PHONY: setup npm-tools browser engine image runsc test test-runsc unit demo tour bench bench-scale proto proto-check lint
 
 setup:
 	@scripts/setup-python.sh
 
 npm-tools:
 	@scripts/setup-npm-tools.sh
+
+# Debian's chromium, for the web console's browser tests (test-only).
+browser:
+	@scripts/setup-browser.sh
 
 engine:
 	@scripts/ensure-docker.sh
@@ -39,7 +43,7 @@ lint: setup
 unit: setup
 	@$(VENV)/bin/pytest tests/unit -q
 
-test: setup npm-tools proto-check lint engine image runsc
+test: setup npm-tools browser proto-check lint engine image runsc
 	@echo "callbox: running the test suite (unit, integration, security, interop) on the real engine"
 	@scripts/run-tests.sh
 

@@ -174,6 +174,7 @@ def _start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
     from harness.cli.server_config import served_policy
 
     grpc_server = None
+    e2b_server = None
     if args.grpc is not None:
         from harness.audit.store import AuditStore
         from harness.doors.grpc.server import serve_grpc
@@ -210,3 +211,21 @@ def _start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
             )
         servers.append(e2b_server)
         log.info("E2B API on %s", e2b_server.url)
+    if args.http is not None:
+        from harness.doors.http import serve_http
+
+        executor = grpc_server.service if grpc_server is not None else (
+            e2b_server.executor if e2b_server is not None else None)
+        if executor is not None:  # the doors' tokens, audit store and live sandboxes
+            http_server = serve_http(args.http, tokens=executor.tokens, executor=executor, audit=executor.audit,
+                                     insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key)
+        else:  # metrics, health, and the runs, approvals and egress of the audit store
+            from harness.audit.store import AuditStore
+            from harness.doors.grpc.server import announce_token
+            from harness.doors.grpc.tokens import server_tokens
+
+            http_server = serve_http(args.http, tokens=server_tokens(args.token_file, announce=announce_token),
+                                     executor=None, audit=AuditStore(args.audit_db), close_audit=True,
+                                     insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key)
+        servers.append(http_server)  # last: stopped first
+        log.info("HTTP endpoint (/metrics, /healthz, console) on %s", http_server.url)

@@ -49,7 +49,7 @@ from harness.core.policy import Policy, load_policy
 from harness.doors.e2b.app import E2bApp
 from harness.doors.e2b.boxes import E2bSandboxes
 from harness.doors.e2b.rpc import EnvdRoute, RestRoute, Service
-from harness.doors.grpc.server import ServeError, _print_stderr, _read_pem
+from harness.doors.grpc.server import ServeError, _read_pem, announce_token
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import Limits
 from harness.doors.grpc.tokens import TokenSet, server_tokens
@@ -197,7 +197,7 @@ def serve_e2b(
     insecure: bool = False,
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
-    announce: Callable[[str], None] | None = _print_stderr,
+    announce: Callable[[str], None] | None = announce_token,
     max_sandboxes_per_client: int = 16,
     max_sandboxes_total: int = 64,
     engine_factory: Callable[[], DockerEngine] | None = None,

@@ -393,7 +393,8 @@ def _read_pem(path: Path, what: str) -> bytes:
         raise ServeError(f"--tls-{what} {path} cannot be read: {exc.strerror or exc}") from None
 
 
-def _print_stderr(message: str) -> None:
+def announce_token(message: str) -> None:
+    """Show the one-time message of a token generated on first start (standard error)."""
     print(f"callbox: {message}", file=sys.stderr, flush=True)
 
 
@@ -412,7 +413,7 @@ def serve_grpc(
     approvals_by_clients: bool = True,
     max_workers: int = 128,
     engine_factory: Callable[[], DockerEngine] | None = None,
-    announce: Callable[[str], None] | None = _print_stderr,
+    announce: Callable[[str], None] | None = announce_token,
     tokens: TokenSet | None = None,
     reaper_interval_s: float = 5.0,
     keep_sandboxes: bool = False,
