@@ -12,9 +12,9 @@ budget bounds it, so neither the model, a door nor the audit store gets them; th
 ``meta["redactions"]`` (recorded with it) says how many were taken out, of which kinds and
 where, and is absent when there were none.
 
-Each step is a span while tracing is on (:mod:`harness.telemetry.tracing`): validate,
-authorize, exec (with the sandbox's start or claim inside it), shape, audit; the handler's
-time is kept for the call metrics (``sandbox_s``).
+Each step is a span while tracing is on (:mod:`harness.telemetry.tracing`), marked where it
+ends: validate, authorize, exec (with the sandbox's start or claim inside it), shape, audit;
+the handler's time is kept for the call metrics (``sandbox_s``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Literal
 
 from harness.audit.records import final_decision
@@ -38,6 +37,7 @@ from harness.core.validation import CallRejected, validate_call
 from harness.engine.agent_errors import sandbox_gone
 from harness.engine.base import Sandbox
 from harness.telemetry import tracing
+from harness.telemetry.tracing import CallTrace
 
 if TYPE_CHECKING:
     from harness.core.session import Session
@@ -79,14 +79,14 @@ def _freeform(call: ToolCall, tool: Tool | None) -> ToolCall:
 class _CallSandbox:
     """The run's sandbox as one call's handler sees it, noting whether it got one."""
 
-    def __init__(self, session: Session, attributes: dict[str, str] | None) -> None:
+    def __init__(self, session: Session, trace: CallTrace | None) -> None:
         self._session = session
-        self._attributes = attributes
+        self._trace = trace
         self.handed_out = False
 
     def sandbox(self) -> Sandbox:
-        if self._attributes is not None and self._session.active_sandbox is None:
-            with tracing.span("callbox.sandbox", self._attributes):  # started, or claimed from the pool
+        if self._trace is not None and self._session.active_sandbox is None:
+            with self._trace.nested("callbox.sandbox"):  # started, or claimed from the pool
                 sandbox = self._session.sandbox()
         else:
             sandbox = self._session.sandbox()
@@ -110,14 +110,8 @@ class CallPath:
         """The call's tool in metrics (a name no tool has is ``unknown``: the label set stays bounded)."""
         self.sandbox_s: float | None = None
         """Seconds the tool's handler ran (None: it never ran)."""
-        self.attributes: dict[str, str] | None = (
-            {"callbox.run_id": session.run_id, "callbox.call_id": str(call.call_id)[:128]}
-            if tracing.active() else None)
-        """The attributes of the call's spans; None while tracing is off."""
-
-    def step(self, name: str) -> AbstractContextManager[Any]:
-        """The span of one step of the call (a no-op while tracing is off)."""
-        return tracing.span(name, self.attributes)
+        self.trace = tracing.start_call(session.run_id, call.call_id)
+        """The call's spans (None while tracing is off): each step appends its mark where it ends."""
 
     def decided(self, label: DecisionLabel) -> None:
         """Report the call's decision (only the first report counts)."""
@@ -137,19 +131,21 @@ class CallPath:
         refuses) is checked before the claim, as that needs nothing stored, and its failure is
         recorded once claimed; one that can is claimed, decided and, if allowed, marked running
         in one transaction (``AuditStore.claim_and_start``)."""
-        s, call, tool = self.session, self.call, self.tool
+        s, call, tool, trace = self.session, self.call, self.tool, self.trace
         if tool is None or not s.policy.tool_allowed(call.name):
             return self._refused(self._unavailable())
         try:
-            with self.step("callbox.validate"):
-                args = validate_call(tool.definition, call.arguments)
+            args = validate_call(tool.definition, call.arguments)
         except CallRejected as rejected:
             return self._refused(ToolResult.failure(call.call_id, rejected.code, rejected.message))
-        with self.step("callbox.authorize"):
-            start = s.audit.claim_and_start(
-                s.run_id, call.call_id, call.name, call.arguments, lambda counted: self._authorize(tool, args, counted),
-                max_calls=s.policy.budgets.max_tool_calls,
-            )
+        if trace is not None:
+            trace.append(("callbox.validate", time.time_ns()))
+        start = s.audit.claim_and_start(
+            s.run_id, call.call_id, call.name, call.arguments, lambda counted: self._authorize(tool, args, counted),
+            max_calls=s.policy.budgets.max_tool_calls,
+        )
+        if trace is not None:
+            trace.append(("callbox.authorize", time.time_ns()))
         claim, decision = start.claim, start.decision
         if not claim.fresh or decision is None:
             return self._repeat(claim)
@@ -167,6 +163,8 @@ class CallPath:
         """Claim a call that cannot run and record ``failure`` as its result (or return what
         an earlier claim of its call_id recorded)."""
         s, call = self.session, self.call
+        if self.trace is not None:  # the tool's lookup or its arguments' check refused it
+            self.trace.append(("callbox.validate", time.time_ns()))
         claim = s.audit.claim_call(s.run_id, call.call_id, call.name, call.arguments)
         if not claim.fresh:
             return self._repeat(claim)
@@ -204,6 +202,8 @@ class CallPath:
         approval = s.audit.create_approval(
             s.run_id, call.call_id, call.name, call.arguments, decision.rule, decision.reason
         )
+        if self.trace is not None:
+            self.trace.append(("callbox.audit", time.time_ns()))
         self.decided("ask")
         return ToolResult.failure(
             call.call_id,
@@ -265,17 +265,19 @@ class CallPath:
             return self._repeat(s.audit.claim_call(s.run_id, call.call_id, call.name, call.arguments))
         args = validate_call(tool.definition, call.arguments)
         approved = Decision(Action.ALLOW, f"approval {approval.id}", decision.reason)
+        if self.trace is not None:  # the approval, checked and consumed
+            self.trace.append(("callbox.authorize", time.time_ns()))
         return self._execute(tool, args, approved)
 
     def _execute(self, tool: Tool, args: Any, decision: Decision, *, running: bool = False) -> ToolResult:
         """Run an authorized call; ``running``: ``claim_and_start`` marked it running already."""
-        s, call = self.session, self.call
+        s, call, trace = self.session, self.call, self.trace
         budgets = s.policy.budgets
         if not running and not s.audit.mark_running(s.run_id, call.call_id, max_calls=budgets.max_tool_calls):
             denied = budgets.check(budgets.max_tool_calls, 0) or decision
             result = ToolResult.failure(call.call_id, ErrorCode.BUDGET_EXCEEDED, denied.reason)
             return self._finish(result, denied)
-        provider = _CallSandbox(s, self.attributes)
+        provider = _CallSandbox(s, trace)
         stream = s.redactor.stream(self.on_output) if self.on_output is not None and s.redactor.active else None
         ctx = ToolContext(
             run_id=s.run_id, call_id=call.call_id, provider=provider,
@@ -284,16 +286,16 @@ class CallPath:
         )
         self.decided(decision_label(decision))
         started = time.perf_counter()
-        with self.step("callbox.exec"):
-            output = self._unless_gone(self._run_handler(tool, ctx, args, stream))
+        output = self._unless_gone(self._run_handler(tool, ctx, args, stream))
         self.sandbox_s = time.perf_counter() - started
+        if trace is not None:
+            trace.append(("callbox.exec", time.time_ns()))
         if output.error is ErrorCode.SANDBOX_UNAVAILABLE and not provider.handed_out:
             output = dataclasses.replace(output, structured={**(output.structured or {}), "command_started": False})
         duration_ms = self.sandbox_s * 1000
-        with self.step("callbox.shape"):
-            s.record_egress(call.call_id)
-            text, structured, findings = self._redacted(output)
-            shaped = bound_text(text, budgets.max_output_bytes, keep_terminal_codes=True)  # codes went before redaction
+        s.record_egress(call.call_id)
+        text, structured, findings = self._redacted(output)
+        shaped = bound_text(text, budgets.max_output_bytes, keep_terminal_codes=True)  # codes went before redaction
         meta: dict[str, Any] = {"duration_ms": round(duration_ms, 3), "rule": decision.rule,
                                 "raw_bytes": output.raw_bytes, "truncated": shaped.truncated}
         if findings:
@@ -302,13 +304,16 @@ class CallPath:
             call_id=call.call_id, text=shaped.text, is_error=output.is_error, error=output.error,
             structured=structured, meta=meta,
         ))
+        if trace is not None:
+            trace.append(("callbox.shape", time.time_ns()))
         exit_code = (output.structured or {}).get("exit_code")
-        with self.step("callbox.audit"):
-            s.audit.finish_call(
-                s.run_id, call.call_id, result, decision=decision,
-                exit_code=exit_code if isinstance(exit_code, int) else None,
-                duration_ms=duration_ms, bytes_out=len(shaped.text.encode()), truncated=shaped.truncated,
-            )
+        s.audit.finish_call(
+            s.run_id, call.call_id, result, decision=decision,
+            exit_code=exit_code if isinstance(exit_code, int) else None,
+            duration_ms=duration_ms, bytes_out=len(shaped.text.encode()), truncated=shaped.truncated,
+        )
+        if trace is not None:
+            trace.append(("callbox.audit", time.time_ns()))
         return result
 
     def _redacted(self, output: ToolOutput) -> tuple[str, dict[str, Any] | None, list[Finding]]:
@@ -364,9 +369,10 @@ class CallPath:
         """Record the result of a call that did not run (its decision label follows ``decision``)."""
         s = self.session
         result = self.labelled(result, decision_label(decision))
-        with self.step("callbox.audit"):
-            s.audit.finish_call(
-                s.run_id, self.call.call_id, result, decision=decision, exit_code=None, duration_ms=0.0,
-                bytes_out=len(result.text.encode()), truncated=False,
-            )
+        s.audit.finish_call(
+            s.run_id, self.call.call_id, result, decision=decision, exit_code=None, duration_ms=0.0,
+            bytes_out=len(result.text.encode()), truncated=False,
+        )
+        if self.trace is not None:
+            self.trace.append(("callbox.audit", time.time_ns()))
         return result

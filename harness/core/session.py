@@ -49,7 +49,7 @@ from harness.engine.base import Engine, Sandbox
 from harness.engine.cancel import CallScope, current_scope
 from harness.engine.default import connect_default_engine
 from harness.engine.spec import SandboxSpec
-from harness.telemetry import metrics, tracing
+from harness.telemetry import metrics
 
 log = logging.getLogger("callbox.harness")
 
@@ -227,16 +227,18 @@ class Session:
         caller's, when the door continued its trace)."""
         started = time.perf_counter()
         path = CallPath(self, call, on_output, on_decided)
-        tracer = tracing.tracer()
-        if tracer is None:
+        trace = path.trace
+        if trace is None:
             result = self._call(path, scope)
         else:
-            with tracer.start_as_current_span("callbox.call", attributes=path.attributes) as span:
+            try:
                 result = self._call(path, scope)
-                span.set_attributes({"callbox.tool": path.tool_label, "callbox.door": self.door,
-                                     "callbox.decision": path.decision or "rejected"})
-                if result.is_error:
-                    tracing.failed(span, str(result.error or "error"))
+            except BaseException as error:
+                trace.finish({"callbox.tool": path.tool_label, "callbox.door": self.door}, type(error).__name__)
+                raise
+            trace.finish({"callbox.tool": path.tool_label, "callbox.door": self.door,
+                          "callbox.decision": path.decision or "rejected"},
+                         str(result.error or "error") if result.is_error else None)
         total = time.perf_counter() - started
         sandbox_s = path.sandbox_s
         metrics.record_call(path.tool_label, self.door, path.decision or "rejected",

@@ -20,8 +20,8 @@ Every metric is named ``callbox_...`` and lives in :data:`REGISTRY`, which ``/me
   and the approvals pending (from the audit stores :func:`watch_approvals` was given). A
   source that fails while scraped (the engine went away) is left out of that scrape.
 
-The hot path is :func:`record_call`: its label children are bound once per label set and kept,
-so a call costs two dictionary lookups, a counter increment and one or two histogram observes.
+The hot path is :func:`record_call`: one lock and a few plain number updates per call; its
+counter and histograms are made from those numbers when scraped.
 """
 
 from __future__ import annotations
@@ -29,13 +29,16 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
-from typing import Protocol
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
+from itertools import accumulate
+from typing import Protocol, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 __all__ = [
     "REGISTRY",
@@ -60,15 +63,6 @@ _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 
 _SLOW = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _CREATE = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-CALLS = Counter("callbox_calls", "Tool calls by tool, door, decision and outcome (ok, or the result's error code).",
-                ("tool", "door", "decision", "outcome"), registry=REGISTRY)
-CALL_HARNESS_SECONDS = Histogram(
-    "callbox_call_harness_seconds", "Time a call spent in the harness itself (validate, authorize, audit, shape).",
-    ("tool", "door"), buckets=_FAST, registry=REGISTRY)
-CALL_SANDBOX_SECONDS = Histogram(
-    "callbox_call_sandbox_seconds",
-    "Time a call spent in its tool's handler: sandbox start or claim, the agent's exec (calls that ran).",
-    ("tool", "door"), buckets=_SLOW, registry=REGISTRY)
 SANDBOXES_CREATED = Counter("callbox_sandboxes_created", "Sandboxes created, by source (pool: a warm one claimed).",
                             ("source",), registry=REGISTRY)
 SANDBOX_CREATE_SECONDS = Histogram("callbox_sandbox_create_seconds", "Time to create a sandbox, by source.",
@@ -80,45 +74,93 @@ ENGINE_ERRORS = Counter("callbox_engine_errors", "Errors of the sandbox engine, 
 QUOTA_REFUSALS = Counter("callbox_quota_refusals", "Requests refused by a client's quota, by client, quota and door.",
                          ("client", "quota", "door"), registry=REGISTRY)
 
+# ---- the call metrics: plain numbers under one lock, made into metric families when scraped ----
+
+_CALL_DOCS = {
+    "callbox_calls": "Tool calls by tool, door, decision and outcome (ok, or the result's error code).",
+    "callbox_call_harness_seconds": "Time a call spent in the harness itself (validate, authorize, audit, shape).",
+    "callbox_call_sandbox_seconds":
+        "Time a call spent in its tool's handler: sandbox start or claim, the agent's exec (calls that ran).",
+}
+
 
 class _CallSeries:
-    """The label children of one (tool, door): bound once, used by every call."""
+    """The calls of one (tool, door): counts by (decision, outcome), and the two latency
+    histograms as counts per bucket (not cumulative; the last is +Inf) and sums."""
 
-    __slots__ = ("counts", "door", "harness", "sandbox", "tool")
+    __slots__ = ("counts", "harness", "harness_sum", "sandbox", "sandbox_sum")
 
-    def __init__(self, tool: str, door: str) -> None:
-        self.tool = tool
-        self.door = door
-        self.harness = CALL_HARNESS_SECONDS.labels(tool, door)
-        self.sandbox = CALL_SANDBOX_SECONDS.labels(tool, door)
-        self.counts: dict[tuple[str, str], Counter] = {}
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+        self.harness = [0] * (len(_FAST) + 1)
+        self.harness_sum = 0.0
+        self.sandbox = [0] * (len(_SLOW) + 1)
+        self.sandbox_sum = 0.0
 
 
+_le = cast(Callable[[float], str], floatToGoString)  # a bucket bound as prometheus_client writes it
+_calls_lock = threading.Lock()
 _series: dict[tuple[str, str], _CallSeries] = {}
-_series_lock = threading.Lock()
-
-
-def _series_of(tool: str, door: str) -> _CallSeries:
-    series = _series.get((tool, door))
-    if series is None:
-        with _series_lock:
-            series = _series.setdefault((tool, door), _CallSeries(tool, door))
-    return series
 
 
 def record_call(tool: str, door: str, decision: str, outcome: str, harness_s: float, sandbox_s: float | None) -> None:
     """One call with its result: ``tool`` (a registered tool's name, else ``unknown``: the
     label set stays bounded whatever a model sends), ``door``, ``decision`` (``allow``,
     ``ask``, ``deny``, ``approved``, ``rejected``), ``outcome`` (``ok`` or the error code),
-    the seconds it spent in the harness and, if its handler ran, in the sandbox."""
-    series = _series_of(tool, door)
-    child = series.counts.get((decision, outcome))
-    if child is None:
-        child = series.counts.setdefault((decision, outcome), CALLS.labels(tool, door, decision, outcome))
-    child.inc()
-    series.harness.observe(harness_s)
-    if sandbox_s is not None:
-        series.sandbox.observe(sandbox_s)
+    the seconds it spent in the harness and, if its handler ran, in the sandbox.
+
+    This runs once per call, so it is kept to one lock and a few dictionary and list
+    operations (prometheus_client's own Counter and Histogram take a lock per value and
+    per bucket, several times the cost); the families are made when scraped."""
+    with _calls_lock:
+        series = _series.get((tool, door))
+        if series is None:
+            series = _series[(tool, door)] = _CallSeries()
+        key = (decision, outcome)
+        series.counts[key] = series.counts.get(key, 0) + 1
+        series.harness[bisect_left(_FAST, harness_s)] += 1
+        series.harness_sum += harness_s
+        if sandbox_s is not None:
+            series.sandbox[bisect_left(_SLOW, sandbox_s)] += 1
+            series.sandbox_sum += sandbox_s
+
+
+def _histogram(family: HistogramMetricFamily, labels: list[str], bounds: tuple[float, ...], counts: list[int],
+               total: float) -> None:
+    cumulative = list(accumulate(counts))
+    buckets = [(_le(b), float(c)) for b, c in zip(bounds, cumulative, strict=False)]
+    family.add_metric(labels, [*buckets, ("+Inf", float(cumulative[-1]))], sum_value=total)
+
+
+class _CallMetrics(Collector):
+    """``callbox_calls_total`` and the two call latency histograms, from ``record_call``'s numbers."""
+
+    @staticmethod
+    def _families() -> tuple[CounterMetricFamily, HistogramMetricFamily, HistogramMetricFamily]:
+        return (CounterMetricFamily("callbox_calls", _CALL_DOCS["callbox_calls"],
+                                    labels=("tool", "door", "decision", "outcome")),
+                HistogramMetricFamily("callbox_call_harness_seconds", _CALL_DOCS["callbox_call_harness_seconds"],
+                                      labels=("tool", "door")),
+                HistogramMetricFamily("callbox_call_sandbox_seconds", _CALL_DOCS["callbox_call_sandbox_seconds"],
+                                      labels=("tool", "door")))
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    def collect(self) -> Iterable[Metric]:
+        calls, harness, sandbox = self._families()
+        with _calls_lock:
+            snapshot = [(tool, door, dict(s.counts), list(s.harness), s.harness_sum, list(s.sandbox), s.sandbox_sum)
+                        for (tool, door), s in _series.items()]
+        for tool, door, counts, harness_counts, harness_sum, sandbox_counts, sandbox_sum in snapshot:
+            for (decision, outcome), n in counts.items():
+                calls.add_metric([tool, door, decision, outcome], float(n))
+            _histogram(harness, [tool, door], _FAST, harness_counts, harness_sum)
+            _histogram(sandbox, [tool, door], _SLOW, sandbox_counts, sandbox_sum)
+        return [calls, harness, sandbox]
+
+
+REGISTRY.register(_CallMetrics())
 
 
 def record_sandbox_created(source: str, seconds: float) -> None:

@@ -37,7 +37,9 @@ Rows:
 18. tool calls through the gRPC door with 1, 8 and 32 concurrent clients against the bare exec:
     bench_door.py, section ``door``;
 19. the scale probe (``--sandboxes N`` live sandboxes of 128 MiB: memory, answers, create and
-    destroy times): bench_scale.py, section ``scale``, not in the default run (``make bench-scale``).
+    destroy times): bench_scale.py, section ``scale``, not in the default run (``make bench-scale``);
+20. what metrics and tracing add to row 6's harness overhead per call (on vs off, interleaved):
+    bench_telemetry.py, section ``telemetry``.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ from tests.bench.bench_redaction import bench_redaction
 from tests.bench.bench_results import DEFAULT_RESULTS, Row, markdown_table, p50, write_results
 from tests.bench.bench_runtimes import add_runtime_rows, bench_runtimes
 from tests.bench.bench_scale import add_create_rows, add_scale_rows, bench_create, bench_scale
+from tests.bench.bench_telemetry import add_telemetry_rows, bench_telemetry
 
 MIN_SAMPLES = 30
 MIB = 1 << 20
@@ -96,7 +99,7 @@ TARGET_IDLE_MEMORY_MIB = 25.0
 TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
-            "pool", "create", "door", "runtimes", "scale"]
+            "pool", "create", "door", "runtimes", "telemetry", "scale"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
 """``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
 DEFAULT_SCALE_SANDBOXES = 100
@@ -572,6 +575,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
     add_door_rows(data, add)
     add_runtime_rows(data, add)
     add_scale_rows(data, add)
+    add_telemetry_rows(data, add)
     if "callbox_health" in data:
         add("5a. floor: gRPC unary Health/Check on the agent socket (interleaved)", "time",
             data["callbox_health"], "—", None, "— (info)")
@@ -706,6 +710,10 @@ def main(argv: list[str] | None = None) -> int:
         progress("harness overhead per call (no sandbox)")
         return bench_overhead(max(args.samples, 1000), 100)
 
+    def telemetry_rows() -> dict[str, list[float]]:
+        progress("metrics and tracing per call, on vs off (no sandbox)")
+        return bench_telemetry(max(args.samples, 2000), 200)
+
     def redaction_rows() -> dict[str, list[float]]:
         progress("secret redaction per call (no sandbox)")
         return bench_redaction(max(args.samples, 300), 20)
@@ -725,6 +733,7 @@ def main(argv: list[str] | None = None) -> int:
         ("create", "create" in sections, lambda: bench_create(res, spec, args.samples, kit, quick=args.quick)),
         ("door", "door" in sections, lambda: bench_door(res, spec, kit, quick=args.quick)),
         ("runtimes", "runtimes" in sections, lambda: bench_runtimes(res, args.samples, progress)),
+        ("telemetry", "telemetry" in sections, telemetry_rows),
         ("scale", "scale" in sections,
          lambda: bench_scale(res, spec, args.sandboxes, kit,
                              lambda container, hint: memory_reading(engine.client, container, hint))),

@@ -214,3 +214,21 @@ def test_egress_decisions_count_by_decision():
     for decision, added in (("allow", 1), ("deny", 2)):
         assert value(after, "callbox_egress_decisions_total", decision=decision) == \
             value(before, "callbox_egress_decisions_total", decision=decision) + added
+
+
+def test_latency_histograms_have_cumulative_buckets(door):
+    metrics.record_call("echo", door, "allow", "ok", 0.0003, 0.02)
+    metrics.record_call("echo", door, "allow", "ok", 0.003, 7.0)
+    metrics.record_call("echo", door, "deny", "denied", 5.0, None)
+    samples = scrape()
+
+    def bucket(name: str, le: str) -> float:
+        return value(samples, f"{name}_bucket", tool="echo", door=door, le=le)
+
+    harness = "callbox_call_harness_seconds"
+    assert [bucket(harness, le) for le in ("0.00025", "0.0005", "0.0025", "0.005", "2.5", "+Inf")] == [0, 1, 1, 2, 2, 3]
+    assert value(samples, f"{harness}_count", tool="echo", door=door) == 3
+    assert value(samples, f"{harness}_sum", tool="echo", door=door) == pytest.approx(5.0033)
+    sandbox = "callbox_call_sandbox_seconds"
+    assert [bucket(sandbox, le) for le in ("0.01", "0.025", "5.0", "10.0", "+Inf")] == [0, 1, 1, 2, 2]
+    assert value(samples, f"{sandbox}_sum", tool="echo", door=door) == pytest.approx(7.02)

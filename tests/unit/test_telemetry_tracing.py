@@ -5,6 +5,7 @@ nothing at all while tracing is off."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pydantic
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
 
 from harness.audit.store import AuditStore
 from harness.core.calls import Action, ToolCall, ToolOutput
@@ -60,13 +61,19 @@ class FakeEngine:
 
     def create(self, _spec: Any) -> FakeSandbox:
         self.created += 1
+        tracing.annotate("callbox.sandbox.source", "cold")  # as the Docker engine does
         return FakeSandbox()
+
+
+def _fail(_ctx: Any, _args: TextArgs) -> ToolOutput:
+    raise KeyboardInterrupt  # not a tool failure: it goes through the call path
 
 
 REGISTRY = ToolRegistry([
     Tool(ToolDefinition("echo", "Echo.", TextArgs), _echo),
     Tool(ToolDefinition("boxed", "Uses the sandbox.", TextArgs), _in_sandbox),
     Tool(ToolDefinition("forbidden", "Denied.", TextArgs), _echo),
+    Tool(ToolDefinition("interrupted", "Raises through the call.", TextArgs), _fail),
 ])
 POLICY = Policy(tools={"forbidden": ToolPolicy(decision=Action.DENY)})
 STEPS = ["callbox.validate", "callbox.authorize", "callbox.exec", "callbox.shape", "callbox.audit"]
@@ -130,7 +137,11 @@ def test_the_sandbox_start_is_a_span_inside_the_exec(session, exporter, engine):
     assert len(boxes) == 1
     execs = {s.context.span_id: s for s in spans if s.name == "callbox.exec"}
     assert boxes[0].parent is not None and boxes[0].parent.span_id in execs
-    assert dict(boxes[0].attributes or {})["callbox.call_id"] == "c-1"
+    assert dict(boxes[0].attributes or {}) == {"callbox.run_id": "run-t", "callbox.call_id": "c-1",
+                                               "callbox.sandbox.source": "cold"}
+    exec_span = execs[boxes[0].parent.span_id]
+    assert (exec_span.start_time or 0) <= (boxes[0].start_time or 0) <= (boxes[0].end_time or 0) \
+        <= (exec_span.end_time or 0)
 
 
 def test_a_denied_call_has_no_exec_and_its_span_is_an_error(session, exporter):
@@ -170,10 +181,10 @@ def test_a_malformed_traceparent_starts_a_trace_of_its_own(session, exporter, ba
 def test_off_means_no_spans_and_no_tracer(session):
     caught = InMemorySpanExporter()
     tracing.configure(None, exporter=caught)
-    tracing.configure(None)  # reconfigured off: the old provider is shut down
-    assert not tracing.active() and tracing.tracer() is None
+    tracing.configure(None)  # reconfigured off: the old exporter is shut down
+    assert not tracing.active() and tracing.start_call("r", "c") is None
     assert tracing.carrier({"traceparent": TRACEPARENT}) == {}
-    assert isinstance(tracing.span("x"), contextlib.nullcontext)
+    assert isinstance(tracing.request_span("x", {"traceparent": TRACEPARENT}), contextlib.nullcontext)
     with tracing.continued({"traceparent": TRACEPARENT}):
         result = session.call(ToolCall("echo", {"text": "hi"}, "c-1"))
     assert not result.is_error
@@ -190,3 +201,58 @@ def test_shutdown_flushes_and_turns_tracing_off(session):
     assert len(spans) == 1 + len(STEPS)
     assert {s.resource.attributes["service.name"] for s in spans} == {"callbox-test"}
     tracing.shutdown()  # twice is harmless
+
+
+def test_a_caller_that_does_not_sample_its_trace_gets_no_spans(session, exporter):
+    with tracing.continued(tracing.carrier({"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-00"})):
+        session.call(ToolCall("echo", {"text": "hi"}, "c-1"))
+    assert exporter.get_finished_spans() == ()
+    session.call(ToolCall("echo", {"text": "hi"}, "c-2"))
+    assert len(exporter.get_finished_spans()) == 1 + len(STEPS)
+
+
+def test_a_call_that_raises_still_ends_its_span_as_an_error(session, exporter):
+    with pytest.raises(KeyboardInterrupt):
+        session.call(ToolCall("interrupted", {"text": "x"}, "c-1"))
+    call = _by_name(exporter.get_finished_spans())["callbox.call"]
+    assert call.status.status_code is StatusCode.ERROR and call.status.description == "KeyboardInterrupt"
+    assert call.end_time is not None
+
+
+def test_steps_follow_one_another_inside_the_call(session, exporter):
+    session.call(ToolCall("echo", {"text": "hi"}, "c-1"))
+    spans = _by_name(exporter.get_finished_spans())
+    call = spans["callbox.call"]
+    times = [(spans[name].start_time, spans[name].end_time) for name in STEPS]
+    assert times[0][0] == call.start_time
+    for (_, end), (start, _) in itertools.pairwise(times):
+        assert end == start  # each step starts where the one before it ended
+    assert times[-1][1] <= (call.end_time or 0)
+
+
+def test_batched_export_sends_on_flush_and_at_shutdown(session):
+    caught = InMemorySpanExporter()
+    tracing.configure(None, exporter=caught, batch=True)
+    try:
+        session.call(ToolCall("echo", {"text": "hi"}, "c-1"))
+        assert caught.get_finished_spans() == ()  # queued for the export thread
+        assert tracing.flush()
+        assert len(caught.get_finished_spans()) == 1 + len(STEPS)
+        session.call(ToolCall("echo", {"text": "hi"}, "c-2"))
+    finally:
+        tracing.shutdown()
+    assert len(caught.get_finished_spans()) == 2 * (1 + len(STEPS))
+    assert not tracing.flush()  # off now
+
+
+def test_a_request_span_continues_the_callers_trace(exporter):
+    with tracing.request_span("callbox.e2b", {"TraceParent": TRACEPARENT, "x": "y"}, {"url.path": "/health"}):
+        pass
+    with tracing.request_span("callbox.e2b", {}, {"url.path": "/files"}):
+        pass
+    first, second = exporter.get_finished_spans()
+    assert first.name == "callbox.e2b" and first.kind is SpanKind.SERVER
+    assert first.parent is not None and format(first.parent.span_id, "016x") == PARENT_ID
+    assert format(first.context.trace_id, "032x") == TRACE_ID
+    assert dict(first.attributes or {}) == {"url.path": "/health"}
+    assert second.parent is None

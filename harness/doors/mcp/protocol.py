@@ -163,9 +163,9 @@ class _McpProtocol:
         scope = CallScope()
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(DEFAULT_MAX_CONCURRENT_CALLS)
-        # Over HTTP, a caller's traceparent header continues its trace (one in the request's
-        # _meta already did, through the SDK's own span in the current context).
-        trace = tracing.carrier(getattr(ctx.request, "headers", None))
+        # A caller's traceparent continues its trace: an HTTP header, else the request's _meta
+        # (where MCP clients that trace put it).
+        trace = tracing.carrier(getattr(ctx.request, "headers", None)) or tracing.carrier(ctx.meta)
 
         def run() -> tuple[ToolResult, McpSession]:
             session = slot.session()
