@@ -712,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def telemetry_rows() -> dict[str, list[float]]:
         progress("metrics and tracing per call, on vs off (no sandbox)")
-        return bench_telemetry(max(args.samples, 2000), 200)
+        return bench_telemetry(max(args.samples, 5000), 300)
 
     def redaction_rows() -> dict[str, list[float]]:
         progress("secret redaction per call (no sandbox)")
