@@ -144,7 +144,9 @@ def keep_past_server(box: Sandbox | None, run_id: str) -> bool:
     its expiry); False for a sandbox of an engine without keep records."""
     if not isinstance(box, DockerSandbox):
         return False
-    box.engine.keep(box, run_id=run_id)
+    # Its expiry as created (a keep-alive or pause since moves its lifetime record, which gc
+    # also follows); given, so keeping it asks the engine nothing (0.5 ms instead of 1.6 ms).
+    box.engine.keep(box, run_id=run_id, until=box.expires or None)
     return True
 
 
