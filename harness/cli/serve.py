@@ -146,7 +146,11 @@ def _serve(args: argparse.Namespace) -> int:
                 reload_asked.clear()
                 _reload(command_line, args, servers)
         notify("STOPPING=1")
-        log.info("stopping; destroying the sandboxes this server owns")
+        if args.server_config is not None and args.server_config.service.keep_sandboxes:
+            log.info("stopping; the live gRPC sandboxes stay for the next start to adopt "
+                     "(E2B and MCP sandboxes are destroyed)")
+        else:
+            log.info("stopping; destroying the sandboxes this server owns")
     finally:
         for server in reversed(servers):
             server.stop()
@@ -184,6 +188,7 @@ def _start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
             tls_cert=args.tls_cert, tls_key=args.tls_key, policy=served_policy(args.policy, args.server_config),
             audit=AuditStore(args.audit_db), max_sandboxes_per_client=args.max_per_client,
             max_sandboxes_total=args.max_sandboxes,
+            keep_sandboxes=args.server_config is not None and args.server_config.service.keep_sandboxes,
         )
         servers.append(grpc_server)
         log.info("gRPC executor listening on %s", grpc_server.target)
