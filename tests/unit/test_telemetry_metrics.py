@@ -232,3 +232,53 @@ def test_latency_histograms_have_cumulative_buckets(door):
     sandbox = "callbox_call_sandbox_seconds"
     assert [bucket(sandbox, le) for le in ("0.01", "0.025", "5.0", "10.0", "+Inf")] == [0, 1, 1, 2, 2]
     assert value(samples, f"{sandbox}_sum", tool="echo", door=door) == pytest.approx(7.02)
+
+
+class EgressEvent:
+    def __init__(self, decision: str) -> None:
+        self.decision = decision
+        self.raw = {"decision": decision, "host": "example.org", "port": 443}
+
+
+class EgressSandbox:
+    """A sandbox whose egress proxy logged decisions since it was last asked."""
+
+    id = "box-egress"
+    agent = None
+
+    def __init__(self) -> None:
+        self.pending = [EgressEvent("allow"), EgressEvent("deny"), EgressEvent("deny")]
+
+    def new_egress_events(self) -> list[EgressEvent]:
+        events, self.pending = self.pending, []
+        return events
+
+    def destroy(self) -> None:
+        pass
+
+
+def _in_sandbox(ctx: Any, args: TextArgs) -> ToolOutput:
+    ctx.provider.sandbox()
+    return ToolOutput(text=args.text)
+
+
+def test_egress_decisions_recorded_by_a_call_are_counted_once(audit, door):
+    registry = ToolRegistry([Tool(ToolDefinition("boxed", "Uses the sandbox.", TextArgs), _in_sandbox)])
+    sandbox = EgressSandbox()
+    before = scrape()
+    with Session(registry, Policy(), audit, engine_factory=lambda: FakeEgressEngine(sandbox), door=door) as session:
+        session.call(ToolCall("boxed", {"text": "a"}, "c-1"))
+        session.call(ToolCall("boxed", {"text": "b"}, "c-2"))  # nothing new since
+        assert [e["decision"] for e in audit.egress(session.run_id)] == ["allow", "deny", "deny"]
+    after = scrape()
+    for decision, added in (("allow", 1), ("deny", 2)):
+        assert value(after, "callbox_egress_decisions_total", decision=decision) == \
+            value(before, "callbox_egress_decisions_total", decision=decision) + added
+
+
+class FakeEgressEngine:
+    def __init__(self, sandbox: EgressSandbox) -> None:
+        self.sandbox = sandbox
+
+    def create(self, _spec: Any) -> EgressSandbox:
+        return self.sandbox
