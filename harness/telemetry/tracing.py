@@ -75,6 +75,9 @@ SHUTDOWN_FLUSH_MS = 5000
 EXPORT_DELAY_S = 2.0
 """How often the export thread sends what finished (sooner once ``EXPORT_BATCH`` traces wait)."""
 EXPORT_BATCH = 256
+EXPORT_TIMEOUT_S = 5.0
+"""How long one export to an OTLP endpoint may take, retries included (bounds a stop when the
+collector is down)."""
 MAX_QUEUED = 4096
 """Finished traces waiting for export; beyond this they are dropped (and counted), never blocking a call."""
 
@@ -246,13 +249,17 @@ class _Exporting:
             self.wake.clear()
             self.drain()
 
-    def drain(self) -> None:
-        """Export everything queued now."""
+    def drain(self, deadline: float | None = None) -> int:
+        """Export everything queued now (until ``deadline``, a ``time.monotonic()``, if given:
+        a collector that is down must not hold a stop up); how many traces were left."""
         with self._export_lock:
             queue = self.queue
             while queue:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return len(queue)
                 batch = [queue.popleft() for _ in range(min(len(queue), EXPORT_BATCH))]
                 self.export(batch)
+        return 0
 
     def export(self, batch: list[CallTrace]) -> None:
         try:
@@ -262,13 +269,15 @@ class _Exporting:
             log.warning("could not export %d traces", len(batch), exc_info=True)
 
     def shutdown(self, timeout_ms: int) -> None:
+        """Stop the thread and export what is queued, starting no export after ``timeout_ms``."""
+        deadline = time.monotonic() + timeout_ms / 1000
         self._stopping = True
         self.wake.set()
         if self._thread is not None:
             self._thread.join(timeout_ms / 1000)
-        self.drain()
+        self.dropped += self.drain(deadline)
         if self.dropped:
-            log.warning("%d traces were dropped: the exporter did not keep up", self.dropped)
+            log.warning("%d traces were not exported: the exporter did not keep up", self.dropped)
         self.exporter.shutdown()
 
 
@@ -294,7 +303,7 @@ def configure(endpoint: str | None, *, service_name: str = "callbox", exporter: 
     if exporter is None and endpoint is not None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        exporter, batch = OTLPSpanExporter(endpoint=endpoint), True
+        exporter, batch = OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S), True
     if exporter is not None:
         resource = Resource.create({SERVICE_NAME: service_name})
         exporting = _Exporting(exporter, resource, synchronous=not batch)
@@ -307,7 +316,8 @@ def configure(endpoint: str | None, *, service_name: str = "callbox", exporter: 
 
 
 def shutdown() -> None:
-    """Export the spans still queued (waiting at most ``SHUTDOWN_FLUSH_MS``) and turn tracing off."""
+    """Turn tracing off and export the spans still queued (no export starts after
+    ``SHUTDOWN_FLUSH_MS``; one takes at most ``EXPORT_TIMEOUT_S``)."""
     with _state.lock:
         exporting, _state.exporting = _state.exporting, None
     if exporting is not None:

@@ -256,3 +256,17 @@ def test_a_request_span_continues_the_callers_trace(exporter):
     assert format(first.context.trace_id, "032x") == TRACE_ID
     assert dict(first.attributes or {}) == {"url.path": "/health"}
     assert second.parent is None
+
+
+class BrokenExporter(InMemorySpanExporter):
+    def export(self, spans: Any) -> Any:
+        raise ConnectionError("the collector is down")
+
+
+def test_an_exporter_that_fails_never_breaks_a_call(session):
+    tracing.configure(None, exporter=BrokenExporter())
+    try:
+        result = session.call(ToolCall("echo", {"text": "still here"}, "c-1"))
+    finally:
+        tracing.shutdown()
+    assert not result.is_error and result.text == "still here"
