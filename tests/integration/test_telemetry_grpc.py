@@ -9,6 +9,7 @@ span in the caller's trace, its parent the caller's span, with a child per step.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.server
 import secrets
@@ -136,18 +137,24 @@ def traced(receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rece
         tracing.shutdown()
 
 
-@pytest.fixture
-def server(engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[GrpcServer]:
-    # Only this server's audit store is counted in the pending-approvals gauge.
-    monkeypatch.setattr(metrics, "_approval_sources", weakref.WeakValueDictionary())
+@contextlib.contextmanager
+def _serving(tmp_path: Path, policy: str) -> Iterator[GrpcServer]:
     short = Path(tempfile.mkdtemp(prefix="cbx-", dir="/tmp"))
-    handle = serve_grpc(str(short / "x.sock"), policy=parse_policy(POLICY), audit=AuditStore(tmp_path / "a.sqlite3"),
+    handle = serve_grpc(str(short / "x.sock"), policy=parse_policy(policy), audit=AuditStore(tmp_path / "a.sqlite3"),
                         announce=None, tokens=TOKENS, reaper_interval_s=0.5)
     try:
         yield handle
     finally:
         handle.stop(grace=1)
         shutil.rmtree(short, ignore_errors=True)
+
+
+@pytest.fixture
+def server(engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[GrpcServer]:
+    # Only this server's audit store is counted in the pending-approvals gauge.
+    monkeypatch.setattr(metrics, "_approval_sources", weakref.WeakValueDictionary())
+    with _serving(tmp_path, POLICY) as handle:
+        yield handle
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -234,3 +241,21 @@ def test_a_callers_trace_continues_into_the_call(server, traced):
         assert step.parent_span_id == call.span_id, name
         step_attributes = {a.key: a.value.string_value for a in step.attributes}
         assert step_attributes == {"callbox.run_id": sandbox_id, "callbox.call_id": "traced-1"}
+
+
+def test_a_create_from_the_warm_pool_is_counted_as_such(engine, tmp_path):
+    with _serving(tmp_path, POLICY + "\n[pool]\nsize = 1\n") as server:
+        shared = server.service.engine_factory
+        docker_engine = shared()  # connects, and the pool starts filling
+        assert docker_engine.pool is not None and docker_engine.pool.wait_filled(120), "the pool did not fill"
+        before = scrape()
+        assert before[("callbox_sandboxes_pooled", frozenset())] >= 1
+        with ExecutorClient(server.target, TOKEN) as client:
+            sandbox_id = client.create_sandbox()
+            try:
+                after = scrape()
+            finally:
+                client.delete_sandbox(sandbox_id)
+    assert delta(before, after, "callbox_sandboxes_created_total", source="pool") == 1
+    assert delta(before, after, "callbox_sandboxes_created_total", source="cold") == 0
+    assert delta(before, after, "callbox_sandbox_create_seconds_count", source="pool") == 1
