@@ -13,23 +13,25 @@ warm pool then, with ``callbox.sandbox.source`` ``cold`` or ``pool``), ``callbox
 the call span also ``callbox.tool``, ``callbox.door`` and ``callbox.decision``, and an error
 status (the error code) when the result is an error.
 
-Why not the SDK's ``Tracer``: an SDK span costs about 20 µs to start and end in Python, so
-six of them would double the harness's own time per call (about 0.2 ms). A call records its
-steps as (name, end) in a :class:`CallTrace` instead, one clock read each, and the
-export thread turns each finished trace into the SDK's ``ReadableSpan`` objects (ids made
-there too) and hands them to the exporter (the SDK's ``OTLPSpanExporter``, or any
-``SpanExporter``). The spans are the same as the SDK would make; a trace nobody samples (a
-caller's ``traceparent`` with the sampled flag off) is not recorded, as the SDK's default
-parent-based sampler does. The provider is callbox's own, not OpenTelemetry's process-wide
-one, so configuring it twice (a reload, tests) just replaces it, and libraries that trace
-through the global provider (the MCP SDK) are left as their host process set them.
+Why not the SDK's ``Tracer`` and ``BatchSpanProcessor``: an SDK span costs about 20 µs to
+start and end in Python, so six of them doubled the harness's own time per call (about
+0.2 ms; measured 2.06x in ``make bench`` row 20). A call records its steps as (name, end) in
+a :class:`CallTrace` instead, one clock read each, and the export thread turns each finished
+trace into the SDK's ``ReadableSpan`` objects (ids made there too) and hands them in batches
+to the exporter (the SDK's ``OTLPSpanExporter``, or any ``SpanExporter``). The spans are
+those the SDK would make; a trace nobody samples (a caller's ``traceparent`` with the
+sampled flag off) is not recorded, as the SDK's default parent-based sampler does. None of
+this touches OpenTelemetry's process-wide tracer provider, so configuring twice (a reload,
+tests) just replaces the exporter, and libraries that trace through the global provider
+(the MCP SDK) are left as their host process set them.
 
 A caller's W3C ``traceparent`` (and ``tracestate``) continue its trace: a door takes them
 from the request's metadata or headers (:func:`carrier`) and runs the call inside
 :func:`continued`, so the call span's parent is the caller's span. (The parent is that, not
 whatever OpenTelemetry span is current in the thread: reading OpenTelemetry's context costs
-a few Python calls per call, and no callbox code runs a call inside a span of its own.) A door whose requests are
-not calls (the E2B door) makes a server span per request with :func:`request_span`.
+a few Python calls per call, and no callbox code runs a call inside a span of its own.) A
+door whose requests are not calls (the E2B door) makes a server span per request with
+:func:`request_span`.
 """
 
 from __future__ import annotations
