@@ -17,6 +17,10 @@ Who may do what:
 * **Actions**: each is gated by the sandbox's policy with the actor ``e2b:CLIENT``
   (:meth:`E2bSandboxes.acting`), recorded in the sandbox's run like the gRPC door's.
 
+Its run's meta records the template, the metadata, the start and the SHA-256 digest of its
+access token (never the token), so a server that keeps its sandboxes can adopt them after a
+restart (:mod:`harness.doors.e2b.restart`).
+
 Lifetime (the E2B ``timeout``): a sandbox's timeout is its session's TTL, at least
 ``MIN_TIMEOUT_S`` (a shorter one is raised to it) and at most its template policy's ``sandbox.ttl_seconds`` (more is
 ``permission_denied`` naming that key). :meth:`E2bSandboxes.set_timeout` moves its end to now
@@ -35,6 +39,7 @@ relative paths, the policy's relative path rules included, are anchored there).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import logging
 import math
@@ -61,8 +66,8 @@ from harness.doors.grpc.sessions import ClientSession
 from harness.engine.docker.lifetime import MIN_TTL_S
 from harness.engine.docker.sandbox import Sandbox as DockerSandbox
 
-__all__ = ["DEFAULT_TEMPLATE", "DEFAULT_TIMEOUT_S", "DOOR", "E2B_WORKDIR", "MIN_TIMEOUT_S", "E2bSandbox",
-           "E2bSandboxes", "Metric", "e2b_errors", "e2b_template"]
+__all__ = ["DEFAULT_TEMPLATE", "DEFAULT_TIMEOUT_S", "DOOR", "E2B_WORKDIR", "ENVD_TOKENS", "MIN_TIMEOUT_S",
+           "E2bSandbox", "E2bSandboxes", "Metric", "e2b_errors", "e2b_template", "token_digest"]
 
 log = logging.getLogger("callbox.e2b")
 
@@ -76,6 +81,15 @@ DEFAULT_TIMEOUT_S = 300
 MIN_TIMEOUT_S = int(MIN_TTL_S)
 """The shortest timeout the engine keeps a sandbox for."""
 MIB = 1 << 20
+ENVD_TOKENS = "envd_token_sha256"
+"""The run meta key of the digests of the access tokens a sandbox accepts (:func:`token_digest`)."""
+
+
+def token_digest(token: str) -> str:
+    """What the audit store keeps of an envd access token: its SHA-256, hex. A token is 192
+    random bits, so its digest tells nothing a guess could use (a keyed HMAC would add only a
+    key to keep beside the store)."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,9 @@ class E2bSandbox:
     metadata: dict[str, str] = field(default_factory=dict)
     env_vars: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
+    token_digests: tuple[str, ...] = ()
+    """Digests of access tokens handed out before a server restart, still accepted (a client
+    holding one goes on without connecting again)."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     """Held by the lifetime operations (pause, resume, connect, timeout), one at a time."""
     _cpu_sample: tuple[float, float] | None = field(default=None, repr=False, compare=False)
@@ -117,6 +134,14 @@ class E2bSandbox:
     @property
     def client(self) -> str:
         return self.session.client
+
+    def accepts(self, token: str) -> bool:
+        """Whether ``token`` is an access token of this sandbox (the current one or, by its
+        digest, one handed out before a restart)."""
+        if hmac.compare_digest(token.encode(), self.access_token.encode()):
+            return True
+        digest = token_digest(token).encode()
+        return any(hmac.compare_digest(digest, known.encode()) for known in self.token_digests)
 
     @property
     def closed(self) -> bool:
@@ -175,6 +200,7 @@ class E2bSandboxes:
         self.templates.setdefault(DEFAULT_TEMPLATE, e2b_template(executor.policy))
         if isinstance(executor.engine_factory, SharedEngine) and executor.policy.pool.size:  # pool E2B's base too
             executor.engine_factory.pool_specs.append(self.templates[DEFAULT_TEMPLATE].sandbox_spec())
+        executor.kept_doors.add(DOOR)  # its sandboxes can be adopted after a restart (keep_sandboxes)
         self._lock = threading.Lock()
         self._profile_bases: dict[int, tuple[Policy, Policy]] = {}
         """id of a client's profile policy -> (it, the ``base`` template made of it)."""
@@ -265,11 +291,17 @@ class E2bSandboxes:
         except (CallboxError, E2bError) as error:
             log.warning("sandbox %s: its timeout counts from the request (%s)", sandbox.sandbox_id, error)
         with contextlib.suppress(AuditError):
-            self.audit.update_run_meta(sandbox.sandbox_id, {"template": sandbox.template_id,
-                                                            "metadata": sandbox.metadata})
+            self.audit.update_run_meta(sandbox.sandbox_id, {
+                "template": sandbox.template_id, "metadata": sandbox.metadata, "started_at": sandbox.started_at,
+                ENVD_TOKENS: [token_digest(sandbox.access_token)]})
         with self._lock:
             self._boxes[sandbox.sandbox_id] = sandbox
         return sandbox
+
+    def add_adopted(self, sandbox: E2bSandbox) -> None:
+        """Serve ``sandbox``, a session adopted after a server restart (:mod:`.restart`)."""
+        with self._lock:
+            self._boxes[sandbox.sandbox_id] = sandbox
 
     def _live(self, sandbox_id: str) -> E2bSandbox | None:
         with self._lock:
@@ -296,7 +328,7 @@ class E2bSandboxes:
         sandbox = self._live(sandbox_id)
         if sandbox is None:
             raise not_found("sandbox", sandbox_id)
-        if not access_token or not hmac.compare_digest(access_token.encode(), sandbox.access_token.encode()):
+        if not access_token or not sandbox.accepts(access_token):
             raise E2bError("unauthenticated",
                            f"the X-Access-Token header is missing or not the access token of sandbox {sandbox_id}")
         return sandbox

@@ -30,6 +30,10 @@ token file. Decisions:
 * **Shutdown.** ``stop()``: new sandboxes are refused (when the door owns its executor),
   every request in flight ends (its call scope cancelled, a stream ended with
   ``unavailable``), uvicorn stops, then the owned executor destroys its sandboxes.
+* **Restarts.** With ``keep_sandboxes`` (a shared executor's own setting), the door's
+  sandboxes are left running at stop instead, and the next server on the same audit store
+  adopts them before it serves: ``Sandbox.connect(id)`` and ``Sandbox.list()`` find them
+  again (:mod:`harness.doors.e2b.restart`).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from harness.audit.store import AuditStore
 from harness.core.policy import Policy, load_policy
 from harness.doors.e2b.app import E2bApp
 from harness.doors.e2b.boxes import E2bSandboxes
+from harness.doors.e2b.restart import adopt_e2b
 from harness.doors.e2b.rpc import EnvdRoute, RestRoute, Service
 from harness.doors.grpc.server import ServeError, _read_pem, announce_token
 from harness.doors.grpc.service import ExecutorService
@@ -104,6 +109,8 @@ class E2bServer:
         self._stop_lock = threading.Lock()
         self._stopped = False
         self.destroyed: list[str] = []
+        self.left_running: list[str] = []
+        """The sandboxes ``stop`` left running for the next server (an owned, keeping executor)."""
 
     @property
     def address(self) -> str:
@@ -152,9 +159,11 @@ class E2bServer:
             self._pool.shutdown(wait=False, cancel_futures=True)
             if self.owns_executor:
                 self.destroyed = self.executor.shutdown()
+                self.left_running = list(self.executor.left_running)
             if self._owned_audit is not None:
                 self._owned_audit.close()
-            log.info("E2B API on %s stopped; destroyed %d sandbox(es)", self.url, len(self.destroyed))
+            log.info("E2B API on %s stopped; destroyed %d sandbox(es), left %d running for the next server",
+                     self.url, len(self.destroyed), len(self.left_running))
             return self.destroyed
 
     def __enter__(self) -> E2bServer:
@@ -208,6 +217,7 @@ def serve_e2b(
     envd_routes: Iterable[EnvdRoute] | None = None,
     quotas: QuotaKeeper | None = None,
     policies: PolicySource | None = None,
+    keep_sandboxes: bool = False,
 ) -> E2bServer:
     """Start the E2B door on ``addr`` in the background; see the module docstring.
 
@@ -218,7 +228,12 @@ def serve_e2b(
     the default audit store) and the limits. ``services``, ``rest_routes``, ``envd_routes``
     replace the door's own (tests). ``quotas`` and ``policies`` go to an executor of the
     door's own as in :func:`~harness.doors.grpc.server.serve_grpc` (a shared executor has
-    its own). Each client may have a quarter of the ``workers`` busy at once. Raises
+    its own). ``keep_sandboxes``: an executor of the door's own leaves its sandboxes running
+    at ``stop`` and first adopts those an earlier server on this audit store left (needs the
+    Docker engine); a shared executor's own ``keep_sandboxes`` decides instead (it is not
+    changed here), and the door adopts its sandboxes when that is on (given ``sandboxes``:
+    their maker adopts, :func:`~harness.doors.e2b.restart.adopt_e2b`). Each client may have a
+    quarter of the ``workers`` busy at once. Raises
     ServeError (exit code 2) for a refused address, bad TLS files, or a port that cannot be
     bound.
     """
@@ -232,6 +247,7 @@ def serve_e2b(
         _read_pem(tls_key, "key")
     owned_audit: AuditStore | None = None
     owns = False
+    made = sandboxes is None  # given sandboxes are adopted into by whoever made them (adopt_e2b)
     if sandboxes is None:
         if executor is None:
             token_set = tokens if tokens is not None else server_tokens(token_file, announce=announce)
@@ -245,6 +261,7 @@ def serve_e2b(
                     limits=Limits(max_sandboxes_per_client=max_sandboxes_per_client,
                                   max_sandboxes_total=max_sandboxes_total),
                     engine_factory=engine_factory, quotas=quotas, policies=policies,
+                    keep_sandboxes=keep_sandboxes,
                 )
             except BaseException:
                 if owned_audit is not None:
@@ -259,6 +276,8 @@ def serve_e2b(
             services = own_services if services is None else services
             rest_routes = own_rest if rest_routes is None else rest_routes
             envd_routes = own_envd if envd_routes is None else envd_routes
+        if made and sandboxes.executor.keep_sandboxes:
+            log.info("E2B door: %s", adopt_e2b(sandboxes).summary())
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="callbox-e2b")
         app = E2bApp(tokens=keys, sandboxes=sandboxes, services=services, rest_routes=rest_routes,
                      envd_routes=envd_routes, pool=pool, share=fair_share(workers))
@@ -278,6 +297,8 @@ def serve_e2b(
         # client's delayed ACK of its head: about 40 ms a call.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except BaseException:
+        if owns:  # adopted sandboxes stay for the next start; the engine's connection closes
+            sandboxes.executor.shutdown(wait_for_creations_s=0)
         if owned_audit is not None:
             owned_audit.close()
         raise

@@ -25,11 +25,12 @@ approvals stay resolvable (they live in the audit store). What it takes:
   (``server``: host/pid/start/nonce). A run is adopted only when its serving instance is
   gone: a dead process, or a stopped server of this very process (a test that stops a
   server and starts another). A second server alive on the same audit store keeps its own.
-* **Adoption** (:func:`adopt`, when the server starts): every open ``grpc`` run with a
-  container is looked at. A kept one whose sandbox the engine can open again (running or
-  paused) becomes a live session of its client, with its run's creation time, the expiry
-  (or pause and time left) the engine's records hold, and its client's policy (the server's
-  or its profile's) tightened by its recorded overrides (overrides that policy no longer
+* **Adoption** (:func:`adopt`, when the server starts): every open run of the door
+  (``grpc``, or another door's with its :class:`DoorHooks`) with a container is looked at.
+  A kept one whose sandbox the engine can open again (running or paused) becomes a live
+  session of its client, with its run's creation time, the expiry (or pause and time left)
+  the engine's records hold, and its client's policy (the server's or its profile's; the
+  door's hooks may say otherwise) tightened by its recorded overrides (overrides that policy no longer
   allows: the sandbox is destroyed, the run ends ``policy_changed``). One whose container is gone (removed
   while the server was down, the engine restarted, or it expired) has its run ended
   (``sandbox_gone``); so has any run of a dead server whose sandbox was not kept.
@@ -39,10 +40,13 @@ approvals stay resolvable (they live in the audit store). What it takes:
   command finished is unknown (``command_started`` is not false, so a re-send of the
   call_id returns that record and never runs it again). A call pending approval stays
   pending; once approved, a re-send runs it exactly once, before or after the restart.
+* **Other doors.** The E2B door's sandboxes are sessions of the same service, kept the same
+  way once that door asks for it (``ExecutorService.kept_doors``). What the door keeps
+  beside a session (template, metadata, envd access token) is its own: it adopts its runs
+  with :class:`DoorHooks` (the policy a run's sandbox starts from, and a callback that
+  rebuilds the door's state of an adopted session; :mod:`harness.doors.e2b.restart`).
 
-Sandboxes of the E2B door are not kept: its door state (template, metadata, envd access
-token) lives in that door's memory, so a stopping server destroys them as before. Paused
-runs of the agent loop (``callbox run``) never belong to a server: their checkpoint is in
+Paused runs of the agent loop (``callbox run``) never belong to a server: their checkpoint is in
 the audit store and their sandbox has a keep record of its own, so a server's restart
 leaves them as they are (a later ``callbox run --resume`` continues them).
 """
@@ -56,7 +60,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +69,7 @@ import docker.errors
 from harness.audit.store import AuditError, AuditStore, RunRecord
 from harness.core.calls import ErrorCode, ToolResult
 from harness.core.errors import CallboxError
+from harness.core.policy import Policy
 from harness.core.session import Session
 from harness.doors.grpc.errors import ServiceError
 from harness.doors.grpc.overrides import SandboxOverrides, sandbox_policy
@@ -79,7 +84,8 @@ from harness.engine.docker.sandbox import Sandbox as DockerSandbox
 if TYPE_CHECKING:
     from harness.doors.grpc.service import ExecutorService
 
-__all__ = ["Adoption", "adopt", "keep_past_server", "new_instance", "retire_instance", "run_meta"]
+__all__ = ["Adoption", "DoorHooks", "adopt", "grpc_hooks", "keep_past_server", "new_instance", "retire_instance",
+           "run_meta"]
 
 log = logging.getLogger("callbox.executor")
 
@@ -170,14 +176,35 @@ class Adoption:
                 f"marked {len(self.interrupted)} interrupted call(s)")
 
 
-def adopt(service: ExecutorService) -> Adoption:
-    """Adopt what earlier servers on this audit store left (see the module docstring)."""
+@dataclass(frozen=True)
+class DoorHooks:
+    """How one door's runs are adopted: which runs (``door``, their meta's ``door``), the
+    policy a run's sandbox starts from before its recorded overrides (``base_policy``; None:
+    this server can no longer make it, e.g. a template it lacks, and the sandbox is
+    destroyed), and what the door adds to an adopted session (``adopted``, called once it is
+    live; it must not raise)."""
+
+    door: str
+    base_policy: Callable[[RunRecord], Policy | None]
+    adopted: Callable[[ClientSession, RunRecord], None] = lambda session, run: None
+
+
+def grpc_hooks(service: ExecutorService) -> DoorHooks:
+    """The gRPC door's: a sandbox starts from its client's policy (its profile's or the server's)."""
+    return DoorHooks(DOOR, lambda run: service.profiles.of(str(run.meta["client"])))
+
+
+def adopt(service: ExecutorService, hooks: DoorHooks | None = None) -> Adoption:
+    """Adopt what earlier servers on this audit store left of the runs of ``hooks.door``
+    (default: the gRPC door's; see the module docstring)."""
+    hooks = hooks or grpc_hooks(service)
     found = Adoption()
     engine: DockerEngine | None = None
     for run in service.audit.open_runs():
         meta = run.meta
         sandbox_id = meta.get("container")
-        if meta.get("door") != DOOR or not isinstance(sandbox_id, str) or not isinstance(meta.get("client"), str):
+        if (meta.get("door") != hooks.door or not isinstance(sandbox_id, str)
+                or not isinstance(meta.get("client"), str)):
             continue
         server = meta.get(SERVER)
         if not isinstance(server, str) or instance_alive(server):
@@ -205,7 +232,7 @@ def adopt(service: ExecutorService) -> Adoption:
             found.left.append(run.id)
             continue
         _interrupt_calls(service.audit, run.id, found)
-        session = _session(service, run, box, engine)
+        session = _session(service, run, box, engine, hooks.base_policy(run))
         if session is None:
             box.destroy()
             _end(service.audit, run, "policy_changed", found)
@@ -213,6 +240,7 @@ def adopt(service: ExecutorService) -> Adoption:
         with contextlib.suppress(AuditError):
             service.audit.update_run_meta(run.id, {SERVER: service.instance})
         service.adopt_session(session)
+        hooks.adopted(session, run)
         found.adopted.append(run.id)
         log.info("adopted sandbox %s of client %s (run %s%s)", sandbox_id, session.client, run.id,
                  ", paused" if session.paused else "")
@@ -233,15 +261,19 @@ def _container_exists(engine: DockerEngine, sandbox_id: str) -> bool:
         return True  # cannot tell: leave the run alone
 
 
-def _session(service: ExecutorService, run: RunRecord, box: DockerSandbox,
-             engine: DockerEngine) -> ClientSession | None:
-    """The live session of an opened sandbox ``box`` of ``run``; None if the server's policy
-    no longer allows what it was created with."""
+def _session(service: ExecutorService, run: RunRecord, box: DockerSandbox, engine: DockerEngine,
+             base: Policy | None) -> ClientSession | None:
+    """The live session of an opened sandbox ``box`` of ``run``, its policy ``base`` tightened
+    by its recorded overrides; None if there is no ``base`` or it no longer allows them."""
     client = str(run.meta["client"])
+    if base is None:
+        log.warning("sandbox %s of client %s is not adopted: this server cannot make it any more (what it was "
+                    "made of is gone from its configuration); it is destroyed", box.id, client)
+        return None
     recorded = run.meta.get(OVERRIDES)
     overrides = _overrides(recorded, box.spec.env) if isinstance(recorded, Mapping) else SandboxOverrides()
     try:
-        policy = sandbox_policy(service.profiles.of(client), overrides, service.profiles.exposed(client))
+        policy = sandbox_policy(base, overrides, service.profiles.exposed(client))
     except (ServiceError, CallboxError) as refusal:
         log.warning("sandbox %s of client %s is not adopted: this server's policy refuses what it was created "
                     "with (%s); it is destroyed", box.id, client, refusal)

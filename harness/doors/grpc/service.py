@@ -163,7 +163,10 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             room=self._pool_room)
         self.approvals_by_clients = approvals_by_clients
         self.keep_sandboxes = keep_sandboxes
-        """Leave the gRPC door's sandboxes running at shutdown for the next server (:mod:`.adoption`)."""
+        """Leave the sandboxes of the ``kept_doors`` running at shutdown for the next server (:mod:`.adoption`)."""
+        self.kept_doors: set[str] = {DOOR}
+        """The doors whose sandboxes ``keep_sandboxes`` keeps: those that can adopt them again
+        (the E2B door adds itself)."""
         self.instance = adoption.new_instance()
         self.left_running: list[str] = []
         """The sandboxes ``shutdown`` left running (``keep_sandboxes``)."""
@@ -310,7 +313,8 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         try:
             if box is not None:
                 with contextlib.suppress(AuditError):
-                    kept = self.keep_sandboxes and self.audit.get_run(session.sandbox_id).meta.get("door") == DOOR
+                    kept = (self.keep_sandboxes
+                            and self.audit.get_run(session.sandbox_id).meta.get("door") in self.kept_doors)
                     if kept:
                         session.kept = adoption.keep_past_server(box, session.sandbox_id)
                     self.audit.update_run_meta(session.sandbox_id, adoption.run_meta(session, self.instance, kept))

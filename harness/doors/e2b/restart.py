@@ -1,0 +1,92 @@
+"""The E2B door's sandboxes across a server restart (``keep_sandboxes``).
+
+A keeping server leaves the E2B door's sandboxes running when it stops, like the gRPC
+door's (:mod:`harness.doors.grpc.adoption`: the engine's keep record written at creation,
+the run meta naming the container, the serving instance and the overrides). The next
+server on the same audit store adopts them with :func:`adopt_e2b` before it serves, through
+that module's :func:`~harness.doors.grpc.adoption.adopt` and the door's
+:class:`~harness.doors.grpc.adoption.DoorHooks`:
+
+* **Policy.** A sandbox's policy is its template's (``template`` in its run meta, for its
+  client: :meth:`E2bSandboxes.template`) tightened by its recorded overrides (the timeout,
+  the network, the envVars' names with their values read back from the sandbox's spec). A
+  template this server no longer has, or a policy that no longer allows those overrides:
+  the sandbox is destroyed and its run ends ``policy_changed``.
+* **What the door adds.** The template id, the metadata and the start time (``startedAt``
+  of the listing) come from the run meta; the envVars from the overrides; the timeout from
+  the engine's lifetime records (a paused sandbox stays paused, its clock standing still).
+* **The envd access token.** The audit store keeps only the SHA-256 digests of the tokens a
+  sandbox was given (:data:`~harness.doors.e2b.boxes.ENVD_TOKENS`), never a token. An
+  adopted sandbox gets a new token, which create-style answers (``connect``, the sandbox's
+  details) hand out: ``Sandbox.connect(id)`` in the SDK takes it from there. The tokens
+  handed out before stay valid, checked against their digests, so a client that still
+  holds its ``Sandbox`` object goes on without connecting again (the SDK's instance
+  ``connect()`` keeps the token it has). The new token's digest joins the record (the last
+  :data:`MAX_TOKENS`), so it outlives the next restart too.
+
+What is not carried over: the door's memory of Idempotency-Keys (a repeated create after a
+restart starts a new sandbox), and the envd requests in flight at the stop (a stopping
+server ends each, with the command or watch it streamed): the files stay, the commands
+that were running do not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+
+from harness.audit.store import AuditError, RunRecord
+from harness.core.policy import Policy
+from harness.doors.e2b.boxes import DEFAULT_TEMPLATE, DOOR, ENVD_TOKENS, E2bSandbox, E2bSandboxes, token_digest
+from harness.doors.grpc.adoption import Adoption, DoorHooks, adopt
+from harness.doors.grpc.sessions import ClientSession
+
+__all__ = ["MAX_TOKENS", "adopt_e2b", "e2b_hooks"]
+
+log = logging.getLogger("callbox.e2b")
+
+MAX_TOKENS = 16
+"""The most access-token digests a sandbox's run keeps (one per restart it lived through)."""
+
+
+def adopt_e2b(sandboxes: E2bSandboxes) -> Adoption:
+    """Adopt the E2B sandboxes earlier servers on this audit store left (see the module docstring)."""
+    return adopt(sandboxes.executor, e2b_hooks(sandboxes))
+
+
+def e2b_hooks(sandboxes: E2bSandboxes) -> DoorHooks:
+    """How the E2B door's runs are adopted into ``sandboxes``."""
+
+    def base_policy(run: RunRecord) -> Policy | None:
+        return sandboxes.template(_template_of(run), str(run.meta["client"]))
+
+    def adopted(session: ClientSession, run: RunRecord) -> None:
+        sandboxes.add_adopted(_sandbox(sandboxes, session, run))
+
+    return DoorHooks(DOOR, base_policy, adopted)
+
+
+def _template_of(run: RunRecord) -> str:
+    template = run.meta.get("template")
+    return template if isinstance(template, str) and template else DEFAULT_TEMPLATE
+
+
+def _sandbox(sandboxes: E2bSandboxes, session: ClientSession, run: RunRecord) -> E2bSandbox:
+    """The door's sandbox of an adopted ``session`` of ``run``, with a new access token."""
+    meta = run.meta
+    recorded = meta.get(ENVD_TOKENS)
+    digests = [d for d in recorded if isinstance(d, str)] if isinstance(recorded, list) else []
+    token = secrets.token_urlsafe(24)
+    digests = [*digests, token_digest(token)][-MAX_TOKENS:]
+    with contextlib.suppress(AuditError):
+        sandboxes.audit.update_run_meta(run.id, {ENVD_TOKENS: digests})
+    metadata = meta.get("metadata")
+    started = meta.get("started_at")
+    return E2bSandbox(
+        session=session, template_id=_template_of(run), access_token=token,
+        metadata={str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, dict) else {},
+        env_vars=dict(session.overrides.env),
+        started_at=float(started) if isinstance(started, int | float) else run.created,
+        token_digests=tuple(digests),
+    )
