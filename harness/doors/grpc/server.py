@@ -33,9 +33,10 @@ handle (``stop()``, ``wait()``, ``serve_forever()``). Decisions:
   and waits up to ``grace`` seconds for RPCs in flight, then every sandbox the server owns
   is destroyed and its run ended (``server_shutdown``). Expired sandboxes
   (``ttl_seconds``) are destroyed by a reaper thread while the server runs.
-* **Restarts.** With ``keep_sandboxes=True`` the gRPC door's sandboxes are left running at
-  ``stop`` instead, and a server started on the same audit store adopts them before it
-  serves (:mod:`harness.doors.grpc.adoption`).
+* **Restarts.** With ``keep_sandboxes=True`` the gRPC door's sandboxes (and those of an
+  E2B door sharing its executor) are left running at ``stop`` instead, and a server started
+  on the same audit store adopts them before it serves (:mod:`harness.doors.grpc.adoption`;
+  the E2B door adopts its own when it starts).
 """
 
 from __future__ import annotations
@@ -337,7 +338,7 @@ class GrpcServer:
 
     def stop(self, grace: float = 5.0) -> list[str]:
         """Stop serving and destroy every sandbox this server owns (with ``keep_sandboxes``,
-        those of the E2B door only: the rest are left running); the ids destroyed. Idempotent."""
+        the kept ones are left running: ``service.left_running``); the ids destroyed. Idempotent."""
         with self._stop_lock:
             if self._stopped.is_set():
                 return []
