@@ -109,6 +109,11 @@ def _serve(args: argparse.Namespace) -> int:
         configure_logging(args.server_config.log)
     else:
         log.setLevel(logging.INFO)  # the server's own lines, as "callbox: ..." on stderr
+    telemetry = args.server_config.telemetry if args.server_config is not None else None
+    if telemetry is not None and telemetry.otlp_endpoint:
+        from harness.telemetry import tracing
+
+        tracing.configure(telemetry.otlp_endpoint, service_name=telemetry.service_name)
     if args.grpc is None and args.mcp_http is None and args.e2b is None:
         raise UsageError("give --grpc [ADDR], --mcp-http HOST:PORT and/or --e2b HOST:PORT, or --config FILE")
     stop = threading.Event()
@@ -154,6 +159,9 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         for server in reversed(servers):
             server.stop()
+        from harness.telemetry import tracing
+
+        tracing.shutdown()  # the spans of the last calls are sent before the process ends
     return 0
 
 
@@ -228,9 +236,12 @@ def _start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
             from harness.audit.store import AuditStore
             from harness.doors.grpc.server import announce_token
             from harness.doors.grpc.tokens import server_tokens
+            from harness.telemetry import metrics
 
+            audit = AuditStore(args.audit_db)
+            metrics.watch_approvals(str(audit.path), audit)
             http_server = serve_http(args.http, tokens=server_tokens(args.token_file, announce=announce_token),
-                                     executor=None, audit=AuditStore(args.audit_db), close_audit=True,
+                                     executor=None, audit=audit, close_audit=True,
                                      insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key)
         servers.append(http_server)  # last: stopped first
         log.info("HTTP endpoint (/metrics, /healthz, console) on %s", http_server.url)

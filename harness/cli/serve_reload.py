@@ -3,11 +3,12 @@
 The file is read and checked exactly as at start; a file with a problem is refused and the
 running configuration stays. The sandbox limits (``limits.max_sandboxes``,
 ``limits.max_per_client``) apply at once to every door's executor: a client over a lowered
-limit keeps its sandboxes and may create none until it is under it again. ``[log]`` applies
-at once too. A change of any other setting (a door's address, TLS, the token file, the
-policy, the audit store, ``[http]`` listen, ``[service]``, ``[telemetry]``, ``[pool]``,
-``[runtime]``) cannot apply to a running door: it is reported as waiting for a restart and
-not applied, so the server never runs half of a new configuration without saying so.
+limit keeps its sandboxes and may create none until it is under it again. ``[log]`` and
+``[telemetry]`` apply at once too (spans already taken are sent to the old endpoint). A
+change of any other setting (a door's address, TLS, the token file, the policy, the audit
+store, ``[http]`` listen, ``[service]``, ``[pool]``, ``[runtime]``) cannot apply to a
+running door: it is reported as waiting for a restart and not applied, so the server never
+runs half of a new configuration without saying so.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from harness.cli.server_config import SETTINGS, apply_config
 LIVE = ("max_per_client", "max_sandboxes")
 """Settings a reload applies to the running doors; every other one waits for a restart."""
 
-LIVE_SECTIONS = ("log",)
+LIVE_SECTIONS = ("log", "telemetry")
 """Tables of the file (beyond :data:`SETTINGS`) a reload applies at once."""
-RESTART_SECTIONS = ("service", "telemetry", "pool", "runtime")
+RESTART_SECTIONS = ("service", "pool", "runtime")
 """Tables of the file whose change waits for a restart."""
 
 
@@ -84,6 +85,10 @@ def _sections(running: argparse.Namespace, fresh: argparse.Namespace) -> list[st
             notes.append(f"[{section}]: changed, applied")
     if "log" in update:
         configure_logging(after.log)
+    if "telemetry" in update:
+        from harness.telemetry import tracing
+
+        tracing.configure(after.telemetry.otlp_endpoint, service_name=after.telemetry.service_name)
     for section in RESTART_SECTIONS:
         if getattr(before, section) != getattr(after, section):
             notes.append(f"[{section}]: changed; takes effect when the server restarts")

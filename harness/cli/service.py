@@ -8,8 +8,9 @@ default) or destroys them. Its hardening is what does not conflict with driving 
 the server runs as root, because it talks to the Docker socket and, for networked
 sandboxes, changes the host's packet filter; systemd keeps it from gaining privileges,
 writing the system's files or homes, and reaching kernel modules, logs and the clock. Its
-state (audit store, default tokens, snapshots) lives in ``/var/lib/callbox``, its cache (agent bundles) in ``/var/cache/callbox``, and a
-``[log] file`` may go in ``/var/log/callbox`` (made 0700 for it).
+state (audit store, default tokens, snapshots) lives in ``/var/lib/callbox``, its cache
+(agent bundles) in ``/var/cache/callbox``, and a ``[log] file`` may go in
+``/var/log/callbox`` (made 0700 for it).
 
 Not set, and why: ``PrivateTmp`` (policy mounts under the host's ``/tmp`` would vanish from
 the server's view and be refused), ``ProtectKernelTunables`` (iptables works through
