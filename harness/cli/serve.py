@@ -152,8 +152,8 @@ def _serve(args: argparse.Namespace) -> int:
                 _reload(command_line, args, servers)
         notify("STOPPING=1")
         if args.server_config is not None and args.server_config.service.keep_sandboxes:
-            log.info("stopping; the live gRPC sandboxes stay for the next start to adopt "
-                     "(E2B and MCP sandboxes are destroyed)")
+            log.info("stopping; the live gRPC and E2B sandboxes stay for the next start to adopt "
+                     "(MCP sandboxes are destroyed)")
         else:
             log.info("stopping; destroying the sandboxes this server owns")
     finally:
@@ -221,6 +221,7 @@ def _start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
                 tls_key=args.tls_key, policy=served_policy(args.policy, args.server_config),
                 audit=AuditStore(args.audit_db),
                 max_sandboxes_per_client=args.max_per_client, max_sandboxes_total=args.max_sandboxes,
+                keep_sandboxes=args.server_config is not None and args.server_config.service.keep_sandboxes,
             )
         servers.append(e2b_server)
         log.info("E2B API on %s", e2b_server.url)
