@@ -102,16 +102,16 @@ def _set(exporting: Any, record: Callable[..., None]) -> None:
 
 
 def add_telemetry_rows(data: dict[str, list[float]], add: Callable[..., None]) -> None:
-    """Rows 20a-20b (``add`` takes ``Row``'s arguments)."""
+    """Rows 21a-21b (``add`` takes ``Row``'s arguments)."""
     if "telemetry_on" not in data:
         return
     on, metrics_only, off = data["telemetry_on"], data["telemetry_metrics"], data["telemetry_off"]
     factor = TARGET_TELEMETRY_FACTOR
     on_factor, metrics_factor = p50(on) / p50(off), p50(metrics_only) / p50(off)
-    add("20a. harness overhead per call, metrics + tracing on (batch exporter, spans dropped)", "time", on,
+    add("21a. harness overhead per call, metrics + tracing on (batch exporter, spans dropped)", "time", on,
         "the same call, metrics and tracing off (interleaved)", off,
         f"p50 ≤ {factor:g}{TIMES} baseline (on/off: {on_factor:.3f}{TIMES})", lambda r: on_factor <= factor,
         extra={"on_off": on_factor})
-    add("20b. harness overhead per call, metrics on, tracing off (the default)", "time", metrics_only,
+    add("21b. harness overhead per call, metrics on, tracing off (the default)", "time", metrics_only,
         "the same call, metrics and tracing off (interleaved)", off,
         f"— (info; on/off: {metrics_factor:.3f}{TIMES})", extra={"on_off": metrics_factor})
