@@ -323,9 +323,9 @@ class QuotaKeeper:
         metrics.record_quota_refusal(client, "concurrent_calls", door)
         raise QuotaExceeded(client=client, quota="concurrent_calls", limit=limit, used=held, door=door,
                             frees_in_s=None, retry_after_s=CALL_RETRY_S,
-                            message=f"client {client!r} has {held} requests in flight at the {door} door, the most "
-                                    f"one client may have there at once ({limit}, so that other clients are served "
-                                    "too); it frees up when one of them ends")
+                            message=f"client {client!r} has {held} requests in flight at the {door} door (quota "
+                                    f"concurrent_calls = {limit}: one client's share of the door, so that other "
+                                    "clients are served too); it frees up when one of them ends")
 
     def leave(self, client: str, *, door: str) -> None:
         """A request that :meth:`enter` let in has ended."""

@@ -193,7 +193,7 @@ def test_fair_share_bounds_requests_in_flight_per_client_and_door() -> None:
     with pytest.raises(QuotaExceeded) as refused:
         keeper.enter("alice", door="grpc", share=2)
     assert refused.value.quota == "concurrent_calls" and refused.value.retry_after_s == CALL_RETRY_S
-    assert "when one of them ends" in refused.value.message
+    assert "when one of them ends" in refused.value.message and "concurrent_calls = 2" in refused.value.message
     keeper.enter("alice", door="e2b", share=2)  # another door's threads
     keeper.enter("bob", door="grpc", share=2)
     keeper.leave("alice", door="grpc")

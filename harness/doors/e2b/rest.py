@@ -81,7 +81,7 @@ def _answering(handler: Handler) -> Handler:
             return handler(request, client)
         except E2bError as error:
             headers = [("should-retry", "false")] if error.status == 429 else []
-            return json_response(error.status, error.rest_body(), headers)
+            return json_response(error.status, error.rest_body(), [*headers, *error.headers()])
 
     return answer
 

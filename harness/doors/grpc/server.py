@@ -15,9 +15,11 @@ handle (``stop()``, ``wait()``, ``serve_forever()``). Decisions:
   the network in clear text). ``tls_cert`` + ``tls_key`` (PEM files) serve TLS on either
   kind of address.
 * **Fairness and quotas.** Each client may have at most a quarter of the server's
-  ``max_workers`` threads busy with its RPCs at once (its ``concurrent_calls`` quota when
-  lower); one more is RESOURCE_EXHAUSTED at once, so one client's flood leaves threads to
-  the others. The quotas of :mod:`harness.doors.quota_ledger` apply to CreateSandbox,
+  ``max_workers`` threads busy with its long RPCs at once (streamed ones such as CallTool,
+  and CreateSandbox, Fork, Snapshot; its ``concurrent_calls`` quota when lower); one more is
+  RESOURCE_EXHAUSTED at once, so one client's flood leaves threads to the others. Quick
+  unary RPCs (DeleteSandbox, GetStatus, ...) are not counted: a client at its share can
+  still delete a sandbox or cancel. The quotas of :mod:`harness.doors.quota_ledger` apply to CreateSandbox,
   Fork and CallTool.
 * **Auth.** A server interceptor checks ``authorization: Bearer TOKEN`` on every RPC except
   the standard health service (so probes such as ``grpc_health_probe`` work without a
@@ -95,6 +97,10 @@ EXECUTOR_SERVICE = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_nam
 SANDBOXES_SERVICE = sandboxes_pb2.DESCRIPTOR.services_by_name["Sandboxes"].full_name
 _SUN_PATH_MAX = 107
 _UNAUTHENTICATED_EXEMPT = (f"/{health.SERVICE_NAME}/",)
+_LONG_UNARY = frozenset({f"/{EXECUTOR_SERVICE}/CreateSandbox", f"/{SANDBOXES_SERVICE}/Fork",
+                         f"/{SANDBOXES_SERVICE}/Snapshot"})
+"""The unary RPCs that hold a thread for long (a sandbox start, a snapshot): counted in a
+client's share like the streamed ones (the other unary RPCs are quick and always served)."""
 
 
 class ServeError(CallboxError):
@@ -198,6 +204,8 @@ class _AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             handler = continuation(handler_call_details)
             if handler is None or self.quotas is None:
                 return handler
+            if not (handler.request_streaming or handler.response_streaming or method in _LONG_UNARY):
+                return handler  # quick: never kept from a client, even one at its share (DeleteSandbox)
             return _fair(handler, client, self.quotas, self.share)
         if token is None:
             message = (f"this request carries no bearer token; send the metadata 'authorization: Bearer TOKEN' "

@@ -1,12 +1,24 @@
 """The MCP door over streamable HTTP (``callbox serve --mcp-http ADDR``): one MCP session,
 and sandbox, per ``Mcp-Session-Id`` on ``/mcp``; the ASGI app, binding, and the server
 thread or foreground process.
+
+Auth: given the server's tokens (the token file the gRPC and E2B doors use), every request
+must carry ``Authorization: Bearer TOKEN``, on loopback too, as every other door of such a
+server asks; a missing or unknown token is HTTP 401 with ``WWW-Authenticate: Bearer`` and
+a JSON body saying what is wrong. The token's client name owns the sessions it opens (a
+request for another client's session is refused), is served with that client's policy,
+and is counted in that client's quotas. Without tokens (``callbox serve --mcp-http`` with no
+token file: a developer's machine) the door stays open as before, every session the client
+``local``, and only on loopback unless ``insecure``: there it is reachable only from this
+machine, and DNS-rebinding protection keeps browsers' pages out. Bearer tokens over plain
+HTTP off loopback are still refused without ``insecure`` (the door has no TLS).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import logging
 import signal
 import socket
@@ -27,9 +39,12 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from harness.core.errors import CallboxError, UsageError
+from harness.doors.grpc.tokens import TokenSet
 from harness.doors.mcp.process import log_to_stderr, terminate_ignored
-from harness.doors.mcp.protocol import build_mcp_server
+from harness.doors.mcp.protocol import CLIENT_SCOPE_KEY, build_mcp_server
 from harness.doors.mcp.service import McpToolService
+from harness.doors.profiles import PolicySource
+from harness.doors.quota_ledger import QuotaKeeper
 
 __all__ = [
     "DEFAULT_HOST",
@@ -88,7 +103,7 @@ def _is_loopback(host: str) -> bool:
 
 def mcp_http_app(
     service: McpToolService, *, host: str = DEFAULT_HOST, idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
-    max_sessions: int | None = DEFAULT_MAX_SESSIONS,
+    max_sessions: int | None = DEFAULT_MAX_SESSIONS, tokens: TokenSet | None = None,
 ) -> Starlette:
     """The ASGI app: streamable HTTP on ``/mcp``, one MCP session (and sandbox) per
     ``Mcp-Session-Id``. On a loopback host, requests whose Host/Origin is not loopback get
@@ -114,7 +129,35 @@ def mcp_http_app(
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(service.close_sessions)
 
-    return Starlette(routes=[Route(MCP_PATH, endpoint=StreamableHTTPASGIApp(manager))], lifespan=lifespan)
+    endpoint: Any = StreamableHTTPASGIApp(manager)
+    if tokens is not None:
+        endpoint = _BearerAuth(endpoint, tokens)
+    return Starlette(routes=[Route(MCP_PATH, endpoint=endpoint)], lifespan=lifespan)
+
+
+class _BearerAuth:
+    """ASGI: lets through only requests with a bearer token of ``tokens``, the token's client
+    name in the scope (:data:`~harness.doors.mcp.protocol.CLIENT_SCOPE_KEY`); 401 otherwise."""
+
+    def __init__(self, app: Any, tokens: TokenSet) -> None:
+        self.app = app
+        self.tokens = tokens
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope.get("headers", [])}
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        client = self.tokens.lookup(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+        if client is not None:
+            scope[CLIENT_SCOPE_KEY] = client
+            await self.app(scope, receive, send)
+            return
+        message = ("this server's MCP door needs 'Authorization: Bearer TOKEN' with a token of its token file"
+                   if "authorization" not in headers else "the bearer token is not valid for this server")
+        body = json.dumps({"error": "unauthorized", "message": message}).encode()
+        await send({"type": "http.response.start", "status": 401, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"www-authenticate", b'Bearer realm="callbox"')]})
+        await send({"type": "http.response.body", "body": body})
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -142,11 +185,13 @@ def _uvicorn_server(app: Starlette) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-def _check_host(host: str, insecure: bool) -> None:
+def _check_host(host: str, insecure: bool, tokens: TokenSet | None = None) -> None:
     if not _is_loopback(host) and not insecure:
+        why = ("bearer tokens would cross the network in clear text (this door has no TLS)" if tokens is not None
+               else "without a token file the MCP door has no authentication, so anyone who can reach it can run "
+                    "commands in sandboxes")
         raise UsageError(
-            f"refusing to serve MCP over HTTP on {host}: the MCP door has no authentication, so anyone who "
-            "can reach it can run commands in sandboxes; listen on 127.0.0.1 (the default) and tunnel, or "
+            f"refusing to serve MCP over HTTP on {host}: {why}; listen on 127.0.0.1 (the default) and tunnel, or "
             "pass insecure=True (--insecure) on a trusted network"
         )
 
@@ -202,19 +247,23 @@ class McpHttpServer:
 def serve_mcp_http(
     addr: str = f"{DEFAULT_HOST}:0", *, policy_path: Path | None = None, audit_path: Path | None = None,
     idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S, max_sessions: int | None = DEFAULT_MAX_SESSIONS,
-    insecure: bool = False, service: McpToolService | None = None,
+    insecure: bool = False, service: McpToolService | None = None, tokens: TokenSet | None = None,
+    quotas: QuotaKeeper | None = None, policies: PolicySource | None = None,
 ) -> McpHttpServer:
     """Start streamable HTTP MCP on ``addr`` in a background thread; returns the running
-    server (``.url``, ``.port``, ``.stop()``). Port 0 picks a free port."""
+    server (``.url``, ``.port``, ``.stop()``). Port 0 picks a free port. ``tokens``: require
+    a bearer token of them (see the module docstring); ``quotas`` and ``policies``: as for
+    the gRPC door (for a service made here)."""
     host, port = parse_addr(addr)
-    _check_host(host, insecure)
+    _check_host(host, insecure, tokens)
     sock = _bind(host, port)
     try:
-        service = service or McpToolService.open(policy_path=policy_path, audit_path=audit_path)
+        service = service or McpToolService.open(policy_path=policy_path, audit_path=audit_path, quotas=quotas,
+                                                 policies=policies)
     except BaseException:
         sock.close()
         raise
-    app = mcp_http_app(service, host=host, idle_timeout_s=idle_timeout_s, max_sessions=max_sessions)
+    app = mcp_http_app(service, host=host, idle_timeout_s=idle_timeout_s, max_sessions=max_sessions, tokens=tokens)
     handle = McpHttpServer(service, _uvicorn_server(app), sock, host)
     handle.start()
     log.info("MCP server listening on %s", handle.url)

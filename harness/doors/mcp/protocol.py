@@ -17,14 +17,15 @@ from mcp.server.connection import Connection
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, UNSUPPORTED_PROTOCOL_VERSION
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, UNSUPPORTED_PROTOCOL_VERSION
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from harness.core.calls import ErrorCode, ToolResult
 from harness.core.errors import SessionClosed
 from harness.core.formats import result_item
 from harness.doors.mcp.progress import OutputPump, progress_requested
-from harness.doors.mcp.service import McpSession, McpToolService, SessionSlot
+from harness.doors.mcp.service import LOCAL_CLIENT, McpSession, McpToolService, SessionSlot
+from harness.doors.quota_ledger import QuotaExceeded, fair_share
 from harness.engine.cancel import CallScope
 from harness.engine.spec import SandboxSpec
 from harness.telemetry import tracing
@@ -43,7 +44,10 @@ log = logging.getLogger("callbox.mcp")
 SERVER_NAME = "callbox"
 """Concurrent HTTP sessions (each may hold a sandbox); one more gets HTTP 503."""
 DEFAULT_MAX_CONCURRENT_CALLS = 64
-"""Tool calls running at once across all sessions (each holds a worker thread)."""
+"""Tool calls running at once across all sessions (each holds a worker thread); one client may
+run a quarter of them at once, one more is an error result (``concurrent_calls``)."""
+CLIENT_SCOPE_KEY = "callbox.client"
+"""The ASGI scope key where the HTTP transport puts the client name of the request's token."""
 GRACEFUL_SHUTDOWN_S = 5.0
 """On shutdown, how long open HTTP streams get before they are closed and sessions end."""
 
@@ -135,18 +139,22 @@ class _McpProtocol:
             if self._process_slot is None:
                 self._process_slot = self.service.new_slot(self._meta(ctx))
             return self._process_slot
+        client = client_of(ctx)
         connection = _connection_of(ctx)
         slot = connection.state.get("callbox.session")
         if not isinstance(slot, SessionSlot):
-            slot = self.service.new_slot(self._meta(ctx, mcp_session_id=connection.session_id))
+            slot = self.service.new_slot(self._meta(ctx, mcp_session_id=connection.session_id), client)
             connection.state["callbox.session"] = slot
             connection.exit_stack.push_async_callback(_close_slot, slot)
+        elif slot.client != client:
+            raise MCPError(code=INVALID_REQUEST, message="this MCP session belongs to another client's token; "
+                           "start a session of your own (initialize)")
         return slot
 
     async def list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        tools = [types.Tool.model_validate(d) for d in self.service.tool_definitions()]
+        tools = [types.Tool.model_validate(d) for d in self.service.tool_definitions(client_of(ctx))]
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(
@@ -174,6 +182,10 @@ class _McpProtocol:
                                       on_output=pump.push if pump is not None else None, scope=scope)
             return result, session
 
+        try:  # the client's share of the call threads (the limiter's), so others always find some
+            self.service.quotas.enter(slot.client, door="mcp", share=fair_share(DEFAULT_MAX_CONCURRENT_CALLS))
+        except QuotaExceeded as refusal:
+            return _refused(refusal)
         try:
             if pump is None:
                 result, session = await anyio.to_thread.run_sync(run, abandon_on_cancel=True, limiter=self._limiter)
@@ -186,13 +198,17 @@ class _McpProtocol:
                 await pump.report(ctx, final=True)
         except SessionClosed as ended:
             raise MCPError(code=INTERNAL_ERROR, message=ended.message) from None
+        except QuotaExceeded as refusal:
+            return _refused(refusal)
         except anyio.get_cancelled_exc_class():
             # The client cancelled the request or went away: the worker thread is abandoned,
             # so stop what it started in the sandbox.
             scope.cancel()
             raise
+        finally:
+            self.service.quotas.leave(slot.client, door="mcp")
         if result.error in (ErrorCode.UNKNOWN_TOOL, ErrorCode.TOOL_NOT_ALLOWED):
-            available = ", ".join(self.service.exposed()) or "none"
+            available = ", ".join(self.service.exposed(slot.client)) or "none"
             raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {name}; the available tools are: {available}")
         return self._shape(result, session)
 
@@ -242,6 +258,25 @@ class _McpProtocol:
                 data={"supported": list(HANDSHAKE_PROTOCOL_VERSIONS), "requested": ctx.protocol_version},
             )
         return await call_next(ctx)
+
+
+def client_of(ctx: ServerRequestContext[Any, Any]) -> str:
+    """The client name of the request's bearer token, which the HTTP transport's auth put in
+    the ASGI scope (:data:`CLIENT_SCOPE_KEY`); :data:`LOCAL_CLIENT` without one (stdio)."""
+    scope = getattr(ctx.request, "scope", None)
+    client = scope.get(CLIENT_SCOPE_KEY) if isinstance(scope, dict) else None
+    return client if isinstance(client, str) else LOCAL_CLIENT
+
+
+def _refused(refusal: QuotaExceeded) -> types.CallToolResult:
+    """A call the client's quota refused: a tool failure the model reads (nothing ran, nothing
+    was recorded), naming the quota and when it frees up."""
+    return types.CallToolResult.model_validate({
+        "content": [{"type": "text", "text": refusal.message}],
+        "isError": True,
+        "_meta": {f"{_META}error": "quota_exceeded", f"{_META}quota": refusal.quota,
+                  f"{_META}retry_after_s": refusal.retry_after},
+    })
 
 
 async def _close_slot(slot: SessionSlot) -> None:

@@ -2,6 +2,12 @@
 (:class:`McpToolService`), one MCP session and its run (:class:`McpSession`), and where a
 session will live until its first call (:class:`SessionSlot`). Transports and protocol
 handlers reach the tools only through these.
+
+Each session belongs to a client (the name of its bearer token over HTTP, :data:`LOCAL_CLIENT`
+otherwise), served with that client's policy and counted in its quotas
+(:mod:`harness.doors.quota_ledger`): each call is one of its ``calls_per_minute``, and the
+session's sandbox one of its live sandboxes from the first call (which may start it) until
+the session ends; a call that started no sandbox gives its place back.
 """
 
 from __future__ import annotations
@@ -21,14 +27,19 @@ from harness.core.policy import Policy, load_policy
 from harness.core.registry import ToolRegistry
 from harness.core.session import Session
 from harness.core.shared_engine import SharedEngine
+from harness.doors.profiles import ClientPolicies, PolicySource
+from harness.doors.quota_ledger import QuotaKeeper, Reservation
 from harness.engine.cancel import CallScope
 from harness.engine.docker import teardown
 from harness.engine.spec import SandboxSpec
 from harness.tools import registry_for
 
-__all__ = ["McpSession", "McpToolService", "SessionSlot"]
+__all__ = ["LOCAL_CLIENT", "McpSession", "McpToolService", "SessionSlot"]
 
 log = logging.getLogger("callbox.mcp")
+
+LOCAL_CLIENT = "local"
+"""The client name of a session without a bearer token (stdio; HTTP on a server without tokens)."""
 
 class McpSession:
     """One MCP session: its own run in the audit store, its own (lazily started) sandbox.
@@ -37,12 +48,20 @@ class McpSession:
     a client may have several calls in flight in one session.
     """
 
-    def __init__(self, service: McpToolService, meta: dict[str, Any]) -> None:
+    def __init__(self, service: McpToolService, meta: dict[str, Any], client: str = LOCAL_CLIENT) -> None:
         extra: dict[str, Any] = {}
         if service.engine_factory is not None:
             extra["engine_factory"] = service.engine_factory
-        self.harness = Session(service.registry, service.policy, service.audit, spec=service.spec, door="mcp",
-                               **extra)
+        policy = service.policy_for(client)
+        spec = service.spec if policy is service.policy else policy.sandbox_spec()
+        self.harness = Session(service.registry, policy, service.audit, spec=spec, door="mcp", **extra)
+        self.client = client
+        """The client name of the session's bearer token (``local`` without tokens)."""
+        self._quotas = service.quotas
+        self._reservation: Reservation | None = None
+        """The sandbox's place in the client's quotas: taken by a call while there is no
+        sandbox yet, given back if no sandbox came of it, or when the session ends."""
+        self._in_flight = 0
         self.run_id = self.harness.run_id
         self._audit = service.audit
         self._lock = threading.Lock()
@@ -50,7 +69,7 @@ class McpSession:
         self._awaiting: dict[tuple[str, str], str] = {}
         """(tool, arguments digest) -> call id of a call waiting for (or just given) approval."""
         self._closed = False
-        service.audit.update_run_meta(self.run_id, {"door": "mcp", **meta})
+        service.audit.update_run_meta(self.run_id, {"door": "mcp", "owner": client, **meta})
         log.info("MCP session started: run %s %s", self.run_id, meta)
 
     @property
@@ -64,23 +83,44 @@ class McpSession:
     ) -> ToolResult:
         """Run one ``tools/call``; see the module docstring for how the call id is chosen.
         ``scope.cancel()``, from any thread, cancels the call's agent RPCs (killing its
-        processes in the sandbox)."""
+        processes in the sandbox). QuotaExceeded when the client's quotas refuse the call, or
+        the sandbox it may start (before anything is recorded)."""
         key = (name, arguments_digest(arguments))
         with self._lock:
             if self._closed:
                 raise SessionClosed("this MCP session has ended")
+            self._quotas.start_call(self.client, door="mcp")
+            if self.harness.active_sandbox is None and self._reservation is None:
+                spec = self.harness.spec
+                self._reservation = self._quotas.reserve_sandbox(self.client, cpus=spec.cpus, memory=spec.memory,
+                                                                 door="mcp")
             if call_id is None:
                 call_id = self._awaiting.get(key)
             if call_id is None:
                 self._seq += 1
                 call_id = f"mcp-{self._seq:06d}"
-        result = self.harness.call(ToolCall(name, arguments, call_id), on_output=on_output, scope=scope)
+            self._in_flight += 1
+        try:
+            result = self.harness.call(ToolCall(name, arguments, call_id), on_output=on_output, scope=scope)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                if not self._in_flight and self.harness.active_sandbox is None:
+                    self._give_back(refund=True)
         with self._lock:
             if result.error is ErrorCode.APPROVAL_PENDING:
                 self._awaiting[key] = call_id
             elif self._awaiting.get(key) == call_id:
                 del self._awaiting[key]
         return result
+
+    def _give_back(self, *, refund: bool = False) -> None:
+        """Free the reservation (``refund``: no sandbox came of it, so not in the hour either)."""
+        reservation, self._reservation = self._reservation, None
+        if reservation is not None:
+            reservation.release()
+            if refund:
+                reservation.refund()
 
     def close(self) -> None:
         """Destroy the sandbox (if one was started) and end the run; idempotent."""
@@ -92,6 +132,8 @@ class McpSession:
         try:
             self.harness.close()  # cancels the calls still running first
         finally:
+            with self._lock:
+                self._give_back()
             with contextlib.suppress(CallboxError):
                 self._audit.end_run(self.run_id, "mcp_session_ended")
             log.info("MCP session ended: run %s, sandbox %s destroyed", self.run_id, sandbox_id or "(none)")
@@ -101,9 +143,10 @@ class SessionSlot:
     """Where a session will live: created on the event loop without I/O, the session itself
     (an audit run) on the first tool call, from a worker thread."""
 
-    def __init__(self, service: McpToolService, meta: dict[str, Any]) -> None:
+    def __init__(self, service: McpToolService, meta: dict[str, Any], client: str = LOCAL_CLIENT) -> None:
         self._service = service
         self._meta = meta
+        self.client = client
         self._lock = threading.Lock()
         self._session: McpSession | None = None
         self._closed = False
@@ -113,7 +156,7 @@ class SessionSlot:
             if self._closed:
                 raise SessionClosed("this MCP session has ended")
             if self._session is None:
-                self._session = McpSession(self._service, self._meta)
+                self._session = McpSession(self._service, self._meta, self.client)
             return self._session
 
     @property
@@ -142,11 +185,16 @@ class McpToolService:
     def __init__(
         self, registry: ToolRegistry, policy: Policy, audit: AuditStore, *, spec: SandboxSpec | None = None,
         engine_factory: Callable[[], Any] | None = None, owns_audit: bool = False,
+        quotas: QuotaKeeper | None = None, policies: PolicySource | None = None,
     ) -> None:
         policy.check_tools(t.definition for t in registry.tools())
         self.registry = registry
         self.policy = policy
         self.audit = audit
+        self.quotas = quotas or QuotaKeeper()
+        """Every client's quotas (shared with the server's other doors)."""
+        self.profiles = ClientPolicies(policy, registry, policies)
+        """The policy each client's sessions are served with (its profile's, or ``policy``)."""
         self.spec = spec if spec is not None else policy.sandbox_spec()
         self.shared_engine: SharedEngine | None = None
         """The engine every session shares when the policy has ``[pool]`` (and none was given)."""
@@ -160,7 +208,8 @@ class McpToolService:
         self._closed = False
 
     @classmethod
-    def open(cls, *, policy_path: Path | None = None, audit_path: Path | None = None) -> McpToolService:
+    def open(cls, *, policy_path: Path | None = None, audit_path: Path | None = None,
+             quotas: QuotaKeeper | None = None, policies: PolicySource | None = None) -> McpToolService:
         """The built-in tools and those the policy declares, under the policy at ``policy_path`` (default: the packaged
         default policy), auditing to ``audit_path`` (default $CALLBOX_AUDIT_DB or the state
         dir). A bad policy raises PolicyError (exit code 2) before anything is served."""
@@ -168,25 +217,29 @@ class McpToolService:
         registry = registry_for(policy)
         audit = AuditStore(audit_path)
         try:
-            return cls(registry, policy, audit, owns_audit=True)
+            return cls(registry, policy, audit, owns_audit=True, quotas=quotas, policies=policies)
         except BaseException:
             audit.close()
             raise
 
     # ---- what clients see
 
-    def exposed(self) -> list[str]:
-        return self.registry.exposed_names(self.policy)
+    def policy_for(self, client: str) -> Policy:
+        """The policy ``client``'s sessions are served with."""
+        return self.profiles.of(client)
 
-    def tool_definitions(self) -> list[dict[str, Any]]:
-        """The exposed tools in MCP's ``Tool`` shape (name, description, inputSchema, annotations)."""
+    def exposed(self, client: str = LOCAL_CLIENT) -> list[str]:
+        return self.profiles.exposed(client)
+
+    def tool_definitions(self, client: str = LOCAL_CLIENT) -> list[dict[str, Any]]:
+        """The tools ``client`` is shown, in MCP's ``Tool`` shape (name, description, inputSchema, annotations)."""
         return [tool_definition(self.registry.get(name).definition, "mcp")  # type: ignore[union-attr]
-                for name in self.exposed()]
+                for name in self.exposed(client)]
 
     # ---- sessions
 
-    def new_slot(self, meta: dict[str, Any]) -> SessionSlot:
-        slot = SessionSlot(self, meta)
+    def new_slot(self, meta: dict[str, Any], client: str = LOCAL_CLIENT) -> SessionSlot:
+        slot = SessionSlot(self, meta, client)
         with self._lock:
             if self._closed:
                 raise SessionClosed("the MCP server is shutting down")
