@@ -3,7 +3,7 @@
 A server may map clients to profiles, each with a policy of its own (its tools, decisions
 and sandbox settings). Every door asks :class:`ClientPolicies` for the policy of a client's
 new sandbox or session, and for the tools that client is shown. The resolver
-(``client name -> Policy``) is the server configuration's; the policy it returns is
+(``client name -> Policy``, None for the door's default) is the server configuration's; the policy it returns is
 checked against the door's tool registry the first time it is seen (a profile's policy may
 not name tools the server lacks) and then kept, so a lookup is a dictionary read.
 
@@ -21,7 +21,8 @@ from harness.core.registry import ToolRegistry
 
 __all__ = ["ClientPolicies", "PolicySource"]
 
-PolicySource = Callable[[str], Policy]
+PolicySource = Callable[[str], Policy | None]
+"""A client name -> its policy, or None for the door's own (the server's) policy."""
 
 
 class ClientPolicies:
@@ -52,7 +53,7 @@ class ClientPolicies:
             resolve = self._resolve
         if found is not None:
             return found
-        policy = self.default if resolve is None else resolve(client)
+        policy = (resolve(client) if resolve is not None else None) or self.default
         self._exposed(policy)
         with self._lock:
             self._by_client[client] = policy

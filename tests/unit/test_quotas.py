@@ -336,3 +336,43 @@ def test_client_policies_serve_a_profile_policy_checked_against_the_registry() -
     with pytest.raises(PolicyError):
         policies.of("alice")
     assert ClientPolicies(default, registry).of("anyone") is default
+
+
+def test_serve_wiring_from_a_configuration_file_and_its_reload(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from harness.cli.serve_quotas import apply_live, door_quotas, profile_policies
+
+    (tmp_path / "ci.toml").write_text('[tools.shell]\ndecision = "deny"\n')
+    text = textwrap.dedent("""
+        [doors.grpc]
+        listen = ""
+        [quotas]
+        calls_per_minute = 2
+        [profiles.ci]
+        policy = "ci.toml"
+        [profiles.ci.quotas]
+        live_sandboxes = 1
+        [clients.builder]
+        profile = "ci"
+    """)
+    config = parse_config(text, source="test", base=tmp_path)
+    keeper = door_quotas(config, max_per_client=3)
+    keeper.reserve_sandbox("builder", door="grpc")
+    with pytest.raises(QuotaExceeded):
+        keeper.reserve_sandbox("builder", door="grpc")
+    assert keeper.limits("anyone").live_sandboxes == 3  # the flag over limits.max_per_client
+    policies = profile_policies(config)
+    assert policies is not None and policies("anyone") is None
+    ci = policies("builder")
+    assert ci is not None and ci.tools["shell"].decision == "deny"
+    assert door_quotas(None).limits("anyone") == Quotas() and profile_policies(None) is None
+
+    default = parse_policy("")
+    served = ClientPolicies(default, builtin_registry(), policies)
+    assert served.of("builder") is ci and served.of("anyone") is default
+    lowered = parse_config(text.replace("calls_per_minute = 2", "calls_per_minute = 1")
+                           .replace('policy = "ci.toml"\n', ""), source="test", base=tmp_path)
+    notes = apply_live([SimpleNamespace(service=SimpleNamespace(quotas=keeper, profiles=served))], lowered)
+    assert notes and keeper.limits("anyone").calls_per_minute == 1
+    assert served.of("builder") is default  # the profile lost its policy: the door's own
