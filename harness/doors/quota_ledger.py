@@ -33,8 +33,8 @@ its. So each client may hold at most a *share* of a door's threads at once (the 
 lower); one more is refused at once (``concurrent_calls``, frees up when one of them ends)
 instead of queued. Until four clients flood one door together, another client always finds
 a free thread. Only what holds a thread for long counts (the gRPC door's streamed RPCs and
-its sandbox creates, forks and snapshots; every E2B request, since its workers also carry
-envd streams; MCP tool calls): quick requests such as deleting a sandbox are always served.
+its sandbox creates, forks and snapshots; the E2B door's creates, envd streams and file
+transfers; MCP tool calls): quick requests such as deleting a sandbox are always served.
 The other shared things need no share of their own: the executor's call
 workers start a thread per call with no bound (:mod:`harness.doors.grpc.workers`), the
 engine takes creates as they come, and a client's creates are bounded by its

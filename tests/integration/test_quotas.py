@@ -191,14 +191,14 @@ def test_grpc_flood_of_one_client_leaves_the_threads_to_another(engine: Any, sho
 
 
 @contextlib.contextmanager
-def _e2b(engine: Any, keeper: QuotaKeeper) -> Iterator[str]:
+def _e2b(engine: Any, keeper: QuotaKeeper, **options: Any) -> Iterator[str]:
     state = Path(tempfile.mkdtemp(prefix="cbx-q-e2b-"))
     docker_engine = DockerEngine(engine.client, reap_on_start=False, snapshot_dir=state / "snapshots")
     audit = AuditStore(state / "audit.sqlite3")
     policy = parse_policy(POLICY)
     executor = ExecutorService(registry=registry_for(policy), policy=policy, audit=audit, tokens=TOKENS,
                                engine_factory=lambda: docker_engine, quotas=keeper)
-    server = serve_e2b("127.0.0.1:0", sandboxes=E2bSandboxes(executor), announce=None)
+    server = serve_e2b("127.0.0.1:0", sandboxes=E2bSandboxes(executor), announce=None, **options)
     try:
         yield server.url
     finally:
@@ -240,6 +240,37 @@ def test_e2b_door_answers_429_with_retry_after_naming_the_quota(engine: Any) -> 
         assert 1 <= int(again.headers["retry-after"]) <= 60
         assert again.json()["code"] == "resource_exhausted" and "calls_per_minute" in again.json()["message"]
         assert _start(http, url, other.json(), "echo bob").status_code == 200
+
+
+def test_e2b_door_streams_of_one_client_hold_only_its_share(engine: Any) -> None:
+    keeper = QuotaKeeper()
+    with _e2b(engine, keeper, workers=MAX_WORKERS) as url, httpx.Client(timeout=60) as http:
+        created = http.post(f"{url}/sandboxes", json={"timeout": 300}, headers={"x-api-key": CAROL})
+        assert created.status_code == 201, created.text
+        box = created.json()
+        streams: list[httpx.Response] = []
+
+        def follow() -> None:  # a Start stream that lasts until the sandbox is killed
+            streams.append(_start(http, url, box, "sleep 120"))
+
+        threads = [threading.Thread(target=follow, daemon=True) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        while keeper.usage("carol").in_flight.get("e2b", 0) < 2:
+            threading.Event().wait(0.05)
+        third = _start(http, url, box, "echo third")
+        assert third.status_code == 429 and "concurrent_calls" in third.json()["message"]
+        assert int(third.headers["retry-after"]) >= 1
+        other = http.post(f"{url}/sandboxes", json={"timeout": 300}, headers={"x-api-key": BOB})
+        assert other.status_code == 201  # another client is served meanwhile
+        assert _start(http, url, other.json(), "echo bob").status_code == 200
+        # Quick requests are not held back: carol at her share still kills her sandbox.
+        killed = http.delete(f"{url}/sandboxes/{box['sandboxID']}", headers={"x-api-key": CAROL})
+        assert killed.status_code == 204, killed.text
+        for thread in threads:
+            thread.join(60)
+        assert not any(thread.is_alive() for thread in threads) and len(streams) == 2
+    assert keeper.usage("carol").in_flight == {}
 
 
 # ---- MCP over HTTP ------------------------------------------------------------------------------------

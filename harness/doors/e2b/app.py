@@ -18,9 +18,10 @@ How a request is routed (the e2b SDK sends both kinds to the same URL when
   anything else must match an envd HTTP route (``/files``, ``/health``).
 * Anything else is 404, with a JSON body naming the method and path.
 
-Each client may have at most ``share`` requests in flight at once (a quarter of the workers
-by default, so one client's streams cannot hold every worker); one more is 429 with
-``Retry-After`` (:mod:`harness.doors.quota_ledger`).
+Each client may have at most ``share`` long requests in flight at once (sandbox creates, envd
+streams and file transfers; a quarter of the workers by default, so one client's streams
+cannot hold every worker); one more is 429 with ``Retry-After``
+(:mod:`harness.doors.quota_ledger`). Quick requests are always served.
 
 Handlers run on a pool of worker threads (:mod:`harness.doors.e2b.bridge` carries bodies and
 streams between them and the event loop with bounded queues). A request body reaches a plain
@@ -66,6 +67,8 @@ log = logging.getLogger("callbox.e2b")
 ENVD_PORT = "49983"
 """The port envd listens on in an E2B sandbox (the SDK's ``E2b-Sandbox-Port``)."""
 HEALTH_PATH = "/health"
+_CREATES = frozenset({"/sandboxes", "/v2/sandboxes"})
+"""The control plane's routes (POST) that start a sandbox: long requests, counted in a share."""
 
 H = TypeVar("H")
 
@@ -247,7 +250,7 @@ class E2bApp:
                 await respond_error(exchange, error)
                 return
             call = EnvdCall(sandbox=sandbox, headers=headers, deadline=head.deadline, user=user)
-            with self._fair(sandbox.client) as refusal:
+            with self._fair(sandbox.client, counted=method.kind != "unary") as refusal:
                 if refusal is not None:
                     await respond_error(exchange, refusal)
                 else:
@@ -310,17 +313,19 @@ class E2bApp:
             return
         route, params = found
         handler = route.handler
-        with self._fair(client) as refusal:
+        with self._fair(client, counted=route.method == "POST" and route.template in _CREATES) as refusal:
             if refusal is not None:
                 await _http_refusal(exchange, refusal)
             else:
                 await self._serve_http(exchange, params, lambda request: handler(request, client), None)
 
     @contextlib.contextmanager
-    def _fair(self, client: str) -> Iterator[E2bError | None]:
+    def _fair(self, client: str, *, counted: bool = True) -> Iterator[E2bError | None]:
         """One of ``client``'s requests in flight, within its share of the door's workers
-        (:mod:`harness.doors.quota_ledger`); yields the refusal (429) when it is over it."""
-        if self.share is None:
+        (:mod:`harness.doors.quota_ledger`); yields the refusal (429) when it is over it.
+        Quick requests (not ``counted``) are always served, so a client at its share can
+        still kill a sandbox or a process."""
+        if self.share is None or not counted:
             yield None
             return
         quotas = self.sandboxes.executor.quotas
