@@ -279,7 +279,8 @@ def test_e2b_door_streams_of_one_client_hold_only_its_share(engine: Any) -> None
 def test_mcp_http_door_needs_a_token_and_answers_quotas_with_an_error_result(engine: Any, tmp_path: Path) -> None:
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY)
-    keeper = QuotaKeeper(lambda client: Quotas(calls_per_minute=2) if client == "alice" else Quotas())
+    limits = {"alice": Quotas(calls_per_minute=2), "carol": Quotas(live_sandboxes=1)}
+    keeper = QuotaKeeper(lambda client: limits.get(client, Quotas()))
     server = serve_mcp_http("127.0.0.1:0", policy_path=policy, audit_path=tmp_path / "audit.sqlite3",
                             tokens=TOKENS, quotas=keeper)
     try:
@@ -298,20 +299,31 @@ def test_mcp_http_door_needs_a_token_and_answers_quotas_with_an_error_result(eng
                 server.url, http_client=create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}))
             return Client(transport)
 
-        async def flow() -> tuple[list[Any], list[Any]]:
+        async def flow() -> tuple[list[Any], list[Any], list[Any]]:
             with anyio.fail_after(120):
                 async with session(ALICE) as alice, session(BOB) as bob:
                     mine = [await alice.call_tool("shell", {"command": f"echo a{n}"}) for n in range(3)]
                     theirs = [await bob.call_tool("shell", {"command": f"echo b{n}"}) for n in range(3)]
-                    return mine, theirs
+                async with session(CAROL) as first, session(CAROL) as second:
+                    hers = [await first.call_tool("shell", {"command": "echo c1"}),
+                            await second.call_tool("shell", {"command": "echo c2"})]  # a second sandbox
+                return mine, theirs, hers
 
-        mine, theirs = anyio.run(flow)
+        mine, theirs, hers = anyio.run(flow)
         text = ["".join(getattr(b, "text", "") for b in r.content) for r in mine]
         assert not mine[0].is_error and not mine[1].is_error and "a1" in text[1]
         assert mine[2].is_error and "calls_per_minute" in text[2] and "frees up in" in text[2]
         assert mine[2].meta["callbox/quota"] == "calls_per_minute"
         assert all(not r.is_error for r in theirs)
-        assert keeper.usage("alice").live_sandboxes == 1 and keeper.usage("bob").live_sandboxes == 1
+        second = "".join(getattr(b, "text", "") for b in hers[1].content)
+        assert not hers[0].is_error and hers[1].is_error and "live_sandboxes" in second
+        assert "when one of its sandboxes ends" in second
+        ended = threading.Event()  # her sessions end (the server closes them as the client leaves)
+        for _ in range(600):
+            if keeper.usage("carol").live_sandboxes == 0:
+                break
+            ended.wait(0.05)
+        assert keeper.usage("carol").live_sandboxes == 0
     finally:
         server.stop()
-    assert keeper.usage("alice").live_sandboxes == 0 and keeper.usage("bob").live_sandboxes == 0
+    assert [keeper.usage(c).live_sandboxes for c in ("alice", "bob", "carol")] == [0, 0, 0]
