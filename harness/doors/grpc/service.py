@@ -51,23 +51,22 @@ Docker engine; its policy is the server's (or the client's profile's:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
 from google.protobuf import struct_pb2
 
-from harness.audit.store import Approval, AuditError, AuditStore, RunRecord
-from harness.core.calls import ToolCall, ToolResult
+from harness.audit.store import AuditError, AuditStore, RunRecord
+from harness.core.calls import ToolCall
 from harness.core.errors import CallboxError
-from harness.core.formats import Format, result_item, tool_definitions
+from harness.core.formats import tool_definitions
 from harness.core.policy import Policy
 from harness.core.registry import ToolRegistry
 from harness.core.session import Session
@@ -80,10 +79,17 @@ from harness.doors.grpc.errors import (
     creation_failure,
     denied,
     handle_errors,
-    invalid,
     not_found,
     paused,
     quota_refused,
+)
+from harness.doors.grpc.messages import (
+    FORMAT_ENUM,
+    approval_message,
+    call_message,
+    json_text,
+    parse_format,
+    result_message,
 )
 from harness.doors.grpc.overrides import SandboxOverrides, sandbox_policy
 from harness.doors.grpc.sessions import ClientSession, Limits
@@ -103,34 +109,9 @@ __all__ = ["ExecutorService"]
 log = logging.getLogger("callbox.executor")
 
 
-_FORMATS: dict[int, Format] = {
-    executor_pb2.FORMAT_UNSPECIFIED: "openai",
-    executor_pb2.FORMAT_OPENAI: "openai",
-    executor_pb2.FORMAT_CHAT: "chat",
-    executor_pb2.FORMAT_ANTHROPIC: "anthropic",
-    executor_pb2.FORMAT_MCP: "mcp",
-}
-_FORMAT_ENUM: dict[str, executor_pb2.Format.ValueType] = {
-    "openai": executor_pb2.FORMAT_OPENAI,
-    "chat": executor_pb2.FORMAT_CHAT,
-    "anthropic": executor_pb2.FORMAT_ANTHROPIC,
-    "mcp": executor_pb2.FORMAT_MCP,
-}
 DOOR = "grpc"
 MAX_LIST_RUNS = 1000
 CREATE_WAIT_AT_SHUTDOWN_S = 45.0
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-
-
-def _format(value: int) -> Format:
-    fmt = _FORMATS.get(value)
-    if fmt is None:
-        raise invalid(f"format: unknown value {value}; use FORMAT_OPENAI, FORMAT_CHAT, FORMAT_ANTHROPIC or FORMAT_MCP")
-    return fmt
-
 
 
 class ExecutorService(executor_pb2_grpc.ExecutorServicer):
@@ -233,14 +214,14 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     @handle_errors
     def ListTools(self, request: executor_pb2.ListToolsRequest, context: grpc.ServicerContext) -> Any:
         client = self._client(context)
-        fmt = _format(request.format)
+        fmt = parse_format(request.format)
         names = self._session(request.sandbox_id, client).tools if request.sandbox_id else self.profiles.exposed(client)
         tools = [t for t in self.registry.tools() if t.definition.name in names]
-        response = executor_pb2.ListToolsResponse(format=_FORMAT_ENUM[fmt])
+        response = executor_pb2.ListToolsResponse(format=FORMAT_ENUM[fmt])
         for tool, definition in zip(tools, tool_definitions(tools, fmt), strict=True):
             struct = struct_pb2.Struct()
             struct.update(definition)
-            response.tools.add(name=tool.definition.name, definition_json=_json(definition), definition=struct)
+            response.tools.add(name=tool.definition.name, definition_json=json_text(definition), definition=struct)
         return response
 
     # ---- CreateSandbox / DeleteSandbox -------------------------------------------------------
@@ -381,7 +362,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         try:
             client = self._client(context)
             session = self._session(request.sandbox_id, client)
-            fmt = _format(request.format)
+            fmt = parse_format(request.format)
         except ServiceError as error:
             abort(context, error)
         call_id = request.call_id or f"call_{secrets.token_hex(8)}"
@@ -429,7 +410,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                 seq += 1
                 yield executor_pb2.CallToolEvent(output=chunk)
             elif kind == "result":
-                yield executor_pb2.CallToolEvent(result=self._result_message(first, fmt))
+                yield executor_pb2.CallToolEvent(result=result_message(first, fmt))
                 return
             else:
                 log.error("call %s in sandbox %s failed inside the server", call_id, session.sandbox_id,
@@ -437,22 +418,6 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                 abort(context, ServiceError(Reason.ERROR_REASON_INTERNAL,
                                             f"the call failed inside the server (a bug or a broken audit store): "
                                             f"{type(first).__name__}; the error is in the server log"))
-
-    @staticmethod
-    def _result_message(result: ToolResult, fmt: Format) -> executor_pb2.ToolResult:
-        approval = result.meta.get("approval_id")
-        return executor_pb2.ToolResult(
-            call_id=result.call_id,
-            format=_FORMAT_ENUM[fmt],
-            item_json=_json(result_item(result, fmt)),
-            is_error=result.is_error,
-            error_code=result.error.value if result.error is not None else "",
-            retryable=result.error.retryable if result.error is not None else False,
-            text=result.text,
-            structured_json=_json(result.structured) if result.structured is not None else "",
-            meta_json=_json(result.meta),
-            approval_id=approval if isinstance(approval, str) else "",
-        )
 
     # ---- approvals and the audit store -------------------------------------------------------
 
@@ -478,7 +443,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             )
         except AuditError as error:
             raise ServiceError(Reason.ERROR_REASON_ALREADY_RESOLVED, error.message) from None
-        return _approval_message(resolved)
+        return approval_message(resolved)
 
     @handle_errors
     def GetRun(self, request: executor_pb2.GetRunRequest, context: grpc.ServicerContext) -> Any:
@@ -486,9 +451,9 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         run = self._owned_run(request.run_id, client)
         message = self._run_message(run)
         for call in self.audit.calls_for_run(run.id):
-            message.calls.append(_call_message(call))
+            message.calls.append(call_message(call))
         for approval in self.audit.list_approvals(None, run_id=run.id):
-            message.approvals.append(_approval_message(approval))
+            message.approvals.append(approval_message(approval))
         return message
 
     @handle_errors
@@ -600,29 +565,3 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
 
         self._reaper = threading.Thread(target=loop, name="callbox-executor-reaper", daemon=True)
         self._reaper.start()
-
-
-# --- audit records as messages ----------------------------------------------------------------------
-
-
-def _approval_message(approval: Approval) -> executor_pb2.Approval:
-    return executor_pb2.Approval(
-        approval_id=approval.id, sandbox_id=approval.run_id, call_id=approval.call_id, tool=approval.tool,
-        arguments_json=approval.arguments, rule=approval.rule, reason=approval.reason, state=approval.state,
-        created_unix=approval.created, resolved_unix=approval.resolved or 0.0, resolved_by=approval.resolved_by or "",
-        resolution_reason=approval.resolution_reason or "",
-    )
-
-
-def _call_message(call: Mapping[str, Any]) -> executor_pb2.Call:
-    message = executor_pb2.Call(
-        call_id=call["call_id"], tool=call["tool"], arguments_json=call["arguments"], state=call["state"],
-        decision=call.get("decision") or "", rule=call.get("rule") or "", started_unix=call.get("started") or 0.0,
-        finished_unix=call.get("finished") or 0.0, duration_ms=call.get("duration_ms") or 0.0,
-        is_error=bool(call.get("is_error")), error_code=call.get("error_code") or "",
-        bytes_out=call.get("bytes_out") or 0, truncated=bool(call.get("truncated")),
-        result_text=call.get("result_text") or "",
-    )
-    if call.get("exit_code") is not None:
-        message.exit_code = int(call["exit_code"])
-    return message
