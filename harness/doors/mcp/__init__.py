@@ -61,7 +61,11 @@ Errors
     ``allowed_tools`` does not expose (it is not in ``tools/list`` either), is the protocol
     error the MCP spec prescribes for unknown tools: JSON-RPC ``-32602`` (invalid params)
     with the message ``Unknown tool: NAME; the available tools are: ...``; the call is still
-    recorded in the audit log.
+    recorded in the audit log. A call over one of its client's quotas (calls per minute, the
+    session's sandbox over live sandboxes, CPUs, memory or sandboxes per hour, more calls at
+    once than the client's share) is a result with ``isError: true`` naming the quota and when
+    it frees up (``_meta``: ``callbox/error = quota_exceeded``, ``callbox/quota``,
+    ``callbox/retry_after_s``); nothing ran, and it is not recorded.
 
 Call ids and approvals
     MCP has no call id, so the server assigns one per call: ``mcp-000001``, ``mcp-000002``,
