@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli.sd_notify import notify
+from harness.cli.serve_doors import start_servers
 from harness.core.errors import UsageError
 
 COMMANDS = ("serve", "mcp", "config")
@@ -140,7 +141,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
         try:
-            _start_servers(args, servers)
+            start_servers(args, servers)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)  # one sent meanwhile arrives now
         notify("READY=1", "STATUS=serving")
@@ -179,70 +180,3 @@ def _reload(command_line: argparse.Namespace, running: argparse.Namespace, serve
     for note in notes:
         log.info("%s", note)
     notify("READY=1", "STATUS=serving")
-
-
-def _start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
-    """Start the doors ``args`` ask for, appending each to ``servers`` as it starts."""
-    from harness.cli.server_config import served_policy
-
-    grpc_server = None
-    e2b_server = None
-    if args.grpc is not None:
-        from harness.audit.store import AuditStore
-        from harness.doors.grpc.server import serve_grpc
-
-        grpc_server = serve_grpc(
-            args.grpc or None, token_file=args.token_file, insecure=args.insecure,
-            tls_cert=args.tls_cert, tls_key=args.tls_key, policy=served_policy(args.policy, args.server_config),
-            audit=AuditStore(args.audit_db), max_sandboxes_per_client=args.max_per_client,
-            max_sandboxes_total=args.max_sandboxes,
-            keep_sandboxes=args.server_config is not None and args.server_config.service.keep_sandboxes,
-        )
-        servers.append(grpc_server)
-        log.info("gRPC executor listening on %s", grpc_server.target)
-    if args.mcp_http is not None:
-        from harness.doors.mcp.http import serve_mcp_http
-
-        mcp_server = serve_mcp_http(args.mcp_http, policy_path=args.policy, audit_path=args.audit_db,
-                                    insecure=args.insecure)
-        servers.append(mcp_server)
-        log.info("MCP server (streamable HTTP) on %s", mcp_server.url)
-    if args.e2b is not None:
-        from harness.doors.e2b.server import serve_e2b
-
-        if grpc_server is not None:  # one executor for both doors: one set of limits, keys, policy, audit
-            e2b_server = serve_e2b(args.e2b, executor=grpc_server.service, insecure=args.insecure,
-                                   tls_cert=args.tls_cert, tls_key=args.tls_key)
-        else:
-            from harness.audit.store import AuditStore
-
-            e2b_server = serve_e2b(
-                args.e2b, token_file=args.token_file, insecure=args.insecure, tls_cert=args.tls_cert,
-                tls_key=args.tls_key, policy=served_policy(args.policy, args.server_config),
-                audit=AuditStore(args.audit_db),
-                max_sandboxes_per_client=args.max_per_client, max_sandboxes_total=args.max_sandboxes,
-                keep_sandboxes=args.server_config is not None and args.server_config.service.keep_sandboxes,
-            )
-        servers.append(e2b_server)
-        log.info("E2B API on %s", e2b_server.url)
-    if args.http is not None:
-        from harness.doors.http import serve_http
-
-        executor = grpc_server.service if grpc_server is not None else (
-            e2b_server.executor if e2b_server is not None else None)
-        if executor is not None:  # the doors' tokens, audit store and live sandboxes
-            http_server = serve_http(args.http, tokens=executor.tokens, executor=executor, audit=executor.audit,
-                                     insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key)
-        else:  # metrics, health, and the runs, approvals and egress of the audit store
-            from harness.audit.store import AuditStore
-            from harness.doors.grpc.server import announce_token
-            from harness.doors.grpc.tokens import server_tokens
-            from harness.telemetry import metrics
-
-            audit = AuditStore(args.audit_db)
-            metrics.watch_approvals(str(audit.path), audit)
-            http_server = serve_http(args.http, tokens=server_tokens(args.token_file, announce=announce_token),
-                                     executor=None, audit=audit, close_audit=True,
-                                     insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key)
-        servers.append(http_server)  # last: stopped first
-        log.info("HTTP endpoint (/metrics, /healthz, console) on %s", http_server.url)

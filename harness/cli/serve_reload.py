@@ -3,8 +3,10 @@
 The file is read and checked exactly as at start; a file with a problem is refused and the
 running configuration stays. The sandbox limits (``limits.max_sandboxes``,
 ``limits.max_per_client``) apply at once to every door's executor: a client over a lowered
-limit keeps its sandboxes and may create none until it is under it again. ``[log]`` and
-``[telemetry]`` apply at once too (spans already taken are sent to the old endpoint). A
+limit keeps its sandboxes and may create none until it is under it again. ``[quotas]``,
+``[profiles]`` and ``[clients]`` apply at once as well (new limits from the next request,
+new profile policies for the sandboxes and sessions made from then on), and so do ``[log]``
+and ``[telemetry]`` (spans already taken are sent to the old endpoint). A
 change of any other setting (a door's address, TLS, the token file, the policy, the audit
 store, ``[http]`` listen, ``[service]``, ``[pool]``, ``[runtime]``) cannot apply to a
 running door: it is reported as waiting for a restart and not applied, so the server never
@@ -23,8 +25,11 @@ from harness.cli.server_config import SETTINGS, apply_config
 LIVE = ("max_per_client", "max_sandboxes")
 """Settings a reload applies to the running doors; every other one waits for a restart."""
 
-LIVE_SECTIONS = ("log", "telemetry")
+LIVE_SECTIONS = ("log", "telemetry", "quotas", "profiles", "clients")
 """Tables of the file (beyond :data:`SETTINGS`) a reload applies at once."""
+QUOTA_SECTIONS = ("quotas", "profiles", "clients")
+"""Tables whose change gives every door's quota keeper and profile policies the file's anew
+(so does ``limits.max_per_client``, the fallback of ``live_sandboxes``)."""
 RESTART_SECTIONS = ("service", "pool", "runtime")
 """Tables of the file whose change waits for a restart."""
 
@@ -51,6 +56,7 @@ def reload(command_line: argparse.Namespace, running: argparse.Namespace,
         return ["SIGHUP: this server was started without --config, so there is nothing to reload"]
     fresh = copy.copy(command_line)
     apply_config(fresh)
+    before_max_per_client = running.max_per_client
     notes: list[str] = []
     for name, key in SETTINGS.items():
         before, after = getattr(running, name), getattr(fresh, name)
@@ -62,7 +68,13 @@ def reload(command_line: argparse.Namespace, running: argparse.Namespace,
         else:
             notes.append(f"{key}: {before!r} -> {after!r} takes effect when the server restarts; "
                          f"the running doors keep {before!r}")
+    before_config = running.server_config
     notes += _sections(running, fresh)
+    if before_config is not None and (before_max_per_client != running.max_per_client or any(
+            getattr(before_config, key) != getattr(running.server_config, key) for key in QUOTA_SECTIONS)):
+        from harness.cli.serve_quotas import apply_live
+
+        apply_live(servers, running.server_config, running.max_per_client)
     limits = Limits(max_sandboxes_per_client=running.max_per_client, max_sandboxes_total=running.max_sandboxes)
     for executor in executors(servers):
         executor.limits = limits  # one reference swap: a create reads it under the executor's lock

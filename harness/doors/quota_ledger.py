@@ -238,14 +238,14 @@ class QuotaKeeper:
                                              f"quota {quota} allows, so it never fits; ask for less",
                                      frees_in_s=None, retry_after_s=SANDBOX_RETRY_S, retryable=False)
             return QuotaExceeded(client=client, quota=quota, limit=limit, used=used, door=door,
-                                 message=f"{what}, over client {client!r}'s quota {quota}; it frees up when one of "
-                                         "its sandboxes ends (delete one, or wait until one expires)",
+                                 message=f"{what}; it frees up when one of its sandboxes ends (delete one, or wait "
+                                         "until one expires)",
                                  frees_in_s=None, retry_after_s=SANDBOX_RETRY_S)
 
         if limits.live_sandboxes is not None and books.live >= limits.live_sandboxes:
             return ends("live_sandboxes", limits.live_sandboxes, books.live,
-                        f"client {client!r} has {books.live} live sandboxes (quota live_sandboxes = "
-                        f"{limits.live_sandboxes})")
+                        f"client {client!r} has {books.live} live sandbox{'es' if books.live != 1 else ''}, "
+                        f"its quota live_sandboxes ({limits.live_sandboxes})")
         if limits.cpus is not None and books.millicpus + millicpus > round(limits.cpus * 1000):
             what = (f"this sandbox's {_cpus(millicpus)} CPUs beside the {_cpus(books.millicpus)} of client "
                     f"{client!r}'s live sandboxes make {_cpus(books.millicpus + millicpus)} (quota cpus = "

@@ -77,7 +77,8 @@ def test_serve_with_a_config_file_takes_its_doors_tokens_and_limits(engine, tmp_
     sock = tmp_path / "executor.sock"
     config = tmp_path / "callbox.toml"
     config.write_text(f'[doors.grpc]\nlisten = "unix:{sock}"\n[auth]\ntoken_file = "tokens"\n'
-                      '[audit]\ndb = "audit.sqlite3"\n[limits]\nmax_per_client = 1\n')
+                      '[audit]\ndb = "audit.sqlite3"\n[limits]\nmax_per_client = 1\n'
+                      '[service]\nkeep_sandboxes = false\n')  # this one checks that a stop destroys
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli.main", "serve", "--config", str(config)],
                             stderr=subprocess.PIPE, text=True, env={**os.environ})
     try:
@@ -89,8 +90,8 @@ def test_serve_with_a_config_file_takes_its_doors_tokens_and_limits(engine, tmp_
             result = client.call(box, "shell", '{"command": "echo configured"}', call_id="c1")
             assert "configured" in result.text and not result.is_error
             # max_per_client = 1 came from the file: a second live sandbox is refused
-            with pytest.raises(Exception, match=r"already has 1 live sandboxes, the most one client may have on "
-                                                r"this server \(1\)"):
+            with pytest.raises(Exception, match=r"has 1 live sandbox, its quota live_sandboxes \(1\); it frees up "
+                                                r"when one of its sandboxes ends"):
                 client.create_sandbox()
         assert (tmp_path / "audit.sqlite3").exists()  # the audit path, relative to the file
         proc.send_signal(signal.SIGTERM)
@@ -134,7 +135,7 @@ def test_sighup_reloads_the_config_keeping_sandboxes_and_systemd_hears_each_step
         assert notify.recv(4096).decode().split("\n") == ["READY=1", "STATUS=serving"]
         with ExecutorClient(f"unix:{sock}", token="c" * 32) as client:
             first = client.create_sandbox()
-            with pytest.raises(Exception, match=r"the most one client may have on this server \(1\)"):
+            with pytest.raises(Exception, match=r"has 1 live sandbox, its quota live_sandboxes \(1\)"):
                 client.create_sandbox()
             # a live change (the limit) and one that waits for a restart (the audit store)
             write(2, audit="elsewhere.sqlite3")

@@ -99,3 +99,22 @@ def test_log_applies_live_and_service_tables_wait_for_a_restart(tmp_path: Path) 
                      "[log]: changed, applied", "[pool]: changed; takes effect when the server restarts"]
     assert running.server_config.log.level == "error" and running.server_config.pool is None
     assert reload(command_line, running, [])[1] == "[pool]: changed; takes effect when the server restarts"
+
+
+def test_quotas_apply_live_to_the_doors_keeper_when_they_or_the_per_client_limit_change(tmp_path: Path) -> None:
+    from harness.cli.serve_quotas import door_quotas
+
+    config = _config(tmp_path, '[doors.mcp_http]\nlisten = "127.0.0.1:8765"\n[quotas]\ncalls_per_minute = 5\n'
+                               '[limits]\nmax_per_client = 2\n')
+    command_line, running = _started("--config", str(config))
+    keeper = door_quotas(running.server_config, running.max_per_client)
+    servers = [SimpleNamespace(service=SimpleNamespace(limits=Limits(), quotas=keeper))]
+    assert (keeper.limits("alice").calls_per_minute, keeper.limits("alice").live_sandboxes) == (5, 2)
+    config.write_text('[doors.mcp_http]\nlisten = "127.0.0.1:8765"\n[quotas]\ncalls_per_minute = 7\n'
+                      '[limits]\nmax_per_client = 2\n')
+    assert reload(command_line, running, servers) == ["[quotas]: changed, applied"]
+    assert keeper.limits("alice").calls_per_minute == 7
+    config.write_text('[doors.mcp_http]\nlisten = "127.0.0.1:8765"\n[quotas]\ncalls_per_minute = 7\n'
+                      '[limits]\nmax_per_client = 3\n')
+    assert reload(command_line, running, servers) == ["limits.max_per_client: 2 -> 3, applied"]
+    assert keeper.limits("alice").live_sandboxes == 3  # the fallback moved with the limit

@@ -1,0 +1,100 @@
+"""``callbox serve``'s doors, started from its settings (the flags over the configuration file).
+
+Order and sharing:
+
+* the gRPC door first; the E2B door then shares its executor (one set of tokens, limits,
+  quotas, profiles, audit store and kept sandboxes for both), or makes its own;
+* one :class:`~harness.doors.quota_ledger.QuotaKeeper` for every door, so a client's use is
+  counted once whichever door it comes through, and one resolver of the profiles' policies;
+* the MCP door asks for a bearer token whenever the server has tokens: those of the gRPC or
+  E2B door, or the token file's; with none of them it stays open on loopback, as before;
+* the HTTP endpoint (``/metrics``, ``/healthz``, the console) last, on the doors' executor
+  when there is one. It is stopped first, since the servers stop in reverse order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+__all__ = ["start_servers"]
+
+log = logging.getLogger("callbox.serve")
+
+
+def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
+    """Start the doors ``args`` ask for, appending each to ``servers`` as it starts."""
+    from harness.audit.store import AuditStore
+    from harness.cli.serve_quotas import door_quotas, profile_policies
+    from harness.cli.server_config import served_policy
+
+    config = args.server_config
+    keep = config is not None and config.service.keep_sandboxes
+    quotas = door_quotas(config, args.max_per_client)
+    policies = profile_policies(config)
+    executor = None
+    if args.grpc is not None:
+        from harness.doors.grpc.server import serve_grpc
+
+        grpc_server = serve_grpc(
+            args.grpc or None, token_file=args.token_file, insecure=args.insecure,
+            tls_cert=args.tls_cert, tls_key=args.tls_key, policy=served_policy(args.policy, config),
+            audit=AuditStore(args.audit_db), max_sandboxes_per_client=args.max_per_client,
+            max_sandboxes_total=args.max_sandboxes, keep_sandboxes=keep, quotas=quotas, policies=policies,
+        )
+        servers.append(grpc_server)
+        executor = grpc_server.service
+        log.info("gRPC executor listening on %s", grpc_server.target)
+    if args.e2b is not None:
+        from harness.doors.e2b.server import serve_e2b
+
+        if executor is not None:  # one executor for both doors: one set of limits, keys, policy, audit
+            e2b_server = serve_e2b(args.e2b, executor=executor, insecure=args.insecure,
+                                   tls_cert=args.tls_cert, tls_key=args.tls_key)
+        else:
+            e2b_server = serve_e2b(
+                args.e2b, token_file=args.token_file, insecure=args.insecure, tls_cert=args.tls_cert,
+                tls_key=args.tls_key, policy=served_policy(args.policy, config), audit=AuditStore(args.audit_db),
+                max_sandboxes_per_client=args.max_per_client, max_sandboxes_total=args.max_sandboxes,
+                keep_sandboxes=keep, quotas=quotas, policies=policies,
+            )
+            executor = e2b_server.executor
+        servers.append(e2b_server)
+        log.info("E2B API on %s", e2b_server.url)
+    if args.mcp_http is not None:
+        from harness.doors.mcp.http import serve_mcp_http
+
+        tokens = executor.tokens if executor is not None else None
+        if tokens is None and args.token_file is not None:
+            from harness.doors.grpc.tokens import load_token_file
+
+            tokens = load_token_file(args.token_file)
+        mcp_server = serve_mcp_http(args.mcp_http, policy_path=args.policy, audit_path=args.audit_db,
+                                    insecure=args.insecure, tokens=tokens, quotas=quotas, policies=policies)
+        servers.append(mcp_server)
+        log.info("MCP server (streamable HTTP) on %s%s", mcp_server.url,
+                 "" if tokens is not None else " (no token: loopback only)")
+    if args.http is not None:
+        servers.append(_serve_http(args, executor))
+
+
+def _serve_http(args: argparse.Namespace, executor: Any) -> Any:
+    from harness.doors.http import serve_http
+
+    if executor is not None:  # the doors' tokens, audit store and live sandboxes
+        server = serve_http(args.http, tokens=executor.tokens, executor=executor, audit=executor.audit,
+                            insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key)
+    else:  # metrics, health, and the runs, approvals and egress of the audit store
+        from harness.audit.store import AuditStore
+        from harness.doors.grpc.server import announce_token
+        from harness.doors.grpc.tokens import server_tokens
+        from harness.telemetry import metrics
+
+        audit = AuditStore(args.audit_db)
+        metrics.watch_approvals(str(audit.path), audit)
+        server = serve_http(args.http, tokens=server_tokens(args.token_file, announce=announce_token),
+                            executor=None, audit=audit, close_audit=True,
+                            insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key)
+    log.info("HTTP endpoint (/metrics, /healthz, console) on %s", server.url)
+    return server
