@@ -285,7 +285,8 @@ def sandboxes_page(boxes: list[LiveSandbox] | None, *, csrf: str | None) -> Html
         for b in boxes
     )
     return fill(Template("""<table class="sandboxes"><thead><tr><th>Sandbox</th><th>Owner (client)</th><th>State</th>
-<th>Age</th><th>Expires</th><th>CPU</th><th>Memory</th><th title="processes and threads, as the pids limit counts them">Tasks</th><th></th></tr></thead>
+<th>Age</th><th>Expires</th><th>CPU</th><th>Memory</th>
+<th title="processes and threads, as the pids limit counts them">Tasks</th><th></th></tr></thead>
 <tbody>
 $rows</tbody></table>"""), rows=rows)
 
