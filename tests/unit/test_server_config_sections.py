@@ -98,7 +98,8 @@ def test_service_defaults_keep_sandboxes_and_leave_the_rest_off(tmp_path: Path) 
 
 @pytest.mark.parametrize(("text", "problem"), [
     ('[clients.builder]\nprofile = "nope"\n', r"clients\.builder\.profile: no \[profiles\.nope\] \(none is defined\)"),
-    ('[clients.mallory]\n', r"clients\.mallory: the token file .* has no client named 'mallory' \(it has alice, builder\)"),
+    ('[clients.mallory]\n',
+     r"clients\.mallory: the token file .* has no client named 'mallory' \(it has alice, builder\)"),
     ('[log]\nformat = "xml"\n', r"'log\.format' must be 'text' or 'json'"),
     ('[log]\nfile = "nodir/x.log"\n', r"log\.file = .*: its directory does not exist"),
     ('[telemetry]\notlp_endpoint = "127.0.0.1:4318"\n', r"telemetry\.otlp_endpoint"),
