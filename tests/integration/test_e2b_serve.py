@@ -95,7 +95,7 @@ def test_a_non_loopback_address_needs_insecure_or_tls(workdir):
         assert proc.wait(STOP_S) == 2
         assert proc.stderr is not None
         said = proc.stderr.read()
-        assert "refusing to serve TCP 0.0.0.0:0 without TLS" in said and "--insecure" in said, said
+        assert "refusing to serve the E2B API on 0.0.0.0:0 without TLS" in said and "--insecure" in said, said
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -41,7 +41,6 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
-import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -58,9 +57,10 @@ from harness.doors.grpc.server import ServeError, _read_pem, announce_token
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import Limits
 from harness.doors.grpc.tokens import TokenSet, server_tokens
-from harness.doors.mcp.http import _bind, _is_loopback, parse_addr
+from harness.doors.mcp.http import _bind, parse_addr
 from harness.doors.profiles import PolicySource
 from harness.doors.quota_ledger import QuotaKeeper, fair_share
+from harness.doors.uvicorn_thread import ReadyUvicorn, UvicornThread, check_transport
 from harness.engine.docker.engine import DockerEngine
 from harness.tools import registry_for
 
@@ -73,74 +73,27 @@ GRACEFUL_SHUTDOWN_S = 5
 START_TIMEOUT_S = 30.0
 
 
-class _Uvicorn(uvicorn.Server):
-    """uvicorn, telling when it listens (or gave up)."""
+class E2bServer(UvicornThread):
+    """A running E2B door; see the module docstring. ``url`` is what ``E2B_API_URL`` and
+    ``E2B_SANDBOX_URL`` are set to."""
 
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = threading.Event()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        try:
-            await super().startup(sockets)
-        finally:
-            self.ready.set()
-
-
-class E2bServer:
-    """A running E2B door; see the module docstring."""
-
-    def __init__(self, *, app: E2bApp, server: _Uvicorn, sock: socket.socket, host: str, tls: bool,
+    def __init__(self, *, app: E2bApp, server: ReadyUvicorn, sock: socket.socket, host: str, tls: bool,
                  sandboxes: E2bSandboxes, owns_executor: bool, owned_audit: AuditStore | None,
                  pool: ThreadPoolExecutor) -> None:
+        super().__init__(server=server, sock=sock, host=host, tls=tls, thread_name="callbox-e2b-http",
+                         what="the E2B API server")
         self.app = app
         self.sandboxes = sandboxes
         self.executor = sandboxes.executor
         self.owns_executor = owns_executor
-        self.tls = tls
-        self.host = host
-        self.port: int = sock.getsockname()[1]
-        self._server = server
-        self._sock = sock
         self._owned_audit = owned_audit
         self._pool = pool
-        self._thread = threading.Thread(target=self._run, name="callbox-e2b-http", daemon=True)
-        self._error: BaseException | None = None
-        self._stop_lock = threading.Lock()
-        self._stopped = False
         self.destroyed: list[str] = []
         self.left_running: list[str] = []
         """The sandboxes ``stop`` left running for the next server (an owned, keeping executor)."""
 
-    @property
-    def address(self) -> str:
-        """``HOST:PORT`` as bound (the real port when 0 was asked for)."""
-        shown = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{shown}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        """What ``E2B_API_URL`` and ``E2B_SANDBOX_URL`` are set to (an unspecified host as loopback)."""
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)  # noqa: S104
-        shown = f"[{host}]" if ":" in host else host
-        return f"{'https' if self.tls else 'http'}://{shown}:{self.port}"
-
-    def __repr__(self) -> str:
-        return f"E2bServer({self.url})"
-
-    def _run(self) -> None:
-        try:
-            self._server.run(sockets=[self._sock])
-        except BaseException as exc:  # reported by start()
-            self._error = exc
-        finally:
-            self._server.ready.set()
-
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
-        self._thread.start()
-        if not self._server.ready.wait(timeout) or not self._server.started:
-            self.stop()
-            raise ServeError(f"the E2B API server did not start on {self.address}: {self._error or 'timed out'}")
+        super().start(timeout)
 
     def stop(self, timeout: float = 60.0) -> list[str]:
         """Stop serving (see the module docstring); the ids of the sandboxes destroyed. Idempotent."""
@@ -151,11 +104,8 @@ class E2bServer:
             if self.owns_executor:
                 self.executor.begin_shutdown()
             self.app.shutdown()
-            self._server.should_exit = True
-            if self._thread.is_alive():
-                self._thread.join(timeout)
+            self.halt(timeout)
             self.app.shutdown()  # anything that arrived meanwhile
-            self._sock.close()
             self._pool.shutdown(wait=False, cancel_futures=True)
             if self.owns_executor:
                 self.destroyed = self.executor.shutdown()
@@ -171,18 +121,6 @@ class E2bServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _check_transport(host: str, port: int, *, insecure: bool, tls: bool) -> None:
-    if tls or _is_loopback(host):
-        return
-    if not insecure:
-        raise ServeError(
-            f"refusing to serve TCP {host}:{port} without TLS: API keys and access tokens would cross the network "
-            "in clear text; pass --tls-cert and --tls-key, or --insecure to accept that (e.g. on a trusted network)"
-        )
-    log.warning("serving the E2B API on %s:%d without TLS (--insecure): API keys and access tokens cross the "
-                "network in clear text", host, port)
 
 
 def _door_services(sandboxes: E2bSandboxes) -> tuple[list[Service], list[RestRoute], list[EnvdRoute]]:
@@ -241,7 +179,8 @@ def serve_e2b(
     if (tls_cert is None) != (tls_key is None):
         raise ServeError("TLS needs both --tls-cert and --tls-key (PEM files)")
     tls = tls_cert is not None and tls_key is not None
-    _check_transport(host, port, insecure=insecure, tls=tls)
+    check_transport(host, port, insecure=insecure, tls=tls, what="the E2B API",
+                    secrets="API keys and access tokens", log=log)
     if tls_cert is not None and tls_key is not None:
         _read_pem(tls_cert, "cert")
         _read_pem(tls_key, "key")
@@ -302,7 +241,7 @@ def serve_e2b(
         if owned_audit is not None:
             owned_audit.close()
         raise
-    handle = E2bServer(app=app, server=_Uvicorn(config), sock=sock, host=host, tls=tls, sandboxes=sandboxes,
+    handle = E2bServer(app=app, server=ReadyUvicorn(config), sock=sock, host=host, tls=tls, sandboxes=sandboxes,
                        owns_executor=owns, owned_audit=owned_audit, pool=pool)
     handle.start()
     if owns:

@@ -37,6 +37,7 @@ from harness.doors.http.app import console_app
 from harness.doors.http.auth import Sessions
 from harness.doors.http.console import Console
 from harness.doors.mcp.http import _bind, _is_loopback, parse_addr
+from harness.doors.uvicorn_thread import ReadyUvicorn, UvicornThread, check_transport
 from harness.engine.docker.client import engine_host
 
 __all__ = ["PING_TIMEOUT_S", "EnginePing", "HttpServer", "serve_http"]
@@ -81,68 +82,20 @@ class EnginePing:
             client.close()
 
 
-class _Uvicorn(uvicorn.Server):
-    """uvicorn, telling when it listens (or gave up)."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = threading.Event()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        try:
-            await super().startup(sockets)
-        finally:
-            self.ready.set()
-
-
-class HttpServer:
+class HttpServer(UvicornThread):
     """The running HTTP endpoint: ``/metrics``, ``/healthz`` and the console."""
 
-    def __init__(self, *, server: _Uvicorn, sock: socket.socket, host: str, tls: bool, console: Console,
+    def __init__(self, *, server: ReadyUvicorn, sock: socket.socket, host: str, tls: bool, console: Console,
                  sessions: Sessions, ping: Callable[[], None], close_audit: bool) -> None:
+        super().__init__(server=server, sock=sock, host=host, tls=tls, thread_name="callbox-http",
+                         what="the HTTP endpoint")
         self.console = console
         self.sessions = sessions
-        self.tls = tls
-        self.host = host
-        self.port: int = sock.getsockname()[1]
-        self._server = server
-        self._sock = sock
         self._ping = ping
         self._close_audit = close_audit
-        self._thread = threading.Thread(target=self._run, name="callbox-http", daemon=True)
-        self._error: BaseException | None = None
-        self._stop_lock = threading.Lock()
-        self._stopped = False
-
-    @property
-    def address(self) -> str:
-        """``HOST:PORT`` as bound (the real port when 0 was asked for)."""
-        shown = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{shown}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        """The console's base URL (an unspecified host shown as loopback), without a trailing slash."""
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)  # noqa: S104
-        shown = f"[{host}]" if ":" in host else host
-        return f"{'https' if self.tls else 'http'}://{shown}:{self.port}"
-
-    def __repr__(self) -> str:
-        return f"HttpServer({self.url})"
-
-    def _run(self) -> None:
-        try:
-            self._server.run(sockets=[self._sock])
-        except BaseException as exc:  # reported by start()
-            self._error = exc
-        finally:
-            self._server.ready.set()
 
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
-        self._thread.start()
-        if not self._server.ready.wait(timeout) or not self._server.started:
-            self.stop()
-            raise ServeError(f"the HTTP endpoint did not start on {self.address}: {self._error or 'timed out'}")
+        super().start(timeout)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop serving (idempotent). The executor is left to its door."""
@@ -150,10 +103,7 @@ class HttpServer:
             if self._stopped:
                 return
             self._stopped = True
-            self._server.should_exit = True
-            if self._thread.is_alive():
-                self._thread.join(timeout)
-            self._sock.close()
+            self.halt(timeout)
             if isinstance(self._ping, EnginePing):
                 self._ping.close()
             if self._close_audit:
@@ -165,19 +115,6 @@ class HttpServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _check_transport(host: str, port: int, *, insecure: bool, tls: bool) -> None:
-    if tls or _is_loopback(host):
-        return
-    if not insecure:
-        raise ServeError(
-            f"refusing to serve the console on {host}:{port} without TLS: tokens and the login cookie would cross "
-            "the network in clear text; pass --tls-cert and --tls-key, or --insecure to accept that (e.g. on a "
-            "trusted network)"
-        )
-    log.warning("serving the console on %s:%d without TLS (--insecure): tokens and the login cookie cross the "
-                "network in clear text", host, port)
 
 
 def serve_http(
@@ -218,7 +155,8 @@ def _serve(listen: str, *, tokens: TokenSet, executor: ExecutorService | None, a
     if (tls_cert is None) != (tls_key is None):
         raise ServeError("TLS needs both --tls-cert and --tls-key (PEM files)")
     tls = tls_cert is not None and tls_key is not None
-    _check_transport(host, port, insecure=insecure, tls=tls)
+    check_transport(host, port, insecure=insecure, tls=tls, what="the console",
+                    secrets="tokens and the login cookie", log=log)
     if tls_cert is not None and tls_key is not None:
         _read_pem(tls_cert, "cert")
         _read_pem(tls_key, "key")
@@ -240,7 +178,7 @@ def _serve(listen: str, *, tokens: TokenSet, executor: ExecutorService | None, a
         sock = _bind(host, port)
     except UsageError as error:
         raise ServeError(error.message) from None
-    handle = HttpServer(server=_Uvicorn(config), sock=sock, host=host, tls=tls, console=console, sessions=sessions,
+    handle = HttpServer(server=ReadyUvicorn(config), sock=sock, host=host, tls=tls, console=console, sessions=sessions,
                         ping=ping, close_audit=close_audit)
     handle.start()
     log.info("HTTP endpoint on %s: /metrics, /healthz, console (%d token(s) from %s)", handle.url, len(tokens),
