@@ -70,8 +70,22 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
             from harness.doors.grpc.tokens import load_token_file
 
             tokens = load_token_file(args.token_file)
-        mcp_server = serve_mcp_http(args.mcp_http, policy_path=args.policy, audit_path=args.audit_db,
-                                    insecure=args.insecure, tokens=tokens, quotas=quotas, policies=policies)
+        from harness.doors.mcp.service import McpToolService
+        from harness.tools import registry_for
+
+        policy = served_policy(args.policy, config)
+        audit = AuditStore(args.audit_db)
+        try:
+            service = McpToolService(registry_for(policy), policy, audit, owns_audit=True, quotas=quotas,
+                                     policies=policies)
+        except BaseException:
+            audit.close()
+            raise
+        try:
+            mcp_server = serve_mcp_http(args.mcp_http, service=service, insecure=args.insecure, tokens=tokens)
+        except BaseException:
+            service.close()
+            raise
         servers.append(mcp_server)
         log.info("MCP server (streamable HTTP) on %s%s", mcp_server.url,
                  "" if tokens is not None else " (no token: loopback only)")
