@@ -18,6 +18,9 @@ def restore_logging() -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     callbox_level = logging.getLogger("callbox").level
+    serve = logging.getLogger("callbox.serve")
+    serve_level = serve.level  # `callbox serve` without a file sets it (in-process CLI tests ran before)
+    serve.setLevel(logging.NOTSET)
     try:
         yield
     finally:
@@ -28,6 +31,7 @@ def restore_logging() -> Iterator[None]:
             root.addHandler(handler)
         root.setLevel(level)
         logging.getLogger("callbox").setLevel(callbox_level)
+        serve.setLevel(serve_level)
 
 
 def test_json_lines_carry_level_logger_message_extras_and_exceptions(tmp_path: Path, restore_logging: None) -> None:
