@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
+from pathlib import Path
 
 import uvicorn
 
-from harness.doors.grpc.server import ServeError
+from harness.doors.grpc.server import ServeError, _read_pem
 from harness.doors.mcp.http import _is_loopback
 
-__all__ = ["ReadyUvicorn", "UvicornThread", "check_transport"]
+__all__ = ["ReadyUvicorn", "UvicornThread", "check_tls", "check_transport", "load_config"]
 
 
 class ReadyUvicorn(uvicorn.Server):
@@ -109,3 +111,26 @@ def check_transport(host: str, port: int, *, insecure: bool, tls: bool, what: st
         )
     log.warning("serving %s on %s:%d without TLS (--insecure): %s cross the network in clear text", what, host, port,
                 secrets)
+
+
+def check_tls(host: str, port: int, *, tls_cert: Path | None, tls_key: Path | None, insecure: bool, what: str,
+              secrets: str, log: logging.Logger) -> bool:
+    """Whether ``what`` serves TLS: both PEM files readable, or neither (then
+    :func:`check_transport` decides whether plain TCP may go on ``host``). ServeError otherwise."""
+    if (tls_cert is None) != (tls_key is None):
+        raise ServeError("TLS needs both --tls-cert and --tls-key (PEM files)")
+    tls = tls_cert is not None and tls_key is not None
+    check_transport(host, port, insecure=insecure, tls=tls, what=what, secrets=secrets, log=log)
+    if tls_cert is not None and tls_key is not None:
+        _read_pem(tls_cert, "cert")
+        _read_pem(tls_key, "key")
+    return tls
+
+
+def load_config(config: uvicorn.Config, tls_cert: Path | None, tls_key: Path | None) -> None:
+    """Load uvicorn's ``config`` (its TLS context among it); ServeError naming the PEM files
+    when they cannot be used."""
+    try:
+        config.load()
+    except (ssl.SSLError, OSError) as exc:
+        raise ServeError(f"--tls-cert {tls_cert} / --tls-key {tls_key} cannot be used: {exc}") from None

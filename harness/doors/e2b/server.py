@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import ssl
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -53,14 +52,14 @@ from harness.doors.e2b.app import E2bApp
 from harness.doors.e2b.boxes import E2bSandboxes
 from harness.doors.e2b.restart import adopt_e2b
 from harness.doors.e2b.rpc import EnvdRoute, RestRoute, Service
-from harness.doors.grpc.server import ServeError, _read_pem, announce_token
+from harness.doors.grpc.server import announce_token
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import Limits
 from harness.doors.grpc.tokens import TokenSet, server_tokens
 from harness.doors.mcp.http import _bind, parse_addr
 from harness.doors.profiles import PolicySource
 from harness.doors.quota_ledger import QuotaKeeper, fair_share
-from harness.doors.uvicorn_thread import ReadyUvicorn, UvicornThread, check_transport
+from harness.doors.uvicorn_thread import ReadyUvicorn, UvicornThread, check_tls, load_config
 from harness.engine.docker.engine import DockerEngine
 from harness.tools import registry_for
 
@@ -176,14 +175,8 @@ def serve_e2b(
     bound.
     """
     host, port = parse_addr(addr)
-    if (tls_cert is None) != (tls_key is None):
-        raise ServeError("TLS needs both --tls-cert and --tls-key (PEM files)")
-    tls = tls_cert is not None and tls_key is not None
-    check_transport(host, port, insecure=insecure, tls=tls, what="the E2B API",
+    tls = check_tls(host, port, tls_cert=tls_cert, tls_key=tls_key, insecure=insecure, what="the E2B API",
                     secrets="API keys and access tokens", log=log)
-    if tls_cert is not None and tls_key is not None:
-        _read_pem(tls_cert, "cert")
-        _read_pem(tls_key, "key")
     owned_audit: AuditStore | None = None
     owns = False
     made = sandboxes is None  # given sandboxes are adopted into by whoever made them (adopt_e2b)
@@ -226,10 +219,7 @@ def serve_e2b(
             ssl_certfile=str(tls_cert) if tls_cert is not None else None,
             ssl_keyfile=str(tls_key) if tls_key is not None else None,
         )
-        try:
-            config.load()
-        except (ssl.SSLError, OSError) as exc:
-            raise ServeError(f"--tls-cert {tls_cert} / --tls-key {tls_key} cannot be used: {exc}") from None
+        load_config(config, tls_cert, tls_key)
         sock = _bind(host, port)
         # Accepted connections inherit TCP_NODELAY from the listener. asyncio sets it only on
         # sockets made with IPPROTO_TCP, and without it a response's body waits for the

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import ssl
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -30,14 +29,14 @@ import uvicorn
 
 from harness.audit.store import AuditStore
 from harness.core.errors import EngineUnavailable, UsageError, short_reason
-from harness.doors.grpc.server import ServeError, _read_pem
+from harness.doors.grpc.server import ServeError
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.tokens import TokenSet
 from harness.doors.http.app import console_app
 from harness.doors.http.auth import Sessions
 from harness.doors.http.console import Console
 from harness.doors.mcp.http import _bind, _is_loopback, parse_addr
-from harness.doors.uvicorn_thread import ReadyUvicorn, UvicornThread, check_transport
+from harness.doors.uvicorn_thread import ReadyUvicorn, UvicornThread, check_tls, load_config
 from harness.engine.docker.client import engine_host
 
 __all__ = ["PING_TIMEOUT_S", "EnginePing", "HttpServer", "serve_http"]
@@ -152,14 +151,8 @@ def _serve(listen: str, *, tokens: TokenSet, executor: ExecutorService | None, a
            tls_cert: Path | None, tls_key: Path | None, engine_ping: Callable[[], None] | None,
            close_audit: bool) -> HttpServer:
     host, port = parse_addr(listen)
-    if (tls_cert is None) != (tls_key is None):
-        raise ServeError("TLS needs both --tls-cert and --tls-key (PEM files)")
-    tls = tls_cert is not None and tls_key is not None
-    check_transport(host, port, insecure=insecure, tls=tls, what="the console",
+    tls = check_tls(host, port, tls_cert=tls_cert, tls_key=tls_key, insecure=insecure, what="the console",
                     secrets="tokens and the login cookie", log=log)
-    if tls_cert is not None and tls_key is not None:
-        _read_pem(tls_cert, "cert")
-        _read_pem(tls_key, "key")
     ping = engine_ping if engine_ping is not None else EnginePing()
     console = Console(audit, executor)
     sessions = Sessions(tokens)
@@ -170,10 +163,7 @@ def _serve(listen: str, *, tokens: TokenSet, executor: ExecutorService | None, a
         ssl_certfile=str(tls_cert) if tls_cert is not None else None,
         ssl_keyfile=str(tls_key) if tls_key is not None else None,
     )
-    try:
-        config.load()
-    except (ssl.SSLError, OSError) as exc:
-        raise ServeError(f"--tls-cert {tls_cert} / --tls-key {tls_key} cannot be used: {exc}") from None
+    load_config(config, tls_cert, tls_key)
     try:
         sock = _bind(host, port)
     except UsageError as error:
