@@ -233,7 +233,7 @@ class ServerConfig(_Section):
 
     def client_quotas(self, client: str) -> Quotas:
         """``client``'s quotas: its own over its profile's over ``[quotas]``, and
-        ``live_sandboxes`` at least bounded by ``limits.max_per_client``."""
+        ``limits.max_per_client`` where ``live_sandboxes`` is left unset."""
         entry = self.clients.get(client, Client())
         quotas = self.quotas
         if entry.profile is not None:
@@ -242,15 +242,6 @@ class ServerConfig(_Section):
         if quotas.live_sandboxes is None:
             quotas = quotas.model_copy(update={"live_sandboxes": self.limits.max_per_client})
         return quotas
-
-    def client_policy_file(self, client: str) -> Path | None:
-        """The policy file ``client`` is served with (None: the packaged default)."""
-        entry = self.clients.get(client)
-        if entry is not None and entry.profile is not None:
-            profile_policy = self.profiles[entry.profile].policy
-            if profile_policy is not None:
-                return profile_policy
-        return self.policy.file
 
     def anchored(self, base: Path) -> ServerConfig:
         """Every relative path taken against ``base`` (the file's directory), ``~`` expanded."""

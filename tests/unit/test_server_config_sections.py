@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.cli.serve_quotas import profile_policies
 from harness.cli.server_config import ConfigError, load_config, parse_config, render_toml, served_policy
 from harness.doors.quotas import Quotas
 
@@ -80,10 +81,10 @@ def test_quotas_merge_client_over_profile_over_default(tmp_path: Path) -> None:
 def test_a_profiles_policy_is_served_to_its_clients_only(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
     config = load_config(write(tmp_path, FULL))
-    assert config.client_policy_file("builder") == tmp_path / "ci-policy.toml"
-    assert config.client_policy_file("alice") is None
-    served = served_policy(config.client_policy_file("builder"), config)
-    assert served.tools["shell"].decision.value == "deny"
+    policies = profile_policies(config)
+    assert policies is not None and policies("alice") is None  # the door's own policy
+    served = policies("builder")
+    assert served is not None and served.tools["shell"].decision.value == "deny"
     assert (served.pool.size, served.pool.ceiling) == (2, 5)  # the config's [pool] over the policy's
     assert served_policy(None, None).pool.size == 0
 
