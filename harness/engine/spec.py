@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from harness.core.errors import CallboxError
 from harness.core.units import ByteSize
+from harness.engine.placement import Placement
 
 DEFAULT_IMAGE = "callbox-sandbox:latest"
 AGENT_DIR = "/run/callbox"
@@ -319,6 +320,9 @@ class SandboxFields(BaseModel, Generic[MountT]):
     """Largest file a process may write, in bytes."""
     ttl_seconds: int = Field(default=3600, ge=10)
     """After this the sandbox is expired and ``callbox gc`` removes it."""
+    placement: Placement = Field(default_factory=Placement)
+    """Where it may run on a multi-node engine (the Ray engine): strategy, node affinity and
+    anti-affinity, a group kept apart. A one-node engine (Docker's) ignores it."""
 
 
 class SandboxSpec(SandboxFields[Mount]):
