@@ -132,8 +132,12 @@ class DockerEngine:
 
     def __init__(self, client: docker.DockerClient, *, run_root: Path | None = None,
                  reap_on_start: bool = True, egress_test_network: str | None = None,
-                 egress_test_hosts: dict[str, str] | None = None, snapshot_dir: Path | None = None) -> None:
+                 egress_test_hosts: dict[str, str] | None = None, snapshot_dir: Path | None = None,
+                 extra_labels: dict[str, str] | None = None) -> None:
         self.client = client
+        self.extra_labels = dict(extra_labels or {})
+        """Labels every container of this engine carries besides callbox's own (a Ray node's
+        host marks its sandboxes with the node they belong to)."""
         self.run_root = run_root or default_run_root()
         self.snapshot_store = SnapshotStore(snapshot_dir)
         """Snapshots (``snapshot_dir``, else ``CALLBOX_SNAPSHOT_DIR`` or the state directory)."""
@@ -271,7 +275,7 @@ class DockerEngine:
     def _run_container(self, spec: SandboxSpec, sandbox_id: str, socket_dir: Path, uid: int, gid: int,
                        now: float, extra_labels: dict[str, str]) -> tuple[Attachment, str]:
         return run_container(self.client, self.networks, self.owner.label(), spec, sandbox_id, socket_dir, uid, gid,
-                             now, extra_labels)
+                             now, {**self.extra_labels, **extra_labels})
 
     def _wait_ready(self, sandbox: Sandbox, timeout: float) -> None:
         """Wait for the agent's socket, then its health check; fail fast if the container dies."""
