@@ -27,6 +27,7 @@ from harness.core.policy import (
 )
 from harness.core.redaction import RedactionSettings
 from harness.core.sandbox_settings import PoolSettings
+from harness.engine.placement import Placement
 from harness.engine.spec import HostLimits, Mount, SandboxSpec
 
 
@@ -88,13 +89,15 @@ def test_default_policy_allows_every_tool() -> None:
 
 def test_default_policy_documents_every_key() -> None:
     text = (resources.files("harness") / "data/default-policy.toml").read_text()
-    models: list[type[BaseModel]] = [Policy, SandboxSettings, Budgets, Rule, RedactionSettings, PoolSettings]
+    models: list[type[BaseModel]] = [Policy, SandboxSettings, Budgets, Rule, RedactionSettings, PoolSettings,
+                                     Placement]
     for model in models:
         for key in model.model_fields:
-            if key in ("sandbox", "budgets", "tools", "mounts", "env", "rules", "redaction", "pool"):
+            if key in ("sandbox", "budgets", "tools", "mounts", "env", "rules", "redaction", "pool", "placement"):
                 continue  # tables, documented by their [header]
             assert re.search(rf"^#? ?{key} = ", text, re.MULTILINE), f"{model.__name__}.{key} is not documented"
-    for header in ("[sandbox]", "[sandbox.env]", "[[sandbox.mounts]]", "[budgets]", "[redaction]", "[tools.shell]",
+    for header in ("[sandbox]", "[sandbox.env]", "[[sandbox.mounts]]", "[sandbox.placement]", "[budgets]",
+                   "[redaction]", "[tools.shell]",
                    "[[tools.shell.rules]]", "[pool]"):
         assert header in text
 
@@ -162,7 +165,7 @@ def test_load_from_a_file_names_the_file(tmp_path: Path) -> None:
                          "budgets, redaction, tool, actions, pool, runtime)"),
         ('[sandbox]\nmemroy = "1g"', "unexpected key 'sandbox.memroy' (allowed: image, runtime, memory, cpus, "
                                      "pids, network, allow_hosts, mounts, allowed_mount_roots, workdir, env, tmp_size, "
-                                     "workspace_size, home_size, noexec, nofile, fsize, ttl_seconds)"),
+                                     "workspace_size, home_size, noexec, nofile, fsize, ttl_seconds, placement)"),
         ('[[sandbox.mounts]]\nsource = "/srv"\ntarget = "/data"\nreadonly = true',
          "unexpected key 'sandbox.mounts[0].readonly' (allowed: source, target, mode, uid, gid)"),
         ('[tools.shell]\nallow = true', "unexpected key 'tools.shell.allow' (allowed: decision, rules)"),
