@@ -295,8 +295,10 @@ def command_may_have_started(error: AgentCallError) -> bool | None:
 def agent_failure(error: AgentCallError, *, started: bool | None) -> ToolOutput:
     """The error result for an exec the agent failed or could not run; ``started`` is
     whether the command had started (None: not known)."""
-    structured = {"reason": error.reason, "command_started": started}
+    structured: dict[str, object] = {"reason": error.reason, "command_started": started}
     if sandbox_gone(error):
+        # The ledger's word for a call that may have had effects: it is never run again.
+        structured["outcome"] = "not_run" if started is False else "unknown"
         then = ("The command had started and may have had effects before it went away" if started
                 else "The command did not start" if started is False
                 else "It is not known whether the command started: it may have had effects")

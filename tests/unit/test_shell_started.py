@@ -31,3 +31,14 @@ def test_an_unknown_start_is_said_and_recorded_as_unknown():
     assert "not known whether the command started" in output.text
     assert "The command did not start" in agent_failure(error("failed to connect to all addresses"),
                                                         started=False).text
+
+
+@pytest.mark.parametrize(("started", "outcome"), [(None, "unknown"), (True, "unknown"), (False, "not_run")])
+def test_a_lost_sandbox_records_the_outcome(started, outcome):
+    output = agent_failure(error(f"{SANDBOX_GONE} (Socket closed) (sandbox lost with its node w1)"), started=started)
+    assert output.structured is not None and output.structured["outcome"] == outcome
+
+
+def test_a_refusal_has_no_outcome_key():
+    refused = agent_failure(error("no such dir", reason="SPAWN_FAILED", code="FAILED_PRECONDITION"), started=False)
+    assert refused.structured is not None and "outcome" not in refused.structured
