@@ -14,10 +14,16 @@ channel objects have the same core arguments, so gRPC core shares one connection
 them. The other streams (jobs, transfers, tunnels) keep the plain channel: some of them are
 watched from other threads (done callbacks, metadata), which the single-threaded kind
 does not allow.
+
+:meth:`AgentClient.over_relay` reaches an agent on another machine through that node's relay
+(:mod:`harness.engine.ray.relay`): the same stubs and the same two channel objects, over TLS
+pinned to the relay's certificate, every call carrying the sandbox's id and token, with
+keepalive pings so a node that vanishes fails its calls with UNAVAILABLE within seconds.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -59,6 +65,66 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 _SINGLE_THREADED = (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)
 """Server-streaming calls read on the calling thread, no channel spin thread (see the module docstring)."""
 
+RELAY_SANDBOX_KEY = "callbox-sandbox"
+"""Request metadata naming the sandbox a relayed call is for."""
+RELAY_AUTH_KEY = "authorization"
+"""Request metadata carrying ``Bearer <token>``: the sandbox's own token at its node's relay."""
+RELAY_TLS_NAME = "callbox-relay"
+"""The name every relay certificate holds (:mod:`harness.engine.ray.relay_tls`); checked instead
+of the dialled address, since the certificate itself is pinned."""
+_RELAY_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.ssl_target_name_override", RELAY_TLS_NAME),
+    # a ping every second, and a peer that does not answer one within two is dead: calls on a
+    # node that vanished fail with UNAVAILABLE in about three seconds, idle or not
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 2000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # any ping counts: while one of gRPC's own (a flow-control probe) is unanswered no keepalive
+    # ping is sent, and that one would otherwise wait a minute
+    ("grpc.http2.ping_timeout_ms", 2000),
+    # a relay that restarts (its host did) is found again soon
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+
+class _CallDetails(
+    collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready",
+                                            "compression")),
+    grpc.ClientCallDetails,  # type: ignore[misc]
+):
+    pass
+
+
+class _RelayCredentials(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
+    grpc.StreamUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
+):
+    """Adds the sandbox's id and token to every call (in Python, on the calling thread: call
+    credentials would run a metadata plugin on a thread of gRPC's for each call)."""
+
+    def __init__(self, sandbox_id: str, token: str) -> None:
+        self._metadata = ((RELAY_SANDBOX_KEY, sandbox_id), (RELAY_AUTH_KEY, f"Bearer {token}"))
+
+    def _details(self, details: Any) -> _CallDetails:
+        return _CallDetails(details.method, details.timeout, (*(details.metadata or ()), *self._metadata),
+                            details.credentials, details.wait_for_ready, details.compression)
+
+    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
+        return continuation(self._details(client_call_details), request_iterator)
+
+    def intercept_stream_stream(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
+        return continuation(self._details(client_call_details), request_iterator)
+
 
 class AgentClient:
     """One channel to one sandbox's agent."""
@@ -66,9 +132,30 @@ class AgentClient:
     def __init__(self, socket_path: str) -> None:
         self.target = f"unix:{socket_path}"
         channel = grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
-        self.channel: grpc.Channel = grpc.intercept_channel(channel, _TRACKER)
-        self._stream_channel = grpc.insecure_channel(self.target, options=[*_CHANNEL_OPTIONS, _SINGLE_THREADED])
-        streams = grpc.intercept_channel(self._stream_channel, _TRACKER)
+        stream_channel = grpc.insecure_channel(self.target, options=[*_CHANNEL_OPTIONS, _SINGLE_THREADED])
+        self._attach(grpc.intercept_channel(channel, _TRACKER), stream_channel,
+                     grpc.intercept_channel(stream_channel, _TRACKER))
+
+    @classmethod
+    def over_relay(cls, address: str, certificate_pem: bytes, sandbox_id: str, token: str) -> AgentClient:
+        """A client of sandbox ``sandbox_id``'s agent through the relay at ``address`` (``ip:port``)
+        of its node, trusting only ``certificate_pem`` (the relay's own), with the sandbox's token."""
+        client = cls.__new__(cls)
+        client.target = address
+        credentials = grpc.ssl_channel_credentials(root_certificates=certificate_pem)
+        options = [*_CHANNEL_OPTIONS, *_RELAY_OPTIONS]
+        channel = grpc.secure_channel(address, credentials, options=options)
+        stream_channel = grpc.secure_channel(address, credentials, options=[*options, _SINGLE_THREADED])
+        auth = _RelayCredentials(sandbox_id, token)
+        client._attach(grpc.intercept_channel(channel, auth, _TRACKER), stream_channel,
+                       grpc.intercept_channel(stream_channel, auth, _TRACKER))
+        return client
+
+    def _attach(self, channel: grpc.Channel, stream_channel: grpc.Channel, streams: grpc.Channel) -> None:
+        """Set up the stubs on ``channel`` (intercepted) and, for Exec and bash Run, ``streams``
+        (the single-threaded ``stream_channel``, intercepted)."""
+        self.channel: grpc.Channel = channel
+        self._stream_channel = stream_channel
         self.process = process_pb2_grpc.ProcessStub(self.channel)
         self._exec = process_pb2_grpc.ProcessStub(streams).Exec
         self._shell_run = shell_pb2_grpc.ShellStub(streams).Run
