@@ -1,0 +1,488 @@
+"""Sandboxes on many machines: the Ray engine.
+
+The same public surface as :class:`~harness.engine.docker.engine.DockerEngine` (create,
+attach, open, keep, pause, resume, snapshots, forks, the warm pool, gc), so sessions, doors
+and the CLI use it unchanged. What it adds is where a sandbox runs and how it is reached:
+
+- **Placement.** Each node advertises how many sandboxes it may hold (``callbox_sandboxes``);
+  ``create`` picks a node by the spec's ``placement`` (spread by default, pack, node affinity
+  and anti-affinity, groups kept apart: :mod:`harness.engine.placement`) among live nodes with
+  room, and asks that node's host to start the sandbox on its own Docker engine.
+- **Transport.** The agent is reached through the node's relay: gRPC over TLS pinned to the
+  host's certificate, with the sandbox's own token; streaming, cancellation, deadlines and
+  message limits are the local agent client's.
+- **Failure is data.** A node that dies is seen within about a second of the cluster declaring
+  it dead; its sandboxes are marked lost, calls on them fail with ``sandbox lost with its
+  node``, and a call in flight is recorded with an unknown outcome (never re-run).
+- **Images without a registry.** At connect (and when a node joins) each node's sandbox image
+  is compared by content hash with this machine's and loaded where missing or stale
+  (:mod:`harness.engine.ray.images`), with progress on stderr.
+
+Only ``network = "none"`` sandboxes run on it: an egress proxy's decisions would stay on the
+node, out of the audit log, so a networked spec is refused before anything starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from harness.core.errors import CallboxError, EngineUnavailable
+from harness.engine.docker.cgroup_stats import SandboxStats
+from harness.engine.docker.kept import SandboxExpired
+from harness.engine.docker.lifetime import NameInUse, SandboxNotFound, validate_name, validate_ttl
+from harness.engine.docker.living import SandboxInfo
+from harness.engine.docker.snapshots import SnapshotInfo, SnapshotNotFound
+from harness.engine.placement import NodeRoom, choose_node
+from harness.engine.ray.host import SandboxHandle
+from harness.engine.ray.hosts import Host, HostDirectory, SandboxLost, call, ray_module
+from harness.engine.ray.sandbox import RaySandbox
+from harness.engine.spec import HostLimits, SandboxSpec, SpecError
+from harness.telemetry import metrics
+
+if TYPE_CHECKING:
+    from harness.engine.ray.settings import RaySettings
+
+log = logging.getLogger("callbox.ray")
+
+CHUNK_BYTES = 4 << 20
+"""Pieces a snapshot moves between nodes in."""
+INFO_MAX_AGE_S = 2.0
+
+
+@dataclass(frozen=True)
+class KeptOnNode:
+    """A keep on a node (``keep``'s answer): until when."""
+
+    sandbox_id: str
+    until: float
+
+
+class RayEngine:
+    """Creates and manages sandboxes on the sandbox nodes of a Ray cluster."""
+
+    local = False
+    pool = None
+
+    def __init__(self, settings: RaySettings, *, progress: Callable[[Any], None] | None = None) -> None:
+        self.settings = settings
+        self.owner = f"ray-driver:{os.uname().nodename}/{os.getpid()}"
+        self._progress = progress
+        self._sandboxes: dict[str, RaySandbox] = {}
+        self._where: dict[str, str] = {}
+        """Sandbox id -> node id, for the sandboxes this engine has seen."""
+        self._groups: dict[str, str] = {}
+        self._pending: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._turn = itertools.count()
+        self._pool_settings: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
+        self.hosts = HostDirectory(namespace=settings.namespace, relay_port=settings.relay_port,
+                                   on_dead=self._node_died, on_new=self._node_joined)
+        self.hosts.refresh()
+        if not self.hosts.hosts():
+            raise EngineUnavailable(
+                f"the Ray cluster at {settings.address} has no node with the callbox_sandboxes resource: start "
+                "worker nodes with `ray start --resources '{\"callbox_sandboxes\": N}' ...`")
+        self.hosts.watch()
+        metrics.watch_engine(self)
+
+    @classmethod
+    def connect(cls, settings: RaySettings, **kwargs: Any) -> RayEngine:
+        """Join the cluster as a driver (token authentication on unless the settings loosen it)
+        and find its sandbox nodes; fail closed with the reason when it does not answer."""
+        connect_driver(settings)
+        return cls(settings, **kwargs)
+
+    # ---- nodes ----------------------------------------------------------------------------------
+
+    def _node_joined(self, host: Host) -> None:
+        if host.info is not None and host.info.reaped:
+            log.warning("node %s came back: %d sandbox(es) of its earlier life were removed", host.name,
+                        host.info.reaped)
+        self.sync_images([host])
+        if self._pool_settings is not None:
+            specs, settings = self._pool_settings
+            call(host.handle.enable_pool.remote(specs, settings), node=host.name)
+
+    def _node_died(self, host: Host) -> None:
+        reason = f"sandbox lost with its node {host.name}: Ray declared the node dead"
+        with self._lock:
+            lost = [box for box in self._sandboxes.values() if box.host.node_id == host.node_id]
+        for box in lost:
+            box.lost = reason
+        if lost:
+            log.error("%d sandbox(es) lost with node %s: %s", len(lost), host.name, ", ".join(b.id for b in lost))
+
+    def node_lost(self, host: Host, *, within: float) -> str | None:
+        """Whether ``host``'s node died, waiting up to ``within`` seconds for the cluster to say
+        (None as soon as the host answers)."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if host.node_id in self.hosts.dead or not host.alive:
+                return f"sandbox lost with its node {host.name}: Ray declared the node dead"
+            try:
+                call(host.handle.ping.remote(), timeout=1.0, node=host.name)
+                return None
+            except SandboxLost:
+                return f"sandbox lost with its node {host.name}: its host is gone"
+            except EngineUnavailable:
+                continue
+        return f"sandbox lost with its node {host.name}: its host does not answer"
+
+    def nodes(self) -> list[Host]:
+        """The live sandbox nodes' hosts."""
+        return self.hosts.hosts()
+
+    def sync_images(self, hosts: list[Host] | None = None, image: str | None = None) -> dict[str, str]:
+        """Check each node's image by content hash against this machine's; load it where it is
+        missing or stale. Per node: ``current`` or ``loaded``."""
+        from harness.engine.docker.client import connect_client
+        from harness.engine.ray.images import ProgressPrinter, sync_image
+
+        targets = hosts if hosts is not None else self.hosts.hosts()
+        if not targets:
+            return {}
+        ports = {host.name: _ImagePort(host) for host in targets}
+        return sync_image(image or self.settings.image, connect_client(), ports,
+                          self._progress or ProgressPrinter())
+
+    def image_status(self) -> dict[str, str | None]:
+        """Each node's image digest (None: missing), for the doctor."""
+        return {host.name: digest for host, digest in self.hosts.each("image_digest", self.settings.image)}
+
+    # ---- create --------------------------------------------------------------------------------
+
+    def host_limits(self) -> HostLimits:
+        infos = [h.info for h in self.hosts.hosts() if h.info is not None]
+        return HostLimits(cpus=max((i.cpus or 0 for i in infos), default=None) or None,
+                          memory=max((i.memory or 0 for i in infos), default=None) or None,
+                          where="the largest Ray sandbox node")
+
+    def _rooms(self) -> list[NodeRoom]:
+        rooms = []
+        for host in self.hosts.hosts():
+            if time.monotonic() - host.info_at > INFO_MAX_AGE_S:
+                try:
+                    self.hosts.update(host)
+                except CallboxError as exc:
+                    log.warning("node %s left out of placement: %s", host.name, exc)
+                    continue
+            assert host.info is not None
+            with self._lock:
+                pending = self._pending.get(host.node_id, 0)
+                groups = frozenset(g for sid, g in self._groups.items() if self._where.get(sid) == host.node_id)
+            rooms.append(NodeRoom(name=host.name, capacity=host.capacity, used=host.info.live + pending,
+                                  groups=groups))
+        return rooms
+
+    def create(self, spec: SandboxSpec, *, name: str | None = None, ttl_s: float | None = None,
+               owner: str | None = None, ready_timeout: float | None = None) -> RaySandbox:
+        """Start a sandbox on the node placement picks; see ``DockerEngine.create`` for ``name``,
+        ``ttl_s`` and ``owner``. The node checks the spec against itself (cpus, memory, mounts)."""
+        del ready_timeout  # the node's engine waits with its own
+        started = time.perf_counter()
+        if spec.network != "none":
+            raise SpecError("network",
+                            f'network = "{spec.network}" is not available on the Ray engine: the egress proxy\'s '
+                            'decisions would stay on the node, out of the audit log. Use network = "none", or the '
+                            'Docker engine')
+        if name is not None:
+            validate_name(name)
+            if (holder := self._find(name)) is not None:
+                raise NameInUse(name, f"on node {holder.name}")
+        if ttl_s is not None:
+            validate_ttl(ttl_s)
+        node = choose_node(spec.placement, self._rooms(), turn=next(self._turn))
+        host = self.hosts.by_node(node.name)
+        if host is None:
+            raise SandboxLost(f"node {node.name} went away while its sandbox was being placed")
+        with self._lock:
+            self._pending[host.node_id] = self._pending.get(host.node_id, 0) + 1
+        try:
+            handle: SandboxHandle = call(host.handle.create.remote(
+                spec.model_dump(mode="json"), name=name, ttl_s=ttl_s, owner=owner or self.owner), node=host.name)
+        finally:
+            with self._lock:
+                self._pending[host.node_id] -= 1
+        box = self._adopt(host, handle)
+        if spec.placement.group:
+            with self._lock:
+                self._groups[box.id] = spec.placement.group
+        if host.info is not None:
+            host.info_at = 0.0  # its count changed: ask again at the next placement
+        metrics.record_sandbox_created("ray", time.perf_counter() - started)
+        return box
+
+    def _adopt(self, host: Host, handle: SandboxHandle) -> RaySandbox:
+        box = RaySandbox(self, host, handle)
+        with self._lock:
+            self._sandboxes[box.id] = box
+            self._where[box.id] = host.node_id
+        return box
+
+    # ---- finding sandboxes -----------------------------------------------------------------------
+
+    def _host_of(self, sandbox_id: str) -> Host | None:
+        with self._lock:
+            node_id = self._where.get(sandbox_id)
+        if node_id is not None:
+            for host in self.hosts.hosts():
+                if host.node_id == node_id:
+                    return host
+            return None
+        return self._find(sandbox_id)
+
+    def _find(self, name_or_id: str) -> Host | None:
+        for host, found in self.hosts.each("has", name_or_id):
+            if found:
+                return host
+        return None
+
+    def _require_host(self, name_or_id: str) -> Host:
+        host = self._host_of(name_or_id)
+        if host is None:
+            raise SandboxNotFound(name_or_id)
+        return host
+
+    def attach(self, sandbox_id: str, *, ready_timeout: float | None = None) -> RaySandbox:
+        """Reconnect to a kept sandbox on whichever node holds it (``SandboxExpired`` if none)."""
+        del ready_timeout
+        host = self._host_of(sandbox_id)
+        if host is None:
+            raise SandboxExpired(f"sandbox {sandbox_id} is not kept on any live node (it expired, was removed, "
+                                 "or was lost with its node); its files are gone", sandbox_id=sandbox_id,
+                                 expired_at=None)
+        return self._adopt(host, call(host.handle.attach.remote(sandbox_id), node=host.name))
+
+    def open(self, name_or_id: str, *, ready_timeout: float | None = None) -> RaySandbox:
+        del ready_timeout
+        host = self._require_host(name_or_id)
+        return self._adopt(host, call(host.handle.open.remote(name_or_id), node=host.name))
+
+    def kept_sandbox(self, sandbox_id: str) -> KeptOnNode | None:
+        host = self._host_of(sandbox_id)
+        if host is None or not call(host.handle.is_kept.remote(sandbox_id), node=host.name):
+            return None
+        return KeptOnNode(sandbox_id, 0.0)
+
+    # ---- lifetime ----------------------------------------------------------------------------------
+
+    def destroy(self, sandbox_id: str, *, network: str | None = None) -> list[Any]:
+        with self._lock:
+            box = self._sandboxes.pop(sandbox_id, None)
+            self._groups.pop(sandbox_id, None)
+        if box is not None and box.lost is not None:
+            return []  # gone with its node; the node's host removes what is left when it returns
+        host = box.host if box is not None else self._host_of(sandbox_id)
+        with self._lock:
+            self._where.pop(sandbox_id, None)
+        if host is None or not host.alive:
+            return []
+        with contextlib.suppress(SandboxLost):  # its node died meanwhile: nothing left to remove now
+            call(host.handle.destroy.remote(sandbox_id, network), node=host.name)
+        host.info_at = 0.0
+        return []
+
+    def remove(self, name_or_id: str) -> str:
+        host = self._require_host(name_or_id)
+        sandbox_id: str = call(host.handle.remove.remote(name_or_id), node=host.name)
+        with self._lock:
+            self._sandboxes.pop(sandbox_id, None)
+            self._where.pop(sandbox_id, None)
+        return sandbox_id
+
+    def keep(self, sandbox: RaySandbox, *, run_id: str, until: float | None = None) -> KeptOnNode:
+        return KeptOnNode(sandbox.id, sandbox._ask("keep", sandbox.id, run_id, until))
+
+    def is_paused(self, sandbox: RaySandbox) -> bool:
+        return sandbox.paused_here
+
+    def pause(self, sandbox: RaySandbox) -> None:
+        sandbox._ask("pause", sandbox.id)
+        sandbox.paused_here = True
+
+    def resume(self, sandbox: RaySandbox, *, timeout: float | None = None) -> float:
+        del timeout
+        expires: float = sandbox._ask("resume", sandbox.id)
+        sandbox.paused_here = False
+        sandbox.expires = expires
+        return expires
+
+    def keep_alive(self, sandbox: RaySandbox, ttl_s: float | None = None) -> float:
+        if ttl_s is not None:
+            validate_ttl(ttl_s)
+        expires: float = sandbox._ask("keep_alive", sandbox.id, ttl_s)
+        sandbox.expires = expires
+        return expires
+
+    def stats(self, sandbox: RaySandbox) -> SandboxStats:
+        found: SandboxStats = sandbox._ask("stats", sandbox.id)
+        return found
+
+    def list_sandboxes(self, *, stats: bool = True) -> list[SandboxInfo]:
+        """Every sandbox on every live node, oldest first."""
+        found: list[SandboxInfo] = []
+        for _host, infos in self.hosts.each("list_sandboxes", stats):
+            found.extend(infos)
+        return sorted(found, key=lambda info: info.created)
+
+    def where(self) -> dict[str, str]:
+        """Sandbox id -> node name, for every sandbox on a live node."""
+        return {sid: host.name for host, infos in self.hosts.each("list_sandboxes", False)
+                for sid in (i.sandbox_id for i in infos)}
+
+    def sandbox_census(self) -> tuple[int, int]:
+        live = paused = 0
+        for _host, (node_live, node_paused) in self.hosts.each("census"):
+            live += node_live
+            paused += node_paused
+        return live, paused
+
+    def pooled_count(self) -> int:
+        return sum(count for _host, count in self.hosts.each("pooled_count"))
+
+    def gc(self, now: float | None = None) -> list[str]:
+        del now
+        return [sid for _host, ids in self.hosts.each("gc") for sid in ids]
+
+    def enable_pool(self, specs: list[SandboxSpec], **settings: Any) -> None:
+        """A warm pool of ``specs`` on every node (``size`` and ``max`` per node)."""
+        settings.pop("room", None)  # a callable of this process: each node keeps its own ceiling
+        self._pool_settings = ([s.model_dump(mode="json") for s in specs], settings)
+        for host in self.hosts.hosts():
+            call(host.handle.enable_pool.remote(*self._pool_settings), node=host.name)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        del timeout
+        return True
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop watching; each node's pool is emptied. Sandboxes with a keep or a name stay."""
+        del timeout
+        self.hosts.stop()
+        if self._pool_settings is not None:
+            for _host, _ in self.hosts.each("close"):
+                pass
+        return True
+
+    # ---- snapshots and forks ------------------------------------------------------------------
+
+    def snapshot(self, sandbox: RaySandbox, name: str, *, replace: bool = False,
+                 owner: str | None = None) -> SnapshotInfo:
+        """Store a snapshot of ``sandbox`` on its node (it moves to another node when a fork there needs it)."""
+        info: SnapshotInfo = sandbox._ask("snapshot", sandbox.id, name, replace, owner)
+        return info
+
+    def snapshots(self) -> list[SnapshotInfo]:
+        found: dict[str, SnapshotInfo] = {}
+        for _host, infos in self.hosts.each("snapshots"):
+            for info in infos:
+                found.setdefault(info.name, info)
+        return sorted(found.values(), key=lambda info: info.created_at)
+
+    def snapshot_holders(self, name: str) -> list[Host]:
+        return [host for host, infos in self.hosts.each("snapshots") if any(i.name == name for i in infos)]
+
+    def remove_snapshot(self, name: str) -> None:
+        holders = self.snapshot_holders(name)
+        if not holders:
+            raise SnapshotNotFound(name)
+        for host in holders:
+            call(host.handle.remove_snapshot.remote(name), node=host.name)
+
+    def copy_snapshot(self, name: str, source: Host, target: Host) -> SnapshotInfo:
+        """Send snapshot ``name`` from ``source``'s node to ``target``'s (replacing one there)."""
+        transfer, _size = call(source.handle.export_snapshot.remote(name), node=source.name)
+        receiving = call(target.handle.import_begin.remote(name), node=target.name)
+        try:
+            for seq in itertools.count():
+                data = call(source.handle.export_read.remote(transfer, CHUNK_BYTES), node=source.name)
+                if not data:
+                    break
+                call(target.handle.import_chunk.remote(receiving, seq, data), node=target.name)
+            info: SnapshotInfo = call(target.handle.import_finish.remote(receiving, True), node=target.name)
+        except BaseException:
+            target.handle.import_abort.remote(receiving)
+            raise
+        return info
+
+    def fork(self, source: RaySandbox | str, *, from_snapshot: bool = False, name: str | None = None,
+             owner: str | None = None, ttl_s: float | None = None, node: str | None = None) -> RaySandbox:
+        """A new sandbox with the files of ``source`` (a live sandbox, its name or id: on its own
+        node), or with ``from_snapshot`` the snapshot named ``source``: on ``node`` if given, else
+        where placement puts it, the snapshot copied there first when that node lacks it."""
+        if not from_snapshot:
+            host = source.host if isinstance(source, RaySandbox) else self._require_host(source)
+            ident = source.id if isinstance(source, RaySandbox) else source
+            return self._adopt(host, call(host.handle.fork.remote(ident, False, name, owner, ttl_s), node=host.name))
+        assert isinstance(source, str)
+        holders = self.snapshot_holders(source)
+        if not holders:
+            raise SnapshotNotFound(source)
+        if node is not None:
+            target = self.hosts.by_node(node)
+            if target is None:
+                raise SandboxNotFound(f"node {node}")
+        else:
+            chosen = choose_node(SandboxSpec().placement, self._rooms(), turn=next(self._turn))
+            target = self.hosts.by_node(chosen.name)
+            if target is None:
+                raise SandboxLost(f"node {chosen.name} went away while a fork was being placed")
+        if target.node_id not in {h.node_id for h in holders}:
+            log.info("copying snapshot %s from node %s to node %s", source, holders[0].name, target.name)
+            self.copy_snapshot(source, holders[0], target)
+        handle = call(target.handle.fork.remote(source, True, name, owner, ttl_s), node=target.name)
+        return self._adopt(target, handle)
+
+    def restore(self, name: str) -> RaySandbox:
+        host = self._require_host(name)
+        return self._adopt(host, call(host.handle.restore.remote(name), node=host.name))
+
+
+class _ImagePort:
+    """A node's image receiver, through its host (one Ray call per step)."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    def image_digest(self, name: str) -> str | None:
+        digest: str | None = call(self.host.handle.image_digest.remote(name), node=self.host.name)
+        return digest
+
+    def begin(self, name: str, expected_id: str, total_bytes: int) -> None:
+        call(self.host.handle.image_begin.remote(name, expected_id, total_bytes), node=self.host.name)
+
+    def chunk(self, seq: int, data: bytes) -> None:
+        call(self.host.handle.image_chunk.remote(seq, data), node=self.host.name)
+
+    def finish(self) -> str:
+        loaded: str = call(self.host.handle.image_finish.remote(), node=self.host.name)
+        return loaded
+
+    def abort(self) -> None:
+        call(self.host.handle.image_abort.remote(), node=self.host.name)
+
+
+def connect_driver(settings: RaySettings) -> None:
+    """``ray.init`` as a driver of the cluster at ``settings.address`` (once per process)."""
+    ray = ray_module()
+    if ray.is_initialized():
+        return
+    for note in settings.loosened():
+        log.warning("this configuration loosens a hardened default: %s", note)
+    env: Mapping[str, str] = {}
+    if settings.token_file is not None:
+        env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(settings.token_file)}
+    os.environ.update(env)
+    try:
+        ray.init(address=settings.address, namespace=settings.namespace, _node_ip_address=settings.node_ip,
+                 log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
+    except Exception as exc:  # ConnectionError, RuntimeError, an auth refusal: all say the same to a user
+        raise EngineUnavailable(f"cannot join the Ray cluster at {settings.address}: {exc}") from None
