@@ -46,8 +46,8 @@ def ray_cluster() -> Iterator[RayTestCluster]:
         unavailable(str(exc))
     cluster = RayTestCluster()
     saved = {key: os.environ.get(key) for key in cluster.driver_env()}
+    cluster.up(owner=os.getpid())  # removes what it built if it fails; refuses another session's cluster
     try:
-        cluster.up(owner=os.getpid())
         cluster.use_as_driver()
         yield cluster
     finally:
