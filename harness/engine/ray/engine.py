@@ -477,10 +477,14 @@ def connect_driver(settings: RaySettings) -> None:
         return
     for note in settings.loosened():
         log.warning("this configuration loosens a hardened default: %s", note)
-    env: Mapping[str, str] = {}
-    if settings.token_file is not None:
-        env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(settings.token_file)}
-    os.environ.update(env)
+    env: Mapping[str, str] = settings.auth_environment()
+    if env:
+        os.environ.update(env)
+        # Ray reads its authentication settings when it is first imported: read them again.
+        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
     try:
         ray.init(address=settings.address, namespace=settings.namespace, _node_ip_address=settings.node_ip,
                  log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
