@@ -98,6 +98,11 @@ Sections:
     of environment variables whose values are redacted; values under 8 characters are
     ignored) and ``patterns`` (regular expressions, checked when the policy loads).
 
+``engine`` and ``[ray]``
+    Where the sandboxes run (:mod:`harness.engine.select`): absent or ``"docker"``, this
+    machine's Docker engine; ``"ray"``, the Ray cluster ``[ray]`` describes. A command's
+    ``--engine`` and a server configuration's ``engine`` win over the policy's.
+
 :meth:`Policy.decide` is on every call's path: patterns are compiled once, when the
 policy is validated, and the common case (no rules for the tool) is two dict lookups.
 """
@@ -135,6 +140,7 @@ from harness.core.rules import (
 from harness.core.sandbox_settings import MountSetting, PoolSettings, SandboxSettings
 from harness.core.units import format_size
 from harness.core.validation import describe_validation_error, parse_toml_model, render_path
+from harness.engine.select import EngineName, RayTable
 from harness.engine.spec import HostLimits, Mount, SandboxSpec, SpecError
 
 __all__ = [
@@ -227,6 +233,10 @@ class Policy(BaseModel):
     """``[pool]``: pre-started sandboxes a server's creates claim (off unless ``size`` > 0)."""
     runtime: RuntimeRequirement = Field(default_factory=RuntimeRequirement)
     """``[runtime]``: the weakest OCI runtime a sandbox may run under, for all or per tool."""
+    engine: EngineName | None = None
+    """Where the sandboxes run: ``docker`` (this machine) or ``ray`` (``[ray]``); absent: docker."""
+    ray: RayTable = None
+    """``[ray]``: the Ray cluster of ``engine = "ray"`` (:mod:`harness.engine.ray.settings`)."""
 
     @field_validator("allowed_tools")
     @classmethod
@@ -452,7 +462,7 @@ class Policy(BaseModel):
             notes.append("redaction.builtin_patterns = false: tool results keep cloud keys, tokens, private keys "
                          "and JWTs (the default is true)")
         notes.extend(self.actions.loosened())
-        return notes
+        return notes + (self.ray.loosened() if self.ray is not None else [])
 
 
 def runtime_network_check(runtime: str, network: str, *, asked_by: str = "sandbox.runtime") -> None:
@@ -547,12 +557,11 @@ def parse_policy(text: str | bytes, *, source: str = "policy", base_dir: Path | 
                 f"{source} is not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8"
             ) from None
     policy = parse_toml_model(text, Policy, source=source, error=PolicyError, message=_problems_message)
-    if base_dir is not None:
-        policy = _anchor_paths(policy, base_dir)
     try:
+        policy = _anchor_paths(policy, base_dir) if base_dir is not None else policy
         policy.host_checked_spec(host)
-    except PolicyError as exc:
-        raise PolicyError(_problems_message(source, [exc.message])) from None
+    except (PolicyError, ValueError) as exc:  # ValueError: the [ray] token file, once anchored
+        raise PolicyError(_problems_message(source, [str(exc)])) from None
     return policy
 
 
@@ -566,6 +575,9 @@ def _anchor_paths(policy: Policy, base_dir: Path) -> Policy:
     def anchor(p: Path) -> Path:
         p = p.expanduser()
         return p if p.is_absolute() else base_dir / p
+
+    if policy.ray is not None:
+        policy = policy.model_copy(update={"ray": policy.ray.anchored(base_dir)})
 
     if policy.tool:
         tools = tuple(t.model_copy(update={"mounts": tuple(

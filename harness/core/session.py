@@ -47,7 +47,7 @@ from harness.core.shared_engine import pooled_engine
 from harness.core.validation import CallRejected, check_call_id
 from harness.engine.base import Engine, Sandbox
 from harness.engine.cancel import CallScope, current_scope
-from harness.engine.default import connect_default_engine
+from harness.engine.select import choice_of, engine_connector
 from harness.engine.spec import SandboxSpec
 from harness.telemetry import metrics
 
@@ -90,12 +90,14 @@ class Session:
         """The scopes of the calls running now, cancelled by ``cancel_calls`` and ``close``."""
 
     def _default_engine(self) -> Callable[[], Engine]:
-        """Without an ``engine_factory``: the process's shared engine with the policy's warm
-        pool of this session's spec when ``[pool]`` asks for one (so a create is a claim once
-        it has filled), else a connection of the session's own."""
+        """Without an ``engine_factory``: the engine the policy's ``engine`` names (Docker when
+        it names none); the process's shared engine with the policy's warm pool of this
+        session's spec when ``[pool]`` asks for one (so a create is a claim once it has
+        filled), else a connection of the session's own (Ray's is the process's)."""
+        choice = choice_of(self.policy.engine, self.policy.ray)
         if self.policy.pool.size > 0:
-            return pooled_engine(self.policy.pool, self.spec)
-        return connect_default_engine
+            return pooled_engine(self.policy.pool, self.spec, choice)
+        return engine_connector(choice)
 
     def exposed_tools(self) -> list[Tool]:
         """The tools this run offers the model (registered and allowed by its policy)."""

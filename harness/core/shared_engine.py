@@ -29,6 +29,7 @@ from harness.core.errors import CallboxError
 from harness.core.sandbox_settings import PoolSettings
 from harness.engine.base import Engine
 from harness.engine.default import connect_default_engine
+from harness.engine.select import EngineChoice, engine_connector
 from harness.engine.spec import SandboxSpec
 
 if TYPE_CHECKING:
@@ -109,17 +110,18 @@ _process_engines: dict[str, SharedEngine] = {}
 _process_lock = threading.Lock()
 
 
-def pooled_engine(pool: PoolSettings, spec: SandboxSpec) -> SharedEngine:
+def pooled_engine(pool: PoolSettings, spec: SandboxSpec, choice: EngineChoice | None = None) -> SharedEngine:
     """The engine this process's library Sessions with ``[pool]`` settings ``pool`` and sandbox
-    ``spec`` share: one per (settings, spec), its pool started filling (in the background)
-    when it is first asked for. Its pooled sandboxes go at interpreter exit or with
-    :func:`close_pooled_engines` (and, if the process is killed, with any later gc: their
-    owner is gone)."""
-    key = json.dumps([pool.model_dump(mode="json"), spec.model_dump(mode="json")], sort_keys=True)
+    ``spec`` share, on the engine of ``choice`` (None: Docker): one per (settings, spec,
+    engine), its pool started filling (in the background) when it is first asked for. Its
+    pooled sandboxes go at interpreter exit or with :func:`close_pooled_engines` (and, if the
+    process is killed, with any later gc: their owner is gone)."""
+    engine = choice.model_dump(mode="json") if choice is not None and choice.ray is not None else None
+    key = json.dumps([pool.model_dump(mode="json"), spec.model_dump(mode="json"), engine], sort_keys=True)
     with _process_lock:
         shared = _process_engines.get(key)
         if shared is None:
-            shared = _process_engines[key] = SharedEngine(pool=pool, pool_specs=[spec])
+            shared = _process_engines[key] = SharedEngine(engine_connector(choice), pool=pool, pool_specs=[spec])
             shared.warm_in_background()
         return shared
 

@@ -162,7 +162,7 @@ def test_load_from_a_file_names_the_file(tmp_path: Path) -> None:
     ("text", "problem"),
     [
         ('sandboxx = 1', "unexpected key 'sandboxx' (allowed: sandbox, allowed_tools, default_decision, tools, "
-                         "budgets, redaction, tool, actions, pool, runtime)"),
+                         "budgets, redaction, tool, actions, pool, runtime, engine, ray)"),
         ('[sandbox]\nmemroy = "1g"', "unexpected key 'sandbox.memroy' (allowed: image, runtime, memory, cpus, "
                                      "pids, network, allow_hosts, mounts, allowed_mount_roots, workdir, env, tmp_size, "
                                      "workspace_size, home_size, noexec, nofile, fsize, ttl_seconds, placement)"),

@@ -99,7 +99,7 @@ from harness.doors.profiles import ClientPolicies, PolicySource
 from harness.doors.quota_ledger import QuotaExceeded, QuotaKeeper, Reservation
 from harness.engine.base import Engine
 from harness.engine.cancel import CallScope
-from harness.engine.docker.engine import DockerEngine
+from harness.engine.select import choice_of, engine_connector
 from harness.engine.spec import SandboxSpec
 from harness.telemetry import metrics, tracing
 from harness.v1 import executor_pb2, executor_pb2_grpc
@@ -138,10 +138,11 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         metrics.watch_approvals(str(audit.path), audit)  # the approvals pending, in /metrics
         self.tokens = tokens
         self.limits = limits or Limits()
-        # DockerEngine.connect: a server fails at once when the engine is not there (no retries).
+        # The policy's engine (Docker's unless it names another), without retries: a server
+        # fails at once when the engine is not there.
         self.engine_factory = engine_factory or SharedEngine(
-            DockerEngine.connect, pool=policy.pool, pool_specs=[policy.sandbox_spec()] if policy.pool.size else [],
-            room=self._pool_room)
+            engine_connector(choice_of(policy.engine, policy.ray), retry=False), pool=policy.pool,
+            pool_specs=[policy.sandbox_spec()] if policy.pool.size else [], room=self._pool_room)
         self.approvals_by_clients = approvals_by_clients
         self.keep_sandboxes = keep_sandboxes
         """Leave the sandboxes of the ``kept_doors`` running at shutdown for the next server (:mod:`.adoption`)."""

@@ -31,6 +31,7 @@ from harness.doors.profiles import ClientPolicies, PolicySource
 from harness.doors.quota_ledger import QuotaKeeper, Reservation
 from harness.engine.cancel import CallScope
 from harness.engine.docker import teardown
+from harness.engine.select import choice_of, engine_connector
 from harness.engine.spec import SandboxSpec
 from harness.tools import registry_for
 
@@ -199,7 +200,8 @@ class McpToolService:
         self.shared_engine: SharedEngine | None = None
         """The engine every session shares when the policy has ``[pool]`` (and none was given)."""
         if engine_factory is None and policy.pool.size > 0:
-            engine_factory = self.shared_engine = SharedEngine(pool=policy.pool, pool_specs=[self.spec])
+            engine_factory = self.shared_engine = SharedEngine(
+                engine_connector(choice_of(policy.engine, policy.ray)), pool=policy.pool, pool_specs=[self.spec])
             self.shared_engine.warm_in_background()
         self.engine_factory = engine_factory
         self._owns_audit = owns_audit
