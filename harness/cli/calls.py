@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from harness.cli.options import UsageParser, sandbox_options, say, spec_from_args
+from harness.cli.options import UsageParser, engine_options, policy_engine, sandbox_options, say, spec_from_args
 from harness.core.calls import ErrorCode
 from harness.core.formats import FORMATS, parse_format, result_item, tool_definitions
 
@@ -45,6 +45,7 @@ def add_parsers(sub: Any) -> None:
     call.add_argument("--audit-db", type=Path, help="audit store (default $CALLBOX_AUDIT_DB or the state dir)")
     call.add_argument("--stream", action="store_true", help="copy the tool's output to stderr as it runs")
     sandbox_options(call, defaults=False)
+    engine_options(call)
 
     approvals = sub.add_parser("approvals", help="list and resolve calls waiting for approval")
     approvals.add_argument("--audit-db", type=Path, help="audit store")
@@ -91,11 +92,11 @@ def _call(args: argparse.Namespace) -> int:
     from harness.core.calls import ToolCall
     from harness.core.policy import load_policy
     from harness.core.session import Session
-    from harness.engine.default import connect_default_engine
     from harness.tools import registry_for
 
     policy = load_policy(args.policy)
     spec = spec_from_args(args, policy.sandbox_spec())
+    policy, engine_factory = policy_engine(args, policy)
     call = ToolCall(name=args.tool, arguments=args.arguments, call_id=args.call_id or f"call_{uuid.uuid4().hex}")
 
     def stream(_name: str, data: bytes) -> None:
@@ -104,7 +105,7 @@ def _call(args: argparse.Namespace) -> int:
 
     announced = policy.sandbox_spec().loosened()  # load_policy said these, naming their keys
     with loosened_said_once(spec, announced), AuditStore(args.audit_db) as audit, Session(
-        registry_for(policy), policy, audit, run_id=args.run_id, spec=spec, engine_factory=connect_default_engine
+        registry_for(policy), policy, audit, run_id=args.run_id, spec=spec, engine_factory=engine_factory
     ) as harness:
         result = harness.call(call, on_output=stream if args.stream else None)
         if args.run_id is None and not result.meta.get("approval_id"):

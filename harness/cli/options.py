@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 import unicodedata
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from pydantic import ValidationError
 
@@ -18,15 +20,20 @@ from harness.core.errors import UsageError
 
 if TYPE_CHECKING:
     from harness.core.policy import Policy
+    from harness.engine.base import Engine
     from harness.engine.docker.engine import DockerEngine
+    from harness.engine.select import EngineChoice
     from harness.engine.spec import SandboxSpec
 
 __all__ = [
     "MAX_STDIN_BYTES",
     "UsageParser",
     "connect_engine",
+    "engine_choice",
+    "engine_options",
     "first_error",
     "one_line",
+    "policy_engine",
     "read_stdin",
     "sandbox_options",
     "say",
@@ -144,11 +151,89 @@ def say(message: str) -> None:
     print(f"callbox: {one_line(message)}", file=sys.stderr)
 
 
-def connect_engine() -> DockerEngine:
-    """The local Docker engine. Imported here so `--help` and usage errors never load the docker SDK."""
-    from harness.engine.docker.engine import DockerEngine
+def engine_options(parser: argparse.ArgumentParser) -> None:
+    """``--engine``, ``--ray-address`` and ``--ray-token-file``: where the sandboxes run."""
+    group = parser.add_argument_group("engine")
+    group.add_argument("--engine", choices=["docker", "ray"],
+                       help="where sandboxes run: docker (this machine's Docker engine; the default unless the "
+                            "policy or configuration says engine = \"ray\") or ray (the nodes of a Ray cluster)")
+    group.add_argument("--ray-address", metavar="HOST:PORT",
+                       help="with --engine ray: the cluster's GCS address (what `ray start --head` prints), or auto "
+                            "(the cluster this machine is a node of); over [ray] address")
+    group.add_argument("--ray-token-file", type=Path, metavar="FILE",
+                       help="with --engine ray: the cluster's token (RAY_AUTH_TOKEN_PATH), mode 0600; over [ray] "
+                            "token_file")
 
-    return DockerEngine.connect()
+
+RAY_FLAGS = {"address": "--ray-address", "token_file": "--ray-token-file"}
+"""The ``[ray]`` keys the command line sets, and their flags."""
+
+
+def engine_choice(args: argparse.Namespace, base: EngineChoice | None = None) -> EngineChoice:
+    """The engine the command line chooses over ``base`` (a policy's or configuration's choice;
+    None: Docker): ``--engine`` over its engine, ``--ray-*`` over its ``[ray]`` keys. A flag
+    that does not fit (Ray settings for Docker, Ray without an address or a usable token
+    file) is a UsageError naming it."""
+    from harness.engine.ray.settings import RaySettings
+    from harness.engine.select import DOCKER, EngineChoice
+
+    engine = getattr(args, "engine", None) or (base.engine if base is not None else "docker")
+    given = {key: getattr(args, f"ray_{key}", None) for key in RAY_FLAGS}
+    if engine == "docker":
+        for key, value in given.items():
+            if value is not None:
+                raise UsageError(f"{RAY_FLAGS[key]} is for the Ray engine: add --engine ray, or leave it out")
+        return DOCKER
+    fields = base.ray.model_dump() if base is not None and base.ray is not None else {}
+    if given["address"] is not None:
+        fields["address"] = given["address"]
+    if given["token_file"] is not None:
+        fields["token_file"] = Path(given["token_file"]).expanduser().absolute()
+    if "address" not in fields:
+        raise UsageError("--engine ray needs the cluster's address: --ray-address HOST:PORT (the GCS address "
+                         "`ray start --head` printed on the head node), and --ray-token-file FILE with its token")
+    try:
+        return EngineChoice(engine="ray", ray=RaySettings.model_validate(fields))
+    except ValidationError as exc:
+        raise UsageError(_ray_flag_error(exc)) from None
+
+
+def _ray_flag_error(exc: ValidationError) -> str:
+    error = exc.errors(include_url=False)[0]
+    message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+    loc = tuple(error.get("loc", ()))
+    if message.startswith("token_file is required"):
+        return ("--engine ray needs --ray-token-file FILE: the cluster's token (`ray get-auth-token` on the head "
+                "prints it), in a file of mode 0600")
+    key = str(loc[-1]) if loc else ("token_file" if message.startswith("token_file") else "")
+    if key in RAY_FLAGS:
+        return f"{RAY_FLAGS[key]}: {message.removeprefix('token_file ')}"
+    return f"ray.{key}: {message}" if key else f"--engine ray: {message}"
+
+
+def policy_engine(args: argparse.Namespace, policy: Policy) -> tuple[Policy, Callable[[], Engine]]:
+    """``policy`` saying the engine the command line chooses over the policy's own (so a paused
+    run's checkpoint keeps it), and a Session's ``engine_factory`` for it: Docker's connects
+    when the first sandbox starts, as before; Ray's now, so a cluster that cannot be reached
+    ends the command before a model is asked anything."""
+    from harness.engine.select import choice_of, connect_engine, engine_connector, with_engine
+
+    choice = engine_choice(args, choice_of(policy.engine, policy.ray))
+    if choice.ray is None:
+        return with_engine(policy, choice), engine_connector(choice)
+    engine = connect_engine(choice)
+    return with_engine(policy, choice), lambda: engine
+
+
+def connect_engine(args: argparse.Namespace | None = None) -> DockerEngine:
+    """The engine the command line chooses (``--engine``; Docker without it), connected.
+    Imported here so `--help` and usage errors never load the docker SDK or ray."""
+    from harness.engine.select import connect_engine as connect
+
+    engine = connect(engine_choice(args) if args is not None else None)
+    # The Ray engine has the Docker engine's public surface (create, open, list_sandboxes, gc,
+    # snapshots, ...), which the commands are written against.
+    return cast("DockerEngine", engine)
 
 
 def read_stdin() -> bytes:

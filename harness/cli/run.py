@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli.notices import loosened_said_once
-from harness.cli.options import sandbox_options, spec_from_args
+from harness.cli.options import engine_options, policy_engine, sandbox_options, spec_from_args
 from harness.core.errors import UsageError
 
 DEFAULT_SYSTEM = (
@@ -75,6 +75,7 @@ def add_parsers(sub: Any) -> None:
     run.add_argument("--audit-db", type=Path, help="audit store (default $CALLBOX_AUDIT_DB or the state dir)")
     run.add_argument("--json", action="store_true", help="print one JSON event per line")
     sandbox_options(run, defaults=False)
+    engine_options(run)
 
 
 LOOP_OPTIONS = {"max_turns": "--max-turns", "tool_choice": "--tool-choice"}
@@ -151,25 +152,24 @@ def _model(args: argparse.Namespace, *, turns_done: int = 0) -> Any:
 def _start(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any:
     from harness.core.policy import load_policy
     from harness.core.session import Session
-    from harness.engine.default import connect_default_engine
     from harness.loop.agent_loop import run_agent
     from harness.tools import registry_for
 
     policy = load_policy(args.policy)
     spec = spec_from_args(args, policy.sandbox_spec())
+    policy, engine_factory = policy_engine(args, policy)
     model = _model(args)
     task = args.task or SCRIPTED_TASK
     show = _show(args, policy)
     announced = policy.sandbox_spec().loosened()  # load_policy said these, naming their keys
     with loosened_said_once(spec, announced), Session(registry_for(policy), policy, audit, spec=spec,
-                                                      engine_factory=connect_default_engine) as harness:
+                                                      engine_factory=engine_factory) as harness:
         return run_agent(model, harness, task=task, system=args.system, config=loop_config(options),
                          on_event=show, resume_command=resume_command(args, harness.run_id, audit.path))
 
 
 def _resume(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any:
     from harness.core.session import Session
-    from harness.engine.default import connect_default_engine
     from harness.loop import checkpoint
     from harness.loop.agent_loop import resume
     from harness.tools import registry_for
@@ -180,9 +180,10 @@ def _resume(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> An
     model = _model(args, turns_done=saved.turn)
     config = loop_config(options, saved.config) if options else None
     policy, spec = saved.policy_model(), saved.spec_model()
+    policy, engine_factory = policy_engine(args, policy)  # the run's engine, unless --engine says another
     show = _show(args, policy)
     with loosened_said_once(spec, []), Session(registry_for(policy), policy, audit, run_id=args.resume,
-                                                spec=spec, engine_factory=connect_default_engine) as harness:
+                                                spec=spec, engine_factory=engine_factory) as harness:
         return resume(args.resume, model, harness, config=config, on_event=show,
                       resume_command=resume_command(args, args.resume, audit.path))
 

@@ -24,6 +24,7 @@ import argparse
 from typing import Any
 
 from harness.cli import sandbox_files, sandbox_jobs, sandbox_life, sandbox_terminal
+from harness.cli.options import engine_options
 from harness.cli.sandbox_common import CommandParser, json_errors
 from harness.core.errors import UsageError
 
@@ -40,6 +41,8 @@ def add_parsers(sub: Any) -> None:
                                   metavar="VERB")
     for part in PARTS:
         part.add_verbs(verbs)
+    for verb in verbs.choices.values():  # every verb reaches its sandboxes on the chosen engine
+        engine_options(verb)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -132,11 +132,12 @@ def json_errors(args: argparse.Namespace) -> Iterator[None]:
         raise
 
 
-def connect() -> DockerEngine:
-    """The local Docker engine (the docker SDK is loaded only now)."""
+def connect(args: argparse.Namespace) -> DockerEngine:
+    """The engine of the command's ``--engine`` (Docker without it; its SDK, or ray, is loaded
+    only now)."""
     from harness.cli.options import connect_engine
 
-    return connect_engine()
+    return connect_engine(args)
 
 
 @contextlib.contextmanager

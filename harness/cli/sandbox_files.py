@@ -109,7 +109,7 @@ def _cp(args: argparse.Namespace) -> int:
     if not host:
         raise UsageError("the host path is empty; give a file or directory (. for here)")
     policy = load_gate_policy(args)
-    engine = connect()
+    engine = connect(args)
     host_path = Path(host)
     with opened(engine, name) as sandbox:
         path = sandbox_path(inside, sandbox.spec.workdir)
@@ -157,7 +157,7 @@ def _port(args: argparse.Namespace) -> int:
     from harness.engine.ports import forward_port
 
     policy = load_gate_policy(args)
-    engine = connect()
+    engine = connect(args)
     lock = threading.Lock()
 
     def log_connection(peer: tuple[str, int]) -> None:

@@ -135,7 +135,7 @@ def _exec(args: argparse.Namespace) -> int:
         raise UsageError("--tag names a background job: add --background")
     cap = output_cap(args)
     stdin = read_stdin()
-    engine = connect()
+    engine = connect(args)
     with opened(engine, args.name) as sandbox:
         sandbox.require_running()
         return run_foreground(sandbox.agent, cmd, cwd=sandbox.spec.workdir, env=sandbox.spec.env, stdin=stdin,
@@ -145,7 +145,7 @@ def _exec(args: argparse.Namespace) -> int:
 
 def _background(args: argparse.Namespace, cmd: list[str]) -> int:
     policy = load_gate_policy(args)
-    engine = connect()
+    engine = connect(args)
     with opened(engine, args.name) as sandbox:
         details = {"sandbox": args.name, "command": cmd, "tag": args.tag, "pty": False}
         with guarded(args, policy, sandbox.id, "process", details, workdir=sandbox.spec.workdir) as ticket:
@@ -160,7 +160,7 @@ def _background(args: argparse.Namespace, cmd: list[str]) -> int:
 
 
 def _ps(args: argparse.Namespace) -> int:
-    engine = connect()
+    engine = connect(args)
     rows: list[dict[str, Any]] = []
     if args.name is not None:
         with opened(engine, args.name) as sandbox:
@@ -202,7 +202,7 @@ def job_pid(sandbox: Sandbox, ref: str) -> int:
 
 def _logs(args: argparse.Namespace) -> int:
     policy = load_gate_policy(args)
-    engine = connect()
+    engine = connect(args)
     with opened(engine, args.name) as sandbox:
         pid = job_pid(sandbox, args.pid)
         with known_job(sandbox, pid):
@@ -261,7 +261,7 @@ def _chunk_json(seq: int, stream: str, data: bytes) -> dict[str, Any]:
 
 
 def _kill(args: argparse.Namespace) -> int:
-    engine = connect()
+    engine = connect(args)
     with opened(engine, args.name) as sandbox:
         pid = job_pid(sandbox, args.pid)
         with known_job(sandbox, pid):

@@ -124,7 +124,7 @@ def _new(args: argparse.Namespace) -> int:
     if args.name is not None:
         validate_name(args.name)
     spec = spec_from_args(args)
-    engine = connect()
+    engine = connect(args)
     # Always cold: a warm pool lives in the process that holds it (see harness.core.shared_engine).
     sandbox = engine.create(spec, name=args.name or new_name(), ttl_s=args.ttl, owner=actor())
     sandbox.agent.close()
@@ -136,7 +136,7 @@ def _new(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    engine = connect()
+    engine = connect(args)
     now = time.time()
     rows = [_info_json(info, now) for info in engine.list_sandboxes()]
     if args.json:
@@ -166,7 +166,7 @@ def _info_json(info: SandboxInfo, now: float) -> dict[str, Any]:
 def _pause_or_resume(args: argparse.Namespace) -> int:
     op = args.sandbox_command
     policy = load_gate_policy(args)
-    engine = connect()
+    engine = connect(args)
     with opened(engine, args.name) as sandbox, \
             guarded(args, policy, sandbox.id, "pause", {"sandbox": args.name, "op": op},
                     workdir=sandbox.spec.workdir):
@@ -187,7 +187,7 @@ def _pause_or_resume(args: argparse.Namespace) -> int:
 
 
 def _keep_alive(args: argparse.Namespace) -> int:
-    engine = connect()
+    engine = connect(args)
     with opened(engine, args.name) as sandbox:
         expires = sandbox.keep_alive(args.ttl)
     if args.json:
@@ -199,7 +199,7 @@ def _keep_alive(args: argparse.Namespace) -> int:
 
 
 def _rm(args: argparse.Namespace) -> int:
-    engine = connect()
+    engine = connect(args)
     sandbox_id = engine.remove(args.name)
     if args.json:
         print_json({"removed": sandbox_id, "name": None if args.name == sandbox_id else args.name})
@@ -214,7 +214,7 @@ def _snapshot(args: argparse.Namespace) -> int:
 
     validate_name(args.snapshot, "snapshot")
     policy = load_gate_policy(args)
-    engine = connect()
+    engine = connect(args)
     with opened(engine, args.name) as sandbox, \
             guarded(args, policy, sandbox.id, "snapshot", {"sandbox": args.name, "name": args.snapshot},
                     workdir=sandbox.spec.workdir) as ticket:
@@ -281,13 +281,13 @@ def _fork(args: argparse.Namespace) -> int:
     if args.from_snapshot:
         info = SnapshotStore().get(args.from_snapshot)
         details["sandbox"] = _source(info)
-        engine = connect()
+        engine = connect(args)
         with guarded(args, policy, info.source_sandbox_id, "fork", details) as ticket:
             forked = engine.fork(args.from_snapshot, from_snapshot=True, name=name, owner=actor(), ttl_s=args.ttl)
             ticket.outcome.update(sandbox_id=forked.id, forked_name=forked.name)
     else:
         details["sandbox"] = args.source
-        engine = connect()
+        engine = connect(args)
         with opened(engine, args.source) as source, \
                 guarded(args, policy, source.id, "fork", details, workdir=source.spec.workdir) as ticket:
             forked = engine.fork(source, name=name, owner=actor(), ttl_s=args.ttl)
@@ -306,7 +306,7 @@ def _restore(args: argparse.Namespace) -> int:
 
     validate_name(args.name)
     policy = load_gate_policy(args)
-    engine = connect()
+    engine = connect(args)
     latest = [s for s in SnapshotStore().list() if s.source_name == args.name]
     if not latest:
         raise SnapshotError(f"sandbox {args.name} has no snapshot to restore from (its files are gone); "

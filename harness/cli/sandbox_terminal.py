@@ -67,7 +67,7 @@ def _attach(args: argparse.Namespace) -> int:
         raise UsageError("give either --pid P (join a job) or -- CMD (start one), not both")
     local = LocalTerminal()
     policy = load_gate_policy(args)
-    engine = connect()
+    engine = connect(args)
     with opened(engine, args.name) as sandbox:
         jobs = sandbox.jobs
         rows, cols = local.size()

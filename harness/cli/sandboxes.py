@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from harness.cli.foreground import command_of, foreground_options, output_cap, run_foreground
-from harness.cli.options import connect_engine, read_stdin, sandbox_options, spec_from_args
+from harness.cli.options import connect_engine, engine_options, read_stdin, sandbox_options, spec_from_args
 
 COMMANDS = ("exec", "ps", "gc")
 
@@ -21,14 +21,17 @@ COMMANDS = ("exec", "ps", "gc")
 def add_parsers(sub: Any) -> None:
     ex = sub.add_parser("exec", help="run one command in a fresh disposable sandbox")
     sandbox_options(ex)
+    engine_options(ex)
     foreground_options(ex, json_help="print one JSON result object instead of streaming")
 
     ps = sub.add_parser("ps", help="list live sandboxes")
     ps.add_argument("--json", action="store_true",
                     help="print a JSON list of {sandbox_id, container_id, status, expires_at, expires_in_s, "
                          "expired, owner}")
+    engine_options(ps)
     gc = sub.add_parser("gc", help="remove expired or orphaned sandboxes")
     gc.add_argument("--json", action="store_true", help="print one JSON object {removed: [ids], count}")
+    engine_options(gc)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +47,7 @@ def _exec(args: argparse.Namespace) -> int:
     cap = output_cap(args)
     spec = spec_from_args(args, ttl_seconds=max(600, int(args.timeout) + 300))
     stdin = read_stdin()
-    engine = connect_engine()
+    engine = connect_engine(args)
     sandbox = engine.create(spec)
     try:
         return run_foreground(sandbox.agent, cmd, cwd=spec.workdir, env=sandbox.spec.env, stdin=stdin,
@@ -54,7 +57,7 @@ def _exec(args: argparse.Namespace) -> int:
 
 
 def _ps(args: argparse.Namespace) -> int:
-    engine = connect_engine()
+    engine = connect_engine(args)
     now = time.time()
     rows = [{
         "sandbox_id": info.sandbox_id,
@@ -76,11 +79,14 @@ def _ps(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
+    from harness.cli.options import engine_choice
     from harness.engine.docker.engine import DockerEngine, connect_client
 
-    client = connect_client()
-    engine = DockerEngine(client, reap_on_start=False)
-    removed = engine.gc()
+    choice = engine_choice(args)
+    if choice.ray is not None:  # each node's host removes what expired there
+        removed = connect_engine(args).gc()
+    else:
+        removed = DockerEngine(connect_client(), reap_on_start=False).gc()
     if args.json:
         print(json.dumps({"removed": removed, "count": len(removed)}))
         return 0
