@@ -20,6 +20,7 @@ import pytest
 from harness.core.errors import AgentCallError
 from harness.engine.agent_client import AgentClient
 from harness.engine.agent_errors import SANDBOX_GONE, sandbox_gone
+from harness.engine.cancel import CallScope, current_scope
 from harness.engine.docker.sandbox import AGENT_SOCKET_NAME
 from harness.engine.exec_result import collect
 from harness.engine.jobs import JobChunk, JobEnded
@@ -418,3 +419,39 @@ def test_a_registered_sandbox_whose_socket_is_gone_is_unavailable(relay: AgentRe
             pytest.raises(AgentCallError) as info:
         client.health()
     assert info.value.code == "UNAVAILABLE" and info.value.message.startswith(SANDBOX_GONE)
+
+
+def test_a_call_cancelled_before_the_agent_answered_at_all_frees_the_relay(sandbox: Any, relay: AgentRelay) -> None:
+    """A bash Run queued behind another in its session gets nothing from the agent (not even
+    headers) until the first ends: cancelling it must still end the relay's call at once."""
+    with remote_client(relay, sandbox) as client:
+        first = client.shell_run("echo first; exec sleep 60", session_id="q", timeout_ms=90_000)
+        assert next(first).output.stdout == b"first\n"
+        scope = CallScope()
+        outcome: list[BaseException] = []
+
+        def queued() -> None:
+            with current_scope(scope):
+                try:
+                    shell_output(client.shell_run("echo second", session_id="q", timeout_ms=90_000))
+                except BaseException as error:
+                    outcome.append(error)
+
+        thread = threading.Thread(target=queued)
+        thread.start()
+        try:
+            deadline = time.monotonic() + PATIENCE_S
+            while relay.active < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert relay.active == 2
+            scope.cancel()
+            thread.join(PATIENCE_S)
+            assert outcome and isinstance(outcome[0], AgentCallError) and outcome[0].code == "CANCELLED"
+            deadline = time.monotonic() + 5
+            while relay.active > 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert relay.active == 1, "the relay still holds the cancelled call"
+            assert client.health() == health.SERVING
+        finally:
+            first.close()
+            thread.join(PATIENCE_S)

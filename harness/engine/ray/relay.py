@@ -183,7 +183,8 @@ class AgentRelay:
         self._identity = relay_identity(state_dir, bind_host)
         self._lock = threading.Lock()
         self._backends: dict[str, _Backend] = {}
-        self._slots = threading.BoundedSemaphore(max_streams)
+        self._active = 0
+        self._active_lock = threading.Lock()  # not the registry's: that one is held while it writes a file
         self._server: grpc.Server | None = None
         self._bound = 0
         self._restore()
@@ -254,6 +255,11 @@ class AgentRelay:
         backend.closed = True
         backend.close()
 
+    @property
+    def active(self) -> int:
+        """Calls being forwarded now."""
+        return self._active
+
     def registered(self) -> list[str]:
         with self._lock:
             return sorted(self._backends)
@@ -296,19 +302,34 @@ class AgentRelay:
                  context: grpc.ServicerContext) -> Iterator[bytes]:
         """Make the call on the sandbox's socket and pass everything of it back; ``request`` is
         the one request of a method in UNARY_REQUEST_METHODS (bytes), else the request stream."""
-        if not self._slots.acquire(blocking=False):
+        with self._active_lock:
+            full = self._active >= self.max_streams
+            if not full:
+                self._active += 1
+        if full:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                           f"the node's relay is carrying its limit of {self.max_streams} calls; retry when one ends")
         try:
-            multicallable = backend.call(method, isinstance(request, bytes))
+            single = isinstance(request, bytes)
+            multicallable = backend.call(method, single)
             call = multicallable(request, timeout=_remaining(context),
                                  metadata=_forwarded(context.invocation_metadata()))
             context.add_callback(call.cancel)  # the caller went away or its deadline passed
-            initial = call.initial_metadata()
-            if initial:
-                context.send_initial_metadata(_forwarded(initial))
             with contextlib.suppress(grpc.RpcError):  # its status is passed on below
-                yield from call
+                if single:
+                    # The single-threaded call holds its lock while it waits for headers, and its
+                    # cancel() takes that lock: wait for the first message (or the end) instead,
+                    # which comes after the headers, so a cancel is never held up.
+                    responses = iter(call)
+                    first = next(responses, None)
+                    _pass_initial(call, context)
+                    if first is not None:
+                        yield first
+                        yield from responses
+                else:
+                    # a tunnel counts as open on the agent's headers, before any message
+                    _pass_initial(call, context)
+                    yield from call
             code, details = call.code(), call.details()
             trailing = call.trailing_metadata()
             if trailing:
@@ -319,7 +340,8 @@ class AgentRelay:
                 context.set_code(code)
                 context.set_details(details or "")
         finally:
-            self._slots.release()
+            with self._active_lock:
+                self._active -= 1
 
     # ---- the state directory -------------------------------------------------------------------
 
@@ -362,6 +384,13 @@ class AgentRelay:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+
+
+def _pass_initial(call: Any, context: grpc.ServicerContext) -> None:
+    """Send the agent's initial metadata on, if it sent any."""
+    initial = call.initial_metadata()
+    if initial:
+        context.send_initial_metadata(_forwarded(initial))
 
 
 def _host_part(host: str) -> str:
