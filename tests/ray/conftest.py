@@ -75,3 +75,28 @@ def ray_driver(ray_cluster: RayTestCluster) -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_engine(ray_cluster: RayTestCluster) -> Iterator[Any]:
+    """A RayEngine on the cluster for one test module (its first connect sends the sandbox image
+    to the workers, which start without it); every sandbox it left is removed at the end."""
+    import ray
+
+    from harness.engine.ray.engine import RayEngine
+    from harness.engine.ray.settings import RaySettings
+
+    if ray.is_initialized():
+        ray.shutdown()
+    settings = RaySettings(address=ray_cluster.address, token_file=ray_cluster.token_file,
+                           node_ip=ray_cluster.node_ip, namespace="callbox-tests")
+    engine = RayEngine.connect(settings)
+    try:
+        yield engine
+    finally:
+        try:
+            for info in engine.list_sandboxes(stats=False):
+                engine.remove(info.sandbox_id)
+            engine.close()
+        finally:
+            ray.shutdown()

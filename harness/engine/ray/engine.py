@@ -102,14 +102,17 @@ class RayEngine:
 
     # ---- nodes ----------------------------------------------------------------------------------
 
-    def _node_joined(self, host: Host) -> None:
-        if host.info is not None and host.info.reaped:
-            log.warning("node %s came back: %d sandbox(es) of its earlier life were removed", host.name,
-                        host.info.reaped)
-        self.sync_images([host])
+    def _node_joined(self, hosts: list[Host]) -> None:
+        """New sandbox nodes (at connect, or joined since): the image first, then their pool."""
+        for host in hosts:
+            if host.info is not None and host.info.reaped:
+                log.warning("node %s came back: %d sandbox(es) of its earlier life were removed", host.name,
+                            host.info.reaped)
+        self.sync_images(hosts)
         if self._pool_settings is not None:
             specs, settings = self._pool_settings
-            call(host.handle.enable_pool.remote(specs, settings), node=host.name)
+            for host in hosts:
+                call(host.handle.enable_pool.remote(specs, settings), node=host.name)
 
     def _node_died(self, host: Host) -> None:
         reason = f"sandbox lost with its node {host.name}: Ray declared the node dead"
@@ -360,8 +363,9 @@ class RayEngine:
             call(host.handle.enable_pool.remote(*self._pool_settings), node=host.name)
 
     def drain(self, timeout: float | None = None) -> bool:
-        del timeout
-        return True
+        """Wait until the sandboxes destroyed so far are removed on every node; False if one
+        node's ``timeout`` passed."""
+        return all(done for _host, done in self.hosts.each("drain", timeout))
 
     def close(self, timeout: float | None = None) -> bool:
         """Stop watching; each node's pool is emptied. Sandboxes with a keep or a name stay."""

@@ -286,6 +286,10 @@ class SandboxHost:
         self.engine.enable_pool(specs, **settings)
         return len(specs)
 
+    def drain(self, timeout: float | None) -> bool:
+        """Wait until the sandboxes destroyed so far are removed; False if ``timeout`` passed."""
+        return self.engine.drain(timeout)
+
     def pooled_count(self) -> int:
         return self.engine.pooled_count()
 

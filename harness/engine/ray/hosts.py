@@ -55,6 +55,8 @@ class Host:
     info: HostInfo | None = None
     info_at: float = 0.0
     alive: bool = True
+    ready: bool = False
+    """Its image is checked (and its pool asked for): placement may use it."""
 
     @property
     def name(self) -> str:
@@ -95,7 +97,7 @@ class HostDirectory:
     """The hosts of the cluster's sandbox nodes; finds new ones and watches for dead ones."""
 
     def __init__(self, *, namespace: str, relay_port: int, on_dead: Callable[[Host], None],
-                 on_new: Callable[[Host], None]) -> None:
+                 on_new: Callable[[list[Host]], None]) -> None:
         self.namespace = namespace
         self.relay_port = relay_port
         self._on_dead = on_dead
@@ -113,8 +115,10 @@ class HostDirectory:
         nodes: list[dict[str, Any]] = ray_module().nodes()
         return nodes
 
-    def refresh(self) -> list[Host]:
+    def refresh(self, *, welcome_in_background: bool = False) -> list[Host]:
         """Bring the directory in line with the cluster: hosts for new sandbox nodes, dead ones out.
+        New hosts are welcomed (``on_new``: their image) before placement uses them; in a thread
+        of their own with ``welcome_in_background``, so the watcher goes on watching meanwhile.
         Returns the hosts that are new."""
         fresh: list[Host] = []
         died: list[Host] = []
@@ -142,6 +146,7 @@ class HostDirectory:
                 self._hosts.pop(host.node_id, None)
             log.error("node %s (%s) died: its sandboxes are lost", host.name, host.node_id[:12])
             self._on_dead(host)
+        started = []
         for host in fresh:
             try:
                 self.update(host, timeout=HOST_START_TIMEOUT_S)
@@ -150,8 +155,26 @@ class HostDirectory:
                 with self._lock:
                     self._hosts.pop(host.node_id, None)
                 continue
-            self._on_new(host)
-        return [h for h in fresh if h.info is not None]
+            started.append(host)
+        if started and welcome_in_background:
+            threading.Thread(target=self._welcome, args=(started,), name="callbox-ray-welcome", daemon=True).start()
+        elif started:
+            self._welcome(started)
+        return started
+
+    def _welcome(self, hosts: list[Host]) -> None:
+        try:
+            self._on_new(hosts)
+        except Exception as exc:
+            log.error("node(s) %s left out of placement: %s", ", ".join(h.name for h in hosts), exc)
+            with self._lock:
+                for host in hosts:
+                    self._hosts.pop(host.node_id, None)  # the next refresh tries again
+            if not self._thread:
+                raise
+            return
+        for host in hosts:
+            host.ready = True
 
     def _start_host(self, node_id: str) -> Any:
         ray = ray_module()
@@ -171,7 +194,7 @@ class HostDirectory:
 
     def hosts(self) -> list[Host]:
         with self._lock:
-            return [h for h in self._hosts.values() if h.alive and h.info is not None]
+            return [h for h in self._hosts.values() if h.alive and h.ready and h.info is not None]
 
     def by_node(self, name_or_id: str) -> Host | None:
         for host in self.hosts():
@@ -199,7 +222,7 @@ class HostDirectory:
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_S):
             try:
-                self.refresh()
+                self.refresh(welcome_in_background=True)
             except Exception as exc:  # the cluster's control store is away: try again next tick
                 log.warning("cannot read the Ray cluster's nodes: %s", exc)
 
