@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from harness.cli.options import engine_options
 from harness.cli.sd_notify import notify
 from harness.cli.serve_doors import start_servers
 from harness.core.errors import UsageError
@@ -53,6 +54,7 @@ def add_parsers(sub: Any) -> None:
     serve.add_argument("--audit-db", type=Path, help="audit store (default $CALLBOX_AUDIT_DB or the state dir)")
     serve.add_argument("--config", type=Path, metavar="FILE",
                        help="server configuration (TOML); a flag given here wins over the file's setting")
+    engine_options(serve)
 
     config = sub.add_parser("config", help="check a server configuration file")
     config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=type(config))
@@ -90,10 +92,14 @@ def run(args: argparse.Namespace) -> int:
 def _config_check(args: argparse.Namespace) -> int:
     import json
 
-    from harness.cli.server_config import load_config, render_toml
+    from harness.cli.server_config import engine_notes, load_config, render_toml
 
-    effective = load_config(args.file).effective()
-    print(json.dumps(effective, indent=2) if args.json else render_toml(effective), end="\n" if args.json else "")
+    config = load_config(args.file)
+    effective = config.effective()
+    if args.json:
+        print(json.dumps(effective, indent=2))
+        return 0
+    print("".join(f"# note: {note}\n" for note in engine_notes(config)) + render_toml(effective), end="")
     return 0
 
 

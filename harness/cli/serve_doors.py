@@ -10,13 +10,23 @@ Order and sharing:
   E2B door, or the token file's; with none of them it stays open on loopback, as before;
 * the HTTP endpoint (``/metrics``, ``/healthz``, the console) last, on the doors' executor
   when there is one. It is stopped first, since the servers stop in reverse order.
+
+One engine for every door and profile (:func:`door_engine`): ``--engine`` and ``--ray-*``
+over the file's ``engine`` and ``[ray]``, else over the served policy's; every served policy
+(the profiles' too) carries it, and the doors' sessions connect to it. A Ray cluster is
+checked before any door listens, so a server that cannot reach it fails at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.core.policy import Policy
+    from harness.engine.select import EngineChoice
 
 __all__ = ["start_servers"]
 
@@ -27,19 +37,19 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
     """Start the doors ``args`` ask for, appending each to ``servers`` as it starts."""
     from harness.audit.store import AuditStore
     from harness.cli.serve_quotas import door_quotas, profile_policies
-    from harness.cli.server_config import served_policy
 
     config = args.server_config
     keep = config is not None and config.service.keep_sandboxes
     quotas = door_quotas(config, args.max_per_client)
-    policies = profile_policies(config)
+    policy, args.engine_choice = door_engine(args)
+    policies = profile_policies(config, args.engine_choice)
     executor = None
     if args.grpc is not None:
         from harness.doors.grpc.server import serve_grpc
 
         grpc_server = serve_grpc(
             args.grpc or None, token_file=args.token_file, insecure=args.insecure,
-            tls_cert=args.tls_cert, tls_key=args.tls_key, policy=served_policy(args.policy, config),
+            tls_cert=args.tls_cert, tls_key=args.tls_key, policy=policy,
             audit=AuditStore(args.audit_db), max_sandboxes_per_client=args.max_per_client,
             max_sandboxes_total=args.max_sandboxes, keep_sandboxes=keep, quotas=quotas, policies=policies,
         )
@@ -55,7 +65,7 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
         else:
             e2b_server = serve_e2b(
                 args.e2b, token_file=args.token_file, insecure=args.insecure, tls_cert=args.tls_cert,
-                tls_key=args.tls_key, policy=served_policy(args.policy, config), audit=AuditStore(args.audit_db),
+                tls_key=args.tls_key, policy=policy, audit=AuditStore(args.audit_db),
                 max_sandboxes_per_client=args.max_per_client, max_sandboxes_total=args.max_sandboxes,
                 keep_sandboxes=keep, quotas=quotas, policies=policies,
             )
@@ -73,7 +83,6 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
         from harness.doors.mcp.service import McpToolService
         from harness.tools import registry_for
 
-        policy = served_policy(args.policy, config)
         audit = AuditStore(args.audit_db)
         try:
             service = McpToolService(registry_for(policy), policy, audit, owns_audit=True, quotas=quotas,
@@ -91,6 +100,24 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
                  "" if tokens is not None else " (no token: loopback only)")
     if args.http is not None:
         servers.append(_serve_http(args, executor))
+
+
+def door_engine(args: argparse.Namespace) -> tuple[Policy, EngineChoice]:
+    """The served policy and the server's engine: the flags over the file's ``engine`` and
+    ``[ray]``, else over the policy's own; a Ray cluster checked now (CallboxError saying why)."""
+    from harness.cli.options import engine_choice
+    from harness.cli.server_config import served_policy
+    from harness.engine.select import choice_of, with_engine
+
+    config = args.server_config
+    policy = served_policy(args.policy, config)  # with the file's engine over the policy's
+    choice = engine_choice(args, choice_of(policy.engine, policy.ray))
+    if choice.ray is not None:
+        from harness.engine.ray.preflight import preflight
+
+        preflight(choice.ray.anchored(Path.cwd()))
+        log.info("sandboxes run on %s", choice.describe())
+    return with_engine(policy, choice), choice
 
 
 def _serve_http(args: argparse.Namespace, executor: Any) -> Any:

@@ -25,6 +25,7 @@ from harness.core.policy import Policy
 from harness.doors.profiles import PolicySource
 from harness.doors.quota_ledger import QuotaKeeper
 from harness.doors.quotas import Quotas
+from harness.engine.select import EngineChoice
 
 __all__ = ["apply_live", "door_quotas", "profile_policies", "quota_source"]
 
@@ -46,15 +47,16 @@ def door_quotas(config: ServerConfig | None, max_per_client: int | None = None) 
     return QuotaKeeper(quota_source(config, max_per_client) if config is not None else None)
 
 
-def profile_policies(config: ServerConfig | None) -> PolicySource | None:
-    """Client name -> the policy of its profile (None: the door's own policy); None when no
-    profile names a policy. Raises PolicyError for a profile policy that cannot be served."""
+def profile_policies(config: ServerConfig | None, engine: EngineChoice | None = None) -> PolicySource | None:
+    """Client name -> the policy of its profile (None: the door's own policy), served on the
+    server's ``engine``; None when no profile names a policy. Raises PolicyError for a
+    profile policy that cannot be served."""
     if config is None:
         return None
     loaded: dict[Path, Policy] = {}
     for profile in config.profiles.values():
         if profile.policy is not None and profile.policy not in loaded:
-            loaded[profile.policy] = served_policy(profile.policy, config)
+            loaded[profile.policy] = served_policy(profile.policy, config, engine)
     if not loaded:
         return None
     by_client: dict[str, Policy] = {}
@@ -66,10 +68,12 @@ def profile_policies(config: ServerConfig | None) -> PolicySource | None:
     return by_client.get
 
 
-def apply_live(servers: Iterable[Any], config: ServerConfig, max_per_client: int | None = None) -> list[str]:
-    """Give the running doors ``config``'s quotas and profile policies (a reload); what was done."""
+def apply_live(servers: Iterable[Any], config: ServerConfig, max_per_client: int | None = None,
+               engine: EngineChoice | None = None) -> list[str]:
+    """Give the running doors ``config``'s quotas and profile policies (a reload; the policies
+    on the running ``engine``); what was done."""
     source = quota_source(config, max_per_client)
-    policies = profile_policies(config)
+    policies = profile_policies(config, engine)
     keepers: dict[int, QuotaKeeper] = {}
     profiles: dict[int, Any] = {}
     for server in servers:

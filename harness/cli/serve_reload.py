@@ -8,9 +8,10 @@ limit keeps its sandboxes and may create none until it is under it again. ``[quo
 new profile policies for the sandboxes and sessions made from then on), and so do ``[log]``
 and ``[telemetry]`` (spans already taken are sent to the old endpoint). A
 change of any other setting (a door's address, TLS, the token file, the policy, the audit
-store, ``[http]`` listen, ``[service]``, ``[pool]``, ``[runtime]``) cannot apply to a
-running door: it is reported as waiting for a restart and not applied, so the server never
-runs half of a new configuration without saying so.
+store, ``[http]`` listen, ``[service]``, ``[pool]``, ``[runtime]``, ``engine`` and ``[ray]``)
+cannot apply to a running door: it is reported as waiting for a restart and not applied, so
+the server never runs half of a new configuration without saying so (live sandboxes stay
+on the engine they started on).
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ LIVE_SECTIONS = ("log", "telemetry", "quotas", "profiles", "clients")
 QUOTA_SECTIONS = ("quotas", "profiles", "clients")
 """Tables whose change gives every door's quota keeper and profile policies the file's anew
 (so does ``limits.max_per_client``, the fallback of ``live_sandboxes``)."""
-RESTART_SECTIONS = ("service", "pool", "runtime")
+RESTART_SECTIONS = ("service", "pool", "runtime", "ray")
 """Tables of the file whose change waits for a restart."""
+RESTART_KEYS = ("engine",)
+"""Top-level keys of the file whose change waits for a restart."""
 
 
 def executors(servers: Iterable[Any]) -> list[Any]:
@@ -74,7 +77,7 @@ def reload(command_line: argparse.Namespace, running: argparse.Namespace,
             getattr(before_config, key) != getattr(running.server_config, key) for key in QUOTA_SECTIONS)):
         from harness.cli.serve_quotas import apply_live
 
-        apply_live(servers, running.server_config, running.max_per_client)
+        apply_live(servers, running.server_config, running.max_per_client, getattr(running, "engine_choice", None))
     limits = Limits(max_sandboxes_per_client=running.max_per_client, max_sandboxes_total=running.max_sandboxes)
     for executor in executors(servers):
         executor.limits = limits  # one reference swap: a create reads it under the executor's lock
@@ -101,6 +104,10 @@ def _sections(running: argparse.Namespace, fresh: argparse.Namespace) -> list[st
         from harness.telemetry import tracing
 
         tracing.configure(after.telemetry.otlp_endpoint, service_name=after.telemetry.service_name)
+    for key in RESTART_KEYS:
+        if getattr(before, key) != getattr(after, key):
+            notes.append(f"{key}: {getattr(before, key)!r} -> {getattr(after, key)!r} takes effect when the server "
+                         "restarts; the running doors keep their engine")
     for section in RESTART_SECTIONS:
         if getattr(before, section) != getattr(after, section):
             notes.append(f"[{section}]: changed; takes effect when the server restarts")

@@ -11,6 +11,8 @@ A flag given on the command line wins over the file's value for that setting.
 
 Example::
 
+    engine = "ray"                   # where the sandboxes run; absent: the policy's engine, else docker
+
     [doors.grpc]
     listen = "0.0.0.0:7443"          # or "unix:/run/callbox/grpc.sock"; "" for the default socket
 
@@ -66,6 +68,13 @@ Example::
     profile = "ci"
     [clients.builder.quotas]
     sandboxes_per_hour = 100
+
+    [ray]                            # the cluster of engine = "ray" (only with it)
+    address = "10.0.0.1:6379"        # the head's GCS
+    token_file = "ray-token"         # the cluster's token, mode 0600
+
+The server's ``engine`` (and ``--engine``) wins over its policies': every door and every
+profile is served on one engine (:func:`served_policy`).
 """
 
 from __future__ import annotations
@@ -82,6 +91,7 @@ from harness.core.policy import Policy, RuntimeName
 from harness.core.sandbox_settings import PoolSettings
 from harness.core.validation import parse_toml_model
 from harness.doors.quotas import Quotas
+from harness.engine.select import EngineChoice, EngineName, RayTable, choice_of, with_engine
 
 DEFAULT_MAX_PER_CLIENT = 16
 DEFAULT_MAX_SANDBOXES = 64
@@ -221,6 +231,11 @@ class ServerConfig(_Section):
     """``[profiles.NAME]``: a policy and quotas that clients are mapped to."""
     clients: dict[str, Client] = Field(default_factory=dict)
     """``[clients.NAME]``: per client name of the token file, its profile and quotas."""
+    engine: EngineName | None = None
+    """Where the doors' sandboxes run (``--engine``): ``docker`` (this machine) or ``ray``
+    (``[ray]``); absent: the served policy's ``engine``, else docker."""
+    ray: RayTable = None
+    """``[ray]``: the Ray cluster of ``engine = "ray"`` (:mod:`harness.engine.ray.settings`)."""
 
     @model_validator(mode="after")
     def _profiles_exist(self) -> ServerConfig:
@@ -260,7 +275,12 @@ class ServerConfig(_Section):
             "log": self.log.model_copy(update={"file": anchor(self.log.file)}),
             "profiles": {name: profile.model_copy(update={"policy": anchor(profile.policy)})
                          for name, profile in self.profiles.items()},
+            "ray": self.ray.anchored(base) if self.ray is not None else None,
         })
+
+    def engine_choice(self) -> EngineChoice | None:
+        """The engine this file chooses (None: it sets no ``engine``)."""
+        return choice_of(self.engine, self.ray)
 
     def effective(self) -> dict[str, Any]:
         """The configuration with every default filled in, as plain JSON values."""
@@ -270,7 +290,10 @@ class ServerConfig(_Section):
 def parse_config(text: str, *, source: str, base: Path) -> ServerConfig:
     """Validate configuration TOML; ``source`` names it in errors, ``base`` anchors paths."""
     config = parse_toml_model(text, ServerConfig, source=source, error=ConfigError, message=_problems_message)
-    return config.anchored(base)
+    try:
+        return config.anchored(base)
+    except ValueError as exc:  # the [ray] token file, once anchored
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def _problems_message(source: str, problems: list[str]) -> str:
@@ -333,13 +356,17 @@ def check_files(config: ServerConfig, source: str) -> None:
             raise ConfigError(f"{source}: {key}: {exc.message}") from None
 
 
-def served_policy(path: Path | None, config: ServerConfig | None) -> Policy:
+def served_policy(path: Path | None, config: ServerConfig | None, engine: EngineChoice | None = None) -> Policy:
     """The policy at ``path`` (None: the packaged default) as the doors serve it: with the
-    configuration's ``[pool]`` and ``[runtime] default`` over the policy's own. Raises
-    PolicyError naming the key when the result is not a valid sandbox spec."""
+    configuration's ``[pool]`` and ``[runtime] default`` over the policy's own, and the
+    server's engine (``engine``, else the configuration's ``engine`` and ``[ray]``) over the
+    policy's. Raises PolicyError naming the key when the result is not a valid sandbox spec."""
     from harness.core.policy import PolicyError, load_policy
 
     policy = load_policy(path)
+    engine = engine if engine is not None else config.engine_choice() if config is not None else None
+    if engine is not None:
+        policy = with_engine(policy, engine)
     if config is None:
         return policy
     if config.pool is not None:
@@ -352,6 +379,40 @@ def served_policy(path: Path | None, config: ServerConfig | None) -> Policy:
         except PolicyError as exc:
             raise PolicyError(f"runtime.default = {config.runtime.default!r} with this policy: {exc.message}") from None
     return policy
+
+
+def engine_notes(config: ServerConfig) -> list[str]:
+    """What ``callbox config check`` says of the engine when the policies name one too: which
+    engine the doors run on and whose setting that is (the file's wins over its policies')."""
+    own = config.engine_choice()
+    served = own
+    notes: list[str] = []
+    policies = {"policy.file": config.policy.file}
+    policies.update({f"profiles.{name}.policy": profile.policy for name, profile in config.profiles.items()
+                     if profile.policy is not None})
+    for key, path in policies.items():
+        theirs = _policy_engine(path)
+        if theirs is None:
+            continue
+        if key == "policy.file" and own is None:
+            served = theirs
+            notes.append(f"engine: not set here; {key} sets engine = \"{theirs.engine}\", so the doors run on "
+                         f"{theirs.describe()}")
+        elif served is not None and theirs != served:
+            notes.append(f"engine: {key} sets engine = \"{theirs.engine}\" ({theirs.describe()}), but a server "
+                         f"runs every door and profile on one engine: {served.describe()}, set by "
+                         f"{'this file' if served is own else 'policy.file'}, wins")
+    return notes
+
+
+def _policy_engine(path: Path | None) -> EngineChoice | None:
+    """The engine the policy at ``path`` names (read again, quietly: it was checked already)."""
+    from harness.core.policy import parse_policy
+
+    if path is None:
+        return None
+    policy = parse_policy(path.read_bytes(), source=f"policy file {path}", base_dir=path.parent)
+    return choice_of(policy.engine, policy.ray)
 
 
 def render_toml(effective: dict[str, Any]) -> str:
@@ -373,13 +434,18 @@ def render_toml(effective: dict[str, Any]) -> str:
         for key, value in nested.items():
             table(f"{name}.{key}", value)
 
+    for key in TOP_LEVEL:  # a top-level key comes before every table (unset: said beside [ray])
+        if effective.get(key) is not None:
+            lines += [f"{key} = {json.dumps(effective[key])}", ""]
     for door, address in effective["doors"].items():
         if address is None:
             lines += [f"# [doors.{door}]: not served", ""]
         else:
             table(f"doors.{door}", address)
     for section, value in effective.items():
-        if section == "doors":
+        if section == "ray":
+            lines += [f"# {key}: not set ({_unset(key)})" for key in TOP_LEVEL if effective.get(key) is None]
+        if section == "doors" or section in TOP_LEVEL:
             continue
         if section in ("profiles", "clients"):
             for name, entry in value.items():
@@ -410,7 +476,14 @@ UNSET = {
     "profiles.*.quotas.*": "[quotas]",
     "clients.*.profile": "none: the server's policy and [quotas]",
     "clients.*.quotas.*": "its profile's, else [quotas]",
+    "engine": "the policy's engine, else \"docker\": this machine's Docker engine",
+    "ray": "no Ray cluster (it goes with engine = \"ray\")",
+    "ray.token_file": "none: ray.allow_unauthenticated",
+    "ray.node_ip": "the address Ray picks, the one that routes to the GCS",
 }
+
+TOP_LEVEL = ("engine",)
+"""Keys of the file outside any table."""
 """What applies when a key is not set, as ``callbox config check`` says it (``*``: any name)."""
 
 
