@@ -5,13 +5,23 @@ destroys it, and prints one line per check (``PASS|WARN|FAIL  <id>  <title>: <re
 plus a summary; ``--json`` prints a list of {id, title, status, reason, scope}. Exit
 status 0 when no check fails, 1 otherwise (2 usage, 125 engine unreachable or image
 missing). The checks are in ``harness.doctor`` (``checks.run_checks`` runs them all).
+
+With the Ray engine (``--engine ray`` and its ``--ray-*`` flags, or the ``engine`` and
+``[ray]`` of ``--config FILE`` or ``--policy FILE``, as ``callbox serve`` and ``callbox
+run`` would choose) the checks are the cluster's instead (:mod:`harness.doctor.ray_checks`):
+Ray installed, token authentication on both sides, the cluster reached and joined (then
+left), its sandbox nodes and their images. A cluster that cannot be reached is a FAIL line,
+not an exit 125.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
+
+from harness.cli.options import engine_options
 
 COMMANDS = ("doctor",)
 
@@ -23,21 +33,63 @@ def add_parsers(sub: Any) -> None:
                     "per check: PASS, WARN or FAIL with the reason. Exit 1 if any check fails.",
     )
     doctor.add_argument("--json", action="store_true", help="print a JSON list of {id, title, status, reason, scope}")
+    doctor.add_argument("--config", type=Path, metavar="FILE",
+                        help="check the engine of this server configuration (its engine and [ray])")
+    doctor.add_argument("--policy", type=Path, metavar="FILE", help="check the engine this policy names")
+    engine_options(doctor)
 
 
 def run(args: argparse.Namespace) -> int:
     # Imported here so `--help` and usage errors never load the docker SDK.
-    from harness.doctor.checks import run_checks
-    from harness.doctor.evidence import gather
     from harness.doctor.report import render_text
-    from harness.doctor.runtimes import probe_runsc
-    from harness.engine.docker.engine import DockerEngine
 
-    engine = DockerEngine.connect()
-    evidence = gather(engine)
-    results = run_checks(evidence, probe_runsc(engine, evidence.info))
+    choice = _choice(args)
+    if choice.ray is not None:
+        from harness.doctor.ray_checks import gather_ray, ray_checks
+
+        results = ray_checks(gather_ray(choice.ray))
+    else:
+        results = _docker_checks()
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2))
     else:
         print(render_text(results))
     return 1 if any(r.status == "FAIL" for r in results) else 0
+
+
+def _docker_checks() -> list[Any]:
+    from harness.doctor.checks import run_checks
+    from harness.doctor.evidence import gather
+    from harness.doctor.runtimes import probe_runsc
+    from harness.engine.docker.engine import DockerEngine
+
+    engine = DockerEngine.connect()
+    evidence = gather(engine)
+    return run_checks(evidence, probe_runsc(engine, evidence.info))
+
+
+def _choice(args: argparse.Namespace) -> Any:
+    """The engine to check: the flags over ``--config``'s engine, else ``--policy``'s."""
+    from harness.cli.options import engine_choice
+    from harness.core.errors import UsageError
+    from harness.core.policy import load_policy
+    from harness.engine.select import choice_of
+
+    if args.config is not None and args.policy is not None:
+        raise UsageError("give --config or --policy, not both (a configuration names its policy)")
+    base = None
+    if args.config is not None:
+        from harness.cli.server_config import load_config, served_policy
+
+        policy = served_policy((config := load_config(args.config)).policy.file, config)
+        base = choice_of(policy.engine, policy.ray)  # the file's engine over its policy's
+    elif args.policy is not None:
+        policy = load_policy(args.policy)
+        base = choice_of(policy.engine, policy.ray)
+    choice = engine_choice(args, base)
+    if choice.ray is not None:
+        try:
+            return choice.model_copy(update={"ray": choice.ray.anchored(Path.cwd())})
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return choice

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Status = Literal["PASS", "WARN", "FAIL"]
-Scope = Literal["container", "daemon", "host"]
+Scope = Literal["container", "daemon", "host", "cluster"]
 
 CIS_VERSION = "CIS Docker Benchmark v1.2.0"
 
@@ -40,8 +40,10 @@ def result_maker(check_id: str, title: str, scope: Scope) -> Callable[[Status, s
 def summary(results: Iterable[CheckResult]) -> str:
     items = list(results)
     counts = {s: sum(r.status == s for r in items) for s in ("PASS", "WARN", "FAIL")}
+    numbering = f" (container items: {CIS_VERSION} section 5 numbering)" if any(
+        r.scope == "container" for r in items) else ""
     return (f"callbox doctor: {len(items)} checks, {counts['PASS']} pass, {counts['WARN']} warn, "
-            f"{counts['FAIL']} fail (container items: {CIS_VERSION} section 5 numbering)")
+            f"{counts['FAIL']} fail{numbering}")
 
 
 def render_text(results: Iterable[CheckResult]) -> str:

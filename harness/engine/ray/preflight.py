@@ -30,8 +30,8 @@ from typing import Any
 from harness.core.errors import CallboxError, EngineUnavailable
 from harness.engine.ray.settings import RaySettings
 
-__all__ = ["NodeView", "RayMissing", "check_driver_node", "cluster_nodes", "local_address", "probe_gcs",
-           "ray_version", "use_token"]
+__all__ = ["NodeView", "RayMissing", "check_driver_node", "cluster_nodes", "disconnect_driver", "local_address",
+           "preflight", "probe_gcs", "ray_version", "use_token"]
 
 PROBE_TIMEOUT_S = 5.0
 """The longest the GCS probe waits for an answer."""
@@ -236,6 +236,15 @@ def preflight(settings: RaySettings, *, timeout: float = PROBE_TIMEOUT_S) -> lis
     nodes = cluster_nodes(settings, timeout=timeout)
     check_driver_node(settings, nodes)
     return nodes
+
+
+def disconnect_driver() -> None:
+    """Leave the cluster if this process joined it as a driver (``ray.shutdown``); a driver
+    left connected to a GCS that goes away ends its whole process a minute later."""
+    if "ray" in sys.modules:
+        ray = _module("ray")
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 def node_summary(nodes: list[NodeView]) -> list[dict[str, Any]]:

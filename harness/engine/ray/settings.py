@@ -35,6 +35,9 @@ _NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 def split_address(address: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[V6]:PORT`` for an IPv6 address) as (host, port); ValueError naming
     the expected form otherwise."""
+    if "://" in address:
+        raise ValueError(f"{address!r} is a URL (ray:// is Ray Client's); callbox joins the cluster as a driver on "
+                         f"one of its nodes: give the GCS's HOST:PORT (port {DEFAULT_GCS_PORT} by default)")
     host, sep, port_text = address.rpartition(":")
     if not sep or not host or not port_text.isdigit():
         raise ValueError(f"{address!r} is not HOST:PORT (the GCS address `ray start --head` prints, e.g. "
