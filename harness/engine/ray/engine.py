@@ -173,8 +173,8 @@ class RayEngine:
         for host in self.hosts.hosts():
             if time.monotonic() - host.info_at > INFO_MAX_AGE_S:
                 try:
-                    self.hosts.update(host)
-                except CallboxError as exc:
+                    self.hosts.update(host, timeout=10)
+                except CallboxError as exc:  # gone (now reported) or slow: place elsewhere
                     log.warning("node %s left out of placement: %s", host.name, exc)
                     continue
             assert host.info is not None

@@ -85,8 +85,8 @@ def call(ray_ref: Any, *, timeout: float = HOST_CALL_TIMEOUT_S, node: str = "?")
         if isinstance(cause, BaseException):
             raise cause from None
         raise EngineUnavailable(f"the host of node {node} failed: {exc}") from None
-    except (rx.ActorDiedError, rx.ActorUnavailableError, rx.RayActorError, rx.NodeDiedError,
-            rx.ObjectLostError, rx.OwnerDiedError) as exc:
+    except (rx.ActorDiedError, rx.ActorUnavailableError, rx.ActorUnschedulableError, rx.RayActorError,
+            rx.NodeDiedError, rx.ObjectLostError, rx.OwnerDiedError) as exc:
         raise SandboxLost(f"sandbox lost with its node {node}: its host is gone ({type(exc).__name__}); "
                           "whatever it was doing may or may not have happened") from None
     except rx.GetTimeoutError:
@@ -122,7 +122,11 @@ class HostDirectory:
         Returns the hosts that are new."""
         fresh: list[Host] = []
         died: list[Host] = []
-        for node in self.nodes():
+        nodes = self.nodes()
+        listed = {str(node["NodeID"]) for node in nodes}
+        with self._lock:
+            died += [h for h in self._hosts.values() if h.node_id not in listed and h.alive]
+        for node in nodes:
             node_id = str(node["NodeID"])
             capacity = int((node.get("Resources") or {}).get(CAPACITY_RESOURCE, 0))
             if capacity <= 0:
@@ -131,7 +135,6 @@ class HostDirectory:
                 known = self._hosts.get(node_id)
             if not node.get("Alive"):
                 if known is not None and known.alive:
-                    known.alive = False
                     died.append(known)
                 continue
             if known is None:
@@ -141,11 +144,7 @@ class HostDirectory:
                     self._hosts[node_id] = host
                 fresh.append(host)
         for host in died:
-            self.dead[host.node_id] = time.monotonic()
-            with self._lock:
-                self._hosts.pop(host.node_id, None)
-            log.error("node %s (%s) died: its sandboxes are lost", host.name, host.node_id[:12])
-            self._on_dead(host)
+            self.lose(host)
         started = []
         for host in fresh:
             try:
@@ -188,9 +187,25 @@ class HostDirectory:
         return actor.remote(relay_port=self.relay_port)
 
     def update(self, host: Host, *, timeout: float = HOST_CALL_TIMEOUT_S) -> HostInfo:
-        info: HostInfo = call(host.handle.info.remote(), timeout=timeout, node=host.name)
+        """Ask ``host`` how it is; a host found gone is reported dead at once (``SandboxLost``)."""
+        try:
+            info: HostInfo = call(host.handle.info.remote(), timeout=timeout, node=host.name)
+        except SandboxLost:
+            self.lose(host)
+            raise
         host.info, host.info_at = info, time.monotonic()
         return info
+
+    def lose(self, host: Host) -> None:
+        """``host``'s node is gone (the cluster said so, or its actor can no longer run)."""
+        with self._lock:
+            known = self._hosts.pop(host.node_id, None)
+        if known is None or not known.alive:
+            return
+        known.alive = False
+        self.dead[host.node_id] = time.monotonic()
+        log.error("node %s (%s) died: its sandboxes are lost", host.name, host.node_id[:12])
+        self._on_dead(host)
 
     def hosts(self) -> list[Host]:
         with self._lock:
@@ -221,6 +236,8 @@ class HostDirectory:
 
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_S):
+            if not ray_module().is_initialized():  # this process left the cluster: nothing to watch
+                return
             try:
                 self.refresh(welcome_in_background=True)
             except Exception as exc:  # the cluster's control store is away: try again next tick
