@@ -16,7 +16,7 @@ import pytest
 # threaded process) would abort.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-pytest_plugins = ["tests.support.foreign_fixtures"]
+pytest_plugins = ["tests.support.foreign_fixtures", "tests.ray.fixtures"]
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 IMAGE = os.environ.get("CALLBOX_TEST_IMAGE", "callbox-sandbox:latest")
@@ -25,6 +25,12 @@ RUNTIME = os.environ.get("CALLBOX_TEST_RUNTIME", "runc")
 ``runsc`` (gVisor; ``make test`` runs tests/security a second time with it)."""
 if RUNTIME not in ("runc", "runsc"):
     raise pytest.UsageError(f"CALLBOX_TEST_RUNTIME={RUNTIME!r}: use runc or runsc")
+ENGINE = os.environ.get("CALLBOX_TEST_ENGINE", "docker")
+"""Where the sandboxes of the ``engine`` fixture run: ``docker`` (default, this machine's engine)
+or ``ray`` (the three-node Ray test cluster of tests/ray/cluster.py: ``make test`` runs
+tests/ray and tests/security that way, as root)."""
+if ENGINE not in ("docker", "ray"):
+    raise pytest.UsageError(f"CALLBOX_TEST_ENGINE={ENGINE!r}: use docker or ray")
 
 
 def unavailable(reason: str, *, module: bool = False) -> None:
@@ -36,7 +42,9 @@ def unavailable(reason: str, *, module: bool = False) -> None:
 
 
 @pytest.fixture(scope="session")
-def engine():  # type: ignore[no-untyped-def]
+def engine(request):  # type: ignore[no-untyped-def]
+    if ENGINE == "ray":
+        return request.getfixturevalue("ray_engine")
     from harness.core.errors import EngineUnavailable
     from harness.engine.docker.engine import DockerEngine
 

@@ -1,5 +1,7 @@
-"""Fixtures of the Ray tests: the real three-node Ray cluster of tests/ray/cluster.py, built once
-per session and removed at its end, whatever happened in between.
+"""Fixtures of the Ray tests (a plugin of tests/conftest.py, so tests/security can run against
+the Ray engine too): the real three-node Ray cluster of tests/ray/cluster.py, built once per
+session and removed at its end, whatever happened in between, and one RayEngine on it for the
+whole session.
 
 Building it needs root, iproute2, nsenter, dockerd and ray; without them the Ray tests skip
 saying why, and fail under CI=true.
@@ -63,24 +65,18 @@ def ray_cluster() -> Iterator[RayTestCluster]:
 
 
 @pytest.fixture(scope="module")
-def ray_driver(ray_cluster: RayTestCluster) -> Iterator[Any]:
-    """The ``ray`` module, connected to the cluster as a driver for one test module."""
+def ray_driver(ray_engine: Any) -> Any:
+    """The ``ray`` module, connected to the cluster as a driver (the session's engine connected it)."""
     import ray
 
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address=ray_cluster.address, _node_ip_address=ray_cluster.node_ip, namespace="callbox-tests",
-             log_to_driver=False)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    assert ray.is_initialized()
+    return ray
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_engine(ray_cluster: RayTestCluster) -> Iterator[Any]:
-    """A RayEngine on the cluster for one test module (its first connect sends the sandbox image
-    to the workers, which start without it); every sandbox it left is removed at the end."""
+    """A RayEngine on the cluster for the session (its connect sends the sandbox image to the
+    workers, which start without it); every sandbox left is removed at the end."""
     import ray
 
     from harness.engine.ray.engine import RayEngine
