@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite, as `make test` runs it, in four pytest runs:
+# The whole test suite, as `make test` runs it, in five pytest runs:
 #   1. the lifecycle soak (marker `slow`: a thousand sandboxes, bound by the Docker engine,
 #      not by this process), in the background, its output kept in a log;
 #   2. meanwhile everything else but the tests that stop dockerd (the security suite
@@ -8,7 +8,11 @@
 #      alone: gVisor's ptrace platform is CPU-hungry, and beside the main run it slowed
 #      that run by half and made its timing-sensitive tests flaky;
 #   4. then, alone, the tests that stop and restart dockerd (marker `engine_restart`): a
-#      restart would kill the sandboxes of anything running beside them.
+#      restart would kill the sandboxes of anything running beside them;
+#   5. then the Ray engine on a three-node Ray cluster in network namespaces, each worker with
+#      a dockerd of its own (tests/ray/cluster.py; needs root): tests/ray, and tests/security
+#      again with every sandbox on a remote node (CALLBOX_TEST_ENGINE=ray). The main run
+#      leaves tests/ray out: one cluster at a time.
 # Extra arguments go to every run. The exit status is non-zero if any run failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +23,7 @@ start=$SECONDS
 echo "callbox: the lifecycle soak runs in the background (its output follows the main run)"
 "$PYTEST" -q -m slow -p no:cacheprovider "$@" >"$log" 2>&1 &
 soak_pid=$!
-"$PYTEST" -q -m "not slow and not engine_restart" "$@"
+"$PYTEST" -q -m "not slow and not engine_restart" --ignore=tests/ray "$@"
 main=$?
 wait "$soak_pid"
 soak=$?
@@ -31,8 +35,11 @@ runsc=$?
 echo "callbox: the tests that restart dockerd, alone (pytest -m engine_restart):"
 "$PYTEST" -q -m engine_restart -p no:cacheprovider "$@"
 restart=$?
+echo "callbox: the Ray engine on a three-node test cluster (CALLBOX_TEST_ENGINE=ray pytest tests/ray tests/security):"
+CALLBOX_TEST_ENGINE=ray "$PYTEST" -q -m "not slow and not engine_restart" -p no:cacheprovider tests/ray tests/security "$@"
+ray=$?
 status=0
-for run in "main:$main" "soak:$soak" "security_runsc:$runsc" "engine_restart:$restart"; do
+for run in "main:$main" "soak:$soak" "security_runsc:$runsc" "engine_restart:$restart" "ray:$ray"; do
     rc=${run#*:}
     # 5: no tests collected (e.g. a -k that selects none of a run's tests) is not a failure.
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
@@ -40,5 +47,5 @@ for run in "main:$main" "soak:$soak" "security_runsc:$runsc" "engine_restart:$re
         status=1
     fi
 done
-echo "callbox: test suite finished in $((SECONDS - start)) s (main $main, soak $soak, security under runsc $runsc, engine_restart $restart)"
+echo "callbox: test suite finished in $((SECONDS - start)) s (main $main, soak $soak, security under runsc $runsc, engine_restart $restart, ray $ray)"
 exit $status

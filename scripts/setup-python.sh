@@ -22,6 +22,6 @@ if ! "$PYTHON" -m venv --help >/dev/null 2>&1 || ! "$PYTHON" -c 'import ensurepi
 fi
 say "creating .venv and installing pinned Python dependencies from PyPI..."
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q -c requirements/constraints.txt -e '.[dev]'
+.venv/bin/python -m pip install -q -c requirements/constraints.txt -e '.[dev,ray]'
 echo "$want" > "$stamp"
 say "Python environment ready (.venv)"
