@@ -62,9 +62,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-import docker.errors
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from harness.audit.store import AuditError, AuditStore, RunRecord
 from harness.core.calls import ErrorCode, ToolResult
@@ -77,9 +75,8 @@ from harness.doors.grpc.sandboxes_snapshots import _overrides as overrides_from_
 from harness.doors.grpc.sessions import ClientSession
 from harness.engine.base import Sandbox
 from harness.engine.docker import labels
-from harness.engine.docker.engine import DockerEngine, SandboxExpired, SandboxNotFound, SandboxPaused
-from harness.engine.docker.lifetime import read_record
-from harness.engine.docker.sandbox import Sandbox as DockerSandbox
+from harness.engine.docker.engine import SandboxExpired, SandboxNotFound, SandboxPaused
+from harness.engine.docker.lifetime import LifetimeRecord
 
 if TYPE_CHECKING:
     from harness.doors.grpc.service import ExecutorService
@@ -147,12 +144,14 @@ def run_meta(session: ClientSession, instance: str, kept: bool) -> dict[str, Any
 
 def keep_past_server(box: Sandbox | None, run_id: str) -> bool:
     """Mark ``box`` kept for run ``run_id`` so gc spares it when this process is gone (until
-    its expiry); False for a sandbox of an engine without keep records."""
-    if not isinstance(box, DockerSandbox):
+    its expiry); False for a sandbox of an engine without keep records (one that has no
+    expiry of its own: not a Docker or Ray engine's)."""
+    expires = getattr(box, "expires", None)
+    if box is None or not isinstance(expires, float | int):
         return False
     # Its expiry as created (a keep-alive or pause since moves its lifetime record, which gc
     # also follows); given, so keeping it asks the engine nothing (0.5 ms instead of 1.6 ms).
-    box.engine.keep(box, run_id=run_id, until=box.expires or None)
+    box.keep(run_id=run_id, until=float(expires) or None)
     return True
 
 
@@ -199,7 +198,7 @@ def adopt(service: ExecutorService, hooks: DoorHooks | None = None) -> Adoption:
     (default: the gRPC door's; see the module docstring)."""
     hooks = hooks or grpc_hooks(service)
     found = Adoption()
-    engine: DockerEngine | None = None
+    engine: KeepingEngine | None = None
     for run in service.audit.open_runs():
         meta = run.meta
         sandbox_id = meta.get("container")
@@ -247,21 +246,31 @@ def adopt(service: ExecutorService, hooks: DoorHooks | None = None) -> Adoption:
     return found
 
 
-def _engine(service: ExecutorService) -> DockerEngine:
+class KeepingEngine(Protocol):
+    """What adoption needs of an engine: the Docker engine's, and the Ray engine's across its nodes."""
+
+    def open(self, name_or_id: str) -> Any: ...
+
+    def sandbox_exists(self, sandbox_id: str) -> bool: ...
+
+    def lifetime_record(self, sandbox_id: str) -> LifetimeRecord | None: ...
+
+
+def _engine(service: ExecutorService) -> KeepingEngine:
     engine = service.engine_factory()
-    if not isinstance(engine, DockerEngine):
-        raise CallboxError("keep_sandboxes needs the Docker engine (its keep records and labels)")
-    return engine
+    if not all(hasattr(engine, name) for name in ("open", "sandbox_exists", "lifetime_record")):
+        raise CallboxError("keep_sandboxes needs the Docker or the Ray engine (their keep records and labels)")
+    return cast(KeepingEngine, engine)
 
 
-def _container_exists(engine: DockerEngine, sandbox_id: str) -> bool:
+def _container_exists(engine: KeepingEngine, sandbox_id: str) -> bool:
     try:
-        return bool(engine.client.api.containers(all=True, filters={"label": f"{labels.SANDBOX_ID}={sandbox_id}"}))
-    except docker.errors.DockerException:
+        return engine.sandbox_exists(sandbox_id)
+    except CallboxError:
         return True  # cannot tell: leave the run alone
 
 
-def _session(service: ExecutorService, run: RunRecord, box: DockerSandbox, engine: DockerEngine,
+def _session(service: ExecutorService, run: RunRecord, box: Any, engine: KeepingEngine,
              base: Policy | None) -> ClientSession | None:
     """The live session of an opened sandbox ``box`` of ``run``, its policy ``base`` tightened
     by its recorded overrides; None if there is no ``base`` or it no longer allows them."""
@@ -282,7 +291,7 @@ def _session(service: ExecutorService, run: RunRecord, box: DockerSandbox, engin
     harness.attach(box)
     session = ClientSession(client, harness, policy, service.registry.exposed_names(policy),
                             policy.sandbox.ttl_seconds, overrides)
-    record = read_record(engine.run_root, box.id)
+    record = engine.lifetime_record(box.id)
     paused_at = record.paused_at if record is not None else None
     if paused_at is None and box.paused:
         paused_at = time.time()

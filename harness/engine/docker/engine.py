@@ -70,6 +70,7 @@ from harness.engine.docker.kept import (
     write_record,
 )
 from harness.engine.docker.lifetime import (
+    LifetimeRecord,
     NameInUse,
     SandboxGone,
     SandboxNotFound,
@@ -371,6 +372,18 @@ class DockerEngine:
                 if (living_record := read_lifetime(self.run_root, sandbox.id)) is not None:
                     write_lifetime(self.run_root, living_record.extended(time.time(), until - time.time()))
         return record
+
+    def sandbox_exists(self, sandbox_id: str) -> bool:
+        """Whether a container of ``sandbox_id`` (running or not) is on the engine."""
+        try:
+            found = self.client.api.containers(all=True, filters={"label": f"{labels.SANDBOX_ID}={sandbox_id}"})
+        except docker.errors.DockerException as exc:
+            raise EngineUnavailable(f"cannot look for sandbox {sandbox_id}: {short_reason(exc)}") from None
+        return bool(found)
+
+    def lifetime_record(self, sandbox_id: str) -> LifetimeRecord | None:
+        """The lifetime record of ``sandbox_id`` (name, owner, expiry, pause clock), if it has one."""
+        return read_lifetime(self.run_root, sandbox_id)
 
     def kept_sandbox(self, sandbox_id: str) -> KeptSandbox | None:
         """The keep record of ``sandbox_id`` under this engine's run root, if any."""

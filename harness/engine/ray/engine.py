@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from harness.core.errors import CallboxError, EngineUnavailable
 from harness.engine.docker.cgroup_stats import SandboxStats
 from harness.engine.docker.kept import SandboxExpired
-from harness.engine.docker.lifetime import NameInUse, SandboxNotFound, validate_name, validate_ttl
+from harness.engine.docker.lifetime import LifetimeRecord, NameInUse, SandboxNotFound, validate_name, validate_ttl
 from harness.engine.docker.living import SandboxInfo
 from harness.engine.docker.snapshots import SnapshotInfo, SnapshotNotFound
 from harness.engine.placement import NodeRoom, choose_node
@@ -268,6 +268,18 @@ class RayEngine:
         del ready_timeout
         host = self._require_host(name_or_id)
         return self._adopt(host, call(host.handle.open.remote(name_or_id), node=host.name))
+
+    def sandbox_exists(self, sandbox_id: str) -> bool:
+        """Whether a live node holds ``sandbox_id`` (running, paused or stopped)."""
+        return self._host_of(sandbox_id) is not None
+
+    def lifetime_record(self, sandbox_id: str) -> LifetimeRecord | None:
+        """The lifetime record of ``sandbox_id`` on its node, if it has one."""
+        host = self._host_of(sandbox_id)
+        if host is None:
+            return None
+        record: LifetimeRecord | None = call(host.handle.lifetime_record.remote(sandbox_id), node=host.name)
+        return record
 
     def kept_sandbox(self, sandbox_id: str) -> KeptOnNode | None:
         host = self._host_of(sandbox_id)

@@ -37,6 +37,7 @@ from typing import Any
 from harness.core.errors import CallboxError
 from harness.engine.docker.cgroup_stats import SandboxStats
 from harness.engine.docker.engine import DockerEngine
+from harness.engine.docker.lifetime import LifetimeRecord
 from harness.engine.docker.living import SandboxInfo
 from harness.engine.docker.sandbox import AGENT_SOCKET_NAME
 from harness.engine.docker.sandbox import Sandbox as DockerSandbox
@@ -248,6 +249,9 @@ class SandboxHost:
 
     def keep(self, sandbox_id: str, run_id: str, until: float | None) -> float:
         return self.engine.keep(self._box(sandbox_id), run_id=run_id, until=until).until
+
+    def lifetime_record(self, sandbox_id: str) -> LifetimeRecord | None:
+        return self.engine.lifetime_record(sandbox_id)
 
     def is_kept(self, sandbox_id: str) -> bool:
         return self.engine.kept_sandbox(sandbox_id) is not None
