@@ -39,7 +39,11 @@ Rows:
 19. the scale probe (``--sandboxes N`` live sandboxes of 128 MiB: memory, answers, create and
     destroy times): bench_scale.py, section ``scale``, not in the default run (``make bench-scale``);
 20. what metrics and tracing add to row 6's harness overhead per call (on vs off, interleaved):
-    bench_telemetry.py, section ``telemetry``.
+    bench_telemetry.py, section ``telemetry``;
+22.-23. the Ray engine on a real three-node cluster the section builds and removes (remote
+    create, exec, streaming, sandboxes/s over 2 nodes vs 1, dead-node detection, image
+    distribution), and the node's relay against a Ray actor proxy: bench_ray.py, section ``ray``
+    (as root with ray installed; otherwise a row says why they were skipped).
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ from tests.bench.bench_e2b import add_e2b_rows, bench_e2b
 from tests.bench.bench_living import Toolkit, add_living_rows, bench_living
 from tests.bench.bench_overhead import bench_overhead
 from tests.bench.bench_pool import add_pool_rows, bench_pool
+from tests.bench.bench_ray import add_ray_rows, bench_ray
 from tests.bench.bench_redaction import bench_redaction
 from tests.bench.bench_results import DEFAULT_RESULTS, Row, markdown_table, p50, write_results
 from tests.bench.bench_runtimes import add_runtime_rows, bench_runtimes
@@ -99,7 +104,7 @@ TARGET_IDLE_MEMORY_MIB = 25.0
 TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
-            "pool", "create", "door", "runtimes", "telemetry", "scale"]
+            "pool", "create", "door", "runtimes", "telemetry", "ray", "scale"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
 """``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
 DEFAULT_SCALE_SANDBOXES = 100
@@ -509,7 +514,8 @@ def bench_memory(res: Resources, spec: SandboxSpec, samples: int, quick: bool) -
 # ---- main ------------------------------------------------------------------------------------
 
 
-def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: str) -> list[Row]:
+def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: str,
+               ray_skipped: dict[str, str] | None = None) -> list[Row]:
     rows: list[Row] = []
 
     def add(*args: Any, **kwargs: Any) -> None:
@@ -576,6 +582,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
     add_runtime_rows(data, add)
     add_scale_rows(data, add)
     add_telemetry_rows(data, add)
+    add_ray_rows(data, add, ray_skipped or {})
     if "callbox_health" in data:
         add("5a. floor: gRPC unary Health/Check on the agent socket (interleaved)", "time",
             data["callbox_health"], "—", None, "— (info)")
@@ -687,6 +694,7 @@ def main(argv: list[str] | None = None) -> int:
     slow_warmup = min(args.warmup, 2)
     started = time.monotonic()
     kit = Toolkit(progress, interleaved, hardened_run_kwargs)
+    ray_skipped: dict[str, str] = {}  # the Ray rows that could not be measured here, and why
 
     def live_box_rows() -> dict[str, list[float]]:
         progress("starting the live sandbox for the round-trip and streaming rows")
@@ -734,6 +742,9 @@ def main(argv: list[str] | None = None) -> int:
         ("door", "door" in sections, lambda: bench_door(res, spec, kit, quick=args.quick)),
         ("runtimes", "runtimes" in sections, lambda: bench_runtimes(res, args.samples, progress)),
         ("telemetry", "telemetry" in sections, telemetry_rows),
+        ("ray", "ray" in sections,
+         lambda: bench_ray(res, spec, kit, data, ray_skipped, samples=args.samples, warmup=args.warmup,
+                           quick=args.quick)),
         ("scale", "scale" in sections,
          lambda: bench_scale(res, spec, args.sandboxes, kit,
                              lambda container, hint: memory_reading(engine.client, container, hint))),
@@ -766,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     info["loadavg_max_1min"] = max(LOAD_SEEN, default=0.0)
     n_boxes = 2 if args.quick else 5
     memory_samples = f"{n_boxes} sandboxes {TIMES} {math.ceil(args.samples / n_boxes)} readings"
-    rows = build_rows(data, args.stream_mib * MIB, memory_samples)
+    rows = build_rows(data, args.stream_mib * MIB, memory_samples, ray_skipped)
     text = report(info, args, rows, data)
     sys.stdout.write(text)
     sys.stdout.flush()
