@@ -52,17 +52,14 @@ def _check_reachable(policy: Policy) -> None:
                 f'{target}, which the allowlist does not permit ({refusal}); add "{target}" to sandbox.allow_hosts')
 
 
-def _default_engine() -> Engine:
-    from harness.engine.default import connect_default_engine
-
-    return connect_default_engine()
-
-
 def declared_tools(policy: Policy, engine_for: Callable[[], Engine] | None = None) -> list[Tool]:
     """The tools ``policy`` declares, in the order of its ``[[tool]]`` tables; a PolicyError
     when an http tool's host is not reachable through the sandbox's allowlist, or when an
     mcp tool's server cannot list its tools (listing it needs a sandbox: ``engine_for``
-    gives the engine, by default the local Docker engine, connected only then)."""
+    gives the engine, by default the one the policy names, Docker's unless it names another,
+    connected only then)."""
+    from harness.engine.select import choice_of, engine_connector
+
     _check_reachable(policy)
     tools: list[Tool] = []
     for index, declared in enumerate(policy.tool):
@@ -71,7 +68,8 @@ def declared_tools(policy: Policy, engine_for: Callable[[], Engine] | None = Non
             continue
         timeout_s = max(DISCOVERY_TIMEOUT_S, declared.timeout_s or 0.0)
         try:
-            listed = discover(declared, policy.sandbox_spec(), engine_for or _default_engine, timeout_s)
+            engine = engine_for or engine_connector(choice_of(policy.engine, policy.ray))
+            listed = discover(declared, policy.sandbox_spec(), engine, timeout_s)
         except McpDiscoveryError as exc:
             raise PolicyError(f"policy: key 'tool[{index}]': {exc}") from None
         tools.extend(mcp_tools(declared, listed))
