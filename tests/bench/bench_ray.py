@@ -37,6 +37,7 @@ import importlib.util
 import math
 import os
 import re
+import sys
 import threading
 import time
 from collections import Counter
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from harness.engine.exec_result import ExecResult, collect
+from harness.engine.placement import Placement
 from harness.engine.spec import SandboxSpec
 from tests.bench.bench_living import Resources, Toolkit
 from tests.bench.bench_results import MB, p50, p95
@@ -105,6 +107,12 @@ def spread_text(nodes: list[str]) -> str:
     return " + ".join(f"{node} {counts[node]}" for node in sorted(counts))
 
 
+def worst(values: list[float]) -> str:
+    """The slowest of ``values`` (ms), or that one was never seen (infinite)."""
+    slowest = max(values)
+    return f"{slowest:.0f} ms" if math.isfinite(slowest) else f"not within {DEAD_WITHIN_S:.0f} s"
+
+
 def rate_per_s(count: int, seconds: float) -> float:
     return count / seconds if seconds > 0 else math.nan
 
@@ -148,8 +156,17 @@ def bench_ray(res: Resources, spec: SandboxSpec, kit: Toolkit, data: Data, skipp
               samples: int, warmup: int, quick: bool = False) -> Data:
     """Measure into ``data`` as each part finishes (so a later part that fails keeps the earlier
     rows); ``skipped`` gets why a group of rows was not measured. Raises at the end if a part
-    failed. Returns an empty dict (everything is in ``data``)."""
-    plan = RayPlan.for_run(samples, warmup, quick)
+    failed. Returns an empty dict (everything is in ``data``).
+
+    Ray's driver prints what the cluster reports (a raylet that died, with its log) to stdout,
+    where the report goes: in this section stdout is stderr."""
+    with contextlib.redirect_stdout(sys.stderr):
+        _bench_ray(res, spec, kit, data, skipped, RayPlan.for_run(samples, warmup, quick))
+    return {}
+
+
+def _bench_ray(res: Resources, spec: SandboxSpec, kit: Toolkit, data: Data, skipped: dict[str, str],
+               plan: RayPlan) -> None:
     failures: dict[str, str] = {}
 
     def part(name: str, run: Callable[[], Data]) -> None:
@@ -166,7 +183,7 @@ def bench_ray(res: Resources, spec: SandboxSpec, kit: Toolkit, data: Data, skipp
     if (why := ray_missing()) is not None:
         skipped[CLUSTER_ROWS] = skipped[TRANSPORT_ROWS] = why
         kit.progress(f"ray rows skipped: {why}")
-        return {}
+        return
     part("transport", lambda: transport_rows(res, spec, plan, kit))
     if (why := cluster_unavailable()) is not None:
         skipped[CLUSTER_ROWS] = why
@@ -182,7 +199,6 @@ def bench_ray(res: Resources, spec: SandboxSpec, kit: Toolkit, data: Data, skipp
             failures["cluster"] = f"{type(exc).__name__}: {exc}"
     if failures:
         raise RuntimeError("; ".join(f"{name}: {why}" for name, why in failures.items()))
-    return {}
 
 
 def transport_rows(res: Resources, spec: SandboxSpec, plan: RayPlan, kit: Toolkit) -> Data:
@@ -392,8 +408,9 @@ def dead_node_rows(cluster: RayTestCluster, engine: RayEngine, plan: RayPlan, ki
 
 def one_kill(cluster: RayTestCluster, engine: RayEngine, node: str, kit: Toolkit) -> dict[str, float]:
     """SIGKILL ``node``'s raylet with a call in flight on a sandbox there; when each side saw it
-    (ms after the kill); then the node restarted and back in the engine's placement."""
-    box = engine.create(SandboxSpec(placement={"nodes": [node]}))
+    (ms after the kill; infinite when it did not within DEAD_WITHIN_S, or the call ended without
+    saying its sandbox was lost); then the node restarted and back in the engine's placement."""
+    box = engine.create(SandboxSpec(placement=Placement(nodes=(node,))))
     started = threading.Event()
     ended: list[tuple[int, str]] = []
 
@@ -408,12 +425,12 @@ def one_kill(cluster: RayTestCluster, engine: RayEngine, node: str, kit: Toolkit
 
     caller = threading.Thread(target=in_flight, name="ray-bench-in-flight", daemon=True)
     caller.start()
+    seen: dict[str, float] = {}
     try:
         if not started.wait(60):
             raise RuntimeError(f"the call on {node} did not start within 60 s")
         t0 = time.perf_counter_ns()
         cluster.kill_raylet(node)
-        seen: dict[str, float] = {}
         deadline = time.monotonic() + DEAD_WITHIN_S
         while len(seen) < 2 and time.monotonic() < deadline:
             if "ray_dead_directory" not in seen and node not in {h.name for h in engine.nodes()}:
@@ -421,20 +438,27 @@ def one_kill(cluster: RayTestCluster, engine: RayEngine, node: str, kit: Toolkit
             if "ray_dead_gcs" not in seen and not cluster.node_alive(node):
                 seen["ray_dead_gcs"] = ms_since(t0)
             time.sleep(POLL_S)
-        caller.join(DEAD_WITHIN_S)
-        if len(seen) < 2 or not ended:
-            raise RuntimeError(f"after {DEAD_WITHIN_S:.0f} s: seen {sorted(seen)}, call ended: {bool(ended)}")
-        at, message = ended[0]
-        if LOST not in message:
-            raise RuntimeError(f"the call in flight on {node} ended without {LOST!r}: {message}")
-        seen["ray_dead_call"] = (at - t0) / 1e6
+        caller.join(max(0.0, deadline - time.monotonic()))
+        if "ray_dead_gcs" not in seen:
+            raise RuntimeError(f"Ray did not mark {node} dead within {DEAD_WITHIN_S:.0f} s of its raylet's kill")
+        if "ray_dead_directory" not in seen:
+            kit.progress(f"ray: the engine still lists {node} {DEAD_WITHIN_S:.0f} s after its raylet's kill")
+            seen["ray_dead_directory"] = math.inf
+        seen["ray_dead_call"] = math.inf
+        if not ended:
+            kit.progress(f"ray: the call in flight on {node} had not ended {DEAD_WITHIN_S:.0f} s after the kill")
+        elif LOST not in ended[0][1]:
+            kit.progress(f"ray: the call in flight on {node} ended without {LOST!r}: {ended[0][1]}")
+        else:
+            seen["ray_dead_call"] = (ended[0][0] - t0) / 1e6
         kit.progress(f"ray: {node} killed: engine {seen['ray_dead_directory']:.0f} ms, call "
                      f"{seen['ray_dead_call']:.0f} ms, GCS {seen['ray_dead_gcs']:.0f} ms")
     finally:
         box.destroy()
     back = time.monotonic()
     cluster.restart_node(node)
-    while node not in {h.name for h in engine.nodes()}:
+    node_id = cluster.node_id(node)  # its new life's id: a directory that never dropped the old one lists both
+    while node_id not in {h.node_id for h in engine.nodes() if h.name == node}:
         if time.monotonic() - back > BACK_WITHIN_S:
             raise RuntimeError(f"{node} not back in the engine's placement within {BACK_WITHIN_S:.0f} s")
         time.sleep(0.2)
@@ -481,10 +505,12 @@ def add_ray_rows(data: Data, add: Callable[..., None], skipped: dict[str, str]) 
         gcs = "Ray's control store marking the node dead (polled)"
         back = data["ray_node_back_s"]
         add(f"{n}e. Ray: raylet SIGKILLed → the engine drops the node ({len(back)} kills)", "time",
-            data["ray_dead_directory"], gcs, data["ray_dead_gcs"], f"— (info; max {max(data['ray_dead_directory']):.0f}"
-            f" ms; node back in placement after restart: p50 {p50(back):.0f} s)", extra={"node_back_s": p50(back)})
+            data["ray_dead_directory"], gcs, data["ray_dead_gcs"],
+            f"every kill within {DEAD_WITHIN_S:.0f} s (worst: {worst(data['ray_dead_directory'])}; back in placement "
+            f"after a restart: p50 {p50(back):.0f} s)", lambda r: all(math.isfinite(v) for v in r.callbox),
+            extra={"node_back_s": p50(back)})
         add(f"{n}f. Ray: raylet SIGKILLed → a call in flight fails \"{LOST}\"", "time", data["ray_dead_call"], gcs,
-            data["ray_dead_gcs"], f"≤ 10000 ms (max {max(data['ray_dead_call']):.0f} ms)",
+            data["ray_dead_gcs"], f"≤ 10000 ms (worst: {worst(data['ray_dead_call'])})",
             lambda r: max(r.callbox) <= 10_000)
     if "ray_image_load" in data:
         size = int(data["ray_image_bytes"][0])

@@ -12,6 +12,7 @@ from tests.bench.bench_ray import (
     rate_per_s,
     renumber,
     spread_text,
+    worst,
 )
 from tests.bench.bench_results import MB, Row, markdown_table, results
 
@@ -84,3 +85,14 @@ def test_a_group_not_measured_is_a_row_that_says_why() -> None:
 
 def test_nothing_measured_and_nothing_skipped_adds_no_row() -> None:
     assert _rows({}) == []
+
+
+def test_a_node_never_seen_dead_is_a_miss_not_a_time() -> None:
+    data = _measured()
+    data["ray_dead_directory"] = [3500.0, math.inf, 3600.0]
+    assert worst(data["ray_dead_directory"]) == "not within 30 s" and worst([1.0, 2.4]) == "2 ms"
+    by = {r["key"]: r for r in results(_rows(data))}
+    assert by["22e"]["met"] is False and "worst: not within 30 s" in by["22e"]["target"]
+    assert by["22e"]["p50"] == 3600.0
+    data["ray_dead_directory"] = [math.inf]
+    assert {r["key"]: r for r in results(_rows(data))}["22e"]["p50"] is None  # no NaN or infinity in the JSON
