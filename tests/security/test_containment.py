@@ -1,12 +1,13 @@
 """Resource attacks stay inside their sandbox (part of the attack suite).
 
 Each attack runs in sandbox A while the test measures the round trip of a command in
-another sandbox B (it must answer within 1 s), and afterwards A is still usable or
-cleanly limited: the memory bomb is OOM-killed and the agent answers; a disk-filling loop
-stops at its tmpfs size (no byte reaches the host's disk) and the agent answers; the
-``fsize`` ulimit stops a large file with SIGXFSZ/EFBIG; an output flood is cut to the
-cap with the harness's memory bounded; a SIGTERM-ignoring, detached daemon dies with its
-call. The fork bomb is in ``tests/integration/test_process_limits.py``.
+another sandbox B on the same machine (it must answer within 1 s; on the Ray engine A is
+placed on B's node), and afterwards A is still usable or cleanly limited: the memory bomb
+is OOM-killed and the agent answers; a disk-filling loop stops at its tmpfs size (no byte
+reaches the host's disk) and the agent answers; the ``fsize`` ulimit stops a large file
+with SIGXFSZ/EFBIG; an output flood is cut to the cap with the harness's memory bounded; a
+SIGTERM-ignoring, detached daemon dies with its call. The fork bomb is in
+``tests/integration/test_process_limits.py``.
 
 Attacks that last are started in a thread; the test waits for the attack's own
 "started" marker on its output (an event, not a sleep) and then samples B until the
@@ -34,6 +35,7 @@ from harness.engine.exec_result import ExecResult, collect
 from harness.engine.spec import SandboxSpec
 from tests.conftest import IMAGE, RUNTIME
 from tests.integration.helpers import run
+from tests.security.engines import beside, docker_client, machine
 
 pytestmark = pytest.mark.docker
 
@@ -60,6 +62,13 @@ def other(engine) -> Iterator[Any]:  # type: ignore[no-untyped-def]
         yield sandbox
     finally:
         sandbox.destroy()
+
+
+def attacker(make_sandbox: Any, other: Any, **fields: Any) -> Any:
+    """Sandbox A, made with ``fields`` on the machine that runs B (``other``)."""
+    box = make_sandbox(**fields, **beside(other))
+    assert machine(box) == machine(other), "the attack would not share B's machine, so B's answers prove less"
+    return box
 
 
 def round_trip(box: Any) -> float:
@@ -146,11 +155,11 @@ def oom_kills(box: Any) -> int:
     return int(counts["oom_kill"])
 
 
-def size_rw(engine: Any, box: Any) -> int:
-    """Bytes in the container's writable layer on the host's disk (Docker's SizeRw)."""
+def size_rw(box: Any) -> int:
+    """Bytes in the container's writable layer on the disk of the machine that runs it (Docker's SizeRw)."""
     # docker-py's inspect_container takes no ``size``; the listing computes the same SizeRw
     # and leaves it out when it is 0 (SizeRootFs shows the sizes were computed).
-    listed = engine.client.api.containers(all=True, size=True, filters={"id": box.container_id})
+    listed = docker_client(box).api.containers(all=True, size=True, filters={"id": box.container_id})
     assert len(listed) == 1 and "SizeRootFs" in listed[0], listed
     return int(listed[0].get("SizeRw") or 0)
 
@@ -174,7 +183,7 @@ def assert_whole_sandbox_oom(box: Any, command: str, other: Any) -> None:
 
 
 def test_memory_bomb_is_oom_killed_and_the_agent_survives(make_sandbox, other):
-    box = make_sandbox(memory="256m")
+    box = attacker(make_sandbox, other, memory="256m")
     if GVISOR:
         # gVisor refuses some allocations near the limit itself (the allocator exits 1 with a
         # MemoryError it has no memory left to print) and the sandbox lives on; when one gets
@@ -213,7 +222,7 @@ def test_memory_bomb_is_oom_killed_and_the_agent_survives(make_sandbox, other):
 def test_memory_bomb_of_small_processes_does_not_kill_the_agent(make_sandbox, other):
     # Each process is smaller than the agent (~40 MB RSS), so without the tool processes'
     # oom_score_adj the OOM killer would pick the agent first.
-    box = make_sandbox(memory="256m")
+    box = attacker(make_sandbox, other, memory="256m")
     hog = "import time; b = bytearray(25 << 20); time.sleep(30)"
     if GVISOR:
         assert_whole_sandbox_oom(box, f"for i in $(seq 16); do python3 -c '{hog}' & done; wait", other)
@@ -248,7 +257,7 @@ def tmpfs_usage(box: Any, mount: str) -> tuple[int, int]:
 def test_filling_every_tmpfs_leaves_the_agent_alive(make_sandbox, other):
     # tmpfs pages count against the memory limit and cannot be reclaimed (no swap); full
     # mounts must leave room for the agent and a modest command.
-    box = make_sandbox(memory="256m")
+    box = attacker(make_sandbox, other, memory="256m")
     agent_before = started_agent_pid(box)
     sizes = [tmpfs_usage(box, mount)[0] for mount in TMPFS_MOUNTS]
     assert sum(sizes) == box.spec.tmpfs_total <= box.spec.memory // 2, sizes
@@ -275,14 +284,14 @@ FILL_ROUNDS = 10
 
 
 @pytest.mark.parametrize("mount", ["/tmp", "/workspace", "/home/sandbox"])
-def test_disk_fill_stops_at_the_tmpfs_size(make_sandbox, other, engine, mount):
-    box = make_sandbox(memory="256m")
+def test_disk_fill_stops_at_the_tmpfs_size(make_sandbox, other, mount):
+    box = attacker(make_sandbox, other, memory="256m")
     agent_before = started_agent_pid(box)
     size, used = tmpfs_usage(box, mount)
     expected = {"/tmp": box.spec.effective_tmp_size, "/workspace": box.spec.effective_workspace_size,
                 "/home/sandbox": box.spec.small_tmpfs_size}
     assert (size, used) == (expected[mount], 0)
-    host_before = size_rw(engine, box)
+    host_before = size_rw(box)
     # sustained pressure: fill the mount, empty it, fill it again (the last fill stays)
     command = (
         f"echo ATTACK-STARTED; for round in $(seq {FILL_ROUNDS}); do "
@@ -298,20 +307,20 @@ def test_disk_fill_stops_at_the_tmpfs_size(make_sandbox, other, engine, mount):
     assert f"size={size}" in lines, result.to_json()  # the file stopped at the tmpfs size
     assert tmpfs_usage(box, mount) == (size, size)
     # none of it reached the host's disk: the container's writable layer did not grow
-    host_growth = size_rw(engine, box) - host_before
+    host_growth = size_rw(box) - host_before
     assert host_growth < 1 << 20, f"the writable layer grew by {host_growth} bytes after writing {size}"
     assert max(latencies) < ROUND_TRIP_LIMIT_S, latencies
     assert_agent_intact(box, agent_before)
 
 
 def test_fsize_limit_cannot_be_raised_and_stops_large_writes(make_sandbox, other):
-    box = make_sandbox()
+    box = attacker(make_sandbox, other)
     agent_before = started_agent_pid(box)
     shown = run(box, "ulimit -f; ulimit -f unlimited; echo rc=$?; ulimit -f")
     assert shown.stdout.data().split() == [b"1048576", b"rc=1", b"1048576"], shown.to_json()  # 1 GiB in KiB
     assert b"cannot modify limit" in shown.stderr.data(), shown.to_json()
 
-    small = make_sandbox(fsize="2m")
+    small = attacker(make_sandbox, other, fsize="2m")
     small_agent_before = started_agent_pid(small)
     command = (
         "ulimit -f; echo ATTACK-STARTED; dd if=/dev/zero of=/workspace/big bs=1M count=10; echo rc=$?; "
@@ -337,7 +346,8 @@ OUTPUT_CAP = 1 << 20
 """The agent's default ``output_cap_bytes``."""
 
 
-def test_output_flood_is_capped_and_the_harness_stays_small(sandbox, other):
+def test_output_flood_is_capped_and_the_harness_stays_small(make_sandbox, other):
+    sandbox = attacker(make_sandbox, other)
     agent_before = started_agent_pid(sandbox)
     harness = psutil.Process()
     rss_before = harness.memory_info().rss
@@ -403,7 +413,8 @@ def assert_daemon_died(box: Any, result: ExecResult) -> None:
     assert state == "gone", state
 
 
-def test_sigterm_ignoring_daemon_dies_when_its_call_ends(sandbox, other):
+def test_sigterm_ignoring_daemon_dies_when_its_call_ends(make_sandbox, other):
+    sandbox = attacker(make_sandbox, other)
     agent_before = started_agent_pid(sandbox)
     attack = Attack(sandbox, DAEMON, timeout_ms=30_000)
     latencies = attack.sample(other)
@@ -414,7 +425,8 @@ def test_sigterm_ignoring_daemon_dies_when_its_call_ends(sandbox, other):
     assert_agent_intact(sandbox, agent_before)
 
 
-def test_sigterm_ignoring_daemon_dies_when_its_call_times_out(sandbox, other):
+def test_sigterm_ignoring_daemon_dies_when_its_call_times_out(make_sandbox, other):
+    sandbox = attacker(make_sandbox, other)
     agent_before = started_agent_pid(sandbox)
     # 3 s: under gVisor starting the daemon and showing it ignores SIGTERM takes about 1 s
     attack = Attack(sandbox, f"{DAEMON}; sleep 30", timeout_ms=3000)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
-from pathlib import Path
+import socket
 
 import pytest
 
 from harness.engine.docker.engine import AGENT_PIDS_RESERVE
 from tests.conftest import RUNTIME
 from tests.integration.helpers import run
+from tests.security.engines import ON_RAY, docker_client, listening_neighbours, socket_dir
 
 pytestmark = pytest.mark.docker
 
@@ -66,6 +66,8 @@ def test_root_filesystem_is_read_only(sandbox):
 
 
 def test_ro_mount_refuses_writes_and_rw_mount_writes_with_host_owner(make_sandbox, tmp_path):
+    # A mount's source is a path on the machine that runs the sandbox: on the Ray test cluster
+    # that is a node sharing this machine's filesystem, so tmp_path is one there too.
     ro = tmp_path / "ro"
     rw = tmp_path / "rw"
     ro.mkdir()
@@ -92,15 +94,18 @@ def test_network_none_has_only_loopback_and_cannot_reach_the_bridge_gateway(sand
     # /proc/net/dev: this namespace's interfaces under both runtimes (gVisor has no /sys/class/net)
     listing = run(sandbox, "tail -n +3 /proc/net/dev | cut -d: -f1").stdout.data().split()
     assert listing == [b"lo"]
-    ipam = engine.client.networks.get("bridge").attrs["IPAM"]["Config"][0]
-    bridge = ipam.get("Gateway") or str(ipaddress.ip_network(ipam["Subnet"])[1])
-    probe = run(sandbox, ["python3", "-c", (
-        "import socket, sys\n"
-        "s = socket.socket(); s.settimeout(2)\n"
-        f"try:\n    s.connect(({bridge!r}, 2375)); print('connected')\n"
-        "except OSError as e:\n    print('refused', e.errno)\n"
-    )])
-    assert probe.stdout.data().startswith(b"refused"), probe.stdout.data()
+    for address, port in listening_neighbours(sandbox, engine):
+        if ON_RAY:
+            # control: the relay and the GCS really listen (this process, a Ray driver, reaches
+            # both), so the sandbox's refusal is its missing network, not a dead target
+            socket.create_connection((address, port), timeout=5).close()
+        probe = run(sandbox, ["python3", "-c", (
+            "import socket, sys\n"
+            "s = socket.socket(); s.settimeout(2)\n"
+            f"try:\n    s.connect(({address!r}, {port})); print('connected')\n"
+            "except OSError as e:\n    print('refused', e.errno)\n"
+        )])
+        assert probe.stdout.data().startswith(b"refused"), (address, port, probe.stdout.data())
 
 
 def test_no_host_environment_leaks_into_the_sandbox(make_sandbox, monkeypatch):
@@ -117,7 +122,7 @@ def test_no_host_environment_leaks_into_the_sandbox(make_sandbox, monkeypatch):
 
 
 def test_container_has_hardened_host_config(sandbox, engine):
-    attrs = engine.client.api.inspect_container(sandbox.container_id)
+    attrs = docker_client(sandbox).api.inspect_container(sandbox.container_id)
     host = attrs["HostConfig"]
     assert host["CapDrop"] == ["ALL"]
     assert sorted(host["CapAdd"]) == ["KILL", "SETGID", "SETUID"]
@@ -151,10 +156,13 @@ def test_io_uring_is_refused_by_seccomp(sandbox):
 
 
 def test_agent_socket_directory_is_private(sandbox):
-    mode = Path(sandbox.socket_dir).stat().st_mode & 0o777
+    directory = socket_dir(sandbox)
+    mode = directory.stat().st_mode & 0o777
     assert mode == 0o700
-    sock = Path(sandbox.socket_dir, "agent.sock").stat()
-    assert (sock.st_mode & 0o777, sock.st_uid) == (0o600, os.geteuid())  # only the harness's user
+    sock = (directory / "agent.sock").stat()
+    # only the user of the process that serves it: the harness's here, the node's host on a
+    # Ray node (the test cluster's nodes run as root, as this test does)
+    assert (sock.st_mode & 0o777, sock.st_uid) == (0o600, os.geteuid())
     inside = run(sandbox, "ls /run/callbox")
     assert inside.exit_code != 0
     assert b"Permission denied" in inside.stderr.data()

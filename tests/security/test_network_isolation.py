@@ -27,9 +27,11 @@ from harness.engine.spec import SandboxSpec
 from tests.conftest import IMAGE, RUNTIME
 from tests.integration.helpers import run
 from tests.netdest import HOST_ADDRESS, HTTP_PORT, connect_from
+from tests.security.engines import NETWORKED, not_on_ray
 
 pytestmark = [
     pytest.mark.docker,
+    not_on_ray(NETWORKED),
     pytest.mark.skipif(RUNTIME == "runsc", reason="runsc sandboxes have network none only: callbox refuses "
                        "allowlist and open with runsc (tests/integration/test_runsc_sandbox.py checks the refusal)"),
 ]

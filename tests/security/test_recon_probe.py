@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import RUNTIME
 from tests.integration.helpers import run
+from tests.security.engines import NETWORKED, not_on_ray
 
 pytestmark = pytest.mark.docker
 
@@ -81,6 +82,7 @@ def test_recon_probe_finds_no_route_out(sandbox):
 
 @pytest.mark.skipif(GVISOR, reason="runsc sandboxes have network none only: callbox refuses allowlist with runsc "
                                     "(tests/integration/test_runsc_sandbox.py checks the refusal)")
+@not_on_ray(NETWORKED)
 def test_recon_probe_in_an_allowlist_sandbox_finds_only_its_proxy(net_engine):
     """With ``network = "allowlist"`` the sandbox has an interface and routes by design
     (Docker gives even an internal network a default route to its gateway); the probe must
