@@ -25,9 +25,11 @@ can alternate:
 23a-23f. the node's relay against a Ray actor proxy, on a local Ray
      (:mod:`tests.bench.bench_ray_transport`, renumbered from its 22a-22f).
 
-Without ray, or not as root, or with the cluster in use by another session, the rows that
-cannot be measured are replaced by one row saying why. A part that fails is named and the
-others still run; the section then fails after the rows it measured were kept.
+The cluster comes first, claimed while it is free; the transport rows need a local Ray of their
+own, so they come once this process has left the cluster. Without ray, or not as root, or with
+the cluster in use by another session, the rows that cannot be measured are replaced by one row
+saying why. A part that fails is named and the others still run; the section then fails after
+the rows it measured were kept.
 """
 
 from __future__ import annotations
@@ -184,7 +186,8 @@ def _bench_ray(res: Resources, spec: SandboxSpec, kit: Toolkit, data: Data, skip
         skipped[CLUSTER_ROWS] = skipped[TRANSPORT_ROWS] = why
         kit.progress(f"ray rows skipped: {why}")
         return
-    part("transport", lambda: transport_rows(res, spec, plan, kit))
+    # The cluster first, while it is free (only one may exist on a machine); the transport rows
+    # need a local Ray of their own, so they come once this process has left the cluster.
     if (why := cluster_unavailable()) is not None:
         skipped[CLUSTER_ROWS] = why
         kit.progress(f"ray cluster rows skipped: {why}")
@@ -197,6 +200,7 @@ def _bench_ray(res: Resources, spec: SandboxSpec, kit: Toolkit, data: Data, skip
                 part("dead node", lambda: dead_node_rows(cluster, engine, plan, kit))
         except Exception as exc:  # the cluster would not come up, or not go down
             failures["cluster"] = f"{type(exc).__name__}: {exc}"
+    part("transport", lambda: transport_rows(res, spec, plan, kit))
     if failures:
         raise RuntimeError("; ".join(f"{name}: {why}" for name, why in failures.items()))
 
