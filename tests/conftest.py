@@ -31,6 +31,9 @@ or ``ray`` (the three-node Ray test cluster of tests/ray/cluster.py: ``make test
 tests/ray and tests/security that way, as root)."""
 if ENGINE not in ("docker", "ray"):
     raise pytest.UsageError(f"CALLBOX_TEST_ENGINE={ENGINE!r}: use docker or ray")
+if ENGINE == "ray" and RUNTIME != "runc":
+    raise pytest.UsageError("CALLBOX_TEST_ENGINE=ray runs under runc only: the test cluster's dockerds have no "
+                            f"runtime {RUNTIME} (unset CALLBOX_TEST_RUNTIME)")
 
 
 def unavailable(reason: str, *, module: bool = False) -> None:
