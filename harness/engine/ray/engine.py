@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +40,7 @@ from harness.engine.docker.kept import SandboxExpired
 from harness.engine.docker.lifetime import LifetimeRecord, NameInUse, SandboxNotFound, validate_name, validate_ttl
 from harness.engine.docker.living import SandboxInfo
 from harness.engine.docker.snapshots import SnapshotInfo, SnapshotNotFound
-from harness.engine.placement import NodeRoom, choose_node
+from harness.engine.placement import NodeRoom, Placement, choose_node
 from harness.engine.ray.host import SandboxHandle
 from harness.engine.ray.hosts import Host, HostDirectory, SandboxLost, call, ray_module
 from harness.engine.ray.sandbox import RaySandbox
@@ -81,6 +81,7 @@ class RayEngine:
         self._groups: dict[str, str] = {}
         self._pending: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._placing = threading.Lock()
         self._turn = itertools.count()
         self._pool_settings: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
         self.hosts = HostDirectory(namespace=settings.namespace, relay_port=settings.relay_port,
@@ -168,8 +169,9 @@ class RayEngine:
                           memory=max((i.memory or 0 for i in infos), default=None) or None,
                           where="the largest Ray sandbox node")
 
-    def _rooms(self) -> list[NodeRoom]:
-        rooms = []
+    def _fresh_hosts(self) -> list[Host]:
+        """The live hosts, each asked again how many sandboxes it holds when its answer is old."""
+        hosts = []
         for host in self.hosts.hosts():
             if time.monotonic() - host.info_at > INFO_MAX_AGE_S:
                 try:
@@ -177,13 +179,34 @@ class RayEngine:
                 except CallboxError as exc:  # gone (now reported) or slow: place elsewhere
                     log.warning("node %s left out of placement: %s", host.name, exc)
                     continue
-            assert host.info is not None
-            with self._lock:
-                pending = self._pending.get(host.node_id, 0)
+            hosts.append(host)
+        return hosts
+
+    def _rooms(self, hosts: list[Host]) -> list[NodeRoom]:
+        """How full each node is: what its host last said, or what this engine placed there
+        since (its sandboxes and the creates on their way), whichever is more."""
+        rooms = []
+        with self._lock:
+            for host in hosts:
+                assert host.info is not None
+                known = sum(1 for node_id in self._where.values() if node_id == host.node_id)
+                used = max(host.info.live, known + self._pending.get(host.node_id, 0))
                 groups = frozenset(g for sid, g in self._groups.items() if self._where.get(sid) == host.node_id)
-            rooms.append(NodeRoom(name=host.name, capacity=host.capacity, used=host.info.live + pending,
-                                  groups=groups))
+                rooms.append(NodeRoom(name=host.name, capacity=host.capacity, used=used, groups=groups))
         return rooms
+
+    def _place(self, placement: Placement) -> Host:
+        """The host for a new sandbox, its create counted as on its way there (one placement at a
+        time, so creates at once see each other)."""
+        hosts = self._fresh_hosts()
+        with self._placing:
+            node = choose_node(placement, self._rooms(hosts), turn=next(self._turn))
+            host = next((h for h in hosts if h.name == node.name), None)
+            if host is None or not host.alive:
+                raise SandboxLost(f"node {node.name} went away while its sandbox was being placed")
+            with self._lock:
+                self._pending[host.node_id] = self._pending.get(host.node_id, 0) + 1
+        return host
 
     def create(self, spec: SandboxSpec, *, name: str | None = None, ttl_s: float | None = None,
                owner: str | None = None, ready_timeout: float | None = None) -> RaySandbox:
@@ -202,32 +225,24 @@ class RayEngine:
                 raise NameInUse(name, f"on node {holder.name}")
         if ttl_s is not None:
             validate_ttl(ttl_s)
-        node = choose_node(spec.placement, self._rooms(), turn=next(self._turn))
-        host = self.hosts.by_node(node.name)
-        if host is None:
-            raise SandboxLost(f"node {node.name} went away while its sandbox was being placed")
-        with self._lock:
-            self._pending[host.node_id] = self._pending.get(host.node_id, 0) + 1
+        host = self._place(spec.placement)
         try:
             handle: SandboxHandle = call(host.handle.create.remote(
                 spec.model_dump(mode="json"), name=name, ttl_s=ttl_s, owner=owner or self.owner), node=host.name)
+            box = self._adopt(host, handle, group=spec.placement.group)
         finally:
             with self._lock:
                 self._pending[host.node_id] -= 1
-        box = self._adopt(host, handle)
-        if spec.placement.group:
-            with self._lock:
-                self._groups[box.id] = spec.placement.group
-        if host.info is not None:
-            host.info_at = 0.0  # its count changed: ask again at the next placement
         metrics.record_sandbox_created("ray", time.perf_counter() - started)
         return box
 
-    def _adopt(self, host: Host, handle: SandboxHandle) -> RaySandbox:
+    def _adopt(self, host: Host, handle: SandboxHandle, *, group: str = "") -> RaySandbox:
         box = RaySandbox(self, host, handle)
         with self._lock:
             self._sandboxes[box.id] = box
             self._where[box.id] = host.node_id
+            if group:
+                self._groups[box.id] = group
         return box
 
     # ---- finding sandboxes -----------------------------------------------------------------------
@@ -447,10 +462,9 @@ class RayEngine:
             if target is None:
                 raise SandboxNotFound(f"node {node}")
         else:
-            chosen = choose_node(SandboxSpec().placement, self._rooms(), turn=next(self._turn))
-            target = self.hosts.by_node(chosen.name)
-            if target is None:
-                raise SandboxLost(f"node {chosen.name} went away while a fork was being placed")
+            target = self._place(Placement())
+            with self._lock:
+                self._pending[target.node_id] -= 1  # counted once the fork is adopted
         if target.node_id not in {h.node_id for h in holders}:
             log.info("copying snapshot %s from node %s to node %s", source, holders[0].name, target.name)
             self.copy_snapshot(source, holders[0], target)
@@ -487,20 +501,23 @@ class _ImagePort:
 
 
 def connect_driver(settings: RaySettings) -> None:
-    """``ray.init`` as a driver of the cluster at ``settings.address`` (once per process)."""
+    """``ray.init`` as a driver of the cluster at ``settings.address`` (once per process), after
+    a bounded check that the cluster answers, takes the token and has this machine as a node
+    (``ray.init`` itself retries a dead address for minutes)."""
     ray = ray_module()
     if ray.is_initialized():
         return
+    from harness.engine.ray import preflight
+
     for note in settings.loosened():
         log.warning("this configuration loosens a hardened default: %s", note)
-    env: Mapping[str, str] = settings.auth_environment()
-    if env:
-        os.environ.update(env)
-        # Ray reads its authentication settings when it is first imported: read them again.
-        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+    preflight.use_token(settings)
+    preflight.preflight(settings)
+    # Ray's own SIGTERM/SIGSEGV handler would replace this process's (a server's orderly stop)
+    # and end it with status 15 after it ran: a driver keeps the handlers it has.
+    from ray._private import ray_constants
 
-        Config.initialize("")
-        AuthenticationTokenLoader.instance().reset_cache()
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     try:
         ray.init(address=settings.address, namespace=settings.namespace, _node_ip_address=settings.node_ip,
                  log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)

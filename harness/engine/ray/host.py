@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tenacity
+
 from harness.core.errors import CallboxError
 from harness.engine.docker.cgroup_stats import SandboxStats
 from harness.engine.docker.engine import DockerEngine
@@ -54,6 +56,7 @@ NODE_ID_LABEL = "callbox.ray.node-id"
 NODE_ENV = "CALLBOX_NODE"
 """Set in every tool process of a sandbox on a Ray node: the node's name."""
 RAYLET_WATCH_S = 0.25
+RELAY_BIND_WAIT_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,10 @@ class SandboxHost:
         for sandbox_id in self.engine.gc():
             log.info("reaped leftover sandbox %s", sandbox_id)
         self.relay = AgentRelay(bind_host=self.address, port=relay_port, state_dir=state / "relay")
-        self.relay.start()
+        # A host restarted by Ray may start while its dying predecessor still holds the port.
+        tenacity.Retrying(retry=tenacity.retry_if_exception_type(CallboxError), reraise=True,
+                          stop=tenacity.stop_after_delay(RELAY_BIND_WAIT_S),
+                          wait=tenacity.wait_fixed(0.25))(self.relay.start)
         self.boxes: dict[str, DockerSandbox] = {}
         self._lock = threading.Lock()
         self.readopted = self._readopt()

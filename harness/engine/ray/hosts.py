@@ -128,14 +128,14 @@ class HostDirectory:
             died += [h for h in self._hosts.values() if h.node_id not in listed and h.alive]
         for node in nodes:
             node_id = str(node["NodeID"])
-            capacity = int((node.get("Resources") or {}).get(CAPACITY_RESOURCE, 0))
-            if capacity <= 0:
-                continue
             with self._lock:
                 known = self._hosts.get(node_id)
-            if not node.get("Alive"):
+            if not node.get("Alive"):  # (a dead node is listed with no resources at all)
                 if known is not None and known.alive:
                     died.append(known)
+                continue
+            capacity = int((node.get("Resources") or {}).get(CAPACITY_RESOURCE, 0))
+            if capacity <= 0:
                 continue
             if known is None:
                 host = Host(node_id=node_id, address=str(node.get("NodeManagerAddress", "?")), capacity=capacity,
