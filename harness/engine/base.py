@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from harness.engine.agent_client import AgentClient
 from harness.engine.spec import SandboxSpec
 
-__all__ = ["EgressRecord", "Engine", "Sandbox", "SandboxRuntime"]
+if TYPE_CHECKING:
+    from harness.engine.jobs import JobsClient
+    from harness.engine.ports import PortForward
+    from harness.engine.transfer import TransferClient
+
+__all__ = ["EgressRecord", "Engine", "LivingSandbox", "Sandbox", "SandboxRuntime", "is_living"]
 
 
 class EgressRecord(Protocol):
@@ -74,3 +79,45 @@ class Engine(Protocol):
     def create(self, spec: SandboxSpec) -> Sandbox: ...
 
     def attach(self, sandbox_id: str) -> Sandbox: ...
+
+
+class LivingSandbox(Protocol):
+    """A sandbox with a life of its own beyond one tool call: jobs, transfers, ports, pause and
+    resume, keep-alive and stats. The Docker engine's sandboxes and the Ray engine's are; the
+    doors that manage sandboxes (the gRPC Sandboxes service, the E2B API) need one."""
+
+    id: str
+    spec: SandboxSpec
+    agent: AgentClient
+    tool_uid: int
+    tool_gid: int
+    expires: float
+
+    @property
+    def paused(self) -> bool: ...
+
+    @property
+    def jobs(self) -> JobsClient: ...
+
+    @property
+    def transfer(self) -> TransferClient: ...
+
+    def require_running(self) -> None: ...
+
+    def forward_port(self, port: int, host_port: int = 0) -> PortForward: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> float: ...
+
+    def keep_alive(self, ttl_s: float | None = None) -> float: ...
+
+    def stats(self) -> Any: ...
+
+    def destroy(self) -> None: ...
+
+
+def is_living(box: object) -> TypeGuard[LivingSandbox]:
+    """Whether ``box`` is a :class:`LivingSandbox` (its class says so with ``living_sandbox``;
+    nothing of the sandbox is asked: its properties may call its engine)."""
+    return bool(getattr(type(box), "living_sandbox", False))

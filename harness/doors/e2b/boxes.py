@@ -63,8 +63,8 @@ from harness.doors.grpc.errors import ServiceError
 from harness.doors.grpc.overrides import SandboxOverrides
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import ClientSession
+from harness.engine.base import LivingSandbox, is_living
 from harness.engine.docker.lifetime import MIN_TTL_S
-from harness.engine.docker.sandbox import Sandbox as DockerSandbox
 
 __all__ = ["DEFAULT_TEMPLATE", "DEFAULT_TIMEOUT_S", "DOOR", "E2B_WORKDIR", "ENVD_TOKENS", "MIN_TIMEOUT_S",
            "E2bSandbox", "E2bSandboxes", "Metric", "e2b_errors", "e2b_template", "token_digest"]
@@ -148,14 +148,14 @@ class E2bSandbox:
         return self.session.closed
 
     @property
-    def box(self) -> DockerSandbox:
+    def box(self) -> LivingSandbox:
         """The engine sandbox (paused or running)."""
         box = self.session.harness.active_sandbox
-        if not isinstance(box, DockerSandbox):
+        if not is_living(box):
             raise E2bError("unavailable", f"sandbox {self.sandbox_id} has no running container")
         return box
 
-    def running(self) -> DockerSandbox:
+    def running(self) -> LivingSandbox:
         """The engine sandbox, for what needs its agent: ``failed_precondition`` while paused
         (the SDK's ``Sandbox.connect`` resumes it)."""
         box = self.box
@@ -170,7 +170,7 @@ class E2bSandbox:
         ``callbox sandbox pause``, counts: the session's clock stops then too)."""
         if not self.session.paused and not self.closed:
             box = self.session.harness.active_sandbox
-            if isinstance(box, DockerSandbox) and box.paused:
+            if is_living(box) and box.paused:
                 self.session.mark_paused(time.time())
         return "paused" if self.session.paused else "running"
 

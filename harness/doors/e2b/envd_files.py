@@ -43,8 +43,8 @@ from harness.doors.e2b.boxes import E2bSandbox, E2bSandboxes
 from harness.doors.e2b.envd_filesystem import MAX_SYMLINK_HOPS, check_user, fs_errors, link_target, sandbox_path
 from harness.doors.e2b.errors import E2bError, invalid
 from harness.doors.e2b.rpc import EnvdCall, EnvdRoute, HttpRequest, HttpResponse, json_response
+from harness.engine.base import LivingSandbox
 from harness.engine.cancel import current_scope
-from harness.engine.docker.sandbox import Sandbox as DockerSandbox
 from harness.engine.tarstream import ChunkReader
 from sandbox.v1 import filesystem_pb2 as agent_pb
 
@@ -240,7 +240,7 @@ def _gunzip(chunks: Iterator[bytes]) -> Iterator[bytes]:
 # ---- writing one file ----------------------------------------------------------------------------
 
 
-def _final(box: DockerSandbox, path: str) -> tuple[str, agent_pb.FileInfo | None]:
+def _final(box: LivingSandbox, path: str) -> tuple[str, agent_pb.FileInfo | None]:
     """Where ``path`` leads (a final symlink chain followed, as envd's ``open`` does) and what
     is there now (None: nothing)."""
     real = path
@@ -257,7 +257,7 @@ def _final(box: DockerSandbox, path: str) -> tuple[str, agent_pb.FileInfo | None
     raise E2bError("failed_precondition", f"{path} is a chain of more than {MAX_SYMLINK_HOPS} symlinks (a loop?)")
 
 
-def write_file(sandboxes: E2bSandboxes, sandbox: E2bSandbox, box: DockerSandbox, path: str,
+def write_file(sandboxes: E2bSandboxes, sandbox: E2bSandbox, box: LivingSandbox, path: str,
                data: Iterator[bytes]) -> int:
     """Stream ``data`` into the file ``path`` (the ``copy_in`` action): whole, or not at all."""
     with sandboxes.acting(sandbox, "copy_in", {"path": path}) as ticket, fs_errors(sandbox):

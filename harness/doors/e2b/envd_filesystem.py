@@ -61,8 +61,8 @@ from harness.doors.e2b.boxes import E2bSandbox, E2bSandboxes
 from harness.doors.e2b.envd import filesystem_pb2 as pb
 from harness.doors.e2b.errors import E2bError, from_callbox, invalid, not_found
 from harness.doors.e2b.rpc import EnvdCall, Method, Service
+from harness.engine.base import LivingSandbox
 from harness.engine.cancel import CallScope, current_scope
-from harness.engine.docker.sandbox import Sandbox as DockerSandbox
 from harness.engine.spec import HOME, SandboxSpec
 from harness.engine.transfer import Watch, WatchChange
 from sandbox.v1 import filesystem_pb2 as agent_pb
@@ -164,7 +164,7 @@ def _permissions(kind: pb.FileType.ValueType, mode: int) -> str:
     return (prefix or "-") + bits
 
 
-def _name_of(ident: int, box: DockerSandbox, *, group: bool) -> str:
+def _name_of(ident: int, box: LivingSandbox, *, group: bool) -> str:
     if ident == 0:
         return "root"
     if ident == (box.tool_gid if group else box.tool_uid):
@@ -172,7 +172,7 @@ def _name_of(ident: int, box: DockerSandbox, *, group: bool) -> str:
     return str(ident)
 
 
-def entry_info(path: str, info: agent_pb.FileInfo, box: DockerSandbox, *,
+def entry_info(path: str, info: agent_pb.FileInfo, box: LivingSandbox, *,
                target_type: pb.FileType.ValueType | None = None) -> pb.EntryInfo:
     """envd's EntryInfo for the agent's FileInfo of the absolute ``path``."""
     kind = _FILE_TYPES.get(info.type, pb.FILE_TYPE_UNSPECIFIED)
@@ -195,7 +195,7 @@ def link_target(path: str, target: str) -> str:
     return "/" + posixpath.normpath(posixpath.join(posixpath.dirname(path), target)).lstrip("/")
 
 
-def follow(box: DockerSandbox, path: str) -> tuple[agent_pb.FileInfo, str, agent_pb.FileInfo]:
+def follow(box: LivingSandbox, path: str) -> tuple[agent_pb.FileInfo, str, agent_pb.FileInfo]:
     """The FileInfo of ``path`` itself, the path a final symlink chain leads to, and its FileInfo
     (``not_found`` for a dangling link, like envd's ``os.Stat``)."""
     own = info = box.agent.stat(path)
@@ -219,7 +219,7 @@ def follow(box: DockerSandbox, path: str) -> tuple[agent_pb.FileInfo, str, agent
 class EventTranslator:
     """The agent's watch changes under ``top`` as envd's FilesystemEvents (see the module docstring)."""
 
-    def __init__(self, top: str, box: DockerSandbox, *, include_entry: bool) -> None:
+    def __init__(self, top: str, box: LivingSandbox, *, include_entry: bool) -> None:
         self.top = top
         self.box = box
         self.include_entry = include_entry
@@ -330,7 +330,7 @@ class FilesystemHandlers:
 
     @staticmethod
     @contextlib.contextmanager
-    def _agent(call: EnvdCall) -> Iterator[DockerSandbox]:
+    def _agent(call: EnvdCall) -> Iterator[LivingSandbox]:
         """The running engine sandbox, with the user checked, its errors as E2bError and the
         agent calls made in the request's scope (they end with it)."""
         check_user(call.user)
@@ -391,7 +391,7 @@ class FilesystemHandlers:
                     raise
         return pb.RemoveResponse()
 
-    def _watch(self, box: DockerSandbox, path: str, *, recursive: bool, include_entry: bool) -> tuple[
+    def _watch(self, box: LivingSandbox, path: str, *, recursive: bool, include_entry: bool) -> tuple[
             Watch, EventTranslator]:
         _, real, info = follow(box, path)
         if info.type != agent_pb.FILE_TYPE_DIRECTORY:

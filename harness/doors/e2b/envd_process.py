@@ -78,8 +78,8 @@ from harness.doors.e2b.boxes import DOOR, E2bSandbox, E2bSandboxes, e2b_errors
 from harness.doors.e2b.envd import process_pb2 as pb
 from harness.doors.e2b.errors import E2bError, invalid
 from harness.doors.e2b.rpc import EnvdCall, Method, Service
+from harness.engine.base import LivingSandbox
 from harness.engine.cancel import current_scope
-from harness.engine.docker.sandbox import Sandbox as DockerSandbox
 from harness.engine.jobs import JobChunk, JobEnded, JobEvent, JobGap, JobInfo, gap_text
 from harness.tools.shell import SHELL
 
@@ -293,7 +293,7 @@ class ProcessDoor:
                 for event in events:
                     yield pb.ConnectResponse(event=event)
 
-    def _follow(self, box: DockerSandbox, sandbox: E2bSandbox, info: JobInfo, call: EnvdCall, *,
+    def _follow(self, box: LivingSandbox, sandbox: E2bSandbox, info: JobInfo, call: EnvdCall, *,
                 kill_if_busy: bool) -> Iterator[pb.ProcessEvent]:
         """The job's events as envd's, from the oldest output held; the agent's stream is
         opened now (under the call's scope), so a refusal comes before the start event."""
@@ -376,7 +376,7 @@ class ProcessDoor:
 
     def stream_input(self, requests: Iterable[pb.StreamInputRequest], call: EnvdCall) -> pb.StreamInputResponse:
         sandbox = call.sandbox
-        box: DockerSandbox | None = None
+        box: LivingSandbox | None = None
         info: JobInfo | None = None
         with e2b_errors(sandbox):
             for message in requests:
@@ -429,7 +429,7 @@ class ProcessDoor:
         return pb.UpdateResponse()
 
     @staticmethod
-    def _write(box: DockerSandbox, info: JobInfo, data: pb.ProcessInput) -> None:
+    def _write(box: LivingSandbox, info: JobInfo, data: pb.ProcessInput) -> None:
         kind = data.WhichOneof("input")
         if kind is None:
             return
@@ -466,7 +466,7 @@ def _check_user(user: str | None) -> None:
                    f"(or pass {SANDBOX_USER!r})")
 
 
-def _select(box: DockerSandbox, selector: pb.ProcessSelector, *, running_only: bool = True) -> JobInfo:
+def _select(box: LivingSandbox, selector: pb.ProcessSelector, *, running_only: bool = True) -> JobInfo:
     """The job a selector names: by pid, or the newest with the tag (``not_found`` if none, or if
     it has ended and ``running_only``)."""
     kind = selector.WhichOneof("selector")

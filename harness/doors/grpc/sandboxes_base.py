@@ -22,7 +22,7 @@ from harness.core.policy import Policy
 from harness.doors.grpc.errors import Reason, ServiceError, action_refused, not_found
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import ClientSession
-from harness.engine.docker.sandbox import Sandbox as DockerSandbox
+from harness.engine.base import LivingSandbox, is_living
 
 __all__ = ["Owned", "SandboxesBase"]
 
@@ -35,7 +35,7 @@ class Owned:
 
     client: str
     session: ClientSession
-    box: DockerSandbox
+    box: LivingSandbox
 
     @property
     def sandbox_id(self) -> str:
@@ -55,7 +55,7 @@ class SandboxesBase:
         client = self.executor.client_of(context)
         session = self.executor.session_of(sandbox_id, client)
         box = session.harness.active_sandbox
-        if not isinstance(box, DockerSandbox):
+        if not is_living(box):
             raise ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE,
                                f"sandbox {sandbox_id} runs on an engine without living sandboxes",
                                code=grpc.StatusCode.FAILED_PRECONDITION, retryable=False)

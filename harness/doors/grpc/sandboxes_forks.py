@@ -31,7 +31,7 @@ from harness.core.policy import Policy
 from harness.core.session import Session
 from harness.doors.grpc.errors import Reason, ServiceError, creation_failure, handle_errors_any, invalid
 from harness.doors.grpc.overrides import SandboxOverrides, sandbox_policy
-from harness.doors.grpc.sandboxes_base import SandboxesBase
+from harness.doors.grpc.sandboxes_base import Owned, SandboxesBase
 from harness.doors.grpc.sandboxes_snapshots import (
     ClientSnapshots,
     overrides_from_spec,
@@ -59,22 +59,31 @@ class SnapshotsAndForks(SandboxesBase):
                                code=grpc.StatusCode.FAILED_PRECONDITION, retryable=False)
         return engine
 
+    def _docker_box(self, owned: Owned) -> DockerSandbox:
+        """The Docker sandbox of ``owned`` (snapshots and forks are kept on this machine; the Ray
+        engine's are not served here yet)."""
+        self._engine()
+        if not isinstance(owned.box, DockerSandbox):
+            raise ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, "this server's engine keeps no snapshots",
+                               code=grpc.StatusCode.FAILED_PRECONDITION, retryable=False)
+        return owned.box
+
     @handle_errors_any
     def Snapshot(self, request: sandboxes_pb2.SnapshotRequest, context: grpc.ServicerContext) -> Any:
         owned = self._running(request.sandbox_id, context)
-        snapshots = ClientSnapshots(owned.box.engine, owned.client)
+        box = self._docker_box(owned)
+        snapshots = ClientSnapshots(box.engine, owned.client)
         stored = snapshots.stored_name(request.name)
         gate, ticket = self._gate(owned, "snapshot", {"name": request.name, "replace": request.replace},
                                   request.approval_id)
         with self._acting(gate, ticket, context, owned):
-            taken = next((info for info in owned.box.engine.snapshots() if info.name == stored), None)
+            taken = next((info for info in box.engine.snapshots() if info.name == stored), None)
             if taken is not None and not (request.replace and snapshots.mine(taken)):
                 raise ServiceError(Reason.ERROR_REASON_INVALID_ARGUMENT,
                                    f"a snapshot named {request.name} already exists; set replace to replace it, or "
                                    "pick another name", code=grpc.StatusCode.ALREADY_EXISTS, retryable=False)
             try:
-                info = owned.box.engine.snapshot(owned.box, stored, replace=request.replace,
-                                                 owner=owner(owned.client))
+                info = box.engine.snapshot(box, stored, replace=request.replace, owner=owner(owned.client))
             except SnapshotExists:  # another request of this client took the name meanwhile
                 raise ServiceError(Reason.ERROR_REASON_INVALID_ARGUMENT,
                                    f"a snapshot named {request.name} already exists",
@@ -106,6 +115,7 @@ class SnapshotsAndForks(SandboxesBase):
 
     def _fork_live(self, request: sandboxes_pb2.ForkRequest, context: grpc.ServicerContext) -> executor_pb2.Sandbox:
         owned = self._running(request.sandbox_id, context)
+        box = self._docker_box(owned)
         source = owned.session
         with self.executor.reserved(owned.client, owned.box.spec) as reservation:
             gate, ticket = self._gate(owned, "fork", {"from_snapshot": False}, request.approval_id)
@@ -115,7 +125,7 @@ class SnapshotsAndForks(SandboxesBase):
                 harness = Session(self.executor.registry, source.policy, self.audit, run_id=run_id,
                                   engine_factory=self.executor.engine_factory)
                 try:
-                    forked = owned.box.engine.fork(owned.box, owner=owner(owned.client))
+                    forked = box.engine.fork(box, owner=owner(owned.client))
                 except BaseException:
                     self._end_run(run_id, "sandbox_start_failed")
                     raise
