@@ -103,6 +103,7 @@ def test_a_loaded_image_runs_on_its_worker_in_the_workers_cgroup_and_nowhere_els
     one, other = WORKERS
     client, other_client = ray_cluster.docker_client(one.name), ray_cluster.docker_client(other.name)
     had_image = bool(other_client.images.list(name=IMAGE))
+    one_had_image = bool(client.images.list(name=IMAGE))  # the session's engine may have sent it already
     try:
         ray_cluster.load_image(one.name, IMAGE)
         output = client.containers.run(IMAGE, ["/proc/self/cgroup"], entrypoint=["cat"], network_mode="none",
@@ -112,7 +113,8 @@ def test_a_loaded_image_runs_on_its_worker_in_the_workers_cgroup_and_nowhere_els
             with pytest.raises(docker.errors.ImageNotFound):
                 other_client.images.get(IMAGE)
     finally:
-        client.images.remove(IMAGE, force=True)  # later tests expect the clean slate of up()
+        if not one_had_image:
+            client.images.remove(IMAGE, force=True)  # as the test found it
         client.close()
         other_client.close()
 

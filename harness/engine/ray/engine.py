@@ -28,13 +28,14 @@ import contextlib
 import itertools
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from harness.core.errors import CallboxError, EngineUnavailable
+from harness.core.errors import CallboxError, EngineUnavailable, ImageNotFound
 from harness.engine.docker.cgroup_stats import SandboxStats
 from harness.engine.docker.kept import SandboxExpired
 from harness.engine.docker.lifetime import LifetimeRecord, NameInUse, SandboxNotFound, validate_name, validate_ttl
@@ -125,8 +126,9 @@ class RayEngine:
             log.error("%d sandbox(es) lost with node %s: %s", len(lost), host.name, ", ".join(b.id for b in lost))
 
     def node_lost(self, host: Host, *, within: float) -> str | None:
-        """Whether ``host``'s node died, waiting up to ``within`` seconds for the cluster to say
-        (None as soon as the host answers)."""
+        """Why ``host``'s sandboxes are gone for good, if they are: its node died (waiting up to
+        ``within`` seconds for the cluster to say), or its host can never run again. None when the
+        host answers, or is only restarting (its sandboxes live on and are re-adopted)."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             if host.node_id in self.hosts.dead or not host.alive:
@@ -135,10 +137,11 @@ class RayEngine:
                 call(host.handle.ping.remote(), timeout=1.0, node=host.name)
                 return None
             except SandboxLost:
+                self.hosts.lose(host)
                 return f"sandbox lost with its node {host.name}: its host is gone"
             except EngineUnavailable:
-                continue
-        return f"sandbox lost with its node {host.name}: its host does not answer"
+                time.sleep(0.1)  # restarting, or the node is failing: the cluster will say which
+        return None
 
     def nodes(self) -> list[Host]:
         """The live sandbox nodes' hosts."""
@@ -227,14 +230,29 @@ class RayEngine:
             validate_ttl(ttl_s)
         host = self._place(spec.placement)
         try:
-            handle: SandboxHandle = call(host.handle.create.remote(
-                spec.model_dump(mode="json"), name=name, ttl_s=ttl_s, owner=owner or self.owner), node=host.name)
+            handle = self._create_on(host, spec, name=name, ttl_s=ttl_s, owner=owner or self.owner)
             box = self._adopt(host, handle, group=spec.placement.group)
         finally:
             with self._lock:
                 self._pending[host.node_id] -= 1
         metrics.record_sandbox_created("ray", time.perf_counter() - started)
         return box
+
+    def _create_on(self, host: Host, spec: SandboxSpec, *, name: str | None, ttl_s: float | None,
+                   owner: str) -> SandboxHandle:
+        """Ask ``host`` for the sandbox; a node that lost its image since it was checked (someone
+        removed or retagged it) gets it again, once."""
+        for attempt in (1, 2):
+            try:
+                handle: SandboxHandle = call(host.handle.create.remote(
+                    spec.model_dump(mode="json"), name=name, ttl_s=ttl_s, owner=owner), node=host.name)
+                return handle
+            except ImageNotFound:
+                if attempt == 2:
+                    raise
+                log.warning("node %s no longer has %s: sending it again", host.name, spec.image)
+                self.sync_images([host], image=spec.image)
+        raise AssertionError("unreachable")
 
     def _adopt(self, host: Host, handle: SandboxHandle, *, group: str = "") -> RaySandbox:
         box = RaySandbox(self, host, handle)
@@ -518,8 +536,15 @@ def connect_driver(settings: RaySettings) -> None:
     from ray._private import ray_constants
 
     ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    # ray.init, in the main thread, also sets a Python SIGTERM handler that exits with status
+    # 15 at once: a server's own (stop the doors, keep the sandboxes) is put back.
+    in_main = threading.current_thread() is threading.main_thread()
+    own_sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
     try:
         ray.init(address=settings.address, namespace=settings.namespace, _node_ip_address=settings.node_ip,
                  log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
     except Exception as exc:  # ConnectionError, RuntimeError, an auth refusal: all say the same to a user
         raise EngineUnavailable(f"cannot join the Ray cluster at {settings.address}: {exc}") from None
+    finally:
+        if in_main and own_sigterm is not None:
+            signal.signal(signal.SIGTERM, own_sigterm)

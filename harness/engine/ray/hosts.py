@@ -85,8 +85,11 @@ def call(ray_ref: Any, *, timeout: float = HOST_CALL_TIMEOUT_S, node: str = "?")
         if isinstance(cause, BaseException):
             raise cause from None
         raise EngineUnavailable(f"the host of node {node} failed: {exc}") from None
-    except (rx.ActorDiedError, rx.ActorUnavailableError, rx.ActorUnschedulableError, rx.RayActorError,
-            rx.NodeDiedError, rx.ObjectLostError, rx.OwnerDiedError) as exc:
+    except rx.ActorUnavailableError:  # restarting (its process died), or its node is failing
+        raise EngineUnavailable(f"the host of node {node} is unavailable (restarting, or its node is failing); "
+                                "what it was asked may or may not have happened") from None
+    except (rx.ActorDiedError, rx.ActorUnschedulableError, rx.RayActorError, rx.NodeDiedError,
+            rx.ObjectLostError, rx.OwnerDiedError) as exc:
         raise SandboxLost(f"sandbox lost with its node {node}: its host is gone ({type(exc).__name__}); "
                           "whatever it was doing may or may not have happened") from None
     except rx.GetTimeoutError:

@@ -81,7 +81,7 @@ class RaySandbox:
         try:
             reason: str | None = self._ask("why_gone", self.id)
         except Exception:
-            return None
+            return f"the host of node {self.node} did not answer (restarting?); the sandbox may live on"
         return reason
 
     @property
