@@ -112,7 +112,9 @@ def check_nodes(ev: RayEvidence) -> CheckResult:
     make = result_maker("ray.nodes", "nodes that hold sandboxes (callbox_sandboxes)", "cluster")
     if ev.nodes is None:
         return make("WARN", f"{NOT_CHECKED}: the cluster was not reached")
-    holders = [n for n in ev.nodes if n.capacity > 0]
+    # A node that died and came back is listed twice: its dead earlier life is history, not a problem.
+    back = {(n.address, n.name) for n in ev.nodes if n.alive}
+    holders = [n for n in ev.nodes if n.capacity > 0 and (n.alive or (n.address, n.name) not in back)]
     shown = "; ".join(f"{n.name} {n.address} {'alive' if n.alive else 'dead'}, capacity {n.capacity}"
                       for n in sorted(holders, key=lambda n: (not n.alive, n.name)))
     alive = [n for n in holders if n.alive]

@@ -114,6 +114,9 @@ def test_nodes_without_room_or_dead_ones(settings: RaySettings) -> None:
                              "w2host 10.250.0.3 dead, capacity 4")
     ev.nodes = [dead]
     assert check_nodes(ev).status == "FAIL"
+    ev.nodes = [HEAD, W1, dead, W2]  # w2 died and came back (a new Ray node at the same address)
+    result = check_nodes(ev)
+    assert result.status == "PASS" and "dead" not in result.reason
 
 
 def test_images_missing_stale_or_not_checked(settings: RaySettings) -> None:
