@@ -37,6 +37,7 @@ from typing import Any
 import tenacity
 
 from harness.core.errors import CallboxError
+from harness.engine.docker import labels
 from harness.engine.docker.cgroup_stats import SandboxStats
 from harness.engine.docker.engine import DockerEngine
 from harness.engine.docker.lifetime import LifetimeRecord
@@ -119,6 +120,9 @@ class SandboxHost:
             run_root=Path(run_root) if run_root else None, reap_on_start=False, snapshot_dir=state / "snapshots",
             extra_labels={NODE_ID_LABEL: self.node_id},
         )
+        # The node, not this process, owns its sandboxes: a host that Ray restarts must not find
+        # them orphaned (gc judges them by their expiry; an owner on another "host" is never dead).
+        self.engine.owner = labels.Owner(host=f"ray-node-{self.node_id[:16]}", pid=1, started=0.0)
         self.reaped = self._reap_earlier_lives()
         for sandbox_id in self.engine.gc():
             log.info("reaped leftover sandbox %s", sandbox_id)
@@ -142,8 +146,6 @@ class SandboxHost:
 
     def _reap_earlier_lives(self) -> int:
         """Remove the sandboxes labelled with another Ray node id (this node died and came back)."""
-        from harness.engine.docker import labels
-
         reaped = 0
         found = self.engine.client.api.containers(all=True, filters={"label": f"{labels.MANAGED}=1"})
         for container in found:
