@@ -43,7 +43,6 @@ def etc(tmp_path: Path, ray_cluster: RayTestCluster) -> Path:
     replacements = {
         '"10.0.0.1:6379"': f'"{ray_cluster.address}"',
         'node_ip = "10.0.0.1"': f'node_ip = "{ray_cluster.node_ip}"',
-        'namespace = "callbox"': 'namespace = "callbox-tests"',  # the session's hosts (one relay port per node)
         '"unix:/run/callbox/executor.sock"': f'"unix:{tmp_path / "executor.sock"}"',
     }
     for old, new in replacements.items():

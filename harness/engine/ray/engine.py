@@ -85,7 +85,7 @@ class RayEngine:
         self._placing = threading.Lock()
         self._turn = itertools.count()
         self._pool_settings: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
-        self.hosts = HostDirectory(namespace=settings.namespace, relay_port=settings.relay_port,
+        self.hosts = HostDirectory(relay_port=settings.relay_port,
                                    on_dead=self._node_died, on_new=self._node_joined)
         self.hosts.refresh()
         if not self.hosts.hosts():
@@ -541,7 +541,8 @@ def connect_driver(settings: RaySettings) -> None:
     in_main = threading.current_thread() is threading.main_thread()
     own_sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
     try:
-        ray.init(address=settings.address, namespace=settings.namespace, _node_ip_address=settings.node_ip,
+        ray.init(address=settings.address, namespace=settings.namespace,
+                 _node_ip_address=preflight.local_address(settings),  # the one preflight found a raylet at
                  log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
     except Exception as exc:  # ConnectionError, RuntimeError, an auth refusal: all say the same to a user
         raise EngineUnavailable(f"cannot join the Ray cluster at {settings.address}: {exc}") from None

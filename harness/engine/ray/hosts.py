@@ -31,6 +31,7 @@ log = logging.getLogger("callbox.ray")
 CAPACITY_RESOURCE = "callbox_sandboxes"
 """The custom resource a node advertises to hold sandboxes: how many."""
 HOST_PREFIX = "callbox-host-"
+HOSTS_NAMESPACE = "callbox-hosts"
 WATCH_S = 0.5
 HOST_CALL_TIMEOUT_S = 120.0
 """The longest a host method may take (a cold create with an image check is seconds)."""
@@ -99,9 +100,8 @@ def call(ray_ref: Any, *, timeout: float = HOST_CALL_TIMEOUT_S, node: str = "?")
 class HostDirectory:
     """The hosts of the cluster's sandbox nodes; finds new ones and watches for dead ones."""
 
-    def __init__(self, *, namespace: str, relay_port: int, on_dead: Callable[[Host], None],
+    def __init__(self, *, relay_port: int, on_dead: Callable[[Host], None],
                  on_new: Callable[[list[Host]], None]) -> None:
-        self.namespace = namespace
         self.relay_port = relay_port
         self._on_dead = on_dead
         self._on_new = on_new
@@ -182,8 +182,12 @@ class HostDirectory:
         ray = ray_module()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        # One host per node and relay port, whichever callbox process asks: the hosts live in a
+        # namespace of their own, so servers and CLI commands on one cluster share them (a second
+        # host on the node could not listen on the port anyway).
         actor = ray.remote(SandboxHost).options(
-            name=f"{HOST_PREFIX}{node_id}", namespace=self.namespace, lifetime="detached", get_if_exists=True,
+            name=f"{HOST_PREFIX}{node_id}", namespace=f"{HOSTS_NAMESPACE}-{self.relay_port}", lifetime="detached",
+            get_if_exists=True,
             max_restarts=-1, max_task_retries=0, max_concurrency=64, num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         )

@@ -88,8 +88,8 @@ class RaySettings(BaseModel):
     """The cluster's GCS address, ``HOST:PORT`` (what ``ray start --head`` prints), or
     ``auto``: the cluster this machine already belongs to (``ray start`` ran here)."""
     namespace: str = "callbox"
-    """The Ray namespace of callbox's named actors (one per node); servers sharing a cluster
-    with other callbox servers use one namespace each."""
+    """The Ray namespace this process joins the cluster in. The hosts (one per node) live in a
+    namespace of their own per ``relay_port``, shared by every callbox process on the cluster."""
     token_file: Path | None = None
     """Ray's authentication token (what ``RAY_AUTH_TOKEN_PATH`` names), mode 0600: required
     unless ``allow_unauthenticated`` is set."""
