@@ -186,14 +186,13 @@ class RayEngine:
         return hosts
 
     def _rooms(self, hosts: list[Host]) -> list[NodeRoom]:
-        """How full each node is: what its host last said, or what this engine placed there
-        since (its sandboxes and the creates on their way), whichever is more."""
+        """How full each node is: what its host last said, plus what this engine started there
+        since and the creates on their way."""
         rooms = []
         with self._lock:
             for host in hosts:
                 assert host.info is not None
-                known = sum(1 for node_id in self._where.values() if node_id == host.node_id)
-                used = max(host.info.live, known + self._pending.get(host.node_id, 0))
+                used = host.info.live + host.placed + self._pending.get(host.node_id, 0)
                 groups = frozenset(g for sid, g in self._groups.items() if self._where.get(sid) == host.node_id)
                 rooms.append(NodeRoom(name=host.name, capacity=host.capacity, used=used, groups=groups))
         return rooms
@@ -235,6 +234,8 @@ class RayEngine:
         finally:
             with self._lock:
                 self._pending[host.node_id] -= 1
+        with self._lock:
+            host.placed += 1
         metrics.record_sandbox_created("ray", time.perf_counter() - started)
         return box
 

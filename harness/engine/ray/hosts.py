@@ -58,6 +58,8 @@ class Host:
     alive: bool = True
     ready: bool = False
     """Its image is checked (and its pool asked for): placement may use it."""
+    placed: int = 0
+    """Sandboxes this engine started on it since ``info`` was read (placement counts them)."""
 
     @property
     def name(self) -> str:
@@ -200,7 +202,7 @@ class HostDirectory:
         except SandboxLost:
             self.lose(host)
             raise
-        host.info, host.info_at = info, time.monotonic()
+        host.info, host.info_at, host.placed = info, time.monotonic(), 0
         return info
 
     def lose(self, host: Host) -> None:
