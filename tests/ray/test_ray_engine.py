@@ -17,6 +17,7 @@ import pytest
 
 from harness.engine.exec_result import collect
 from harness.engine.spec import SandboxSpec
+from tests.integration.test_agent_relay import RANDOM_WITH_DIGEST
 
 if TYPE_CHECKING:
     from harness.engine.ray.engine import RayEngine
@@ -87,20 +88,6 @@ def test_a_networked_spec_is_refused_before_anything_starts(ray_engine: RayEngin
     with pytest.raises(SpecError, match='network = "open" is not available on the Ray engine'):
         ray_engine.create(SandboxSpec(network="open"))
     assert ray_engine.sandbox_census()[0] == before
-
-
-RANDOM_WITH_DIGEST = """
-import hashlib, os, sys
-digest, out, left = hashlib.sha256(), sys.stdout.buffer, int(sys.argv[1])
-while left:
-    chunk = os.urandom(min(left, 1 << 20))
-    digest.update(chunk)
-    out.write(chunk)
-    left -= len(chunk)
-out.flush()
-print(digest.hexdigest(), file=sys.stderr)
-"""
-"""Random bytes to stdout, their SHA-256 to stderr after them."""
 
 
 def test_100_mb_streamed_from_a_remote_sandbox_arrive_byte_for_byte(ray_engine: RayEngine) -> None:
