@@ -205,6 +205,17 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def _thread_names() -> list[str]:
+    """The names of this process's threads (``comm``: gRPC's and Python's own), for a leak's message."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+        except OSError:
+            continue
+    return sorted(names)
+
+
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -248,7 +259,7 @@ def test_lifecycle_soak(soak_engine: DockerEngine, capsys: pytest.CaptureFixture
     # Warm up (connection pools, gRPC's own threads) before taking the baseline.
     with ThreadPoolExecutor(WORKERS) as pool:
         list(pool.map(one, range(-2 * WORKERS, 0)))
-    fds_before, threads_before = _fds(), _threads()
+    fds_before, threads_before, names_before = _fds(), _threads(), _thread_names()
 
     started = time.monotonic()
     with ThreadPoolExecutor(WORKERS, thread_name_prefix="soak") as pool:
@@ -288,7 +299,8 @@ def test_lifecycle_soak(soak_engine: DockerEngine, capsys: pytest.CaptureFixture
             and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _fds() <= fds_before + FD_TOLERANCE, f"file descriptors: {fds_before} before, {_fds()} after"
-    assert _threads() <= threads_before + THREAD_TOLERANCE, f"threads: {threads_before} before, {_threads()} after"
+    assert _threads() <= threads_before + THREAD_TOLERANCE, \
+        f"threads: {threads_before} before ({names_before}), {_threads()} after ({_thread_names()})"
 
 
 def _harness_mid_call() -> tuple[subprocess.Popen[str], str]:
