@@ -193,3 +193,23 @@ def test_pause_resume_keep_alive_and_stats_on_a_remote_sandbox(ray_engine: RayEn
         assert stats.memory_bytes is None or stats.memory_bytes > 0
     finally:
         box.destroy()
+
+
+def test_a_warm_pool_on_every_node_is_claimed_by_creates(ray_engine: RayEngine) -> None:
+    ray_engine.enable_pool([SandboxSpec()], size=1)
+    box = None
+    try:
+        deadline = time.monotonic() + 120
+        while ray_engine.pooled_count() < 2:  # one pooled sandbox per node
+            assert time.monotonic() < deadline, f"pooled: {ray_engine.pooled_count()}"
+            time.sleep(0.2)
+        started = time.perf_counter()
+        box = ray_engine.create(SandboxSpec())
+        claimed_in = time.perf_counter() - started
+        assert run(box, "echo warm").stdout.data() == b"warm\n"
+        assert claimed_in < 0.3, f"a claim took {claimed_in * 1000:.0f} ms (a cold create takes about 400)"
+    finally:
+        if box is not None:
+            box.destroy()
+        ray_engine.disable_pool()
+    assert ray_engine.pooled_count() == 0

@@ -408,6 +408,12 @@ class RayEngine:
         for host in self.hosts.hosts():
             call(host.handle.enable_pool.remote(*self._pool_settings), node=host.name)
 
+    def disable_pool(self) -> None:
+        """Empty and stop every node's warm pool (creates are cold again)."""
+        self._pool_settings = None
+        for _host, _ in self.hosts.each("close"):
+            pass
+
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until the sandboxes destroyed so far are removed on every node; False if one
         node's ``timeout`` passed."""
