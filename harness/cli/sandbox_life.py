@@ -35,6 +35,7 @@ from harness.cli.sandbox_common import (
     size,
     until,
 )
+from harness.core.errors import UsageError
 from harness.core.units import parse_seconds
 
 if TYPE_CHECKING:
@@ -234,9 +235,19 @@ def _snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _snapshots_here(args: argparse.Namespace, verb: str) -> None:
+    """UsageError for a snapshot verb that reads this machine's snapshot store, on the Ray engine
+    (its snapshots stay on the nodes that took them): no silent empty answer."""
+    if getattr(args, "engine", None) == "ray":
+        raise UsageError(f"`callbox sandbox {verb}` reads the snapshots stored on this machine; on the Ray engine "
+                         "they stay on the nodes that took them: use the Python API (RayEngine.snapshots, "
+                         "fork(name, from_snapshot=True, node=...)), or the Docker engine")
+
+
 def _snapshots(args: argparse.Namespace) -> int:
     from harness.engine.docker.snapshots import SnapshotStore
 
+    _snapshots_here(args, "snapshots")
     found = SnapshotStore().list()
     if args.json:
         print_json([info.to_json() for info in found], listing=True)
@@ -258,6 +269,7 @@ def _source(info: SnapshotInfo) -> str:
 def _rm_snapshot(args: argparse.Namespace) -> int:
     from harness.engine.docker.snapshots import SnapshotStore
 
+    _snapshots_here(args, "rm-snapshot")
     store = SnapshotStore()
     store.get(args.snapshot)  # SnapshotNotFound names `callbox sandbox snapshots`
     store.remove(args.snapshot)
@@ -279,6 +291,7 @@ def _fork(args: argparse.Namespace) -> int:
     details: dict[str, Any] = {"name": args.name, "from_snapshot": args.from_snapshot or False}
     name = args.name or new_name()
     if args.from_snapshot:
+        _snapshots_here(args, "fork --from-snapshot")
         info = SnapshotStore().get(args.from_snapshot)
         details["sandbox"] = _source(info)
         engine = connect(args)
@@ -305,6 +318,7 @@ def _restore(args: argparse.Namespace) -> int:
     from harness.engine.docker.snapshots import SnapshotError, SnapshotStore
 
     validate_name(args.name)
+    _snapshots_here(args, "restore")
     policy = load_gate_policy(args)
     engine = connect(args)
     latest = [s for s in SnapshotStore().list() if s.source_name == args.name]
