@@ -382,11 +382,6 @@ class RayEngine:
             found.extend(infos)
         return sorted(found, key=lambda info: info.created)
 
-    def where(self) -> dict[str, str]:
-        """Sandbox id -> node name, for every sandbox on a live node."""
-        return {sid: host.name for host, infos in self.hosts.each("list_sandboxes", False)
-                for sid in (i.sandbox_id for i in infos)}
-
     def sandbox_census(self) -> tuple[int, int]:
         live = paused = 0
         for _host, (node_live, node_paused) in self.hosts.each("census"):

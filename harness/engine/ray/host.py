@@ -379,6 +379,3 @@ class SandboxHost:
     def image_abort(self) -> None:
         self.images.abort()
 
-
-class HostGone(CallboxError):
-    """The host of a node does not answer (its node died or is unreachable)."""
