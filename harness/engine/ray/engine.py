@@ -43,7 +43,7 @@ from harness.engine.docker.living import SandboxInfo
 from harness.engine.docker.snapshots import SnapshotInfo, SnapshotNotFound
 from harness.engine.placement import NodeRoom, Placement, choose_node
 from harness.engine.ray.host import SandboxHandle
-from harness.engine.ray.hosts import Host, HostDirectory, SandboxLost, call, ray_module
+from harness.engine.ray.hosts import Host, HostDirectory, SandboxLost, ask, call, ray_module
 from harness.engine.ray.sandbox import RaySandbox
 from harness.engine.spec import HostLimits, SandboxSpec, SpecError
 from harness.telemetry import metrics
@@ -114,7 +114,7 @@ class RayEngine:
         if self._pool_settings is not None:
             specs, settings = self._pool_settings
             for host in hosts:
-                call(host.handle.enable_pool.remote(specs, settings), node=host.name)
+                ask(host, "enable_pool", specs, settings)
 
     def _node_died(self, host: Host) -> None:
         reason = f"sandbox lost with its node {host.name}: Ray declared the node dead"
@@ -296,12 +296,12 @@ class RayEngine:
             raise SandboxExpired(f"sandbox {sandbox_id} is not kept on any live node (it expired, was removed, "
                                  "or was lost with its node); its files are gone", sandbox_id=sandbox_id,
                                  expired_at=None)
-        return self._adopt(host, call(host.handle.attach.remote(sandbox_id), node=host.name))
+        return self._adopt(host, ask(host, "attach", sandbox_id))
 
     def open(self, name_or_id: str, *, ready_timeout: float | None = None) -> RaySandbox:
         del ready_timeout
         host = self._require_host(name_or_id)
-        return self._adopt(host, call(host.handle.open.remote(name_or_id), node=host.name))
+        return self._adopt(host, ask(host, "open", name_or_id))
 
     def sandbox_exists(self, sandbox_id: str) -> bool:
         """Whether a live node holds ``sandbox_id`` (running, paused or stopped)."""
@@ -312,12 +312,12 @@ class RayEngine:
         host = self._host_of(sandbox_id)
         if host is None:
             return None
-        record: LifetimeRecord | None = call(host.handle.lifetime_record.remote(sandbox_id), node=host.name)
+        record: LifetimeRecord | None = ask(host, "lifetime_record", sandbox_id)
         return record
 
     def kept_sandbox(self, sandbox_id: str) -> KeptOnNode | None:
         host = self._host_of(sandbox_id)
-        if host is None or not call(host.handle.is_kept.remote(sandbox_id), node=host.name):
+        if host is None or not ask(host, "is_kept", sandbox_id):
             return None
         return KeptOnNode(sandbox_id, 0.0)
 
@@ -335,13 +335,13 @@ class RayEngine:
         if host is None or not host.alive:
             return []
         with contextlib.suppress(SandboxLost):  # its node died meanwhile: nothing left to remove now
-            call(host.handle.destroy.remote(sandbox_id, network), node=host.name)
+            ask(host, "destroy", sandbox_id, network)
         host.info_at = 0.0
         return []
 
     def remove(self, name_or_id: str) -> str:
         host = self._require_host(name_or_id)
-        sandbox_id: str = call(host.handle.remove.remote(name_or_id), node=host.name)
+        sandbox_id: str = ask(host, "remove", name_or_id)
         with self._lock:
             self._sandboxes.pop(sandbox_id, None)
             self._where.pop(sandbox_id, None)
@@ -401,7 +401,7 @@ class RayEngine:
         settings.pop("room", None)  # a callable of this process: each node keeps its own ceiling
         self._pool_settings = ([s.model_dump(mode="json") for s in specs], settings)
         for host in self.hosts.hosts():
-            call(host.handle.enable_pool.remote(*self._pool_settings), node=host.name)
+            ask(host, "enable_pool", *self._pool_settings)
 
     def disable_pool(self) -> None:
         """Empty and stop every node's warm pool (creates are cold again)."""
@@ -446,19 +446,19 @@ class RayEngine:
         if not holders:
             raise SnapshotNotFound(name)
         for host in holders:
-            call(host.handle.remove_snapshot.remote(name), node=host.name)
+            ask(host, "remove_snapshot", name)
 
     def copy_snapshot(self, name: str, source: Host, target: Host) -> SnapshotInfo:
         """Send snapshot ``name`` from ``source``'s node to ``target``'s (replacing one there)."""
-        transfer, _size = call(source.handle.export_snapshot.remote(name), node=source.name)
-        receiving = call(target.handle.import_begin.remote(name), node=target.name)
+        transfer, _size = ask(source, "export_snapshot", name)
+        receiving = ask(target, "import_begin", name)
         try:
             for seq in itertools.count():
-                data = call(source.handle.export_read.remote(transfer, CHUNK_BYTES), node=source.name)
+                data = ask(source, "export_read", transfer, CHUNK_BYTES)
                 if not data:
                     break
-                call(target.handle.import_chunk.remote(receiving, seq, data), node=target.name)
-            info: SnapshotInfo = call(target.handle.import_finish.remote(receiving, True), node=target.name)
+                ask(target, "import_chunk", receiving, seq, data)
+            info: SnapshotInfo = ask(target, "import_finish", receiving, True)
         except BaseException:
             target.handle.import_abort.remote(receiving)
             raise
@@ -472,7 +472,7 @@ class RayEngine:
         if not from_snapshot:
             host = source.host if isinstance(source, RaySandbox) else self._require_host(source)
             ident = source.id if isinstance(source, RaySandbox) else source
-            return self._adopt(host, call(host.handle.fork.remote(ident, False, name, owner, ttl_s), node=host.name))
+            return self._adopt(host, ask(host, "fork", ident, False, name, owner, ttl_s))
         assert isinstance(source, str)
         holders = self.snapshot_holders(source)
         if not holders:
@@ -488,12 +488,12 @@ class RayEngine:
         if target.node_id not in {h.node_id for h in holders}:
             log.info("copying snapshot %s from node %s to node %s", source, holders[0].name, target.name)
             self.copy_snapshot(source, holders[0], target)
-        handle = call(target.handle.fork.remote(source, True, name, owner, ttl_s), node=target.name)
+        handle = ask(target, "fork", source, True, name, owner, ttl_s)
         return self._adopt(target, handle)
 
     def restore(self, name: str) -> RaySandbox:
         host = self._require_host(name)
-        return self._adopt(host, call(host.handle.restore.remote(name), node=host.name))
+        return self._adopt(host, ask(host, "restore", name))
 
 
 class _ImagePort:
@@ -503,21 +503,21 @@ class _ImagePort:
         self.host = host
 
     def image_digest(self, name: str) -> str | None:
-        digest: str | None = call(self.host.handle.image_digest.remote(name), node=self.host.name)
+        digest: str | None = ask(self.host, "image_digest", name)
         return digest
 
     def begin(self, name: str, expected_id: str, total_bytes: int) -> None:
-        call(self.host.handle.image_begin.remote(name, expected_id, total_bytes), node=self.host.name)
+        ask(self.host, "image_begin", name, expected_id, total_bytes)
 
     def chunk(self, seq: int, data: bytes) -> None:
-        call(self.host.handle.image_chunk.remote(seq, data), node=self.host.name)
+        ask(self.host, "image_chunk", seq, data)
 
     def finish(self) -> str:
-        loaded: str = call(self.host.handle.image_finish.remote(), node=self.host.name)
+        loaded: str = ask(self.host, "image_finish")
         return loaded
 
     def abort(self) -> None:
-        call(self.host.handle.image_abort.remote(), node=self.host.name)
+        ask(self.host, "image_abort")
 
 
 def connect_driver(settings: RaySettings) -> None:

@@ -36,12 +36,28 @@ WATCH_S = 0.5
 HOST_CALL_TIMEOUT_S = 120.0
 """The longest a host method may take (a cold create with an image check is seconds)."""
 HOST_START_TIMEOUT_S = 60.0
+RESTART_WAIT_S = 60.0
+"""How long a method that only reads waits for its host to finish restarting."""
+RESTART_POLL_S = 0.25
+
+READS = frozenset({
+    "ping", "info", "attach", "open", "has", "lifetime_record", "is_kept", "is_paused", "stats", "why_gone",
+    "list_sandboxes", "census", "pooled_count", "snapshots", "image_digest",
+})
+"""Host methods that change nothing (``attach`` and ``open`` only hand out the relay token a
+sandbox already has): asked again while their host restarts. Any other method caught by a
+restart is reported as may-or-may-not-have-happened, never repeated."""
 
 T = TypeVar("T")
 
 
 class SandboxLost(CallboxError):
     """A sandbox's node died (or its host cannot be reached): the sandbox is gone with it."""
+
+
+class HostRestarting(EngineUnavailable):
+    """A host's actor is unavailable for now: its process is being restarted, or its node is
+    failing (the node watcher tells which)."""
 
 
 @dataclass
@@ -89,14 +105,29 @@ def call(ray_ref: Any, *, timeout: float = HOST_CALL_TIMEOUT_S, node: str = "?")
             raise cause from None
         raise EngineUnavailable(f"the host of node {node} failed: {exc}") from None
     except rx.ActorUnavailableError:  # restarting (its process died), or its node is failing
-        raise EngineUnavailable(f"the host of node {node} is unavailable (restarting, or its node is failing); "
-                                "what it was asked may or may not have happened") from None
+        raise HostRestarting(f"the host of node {node} is unavailable (restarting, or its node is failing); "
+                             "what it was asked may or may not have happened") from None
     except (rx.ActorDiedError, rx.ActorUnschedulableError, rx.RayActorError, rx.NodeDiedError,
             rx.ObjectLostError, rx.OwnerDiedError) as exc:
         raise SandboxLost(f"sandbox lost with its node {node}: its host is gone ({type(exc).__name__}); "
                           "whatever it was doing may or may not have happened") from None
     except rx.GetTimeoutError:
         raise EngineUnavailable(f"the host of node {node} did not answer within {timeout:.0f} s") from None
+
+
+def ask(host: Host, method: str, *args: Any, timeout: float = HOST_CALL_TIMEOUT_S, **kwargs: Any) -> Any:
+    """Call ``host``'s ``method`` (as :func:`call`). A method that only reads (:data:`READS`)
+    waits out a host that is restarting, up to :data:`RESTART_WAIT_S`, unless its node is
+    declared dead meanwhile; any other method fails at once with ``HostRestarting``."""
+    deadline = time.monotonic() + RESTART_WAIT_S
+    while True:
+        try:
+            return call(getattr(host.handle, method).remote(*args, **kwargs), timeout=timeout, node=host.name)
+        except HostRestarting:
+            if method not in READS or not host.alive or time.monotonic() >= deadline:
+                raise
+            log.info("the host of node %s is restarting: asking %s again", host.name, method)
+            time.sleep(RESTART_POLL_S)
 
 
 class HostDirectory:
@@ -198,7 +229,7 @@ class HostDirectory:
     def update(self, host: Host, *, timeout: float = HOST_CALL_TIMEOUT_S) -> HostInfo:
         """Ask ``host`` how it is; a host found gone is reported dead at once (``SandboxLost``)."""
         try:
-            info: HostInfo = call(host.handle.info.remote(), timeout=timeout, node=host.name)
+            info: HostInfo = ask(host, "info", timeout=timeout)
         except SandboxLost:
             self.lose(host)
             raise
@@ -232,7 +263,13 @@ class HostDirectory:
         refs = [(host, getattr(host.handle, method).remote(*args, **kwargs)) for host in hosts]
         for host, ref in refs:
             try:
-                yield host, call(ref, node=host.name)
+                try:
+                    answer = call(ref, node=host.name)
+                except HostRestarting:
+                    if method not in READS:
+                        raise
+                    answer = ask(host, method, *args, **kwargs)
+                yield host, answer
             except (EngineUnavailable, SandboxLost) as exc:
                 log.warning("node %s left out: %s", host.name, exc)
 

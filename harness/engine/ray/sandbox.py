@@ -16,7 +16,7 @@ from harness.engine.docker.lifetime import SandboxPaused
 from harness.engine.jobs import JobsClient
 from harness.engine.ports import PortForward, forward_port
 from harness.engine.ray.host import SandboxHandle
-from harness.engine.ray.hosts import Host, SandboxLost, call
+from harness.engine.ray.hosts import Host, SandboxLost, ask
 from harness.engine.spec import SandboxSpec
 from harness.engine.transfer import TransferClient
 
@@ -69,7 +69,7 @@ class RaySandbox:
     def _ask(self, method: str, *args: Any) -> Any:
         if self.lost is not None:
             raise SandboxLost(self.lost)
-        return call(getattr(self.host.handle, method).remote(*args), node=self.node)
+        return ask(self.host, method, *args)
 
     def why_gone(self) -> str | None:
         """Why its agent stopped answering: its node died (waits briefly until the cluster knows),
