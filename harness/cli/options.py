@@ -8,6 +8,7 @@ load it.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import unicodedata
 from collections.abc import Callable
@@ -155,29 +156,39 @@ def engine_options(parser: argparse.ArgumentParser) -> None:
     """``--engine``, ``--ray-address`` and ``--ray-token-file``: where the sandboxes run."""
     group = parser.add_argument_group("engine")
     group.add_argument("--engine", choices=["docker", "ray"],
-                       help="where sandboxes run: docker (this machine's Docker engine; the default unless the "
-                            "policy or configuration says engine = \"ray\") or ray (the nodes of a Ray cluster)")
+                       help="where sandboxes run: docker (this machine's Docker engine; the default unless "
+                            "CALLBOX_ENGINE, the policy or the configuration says engine = \"ray\") or ray (the "
+                            "nodes of a Ray cluster)")
     group.add_argument("--ray-address", metavar="HOST:PORT",
                        help="with --engine ray: the cluster's GCS address (what `ray start --head` prints), or auto "
-                            "(the cluster this machine is a node of); over [ray] address")
+                            "(the cluster this machine is a node of); over CALLBOX_RAY_ADDRESS and [ray] address")
     group.add_argument("--ray-token-file", type=Path, metavar="FILE",
-                       help="with --engine ray: the cluster's token (RAY_AUTH_TOKEN_PATH), mode 0600; over [ray] "
-                            "token_file")
+                       help="with --engine ray: the cluster's token (RAY_AUTH_TOKEN_PATH), mode 0600; over "
+                            "CALLBOX_RAY_TOKEN_FILE and [ray] token_file")
 
 
 RAY_FLAGS = {"address": "--ray-address", "token_file": "--ray-token-file"}
 """The ``[ray]`` keys the command line sets, and their flags."""
+ENGINE_ENV = "CALLBOX_ENGINE"
+RAY_ENV = {"address": "CALLBOX_RAY_ADDRESS", "token_file": "CALLBOX_RAY_TOKEN_FILE"}
+"""The environment's defaults for ``--engine`` and the ``--ray-*`` flags (so a shell that
+works with one cluster need not repeat them on every command). The ``CALLBOX_RAY_*`` ones
+apply only when the engine is Ray."""
 
 
 def engine_choice(args: argparse.Namespace, base: EngineChoice | None = None) -> EngineChoice:
     """The engine the command line chooses over ``base`` (a policy's or configuration's choice;
-    None: Docker): ``--engine`` over its engine, ``--ray-*`` over its ``[ray]`` keys. A flag
-    that does not fit (Ray settings for Docker, Ray without an address or a usable token
-    file) is a UsageError naming it."""
+    None: Docker): ``--engine`` over ``CALLBOX_ENGINE`` over its engine, ``--ray-*`` over
+    ``CALLBOX_RAY_*`` over its ``[ray]`` keys. A flag or variable that does not fit (Ray
+    settings for Docker, Ray without an address or a usable token file) is a UsageError
+    naming it."""
     from harness.engine.ray.settings import RaySettings
     from harness.engine.select import DOCKER, EngineChoice
 
-    engine = getattr(args, "engine", None) or (base.engine if base is not None else "docker")
+    from_env = os.environ.get(ENGINE_ENV) or None
+    if from_env is not None and from_env not in ("docker", "ray"):
+        raise UsageError(f"{ENGINE_ENV}={from_env!r}: the engine is docker or ray")
+    engine = getattr(args, "engine", None) or from_env or (base.engine if base is not None else "docker")
     given = {key: getattr(args, f"ray_{key}", None) for key in RAY_FLAGS}
     if engine == "docker":
         for key, value in given.items():
@@ -185,29 +196,34 @@ def engine_choice(args: argparse.Namespace, base: EngineChoice | None = None) ->
                 raise UsageError(f"{RAY_FLAGS[key]} is for the Ray engine: add --engine ray, or leave it out")
         return DOCKER
     fields = base.ray.model_dump() if base is not None and base.ray is not None else {}
+    named = dict(RAY_FLAGS)
+    for key, variable in RAY_ENV.items():
+        if given[key] is None and os.environ.get(variable):
+            given[key], named[key] = os.environ[variable], variable
     if given["address"] is not None:
         fields["address"] = given["address"]
     if given["token_file"] is not None:
         fields["token_file"] = Path(given["token_file"]).expanduser().absolute()
     if "address" not in fields:
         raise UsageError("--engine ray needs the cluster's address: --ray-address HOST:PORT (the GCS address "
-                         "`ray start --head` printed on the head node), and --ray-token-file FILE with its token")
+                         "`ray start --head` printed on the head node), and --ray-token-file FILE with its token "
+                         "(or CALLBOX_RAY_ADDRESS and CALLBOX_RAY_TOKEN_FILE in the environment)")
     try:
         return EngineChoice(engine="ray", ray=RaySettings.model_validate(fields))
     except ValidationError as exc:
-        raise UsageError(_ray_flag_error(exc)) from None
+        raise UsageError(_ray_flag_error(exc, named)) from None
 
 
-def _ray_flag_error(exc: ValidationError) -> str:
+def _ray_flag_error(exc: ValidationError, named: dict[str, str]) -> str:
     error = exc.errors(include_url=False)[0]
     message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
     loc = tuple(error.get("loc", ()))
     if message.startswith("token_file is required"):
-        return ("--engine ray needs --ray-token-file FILE: the cluster's token (`ray get-auth-token` on the head "
-                "prints it), in a file of mode 0600")
+        return ("--engine ray needs --ray-token-file FILE (or CALLBOX_RAY_TOKEN_FILE): the cluster's token "
+                "(`ray get-auth-token` on the head prints it), in a file of mode 0600")
     key = str(loc[-1]) if loc else ("token_file" if message.startswith("token_file") else "")
-    if key in RAY_FLAGS:
-        return f"{RAY_FLAGS[key]}: {message.removeprefix('token_file ')}"
+    if key in named:
+        return f"{named[key]}: {message.removeprefix('token_file ')}"
     return f"ray.{key}: {message}" if key else f"--engine ray: {message}"
 
 

@@ -61,6 +61,8 @@ def silent_listener() -> Iterator[int]:
 def no_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A Docker engine that does not exist: a path that wrongly reaches for it fails with 125."""
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such-docker.sock")
+    for variable in ("CALLBOX_ENGINE", "CALLBOX_RAY_ADDRESS", "CALLBOX_RAY_TOKEN_FILE"):
+        monkeypatch.delenv(variable, raising=False)
     with open(os.devnull) as devnull:
         monkeypatch.setattr(sys, "stdin", devnull)
         yield
@@ -160,6 +162,52 @@ def test_an_open_token_file_flag_says_chmod(tmp_path: Path) -> None:
     open_token.chmod(0o644)
     with pytest.raises(UsageError, match=r"^--ray-token-file: '.*' is accessible by group or others .*chmod 600"):
         engine_choice(flags(engine="ray", ray_address="10.0.0.1:6379", ray_token_file=open_token))
+
+
+# ---- the environment's defaults -------------------------------------------------------------
+
+
+def test_the_environment_chooses_ray_when_no_flag_does(tok: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CALLBOX_ENGINE", "ray")
+    monkeypatch.setenv("CALLBOX_RAY_ADDRESS", "10.0.0.1:6379")
+    monkeypatch.setenv("CALLBOX_RAY_TOKEN_FILE", str(tok))
+    chosen = engine_choice(flags())
+    assert chosen.ray is not None and (chosen.ray.address, chosen.ray.token_file) == ("10.0.0.1:6379", tok)
+    # Flags win over the environment, which wins over a policy's or configuration's choice.
+    assert engine_choice(flags(engine="docker")) == DOCKER
+    assert engine_choice(flags(ray_address="10.0.0.9:7000")).ray.address == "10.0.0.9:7000"  # type: ignore[union-attr]
+    assert engine_choice(flags(), DOCKER).engine == "ray"
+
+
+def test_ray_variables_wait_for_the_ray_engine(tok: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CALLBOX_RAY_ADDRESS", "10.0.0.1:6379")
+    monkeypatch.setenv("CALLBOX_RAY_TOKEN_FILE", str(tok))
+    assert engine_choice(flags()) == DOCKER  # not an error: they apply once the engine is Ray
+    chosen = engine_choice(flags(engine="ray"))
+    assert chosen.ray is not None and chosen.ray.address == "10.0.0.1:6379"
+
+
+@pytest.mark.parametrize(("variables", "says"), [
+    ({"CALLBOX_ENGINE": "kubernetes"}, "CALLBOX_ENGINE='kubernetes': the engine is docker or ray"),
+    ({"CALLBOX_ENGINE": "ray"}, "--engine ray needs the cluster's address: --ray-address HOST:PORT"),
+    ({"CALLBOX_ENGINE": "ray", "CALLBOX_RAY_ADDRESS": "10.0.0.1"}, "CALLBOX_RAY_ADDRESS: '10.0.0.1' is not HOST:PORT"),
+])
+def test_variables_that_do_not_fit_are_named(variables: dict[str, str], says: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UsageError) as raised:
+        engine_choice(flags())
+    assert raised.value.message.startswith(says), raised.value.message
+
+
+def test_an_open_token_file_variable_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    open_token = tmp_path / "t"
+    open_token.write_text("f" * 64)
+    open_token.chmod(0o644)
+    monkeypatch.setenv("CALLBOX_RAY_TOKEN_FILE", str(open_token))
+    with pytest.raises(UsageError, match=r"^CALLBOX_RAY_TOKEN_FILE: '.*' is accessible by group or others"):
+        engine_choice(flags(engine="ray", ray_address="10.0.0.1:6379"))
 
 
 # ---- a policy's engine ---------------------------------------------------------------------
