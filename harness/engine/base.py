@@ -16,11 +16,13 @@ from harness.engine.agent_client import AgentClient
 from harness.engine.spec import SandboxSpec
 
 if TYPE_CHECKING:
+    from harness.engine.docker.snapshots import SnapshotInfo
     from harness.engine.jobs import JobsClient
     from harness.engine.ports import PortForward
     from harness.engine.transfer import TransferClient
 
-__all__ = ["EgressRecord", "Engine", "LivingSandbox", "Sandbox", "SandboxRuntime", "is_living"]
+__all__ = ["EgressRecord", "Engine", "LivingSandbox", "Sandbox", "SandboxRuntime", "SnapshotKeeper", "is_living",
+           "keeps_snapshots"]
 
 
 class EgressRecord(Protocol):
@@ -121,3 +123,32 @@ def is_living(box: object) -> TypeGuard[LivingSandbox]:
     """Whether ``box`` is a :class:`LivingSandbox` (its class says so with ``living_sandbox``;
     nothing of the sandbox is asked: its properties may call its engine)."""
     return bool(getattr(type(box), "living_sandbox", False))
+
+
+class SnapshotKeeper(Protocol):
+    """An engine that keeps named snapshots of its sandboxes' files and forks sandboxes from
+    them or from live ones (the Docker engine on this machine, the Ray engine on its nodes).
+    Its sandboxes are its own: ``sandbox`` arguments take what it created."""
+
+    def snapshot(self, sandbox: Any, name: str, *, replace: bool = False, owner: str | None = None) -> SnapshotInfo:
+        ...
+
+    def snapshots(self) -> list[SnapshotInfo]: ...
+
+    def remove_snapshot(self, name: str) -> None: ...
+
+    def snapshot_spec(self, name: str) -> SandboxSpec: ...
+
+    def restore_snapshot_files(self, sandbox: Any, name: str) -> None: ...
+
+    def snapshot_note(self, name: str, file: str) -> bytes | None: ...
+
+    def write_snapshot_note(self, name: str, file: str, data: bytes) -> None: ...
+
+    def fork(self, source: Any, *, from_snapshot: bool = False, name: str | None = None, owner: str | None = None,
+             ttl_s: float | None = None) -> Any: ...
+
+
+def keeps_snapshots(engine: object) -> TypeGuard[SnapshotKeeper]:
+    """Whether ``engine`` is a :class:`SnapshotKeeper` (its class says so with ``keeps_snapshots``)."""
+    return bool(getattr(type(engine), "keeps_snapshots", False))

@@ -131,6 +131,8 @@ STOPPED = ("exited", "dead")
 class DockerEngine:
     """Creates, lists, destroys and reaps sandboxes on one Docker engine."""
 
+    keeps_snapshots = True
+
     def __init__(self, client: docker.DockerClient, *, run_root: Path | None = None,
                  reap_on_start: bool = True, egress_test_network: str | None = None,
                  egress_test_hosts: dict[str, str] | None = None, snapshot_dir: Path | None = None,
@@ -508,6 +510,20 @@ class DockerEngine:
 
     def remove_snapshot(self, name: str) -> None:
         self.snapshot_store.remove(name)
+
+    def snapshot_spec(self, name: str) -> SandboxSpec:
+        """The spec snapshot ``name`` recorded of its sandbox."""
+        return self.snapshot_store.spec(self.snapshot_store.get(name))
+
+    def restore_snapshot_files(self, sandbox: Sandbox, name: str) -> None:
+        """Put the files of snapshot ``name`` into ``sandbox`` (a fork made under another spec)."""
+        living.restore_files(sandbox, self.snapshot_store.get(name))
+
+    def snapshot_note(self, name: str, file: str) -> bytes | None:
+        return self.snapshot_store.note(name, file)
+
+    def write_snapshot_note(self, name: str, file: str, data: bytes) -> None:
+        self.snapshot_store.write_note(name, file, data)
 
     @engine_calls
     def fork(self, source: Sandbox | str, *, from_snapshot: bool = False, name: str | None = None,

@@ -276,6 +276,15 @@ def snapshot_spec(spec: SandboxSpec) -> SandboxSpec:
     return spec.model_copy(update={"env": {k: v for k, v in spec.env.items() if k not in PROXY_ENV}})
 
 
+def note_file(file: str) -> str:
+    """``file`` if it may name a note kept with a snapshot: a plain ``NAME.json`` that is not
+    one of the snapshot's own files."""
+    if (not file.endswith(".json") or file in (MANIFEST, SPEC) or "/" in file or file.startswith(".")
+            or len(file) > 64):
+        raise SnapshotError(f"{file!r} cannot name a snapshot's note: use NAME.json (not {MANIFEST} or {SPEC})")
+    return file
+
+
 class SnapshotStore:
     """The snapshots under one directory."""
 
@@ -320,6 +329,30 @@ class SnapshotStore:
             return SandboxSpec.model_validate_json((info.directory / SPEC).read_text())
         except (OSError, ValueError) as exc:
             raise SnapshotError(f"the spec of snapshot {info.name} cannot be read: {exc}") from None
+
+    def note(self, name: str, file: str) -> bytes | None:
+        """A caller's own small file kept with snapshot ``name`` (None when it has none)."""
+        try:
+            return (self.directory(name) / note_file(file)).read_bytes()
+        except FileNotFoundError:
+            if not (self.directory(name) / MANIFEST).exists():
+                raise SnapshotNotFound(name) from None
+            return None
+
+    def write_note(self, name: str, file: str, data: bytes) -> None:
+        """Keep ``data`` as the file ``file`` with snapshot ``name``, atomically; it travels with
+        the snapshot (a copy to another node takes the whole directory)."""
+        directory = self.directory(name)
+        if not (directory / MANIFEST).exists():
+            raise SnapshotNotFound(name)
+        path = directory / note_file(file)
+        temporary = directory / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            temporary.write_bytes(data)
+            temporary.replace(path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temporary.unlink()
 
     def remove(self, name: str) -> None:
         directory = self.directory(name)

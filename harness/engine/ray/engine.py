@@ -40,11 +40,11 @@ from harness.engine.docker.cgroup_stats import SandboxStats
 from harness.engine.docker.kept import SandboxExpired
 from harness.engine.docker.lifetime import LifetimeRecord, NameInUse, SandboxNotFound, validate_name, validate_ttl
 from harness.engine.docker.living import SandboxInfo
-from harness.engine.docker.snapshots import SnapshotInfo, SnapshotNotFound
 from harness.engine.placement import NodeRoom, Placement, choose_node
 from harness.engine.ray.host import SandboxHandle
 from harness.engine.ray.hosts import Host, HostDirectory, SandboxLost, ask, call, ray_module
 from harness.engine.ray.sandbox import RaySandbox
+from harness.engine.ray.snapshots import RaySnapshots
 from harness.engine.spec import HostLimits, SandboxSpec, SpecError
 from harness.telemetry import metrics
 
@@ -53,8 +53,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("callbox.ray")
 
-CHUNK_BYTES = 4 << 20
-"""Pieces a snapshot moves between nodes in."""
 INFO_MAX_AGE_S = 2.0
 
 
@@ -66,7 +64,7 @@ class KeptOnNode:
     until: float
 
 
-class RayEngine:
+class RayEngine(RaySnapshots):
     """Creates and manages sandboxes on the sandbox nodes of a Ray cluster."""
 
     local = False
@@ -422,79 +420,6 @@ class RayEngine:
             for _host, _ in self.hosts.each("close"):
                 pass
         return True
-
-    # ---- snapshots and forks ------------------------------------------------------------------
-
-    def snapshot(self, sandbox: RaySandbox, name: str, *, replace: bool = False,
-                 owner: str | None = None) -> SnapshotInfo:
-        """Store a snapshot of ``sandbox`` on its node (it moves to another node when a fork there needs it)."""
-        info: SnapshotInfo = sandbox._ask("snapshot", sandbox.id, name, replace, owner)
-        return info
-
-    def snapshots(self) -> list[SnapshotInfo]:
-        found: dict[str, SnapshotInfo] = {}
-        for _host, infos in self.hosts.each("snapshots"):
-            for info in infos:
-                found.setdefault(info.name, info)
-        return sorted(found.values(), key=lambda info: info.created_at)
-
-    def snapshot_holders(self, name: str) -> list[Host]:
-        return [host for host, infos in self.hosts.each("snapshots") if any(i.name == name for i in infos)]
-
-    def remove_snapshot(self, name: str) -> None:
-        holders = self.snapshot_holders(name)
-        if not holders:
-            raise SnapshotNotFound(name)
-        for host in holders:
-            ask(host, "remove_snapshot", name)
-
-    def copy_snapshot(self, name: str, source: Host, target: Host) -> SnapshotInfo:
-        """Send snapshot ``name`` from ``source``'s node to ``target``'s (replacing one there)."""
-        transfer, _size = ask(source, "export_snapshot", name)
-        receiving = ask(target, "import_begin", name)
-        try:
-            for seq in itertools.count():
-                data = ask(source, "export_read", transfer, CHUNK_BYTES)
-                if not data:
-                    break
-                ask(target, "import_chunk", receiving, seq, data)
-            info: SnapshotInfo = ask(target, "import_finish", receiving, True)
-        except BaseException:
-            target.handle.import_abort.remote(receiving)
-            raise
-        return info
-
-    def fork(self, source: RaySandbox | str, *, from_snapshot: bool = False, name: str | None = None,
-             owner: str | None = None, ttl_s: float | None = None, node: str | None = None) -> RaySandbox:
-        """A new sandbox with the files of ``source`` (a live sandbox, its name or id: on its own
-        node), or with ``from_snapshot`` the snapshot named ``source``: on ``node`` if given, else
-        where placement puts it, the snapshot copied there first when that node lacks it."""
-        if not from_snapshot:
-            host = source.host if isinstance(source, RaySandbox) else self._require_host(source)
-            ident = source.id if isinstance(source, RaySandbox) else source
-            return self._adopt(host, ask(host, "fork", ident, False, name, owner, ttl_s))
-        assert isinstance(source, str)
-        holders = self.snapshot_holders(source)
-        if not holders:
-            raise SnapshotNotFound(source)
-        if node is not None:
-            target = self.hosts.by_node(node)
-            if target is None:
-                raise SandboxNotFound(f"node {node}")
-        else:
-            target = self._place(Placement())
-            with self._lock:
-                self._pending[target.node_id] -= 1  # counted once the fork is adopted
-        if target.node_id not in {h.node_id for h in holders}:
-            log.info("copying snapshot %s from node %s to node %s", source, holders[0].name, target.name)
-            self.copy_snapshot(source, holders[0], target)
-        handle = ask(target, "fork", source, True, name, owner, ttl_s)
-        return self._adopt(target, handle)
-
-    def restore(self, name: str) -> RaySandbox:
-        host = self._require_host(name)
-        return self._adopt(host, ask(host, "restore", name))
-
 
 class _ImagePort:
     """A node's image receiver, through its host (one Ray call per step)."""

@@ -323,6 +323,18 @@ class SandboxHost:
     def remove_snapshot(self, name: str) -> None:
         self.engine.remove_snapshot(name)
 
+    def snapshot_spec(self, name: str) -> dict[str, Any]:
+        return self.engine.snapshot_spec(name).model_dump(mode="json")
+
+    def restore_snapshot_files(self, sandbox_id: str, name: str) -> None:
+        self.engine.restore_snapshot_files(self._box(sandbox_id), name)
+
+    def snapshot_note(self, name: str, file: str) -> bytes | None:
+        return self.engine.snapshot_note(name, file)
+
+    def write_snapshot_note(self, name: str, file: str, data: bytes) -> None:
+        self.engine.write_snapshot_note(name, file, data)
+
     def fork(self, source: str, from_snapshot: bool, name: str | None, owner: str | None,
              ttl_s: float | None) -> SandboxHandle:
         box = self.engine.fork(source, from_snapshot=from_snapshot, name=name, owner=owner, ttl_s=ttl_s)

@@ -42,7 +42,7 @@ RESTART_POLL_S = 0.25
 
 READS = frozenset({
     "ping", "info", "attach", "open", "has", "lifetime_record", "is_kept", "is_paused", "stats", "why_gone",
-    "list_sandboxes", "census", "pooled_count", "snapshots", "image_digest",
+    "list_sandboxes", "census", "pooled_count", "snapshots", "snapshot_spec", "snapshot_note", "image_digest",
 })
 """Host methods that change nothing (``attach`` and ``open`` only hand out the relay token a
 sandbox already has): asked again while their host restarts. Any other method caught by a
