@@ -31,7 +31,7 @@ from harness.core.policy import Policy
 from harness.core.session import Session
 from harness.doors.grpc.errors import Reason, ServiceError, creation_failure, handle_errors_any, invalid
 from harness.doors.grpc.overrides import SandboxOverrides, sandbox_policy
-from harness.doors.grpc.sandboxes_base import Owned, SandboxesBase
+from harness.doors.grpc.sandboxes_base import SandboxesBase
 from harness.doors.grpc.sandboxes_snapshots import (
     ClientSnapshots,
     overrides_from_spec,
@@ -40,9 +40,7 @@ from harness.doors.grpc.sandboxes_snapshots import (
     write_sidecar,
 )
 from harness.doors.grpc.sessions import ClientSession
-from harness.engine.docker.engine import DockerEngine
-from harness.engine.docker.living import restore_files
-from harness.engine.docker.sandbox import Sandbox as DockerSandbox
+from harness.engine.base import SnapshotKeeper, keeps_snapshots
 from harness.engine.docker.snapshots import SnapshotExists, SnapshotInfo
 from harness.v1 import executor_pb2, sandboxes_pb2
 
@@ -52,43 +50,34 @@ __all__ = ["SnapshotsAndForks"]
 class SnapshotsAndForks(SandboxesBase):
     """The snapshot and fork RPCs (the rest of the servicer is :class:`SandboxesService`)."""
 
-    def _engine(self) -> DockerEngine:
+    def _engine(self) -> SnapshotKeeper:
         engine = self.executor.engine_factory()
-        if not isinstance(engine, DockerEngine):
+        if not keeps_snapshots(engine):
             raise ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, "this server's engine keeps no snapshots",
                                code=grpc.StatusCode.FAILED_PRECONDITION, retryable=False)
         return engine
 
-    def _docker_box(self, owned: Owned) -> DockerSandbox:
-        """The Docker sandbox of ``owned`` (snapshots and forks are kept on this machine; the Ray
-        engine's are not served here yet)."""
-        self._engine()
-        if not isinstance(owned.box, DockerSandbox):
-            raise ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, "this server's engine keeps no snapshots",
-                               code=grpc.StatusCode.FAILED_PRECONDITION, retryable=False)
-        return owned.box
-
     @handle_errors_any
     def Snapshot(self, request: sandboxes_pb2.SnapshotRequest, context: grpc.ServicerContext) -> Any:
         owned = self._running(request.sandbox_id, context)
-        box = self._docker_box(owned)
-        snapshots = ClientSnapshots(box.engine, owned.client)
+        engine = self._engine()
+        snapshots = ClientSnapshots(engine, owned.client)
         stored = snapshots.stored_name(request.name)
         gate, ticket = self._gate(owned, "snapshot", {"name": request.name, "replace": request.replace},
                                   request.approval_id)
         with self._acting(gate, ticket, context, owned):
-            taken = next((info for info in box.engine.snapshots() if info.name == stored), None)
+            taken = next((info for info in engine.snapshots() if info.name == stored), None)
             if taken is not None and not (request.replace and snapshots.mine(taken)):
                 raise ServiceError(Reason.ERROR_REASON_INVALID_ARGUMENT,
                                    f"a snapshot named {request.name} already exists; set replace to replace it, or "
                                    "pick another name", code=grpc.StatusCode.ALREADY_EXISTS, retryable=False)
             try:
-                info = box.engine.snapshot(box, stored, replace=request.replace, owner=owner(owned.client))
+                info = engine.snapshot(owned.box, stored, replace=request.replace, owner=owner(owned.client))
             except SnapshotExists:  # another request of this client took the name meanwhile
                 raise ServiceError(Reason.ERROR_REASON_INVALID_ARGUMENT,
                                    f"a snapshot named {request.name} already exists",
                                    code=grpc.StatusCode.ALREADY_EXISTS, retryable=False) from None
-            write_sidecar(info, owned.sandbox_id, owned.session.overrides)
+            write_sidecar(engine, info, owned.sandbox_id, owned.session.overrides)
             ticket.outcome.update(bytes=info.bytes, places=info.captured)
         return snapshots.message(info)
 
@@ -115,7 +104,7 @@ class SnapshotsAndForks(SandboxesBase):
 
     def _fork_live(self, request: sandboxes_pb2.ForkRequest, context: grpc.ServicerContext) -> executor_pb2.Sandbox:
         owned = self._running(request.sandbox_id, context)
-        box = self._docker_box(owned)
+        engine = self._engine()
         source = owned.session
         with self.executor.reserved(owned.client, owned.box.spec) as reservation:
             gate, ticket = self._gate(owned, "fork", {"from_snapshot": False}, request.approval_id)
@@ -125,7 +114,7 @@ class SnapshotsAndForks(SandboxesBase):
                 harness = Session(self.executor.registry, source.policy, self.audit, run_id=run_id,
                                   engine_factory=self.executor.engine_factory)
                 try:
-                    forked = box.engine.fork(box, owner=owner(owned.client))
+                    forked = engine.fork(owned.box, owner=owner(owned.client))
                 except BaseException:
                     self._end_run(run_id, "sandbox_start_failed")
                     raise
@@ -140,12 +129,13 @@ class SnapshotsAndForks(SandboxesBase):
     def _fork_snapshot(self, request: sandboxes_pb2.ForkRequest,
                        context: grpc.ServicerContext) -> executor_pb2.Sandbox:
         client = self.executor.client_of(context)
-        snapshots = ClientSnapshots(self._engine(), client)
+        engine = self._engine()
+        snapshots = ClientSnapshots(engine, client)
         info = snapshots.get(request.snapshot)
-        _, recorded = read_sidecar(info)
+        _, recorded = read_sidecar(engine, info)
         server = self.executor.profiles.of(client)
         overrides = recorded if recorded is not None else overrides_from_spec(
-            snapshots.engine.snapshot_store.spec(info), server.sandbox_spec())
+            engine.snapshot_spec(info.name), server.sandbox_spec())
         policy = sandbox_policy(server, overrides, self.executor.profiles.exposed(client))
         with self.executor.reserved(client, policy.sandbox_spec()) as reservation:
             run_id, reused = self._fork_run(client, request.approval_id)
@@ -158,7 +148,7 @@ class SnapshotsAndForks(SandboxesBase):
                     self._end_run(run_id, "fork_refused")  # a run of this request only: it has nothing else
                 raise
             with self._acting(gate, ticket, context):
-                session = self._restored(client, run_id, policy, overrides, info)
+                session = self._restored(engine, client, run_id, policy, overrides, info)
                 self._note_origin(run_id, {"forked_from_snapshot": request.snapshot})
                 self.executor.register(session, context.is_active, reservation)
         return session.message()
@@ -177,8 +167,8 @@ class SnapshotsAndForks(SandboxesBase):
                 return run.id, True
         return self.executor.new_run(client), False
 
-    def _restored(self, client: str, run_id: str, policy: Policy, overrides: SandboxOverrides,
-                  info: SnapshotInfo) -> ClientSession:
+    def _restored(self, engine: SnapshotKeeper, client: str, run_id: str, policy: Policy,
+                  overrides: SandboxOverrides, info: SnapshotInfo) -> ClientSession:
         """A session whose new sandbox (of ``policy``) holds the files of snapshot ``info``."""
         harness = Session(self.executor.registry, policy, self.audit, run_id=run_id,
                           engine_factory=self.executor.engine_factory)
@@ -190,11 +180,7 @@ class SnapshotsAndForks(SandboxesBase):
             self._end_run(run_id, "sandbox_start_failed")
             raise creation_failure(error) from None
         try:
-            if not isinstance(box, DockerSandbox):
-                raise ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE,
-                                   "this server's engine cannot restore snapshots",
-                                   code=grpc.StatusCode.FAILED_PRECONDITION, retryable=False)
-            restore_files(box, info)
+            engine.restore_snapshot_files(box, info.name)
         except BaseException:
             session.close(self.audit, "sandbox_start_failed")
             raise

@@ -1,35 +1,34 @@
 """Snapshots of the gRPC door's clients: names per client, what a fork of one gets.
 
-Snapshots live in the engine's snapshot store, shared by everyone on the host; a client's
+Snapshots live in the engine's snapshot store (this machine's, or a Ray cluster's nodes'),
+shared by everyone using it; a client's
 snapshot named ``NAME`` is stored as ``grpc.<8 hex digits of the client's name hash>.NAME``
 with owner ``grpc:CLIENT``, so two clients may use the same name and neither sees (or
 replaces, or deletes) the other's: anyone else's is NOT_FOUND. A client's names are 1 to 49
 of ``[a-z0-9_.-]``, starting with a letter or a digit.
 
-Next to a snapshot the door keeps a small file of its own (:data:`SIDECAR`): the sandbox id
+With a snapshot the door keeps a small note of its own (:data:`SIDECAR`): the sandbox id
 (run) it was taken from and what the client asked of that sandbox (its
 :class:`~harness.doors.grpc.overrides.SandboxOverrides`). A fork of the snapshot gets the
 server's policy tightened by those overrides, checked again now (a server whose policy got
-tighter since refuses the fork naming the field). A snapshot without the file (taken by
+tighter since refuses the fork naming the field). A snapshot without the note (taken by
 another door) gets the overrides its stored spec implies: its resources, network, mounts
 and environment, and every tool the server exposes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
-import os
 import re
-from pathlib import Path
 from typing import Any
 
+from harness.core.errors import CallboxError
 from harness.doors.grpc.errors import invalid, not_found
 from harness.doors.grpc.overrides import MountRequest, SandboxOverrides
-from harness.engine.docker.engine import DockerEngine
+from harness.engine.base import SnapshotKeeper
 from harness.engine.docker.snapshots import PROXY_ENV, SnapshotInfo
 from harness.engine.spec import SandboxSpec
 from harness.v1 import sandboxes_pb2
@@ -39,7 +38,7 @@ __all__ = ["SIDECAR", "ClientSnapshots", "overrides_from_spec"]
 log = logging.getLogger("callbox.executor")
 
 SIDECAR = "grpc-door.json"
-"""The door's file in a snapshot's directory (the source sandbox id and the overrides)."""
+"""The door's note kept with a snapshot (the source sandbox id and the overrides)."""
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,48}")
 
 
@@ -54,7 +53,7 @@ def owner(client: str) -> str:
 class ClientSnapshots:
     """One client's view of the engine's snapshot store."""
 
-    def __init__(self, engine: DockerEngine, client: str) -> None:
+    def __init__(self, engine: SnapshotKeeper, client: str) -> None:
         self.engine = engine
         self.client = client
         self._prefix = _prefix(client)
@@ -85,36 +84,32 @@ class ClientSnapshots:
         return info.name.removeprefix(self._prefix)
 
     def message(self, info: SnapshotInfo) -> sandboxes_pb2.SnapshotInfo:
-        source, _ = read_sidecar(info)
+        source, _ = read_sidecar(self.engine, info)
         return sandboxes_pb2.SnapshotInfo(
             name=self.shown_name(info), source_sandbox_id=source, created_unix=info.created_at, bytes=info.bytes,
             captured=info.captured, not_captured=list(info.not_captured),
         )
 
 
-def write_sidecar(info: SnapshotInfo, sandbox_id: str, overrides: SandboxOverrides) -> None:
-    """Record the source sandbox and its overrides next to the snapshot (atomically)."""
-    path = info.directory / SIDECAR
-    temporary = path.with_name(f".{SIDECAR}.{os.getpid()}.tmp")
+def write_sidecar(engine: SnapshotKeeper, info: SnapshotInfo, sandbox_id: str, overrides: SandboxOverrides) -> None:
+    """Record the source sandbox and its overrides with the snapshot (atomically)."""
     data = {"source_sandbox_id": sandbox_id, "overrides": dataclasses.asdict(overrides)}
     try:
-        temporary.write_text(json.dumps(data, sort_keys=True))
-        temporary.replace(path)
-    except OSError as exc:
+        engine.write_snapshot_note(info.name, SIDECAR, json.dumps(data, sort_keys=True).encode())
+    except (OSError, CallboxError) as exc:
         # The snapshot itself is complete; its forks then get what its spec implies.
-        log.warning("cannot record the door's notes of snapshot %s in %s: %s", info.name, path, exc)
-        with contextlib.suppress(OSError):
-            temporary.unlink()
+        log.warning("cannot record the door's notes of snapshot %s: %s", info.name, exc)
 
 
-def read_sidecar(info: SnapshotInfo) -> tuple[str, SandboxOverrides | None]:
+def read_sidecar(engine: SnapshotKeeper, info: SnapshotInfo) -> tuple[str, SandboxOverrides | None]:
     """The source sandbox id ("" if unknown) and the overrides (None if unknown) of a snapshot."""
     try:
-        data = json.loads(Path(info.directory / SIDECAR).read_text())
+        note = engine.snapshot_note(info.name, SIDECAR)
+        if note is None:
+            return "", None
+        data = json.loads(note)
         return str(data.get("source_sandbox_id", "")), _overrides(data["overrides"])
-    except FileNotFoundError:
-        return "", None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, CallboxError, ValueError, KeyError, TypeError) as exc:
         log.warning("ignoring the unreadable door notes of snapshot %s: %s", info.name, exc)
         return "", None
 
