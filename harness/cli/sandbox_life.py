@@ -35,10 +35,10 @@ from harness.cli.sandbox_common import (
     size,
     until,
 )
-from harness.core.errors import UsageError
 from harness.core.units import parse_seconds
 
 if TYPE_CHECKING:
+    from harness.engine.docker.engine import DockerEngine
     from harness.engine.docker.living import SandboxInfo
     from harness.engine.docker.snapshots import SnapshotInfo
 
@@ -228,27 +228,60 @@ def _snapshot(args: argparse.Namespace) -> int:
     if args.json:
         print_json(info.to_json())
         return 0
+    node = getattr(sandbox, "node", None)  # the Ray engine's: the snapshot stays on that node
     print(f"snapshot {info.name} of sandbox {sandbox.label}: {', '.join(info.captured) or 'nothing'} "
-          f"({size(info.bytes)} in {info.seconds:.2f} s) in {info.directory}")
+          f"({size(info.bytes)} in {info.seconds:.2f} s) in {info.directory}" + (f" on node {node}" if node else ""))
     for note in info.skipped:
         print(f"callbox: left out: {note}", file=sys.stderr)
     return 0
 
 
-def _snapshots_here(args: argparse.Namespace, verb: str) -> None:
-    """UsageError for a snapshot verb that reads this machine's snapshot store, on the Ray engine
-    (its snapshots stay on the nodes that took them): no silent empty answer."""
-    if getattr(args, "engine", None) == "ray":
-        raise UsageError(f"`callbox sandbox {verb}` reads the snapshots stored on this machine; on the Ray engine "
-                         "they stay on the nodes that took them: use the Python API (RayEngine.snapshots, "
-                         "fork(name, from_snapshot=True, node=...)), or the Docker engine")
+class _Snapshots:
+    """Where the command's snapshots are: this machine's store (the Docker engine: read without
+    connecting to it), or the nodes of the Ray cluster (through the engine, connected once)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from harness.cli.options import engine_choice
+
+        self.args = args
+        self.on_ray = engine_choice(args).ray is not None
+        self._engine: DockerEngine | None = None
+
+    @property
+    def engine(self) -> DockerEngine:
+        if self._engine is None:
+            self._engine = connect(self.args)
+        return self._engine
+
+    def list(self) -> list[SnapshotInfo]:
+        from harness.engine.docker.snapshots import SnapshotStore
+
+        return self.engine.snapshots() if self.on_ray else SnapshotStore().list()
+
+    def get(self, name: str) -> SnapshotInfo:
+        """Snapshot ``name`` (``SnapshotNotFound`` names `callbox sandbox snapshots`)."""
+        from harness.engine.docker.snapshots import SnapshotNotFound, SnapshotStore
+
+        if not self.on_ray:
+            return SnapshotStore().get(name)
+        found = next((info for info in self.list() if info.name == name), None)
+        if found is None:
+            raise SnapshotNotFound(name)
+        return found
+
+    def remove(self, name: str) -> None:
+        from harness.engine.docker.snapshots import SnapshotStore
+
+        if self.on_ray:
+            self.engine.remove_snapshot(name)
+            return
+        store = SnapshotStore()
+        store.get(name)
+        store.remove(name)
 
 
 def _snapshots(args: argparse.Namespace) -> int:
-    from harness.engine.docker.snapshots import SnapshotStore
-
-    _snapshots_here(args, "snapshots")
-    found = SnapshotStore().list()
+    found = _Snapshots(args).list()
     if args.json:
         print_json([info.to_json() for info in found], listing=True)
         return 0
@@ -267,12 +300,7 @@ def _source(info: SnapshotInfo) -> str:
 
 
 def _rm_snapshot(args: argparse.Namespace) -> int:
-    from harness.engine.docker.snapshots import SnapshotStore
-
-    _snapshots_here(args, "rm-snapshot")
-    store = SnapshotStore()
-    store.get(args.snapshot)  # SnapshotNotFound names `callbox sandbox snapshots`
-    store.remove(args.snapshot)
+    _Snapshots(args).remove(args.snapshot)  # SnapshotNotFound names `callbox sandbox snapshots`
     if args.json:
         print_json({"removed_snapshot": args.snapshot})
     else:
@@ -282,7 +310,6 @@ def _rm_snapshot(args: argparse.Namespace) -> int:
 
 def _fork(args: argparse.Namespace) -> int:
     from harness.engine.docker.lifetime import validate_name
-    from harness.engine.docker.snapshots import SnapshotStore
 
     if args.name is not None:
         validate_name(args.name)
@@ -291,10 +318,10 @@ def _fork(args: argparse.Namespace) -> int:
     details: dict[str, Any] = {"name": args.name, "from_snapshot": args.from_snapshot or False}
     name = args.name or new_name()
     if args.from_snapshot:
-        _snapshots_here(args, "fork --from-snapshot")
-        info = SnapshotStore().get(args.from_snapshot)
+        snapshots = _Snapshots(args)
+        info = snapshots.get(args.from_snapshot)
         details["sandbox"] = _source(info)
-        engine = connect(args)
+        engine = snapshots.engine
         with guarded(args, policy, info.source_sandbox_id, "fork", details) as ticket:
             forked = engine.fork(args.from_snapshot, from_snapshot=True, name=name, owner=actor(), ttl_s=args.ttl)
             ticket.outcome.update(sandbox_id=forked.id, forked_name=forked.name)
@@ -315,17 +342,18 @@ def _fork(args: argparse.Namespace) -> int:
 
 def _restore(args: argparse.Namespace) -> int:
     from harness.engine.docker.lifetime import name_holder, validate_name
-    from harness.engine.docker.snapshots import SnapshotError, SnapshotStore
+    from harness.engine.docker.snapshots import SnapshotError
 
     validate_name(args.name)
-    _snapshots_here(args, "restore")
     policy = load_gate_policy(args)
-    engine = connect(args)
-    latest = [s for s in SnapshotStore().list() if s.source_name == args.name]
+    snapshots = _Snapshots(args)
+    engine = snapshots.engine
+    latest = [s for s in snapshots.list() if s.source_name == args.name]
     if not latest:
         raise SnapshotError(f"sandbox {args.name} has no snapshot to restore from (its files are gone); "
                             f"`callbox sandbox rm {args.name}` frees the name")
-    run_id = name_holder(engine.run_root, args.name) or latest[-1].source_sandbox_id
+    run_root = getattr(engine, "run_root", None)  # the Ray engine's name records are on its nodes
+    run_id = (name_holder(run_root, args.name) if run_root is not None else None) or latest[-1].source_sandbox_id
     details = {"sandbox": args.name, "name": args.name, "from_snapshot": latest[-1].name}
     with guarded(args, policy, run_id, "fork", details) as ticket:
         restored = engine.restore(args.name)

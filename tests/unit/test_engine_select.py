@@ -323,6 +323,9 @@ def test_run_with_ray_and_no_address_is_a_usage_error(capsys: pytest.CaptureFixt
 @pytest.mark.parametrize("command", [
     ["run", "{transcript}"], ["call", "shell", '{{"command": "true"}}'], ["exec", "--", "true"],
     ["ps"], ["gc"], ["sandbox", "ls"], ["sandbox", "new"], ["sandbox", "exec", "sb", "--", "true"], ["doctor"],
+    # The snapshot verbs ask the cluster's nodes, never this machine's snapshot store:
+    ["sandbox", "snapshots"], ["sandbox", "rm-snapshot", "s1"], ["sandbox", "restore", "box1"],
+    ["sandbox", "fork", "--from-snapshot", "s1"],
 ])
 def test_every_command_with_engine_flags_says_a_dead_cluster_in_one_line(
         command: list[str], capsys: pytest.CaptureFixture[str], transcript: Path, tok: Path,
@@ -338,6 +341,16 @@ def test_every_command_with_engine_flags_says_a_dead_cluster_in_one_line(
     assert code == 125, err
     assert err == (f"callbox: no Ray cluster answers at 127.0.0.1:{closed_port} (Connection refused); check the "
                    "address and that the head node runs (`ray start --head` there)\n")
+
+
+def test_the_environment_alone_sends_a_command_to_the_cluster(capsys: pytest.CaptureFixture[str], tok: Path,
+                                                             closed_port: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CALLBOX_ENGINE", "ray")
+    monkeypatch.setenv("CALLBOX_RAY_ADDRESS", f"127.0.0.1:{closed_port}")
+    monkeypatch.setenv("CALLBOX_RAY_TOKEN_FILE", str(tok))
+    code, err, _ = run_cli(capsys, ["sandbox", "snapshots"])
+    assert code == 125 and err.startswith(f"callbox: no Ray cluster answers at 127.0.0.1:{closed_port}"), err
 
 
 def test_run_against_a_silent_peer_ends_within_the_bound(capsys: pytest.CaptureFixture[str], transcript: Path,
