@@ -4,6 +4,7 @@ process and its own Ray driver; the sandbox lives on a worker node between them.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,9 +20,9 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.docker]
 
 
-def callbox(*args: str) -> subprocess.CompletedProcess[str]:
+def callbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "harness.cli.main", *args], capture_output=True, text=True,
-                          timeout=240, check=False)
+                          timeout=240, check=False, env={**os.environ, **(env or {})})
 
 
 def test_sandbox_verbs_on_the_cluster(ray_cluster: RayTestCluster, ray_engine: Any, tmp_path: Path) -> None:
@@ -47,3 +48,55 @@ def test_sandbox_verbs_on_the_cluster(ray_cluster: RayTestCluster, ray_engine: A
     assert removed.returncode == 0, removed.stderr
     gone = callbox("sandbox", "exec", *flags, name, "--", "true")
     assert gone.returncode != 0 and name in gone.stderr, (gone.stdout, gone.stderr)
+
+
+def test_snapshot_verbs_on_the_cluster_with_the_engine_from_the_environment(
+        ray_cluster: RayTestCluster, ray_engine: Any, tmp_path: Path) -> None:
+    """snapshot, snapshots, fork --from-snapshot, restore and rm-snapshot ask the nodes, with
+    the cluster named once in the environment instead of flags on every command."""
+    token = tmp_path / "ray-token"
+    shutil.copy(ray_cluster.token_file, token)
+    token.chmod(0o600)
+    env = {"CALLBOX_ENGINE": "ray", "CALLBOX_RAY_ADDRESS": ray_cluster.address, "CALLBOX_RAY_TOKEN_FILE": str(token)}
+    name, snap = f"cli-{uuid.uuid4().hex[:8]}", f"s-{uuid.uuid4().hex[:8]}"
+    fork = f"{name}-fork"
+    assert callbox("sandbox", "new", "--name", name, "--ttl", "600", env=env).returncode == 0
+    try:
+        wrote = callbox("sandbox", "exec", name, "--", "sh", "-c", "echo kept > /workspace/f", env=env)
+        assert wrote.returncode == 0, wrote.stderr
+        taken = callbox("sandbox", "snapshot", name, snap, env=env)
+        node = ray_engine.open(name).node
+        assert taken.returncode == 0 and f"on node {node}" in taken.stdout, (taken.stdout, taken.stderr)
+        listed = callbox("sandbox", "snapshots", "--json", env=env)
+        assert listed.returncode == 0, listed.stderr
+        assert snap in {entry["name"] for entry in json.loads(listed.stdout)}, listed.stdout
+
+        forked = callbox("sandbox", "fork", "--from-snapshot", snap, "--name", fork, env=env)
+        assert forked.returncode == 0, forked.stderr
+        shown = callbox("sandbox", "exec", fork, "--", "cat", "/workspace/f", env=env)
+        assert (shown.returncode, shown.stdout) == (0, "kept\n"), shown.stderr
+
+        # The sandbox's container vanishes from its node (its name and snapshot stay): restore it.
+        client = ray_cluster.docker_client(node)
+        try:
+            for container in client.containers.list(all=True, filters={"label": f"callbox.name={name}"}):
+                container.remove(force=True)
+        finally:
+            client.close()
+        restored = callbox("sandbox", "restore", name, env=env)
+        assert restored.returncode == 0 and snap in restored.stdout, (restored.stdout, restored.stderr)
+        again = callbox("sandbox", "exec", name, "--", "cat", "/workspace/f", env=env)
+        assert (again.returncode, again.stdout) == (0, "kept\n"), again.stderr
+
+        removed = callbox("sandbox", "rm-snapshot", snap, env=env)
+        assert removed.returncode == 0, removed.stderr
+        after = callbox("sandbox", "snapshots", "--json", env=env)
+        assert snap not in {entry["name"] for entry in json.loads(after.stdout)}, after.stdout
+        missing = callbox("sandbox", "rm-snapshot", snap, env=env)
+        assert missing.returncode != 0 and snap in missing.stderr and "Traceback" not in missing.stderr
+    finally:
+        for each in (fork, name):
+            callbox("sandbox", "rm", each, env=env)
+        for info in ray_engine.snapshots():
+            if info.name == snap:
+                ray_engine.remove_snapshot(snap)

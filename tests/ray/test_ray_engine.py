@@ -180,6 +180,31 @@ def test_a_snapshot_taken_on_one_node_is_forked_on_the_other(ray_engine: RayEngi
     assert ray_engine.snapshot_holders(name) == []
 
 
+def test_a_snapshots_files_spec_and_notes_reach_a_sandbox_on_another_node(ray_engine: RayEngine) -> None:
+    """What the gRPC door's fork of a snapshot does: a sandbox of its own spec, wherever it was
+    placed, gets the snapshot's files; the door's note travels with the snapshot."""
+    name = f"snap-{uuid.uuid4().hex[:8]}"
+    source = ray_engine.create(SandboxSpec(placement={"nodes": ["w1"]}, memory=300 << 20))
+    target = None
+    try:
+        assert run(source, "echo from-w1 > /workspace/f && ln -s f /workspace/link").exit_code == 0
+        source.snapshot(name)
+        ray_engine.write_snapshot_note(name, "door.json", b'{"source": "w1"}')
+        assert ray_engine.snapshot_spec(name).memory == 300 << 20
+        target = ray_engine.create(SandboxSpec(placement={"nodes": ["w2"]}))
+        ray_engine.restore_snapshot_files(target, name)
+        assert run(target, "cat /workspace/link").stdout.data().decode() == "from-w1\n"
+        assert sorted(h.name for h in ray_engine.snapshot_holders(name)) == ["w1", "w2"]
+        assert ray_engine.snapshot_note(name, "door.json") == b'{"source": "w1"}'
+        assert ray_engine.snapshot_note(name, "other.json") is None
+    finally:
+        source.destroy()
+        if target is not None:
+            target.destroy()
+        ray_engine.remove_snapshot(name)
+    assert ray_engine.snapshot_holders(name) == []
+
+
 def test_pause_resume_keep_alive_and_stats_on_a_remote_sandbox(ray_engine: RayEngine) -> None:
     box = ray_engine.create(SandboxSpec(), ttl_s=300, owner="test:life")
     try:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -126,6 +127,49 @@ def test_the_readme_ray_service_places_a_sandbox_remotely_and_reattaches_after_a
         second.stop()
     finally:
         second.close()
+
+
+def test_snapshots_and_forks_through_the_grpc_door_on_the_cluster(etc: Path) -> None:
+    from harness.v1 import sandboxes_pb2, sandboxes_pb2_grpc
+
+    metadata = (("authorization", f"Bearer {TOKEN}"),)
+    made: list[str] = []
+    server = Server(etc)
+    try:
+        with ExecutorClient(f"unix:{etc / 'executor.sock'}", token=TOKEN) as client:
+            stub = sandboxes_pb2_grpc.SandboxesStub(client.channel)
+            box = client.create_sandbox()
+            made.append(box)
+            wrote = client.call(box, "shell", {"command": "echo kept > /workspace/note.txt"}, timeout=120)
+            assert not wrote.is_error, wrote.text
+            snap = stub.Snapshot(sandboxes_pb2.SnapshotRequest(sandbox_id=box, name="base"), metadata=metadata,
+                                 timeout=120)
+            # The source is read back from the door's note, kept with the snapshot on its node.
+            assert (snap.name, snap.source_sandbox_id) == ("base", box) and "/workspace" in snap.captured
+            listed = stub.ListSnapshots(sandboxes_pb2.ListSnapshotsRequest(), metadata=metadata, timeout=60)
+            assert [(s.name, s.source_sandbox_id) for s in listed.snapshots] == [("base", box)]
+            nodes = set()
+            for request in (sandboxes_pb2.ForkRequest(snapshot="base"), sandboxes_pb2.ForkRequest(sandbox_id=box)):
+                fork = stub.Fork(request, metadata=metadata, timeout=180)
+                made.append(fork.sandbox_id)
+                command = 'cat /workspace/note.txt; echo "$CALLBOX_NODE"'
+                shown = client.call(fork.sandbox_id, "shell", {"command": command}, timeout=120)
+                assert not shown.is_error and shown.text.split()[-2] == "kept", shown.text
+                nodes.add(shown.text.split()[-1])
+            assert nodes <= {"w1", "w2"}, nodes
+            stub.DeleteSnapshot(sandboxes_pb2.DeleteSnapshotRequest(name="base"), metadata=metadata, timeout=60)
+            assert not stub.ListSnapshots(sandboxes_pb2.ListSnapshotsRequest(), metadata=metadata).snapshots
+            for sandbox_id in reversed(made):
+                client.delete_sandbox(sandbox_id)
+            made.clear()
+        server.stop()
+    finally:
+        if made:
+            with ExecutorClient(f"unix:{etc / 'executor.sock'}", token=TOKEN) as client:
+                for sandbox_id in made:
+                    with contextlib.suppress(Exception):
+                        client.delete_sandbox(sandbox_id)
+        server.close()
 
 
 def test_the_e2b_sdk_runs_its_sandbox_on_a_worker(etc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
