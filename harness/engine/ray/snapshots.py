@@ -38,14 +38,12 @@ class RaySnapshots:
     _lock: threading.Lock
     _pending: dict[str, int]
 
-    def _require_host(self, name_or_id: str) -> Host:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # the engine's own, which this half uses
+        def _require_host(self, name_or_id: str) -> Host: ...
 
-    def _place(self, placement: Placement) -> Host:
-        raise NotImplementedError
+        def _place(self, placement: Placement) -> Host: ...
 
-    def _adopt(self, host: Host, handle: SandboxHandle, *, group: str = "") -> RaySandbox:
-        raise NotImplementedError
+        def _adopt(self, host: Host, handle: SandboxHandle, *, group: str = "") -> RaySandbox: ...
 
     def snapshot(self, sandbox: RaySandbox, name: str, *, replace: bool = False,
                  owner: str | None = None) -> SnapshotInfo:
