@@ -4,9 +4,15 @@ comes back, a node whose image went stale. On the real three-node cluster."""
 from __future__ import annotations
 
 import io
+import os
+import signal
+import subprocess
+import sys
 import tarfile
+import textwrap
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -114,6 +120,58 @@ def test_a_host_that_restarts_readopts_its_sandboxes(ray_engine: RayEngine) -> N
         assert info.readopted >= 1 and box.id in info.sandbox_ids
     finally:
         box.destroy()
+
+
+ORPHAN_DRIVER = textwrap.dedent("""
+    import sys, time
+    from harness.engine.ray.engine import RayEngine
+    from harness.engine.ray.settings import RaySettings
+    from harness.engine.spec import SandboxSpec
+    engine = RayEngine.connect(RaySettings.model_validate_json(sys.argv[1]))
+    unnamed = engine.create(SandboxSpec(), ttl_s=600)
+    named = engine.create(SandboxSpec(), name=sys.argv[2], ttl_s=600)
+    kept = engine.create(SandboxSpec(), ttl_s=600)
+    engine.keep(kept, run_id="orphan-test")
+    for box in (unnamed, named, kept):
+        print(box.id, box.node, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_dead_drivers_unnamed_sandboxes_are_reaped_and_its_named_and_kept_ones_stay(
+        ray_engine: RayEngine, ray_cluster: RayTestCluster) -> None:
+    name = f"orphan-{uuid.uuid4().hex[:8]}"
+    driver = subprocess.Popen([sys.executable, "-c", ORPHAN_DRIVER, ray_engine.settings.model_dump_json(), name],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, **ray_cluster.driver_env()}, cwd=os.getcwd())
+    made: list[tuple[str, str]] = []
+    try:
+        assert driver.stdout is not None
+        for _ in range(3):
+            line = driver.stdout.readline()
+            assert line, f"the driver exited early (status {driver.wait()})"
+            sandbox_id, node = line.split()
+            made.append((sandbox_id, node))
+        (unnamed, unnamed_node), (named, named_node), (kept, kept_node) = made
+        os.kill(driver.pid, signal.SIGKILL)  # no chance to destroy anything
+        driver.wait(30)
+
+        def reaped() -> bool:
+            ray_engine.gc()
+            return unnamed not in node_containers(ray_cluster, unnamed_node)
+
+        wait_for("the dead driver's unnamed sandbox removed by its node's gc", reaped, 60)
+        assert named in node_containers(ray_cluster, named_node)
+        assert kept in node_containers(ray_cluster, kept_node)
+        assert ray_engine.open(name).id == named
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        if len(made) > 1:
+            ray_engine.remove(made[1][0])  # the named one
+        if len(made) > 2:
+            ray_engine.destroy(made[2][0])  # the kept one
 
 
 def _junk_image(client) -> str:  # type: ignore[no-untyped-def]

@@ -41,6 +41,7 @@ from harness.engine.docker.kept import SandboxExpired
 from harness.engine.docker.lifetime import LifetimeRecord, NameInUse, SandboxNotFound, validate_name, validate_ttl
 from harness.engine.docker.living import SandboxInfo
 from harness.engine.placement import NodeRoom, Placement, choose_node
+from harness.engine.ray.drivers import current_job
 from harness.engine.ray.host import SandboxHandle
 from harness.engine.ray.hosts import Host, HostDirectory, SandboxLost, ask, call, ray_module
 from harness.engine.ray.sandbox import RaySandbox
@@ -73,6 +74,8 @@ class RayEngine(RaySnapshots):
     def __init__(self, settings: RaySettings, *, progress: Callable[[Any], None] | None = None) -> None:
         self.settings = settings
         self.owner = f"ray-driver:{os.uname().nodename}/{os.getpid()}"
+        self.driver_job = current_job()
+        """This driver's Ray job: a node's host removes the unnamed, unkept sandboxes it made once it ends."""
         self._progress = progress
         self._sandboxes: dict[str, RaySandbox] = {}
         self._where: dict[str, str] = {}
@@ -244,7 +247,8 @@ class RayEngine(RaySnapshots):
         for attempt in (1, 2):
             try:
                 handle: SandboxHandle = call(host.handle.create.remote(
-                    spec.model_dump(mode="json"), name=name, ttl_s=ttl_s, owner=owner), node=host.name)
+                    spec.model_dump(mode="json"), name=name, ttl_s=ttl_s, owner=owner, driver=self.driver_job),
+                    node=host.name)
                 return handle
             except ImageNotFound:
                 if attempt == 2:

@@ -20,6 +20,11 @@ directory, so the harness's connections carry on. A node that died and came back
 Ray node: its host removes every sandbox labelled with another node id, because the harness
 reported those lost when the node died and will never use them again.
 
+**Orphans.** The host writes down which driver (Ray job) created each sandbox
+(:mod:`harness.engine.ray.drivers`); its gc, run every :data:`GC_EVERY_S` seconds and when the
+harness asks, removes the sandboxes whose driver's job has ended, unless they are named or kept,
+as gc does on one machine for a sandbox whose creating process is gone.
+
 **Raylet gone.** When the node's raylet dies, this process notices that its parent changed
 and exits at once, closing the relay, so calls in flight fail now rather than at a timeout.
 """
@@ -45,6 +50,7 @@ from harness.engine.docker.living import SandboxInfo
 from harness.engine.docker.sandbox import AGENT_SOCKET_NAME
 from harness.engine.docker.sandbox import Sandbox as DockerSandbox
 from harness.engine.docker.snapshots import SnapshotInfo
+from harness.engine.ray.drivers import DriverLedger, ended_jobs
 from harness.engine.ray.image_receive import ImageReceiver
 from harness.engine.ray.relay import AgentRelay
 from harness.engine.ray.snapshot_copy import SnapshotExport, SnapshotImport
@@ -58,6 +64,8 @@ NODE_ENV = "CALLBOX_NODE"
 """Set in every tool process of a sandbox on a Ray node: the node's name."""
 RAYLET_WATCH_S = 0.25
 RELAY_BIND_WAIT_S = 20.0
+GC_EVERY_S = 30.0
+"""How often a host runs gc on its own (expired sandboxes, and the orphans of ended drivers)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,7 @@ class SandboxHost:
         # The node, not this process, owns its sandboxes: a host that Ray restarts must not find
         # them orphaned (gc judges them by their expiry; an owner on another "host" is never dead).
         self.engine.owner = labels.Owner(host=f"ray-node-{self.node_id[:16]}", pid=1, started=0.0)
+        self.drivers = DriverLedger(state / "drivers")
         self.reaped = self._reap_earlier_lives()
         for sandbox_id in self.engine.gc():
             log.info("reaped leftover sandbox %s", sandbox_id)
@@ -139,6 +148,7 @@ class SandboxHost:
         self._imports: dict[str, SnapshotImport] = {}
         threading.Thread(target=self._watch_raylet, args=(os.getppid(),), name="callbox-raylet-watch",
                          daemon=True).start()
+        threading.Thread(target=self._gc_now_and_then, name="callbox-host-gc", daemon=True).start()
         log.info("host of node %s (%s) ready: relay %s, %d sandbox(es) re-adopted, %d of an earlier life removed",
                  self.node, self.node_id[:12], self.relay.address, self.readopted, self.reaped)
 
@@ -176,6 +186,33 @@ class SandboxHost:
             if os.getppid() != parent:
                 log.error("the raylet of node %s is gone: this host exits", self.node)
                 os._exit(1)
+
+    def _gc_now_and_then(self) -> None:
+        while True:
+            time.sleep(GC_EVERY_S)
+            try:
+                for sandbox_id in self.gc():
+                    log.info("gc removed sandbox %s", sandbox_id)
+            except Exception as exc:  # the node's dockerd away for a moment: try again next round
+                log.warning("gc failed: %s", exc)
+
+    def _reap_orphans(self) -> list[str]:
+        """Remove the sandboxes whose creating driver's job has ended (not named, not kept)."""
+        recorded = self.drivers.entries()
+        ended = ended_jobs() if recorded else None
+        if ended is None:
+            return []
+        present = {info.sandbox_id: info for info in self.engine.list_sandboxes(stats=False)}
+        removed = []
+        for sandbox_id, job in recorded.items():
+            info = present.get(sandbox_id)
+            if info is None:
+                self.drivers.forget(sandbox_id)
+            elif job in ended and info.name is None and self.engine.kept_sandbox(sandbox_id) is None:
+                log.warning("removing sandbox %s: the driver that created it (Ray job %s) has ended", sandbox_id, job)
+                self.destroy(sandbox_id)
+                removed.append(sandbox_id)
+        return removed
 
     # ---- what the engine asks ------------------------------------------------------------------
 
@@ -216,11 +253,13 @@ class SandboxHost:
         return spec.model_copy(update={"env": {**spec.env, NODE_ENV: self.node}})
 
     def create(self, spec_json: dict[str, Any], *, name: str | None, ttl_s: float | None,
-               owner: str) -> SandboxHandle:
+               owner: str, driver: str | None = None) -> SandboxHandle:
         """A sandbox on this node. Every one gets a lifetime record (``owner``), so a restarted
-        host and gc judge it by its expiry, never by the host process that made it."""
+        host and gc judge it by its expiry, never by the host process that made it; ``driver``
+        (the asking driver's Ray job id) makes it an orphan once that job ends."""
         box = self.engine.create(self._node_spec(spec_json), name=name, ttl_s=ttl_s, owner=owner)
         try:
+            self.drivers.record(box.id, driver)
             return self._handle(box)
         except BaseException:
             box.destroy()
@@ -245,6 +284,7 @@ class SandboxHost:
             box.agent.close()
         self.relay.unregister(sandbox_id)
         self.engine.destroy(sandbox_id, network=network)
+        self.drivers.forget(sandbox_id)
 
     def remove(self, name_or_id: str) -> str:
         sandbox_id = self.engine.remove(name_or_id)
@@ -253,6 +293,7 @@ class SandboxHost:
         if box is not None:
             box.agent.close()
         self.relay.unregister(sandbox_id)
+        self.drivers.forget(sandbox_id)
         return sandbox_id
 
     def keep(self, sandbox_id: str, run_id: str, until: float | None) -> float:
@@ -291,7 +332,7 @@ class SandboxHost:
         return self.engine.sandbox_census()
 
     def gc(self) -> list[str]:
-        return self.engine.gc()
+        return self.engine.gc() + self._reap_orphans()
 
     def enable_pool(self, spec_jsons: list[dict[str, Any]], settings: dict[str, Any]) -> int:
         specs = [self._node_spec(s) for s in spec_jsons]
@@ -336,8 +377,9 @@ class SandboxHost:
         self.engine.write_snapshot_note(name, file, data)
 
     def fork(self, source: str, from_snapshot: bool, name: str | None, owner: str | None,
-             ttl_s: float | None) -> SandboxHandle:
+             ttl_s: float | None, driver: str | None = None) -> SandboxHandle:
         box = self.engine.fork(source, from_snapshot=from_snapshot, name=name, owner=owner, ttl_s=ttl_s)
+        self.drivers.record(box.id, driver)
         return self._handle(box)
 
     def restore(self, name: str) -> SandboxHandle:

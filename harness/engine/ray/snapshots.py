@@ -37,6 +37,7 @@ class RaySnapshots:
     hosts: HostDirectory
     _lock: threading.Lock
     _pending: dict[str, int]
+    driver_job: str | None
 
     if TYPE_CHECKING:  # the engine's own, which this half uses
         def _require_host(self, name_or_id: str) -> Host: ...
@@ -120,7 +121,7 @@ class RaySnapshots:
 
             host = source.host if isinstance(source, RaySandbox) else self._require_host(source)
             ident = source.id if isinstance(source, RaySandbox) else source
-            return self._adopt(host, ask(host, "fork", ident, False, name, owner, ttl_s))
+            return self._adopt(host, ask(host, "fork", ident, False, name, owner, ttl_s, self.driver_job))
         assert isinstance(source, str)
         self._holders(source)
         if node is not None:
@@ -132,7 +133,7 @@ class RaySnapshots:
             with self._lock:
                 self._pending[target.node_id] -= 1  # counted once the fork is adopted
         self._bring(source, target)
-        return self._adopt(target, ask(target, "fork", source, True, name, owner, ttl_s))
+        return self._adopt(target, ask(target, "fork", source, True, name, owner, ttl_s, self.driver_job))
 
     def restore(self, name: str) -> RaySandbox:
         host = self._require_host(name)
