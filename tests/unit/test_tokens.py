@@ -68,6 +68,13 @@ def test_a_token_file_others_can_read_is_refused(tmp_path):
         load_token_file(tmp_path / "missing")
 
 
+def test_a_directory_or_an_empty_path_is_not_a_token_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for given in (tmp_path, Path("")):  # an empty --token-file is the working directory
+        with pytest.raises(TokenError, match="is not a regular file; give the path of a file"):
+            load_token_file(given)
+
+
 def test_bearer_metadata():
     assert bearer_token([("authorization", f"Bearer {A}")]) == A
     assert bearer_token([("x", "y"), ("Authorization", f"bearer   {A} ")]) == A

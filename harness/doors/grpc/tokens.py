@@ -168,16 +168,20 @@ def load_token_file(path: Path) -> TokenSet:
         raise TokenError(f"{source} does not exist; create it with one NAME:TOKEN line per client") from None
     except OSError as exc:
         raise TokenError(f"{source} cannot be read: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as file:
-        info = os.fstat(file.fileno())
+    try:
+        info = os.fstat(fd)  # before wrapping it: a directory (an empty path is ".") cannot be opened as a file
         if not stat.S_ISREG(info.st_mode):
-            raise TokenError(f"{source} is not a regular file")
+            raise TokenError(f"{source} is not a regular file; give the path of a file with one NAME:TOKEN "
+                             "line per client")
         if info.st_mode & 0o077:
             raise TokenError(
                 f"{source} is accessible by group or others (mode {stat.S_IMODE(info.st_mode):04o}); "
                 f"it holds secrets: run `chmod 600 {path}`"
             )
-        data = file.read()
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            data = file.read()
+    finally:
+        os.close(fd)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
