@@ -123,6 +123,10 @@ def test_a_restarted_server_adopts_files_approvals_and_a_paused_sandbox(engine, 
                 shell(client, box, "echo started >> /workspace/long; sleep 120", call_id="c-long")))
             caller.start()
             _wait_until(lambda: (c := first_audit.get_call(box, "c-long")) is not None and c.state == "running")
+            # "running" in the ledger comes before the command starts: wait for what it wrote
+            with grpc.insecure_channel(f"unix:{place / 'x.sock'}") as channel:
+                stub = sandboxes_pb2_grpc.SandboxesStub(channel)
+                _wait_until(lambda: b"started" in _file_in(stub, box, "/workspace/long"))
             assert first.stop() == []
             caller.join(60)
         assert ended and ended[0].error_code == "sandbox_unavailable"
@@ -302,6 +306,7 @@ def test_callbox_serve_restarted_by_sigterm_and_killed_mid_call(engine, tmp_path
             caller.start()
             with AuditStore(audit_path) as audit:
                 _wait_until(lambda: (c := audit.get_call(box, "c-long")) is not None and c.state == "running")
+            _wait_until(lambda: b"started" in _file_in(stub, box, "/workspace/long"))  # the command started
             servers[-1].kill()
             caller.join(60)
             assert seen and isinstance(seen[0], ExecutorError)
@@ -326,6 +331,15 @@ def test_callbox_serve_restarted_by_sigterm_and_killed_mid_call(engine, tmp_path
         for served in servers:
             served.kill()
         remove_all(engine, kept)
+
+
+def _file_in(stub: sandboxes_pb2_grpc.SandboxesStub, sandbox_id: str, path: str) -> bytes:
+    """The archive the door sends of ``path`` (empty while the file does not exist)."""
+    try:
+        return b"".join(chunk.data for chunk in stub.Download(
+            sandboxes_pb2.DownloadRequest(sandbox_id=sandbox_id, path=path), metadata=meta(), timeout=10))
+    except grpc.RpcError:
+        return b""
 
 
 def _wait_until(condition: Any, timeout: float = 60.0) -> None:
