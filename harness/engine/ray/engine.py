@@ -135,7 +135,7 @@ class RayEngine(RaySnapshots):
             if host.node_id in self.hosts.dead or not host.alive:
                 return f"sandbox lost with its node {host.name}: Ray declared the node dead"
             try:
-                call(host.handle.ping.remote(), timeout=1.0, node=host.name)
+                call(host.handle.ping.remote(), timeout=1.0, node=host.name)  # not ask: this loop is the wait
                 return None
             except SandboxLost:
                 self.hosts.lose(host)
@@ -246,9 +246,8 @@ class RayEngine(RaySnapshots):
         removed or retagged it) gets it again, once."""
         for attempt in (1, 2):
             try:
-                handle: SandboxHandle = call(host.handle.create.remote(
-                    spec.model_dump(mode="json"), name=name, ttl_s=ttl_s, owner=owner, driver=self.driver_job),
-                    node=host.name)
+                handle: SandboxHandle = ask(host, "create", spec.model_dump(mode="json"), name=name, ttl_s=ttl_s,
+                                            owner=owner, driver=self.driver_job)
                 return handle
             except ImageNotFound:
                 if attempt == 2:

@@ -117,10 +117,8 @@ class RaySnapshots:
         node), or with ``from_snapshot`` the snapshot named ``source``: on ``node`` if given, else
         where placement puts it, the snapshot copied there first when that node lacks it."""
         if not from_snapshot:
-            from harness.engine.ray.sandbox import RaySandbox
-
-            host = source.host if isinstance(source, RaySandbox) else self._require_host(source)
-            ident = source.id if isinstance(source, RaySandbox) else source
+            host = self._require_host(source) if isinstance(source, str) else source.host
+            ident = source if isinstance(source, str) else source.id
             return self._adopt(host, ask(host, "fork", ident, False, name, owner, ttl_s, self.driver_job))
         assert isinstance(source, str)
         self._holders(source)
