@@ -239,13 +239,21 @@ class ActionsPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     process: ActionPolicy = Field(default_factory=ActionPolicy)
+    """Starting a background process in a sandbox; ``allow`` by default, rules on ``command``."""
     attach: ActionPolicy = Field(default_factory=ActionPolicy)
+    """Reading or joining a process's output (logs, attach, a terminal); ``allow`` by default, no rules."""
     port_forward: ActionPolicy = Field(default_factory=ActionPolicy)
+    """Forwarding a sandbox port to the host's loopback; ``deny`` by default, rules on ``ports``."""
     copy_in: ActionPolicy = Field(default_factory=ActionPolicy)
+    """Copying files from the host into a sandbox; ``allow`` by default, rules on ``path``."""
     copy_out: ActionPolicy = Field(default_factory=ActionPolicy)
+    """Copying files out of a sandbox to the host; ``allow`` by default, rules on ``path``."""
     snapshot: ActionPolicy = Field(default_factory=ActionPolicy)
+    """Saving a sandbox's contents as a snapshot; ``allow`` by default, no rules."""
     fork: ActionPolicy = Field(default_factory=ActionPolicy)
+    """Starting a sandbox from another one or from its snapshot; ``allow`` by default, no rules."""
     pause: ActionPolicy = Field(default_factory=ActionPolicy)
+    """Pausing or resuming a sandbox; ``allow`` by default, no rules."""
 
     @field_validator(*ACTIONS)
     @classmethod
