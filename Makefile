@@ -1,12 +1,14 @@
 # callbox: the two commands a new user runs are `make demo` and `make test`.
 # Each sets up what it needs: Python deps (PyPI), a Docker engine (Debian's docker.io,
 # only when none answers), and the sandbox image (built offline, idempotent).
+# `make docs` builds the documentation site into site/ (offline, strict); `make docs-serve`
+# serves it while you edit.
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 CALLBOX := $(VENV)/bin/callbox
 
-.PHONY: setup npm-tools browser engine image runsc test test-runsc unit demo tour bench bench-scale proto proto-check lint
+.PHONY: setup npm-tools browser engine image runsc test test-runsc unit demo tour bench bench-scale bench-docs proto proto-check lint docs docs-serve
 
 setup:
 	@scripts/setup-python.sh
@@ -37,8 +39,8 @@ proto-check: setup
 
 lint: setup
 	@echo "callbox: ruff + mypy --strict"
-	@$(VENV)/bin/ruff check harness sandbox tests
-	@$(VENV)/bin/mypy harness sandbox
+	@$(VENV)/bin/ruff check harness sandbox tests docs/hooks
+	@$(VENV)/bin/mypy harness sandbox -p docs.hooks
 
 unit: setup
 	@$(VENV)/bin/pytest tests/unit -q
@@ -68,3 +70,22 @@ bench: setup engine image
 
 bench-scale: setup engine image
 	@$(PY) -m tests.bench.bench_exec --only scale --sandboxes $(SANDBOXES) --json bench-scale-results.json
+
+# make bench-docs: make bench, then its results without the raw samples as docs/bench-results.json,
+# the file the site's Benchmarks page is drawn from (commit it with the code it measured).
+bench-docs: bench
+	@$(PY) -m docs.hooks.bench_reference bench-results.json docs/bench-results.json
+
+# make docs: the site (mkdocs.yml) built strictly into site/: a broken link or anchor, a page
+# left out of the nav, or a generated reference that cannot be made fails it. Nothing is fetched.
+# make docs-serve [DOCS_ADDR=HOST:PORT]: the same site, rebuilt on every change (default 127.0.0.1:8000).
+DOCS_ADDR ?= 127.0.0.1:8000
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+
+docs: setup
+	@$(MKDOCS) build --strict --site-dir site
+	@echo "callbox: the documentation site is in site/ (make docs-serve to browse it)"
+
+docs-serve: setup
+	@echo "callbox: serving the documentation on http://$(DOCS_ADDR)/ (Ctrl-C stops)"
+	@$(MKDOCS) serve --strict --dev-addr $(DOCS_ADDR)
