@@ -30,6 +30,7 @@ from harness.core.policy import load_policy
 from harness.core.session import Session
 from harness.tools import registry_for
 from tests.conftest import IMAGE, unavailable
+from tests.doc_examples import block_with
 from tests.integration.helpers import callbox, grpc_door
 
 pytestmark = pytest.mark.docker
@@ -350,9 +351,7 @@ def test_the_grpc_door_serves_an_mcp_servers_tools(engine: Any, policy_path: Pat
 def test_the_readme_example_lists_the_server_and_decides_as_documented(
     engine: Any, mcp_server_git: Path, tmp_path: Path
 ) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("- **`mcp`** starts a stdio MCP server", 1)[1]
-    block = textwrap.dedent(section.split("```toml\n", 1)[1].split("```", 1)[0])
+    block = block_with("toml", 'kind = "mcp"', "/home/me/mcp-git").body
     assert 'source = "/home/me/mcp-git"' in block
     repo = _repo(tmp_path)
     path = tmp_path / "policy.toml"

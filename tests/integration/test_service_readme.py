@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -30,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.audit.store import AuditStore
 from harness.client import ExecutorClient
 from harness.engine.docker.engine import DockerEngine
+from tests.doc_examples import block_between
 
 pytestmark = pytest.mark.docker
 
@@ -40,13 +40,8 @@ OPS_TOKEN = "ops-token-of-the-readme-service-0123"
 
 
 def readme_config() -> str:
-    """The TOML block between the README's service-config markers."""
-    text = (ROOT / "README.md").read_text()
-    assert START in text and END in text, "the README lost its service-config markers"
-    block = text.split(START, 1)[1].split(END, 1)[0]
-    match = re.search(r"```toml\n(.*?)```", block, re.DOTALL)
-    assert match is not None, "no toml block between the service-config markers"
-    return match.group(1)
+    """The TOML block between the service-config markers, on whichever page holds them."""
+    return block_between(START, END)
 
 
 def moved(config: str, tmp_path: Path) -> str:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from harness.client import ExecutorClient
+from tests.doc_examples import block_between
 
 if TYPE_CHECKING:
     from tests.ray.cluster import RayTestCluster
@@ -30,11 +31,8 @@ TOKEN = "ci-token-of-the-ray-readme-0123456789"
 
 
 def readme_ray_config() -> str:
-    text = (ROOT / "README.md").read_text()
-    assert START in text and END in text, "the README lost its ray-config markers"
-    match = re.search(r"```toml\n(.*?)```", text.split(START, 1)[1].split(END, 1)[0], re.DOTALL)
-    assert match is not None, "no toml block between the ray-config markers"
-    return match.group(1)
+    """The TOML block between the ray-config markers, on whichever page holds them."""
+    return block_between(START, END)
 
 
 @pytest.fixture

@@ -264,10 +264,9 @@ def test_streams_are_redacted_each_on_their_own() -> None:
 
 
 def test_the_readme_example_redacts_as_documented() -> None:
-    from pathlib import Path
+    from tests.doc_examples import block_with
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("### Secrets in results\n", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    block = block_with("toml", "[redaction]", "DEPLOY_TOKEN").body
     policy = parse_policy(block)
     deploy = "dpl-7d1f00c2a9b84e6f"
     redactor = redaction.Redactor.for_policy(policy.redaction, {"DEPLOY_TOKEN": deploy, "OPENAI_API_KEY": "short"}, {})

@@ -1,13 +1,14 @@
-"""Every console example in the README runs verbatim, as root and as a normal user.
+"""Every console and Python example of the pages (``README.md`` and ``docs/**/*.md``) runs
+verbatim, as root and as a normal user; a block marked ``<!-- not run: REASON -->`` is left out.
 
 Each console block runs in one bash, in a fresh copy of the repository (a git repository
 with one commit, so examples that mount ``$PWD`` see a real checkout), with ``callbox`` on
-PATH and nothing else of the test's environment. Its output must match what the README
-shows (see ``tests/readme_examples.py`` for the notation); a command shown without output
-must exit 0. As root the repository's own ``.venv`` is used. The normal user
-(``callbox-readme``, created if missing, in the ``docker`` group) gets a virtualenv of its
-own made from Debian's ``/usr/bin/python3``, because the build machine's Python may live
-where other users cannot read it (``/root``).
+PATH and nothing else of the test's environment. Its output must match what the page
+shows (see ``tests/doc_examples.py`` for the notation); a command shown without output
+must exit 0. Test ids name the page and line (``docs/exec.md:42``). As root the
+repository's own ``.venv`` is used. The normal user (``callbox-readme``, created if missing,
+in the ``docker`` group) gets a virtualenv of its own made from Debian's ``/usr/bin/python3``,
+because the build machine's Python may live where other users cannot read it (``/root``).
 """
 
 from __future__ import annotations
@@ -26,20 +27,19 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import unavailable
-from tests.readme_examples import (
+from tests.doc_examples import (
     SNIPPET_SOURCES,
     Example,
-    console_examples,
+    all_console_examples,
+    all_python_blocks,
     output_matches,
-    python_blocks,
     snippet_in,
 )
 
 pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-BLOCKS = console_examples(README.read_text())
+BLOCKS = all_console_examples()
 USER = "callbox-readme"
 MARK = "@@callbox-readme-example-exit"
 BLOCK_TIMEOUT_S = 600
@@ -47,7 +47,7 @@ BLOCK_TIMEOUT_S = 600
 
 @dataclass(frozen=True)
 class Shell:
-    """Where and as whom the README's commands run."""
+    """Where and as whom the pages' commands run."""
 
     who: str
     cwd: Path
@@ -177,7 +177,7 @@ def shell(request: pytest.FixtureRequest, engine: object, tmp_path_factory: pyte
         user_shell: Shell = request.getfixturevalue("normal_user_shell")
         return user_shell
     if os.geteuid() != 0:
-        unavailable("the README examples are run as root only when the tests run as root")
+        unavailable("the pages' examples are run as root only when the tests run as root")
     base = tmp_path_factory.mktemp("readme")
     return _root_shell(base)
 
@@ -209,12 +209,12 @@ def _block_id(examples: list[Example]) -> str:
     return examples[0].name if examples else "empty"
 
 
-def test_readme_has_console_examples() -> None:
-    assert sum(len(b) for b in BLOCKS) >= 10, "the README's console examples were not found"
+def test_the_pages_have_console_examples() -> None:
+    assert sum(len(b) for b in BLOCKS) >= 10, "the pages' console examples were not found"
 
 
 @pytest.mark.parametrize("examples", [b for b in BLOCKS if b], ids=_block_id)
-def test_readme_console_block(shell: Shell, examples: list[Example]) -> None:
+def test_doc_console_block(shell: Shell, examples: list[Example]) -> None:
     failures = []
     for example, (status, lines) in zip(examples, run_block(shell, examples), strict=True):
         text = "\n".join(lines)
@@ -222,7 +222,7 @@ def test_readme_console_block(shell: Shell, examples: list[Example]) -> None:
             failures.append(f"{example.name}: `{example.command}` printed a traceback:\n{text}")
         elif example.expected and not output_matches(example.expected, lines):
             failures.append(f"{example.name}: `{example.command}` (exit {status}) printed:\n{text}\n"
-                            f"--- the README shows:\n" + "\n".join(example.expected))
+                            f"--- {example.source} shows:\n" + "\n".join(example.expected))
         elif not example.expected and status != 0:
             failures.append(f"{example.name}: `{example.command}` exited {status}:\n{text}")
     assert not failures, f"as {shell.who}:\n\n" + "\n\n".join(failures)
@@ -246,16 +246,17 @@ def test_a_normal_user_is_not_told_about_another_users_kept_sandbox(normal_user_
 # The agent-framework snippets run inside the interop tests they are copied from (a unit
 # test keeps the copies identical); the rest run here as they stand.
 _TESTED_ELSEWHERE = {snippet_in((ROOT / path).read_text(), name) for name, path in SNIPPET_SOURCES.items()}
-PYTHON_BLOCKS = [(line, code) for line, code in python_blocks(README.read_text()) if code not in _TESTED_ELSEWHERE]
+PYTHON_BLOCKS = [(f"{b.source}:{b.first_line}", b.body) for b in all_python_blocks()
+                 if b.body not in _TESTED_ELSEWHERE]
 GRPC_ADDRESS = "unix:/run/callbox/executor.sock"
 
 
-def test_readme_has_python_examples() -> None:
-    assert len(PYTHON_BLOCKS) >= 2, "the README's Python examples were not found"
+def test_the_pages_have_python_examples() -> None:
+    assert len(PYTHON_BLOCKS) >= 2, "the pages' Python examples were not found"
 
 
-@pytest.mark.parametrize(("line", "code"), PYTHON_BLOCKS, ids=[f"README:{line}" for line, _ in PYTHON_BLOCKS])
-def test_readme_python_block(line: int, code: str, shell: Shell, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("where", "code"), PYTHON_BLOCKS, ids=[where for where, _ in PYTHON_BLOCKS])
+def test_doc_python_block(where: str, code: str, shell: Shell, tmp_path: Path) -> None:
     """Each Python example runs as written. One that talks to `callbox serve --grpc` at its
     default socket gets a server of its own on a socket of the test's (the only change)."""
     env = dict(shell.env)
@@ -284,7 +285,7 @@ def test_readme_python_block(line: int, code: str, shell: Shell, tmp_path: Path)
         argv = [*shell.prefix, "env", "-i", *(f"{k}={v}" for k, v in env.items()), "python3", "-"]
         done = subprocess.run(argv, cwd=shell.cwd, input=code.encode(), capture_output=True, timeout=300)
         out = (done.stdout + done.stderr).decode(errors="replace")
-        assert done.returncode == 0 and "Traceback" not in out, f"README:{line} as {shell.who}:\n{out}"
+        assert done.returncode == 0 and "Traceback" not in out, f"{where} as {shell.who}:\n{out}"
     finally:
         if server is not None:
             server.terminate()

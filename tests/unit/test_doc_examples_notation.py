@@ -1,10 +1,10 @@
-"""The notation the README's console examples are checked with (tests/readme_examples.py)."""
+"""The notation the pages' console examples are checked with (tests/doc_examples.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.readme_examples import console_examples, output_matches
+from tests.doc_examples import console_examples, output_matches
 
 DOC = """intro
 ```console
