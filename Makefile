@@ -16,7 +16,7 @@ setup:
 npm-tools:
 	@scripts/setup-npm-tools.sh
 
-# Debian's chromium, for the web console's browser tests (test-only).
+# Debian's chromium, for the browser tests of the web console and the documentation site (test-only).
 browser:
 	@scripts/setup-browser.sh
 

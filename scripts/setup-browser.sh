@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the browser the console's interop test drives (tests/interop/test_console_chromium.py):
+# Install the browser the browser tests drive (tests/interop/test_console_chromium.py, the web
+# console; tests/docs/test_site_browser.py, the documentation site):
 # Debian's `chromium` package, run headless by the `playwright` Python package with
 # executable_path=/usr/bin/chromium (never `playwright install`: no browser download from
 # outside Debian's archive).
@@ -13,10 +14,10 @@ CHROMIUM=${CALLBOX_CHROMIUM:-/usr/bin/chromium}
 say() { printf 'callbox setup-browser: %s\n' "$*" >&2; }
 give_up() {
     if [ "${CI:-}" = true ]; then
-        say "$1 (CI=true: the console's browser test needs it)"
+        say "$1 (CI=true: the browser tests need it)"
         exit 1
     fi
-    say "$1; the console's browser test will be skipped"
+    say "$1; the browser tests will be skipped"
     exit 0
 }
 
@@ -32,7 +33,7 @@ if ! command -v apt-get >/dev/null; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-say "installing Debian's chromium with apt-get (for the headless console test)"
+say "installing Debian's chromium with apt-get (for the headless browser tests)"
 if ! apt-get install -y --no-install-recommends chromium; then
     say "apt-get install failed; refreshing the package lists (apt-get update) and trying once more"
     apt-get update

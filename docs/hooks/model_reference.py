@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import enum
+import functools
 import inspect
 import itertools
 import textwrap
@@ -74,8 +75,11 @@ class Table:
 # --- docstrings -------------------------------------------------------------------------------
 
 
+@functools.cache
 def _class_field_docs(cls: type) -> dict[str, str]:
     """The attribute docstrings of ``cls``'s own source: a string right after ``name: type``."""
+    if cls is BaseModel or not issubclass(cls, BaseModel) or cls.__module__.startswith("pydantic."):
+        return {}
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
@@ -108,7 +112,7 @@ def field_docs(model: type[BaseModel], doc_sources: Mapping[type, type] = {}) ->
         if cls in doc_sources:
             classes.append(doc_sources[cls])
     for cls in reversed(classes):
-        docs.update(_class_field_docs(cls))
+        docs.update(_class_field_docs(cls))  # a subclass's docstring wins over its base's
     for name, info in model.model_fields.items():
         if info.description:
             docs[name] = info.description

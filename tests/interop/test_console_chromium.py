@@ -13,7 +13,6 @@ missing the test skips saying so, except under CI=true, where it fails.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import textwrap
@@ -34,13 +33,11 @@ from harness.core.policy import parse_policy
 from harness.doors.grpc.server import GrpcServer, serve_grpc
 from harness.doors.grpc.tokens import TokenSet
 from harness.doors.http import HttpServer, serve_http
-from tests.conftest import IMAGE, unavailable
+from tests.browser import chromium
+from tests.conftest import IMAGE
 
 pytestmark = [pytest.mark.interop, pytest.mark.docker]
 
-CHROMIUM = Path(os.environ.get("CALLBOX_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 OPERATOR_TOKEN = "console-operator-token-0123456789"
 AGENT_TOKEN = "console-agent-token-0123456789ab"
 TOKENS = TokenSet({"operator": OPERATOR_TOKEN, "agent": AGENT_TOKEN}, source="test tokens")
@@ -51,16 +48,8 @@ PAGE_TIMEOUT_MS = 30_000
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Headless Chromium from Debian, or a skip (a failure under CI=true) saying how to get it."""
-    if not os.access(CHROMIUM, os.X_OK):
-        unavailable(f"{CHROMIUM} is missing: run scripts/setup-browser.sh (apt-get install chromium) as root")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 @dataclass
