@@ -17,6 +17,7 @@ from pathlib import Path
 
 from harness.audit.errors import AuditError
 from harness.audit.records import ACTION_CALL_PREFIX, ACTION_TOOL_PREFIX
+from harness.core.errors import ErrorCode
 
 __all__ = ["ATTEMPTS_TABLE", "CHECKPOINTS_TABLE", "COUNTED", "EGRESS_TABLE", "MIGRATIONS", "SCHEMA_VERSION",
            "ensure_call_counts", "migrate", "table_exists"]
@@ -211,7 +212,7 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
         raise AuditError(
             f"the audit database {path} has schema version {version}, newer than this callbox "
             f"understands ({target}); upgrade callbox or use another database",
-            exit_code=125,
+            code=ErrorCode.INTERNAL,
         )
     conn.execute("BEGIN IMMEDIATE")
     try:

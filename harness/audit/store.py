@@ -213,7 +213,8 @@ def _mark_running(c: sqlite3.Connection, run_id: str, call_id: str, max_calls: i
         raise unknown_call(run_id, call_id)
     state, authorized, error_code = row
     if state != "claimed":
-        raise AuditError(f"call {call_id} of run {run_id} is already {state}; a call_id runs at most once")
+        raise AuditError(f"call {call_id} of run {run_id} is already {state}; a call_id runs at most once",
+                         code=ErrorCode.CONFLICT)
     if max_calls is not None:
         counted = c.execute(COUNTED, (run_id,)).fetchone()[0]
         others = counted - int(bool(authorized) and error_code != ErrorCode.BUDGET_EXCEEDED.value)
@@ -416,7 +417,8 @@ class AuditStore(Approvals, Checkpoints, Egress):
             row = c.execute("SELECT state FROM calls WHERE run_id = ? AND call_id = ?", (run_id, call_id)).fetchone()
             if row is None:
                 raise unknown_call(run_id, call_id)
-            raise AuditError(f"call {call_id} of run {run_id} is already finished; a call_id runs at most once")
+            raise AuditError(f"call {call_id} of run {run_id} is already finished; a call_id runs at most once",
+                             code=ErrorCode.CONFLICT)
 
         self._write(body)
 

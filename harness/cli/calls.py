@@ -1,10 +1,11 @@
 """``callbox tools | call | approvals | audit``: the harness core from the command line.
 
 ``call`` prints the exact item a caller appends to its model context and exits 0 when
-the call succeeded, 1 when the result is an error the model should read (denied,
-invalid arguments, non-zero exit, pending approval, ...), 2 for bad usage and 125 when
-callbox itself failed. ``approvals`` and ``audit`` read and write the same SQLite store
-as every other harness process, so an approval given here reaches a harness waiting
+the call succeeded; for an error result, the exit status the error table gives its code: 1
+for an error the model should read (denied, invalid arguments, non-zero exit, ...), 3 for a
+pending approval, 124 for a timeout, 137 for the OOM killer, 125 when callbox itself failed
+(then its first line is also said on stderr); 2 for bad usage. ``approvals`` and ``audit``
+read and write the same SQLite store as every other harness process, so an approval given here reaches a harness waiting
 elsewhere. ``call``'s sandbox starts cold whatever the policy's ``[pool]`` says: the process
 ends with its one sandbox (see :mod:`harness.core.shared_engine`).
 """
@@ -21,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli.options import UsageParser, engine_options, policy_engine, sandbox_options, say, spec_from_args
-from harness.core.calls import ErrorCode
+from harness.core.calls import ToolResult
+from harness.core.errors import ERRORS, EXIT_CALLBOX_FAILED, EXIT_ERROR_RESULT, EXIT_OK
 from harness.core.formats import FORMATS, parse_format, result_item, tool_definitions
 
 COMMANDS = ("tools", "call", "approvals", "audit")
 
-CALLBOX_FAILURES = frozenset({ErrorCode.SANDBOX_UNAVAILABLE, ErrorCode.INTERNAL})
-"""Error results that are callbox's own failure, not the call's: ``call`` exits 125 for them."""
 
 
 def add_parsers(sub: Any) -> None:
@@ -115,11 +115,21 @@ def _call(args: argparse.Namespace) -> int:
                   f"with `callbox approvals approve|deny {result.meta['approval_id']}`, then send the call "
                   f"again with --run-id {harness.run_id} --call-id {call.call_id}", file=sys.stderr)
     print(json.dumps(result_item(result, parse_format(args.format))))
-    if result.error in CALLBOX_FAILURES:
-        # The item is printed all the same (the caller owes the model a result for its call_id).
+    return result_exit_status(result)
+
+
+def result_exit_status(result: ToolResult) -> int:
+    """``call``'s exit status for a result: 0, or the error table's status for its code. For
+    callbox's own failure its first line is said too (the item is printed all the same: the
+    caller owes the model a result for its call_id)."""
+    if not result.is_error:
+        return EXIT_OK
+    if result.error is None:
+        return EXIT_ERROR_RESULT
+    status = ERRORS[result.error].exit_status
+    if status == EXIT_CALLBOX_FAILED:
         say((result.text.splitlines() or ["no reason given"])[0])
-        return 125
-    return 1 if result.is_error else 0
+    return status
 
 
 def _approvals(args: argparse.Namespace) -> int:

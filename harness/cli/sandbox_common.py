@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.cli.options import UsageParser
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 
 if TYPE_CHECKING:
     from harness.core.actions import ActionTicket
@@ -39,7 +39,6 @@ __all__ = [
     "actor",
     "age",
     "connect",
-    "fail",
     "gate_options",
     "guarded",
     "json_errors",
@@ -126,7 +125,7 @@ def json_errors(args: argparse.Namespace) -> Iterator[None]:
     except (ActionDenied, ApprovalPending) as error:
         if getattr(args, "json", False):
             pending = error.approval_id if isinstance(error, ApprovalPending) else None
-            code = "approval_pending" if isinstance(error, ApprovalPending) else error.code
+            code = "approval_pending" if isinstance(error, ApprovalPending) else error.denial
             print_json({"error": code, "action": error.action, "rule": error.rule, "message": error.message,
                         "approval_id": pending})
         raise
@@ -161,8 +160,8 @@ def known_job(sandbox: Sandbox, pid: int) -> Iterator[None]:
     except AgentCallError as error:
         if error.reason != "NO_SUCH_PROCESS":
             raise
-        raise fail(f"sandbox {sandbox.label} has no job with pid {pid}; `callbox sandbox ps {sandbox.label}` "
-                   "lists its jobs") from None
+        raise CallboxError(f"sandbox {sandbox.label} has no job with pid {pid}; "
+                           f"`callbox sandbox ps {sandbox.label}` lists its jobs", code=ErrorCode.NOT_FOUND) from None
 
 
 def print_json(value: Any, *, listing: bool = False) -> None:
@@ -216,11 +215,4 @@ def size(n: float | None) -> str:
             return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
         n /= 1024
     return f"{n:.1f}T"  # pragma: no cover - the loop returns at G
-
-
-def fail(message: str, exit_code: int = 1) -> CallboxError:
-    """A CallboxError with ``exit_code`` (how a command reports a refusal that is not usage)."""
-    error = CallboxError(message)
-    error.exit_code = exit_code
-    return error
 

@@ -35,6 +35,7 @@ from harness.cli.sandbox_common import (
     size,
     until,
 )
+from harness.core.errors import ErrorCode
 from harness.core.units import parse_seconds
 
 if TYPE_CHECKING:
@@ -223,7 +224,7 @@ def _snapshot(args: argparse.Namespace) -> int:
             info = sandbox.snapshot(args.snapshot, replace=args.replace)
         except SnapshotExists:
             raise SnapshotError(f"a snapshot named {args.snapshot} already exists; add --replace to replace it, "
-                                "or pick another name") from None
+                                "or pick another name", code=ErrorCode.ALREADY_EXISTS) from None
         ticket.outcome.update(bytes=info.bytes, places=info.captured)
     if args.json:
         print_json(info.to_json())
@@ -351,7 +352,7 @@ def _restore(args: argparse.Namespace) -> int:
     latest = [s for s in snapshots.list() if s.source_name == args.name]
     if not latest:
         raise SnapshotError(f"sandbox {args.name} has no snapshot to restore from (its files are gone); "
-                            f"`callbox sandbox rm {args.name}` frees the name")
+                            f"`callbox sandbox rm {args.name}` frees the name", code=ErrorCode.NOT_FOUND)
     run_root = getattr(engine, "run_root", None)  # the Ray engine's name records are on its nodes
     run_id = (name_holder(run_root, args.name) if run_root is not None else None) or latest[-1].source_sandbox_id
     details = {"sandbox": args.name, "name": args.name, "from_snapshot": latest[-1].name}

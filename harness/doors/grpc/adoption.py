@@ -65,8 +65,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from harness.audit.store import AuditError, AuditStore, RunRecord
-from harness.core.calls import ErrorCode, ToolResult
-from harness.core.errors import CallboxError
+from harness.core.calls import ToolResult
+from harness.core.errors import CallboxError, ErrorCode
 from harness.core.policy import Policy
 from harness.core.session import Session
 from harness.doors.grpc.errors import ServiceError
@@ -259,7 +259,8 @@ class KeepingEngine(Protocol):
 def _engine(service: ExecutorService) -> KeepingEngine:
     engine = service.engine_factory()
     if not all(hasattr(engine, name) for name in ("open", "sandbox_exists", "lifetime_record")):
-        raise CallboxError("keep_sandboxes needs the Docker or the Ray engine (their keep records and labels)")
+        raise CallboxError("keep_sandboxes needs the Docker or the Ray engine (their keep records and labels)",
+                           code=ErrorCode.INVALID_CONFIG)
     return cast(KeepingEngine, engine)
 
 
