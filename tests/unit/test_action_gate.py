@@ -161,7 +161,8 @@ def test_ask_then_approve_then_repeat_runs_once(audit: AuditStore) -> None:
     # An approval allows one action.
     with pytest.raises(ActionDenied) as used:
         g.authorize("copy_out", details, approval_id=approval_id)
-    assert used.value.denial == "approval_used" and used.value.code == "already_resolved" and "already used" in used.value.message
+    assert used.value.denial == "approval_used" and used.value.code == "already_resolved"
+    assert "already used" in used.value.message
     assert [c["decision"] for c in audit.calls_for_run(RUN)] == ["allow", "deny"]
 
 

@@ -19,10 +19,12 @@ from harness.v1 import executor_pb2
 from sandbox.v1 import errors_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
+EXECUTOR_REASONS = list(executor_pb2.ErrorReason.keys())  # noqa: SIM118 - a protobuf enum wrapper, not a dict
+AGENT_WIRE_REASONS = list(errors_pb2.ErrorReason.keys())  # noqa: SIM118 - a protobuf enum wrapper, not a dict
 
 
 def test_every_code_has_one_row_with_words() -> None:
-    assert list(ERRORS) == list(ERRORS.keys()) and set(ERRORS) == set(ErrorCode)
+    assert set(ERRORS) == set(ErrorCode) and len(ERRORS) == len(ErrorCode)
     for code, kind in ERRORS.items():
         assert kind.code is code
         assert kind.meaning.endswith(".") and len(kind.meaning) > 20, code
@@ -37,7 +39,7 @@ def test_every_exit_status_is_explained() -> None:
 
 
 def test_refusals_name_real_grpc_statuses_and_reasons() -> None:
-    reasons = {name.removeprefix("ERROR_REASON_") for name in executor_pb2.ErrorReason.keys()}
+    reasons = {name.removeprefix("ERROR_REASON_") for name in EXECUTOR_REASONS}
     for code, kind in ERRORS.items():
         if not kind.result:
             assert kind.grpc_status, f"{code} is a refusal but names no gRPC status"
@@ -49,16 +51,16 @@ def test_refusals_name_real_grpc_statuses_and_reasons() -> None:
 
 def test_every_reason_of_the_grpc_door_is_some_codes_reason() -> None:
     used = {kind.grpc_reason for kind in ERRORS.values()}
-    for name in executor_pb2.ErrorReason.keys():
+    for name in EXECUTOR_REASONS:
         reason = name.removeprefix("ERROR_REASON_")
         assert reason == "UNSPECIFIED" or reason in used, f"no code of the error table uses {name}"
 
 
 def test_every_reason_of_the_agent_is_a_code() -> None:
-    for name in errors_pb2.ErrorReason.keys():
+    for name in AGENT_WIRE_REASONS:
         reason = name.removeprefix("ERROR_REASON_")
         assert reason == "UNSPECIFIED" or reason in AGENT_REASONS, f"the agent's {name} has no code"
-    assert set(AGENT_REASONS) <= {n.removeprefix("ERROR_REASON_") for n in errors_pb2.ErrorReason.keys()}
+    assert set(AGENT_REASONS) <= {n.removeprefix("ERROR_REASON_") for n in AGENT_WIRE_REASONS}
 
 
 @pytest.mark.parametrize("code", [c for c in ErrorCode if ERRORS[c].grpc_status], ids=str)
