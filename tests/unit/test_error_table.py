@@ -19,8 +19,8 @@ from harness.v1 import executor_pb2
 from sandbox.v1 import errors_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
-EXECUTOR_REASONS = list(executor_pb2.ErrorReason.keys())  # noqa: SIM118 - a protobuf enum wrapper, not a dict
-AGENT_WIRE_REASONS = list(errors_pb2.ErrorReason.keys())  # noqa: SIM118 - a protobuf enum wrapper, not a dict
+EXECUTOR_REASONS = list(executor_pb2.ErrorReason.keys())
+AGENT_WIRE_REASONS = list(errors_pb2.ErrorReason.keys())
 
 
 def test_every_code_has_one_row_with_words() -> None:
