@@ -274,7 +274,7 @@ _ROWS = (
          retry=False, exit_status=EXIT_CONFLICT, grpc="FAILED_PRECONDITION", reason="INVALID_ARGUMENT", http=409),
     _row(_E.CONNECTION_REFUSED, "Nothing in the sandbox listens on that port.",
          "Start the server in the sandbox first, then connect again.", retry=True, exit_status=EXIT_CONFLICT,
-         grpc="UNAVAILABLE", reason="NOT_FOUND", http=502),
+         grpc="FAILED_PRECONDITION", reason="", http=502),
     _row(_E.COMMAND_NOT_FOUND, "The program was not found in the sandbox.",
          "Check its name and `PATH`, or install it in the image.", retry=False,
          exit_status=EXIT_COMMAND_NOT_FOUND, grpc="NOT_FOUND", reason="NOT_FOUND", http=404),
