@@ -216,7 +216,8 @@ class CallRecord:
     decision: Decision | None
     authorized: bool
     owner: str
-    """host/pid/start-time of the process that claimed it (see ``harness.engine.docker.labels.Owner``)."""
+    """host/pid/start-time of the process that claimed it, or that ran it once a person approved
+    it (see ``harness.engine.docker.labels.Owner`` and :mod:`harness.audit.owners`)."""
     started: float
     finished: float | None = None
     duration_ms: float | None = None
