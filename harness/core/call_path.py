@@ -371,10 +371,11 @@ class CallPath:
         interrupted, unless its result is recorded already."""
         s, call = self.session, self.call
         me = this_process().label
-        result = self.labelled(interrupted_result(
-            call.call_id, cause=PROCESS_STOPPED, command_started=self._command_started(provider), owner=me,
-            noticed_by=me, signal=stop_signal(stop),
-        ), decision_label(decision))
+        interrupted = interrupted_result(call.call_id, cause=PROCESS_STOPPED,
+                                         command_started=self._command_started(provider), owner=me, noticed_by=me,
+                                         signal=stop_signal(stop))
+        # Labelled without reporting a decision: a stopping process tells its caller nothing more.
+        result = dataclasses.replace(interrupted, meta={"decision": self.decision or decision_label(decision)})
         with signals_held():
             try:
                 s.audit.finish_call(s.run_id, call.call_id, result, decision=None, exit_code=None,
