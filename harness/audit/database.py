@@ -1,6 +1,7 @@
 """The audit database's connection: opening it (WAL, busy timeout, foreign keys, the schema
-migrated, the per-run call counts made), one transaction per write, retries while another process holds the write lock,
-and a fresh connection in a forked child.
+migrated, its added columns and per-run call counts made), one transaction per write,
+retries while another process holds the write lock, and a fresh connection in a forked
+child.
 
 :class:`Database` is the base the store's parts (:mod:`harness.audit.store`,
 :mod:`~harness.audit.approvals`, :mod:`~harness.audit.checkpoints`,
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Self, TypeVar
 
 from harness.audit.errors import AuditError
-from harness.audit.schema import ensure_call_counts, migrate
+from harness.audit.schema import add_columns, ensure_call_counts, migrate
 from harness.core.errors import ErrorCode
 from harness.engine.docker.labels import Owner
 
@@ -145,6 +146,7 @@ class Database:
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
             migrate(conn, self.path)
+            add_columns(conn, self.path)
             ensure_call_counts(conn)
         except BaseException:
             conn.close()

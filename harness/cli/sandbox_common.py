@@ -10,7 +10,8 @@ lists a sandbox's actions; a name reused later is another sandbox, another run),
 1 and the approval's id, to approve with ``callbox approvals approve ID`` and repeat the same
 command with ``--approval ID``. With ``--json`` either also prints one object on stdout:
 ``{"error": "approval_pending" | "denied" | "approval_denied" | ..., "action", "rule",
-"message", "approval_id"}``.
+"message", "approval_id"}``. Removing a sandbox (``rm``) ends its run in the audit store
+(``removed``), when the store holds one still open (:func:`end_sandbox_run`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "actor",
     "age",
     "connect",
+    "end_sandbox_run",
     "gate_options",
     "guarded",
     "json_errors",
@@ -112,6 +114,33 @@ def guarded(args: argparse.Namespace, policy: Any, sandbox_id: str, action: str,
         gate = ActionGate(policy, audit, run_id=sandbox_id, actor=actor(), workdir=workdir)
         with gate.guard(action, details, approval_id=args.approval) as ticket:
             yield ticket
+
+
+def end_sandbox_run(audit_db: Path | None, sandbox_id: str, reason: str = "removed") -> bool:
+    """End the run of the sandbox ``sandbox_id`` (its run id is the sandbox's id) with
+    ``reason``, if the audit store (``audit_db``, default ``$CALLBOX_AUDIT_DB`` or the state
+    directory) has it still open; whether it did. A store that does not exist is not made;
+    one that cannot be used is said on stderr (the sandbox is gone all the same)."""
+    from harness.audit.database import default_audit_path
+    from harness.audit.store import AuditError, AuditStore
+    from harness.cli.options import say
+
+    path = audit_db if audit_db is not None else default_audit_path()
+    if not path.exists():
+        return False
+    try:
+        with AuditStore(path) as audit:
+            try:
+                run = audit.get_run(sandbox_id)
+            except AuditError:  # no run: nothing was ever recorded for this sandbox
+                return False
+            if run.ended is not None:
+                return False
+            audit.end_run(sandbox_id, reason)
+            return True
+    except AuditError as error:
+        say(f"the run of sandbox {sandbox_id} was not ended in the audit store: {error.message}")
+        return False
 
 
 @contextlib.contextmanager

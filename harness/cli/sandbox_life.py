@@ -8,7 +8,8 @@ rm-snapshot | fork | restore``: a living sandbox's lifetime and its snapshots.
 paused time). ``snapshot`` stores its writable places on the host; ``fork`` starts a new
 sandbox from a live one (a temporary snapshot) or, with ``--from-snapshot``, from a stored
 snapshot; ``restore`` brings a gone named sandbox back from its latest snapshot. ``rm``
-removes a sandbox (live, paused or gone), ``rm-snapshot`` a snapshot.
+removes a sandbox (live, paused or gone) and ends its run in the audit store (``removed``),
+``rm-snapshot`` a snapshot.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.cli.options import sandbox_options, spec_from_args
@@ -24,6 +26,7 @@ from harness.cli.sandbox_common import (
     actor,
     age,
     connect,
+    end_sandbox_run,
     gate_options,
     guarded,
     load_gate_policy,
@@ -82,7 +85,9 @@ def add_verbs(verbs: Any) -> None:
 
     rm = verbs.add_parser("rm", help="remove a sandbox (running, paused or gone) and free its name")
     rm.add_argument("name", help="sandbox name or id")
-    _json(rm, "print {removed: sandbox id, name}")
+    rm.add_argument("--audit-db", type=Path,
+                    help="audit store whose run of the sandbox it ends (default $CALLBOX_AUDIT_DB or the state dir)")
+    _json(rm, "print {removed: sandbox id, name, run_ended}")
 
     snap = verbs.add_parser("snapshot", help="store a sandbox's files (its writable places) on the host")
     snap.add_argument("name", help="sandbox name or id")
@@ -203,8 +208,10 @@ def _keep_alive(args: argparse.Namespace) -> int:
 def _rm(args: argparse.Namespace) -> int:
     engine = connect(args)
     sandbox_id = engine.remove(args.name)
+    ended = end_sandbox_run(args.audit_db, sandbox_id)
     if args.json:
-        print_json({"removed": sandbox_id, "name": None if args.name == sandbox_id else args.name})
+        print_json({"removed": sandbox_id, "name": None if args.name == sandbox_id else args.name,
+                    "run_ended": ended})
     else:
         print(f"removed sandbox {args.name}" + ("" if args.name == sandbox_id else f" (id {sandbox_id})"))
     return 0
