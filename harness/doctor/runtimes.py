@@ -49,7 +49,7 @@ def daemon_runtimes(info: Mapping[str, Any]) -> list[str]:
 
 
 def check_runtimes(info: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("daemon.runtimes", "OCI runtimes of the daemon", "daemon")
+    make = result_maker("daemon.runtimes")
     names = daemon_runtimes(info)
     default = str(info.get("DefaultRuntime") or "runc")
     if not names:
@@ -60,7 +60,7 @@ def check_runtimes(info: Mapping[str, Any]) -> CheckResult:
 
 
 def check_runsc(info: Mapping[str, Any], probe: RuntimeProbe | None) -> CheckResult:
-    make = result_maker("daemon.runsc", "gVisor (runsc) sandboxes start and run commands", "daemon")
+    make = result_maker("daemon.runsc")
     runtimes = info.get("Runtimes") or {}
     if RUNSC not in runtimes:
         return make("WARN", "the daemon has no runsc runtime, so sandboxes with runtime = \"runsc\" cannot start "
