@@ -1,6 +1,8 @@
 """``callbox doctor [--json]``: the posture of this host for running untrusted code.
 
-Starts one sandbox through the harness's real code path, inspects and probes it,
+Starts one sandbox through the harness's real code path (under ``--runtime``, else the
+runtime the policy of ``--policy`` or ``--config`` gives its sandboxes, else runc), inspects
+and probes it,
 destroys it, and prints one line per check (``PASS|WARN|FAIL  <id>  <title>: <reason>``)
 plus a summary; ``--json`` prints a list of {id, title, status, reason, scope}. Exit
 status 0 when no check fails, 1 otherwise (2 usage, 125 engine unreachable or image
@@ -19,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from harness.cli.options import engine_options
 
@@ -35,7 +37,10 @@ def add_parsers(sub: Any) -> None:
     doctor.add_argument("--json", action="store_true", help="print a JSON list of {id, title, status, reason, scope}")
     doctor.add_argument("--config", type=Path, metavar="FILE",
                         help="check the engine of this server configuration (its engine and [ray])")
-    doctor.add_argument("--policy", type=Path, metavar="FILE", help="check the engine this policy names")
+    doctor.add_argument("--policy", type=Path, metavar="FILE",
+                        help="check the engine this policy names, with a sandbox under its runtime")
+    doctor.add_argument("--runtime", choices=["runc", "runsc"],
+                        help="start the checked sandbox under this OCI runtime (default: the policy's, else runc)")
     engine_options(doctor)
 
 
@@ -43,13 +48,13 @@ def run(args: argparse.Namespace) -> int:
     # Imported here so `--help` and usage errors never load the docker SDK.
     from harness.doctor.report import render_text
 
-    choice = _choice(args)
+    choice, runtime = _choice(args)
     if choice.ray is not None:
         from harness.doctor.ray_checks import gather_ray, ray_checks
 
         results = ray_checks(gather_ray(choice.ray))
     else:
-        results = _docker_checks()
+        results = _docker_checks(args.runtime or runtime)
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2))
     else:
@@ -57,19 +62,20 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any(r.status == "FAIL" for r in results) else 0
 
 
-def _docker_checks() -> list[Any]:
+def _docker_checks(runtime: Literal["runc", "runsc"]) -> list[Any]:
     from harness.doctor.checks import run_checks
     from harness.doctor.evidence import gather
     from harness.doctor.runtimes import probe_runsc
     from harness.engine.docker.engine import DockerEngine
 
     engine = DockerEngine.connect()
-    evidence = gather(engine)
-    return run_checks(evidence, probe_runsc(engine, evidence.info))
+    evidence = gather(engine, runtime)
+    return run_checks(evidence, probe_runsc(engine, evidence.info, evidence))
 
 
-def _choice(args: argparse.Namespace) -> Any:
-    """The engine to check: the flags over ``--config``'s engine, else ``--policy``'s."""
+def _choice(args: argparse.Namespace) -> tuple[Any, Literal["runc", "runsc"]]:
+    """The engine to check (the flags over ``--config``'s engine, else ``--policy``'s) and
+    the runtime of the policy's sandboxes (runc without one)."""
     from harness.cli.options import engine_choice
     from harness.core.errors import UsageError
     from harness.core.policy import load_policy
@@ -78,18 +84,21 @@ def _choice(args: argparse.Namespace) -> Any:
     if args.config is not None and args.policy is not None:
         raise UsageError("give --config or --policy, not both (a configuration names its policy)")
     base = None
+    runtime: Literal["runc", "runsc"] = "runc"
     if args.config is not None:
         from harness.cli.server_config import load_config, served_policy
 
         policy = served_policy((config := load_config(args.config)).policy.file, config)
         base = choice_of(policy.engine, policy.ray)  # the file's engine over its policy's
+        runtime = policy.sandbox.runtime
     elif args.policy is not None:
         policy = load_policy(args.policy)
         base = choice_of(policy.engine, policy.ray)
+        runtime = policy.sandbox.runtime
     choice = engine_choice(args, base)
     if choice.ray is not None:
         try:
-            return choice.model_copy(update={"ray": choice.ray.anchored(Path.cwd())})
+            return choice.model_copy(update={"ray": choice.ray.anchored(Path.cwd())}), runtime
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    return choice
+    return choice, runtime

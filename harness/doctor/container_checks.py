@@ -30,6 +30,7 @@ from harness.doctor.evidence import (
     mounts,
     probe_value,
     security_opts,
+    under_gvisor,
 )
 from harness.doctor.report import CheckResult, result_maker
 
@@ -50,8 +51,15 @@ SENSITIVE_TREES = ("/boot", "/dev", "/etc", "/proc", "/sys")
 ENGINE_SOCKET_NAMES = ("docker.sock", "containerd.sock", "dockershim.sock", "crio.sock", "podman.sock")
 
 
-def check_apparmor(container: Mapping[str, Any], info: Mapping[str, Any]) -> CheckResult:
+NOT_UNDER_GVISOR = "not applicable under gVisor: "
+"""How a check that does not apply to a sandbox on gVisor's kernel begins its reason."""
+
+
+def check_apparmor(container: Mapping[str, Any], info: Mapping[str, Any], gvisor: bool = False) -> CheckResult:
     make = result_maker("5.1")
+    if gvisor:
+        return make("SKIP", NOT_UNDER_GVISOR + "runsc does not apply AppArmor profiles (it logs that it ignores "
+                                               "them); the tools' system calls go to gVisor's kernel, not the host's")
     if "apparmor" not in daemon_security_options(info):
         return make("WARN", APPARMOR_ABSENT)
     profile = container.get("AppArmorProfile") or ""
@@ -61,8 +69,11 @@ def check_apparmor(container: Mapping[str, Any], info: Mapping[str, Any]) -> Che
     return make("PASS", f"profile {profile}")
 
 
-def check_selinux(container: Mapping[str, Any], info: Mapping[str, Any]) -> CheckResult:
+def check_selinux(container: Mapping[str, Any], info: Mapping[str, Any], gvisor: bool = False) -> CheckResult:
     make = result_maker("5.2")
+    if gvisor:
+        return make("SKIP", NOT_UNDER_GVISOR + "runsc does not apply SELinux labels; the tools' system calls go to "
+                                               "gVisor's kernel, not the host's")
     if "selinux" not in daemon_security_options(info):
         return make("WARN", SELINUX_ABSENT)
     label = security_opts(container).get("label", "")
@@ -294,14 +305,15 @@ def check_cgroup_parent(container: Mapping[str, Any]) -> CheckResult:
 
 
 def check_no_new_privileges(container: Mapping[str, Any], probe: Probe | None = None,
-                            daemon_config: Mapping[str, Any] | None = None) -> CheckResult:
+                            daemon_config: Mapping[str, Any] | None = None, gvisor: bool = False) -> CheckResult:
     make = result_maker("5.25")
     value = security_opts(container).get("no-new-privileges")
     set_here = value is not None and value.lower() in ("", "true", "1")
     observed = probe_value(probe, "NoNewPrivs")
     if observed is not None and observed != "1":
         return make("FAIL", f"a tool process has NoNewPrivs {observed}: setuid binaries can raise privileges")
-    seen = "; NoNewPrivs 1 observed in a tool process" if observed is not None else ""
+    seen = "; NoNewPrivs 1 observed in a tool process" if observed is not None else \
+        "; gVisor's /proc does not show NoNewPrivs, so it was not observed in a tool process" if gvisor else ""
     if set_here:
         return make("PASS", "no-new-privileges set on the container" + seen)
     if daemon_no_new_privileges(daemon_config):
@@ -356,9 +368,10 @@ def check_engine_socket(container: Mapping[str, Any], engine_sockets: Iterable[s
 
 def container_checks(ev: Evidence) -> list[CheckResult]:
     c, info, probe = ev.container, ev.info, ev.probe
+    gvisor = under_gvisor(ev)
     return [
-        check_apparmor(c, info),
-        check_selinux(c, info),
+        check_apparmor(c, info, gvisor),
+        check_selinux(c, info, gvisor),
         check_capabilities(c, probe),
         check_privileged(c),
         check_sensitive_mounts(c),
@@ -375,7 +388,7 @@ def container_checks(ev: Evidence) -> list[CheckResult]:
         check_host_uts(c),
         check_seccomp(c, info, probe, ev.expected_seccomp),
         check_cgroup_parent(c),
-        check_no_new_privileges(c, probe, ev.daemon_config),
+        check_no_new_privileges(c, probe, ev.daemon_config, gvisor),
         check_pids_limit(c),
         check_default_bridge(c),
         check_host_userns(c),

@@ -22,6 +22,7 @@ from harness.doctor.evidence import (
     daemon_no_new_privileges,
     daemon_security_options,
     host_config,
+    under_gvisor,
 )
 from harness.doctor.report import CheckResult, result_maker
 
@@ -231,9 +232,14 @@ def _counter(text: str | None) -> int | None:
     return None
 
 
-def check_oom_counter(info: Mapping[str, Any], probe: Probe | None) -> CheckResult:
+def check_oom_counter(info: Mapping[str, Any], probe: Probe | None, gvisor: bool = False) -> CheckResult:
     make = result_maker("host.oom-counter")
     version = info.get("CgroupVersion") or "1"
+    if gvisor:
+        return make("SKIP", "not applicable under gVisor: the tools see gVisor's own cgroup files, which have no "
+                            f"oom_kill counter; the limit is the host's cgroup v{version} around the whole sandbox, "
+                            "so a tool over it stops the sandbox, and callbox reports the container killed for "
+                            "running out of memory")
     if probe is None:
         return make("WARN", f"cgroup v{version}; the in-sandbox probe did not run, so the counter is unchecked")
     if _counter(probe.oom_control) is not None:
@@ -277,7 +283,8 @@ def check_pid_max(pid_max: int | None, remote_engine: bool) -> CheckResult:
 
 
 def host_checks(ev: Evidence) -> list[CheckResult]:
-    return [check_seccomp_available(ev.info), check_cgroup_limits(ev.info), check_oom_counter(ev.info, ev.probe),
+    return [check_seccomp_available(ev.info), check_cgroup_limits(ev.info),
+            check_oom_counter(ev.info, ev.probe, under_gvisor(ev)),
             check_packet_filter(ev.packet_filter_problem, ev.remote_engine),
             check_pid_max(ev.pid_max, ev.remote_engine)]
 
