@@ -2,11 +2,13 @@
 
 Starts one sandbox through the harness's real code path (under ``--runtime``, else the
 runtime the policy of ``--policy`` or ``--config`` gives its sandboxes, else runc), inspects
-and probes it,
-destroys it, and prints one line per check (``PASS|WARN|FAIL  <id>  <title>: <reason>``)
-plus a summary; ``--json`` prints a list of {id, title, status, reason, scope}. Exit
-status 0 when no check fails, 1 otherwise (2 usage, 125 engine unreachable or image
-missing). The checks are in ``harness.doctor`` (``checks.run_checks`` runs them all).
+and probes it, destroys it, and prints one result per check (``PASS|WARN|FAIL|SKIP  <id>  <title>:
+<reason>``, wrapped to the terminal) plus a summary; ``--json`` prints a list of {id, title,
+status, reason, scope}. Exit status 0 when no check fails, 1 otherwise (2 usage). The checks
+are in ``harness.doctor`` (``catalog`` lists them; ``checks.docker_report`` runs them). An
+engine that does not answer is a report too: ``engine.reachable`` fails with the cause and
+the fix, and the checks that need the engine are skipped; so is a sandbox that does not
+start (``engine.sandbox``).
 
 With the Ray engine (``--engine ray`` and its ``--ray-*`` flags, or the ``engine`` and
 ``[ray]`` of ``--config FILE`` or ``--policy FILE``, as ``callbox serve`` and ``callbox
@@ -32,7 +34,7 @@ def add_parsers(sub: Any) -> None:
     doctor = sub.add_parser(
         "doctor", help="check what this host gives a sandbox (CIS Docker Benchmark section 5, daemon, runc)",
         description="Start one sandbox the way callbox does, inspect it and the engine, and print one line "
-                    "per check: PASS, WARN or FAIL with the reason. Exit 1 if any check fails.",
+                    "per check: PASS, WARN, FAIL or SKIP with the reason. Exit 1 if any check fails.",
     )
     doctor.add_argument("--json", action="store_true", help="print a JSON list of {id, title, status, reason, scope}")
     doctor.add_argument("--config", type=Path, metavar="FILE",
@@ -54,23 +56,14 @@ def run(args: argparse.Namespace) -> int:
 
         results = ray_checks(gather_ray(choice.ray))
     else:
-        results = _docker_checks(args.runtime or runtime)
+        from harness.doctor.checks import docker_report
+
+        results = docker_report(args.runtime or runtime)
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2))
     else:
         print(render_text(results))
     return 1 if any(r.status == "FAIL" for r in results) else 0
-
-
-def _docker_checks(runtime: Literal["runc", "runsc"]) -> list[Any]:
-    from harness.doctor.checks import run_checks
-    from harness.doctor.evidence import gather
-    from harness.doctor.runtimes import probe_runsc
-    from harness.engine.docker.engine import DockerEngine
-
-    engine = DockerEngine.connect()
-    evidence = gather(engine, runtime)
-    return run_checks(evidence, probe_runsc(engine, evidence.info, evidence))
 
 
 def _choice(args: argparse.Namespace) -> tuple[Any, Literal["runc", "runsc"]]:

@@ -121,6 +121,8 @@ class Evidence:
     """This host's ``uname -v``, when the engine runs here (a sandbox on runc sees it too)."""
     start_s: float | None = None
     """Seconds from create to an answering agent for the checked sandbox."""
+    sandbox_problem: str | None = None
+    """Why no sandbox started (then ``container`` is empty and ``probe`` None)."""
 
 
 def host_config(container: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -275,7 +277,7 @@ def _list_networks(client: Any) -> tuple[tuple[Mapping[str, Any], ...] | None, s
         return None, f"docker network ls failed: {exc}"
 
 
-def _read_runc_changelog() -> str | None:
+def read_runc_changelog() -> str | None:
     if not _local_engine():
         return None
     for path in RUNC_CHANGELOGS:
@@ -287,7 +289,7 @@ def _read_runc_changelog() -> str | None:
     return None
 
 
-def _runc_cli() -> str | None:
+def runc_cli() -> str | None:
     try:
         done = subprocess.run(["runc", "--version"], capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
@@ -316,7 +318,7 @@ def gather(engine: DockerEngine, runtime: Literal["runc", "runsc"] = "runc") -> 
 
     import docker.errors
 
-    from harness.core.errors import EngineUnavailable
+    from harness.core.errors import CallboxError, EngineUnavailable
     from harness.engine.docker.engine import seccomp_profile
     from harness.engine.docker.networks import engine_is_local
     from harness.engine.spec import SandboxSpec
@@ -327,17 +329,26 @@ def gather(engine: DockerEngine, runtime: Literal["runc", "runsc"] = "runc") -> 
         version = client.version()
     except docker.errors.DockerException as exc:
         raise EngineUnavailable(f"cannot query the Docker engine: {exc}") from None
+    container: Mapping[str, Any] = {}
+    probe = None
+    problem = None
     started = time.monotonic()
-    sandbox = engine.create(SandboxSpec(runtime=runtime))
-    start_s = time.monotonic() - started
     try:
+        sandbox = engine.create(SandboxSpec(runtime=runtime))
+    except EngineUnavailable:
+        raise
+    except CallboxError as exc:  # no image, no such runtime, an agent that never answered
+        problem = exc.message
+    start_s = time.monotonic() - started
+    if problem is None:
         try:
-            container = client.api.inspect_container(sandbox.container_id)
-        except docker.errors.DockerException as exc:
-            raise EngineUnavailable(f"cannot inspect the sandbox: {exc}") from None
-        probe = _probe(sandbox)
-    finally:
-        sandbox.destroy()
+            try:
+                container = client.api.inspect_container(sandbox.container_id)
+            except docker.errors.DockerException as exc:
+                raise EngineUnavailable(f"cannot inspect the sandbox: {exc}") from None
+            probe = _probe(sandbox)
+        finally:
+            sandbox.destroy()
     daemon_config, note = read_daemon_config()
     networks, networks_note = _list_networks(client)
     local = engine_is_local(client)
@@ -346,13 +357,14 @@ def gather(engine: DockerEngine, runtime: Literal["runc", "runsc"] = "runc") -> 
     needs_cli = not any(str(c.get("Name", "")).lower() == "runc" for c in version.get("Components") or [])
     return Evidence(
         container=container, info=info, version=version, daemon_config=daemon_config, daemon_config_note=note,
-        probe=probe, runc_cli=_runc_cli() if needs_cli and _local_engine() else None,
-        runc_changelog=_read_runc_changelog(), expected_seccomp=seccomp_profile(),
+        probe=probe, runc_cli=runc_cli() if needs_cli and _local_engine() else None,
+        runc_changelog=read_runc_changelog(), expected_seccomp=seccomp_profile(),
         engine_sockets=(_engine_socket(),),
         packet_filter_problem=engine.networks.packet_filter.problem() if local else None,
         remote_engine=not local, networks=networks, networks_note=networks_note,
         host_networks=read_host_networks() if own_netns else None,
         dockerd_args=read_dockerd_args() if local else None,
         pid_max=read_pid_max() if local else None,
-        host_kernel=host_kernel_version() if local else None, start_s=start_s,
+        host_kernel=host_kernel_version() if local else None,
+        start_s=start_s if problem is None else None, sandbox_problem=problem,
     )

@@ -158,6 +158,7 @@ def test_doctor_passes_a_working_gvisor_with_its_sandbox_under_runsc(engine):
     done, pid = _doctor("--runtime", "runsc", "--json")
     assert done.returncode in (0, 1), done.stderr
     results = {r["id"]: r for r in json.loads(done.stdout)}
+    assert results["engine.sandbox"]["status"] == "PASS" and "runtime runsc" in results["engine.sandbox"]["reason"]
     runsc = results["daemon.runsc"]
     assert runsc["status"] == "PASS", runsc
     assert "the tools run on gVisor's kernel" in runsc["reason"] and "Docker records runtime runsc" in runsc["reason"]
