@@ -3,10 +3,11 @@ run, what it checks and the fix when it does not pass.
 
 The checks take their title and scope from here (``report.result_maker``), so the table is
 what the report shows; the troubleshooting documentation is generated from it
-(:func:`markdown`). ``needs`` says what a check cannot do without: ``host`` (only this
-machine), ``engine`` (an answering Docker engine), ``sandbox`` (a sandbox started on it),
-``cluster`` (the Ray cluster) or ``config`` (the server configuration file). When the
-engine does not answer, the checks that need it are reported as skipped (``SKIP``).
+(:func:`markdown`; ``python -m harness.doctor.catalog`` prints it). ``needs`` says what a
+check cannot do without: ``host`` (only this machine), ``engine`` (an answering Docker
+engine), ``sandbox`` (a sandbox started on it), ``cluster`` (the Ray cluster) or ``config``
+(the server configuration file). When the engine does not answer, the checks that need it
+are reported as skipped (``SKIP``).
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ CHECKS: tuple[CheckInfo, ...] = (
               "The sandbox does not use the host's network stack.", _SERVE),
     CheckInfo("5.10", "memory usage limited", "container", "sandbox",
               "A memory limit, with no swap on top of it.",
-              "Swap on top: the kernel lacks swap accounting (see host.cgroup-limits)."),
+              "callbox sets memory-swap equal to the limit: swap on top means something changed it, or the "
+              "kernel does not account swap (host.cgroup-limits)."),
     CheckInfo("5.11", "CPU priority set", "container", "sandbox", "A CPU limit or CPU shares.", _SERVE),
     CheckInfo("5.12", "root filesystem mounted read only", "container", "sandbox",
               "The root filesystem is read-only; scratch space only on size-limited tmpfs.", _SERVE),
@@ -141,7 +143,8 @@ CHECKS: tuple[CheckInfo, ...] = (
               "Linux 4.13 or later."),
     CheckInfo("host.netfilter", "networked sandboxes can be filtered", "host", "engine",
               "iptables and Docker's DOCKER-USER chain are there, so allowlist and open sandboxes get their filters.",
-              "Run callbox as root on the engine's host, with iptables installed."),
+              "Run callbox as root on the engine's host, with iptables, and let dockerd manage iptables (its "
+              "DOCKER-USER chain)."),
     CheckInfo("host.pid-max", "pids for many live sandboxes", "host", "host",
               "kernel.pid_max leaves room for many live sandboxes (each idle one takes about 95 pids).",
               "sysctl -w kernel.pid_max=4194304 (and kernel.pid_max = 4194304 in /etc/sysctl.d/ to keep it)."),
@@ -211,8 +214,17 @@ def docker_ids() -> list[str]:
 
 
 def markdown() -> str:
-    """The catalog as a Markdown table (for the troubleshooting documentation)."""
+    """The catalog as a Markdown table (for the troubleshooting documentation:
+    ``python -m harness.doctor.catalog`` prints it)."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
     rows = ["| check | what it checks | needs | the fix |", "|---|---|---|---|"]
     for item in CHECKS:
-        rows.append(f"| `{item.id}` {item.title} | {item.checks} | {item.needs} | {item.fix} |")
+        rows.append(f"| `{item.id}` {cell(item.title)} | {cell(item.checks)} | {item.needs} | {cell(item.fix)} |")
     return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown())
