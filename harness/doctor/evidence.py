@@ -313,42 +313,23 @@ def _probe(sandbox: Sandbox) -> Probe | None:
 def gather(engine: DockerEngine, runtime: Literal["runc", "runsc"] = "runc") -> Evidence:
     """Start a sandbox through the real code path (under ``runtime``), inspect and probe it,
     destroy it; read the engine's info, version and networks; daemon.json, runc's changelog,
-    this host's routes, nameservers, kernel version and dockerd's command line when local."""
-    import time
-
+    this host's routes, nameservers, kernel version and dockerd's command line when local.
+    A sandbox that does not start leaves its evidence empty and says why (``sandbox_problem``);
+    an engine lost on the way is EngineUnavailable."""
     import docker.errors
+    import requests
 
-    from harness.core.errors import CallboxError, EngineUnavailable
+    from harness.core.errors import EngineUnavailable
     from harness.engine.docker.engine import seccomp_profile
     from harness.engine.docker.networks import engine_is_local
-    from harness.engine.spec import SandboxSpec
 
     client = engine.client
     try:
         info = client.info()
         version = client.version()
-    except docker.errors.DockerException as exc:
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise EngineUnavailable(f"cannot query the Docker engine: {exc}") from None
-    container: Mapping[str, Any] = {}
-    probe = None
-    problem = None
-    started = time.monotonic()
-    try:
-        sandbox = engine.create(SandboxSpec(runtime=runtime))
-    except EngineUnavailable:
-        raise
-    except CallboxError as exc:  # no image, no such runtime, an agent that never answered
-        problem = exc.message
-    start_s = time.monotonic() - started
-    if problem is None:
-        try:
-            try:
-                container = client.api.inspect_container(sandbox.container_id)
-            except docker.errors.DockerException as exc:
-                raise EngineUnavailable(f"cannot inspect the sandbox: {exc}") from None
-            probe = _probe(sandbox)
-        finally:
-            sandbox.destroy()
+    container, probe, start_s, problem = _checked_sandbox(engine, runtime)
     daemon_config, note = read_daemon_config()
     networks, networks_note = _list_networks(client)
     local = engine_is_local(client)
@@ -366,5 +347,35 @@ def gather(engine: DockerEngine, runtime: Literal["runc", "runsc"] = "runc") -> 
         dockerd_args=read_dockerd_args() if local else None,
         pid_max=read_pid_max() if local else None,
         host_kernel=host_kernel_version() if local else None,
-        start_s=start_s if problem is None else None, sandbox_problem=problem,
+        start_s=start_s, sandbox_problem=problem,
     )
+
+
+def _checked_sandbox(engine: DockerEngine, runtime: Literal["runc", "runsc"]
+                     ) -> tuple[Mapping[str, Any], Probe | None, float | None, str | None]:
+    """Start the sandbox the checks look at, inspect and probe it, destroy it: its ``docker
+    inspect``, its probe, the seconds it took to start, and why it did not start (then the
+    rest is empty)."""
+    import time
+
+    import docker.errors
+
+    from harness.core.errors import CallboxError, EngineUnavailable
+    from harness.engine.spec import SandboxSpec
+
+    started = time.monotonic()
+    try:
+        sandbox = engine.create(SandboxSpec(runtime=runtime))
+    except EngineUnavailable:
+        raise
+    except CallboxError as exc:  # no image, no such runtime, an agent that never answered
+        return {}, None, None, exc.message
+    start_s = time.monotonic() - started
+    try:
+        try:
+            container = engine.client.api.inspect_container(sandbox.container_id)
+        except docker.errors.DockerException as exc:
+            raise EngineUnavailable(f"cannot inspect the sandbox: {exc}") from None
+        return container, _probe(sandbox), start_s, None
+    finally:
+        sandbox.destroy()
