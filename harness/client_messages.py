@@ -33,12 +33,16 @@ _FORMAT_NAMES = {value: name for name, value in _FORMATS.items()}
 
 
 class ExecutorError(Exception):
-    """A failed RPC: the gRPC status code, the server's reason, a sentence, whether to retry."""
+    """A failed RPC: the gRPC status code, the server's reason, the error table's code (``not_found``,
+    ``paused``, ...; empty when the server sent none), a sentence, whether to retry."""
 
-    def __init__(self, code: grpc.StatusCode, reason: str, message: str, retryable: bool) -> None:
-        super().__init__(f"{reason}: {message}" if reason != "UNSPECIFIED" else message)
+    def __init__(self, code: grpc.StatusCode, reason: str, message: str, retryable: bool,
+                 error_code: str = "") -> None:
+        super().__init__(f"{error_code or reason}: {message}" if (error_code or reason != "UNSPECIFIED") else message)
         self.code = code
         self.reason = reason
+        self.error_code = error_code
+        """The code of callbox's error table; the errors reference says what it means and how to fix it."""
         self.message = message
         self.retryable = retryable
 
@@ -46,16 +50,17 @@ class ExecutorError(Exception):
     def from_rpc(cls, error: grpc.RpcError) -> ExecutorError:
         code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
         message = (error.details() if hasattr(error, "details") else None) or str(error)
-        reason = "UNSPECIFIED"
+        reason, error_code = "UNSPECIFIED", ""
         retryable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
         trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
         for key, value in trailers or ():
             if key == DETAIL_METADATA_KEY and isinstance(value, bytes):
                 detail = executor_pb2.ErrorDetail.FromString(value)
                 reason = executor_pb2.ErrorReason.Name(detail.reason).removeprefix("ERROR_REASON_")
+                error_code = detail.code
                 message = detail.message or message
                 retryable = detail.retryable
-        return cls(code, reason, message, retryable)
+        return cls(code, reason, message, retryable, error_code)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 from harness.audit.database import ENSURE_RUN, Database
 from harness.audit.errors import AuditError, unknown_approval
 from harness.audit.records import APPROVAL_COLUMNS, Approval, _approval_from_row, _prepare_arguments
+from harness.core.errors import ErrorCode
 
 __all__ = ["APPROVAL_STATES", "SELECT_APPROVALS", "Approvals"]
 
@@ -103,7 +104,7 @@ class Approvals(Database):
             current = _approval_from_row(row)
             if current.state != "pending":
                 state = "approved (and its call has run)" if current.state == "consumed" else current.state
-                raise AuditError(f"approval {approval_id} is already {state}")
+                raise AuditError(f"approval {approval_id} is already {state}", code=ErrorCode.ALREADY_RESOLVED)
             new_state, now = ("approved" if approve else "denied"), time.time()
             c.execute(
                 "UPDATE approvals SET state = ?, resolved = ?, resolved_by = ?, resolution_reason = ? WHERE id = ?",
@@ -128,10 +129,12 @@ class Approvals(Database):
             if state == "pending":
                 raise AuditError(
                     f"approval {approval_id} is still pending; "
-                    f"approve it with `callbox approvals approve {approval_id}`"
+                    f"approve it with `callbox approvals approve {approval_id}`",
+                    code=ErrorCode.APPROVAL_PENDING,
                 )
             if state == "denied":
-                raise AuditError(f"approval {approval_id} was denied; its call must not run")
+                raise AuditError(f"approval {approval_id} was denied; its call must not run",
+                                 code=ErrorCode.ALREADY_RESOLVED)
             c.execute("UPDATE approvals SET state = 'consumed', consumed = ? WHERE id = ?", (time.time(), approval_id))
             c.execute("UPDATE calls SET authorized = 1 WHERE run_id = ? AND call_id = ?", (run_id, call_id))
             return True

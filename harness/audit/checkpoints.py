@@ -18,6 +18,7 @@ from harness.audit.database import Database
 from harness.audit.errors import AuditError, unknown_run
 from harness.audit.records import CheckpointRecord, _storable
 from harness.audit.schema import CHECKPOINTS_TABLE, table_exists
+from harness.core.errors import ErrorCode
 from harness.engine.docker.labels import Owner, owner_alive
 
 __all__ = ["PAUSED_REASON", "Checkpoints"]
@@ -53,7 +54,7 @@ class Checkpoints(Database):
             )
             if cur.rowcount == 0:
                 reason = c.execute("SELECT end_reason FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
-                raise AuditError(f"run {run_id} already ended ({reason}); it cannot be paused")
+                raise AuditError(f"run {run_id} already ended ({reason}); it cannot be paused", code=ErrorCode.CONFLICT)
 
         self._write(body)
 
@@ -84,15 +85,18 @@ class Checkpoints(Database):
                 raise unknown_run(run_id)
             row = c.execute(_SELECT_CHECKPOINT, (run_id,)).fetchone()
             if row is None:
-                raise AuditError(f"run {run_id} has no checkpoint: only a run paused for approval can be resumed")
+                raise AuditError(f"run {run_id} has no checkpoint: only a run paused for approval can be resumed",
+                                 code=ErrorCode.CONFLICT)
             record = CheckpointRecord(*row)
             ended, end_reason = run
             if ended is not None and end_reason != PAUSED_REASON:
-                raise AuditError(f"run {run_id} already ended ({end_reason}); there is nothing to resume")
+                raise AuditError(f"run {run_id} already ended ({end_reason}); there is nothing to resume",
+                                 code=ErrorCode.CONFLICT)
             if record.status == "resumed":
                 holder = Owner.parse(record.owner)
                 if holder is None or owner_alive(holder, this_host) is not False:
-                    raise AuditError(f"run {run_id} is already being resumed by process {record.owner}")
+                    raise AuditError(f"run {run_id} is already being resumed by process {record.owner}",
+                                     code=ErrorCode.CONFLICT)
             c.execute("UPDATE checkpoints SET status = 'resumed', owner = ? WHERE run_id = ?", (owner, run_id))
             c.execute("UPDATE runs SET ended = NULL, end_reason = NULL WHERE id = ?", (run_id,))
             return dataclasses.replace(record, status="resumed", owner=owner)

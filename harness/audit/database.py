@@ -1,6 +1,7 @@
 """The audit database's connection: opening it (WAL, busy timeout, foreign keys, the schema
-migrated, the per-run call counts made), one transaction per write, retries while another process holds the write lock,
-and a fresh connection in a forked child.
+migrated, its added columns and per-run call counts made), one transaction per write,
+retries while another process holds the write lock, and a fresh connection in a forked
+child.
 
 :class:`Database` is the base the store's parts (:mod:`harness.audit.store`,
 :mod:`~harness.audit.approvals`, :mod:`~harness.audit.checkpoints`,
@@ -22,7 +23,8 @@ from pathlib import Path
 from typing import Self, TypeVar
 
 from harness.audit.errors import AuditError
-from harness.audit.schema import ensure_call_counts, migrate
+from harness.audit.schema import add_columns, ensure_call_counts, migrate
+from harness.core.errors import ErrorCode
 from harness.engine.docker.labels import Owner
 
 __all__ = ["BUSY_TIMEOUT_S", "ENSURE_RUN", "Database", "default_audit_path"]
@@ -132,7 +134,7 @@ class Database:
         except (OSError, sqlite3.Error) as exc:
             raise AuditError(
                 f"cannot open the audit database {self.path}: {exc} (pass another path or set CALLBOX_AUDIT_DB)",
-                exit_code=125,
+                code=ErrorCode.INTERNAL,
             ) from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
@@ -144,6 +146,7 @@ class Database:
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
             migrate(conn, self.path)
+            add_columns(conn, self.path)
             ensure_call_counts(conn)
         except BaseException:
             conn.close()
@@ -172,7 +175,7 @@ class Database:
                 return operation()
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
-                    raise AuditError(f"audit database {self.path}: {exc}", exit_code=125) from exc
+                    raise AuditError(f"audit database {self.path}: {exc}", code=ErrorCode.INTERNAL) from exc
                 now = time.monotonic()
                 if deadline is None:
                     deadline = now + BUSY_TIMEOUT_S
@@ -180,12 +183,12 @@ class Database:
                     raise AuditError(
                         f"the audit database {self.path} stayed locked by another process for over "
                         f"{BUSY_TIMEOUT_S:.0f} s; try again",
-                        exit_code=125,
+                        code=ErrorCode.BUSY,
                     ) from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 0.05)
             except sqlite3.Error as exc:
-                raise AuditError(f"audit database {self.path}: {exc}", exit_code=125) from exc
+                raise AuditError(f"audit database {self.path}: {exc}", code=ErrorCode.INTERNAL) from exc
 
     def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
         """``body`` inside one BEGIN IMMEDIATE transaction (rolled back if it raises)."""

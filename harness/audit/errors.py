@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 
 __all__ = ["AuditError"]
 
@@ -11,21 +11,18 @@ class AuditError(CallboxError):
     """An unknown run/call/approval id, a call or approval in the wrong state, or a database
     that cannot be used; the message says what to do."""
 
-    exit_code = 2
-
-    def __init__(self, message: str, *, exit_code: int | None = None) -> None:
-        super().__init__(message)
-        if exit_code is not None:
-            self.exit_code = exit_code
+    code = ErrorCode.INVALID_REQUEST
 
 
 def unknown_run(run_id: str) -> AuditError:
-    return AuditError(f"no run with id {run_id}; list them with `callbox audit`")
+    return AuditError(f"no run with id {run_id}; list them with `callbox audit`", code=ErrorCode.NOT_FOUND)
 
 
 def unknown_call(run_id: str, call_id: str) -> AuditError:
-    return AuditError(f"no call {call_id} in run {run_id}; a call is recorded by claim_call first")
+    return AuditError(f"no call {call_id} in run {run_id}; a call is recorded by claim_call first",
+                      code=ErrorCode.NOT_FOUND)
 
 
 def unknown_approval(approval_id: str) -> AuditError:
-    return AuditError(f"no approval with id {approval_id}; list them with `callbox approvals list`")
+    return AuditError(f"no approval with id {approval_id}; list them with `callbox approvals list`",
+                      code=ErrorCode.NOT_FOUND)

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from harness.audit.interruptions import interruption
 from harness.core.calls import Action, Decision, ErrorCode, ToolResult
 
 ARGUMENTS_CAP = 64 * 1024
@@ -216,7 +217,8 @@ class CallRecord:
     decision: Decision | None
     authorized: bool
     owner: str
-    """host/pid/start-time of the process that claimed it (see ``harness.engine.docker.labels.Owner``)."""
+    """host/pid/start-time of the process that claimed it, or that ran it once a person approved
+    it (see ``harness.engine.docker.labels.Owner`` and :mod:`harness.audit.owners`)."""
     started: float
     finished: float | None = None
     duration_ms: float | None = None
@@ -244,6 +246,12 @@ class CallRecord:
         found = None if self.result is None else self.result.meta.get("redactions")
         return found if isinstance(found, dict) else None
 
+    @property
+    def interrupted(self) -> dict[str, Any] | None:
+        """For a call whose harness process stopped before it recorded a result: what the
+        interrupted result says (:mod:`harness.audit.interruptions`); None for any other call."""
+        return interruption(self.result)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for ``callbox audit --json`` (without the duplicate full result)."""
         return {
@@ -268,6 +276,7 @@ class CallRecord:
             "truncated": self.truncated,
             "result_text": self.result_text,
             "redactions": self.redactions,
+            "interrupted": self.interrupted,
             "attempts": self.attempts,
             "earlier_attempts": [a.to_dict() for a in self.earlier_attempts],
         }

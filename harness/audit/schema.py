@@ -5,7 +5,10 @@ first use.
 database. Tables that are purely additive (checkpoints, egress records, superseded call
 attempts) are made on first use (``CREATE TABLE IF NOT EXISTS`` in the transaction that
 writes them) rather than by a version bump: a bumped ``user_version`` would make every
-older callbox refuse the database as "newer".
+older callbox refuse the database as "newer". Columns that are purely additive are
+migrations of the same kind (:data:`ADDED_COLUMNS`, applied by :func:`add_columns` when the
+database is opened): nullable, so an older callbox writing the table leaves them empty and
+the code reading them takes an empty one as "not recorded".
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from pathlib import Path
 
 from harness.audit.errors import AuditError
 from harness.audit.records import ACTION_CALL_PREFIX, ACTION_TOOL_PREFIX
+from harness.core.errors import ErrorCode
 
-__all__ = ["ATTEMPTS_TABLE", "CHECKPOINTS_TABLE", "COUNTED", "EGRESS_TABLE", "MIGRATIONS", "SCHEMA_VERSION",
-           "ensure_call_counts", "migrate", "table_exists"]
+__all__ = ["ADDED_COLUMNS", "ATTEMPTS_TABLE", "CHECKPOINTS_TABLE", "COUNTED", "EGRESS_TABLE", "MIGRATIONS",
+           "SCHEMA_VERSION", "add_columns", "ensure_call_counts", "migrate", "table_exists"]
 
 log = logging.getLogger("callbox.audit")
 
@@ -193,6 +197,40 @@ def ensure_call_counts(conn: sqlite3.Connection) -> None:
         raise
 
 
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("calls", "owner_pid", "INTEGER"),
+    ("calls", "owner_boot_id", "TEXT"),
+    ("calls", "owner_started", "REAL"),
+    ("calls", "owner_pid_ns", "TEXT"),
+)
+"""(table, column, type) added to version 1 databases, in order: who holds a call's claim,
+so a later process can tell when it is provably gone (:mod:`harness.audit.owners`)."""
+
+
+def _missing_columns(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
+    present: dict[str, set[str]] = {}
+    for table in {table for table, _, _ in ADDED_COLUMNS}:
+        present[table] = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+    return [added for added in ADDED_COLUMNS if added[1] not in present[added[0]]]
+
+
+def add_columns(conn: sqlite3.Connection, path: Path) -> None:
+    """Add the :data:`ADDED_COLUMNS` a database lacks, in one ``BEGIN IMMEDIATE``
+    transaction (another process may be adding them at the same time)."""
+    if not _missing_columns(conn):
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table, column, kind in _missing_columns(conn):  # another process may have added some
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            log.info("audit database %s: added column %s.%s", path, table, column)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
 def table_exists(conn: sqlite3.Connection, name: str) -> bool:
     """Whether a table made on first use exists yet."""
     sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
@@ -211,7 +249,7 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
         raise AuditError(
             f"the audit database {path} has schema version {version}, newer than this callbox "
             f"understands ({target}); upgrade callbox or use another database",
-            exit_code=125,
+            code=ErrorCode.INTERNAL,
         )
     conn.execute("BEGIN IMMEDIATE")
     try:

@@ -24,10 +24,18 @@ attempt into the ``call_attempts`` table, so the failure stays in the audit reco
 (``CallRecord.earlier_attempts``) and two concurrent retries still get one fresh claim.
 The ``call_attempts`` table is created on first use, like ``checkpoints``.
 
+A claim records its owner: the process's label, pid, start time, pid namespace and the
+machine's boot id (:mod:`harness.audit.owners`). A claimant that finds the call unfinished
+and its owner provably gone (killed, crashed, the machine rebooted) records it as
+interrupted in the same transaction (:mod:`harness.audit.orphans`) and gets that result, never
+a second run; one that was still ``claimed`` had not reached its handler, so its result is
+retry-safe and the same claim takes the call again. ``wait_for_result`` stops waiting as
+soon as the owner is provably gone, and ``interrupt_orphan`` then records it the same way.
+
 The store is made of parts, one job each: the connection and its transactions
 (:mod:`harness.audit.database`), the tables and migrations (:mod:`~harness.audit.schema`),
-runs and calls (here), approvals of calls that wait for a person
-(:mod:`~harness.audit.approvals`), checkpoints of paused runs
+runs and calls (here), calls whose process is gone (:mod:`~harness.audit.orphans`),
+approvals of calls that wait for a person (:mod:`~harness.audit.approvals`), checkpoints of paused runs
 (:mod:`~harness.audit.checkpoints`) and egress proxy records (:mod:`~harness.audit.egress`).
 The records it returns are :mod:`harness.audit.records`.
 
@@ -39,7 +47,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
-import socket
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
@@ -50,6 +57,9 @@ from harness.audit.checkpoints import Checkpoints
 from harness.audit.database import ENSURE_RUN, default_audit_path
 from harness.audit.egress import Egress
 from harness.audit.errors import AuditError, unknown_call, unknown_run
+from harness.audit.interruptions import PROCESS_STOPPED
+from harness.audit.orphans import OWNER_COLUMNS, owner_of, settle
+from harness.audit.owners import ClaimOwner, owner_gone, this_process
 from harness.audit.records import (
     ARGUMENTS_CAP,
     ATTEMPT_COLUMNS,
@@ -76,7 +86,6 @@ from harness.audit.records import (
 )
 from harness.audit.schema import ATTEMPTS_TABLE, COUNTED, table_exists
 from harness.core.calls import Action, Decision, ErrorCode, ToolResult
-from harness.engine.docker.labels import Owner, owner_alive
 
 __all__ = [
     "ARGUMENTS_CAP",
@@ -111,8 +120,8 @@ _RUN_SELECT = (
     "(SELECT COUNT(*) FROM calls c WHERE c.run_id = r.id) FROM runs r"
 )
 _INSERT_CALL = (
-    "INSERT INTO calls (run_id, call_id, tool, args_digest, arguments, arguments_truncated, bytes_in, owner, started) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, call_id) DO NOTHING"
+    "INSERT INTO calls (run_id, call_id, tool, args_digest, arguments, arguments_truncated, bytes_in, started, "  # noqa: S608
+    f"{OWNER_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, call_id) DO NOTHING"
 )
 _SELECT_CALL = f"SELECT {_CALL_COLUMNS} FROM calls WHERE run_id = ? AND call_id = ?"  # noqa: S608
 _SELECT_RUN_CALLS = f"SELECT {_CALL_COLUMNS} FROM calls WHERE run_id = ? ORDER BY id"  # noqa: S608
@@ -134,8 +143,13 @@ _ARCHIVE_ATTEMPT = (
     "SELECT run_id, call_id, ?, owner, started, finished, duration_ms, decision, rule, reason, exit_code, "
     "error_code, bytes_out, result_text, result_json FROM calls WHERE run_id = ? AND call_id = ? AND state = 'done'"
 )
+_RUN_CALL = (
+    f"UPDATE calls SET state = 'running', authorized = 1, ({OWNER_COLUMNS}) = (?, ?, ?, ?, ?) "  # noqa: S608
+    "WHERE run_id = ? AND call_id = ?"
+)
 _RECLAIM_CALL = (
-    "UPDATE calls SET state = 'claimed', owner = ?, started = ?, finished = NULL, duration_ms = NULL, "
+    "UPDATE calls SET state = 'claimed', owner = ?, owner_pid = ?, owner_boot_id = ?, owner_started = ?, "
+    "owner_pid_ns = ?, started = ?, finished = NULL, duration_ms = NULL, "
     "exit_code = NULL, is_error = NULL, error_code = NULL, bytes_out = NULL, truncated = NULL, "
     "result_text = NULL, result_json = NULL, decision = NULL, rule = NULL, reason = NULL, authorized = 0 "
     "WHERE run_id = ? AND call_id = ? AND state = 'done'"
@@ -168,26 +182,33 @@ class CallStart:
     running: bool = False
 
 
-def _claim(c: sqlite3.Connection, run_id: str, call_id: str, tool: str, args: _Args, owner: str,
+def _existing(c: sqlite3.Connection, run_id: str, call_id: str) -> CallRecord:
+    row = c.execute(_SELECT_CALL, (run_id, call_id)).fetchone()
+    return _call_from_row(row, _earlier_attempts(c, run_id, call_id).get(call_id, ()))
+
+
+def _claim(c: sqlite3.Connection, run_id: str, call_id: str, tool: str, args: _Args, owner: ClaimOwner,
            now: float) -> Claim:
-    """``claim_call`` inside the caller's transaction."""
-    params = (run_id, call_id, tool, args.digest, args.text, int(args.truncated), args.size, owner, now)
+    """``claim_call`` inside the caller's transaction. A call found unfinished whose owner is
+    provably gone is first recorded as interrupted (:func:`harness.audit.orphans.settle`)."""
+    params = (run_id, call_id, tool, args.digest, args.text, int(args.truncated), args.size, now, *owner.columns())
     c.execute(ENSURE_RUN, (run_id, now))
     if c.execute(_INSERT_CALL, params).rowcount == 1:
         record = CallRecord(
             run_id=run_id, call_id=call_id, tool=tool, args_digest=args.digest, arguments=args.text,
             arguments_truncated=args.truncated, bytes_in=args.size, state="claimed", decision=None,
-            authorized=False, owner=owner, started=now,
+            authorized=False, owner=owner.label, started=now,
         )  # fmt: skip
         return Claim(fresh=True, record=record)
-    row = c.execute(_SELECT_CALL, (run_id, call_id)).fetchone()
-    existing = _call_from_row(row, _earlier_attempts(c, run_id, call_id).get(call_id, ()))
+    existing = _existing(c, run_id, call_id)
     conflict = existing.tool != tool or existing.args_digest != args.digest
+    if not conflict and existing.state != "done" and settle(c, run_id, call_id, here=owner):
+        existing = _existing(c, run_id, call_id)
     if conflict or existing.state != "done" or not retry_safe(existing.result):
         return Claim(fresh=False, record=existing, conflict=conflict)
     c.execute(ATTEMPTS_TABLE)
     c.execute(_ARCHIVE_ATTEMPT, (existing.attempts, run_id, call_id))
-    c.execute(_RECLAIM_CALL, (owner, now, run_id, call_id))
+    c.execute(_RECLAIM_CALL, (*owner.columns(), now, run_id, call_id))
     row = c.execute(_SELECT_CALL, (run_id, call_id)).fetchone()
     return Claim(fresh=True, record=_call_from_row(row, _earlier_attempts(c, run_id, call_id)[call_id]))
 
@@ -204,8 +225,10 @@ def _record_decision(c: sqlite3.Connection, run_id: str, call_id: str, decision:
         raise unknown_call(run_id, call_id)
 
 
-def _mark_running(c: sqlite3.Connection, run_id: str, call_id: str, max_calls: int | None) -> bool:
-    """``mark_running`` inside the caller's transaction."""
+def _mark_running(c: sqlite3.Connection, run_id: str, call_id: str, max_calls: int | None,
+                  owner: ClaimOwner) -> bool:
+    """``mark_running`` inside the caller's transaction; ``owner`` (the process about to run
+    it: after an approval, not always the one that claimed it) becomes the claim's owner."""
     row = c.execute(
         "SELECT state, authorized, error_code FROM calls WHERE run_id = ? AND call_id = ?", (run_id, call_id)
     ).fetchone()
@@ -213,14 +236,15 @@ def _mark_running(c: sqlite3.Connection, run_id: str, call_id: str, max_calls: i
         raise unknown_call(run_id, call_id)
     state, authorized, error_code = row
     if state != "claimed":
-        raise AuditError(f"call {call_id} of run {run_id} is already {state}; a call_id runs at most once")
+        raise AuditError(f"call {call_id} of run {run_id} is already {state}; a call_id runs at most once",
+                         code=ErrorCode.CONFLICT)
     if max_calls is not None:
         counted = c.execute(COUNTED, (run_id,)).fetchone()[0]
         others = counted - int(bool(authorized) and error_code != ErrorCode.BUDGET_EXCEEDED.value)
         if others >= max_calls:
             c.execute("UPDATE calls SET authorized = 0 WHERE run_id = ? AND call_id = ?", (run_id, call_id))
             return False
-    c.execute("UPDATE calls SET state = 'running', authorized = 1 WHERE run_id = ? AND call_id = ?", (run_id, call_id))
+    c.execute(_RUN_CALL, (*owner.columns(), run_id, call_id))
     return True
 
 
@@ -316,7 +340,7 @@ class AuditStore(Approvals, Checkpoints, Egress):
         call is ``claimed`` anew, atomically, so only one retry of it runs.
         """
         args = _prepare_arguments(arguments_json)
-        owner, now = self._owner_label(), time.time()
+        owner, now = this_process(), time.time()
         return self._write(lambda c: _claim(c, run_id, call_id, tool, args, owner, now))
 
     def claim_and_start(
@@ -335,7 +359,7 @@ class AuditStore(Approvals, Checkpoints, Egress):
         must not use the store; if it raises, nothing is recorded. Not fresh: ``decide`` is
         not called and the answer holds the stored record (``claim``)."""
         args = _prepare_arguments(arguments_json)
-        owner, now = self._owner_label(), time.time()
+        owner, now = this_process(), time.time()
 
         def body(c: sqlite3.Connection) -> CallStart:
             claim = _claim(c, run_id, call_id, tool, args, owner, now)
@@ -373,7 +397,8 @@ class AuditStore(Approvals, Checkpoints, Egress):
         (return False, nothing changed but the call no longer counts as authorized) when the
         run already has ``max_calls`` other authorized calls, so concurrent processes cannot
         overrun the budget together."""
-        return self._write(lambda c: _mark_running(c, run_id, call_id, max_calls))
+        owner = this_process()
+        return self._write(lambda c: _mark_running(c, run_id, call_id, max_calls, owner))
 
     def finish_call(
         self,
@@ -416,37 +441,53 @@ class AuditStore(Approvals, Checkpoints, Egress):
             row = c.execute("SELECT state FROM calls WHERE run_id = ? AND call_id = ?", (run_id, call_id)).fetchone()
             if row is None:
                 raise unknown_call(run_id, call_id)
-            raise AuditError(f"call {call_id} of run {run_id} is already finished; a call_id runs at most once")
+            raise AuditError(f"call {call_id} of run {run_id} is already finished; a call_id runs at most once",
+                             code=ErrorCode.CONFLICT)
 
         self._write(body)
 
     def wait_for_result(self, run_id: str, call_id: str, timeout_s: float) -> ToolResult | None:
         """For a claimant that found the call claimed or running elsewhere: poll until it is
         done (5 ms backoff doubling to 100 ms) and return the stored result. None after
-        ``timeout_s``, or as soon as the owning process on this host is seen dead."""
+        ``timeout_s``, or as soon as the owning process is provably gone
+        (:func:`harness.audit.owners.owner_gone`; ``interrupt_orphan`` then records it)."""
         deadline = time.monotonic() + timeout_s
         delay = 0.005
         next_owner_check = time.monotonic() + _OWNER_CHECK_EVERY_S
-        query = "SELECT state, result_json, owner FROM calls WHERE run_id = ? AND call_id = ?"
-        this_host = socket.gethostname()
+        query = f"SELECT state, result_json, {OWNER_COLUMNS} FROM calls WHERE run_id = ? AND call_id = ?"  # noqa: S608
         while True:
             row = self._read(lambda c: c.execute(query, (run_id, call_id)).fetchone())
             if row is None:
                 raise unknown_call(run_id, call_id)
-            state, payload, owner_label = row
+            state, payload = row[:2]
             if state == "done":
                 return result_from_json(payload)
             now = time.monotonic()
             if now >= next_owner_check:
                 next_owner_check = now + _OWNER_CHECK_EVERY_S
-                owner = Owner.parse(owner_label)
-                if owner is not None and owner_alive(owner, this_host) is False:
+                owner = owner_of(row[2:])
+                if owner is not None and owner_gone(owner):
                     return None
             remaining = deadline - now
             if remaining <= 0:
                 return None
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, 0.1)
+
+    def interrupt_orphan(self, run_id: str, call_id: str, *, cause: str = PROCESS_STOPPED) -> CallRecord | None:
+        """Record call ``call_id`` of ``run_id`` as interrupted by ``cause`` if it is unfinished
+        and its owner is provably gone (:mod:`harness.audit.orphans`); the call's record once
+        finished (by this or by anyone), None while it is still unfinished."""
+
+        def body(c: sqlite3.Connection) -> CallRecord | None:
+            settle(c, run_id, call_id, cause=cause)
+            row = c.execute(_SELECT_CALL, (run_id, call_id)).fetchone()
+            if row is None:
+                raise unknown_call(run_id, call_id)
+            record = _call_from_row(row, _earlier_attempts(c, run_id, call_id).get(call_id, ()))
+            return record if record.state == "done" else None
+
+        return self._write(body)
 
     def count_calls(self, run_id: str) -> int:
         """Calls of the run authorized to run (for the max_tool_calls budget): an ``allow``

@@ -1,10 +1,11 @@
 """``callbox tools | call | approvals | audit``: the harness core from the command line.
 
 ``call`` prints the exact item a caller appends to its model context and exits 0 when
-the call succeeded, 1 when the result is an error the model should read (denied,
-invalid arguments, non-zero exit, pending approval, ...), 2 for bad usage and 125 when
-callbox itself failed. ``approvals`` and ``audit`` read and write the same SQLite store
-as every other harness process, so an approval given here reaches a harness waiting
+the call succeeded; for an error result, the exit status the error table gives its code: 1
+for an error the model should read (denied, invalid arguments, non-zero exit, ...), 3 for a
+pending approval, 124 for a timeout, 137 for the OOM killer, 125 when callbox itself failed
+(then its first line is also said on stderr); 2 for bad usage. ``approvals`` and ``audit``
+read and write the same SQLite store as every other harness process, so an approval given here reaches a harness waiting
 elsewhere. ``call``'s sandbox starts cold whatever the policy's ``[pool]`` says: the process
 ends with its one sandbox (see :mod:`harness.core.shared_engine`).
 """
@@ -12,6 +13,7 @@ ends with its one sandbox (see :mod:`harness.core.shared_engine`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -21,13 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli.options import UsageParser, engine_options, policy_engine, sandbox_options, say, spec_from_args
-from harness.core.calls import ErrorCode
+from harness.core.calls import ToolResult
+from harness.core.errors import ERRORS, EXIT_CALLBOX_FAILED, EXIT_ERROR_RESULT, EXIT_OK
 from harness.core.formats import FORMATS, parse_format, result_item, tool_definitions
 
 COMMANDS = ("tools", "call", "approvals", "audit")
 
-CALLBOX_FAILURES = frozenset({ErrorCode.SANDBOX_UNAVAILABLE, ErrorCode.INTERNAL})
-"""Error results that are callbox's own failure, not the call's: ``call`` exits 125 for them."""
 
 
 def add_parsers(sub: Any) -> None:
@@ -90,8 +91,10 @@ def _call(args: argparse.Namespace) -> int:
     from harness.audit.store import AuditStore
     from harness.cli.notices import loosened_said_once
     from harness.core.calls import ToolCall
+    from harness.core.errors import CallboxError
     from harness.core.policy import load_policy
     from harness.core.session import Session
+    from harness.core.stopping import STOPS, signals_held
     from harness.tools import registry_for
 
     policy = load_policy(args.policy)
@@ -107,7 +110,13 @@ def _call(args: argparse.Namespace) -> int:
     with loosened_said_once(spec, announced), AuditStore(args.audit_db) as audit, Session(
         registry_for(policy), policy, audit, run_id=args.run_id, spec=spec, engine_factory=engine_factory
     ) as harness:
-        result = harness.call(call, on_output=stream if args.stream else None)
+        try:
+            result = harness.call(call, on_output=stream if args.stream else None)
+        except STOPS:  # the call recorded itself as interrupted; a run of this call alone ends with it
+            if args.run_id is None:
+                with signals_held(), contextlib.suppress(CallboxError):
+                    audit.end_run(harness.run_id, "error:interrupted")
+            raise
         if args.run_id is None and not result.meta.get("approval_id"):
             audit.end_run(harness.run_id, "single_call")
         if result.meta.get("approval_id"):
@@ -115,11 +124,21 @@ def _call(args: argparse.Namespace) -> int:
                   f"with `callbox approvals approve|deny {result.meta['approval_id']}`, then send the call "
                   f"again with --run-id {harness.run_id} --call-id {call.call_id}", file=sys.stderr)
     print(json.dumps(result_item(result, parse_format(args.format))))
-    if result.error in CALLBOX_FAILURES:
-        # The item is printed all the same (the caller owes the model a result for its call_id).
+    return result_exit_status(result)
+
+
+def result_exit_status(result: ToolResult) -> int:
+    """``call``'s exit status for a result: 0, or the error table's status for its code. For
+    callbox's own failure its first line is said too (the item is printed all the same: the
+    caller owes the model a result for its call_id)."""
+    if not result.is_error:
+        return EXIT_OK
+    if result.error is None:
+        return EXIT_ERROR_RESULT
+    status = ERRORS[result.error].exit_status
+    if status == EXIT_CALLBOX_FAILED:
         say((result.text.splitlines() or ["no reason given"])[0])
-        return 125
-    return 1 if result.is_error else 0
+    return status
 
 
 def _approvals(args: argparse.Namespace) -> int:
@@ -153,6 +172,7 @@ def _approvals(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
+    from harness.audit.interruptions import audit_line
     from harness.audit.store import AuditStore
 
     with AuditStore(args.audit_db) as audit:
@@ -164,13 +184,17 @@ def _audit(args: argparse.Namespace) -> int:
             # Sandbox actions are listed with the calls: tool sandbox.NAME, call id action-HEX.
             call_w = _width(28, (_s(c.get("call_id")) for c in calls))
             tool_w = _width(12, (_s(c.get("tool")) for c in calls))
-            print(f"{'CALL':<{call_w}}{'TOOL':<{tool_w}}{'DECISION':<10}{'STATE':<9}{'EXIT':<6}{'MS':>9}  "
+            state_w = _width(9, (_state(c) for c in calls))
+            print(f"{'CALL':<{call_w}}{'TOOL':<{tool_w}}{'DECISION':<10}{'STATE':<{state_w}}{'EXIT':<6}{'MS':>9}  "
                   f"{'REDACTED':<9}RULE")
             for c in calls:
                 redacted = (c.get("redactions") or {}).get("count") or ""  # secrets taken out of the result
                 print(f"{_s(c.get('call_id')):<{call_w}}{_s(c.get('tool')):<{tool_w}}{_s(c.get('decision')):<10}"
-                      f"{_s(c.get('state')):<9}{_s(c.get('exit_code')):<6}{_ms(c.get('duration_ms')):>9}  "
+                      f"{_state(c):<{state_w}}{_s(c.get('exit_code')):<6}{_ms(c.get('duration_ms')):>9}  "
                       f"{_s(redacted):<9}{_s(c.get('rule'))}")
+            for c in calls:  # what a person needs to know of each interrupted call, in words
+                if c.get("interrupted"):
+                    print(audit_line(_s(c.get("call_id")), c["interrupted"]))
             return 0
         runs = audit.list_runs()
         if args.json:
@@ -186,6 +210,12 @@ def _audit(args: argparse.Namespace) -> int:
 def _width(least: int, values: Iterable[str]) -> int:
     """A column as wide as ``least`` or its longest value and two spaces."""
     return max([least, *(len(v) + 2 for v in values)])
+
+
+def _state(call: dict[str, Any]) -> str:
+    """A call's state as the audit shows it: ``interrupted`` for a call whose harness process
+    stopped before it recorded a result."""
+    return "interrupted" if call.get("interrupted") else _s(call.get("state"))
 
 
 def _s(value: object) -> str:

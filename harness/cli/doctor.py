@@ -1,10 +1,17 @@
 """``callbox doctor [--json]``: the posture of this host for running untrusted code.
 
-Starts one sandbox through the harness's real code path, inspects and probes it,
-destroys it, and prints one line per check (``PASS|WARN|FAIL  <id>  <title>: <reason>``)
-plus a summary; ``--json`` prints a list of {id, title, status, reason, scope}. Exit
-status 0 when no check fails, 1 otherwise (2 usage, 125 engine unreachable or image
-missing). The checks are in ``harness.doctor`` (``checks.run_checks`` runs them all).
+Starts one sandbox through the harness's real code path (under ``--runtime``, else the
+runtime the policy of ``--policy`` or ``--config`` gives its sandboxes, else runc), inspects
+and probes it, destroys it, and prints one result per check (``PASS|WARN|FAIL|SKIP  <id>
+<title>: <reason>``, wrapped to the terminal) plus a summary; ``--json`` prints a list of
+{id, title, status, reason, scope}. Exit status 0 when no check fails, 1 otherwise (2 usage).
+The checks are in ``harness.doctor`` (``catalog`` lists them; ``checks.docker_report`` runs
+them). An engine that does not answer is a report too: ``engine.reachable`` fails with the
+cause and the fix, and the checks that need the engine are skipped.
+
+``--config FILE`` first checks what the server configuration needs to start
+(:mod:`harness.doctor.config_checks`: the file as ``callbox config check`` loads it, the
+doors' addresses, tokens, TLS, audit store and log file), then its engine.
 
 With the Ray engine (``--engine ray`` and its ``--ray-*`` flags, or the ``engine`` and
 ``[ray]`` of ``--config FILE`` or ``--policy FILE``, as ``callbox serve`` and ``callbox
@@ -19,9 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from harness.cli.options import engine_options
+
+if TYPE_CHECKING:
+    from harness.core.policy import Policy
+    from harness.doctor.config_checks import ServerCheck
 
 COMMANDS = ("doctor",)
 
@@ -29,27 +40,44 @@ COMMANDS = ("doctor",)
 def add_parsers(sub: Any) -> None:
     doctor = sub.add_parser(
         "doctor", help="check what this host gives a sandbox (CIS Docker Benchmark section 5, daemon, runc)",
-        description="Start one sandbox the way callbox does, inspect it and the engine, and print one line "
-                    "per check: PASS, WARN or FAIL with the reason. Exit 1 if any check fails.",
+        description="Start one sandbox the way callbox does, inspect it and the engine, and print one result "
+                    "per check: PASS, WARN, FAIL or SKIP with the reason. Exit 1 if any check fails.",
     )
     doctor.add_argument("--json", action="store_true", help="print a JSON list of {id, title, status, reason, scope}")
     doctor.add_argument("--config", type=Path, metavar="FILE",
-                        help="check the engine of this server configuration (its engine and [ray])")
-    doctor.add_argument("--policy", type=Path, metavar="FILE", help="check the engine this policy names")
+                        help="check what this server configuration needs to start (doors, tokens, TLS, audit "
+                             "store, log file), then its engine")
+    doctor.add_argument("--policy", type=Path, metavar="FILE",
+                        help="check the engine this policy names, with a sandbox under its runtime")
+    doctor.add_argument("--runtime", choices=["runc", "runsc"],
+                        help="start the checked sandbox under this OCI runtime (default: the policy's, else runc)")
     engine_options(doctor)
 
 
 def run(args: argparse.Namespace) -> int:
     # Imported here so `--help` and usage errors never load the docker SDK.
-    from harness.doctor.report import render_text
+    from harness.core.errors import UsageError
+    from harness.doctor.report import CheckResult, render_text
 
-    choice = _choice(args)
+    if args.config is not None and args.policy is not None:
+        raise UsageError("give --config or --policy, not both (a configuration names its policy)")
+    results: list[CheckResult] = []
+    server = None
+    if args.config is not None:
+        from harness.doctor.config_checks import config_report
+
+        server = config_report(args.config)
+        results += server.results
+    policy = _policy(args, server)
+    choice = _choice(args, policy, server)
     if choice.ray is not None:
         from harness.doctor.ray_checks import gather_ray, ray_checks
 
-        results = ray_checks(gather_ray(choice.ray))
+        results += ray_checks(gather_ray(choice.ray))
     else:
-        results = _docker_checks()
+        from harness.doctor.checks import docker_report
+
+        results += docker_report(_runtime(args, policy))
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2))
     else:
@@ -57,35 +85,36 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any(r.status == "FAIL" for r in results) else 0
 
 
-def _docker_checks() -> list[Any]:
-    from harness.doctor.checks import run_checks
-    from harness.doctor.evidence import gather
-    from harness.doctor.runtimes import probe_runsc
-    from harness.engine.docker.engine import DockerEngine
+def _policy(args: argparse.Namespace, server: ServerCheck | None) -> Policy | None:
+    """The policy whose sandboxes are checked: the configuration's served one, or ``--policy``'s."""
+    from harness.core.policy import load_policy
 
-    engine = DockerEngine.connect()
-    evidence = gather(engine)
-    return run_checks(evidence, probe_runsc(engine, evidence.info))
+    if server is not None:
+        return server.policy
+    if args.policy is not None:
+        return load_policy(args.policy)
+    return None
 
 
-def _choice(args: argparse.Namespace) -> Any:
-    """The engine to check: the flags over ``--config``'s engine, else ``--policy``'s."""
+def _runtime(args: argparse.Namespace, policy: Policy | None) -> Literal["runc", "runsc"]:
+    if args.runtime is not None:
+        return args.runtime  # type: ignore[no-any-return]
+    return policy.sandbox.runtime if policy is not None else "runc"
+
+
+def _choice(args: argparse.Namespace, policy: Policy | None, server: ServerCheck | None) -> Any:
+    """The engine to check: the flags over the policy's (a configuration's engine is in the
+    policy it serves; the file's own when that policy cannot be loaded)."""
     from harness.cli.options import engine_choice
     from harness.core.errors import UsageError
-    from harness.core.policy import load_policy
     from harness.engine.select import choice_of
 
-    if args.config is not None and args.policy is not None:
-        raise UsageError("give --config or --policy, not both (a configuration names its policy)")
-    base = None
-    if args.config is not None:
-        from harness.cli.server_config import load_config, served_policy
-
-        policy = served_policy((config := load_config(args.config)).policy.file, config)
-        base = choice_of(policy.engine, policy.ray)  # the file's engine over its policy's
-    elif args.policy is not None:
-        policy = load_policy(args.policy)
+    if policy is not None:
         base = choice_of(policy.engine, policy.ray)
+    elif server is not None and server.config is not None:
+        base = server.config.engine_choice()
+    else:
+        base = None
     choice = engine_choice(args, base)
     if choice.ray is not None:
         try:

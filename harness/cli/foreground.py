@@ -6,13 +6,20 @@ where the agent dropped bytes), or, with ``--json``, printed as one result objec
 end; the caller exits with :func:`run_foreground`'s code: the command's own, 124 for a
 timeout, 128+N for signal N, 137 for the OOM killer, 126/127 for a command that could not
 start.
+
+Stopped by Ctrl-C or SIGTERM, ``--json`` still prints its one object before callbox exits
+(130 or 143), with what arrived so far, ``"interrupted": true``, ``exit_code`` 128+N and
+``signal`` N for the signal N that stopped callbox (:func:`print_interrupted`); the command
+itself is stopped with the sandbox's call.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import time
 from collections.abc import Generator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -22,8 +29,10 @@ from harness.core.units import parse_size, timeout_seconds
 
 if TYPE_CHECKING:
     from harness.engine.agent_client import AgentClient
+    from harness.engine.exec_result import OutputStreams
 
-__all__ = ["DEFAULT_TIMEOUT_S", "command_of", "foreground_options", "output_cap", "run_foreground"]
+__all__ = ["DEFAULT_TIMEOUT_S", "command_of", "foreground_options", "output_cap", "print_interrupted",
+           "run_foreground"]
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -61,7 +70,8 @@ def run_foreground(agent: AgentClient, cmd: Sequence[str], *, cwd: str, env: Map
     """Run ``cmd`` through ``agent`` to its end, streaming its output (or printing the JSON
     result); the exit code a shell would give it."""
     from harness.core.errors import AgentCallError
-    from harness.engine.exec_result import ExecResult, collect, gap_marker, start_failure_exit_code
+    from harness.core.stopping import STOPS
+    from harness.engine.exec_result import ExecResult, OutputStreams, collect, gap_marker, start_failure_exit_code
 
     def stream(name: str, data: bytes, dropped_before: int) -> None:
         out = sys.stdout.buffer if name == "stdout" else sys.stderr.buffer
@@ -70,15 +80,21 @@ def run_foreground(agent: AgentClient, cmd: Sequence[str], *, cwd: str, env: Map
         out.write(data)
         out.flush()
 
+    began = time.monotonic()
+    streams = OutputStreams()
     events = agent.exec(cmd, cwd=cwd, env=env, stdin=stdin, timeout_ms=int(timeout * 1000),
                         output_cap_bytes=cap, rpc_timeout=timeout + 60)
     try:
-        result = collect(events, on_output=None if as_json else stream)
+        result = collect(events, on_output=None if as_json else stream, streams=streams)
     except AgentCallError as error:
         code = start_failure_exit_code(error)
         if code is None:
             raise
         result = ExecResult.not_started(code, error.message)
+    except STOPS as stop:
+        if as_json:
+            print_interrupted(stop, streams, began)
+        raise
     finally:
         # On any way out (a reader that left raises BrokenPipeError in stream()), the RPC
         # is cancelled before the caller goes on (a fresh sandbox is destroyed next).
@@ -93,3 +109,20 @@ def run_foreground(agent: AgentClient, cmd: Sequence[str], *, cwd: str, env: Map
     elif result.oom_killed:
         print(f"callbox: killed by the OOM killer (memory limit {memory})", file=sys.stderr)
     return result.shell_exit_code
+
+
+def print_interrupted(stop: BaseException, streams: OutputStreams | None = None, began: float | None = None) -> None:
+    """The ``--json`` object of a command callbox was stopped in (``stop``: KeyboardInterrupt,
+    or the SystemExit of SIGTERM): what ``streams`` got since ``began``; with no streams the
+    command never started, and ``error`` says so."""
+    from harness.core.stopping import stop_signal
+    from harness.engine.exec_result import ExecResult, OutputStreams
+
+    name = stop_signal(stop) or "SIGINT"
+    signum = int(signal.Signals[name])
+    seen = streams if streams is not None else OutputStreams()
+    result = ExecResult(exit_code=128 + signum, signal=signum, timed_out=False, oom_killed=False,
+                        duration_ms=0.0 if began is None else (time.monotonic() - began) * 1000,
+                        stdout=seen.stdout, stderr=seen.stderr,
+                        error=None if streams is not None else f"interrupted ({name}) before the command started")
+    print(json.dumps({**result.to_json(), "interrupted": True}), flush=True)

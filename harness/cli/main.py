@@ -1,9 +1,11 @@
 """The ``callbox`` command line: the parser, built from each command group's
 ``add_parsers``, and the dispatch to the group's ``run``.
 
-Every failure a user can cause ends in one line ``callbox: <problem>`` and a non-zero
-exit: 2 for usage errors, 125 for callbox's own failures (engine unreachable, image
-missing), otherwise the command's own code (124 timeout, 128+N for signal N, 137 OOM).
+Every failure a user can cause ends in one line ``callbox: <problem>`` and the exit status
+the error table (:mod:`harness.core.errors`) gives its code: 2 for usage errors, 4 for
+something that does not exist, 5 for a wrong state, 6 for a refusal, 7 for a limit, 125 for
+callbox's own failures (engine unreachable, image missing); a command run in a sandbox
+passes its own status through (124 timeout, 128+N for signal N, 137 OOM).
 Output into a pipe whose reader left (``callbox tools | head``) ends quietly with 141.
 
 Each group is a module with ``COMMANDS`` (the top-level commands it owns),
@@ -34,7 +36,7 @@ from harness.cli import sandboxes as cli_sandboxes
 from harness.cli import serve as cli_serve
 from harness.cli import service as cli_service
 from harness.cli.options import UsageParser, say
-from harness.core.errors import CallboxError, UsageError, short_reason
+from harness.core.errors import EXIT_CALLBOX_FAILED, CallboxError, UsageError, short_reason
 
 GROUPS: tuple[ModuleType, ...] = (cli_image, cli_sandboxes, cli_sandbox, cli_calls, cli_run, cli_serve, cli_service,
                                   cli_doctor)
@@ -115,7 +117,7 @@ def _output_closed(exc: BrokenPipeError) -> int:
     closed = [s for s in (sys.stdout, sys.stderr) if _reader_gone(s) is not False]
     if not closed:
         say(short_reason(exc))
-        return 125
+        return EXIT_CALLBOX_FAILED
     for stream in closed:
         # Nothing more can reach that reader; point the descriptor at /dev/null so the
         # interpreter's final flush does not report the same broken pipe again.

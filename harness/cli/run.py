@@ -25,7 +25,13 @@ its one sandbox, so a pool would only start a second container to throw away (se
 A paused run prints the command that continues it, exactly runnable (shell-quoted, absolute
 paths): the transcript or ``--model``/``--base-url``, ``--policy`` and ``--audit-db`` of the
 run. A resumed run keeps the policy, sandbox and loop settings it was checkpointed with;
-loop options given again (``--max-turns``) replace the checkpointed ones.
+loop options given again (``--max-turns``) replace the checkpointed ones. ``--resume`` of a
+run the audit store does not hold, or of one that never paused, is a usage error saying
+which (naming the store, or how the run ended).
+
+Ctrl-C or SIGTERM ends the run ``error:interrupted`` (exit 130 or 143); the call in flight
+records itself as interrupted first (:mod:`harness.core.call_path`), so the audit shows
+neither open.
 
 Exit status: 0 when the model gave its final answer; 3 when the run paused for an
 approval; 1 when a limit ended it (max_turns, budget:*, loop_detected); 125 for
@@ -44,7 +50,7 @@ from typing import Any
 
 from harness.cli.notices import loosened_said_once
 from harness.cli.options import engine_options, policy_engine, sandbox_options, spec_from_args
-from harness.core.errors import UsageError
+from harness.core.errors import CallboxError, ErrorCode, UsageError
 
 DEFAULT_SYSTEM = (
     "You are a careful software engineer working in an isolated Linux sandbox. Use the tools "
@@ -176,7 +182,7 @@ def _resume(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> An
 
     saved = checkpoint.load(audit, args.resume)
     if saved is None:
-        raise UsageError(f"run {args.resume} has no checkpoint: it never paused for an approval")
+        raise _not_resumable(audit, args.resume)
     model = _model(args, turns_done=saved.turn)
     config = loop_config(options, saved.config) if options else None
     policy, spec = saved.policy_model(), saved.spec_model()
@@ -186,6 +192,21 @@ def _resume(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> An
                                                 spec=spec, engine_factory=engine_factory) as harness:
         return resume(args.resume, model, harness, config=config, on_event=show,
                       resume_command=resume_command(args, args.resume, audit.path))
+
+
+def _not_resumable(audit: Any, run_id: str) -> CallboxError:
+    """Why ``run_id``, which has no checkpoint, cannot be resumed: the store has no such run
+    (not found), or the run never paused (and how it ended, if it did)."""
+    from harness.audit.store import AuditError
+
+    try:
+        run = audit.get_run(run_id)
+    except AuditError:
+        return CallboxError(f"no run {run_id} in the audit store {audit.path} (`callbox audit` lists its runs; "
+                            "a run of another store needs --audit-db)", code=ErrorCode.NOT_FOUND)
+    ended = f"it ended: {run.end_reason}" if run.end_reason else "it has not ended"
+    return CallboxError(f"run {run_id} never paused for an approval ({ended}): there is nothing to resume",
+                        code=ErrorCode.CONFLICT)
 
 
 def _show(args: argparse.Namespace, policy: Any) -> Any:

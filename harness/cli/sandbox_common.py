@@ -10,7 +10,8 @@ lists a sandbox's actions; a name reused later is another sandbox, another run),
 1 and the approval's id, to approve with ``callbox approvals approve ID`` and repeat the same
 command with ``--approval ID``. With ``--json`` either also prints one object on stdout:
 ``{"error": "approval_pending" | "denied" | "approval_denied" | ..., "action", "rule",
-"message", "approval_id"}``.
+"message", "approval_id"}``. Removing a sandbox (``rm``) ends its run in the audit store
+(``removed``), when the store holds one still open (:func:`end_sandbox_run`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.cli.options import UsageParser
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 
 if TYPE_CHECKING:
     from harness.core.actions import ActionTicket
@@ -39,7 +40,7 @@ __all__ = [
     "actor",
     "age",
     "connect",
-    "fail",
+    "end_sandbox_run",
     "gate_options",
     "guarded",
     "json_errors",
@@ -115,6 +116,33 @@ def guarded(args: argparse.Namespace, policy: Any, sandbox_id: str, action: str,
             yield ticket
 
 
+def end_sandbox_run(audit_db: Path | None, sandbox_id: str, reason: str = "removed") -> bool:
+    """End the run of the sandbox ``sandbox_id`` (its run id is the sandbox's id) with
+    ``reason``, if the audit store (``audit_db``, default ``$CALLBOX_AUDIT_DB`` or the state
+    directory) has it still open; whether it did. A store that does not exist is not made;
+    one that cannot be used is said on stderr (the sandbox is gone all the same)."""
+    from harness.audit.database import default_audit_path
+    from harness.audit.store import AuditError, AuditStore
+    from harness.cli.options import say
+
+    path = audit_db if audit_db is not None else default_audit_path()
+    if not path.exists():
+        return False
+    try:
+        with AuditStore(path) as audit:
+            try:
+                run = audit.get_run(sandbox_id)
+            except AuditError:  # no run: nothing was ever recorded for this sandbox
+                return False
+            if run.ended is not None:
+                return False
+            audit.end_run(sandbox_id, reason)
+            return True
+    except AuditError as error:
+        say(f"the run of sandbox {sandbox_id} was not ended in the audit store: {error.message}")
+        return False
+
+
 @contextlib.contextmanager
 def json_errors(args: argparse.Namespace) -> Iterator[None]:
     """With ``--json``, a refused or pending action also prints its JSON object on stdout
@@ -126,7 +154,7 @@ def json_errors(args: argparse.Namespace) -> Iterator[None]:
     except (ActionDenied, ApprovalPending) as error:
         if getattr(args, "json", False):
             pending = error.approval_id if isinstance(error, ApprovalPending) else None
-            code = "approval_pending" if isinstance(error, ApprovalPending) else error.code
+            code = "approval_pending" if isinstance(error, ApprovalPending) else error.denial
             print_json({"error": code, "action": error.action, "rule": error.rule, "message": error.message,
                         "approval_id": pending})
         raise
@@ -161,8 +189,8 @@ def known_job(sandbox: Sandbox, pid: int) -> Iterator[None]:
     except AgentCallError as error:
         if error.reason != "NO_SUCH_PROCESS":
             raise
-        raise fail(f"sandbox {sandbox.label} has no job with pid {pid}; `callbox sandbox ps {sandbox.label}` "
-                   "lists its jobs") from None
+        raise CallboxError(f"sandbox {sandbox.label} has no job with pid {pid}; "
+                           f"`callbox sandbox ps {sandbox.label}` lists its jobs", code=ErrorCode.NOT_FOUND) from None
 
 
 def print_json(value: Any, *, listing: bool = False) -> None:
@@ -216,11 +244,4 @@ def size(n: float | None) -> str:
             return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
         n /= 1024
     return f"{n:.1f}T"  # pragma: no cover - the loop returns at G
-
-
-def fail(message: str, exit_code: int = 1) -> CallboxError:
-    """A CallboxError with ``exit_code`` (how a command reports a refusal that is not usage)."""
-    error = CallboxError(message)
-    error.exit_code = exit_code
-    return error
 

@@ -27,7 +27,6 @@ from harness.cli.options import read_stdin, say
 from harness.cli.sandbox_common import (
     age,
     connect,
-    fail,
     gate_options,
     guarded,
     known_job,
@@ -35,7 +34,7 @@ from harness.cli.sandbox_common import (
     opened,
     print_json,
 )
-from harness.core.errors import CallboxError, UsageError
+from harness.core.errors import CallboxError, ErrorCode, UsageError
 from harness.core.units import format_size
 
 if TYPE_CHECKING:
@@ -195,8 +194,8 @@ def job_pid(sandbox: Sandbox, ref: str) -> int:
         return int(ref)
     tagged = [job for job in sandbox.jobs.list() if job.tag == ref]
     if not tagged:
-        raise fail(f"sandbox {sandbox.label} has no job tagged {ref!r}; `callbox sandbox ps {sandbox.label}` "
-                   "lists its jobs")
+        raise CallboxError(f"sandbox {sandbox.label} has no job tagged {ref!r}; "
+                           f"`callbox sandbox ps {sandbox.label}` lists its jobs", code=ErrorCode.NOT_FOUND)
     return max(tagged, key=lambda job: job.started_at).pid
 
 

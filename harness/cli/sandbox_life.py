@@ -8,7 +8,8 @@ rm-snapshot | fork | restore``: a living sandbox's lifetime and its snapshots.
 paused time). ``snapshot`` stores its writable places on the host; ``fork`` starts a new
 sandbox from a live one (a temporary snapshot) or, with ``--from-snapshot``, from a stored
 snapshot; ``restore`` brings a gone named sandbox back from its latest snapshot. ``rm``
-removes a sandbox (live, paused or gone), ``rm-snapshot`` a snapshot.
+removes a sandbox (live, paused or gone) and ends its run in the audit store (``removed``),
+``rm-snapshot`` a snapshot.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.cli.options import sandbox_options, spec_from_args
@@ -24,6 +26,7 @@ from harness.cli.sandbox_common import (
     actor,
     age,
     connect,
+    end_sandbox_run,
     gate_options,
     guarded,
     load_gate_policy,
@@ -35,6 +38,7 @@ from harness.cli.sandbox_common import (
     size,
     until,
 )
+from harness.core.errors import ErrorCode
 from harness.core.units import parse_seconds
 
 if TYPE_CHECKING:
@@ -81,7 +85,9 @@ def add_verbs(verbs: Any) -> None:
 
     rm = verbs.add_parser("rm", help="remove a sandbox (running, paused or gone) and free its name")
     rm.add_argument("name", help="sandbox name or id")
-    _json(rm, "print {removed: sandbox id, name}")
+    rm.add_argument("--audit-db", type=Path,
+                    help="audit store whose run of the sandbox it ends (default $CALLBOX_AUDIT_DB or the state dir)")
+    _json(rm, "print {removed: sandbox id, name, run_ended}")
 
     snap = verbs.add_parser("snapshot", help="store a sandbox's files (its writable places) on the host")
     snap.add_argument("name", help="sandbox name or id")
@@ -202,8 +208,10 @@ def _keep_alive(args: argparse.Namespace) -> int:
 def _rm(args: argparse.Namespace) -> int:
     engine = connect(args)
     sandbox_id = engine.remove(args.name)
+    ended = end_sandbox_run(args.audit_db, sandbox_id)
     if args.json:
-        print_json({"removed": sandbox_id, "name": None if args.name == sandbox_id else args.name})
+        print_json({"removed": sandbox_id, "name": None if args.name == sandbox_id else args.name,
+                    "run_ended": ended})
     else:
         print(f"removed sandbox {args.name}" + ("" if args.name == sandbox_id else f" (id {sandbox_id})"))
     return 0
@@ -223,7 +231,7 @@ def _snapshot(args: argparse.Namespace) -> int:
             info = sandbox.snapshot(args.snapshot, replace=args.replace)
         except SnapshotExists:
             raise SnapshotError(f"a snapshot named {args.snapshot} already exists; add --replace to replace it, "
-                                "or pick another name") from None
+                                "or pick another name", code=ErrorCode.ALREADY_EXISTS) from None
         ticket.outcome.update(bytes=info.bytes, places=info.captured)
     if args.json:
         print_json(info.to_json())
@@ -351,7 +359,7 @@ def _restore(args: argparse.Namespace) -> int:
     latest = [s for s in snapshots.list() if s.source_name == args.name]
     if not latest:
         raise SnapshotError(f"sandbox {args.name} has no snapshot to restore from (its files are gone); "
-                            f"`callbox sandbox rm {args.name}` frees the name")
+                            f"`callbox sandbox rm {args.name}` frees the name", code=ErrorCode.NOT_FOUND)
     run_root = getattr(engine, "run_root", None)  # the Ray engine's name records are on its nodes
     run_id = (name_holder(run_root, args.name) if run_root is not None else None) or latest[-1].source_sandbox_id
     details = {"sandbox": args.name, "name": args.name, "from_snapshot": latest[-1].name}

@@ -12,8 +12,9 @@ import json
 import time
 from typing import Any
 
-from harness.cli.foreground import command_of, foreground_options, output_cap, run_foreground
+from harness.cli.foreground import command_of, foreground_options, output_cap, print_interrupted, run_foreground
 from harness.cli.options import connect_engine, engine_options, read_stdin, sandbox_options, spec_from_args
+from harness.core.stopping import STOPS
 
 COMMANDS = ("exec", "ps", "gc")
 
@@ -48,7 +49,12 @@ def _exec(args: argparse.Namespace) -> int:
     spec = spec_from_args(args, ttl_seconds=max(600, int(args.timeout) + 300))
     stdin = read_stdin()
     engine = connect_engine(args)
-    sandbox = engine.create(spec)
+    try:
+        sandbox = engine.create(spec)
+    except STOPS as stop:
+        if args.json:
+            print_interrupted(stop)
+        raise
     try:
         return run_foreground(sandbox.agent, cmd, cwd=spec.workdir, env=sandbox.spec.env, stdin=stdin,
                               timeout=args.timeout, cap=cap, as_json=args.json, memory=args.memory)

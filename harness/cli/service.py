@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 
 COMMANDS = ("service",)
 UNIT_NAME = "callbox.service"
@@ -114,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
         staged.chmod(0o644)
         staged.replace(target)
     except OSError as exc:
-        raise CallboxError(f"cannot write {target}: {exc.strerror or exc} (run as root, or pass --unit-dir)") from None
+        raise CallboxError(f"cannot write {target}: {exc.strerror or exc} (run as root, or pass --unit-dir)",
+                           code=ErrorCode.PERMISSION_DENIED) from None
     print(f"callbox: wrote {target}; start it with: systemctl daemon-reload && systemctl enable --now callbox",
           file=sys.stderr)
     return 0

@@ -400,14 +400,14 @@ def _entry_decision(action: str, decision: Action | None) -> Decision:
 class ActionDenied(CallboxError):
     """The policy (or a person) refused a sandbox action; the message names the policy key."""
 
-    exit_code = 1
+    code = ErrorCode.ACTION_DENIED
 
-    def __init__(self, message: str, *, action: str, rule: str, code: str) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, action: str, rule: str, denial: str) -> None:
+        super().__init__(message, code=ErrorCode.ALREADY_RESOLVED if denial == "approval_used" else None)
         self.action = action
         self.rule = rule
         """The policy key that decided (``actions.port_forward.decision``), or the approval's."""
-        self.code = code
+        self.denial = denial
         """``denied`` (the policy), ``approval_denied`` (a person), ``approval_mismatch`` (the
         approval is for another run, action, actor or details) or ``approval_used``."""
 
@@ -415,7 +415,7 @@ class ActionDenied(CallboxError):
 class ApprovalPending(CallboxError):
     """The policy says ``ask``: the action waits for ``callbox approvals approve ID``, then a repeat."""
 
-    exit_code = 1
+    code = ErrorCode.APPROVAL_PENDING
 
     def __init__(self, message: str, *, approval_id: str, action: str, rule: str) -> None:
         super().__init__(message)
@@ -486,7 +486,7 @@ class ActionGate:
         call_id = self._record(tool, arguments, decision)
         if decision.action is Action.DENY:
             self._refused(call_id, decision, ErrorCode.DENIED, decision.reason)
-            raise ActionDenied(decision.reason, action=action, rule=decision.rule, code="denied")
+            raise ActionDenied(decision.reason, action=action, rule=decision.rule, denial="denied")
         if decision.action is Action.ASK:
             approval = self.audit.create_approval(self.run_id, call_id, tool, arguments, decision.rule,
                                                   decision.reason)
@@ -567,7 +567,7 @@ class ActionGate:
         def refuse(code: str, message: str) -> ActionDenied:
             refused = Decision(Action.DENY, decision.rule, message)
             self._refused(self._record(tool, arguments, refused), refused, ErrorCode.DENIED, message)
-            return ActionDenied(message, action=action, rule=decision.rule, code=code)
+            return ActionDenied(message, action=action, rule=decision.rule, denial=code)
 
         if approval is None or approval.run_id != self.run_id or approval.tool != tool \
                 or approval.args_digest != arguments_digest(arguments):
@@ -585,7 +585,7 @@ class ActionGate:
                 final = final_decision(record.decision, approval) or decision
                 with contextlib.suppress(AuditError):  # another process recorded it first
                     self._refused(approval.call_id, final, ErrorCode.APPROVAL_DENIED, message)
-            raise ActionDenied(message, action=action, rule=approval.rule, code="approval_denied")
+            raise ActionDenied(message, action=action, rule=approval.rule, denial="approval_denied")
         if approval.state == "consumed" or not self.audit.consume_approval(approval.id):
             raise refuse("approval_used", f"approval {approval.id} was already used (an approval allows one "
                          f"{action}); repeat the action without it to ask again")

@@ -12,6 +12,15 @@ budget bounds it, so neither the model, a door nor the audit store gets them; th
 ``meta["redactions"]`` (recorded with it) says how many were taken out, of which kinds and
 where, and is absent when there were none.
 
+A process stopped in the middle of a call (Ctrl-C, or SIGTERM through the CLI: see
+:mod:`harness.core.stopping`) records the call as interrupted before it exits
+(:mod:`harness.audit.interruptions`), saying whether its command had started: not before its
+handler ran, nor while the handler waited for the sandbox to start (false: the same call sent
+again runs, like any retry-safe failure); once the agent reported the command started, or the
+handler returned (true); unknown in between (null). A call whose process was killed outright
+is recorded by the next process that sends its call_id and finds the owner gone
+(:mod:`harness.audit.orphans`); either way a command that may have started never runs again.
+
 Each step is a span while tracing is on (:mod:`harness.telemetry.tracing`), marked where it
 ends: validate, authorize, exec (with the sandbox's start or claim inside it), shape, audit;
 the handler's time is kept for the call metrics (``sandbox_s``).
@@ -25,7 +34,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from harness.audit.records import final_decision
+from harness.audit.interruptions import PROCESS_STOPPED, interrupted_result
+from harness.audit.owners import this_process
+from harness.audit.records import final_decision, retry_safe
 from harness.audit.store import Claim, arguments_digest
 from harness.core.calls import Action, Decision, ErrorCode, ToolCall, ToolOutput, ToolResult
 from harness.core.context import OutputSink, ToolContext
@@ -33,9 +44,11 @@ from harness.core.errors import AgentCallError, CallboxError
 from harness.core.redaction import Finding, StreamRedactor, redaction_summary
 from harness.core.registry import Tool
 from harness.core.shaping import bound_text, strip_terminal_codes
+from harness.core.stopping import STOPS, signals_held, stop_signal
 from harness.core.validation import CallRejected, validate_call
 from harness.engine.agent_errors import sandbox_gone
 from harness.engine.base import Sandbox
+from harness.engine.cancel import active_scope
 from harness.telemetry import tracing
 from harness.telemetry.tracing import CallTrace
 
@@ -77,19 +90,25 @@ def _freeform(call: ToolCall, tool: Tool | None) -> ToolCall:
 
 
 class _CallSandbox:
-    """The run's sandbox as one call's handler sees it, noting whether it got one."""
+    """The run's sandbox as one call's handler sees it, noting whether it got one, and
+    whether the process was stopped while the handler waited for it."""
 
     def __init__(self, session: Session, trace: CallTrace | None) -> None:
         self._session = session
         self._trace = trace
         self.handed_out = False
+        self.stopped_waiting = False
 
     def sandbox(self) -> Sandbox:
-        if self._trace is not None and self._session.active_sandbox is None:
-            with self._trace.nested("callbox.sandbox"):  # started, or claimed from the pool
+        try:
+            if self._trace is not None and self._session.active_sandbox is None:
+                with self._trace.nested("callbox.sandbox"):  # started, or claimed from the pool
+                    sandbox = self._session.sandbox()
+            else:
                 sandbox = self._session.sandbox()
-        else:
-            sandbox = self._session.sandbox()
+        except STOPS:
+            self.stopped_waiting = not self.handed_out
+            raise
         self.handed_out = True
         return sandbox
 
@@ -112,6 +131,9 @@ class CallPath:
         """Seconds the tool's handler ran (None: it never ran)."""
         self.trace = tracing.start_call(session.run_id, call.call_id)
         """The call's spans (None while tracing is off): each step appends its mark where it ends."""
+        self._stage: Literal["before", "handler", "after"] = "before"
+        """Where ``_execute`` is: before the handler, in it, or after it returned."""
+        self._retried = False
 
     def decided(self, label: DecisionLabel) -> None:
         """Report the call's decision (only the first report counts)."""
@@ -233,6 +255,12 @@ class CallPath:
         if result is not None:
             record = s.audit.get_call(s.run_id, call.call_id)
             return self._replay(result, record.decision if record is not None else None)
+        gone = s.audit.interrupt_orphan(s.run_id, call.call_id)  # its process may have stopped meanwhile
+        if gone is not None and gone.result is not None:
+            if retry_safe(gone.result) and not self._retried:  # it never reached its handler
+                self._retried = True
+                return self.run()
+            return self._replay(gone.result, gone.decision)
         return ToolResult.failure(
             call.call_id, ErrorCode.INTERNAL,
             f"call {call.call_id!r} is being run by another harness process that has not finished",
@@ -271,13 +299,24 @@ class CallPath:
 
     def _execute(self, tool: Tool, args: Any, decision: Decision, *, running: bool = False) -> ToolResult:
         """Run an authorized call; ``running``: ``claim_and_start`` marked it running already."""
-        s, call, trace = self.session, self.call, self.trace
+        s, call = self.session, self.call
         budgets = s.policy.budgets
         if not running and not s.audit.mark_running(s.run_id, call.call_id, max_calls=budgets.max_tool_calls):
             denied = budgets.check(budgets.max_tool_calls, 0) or decision
             result = ToolResult.failure(call.call_id, ErrorCode.BUDGET_EXCEEDED, denied.reason)
             return self._finish(result, denied)
-        provider = _CallSandbox(s, trace)
+        provider = _CallSandbox(s, self.trace)
+        started = time.perf_counter()
+        try:
+            return self._run_and_record(tool, args, decision, provider)
+        except STOPS as stop:
+            self._record_stop(stop, decision, provider, started)
+            raise
+
+    def _run_and_record(self, tool: Tool, args: Any, decision: Decision, provider: _CallSandbox) -> ToolResult:
+        """Run the handler, shape its output and record the result."""
+        s, call, trace = self.session, self.call, self.trace
+        budgets = s.policy.budgets
         stream = s.redactor.stream(self.on_output) if self.on_output is not None and s.redactor.active else None
         ctx = ToolContext(
             run_id=s.run_id, call_id=call.call_id, provider=provider,
@@ -286,7 +325,9 @@ class CallPath:
         )
         self.decided(decision_label(decision))
         started = time.perf_counter()
+        self._stage = "handler"
         output = self._unless_gone(self._run_handler(tool, ctx, args, stream))
+        self._stage = "after"
         self.sandbox_s = time.perf_counter() - started
         if trace is not None:
             trace.append(("callbox.exec", time.time_ns()))
@@ -315,6 +356,33 @@ class CallPath:
         if trace is not None:
             trace.append(("callbox.audit", time.time_ns()))
         return result
+
+    def _command_started(self, provider: _CallSandbox) -> bool | None:
+        """Whether the command of a call stopped half-way had started (None: unknown)."""
+        scope = active_scope()
+        if self._stage == "after" or (scope is not None and scope.command_started):
+            return True
+        if self._stage == "before" or (provider.stopped_waiting and not provider.handed_out):
+            return False
+        return None
+
+    def _record_stop(self, stop: BaseException, decision: Decision, provider: _CallSandbox, started: float) -> None:
+        """The process is stopping (``stop``) in the middle of this call: record it as
+        interrupted, unless its result is recorded already."""
+        s, call = self.session, self.call
+        me = this_process().label
+        interrupted = interrupted_result(call.call_id, cause=PROCESS_STOPPED,
+                                         command_started=self._command_started(provider), owner=me, noticed_by=me,
+                                         signal=stop_signal(stop))
+        # Labelled without reporting a decision: a stopping process tells its caller nothing more.
+        result = dataclasses.replace(interrupted, meta={"decision": self.decision or decision_label(decision)})
+        with signals_held():
+            try:
+                s.audit.finish_call(s.run_id, call.call_id, result, decision=None, exit_code=None,
+                                    duration_ms=(time.perf_counter() - started) * 1000, bytes_out=0, truncated=False)
+            except CallboxError as error:  # already recorded, or the store failed: the stop goes on
+                log.debug("call %s of run %s: the interruption was not recorded: %s", call.call_id, s.run_id,
+                          error.message)
 
     def _redacted(self, output: ToolOutput) -> tuple[str, dict[str, Any] | None, list[Finding]]:
         """The output's text (terminal codes removed first, so none can hide a secret) and

@@ -12,36 +12,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.core.errors import ErrorCode
+
+__all__ = ["CALL_ID_PATTERN", "TOOL_NAME_PATTERN", "Action", "Decision", "ErrorCode", "ToolCall",
+           "ToolOutput", "ToolResult"]
+
 CALL_ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 TOOL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
-
-class ErrorCode(enum.StrEnum):
-    """Why a call failed; ``retryable`` says whether sending it again may succeed."""
-
-    BAD_CALL_ID = "bad_call_id"
-    UNKNOWN_TOOL = "unknown_tool"
-    TOOL_NOT_ALLOWED = "tool_not_allowed"
-    INVALID_JSON = "invalid_json"
-    INVALID_ARGUMENTS = "invalid_arguments"
-    ARGUMENTS_TOO_LARGE = "arguments_too_large"
-    DENIED = "denied"
-    APPROVAL_PENDING = "approval_pending"
-    APPROVAL_DENIED = "approval_denied"
-    BUDGET_EXCEEDED = "budget_exceeded"
-    TIMED_OUT = "timed_out"
-    OOM_KILLED = "oom_killed"
-    NONZERO_EXIT = "nonzero_exit"
-    TOOL_FAILED = "tool_failed"
-    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
-    INTERNAL = "internal"
-
-    @property
-    def retryable(self) -> bool:
-        return self in _RETRYABLE
-
-
-_RETRYABLE = frozenset({ErrorCode.APPROVAL_PENDING, ErrorCode.SANDBOX_UNAVAILABLE, ErrorCode.TIMED_OUT})
 
 
 @dataclass(frozen=True)

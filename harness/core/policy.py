@@ -125,7 +125,7 @@ from harness.core.actions import ActionsPolicy
 from harness.core.budgets import Budgets, CallTimeout
 from harness.core.calls import TOOL_NAME_PATTERN, Action, Decision
 from harness.core.declared import DeclaredTool
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 from harness.core.redaction import RedactionSettings
 from harness.core.rules import (
     PolicyTarget,
@@ -169,7 +169,7 @@ DEFAULT_POLICY_RESOURCE = "data/default-policy.toml"
 class PolicyError(CallboxError):
     """The policy cannot be loaded or used; the message names the file, the key and the fix."""
 
-    exit_code = 2
+    code = ErrorCode.INVALID_CONFIG
 
 
 def _spec_default(name: str) -> Any:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import pydantic
 
 from harness.core.calls import TOOL_NAME_PATTERN, ToolOutput
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 from harness.core.strict_schema import SchemaForm, StrictSchemaError, json_schema
 
 __all__ = ["Handler", "RegistryError", "Tool", "ToolAnnotations", "ToolDefinition", "ToolFilter", "ToolRegistry"]
@@ -95,6 +95,8 @@ class Tool:
 
 class RegistryError(CallboxError):
     """A tool cannot be registered or looked up; the message names the fix."""
+
+    code = ErrorCode.INVALID_CONFIG
 
 
 _NAME_EXAMPLE = "'read_file'"

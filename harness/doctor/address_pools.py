@@ -198,7 +198,7 @@ def configured_pools(ev: Evidence) -> tuple[tuple[Pool, ...] | None, str]:
 
 
 def check_address_pools(ev: Evidence) -> CheckResult:
-    make = result_maker("daemon.address-pools", "networked sandboxes", "daemon")
+    make = result_maker("daemon.address-pools")
     try:
         pools, source = configured_pools(ev)
     except PoolConfigError as exc:

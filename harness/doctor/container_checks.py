@@ -30,6 +30,7 @@ from harness.doctor.evidence import (
     mounts,
     probe_value,
     security_opts,
+    under_gvisor,
 )
 from harness.doctor.report import CheckResult, result_maker
 
@@ -50,8 +51,15 @@ SENSITIVE_TREES = ("/boot", "/dev", "/etc", "/proc", "/sys")
 ENGINE_SOCKET_NAMES = ("docker.sock", "containerd.sock", "dockershim.sock", "crio.sock", "podman.sock")
 
 
-def check_apparmor(container: Mapping[str, Any], info: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.1", "AppArmor profile enabled", "container")
+NOT_UNDER_GVISOR = "not applicable under gVisor: "
+"""How a check that does not apply to a sandbox on gVisor's kernel begins its reason."""
+
+
+def check_apparmor(container: Mapping[str, Any], info: Mapping[str, Any], gvisor: bool = False) -> CheckResult:
+    make = result_maker("5.1")
+    if gvisor:
+        return make("SKIP", NOT_UNDER_GVISOR + "runsc does not apply AppArmor profiles (it logs that it ignores "
+                                               "them); the tools' system calls go to gVisor's kernel, not the host's")
     if "apparmor" not in daemon_security_options(info):
         return make("WARN", APPARMOR_ABSENT)
     profile = container.get("AppArmorProfile") or ""
@@ -61,8 +69,11 @@ def check_apparmor(container: Mapping[str, Any], info: Mapping[str, Any]) -> Che
     return make("PASS", f"profile {profile}")
 
 
-def check_selinux(container: Mapping[str, Any], info: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.2", "SELinux security options set", "container")
+def check_selinux(container: Mapping[str, Any], info: Mapping[str, Any], gvisor: bool = False) -> CheckResult:
+    make = result_maker("5.2")
+    if gvisor:
+        return make("SKIP", NOT_UNDER_GVISOR + "runsc does not apply SELinux labels; the tools' system calls go to "
+                                               "gVisor's kernel, not the host's")
     if "selinux" not in daemon_security_options(info):
         return make("WARN", SELINUX_ABSENT)
     label = security_opts(container).get("label", "")
@@ -78,7 +89,7 @@ def _cap_name(cap: str) -> str:
 
 
 def check_capabilities(container: Mapping[str, Any], probe: Probe | None = None) -> CheckResult:
-    make = result_maker("5.3", "Linux kernel capabilities restricted", "container")
+    make = result_maker("5.3")
     hc = host_config(container)
     added = [_cap_name(c) for c in hc.get("CapAdd") or []]
     dropped = {_cap_name(c) for c in hc.get("CapDrop") or []}
@@ -100,7 +111,7 @@ def check_capabilities(container: Mapping[str, Any], probe: Probe | None = None)
 
 
 def check_privileged(container: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.4", "privileged containers not used", "container")
+    make = result_maker("5.4")
     if host_config(container).get("Privileged"):
         return make("FAIL", "the sandbox runs privileged: every capability and every host device")
     return make("PASS", "not privileged")
@@ -112,7 +123,7 @@ def _is_sensitive(path: str) -> bool:
 
 
 def check_sensitive_mounts(container: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.5", "sensitive host system directories not mounted", "container")
+    make = result_maker("5.5")
     found = [f"{m.get('Source')} -> {m.get('Destination')} ({'rw' if m.get('RW') else 'ro'})"
              for m in mounts(container) if m.get("Type", "bind") == "bind" and _is_sensitive(str(m.get("Source", "")))]
     if found:
@@ -137,7 +148,7 @@ def _published_ports(container: Mapping[str, Any]) -> list[tuple[str, int]]:
 
 
 def check_privileged_ports(container: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.7", "privileged ports not mapped", "container")
+    make = result_maker("5.7")
     ports = _published_ports(container)
     low = [f"{inner} on host port {host}" for inner, host in ports if 0 < host < 1024]
     if low:
@@ -148,7 +159,7 @@ def check_privileged_ports(container: Mapping[str, Any]) -> CheckResult:
 
 
 def check_host_network(container: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.9", "host network namespace not shared", "container")
+    make = result_maker("5.9")
     mode = host_config(container).get("NetworkMode") or "default"
     if mode == "host":
         return make("FAIL", "network mode host: the sandbox shares the host's network stack")
@@ -156,7 +167,7 @@ def check_host_network(container: Mapping[str, Any]) -> CheckResult:
 
 
 def check_memory(container: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.10", "memory usage limited", "container")
+    make = result_maker("5.10")
     hc = host_config(container)
     memory = int(hc.get("Memory") or 0)
     swap = int(hc.get("MemorySwap") or 0)
@@ -172,7 +183,7 @@ def check_memory(container: Mapping[str, Any]) -> CheckResult:
 
 
 def check_cpu(container: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.11", "CPU priority set", "container")
+    make = result_maker("5.11")
     hc = host_config(container)
     nano = int(hc.get("NanoCpus") or 0)
     quota, period = int(hc.get("CpuQuota") or 0), int(hc.get("CpuPeriod") or 0) or 100_000
@@ -190,16 +201,16 @@ def check_cpu(container: Mapping[str, Any]) -> CheckResult:
 
 
 def check_read_only_root(container: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.12", "root filesystem mounted read only", "container")
+    make = result_maker("5.12")
     if not host_config(container).get("ReadonlyRootfs"):
         return make("FAIL", "the root filesystem is writable")
     scratch = ", ".join(sorted(host_config(container).get("Tmpfs") or {})) or "none"
     return make("PASS", f"read-only; writable scratch only on size-limited tmpfs: {scratch}")
 
 
-def _namespace_check(check_id: str, title: str, key: str, what: str) -> Callable[[Mapping[str, Any]], CheckResult]:
+def _namespace_check(check_id: str, key: str, what: str) -> Callable[[Mapping[str, Any]], CheckResult]:
     def check(container: Mapping[str, Any]) -> CheckResult:
-        make = result_maker(check_id, title, "container")
+        make = result_maker(check_id)
         mode = str(host_config(container).get(key) or "")
         if mode == "host":
             return make("FAIL", f"{key} host: the sandbox shares the host's {what}")
@@ -210,12 +221,12 @@ def _namespace_check(check_id: str, title: str, key: str, what: str) -> Callable
     return check
 
 
-check_host_pid = _namespace_check("5.15", "host PID namespace not shared", "PidMode", "process namespace")
-check_host_uts = _namespace_check("5.20", "host UTS namespace not shared", "UTSMode", "UTS namespace")
+check_host_pid = _namespace_check("5.15", "PidMode", "process namespace")
+check_host_uts = _namespace_check("5.20", "UTSMode", "UTS namespace")
 
 
 def check_host_ipc(container: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.16", "host IPC namespace not shared", "container")
+    make = result_maker("5.16")
     mode = str(host_config(container).get("IpcMode") or "")
     if mode == "host":
         return make("FAIL", "IpcMode host: the sandbox shares the host's IPC namespace")
@@ -225,7 +236,7 @@ def check_host_ipc(container: Mapping[str, Any]) -> CheckResult:
 
 
 def check_devices(container: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.17", "host devices not directly exposed", "container")
+    make = result_maker("5.17")
     hc = host_config(container)
     devices = [str(d.get("PathOnHost", d)) for d in hc.get("Devices") or []]
     requests = hc.get("DeviceRequests") or []
@@ -241,7 +252,7 @@ def check_devices(container: Mapping[str, Any]) -> CheckResult:
 
 
 def check_ulimits(container: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.18", "default ulimit overridden where needed", "container")
+    make = result_maker("5.18")
     ulimits = host_config(container).get("Ulimits") or []
     if not ulimits:
         return make("WARN", "no per-container ulimits: the daemon's defaults apply")
@@ -250,7 +261,7 @@ def check_ulimits(container: Mapping[str, Any]) -> CheckResult:
 
 
 def check_mount_propagation(container: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.19", "mount propagation mode not shared", "container")
+    make = result_maker("5.19")
     shared = [f"{m.get('Destination')} ({m.get('Propagation')})" for m in mounts(container)
               if str(m.get("Propagation") or "") in ("shared", "rshared")]
     if shared:
@@ -261,7 +272,7 @@ def check_mount_propagation(container: Mapping[str, Any]) -> CheckResult:
 
 def check_seccomp(container: Mapping[str, Any], info: Mapping[str, Any], probe: Probe | None = None,
                   expected_profile: str | None = None) -> CheckResult:
-    make = result_maker("5.21", "default seccomp profile not disabled", "container")
+    make = result_maker("5.21")
     value = security_opts(container).get("seccomp")
     if value == "unconfined":
         return make("FAIL", "seccomp=unconfined: no syscall filter")
@@ -286,7 +297,7 @@ def check_seccomp(container: Mapping[str, Any], info: Mapping[str, Any], probe: 
 
 
 def check_cgroup_parent(container: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.24", "cgroup usage confirmed", "container")
+    make = result_maker("5.24")
     parent = host_config(container).get("CgroupParent") or ""
     if parent:
         return make("WARN", f"custom cgroup parent {parent}: confirm its limits")
@@ -294,14 +305,15 @@ def check_cgroup_parent(container: Mapping[str, Any]) -> CheckResult:
 
 
 def check_no_new_privileges(container: Mapping[str, Any], probe: Probe | None = None,
-                            daemon_config: Mapping[str, Any] | None = None) -> CheckResult:
-    make = result_maker("5.25", "restricted from acquiring additional privileges", "container")
+                            daemon_config: Mapping[str, Any] | None = None, gvisor: bool = False) -> CheckResult:
+    make = result_maker("5.25")
     value = security_opts(container).get("no-new-privileges")
     set_here = value is not None and value.lower() in ("", "true", "1")
     observed = probe_value(probe, "NoNewPrivs")
     if observed is not None and observed != "1":
         return make("FAIL", f"a tool process has NoNewPrivs {observed}: setuid binaries can raise privileges")
-    seen = "; NoNewPrivs 1 observed in a tool process" if observed is not None else ""
+    seen = "; NoNewPrivs 1 observed in a tool process" if observed is not None else \
+        "; gVisor's /proc does not show NoNewPrivs, so it was not observed in a tool process" if gvisor else ""
     if set_here:
         return make("PASS", "no-new-privileges set on the container" + seen)
     if daemon_no_new_privileges(daemon_config):
@@ -310,7 +322,7 @@ def check_no_new_privileges(container: Mapping[str, Any], probe: Probe | None = 
 
 
 def check_pids_limit(container: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.28", "PIDs cgroup limit used", "container")
+    make = result_maker("5.28")
     limit = host_config(container).get("PidsLimit")
     if limit is None or int(limit) <= 0:
         return make("FAIL", "no PIDs limit: a fork bomb can exhaust the host's process table")
@@ -318,7 +330,7 @@ def check_pids_limit(container: Mapping[str, Any]) -> CheckResult:
 
 
 def check_default_bridge(container: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.29", "Docker's default bridge docker0 not used", "container")
+    make = result_maker("5.29")
     mode = host_config(container).get("NetworkMode") or "default"
     networks = sorted(((container.get("NetworkSettings") or {}).get("Networks") or {}).keys())
     if mode in ("default", "bridge") or "bridge" in networks:
@@ -331,7 +343,7 @@ def check_default_bridge(container: Mapping[str, Any]) -> CheckResult:
 
 
 def check_host_userns(container: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("5.30", "host user namespace not shared", "container")
+    make = result_maker("5.30")
     mode = str(host_config(container).get("UsernsMode") or "")
     if mode == "host":
         return make("FAIL", "UsernsMode host: the sandbox opts out of user-namespace remapping")
@@ -340,7 +352,7 @@ def check_host_userns(container: Mapping[str, Any]) -> CheckResult:
 
 
 def check_engine_socket(container: Mapping[str, Any], engine_sockets: Iterable[str] = ()) -> CheckResult:
-    make = result_maker("5.31", "Docker socket not mounted", "container")
+    make = result_maker("5.31")
     sockets = {s for s in engine_sockets if s}
     found = []
     for m in mounts(container):
@@ -356,9 +368,10 @@ def check_engine_socket(container: Mapping[str, Any], engine_sockets: Iterable[s
 
 def container_checks(ev: Evidence) -> list[CheckResult]:
     c, info, probe = ev.container, ev.info, ev.probe
+    gvisor = under_gvisor(ev)
     return [
-        check_apparmor(c, info),
-        check_selinux(c, info),
+        check_apparmor(c, info, gvisor),
+        check_selinux(c, info, gvisor),
         check_capabilities(c, probe),
         check_privileged(c),
         check_sensitive_mounts(c),
@@ -375,7 +388,7 @@ def container_checks(ev: Evidence) -> list[CheckResult]:
         check_host_uts(c),
         check_seccomp(c, info, probe, ev.expected_seccomp),
         check_cgroup_parent(c),
-        check_no_new_privileges(c, probe, ev.daemon_config),
+        check_no_new_privileges(c, probe, ev.daemon_config, gvisor),
         check_pids_limit(c),
         check_default_bridge(c),
         check_host_userns(c),

@@ -22,6 +22,7 @@ from harness.doctor.evidence import (
     daemon_no_new_privileges,
     daemon_security_options,
     host_config,
+    under_gvisor,
 )
 from harness.doctor.report import CheckResult, result_maker
 
@@ -33,7 +34,7 @@ RUNC_2025 = ("CVE-2025-31133", "CVE-2025-52565", "CVE-2025-52881")
 
 
 def check_userns_remap(info: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("daemon.userns", "user-namespace remapping", "daemon")
+    make = result_maker("daemon.userns")
     options = daemon_security_options(info)
     if "rootless" in options:
         return make("PASS", "rootless daemon: uid 0 in a sandbox is the daemon's unprivileged user on the host")
@@ -45,7 +46,7 @@ def check_userns_remap(info: Mapping[str, Any]) -> CheckResult:
 
 
 def check_live_restore(info: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("daemon.live-restore", "live-restore enabled", "daemon")
+    make = result_maker("daemon.live-restore")
     if info.get("LiveRestoreEnabled"):
         return make("PASS", "sandboxes keep running while dockerd restarts or is upgraded")
     return make("WARN", "live-restore is off: restarting or upgrading dockerd stops every sandbox (calls in flight "
@@ -53,7 +54,7 @@ def check_live_restore(info: Mapping[str, Any]) -> CheckResult:
 
 
 def check_daemon_no_new_privileges(daemon_config: Mapping[str, Any] | None, note: str = "") -> CheckResult:
-    make = result_maker("daemon.no-new-privileges", "no-new-privileges as the daemon default", "daemon")
+    make = result_maker("daemon.no-new-privileges")
     if daemon_no_new_privileges(daemon_config):
         return make("PASS", "\"no-new-privileges\": true in daemon.json")
     if daemon_config is None or (not daemon_config and note):
@@ -66,7 +67,7 @@ def check_daemon_no_new_privileges(daemon_config: Mapping[str, Any] | None, note
 
 def check_log_size(container: Mapping[str, Any], info: Mapping[str, Any],
                    daemon_config: Mapping[str, Any] | None) -> CheckResult:
-    make = result_maker("daemon.log-size", "container log size limited", "daemon")
+    make = result_maker("daemon.log-size")
     log_config = host_config(container).get("LogConfig") or {}
     driver = str(log_config.get("Type") or info.get("LoggingDriver") or "json-file")
     options = dict((daemon_config or {}).get("log-opts") or {})
@@ -146,7 +147,7 @@ def changelog_fixes(changelog: str | None, build: str, version: str) -> set[str]
 
 
 def check_runc(version_build: tuple[str, str] | None, changelog: str | None = None) -> CheckResult:
-    make = result_maker("daemon.runc", "runc has the container-escape fixes", "daemon")
+    make = result_maker("daemon.runc")
     if version_build is None:
         return make("WARN", "the runc version is unknown (neither docker version nor runc --version names it)")
     version, build = version_build
@@ -203,7 +204,7 @@ def daemon_checks(ev: Evidence) -> list[CheckResult]:
 
 
 def check_seccomp_available(info: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("host.seccomp", "seccomp available", "host")
+    make = result_maker("host.seccomp")
     for entry in info.get("SecurityOptions") or []:
         if "name=seccomp" in str(entry):
             profile = dict(p.partition("=")[::2] for p in str(entry).split(",")).get("profile", "default")
@@ -212,7 +213,7 @@ def check_seccomp_available(info: Mapping[str, Any]) -> CheckResult:
 
 
 def check_cgroup_limits(info: Mapping[str, Any]) -> CheckResult:
-    make = result_maker("host.cgroup-limits", "the kernel enforces the sandbox limits", "host")
+    make = result_maker("host.cgroup-limits")
     wanted = {"MemoryLimit": "memory", "SwapLimit": "swap", "PidsLimit": "pids", "CpuCfsQuota": "CPU quota"}
     missing = [name for key, name in wanted.items() if info.get(key) is False]
     version = info.get("CgroupVersion") or "1"
@@ -231,9 +232,14 @@ def _counter(text: str | None) -> int | None:
     return None
 
 
-def check_oom_counter(info: Mapping[str, Any], probe: Probe | None) -> CheckResult:
-    make = result_maker("host.oom-counter", "OOM-kill counter readable in the sandbox", "host")
+def check_oom_counter(info: Mapping[str, Any], probe: Probe | None, gvisor: bool = False) -> CheckResult:
+    make = result_maker("host.oom-counter")
     version = info.get("CgroupVersion") or "1"
+    if gvisor:
+        return make("SKIP", "not applicable under gVisor: the tools see gVisor's own cgroup files, which have no "
+                            f"oom_kill counter; the limit is the host's cgroup v{version} around the whole sandbox, "
+                            "so a tool over it stops the sandbox, and callbox reports the container killed for "
+                            "running out of memory")
     if probe is None:
         return make("WARN", f"cgroup v{version}; the in-sandbox probe did not run, so the counter is unchecked")
     if _counter(probe.oom_control) is not None:
@@ -245,7 +251,7 @@ def check_oom_counter(info: Mapping[str, Any], probe: Probe | None) -> CheckResu
 
 
 def check_packet_filter(problem: str | None, remote_engine: bool) -> CheckResult:
-    make = result_maker("host.netfilter", "networked sandboxes can be filtered", "host")
+    make = result_maker("host.netfilter")
     if remote_engine:
         return make("WARN", "the engine is on another host: callbox cannot install its packet filter there, so "
                             "network modes other than 'none' are refused")
@@ -262,7 +268,7 @@ spawner, docker-init, and about 10 threads of its containerd-shim."""
 
 
 def check_pid_max(pid_max: int | None, remote_engine: bool) -> CheckResult:
-    make = result_maker("host.pid-max", "pids for many live sandboxes", "host")
+    make = result_maker("host.pid-max")
     if remote_engine or pid_max is None:
         where = "the engine is on another host" if remote_engine else "/proc/sys/kernel/pid_max is not readable"
         return make("WARN", f"unknown: {where}; each idle sandbox takes about {PIDS_PER_IDLE_SANDBOX} of the "
@@ -277,7 +283,8 @@ def check_pid_max(pid_max: int | None, remote_engine: bool) -> CheckResult:
 
 
 def host_checks(ev: Evidence) -> list[CheckResult]:
-    return [check_seccomp_available(ev.info), check_cgroup_limits(ev.info), check_oom_counter(ev.info, ev.probe),
+    return [check_seccomp_available(ev.info), check_cgroup_limits(ev.info),
+            check_oom_counter(ev.info, ev.probe, under_gvisor(ev)),
             check_packet_filter(ev.packet_filter_problem, ev.remote_engine),
             check_pid_max(ev.pid_max, ev.remote_engine)]
 

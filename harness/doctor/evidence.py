@@ -17,9 +17,11 @@ import json
 import os
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from harness.doctor.gvisor import KERNEL_PROBE, KernelSeen, Verdict, host_kernel_version, judge, parse_kernel
 
 if TYPE_CHECKING:
     from harness.engine.docker.engine import DockerEngine, Sandbox
@@ -33,9 +35,11 @@ RUNC_CHANGELOGS = (Path("/usr/share/doc/runc/changelog.Debian.gz"),)
 PROBE_COMMAND = (
     "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; "
     "echo '--- memory.oom_control'; cat /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null; "
-    "echo '--- memory.events'; cat /sys/fs/cgroup/memory.events 2>/dev/null; true"
+    "echo '--- memory.events'; cat /sys/fs/cgroup/memory.events 2>/dev/null; "
+    f"{KERNEL_PROBE}; true"
 )
-"""Run by the agent as a tool process: its own credentials and the cgroup counters."""
+"""Run by the agent as a tool process: its own credentials, the cgroup counters and the
+kernel it runs on (``gvisor.KERNEL_PROBE``)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,8 @@ class Probe:
     """Text of /sys/fs/cgroup/memory/memory.oom_control (cgroup v1), if readable."""
     memory_events: str | None = None
     """Text of /sys/fs/cgroup/memory.events (cgroup v2), if readable."""
+    kernel: KernelSeen | None = None
+    """The kernel it runs on (``uname -v``, ``/proc/version``, ``dmesg``)."""
 
 
 def parse_probe(text: str) -> Probe:
@@ -69,7 +75,7 @@ def parse_probe(text: str) -> Probe:
         return "\n".join(lines) if lines else None
 
     return Probe(status=status, oom_control=section("memory.oom_control"),
-                 memory_events=section("memory.events"))
+                 memory_events=section("memory.events"), kernel=parse_kernel(sections))
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,12 @@ class Evidence:
     pid_max: int | None = None
     """This host's ``kernel.pid_max`` (every thread of every sandbox takes a pid); None when
     the engine is remote or it cannot be read."""
+    host_kernel: str | None = None
+    """This host's ``uname -v``, when the engine runs here (a sandbox on runc sees it too)."""
+    start_s: float | None = None
+    """Seconds from create to an answering agent for the checked sandbox."""
+    sandbox_problem: str | None = None
+    """Why no sandbox started (then ``container`` is empty and ``probe`` None)."""
 
 
 def host_config(container: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -151,6 +163,26 @@ def probe_value(probe: Probe | None, key: str) -> str | None:
 
 def daemon_no_new_privileges(config: Mapping[str, Any] | None) -> bool:
     return bool(config) and (config or {}).get("no-new-privileges") is True
+
+
+def kernel_seen(ev: Evidence) -> KernelSeen | None:
+    """What the checked sandbox showed of its kernel, with the runtime Docker recorded for
+    it and this host's kernel version; None when its probe did not run."""
+    if ev.probe is None or ev.probe.kernel is None:
+        return None
+    runtime = str(host_config(ev.container).get("Runtime") or "") or None
+    return replace(ev.probe.kernel, docker_runtime=runtime, host_version=ev.host_kernel)
+
+
+def gvisor_verdict(ev: Evidence) -> Verdict | None:
+    """Whether the checked sandbox's tools run on gVisor's kernel (None: not known)."""
+    seen = kernel_seen(ev)
+    return None if seen is None else judge(seen)
+
+
+def under_gvisor(ev: Evidence) -> bool:
+    verdict = gvisor_verdict(ev)
+    return verdict is not None and verdict.gvisor
 
 
 # ---- gathering the evidence (the only part that touches the engine and the host) ----------
@@ -245,7 +277,7 @@ def _list_networks(client: Any) -> tuple[tuple[Mapping[str, Any], ...] | None, s
         return None, f"docker network ls failed: {exc}"
 
 
-def _read_runc_changelog() -> str | None:
+def read_runc_changelog() -> str | None:
     if not _local_engine():
         return None
     for path in RUNC_CHANGELOGS:
@@ -257,7 +289,7 @@ def _read_runc_changelog() -> str | None:
     return None
 
 
-def _runc_cli() -> str | None:
+def runc_cli() -> str | None:
     try:
         done = subprocess.run(["runc", "--version"], capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
@@ -278,32 +310,26 @@ def _probe(sandbox: Sandbox) -> Probe | None:
     return parse_probe(result.stdout.data().decode("utf-8", "replace"))
 
 
-def gather(engine: DockerEngine) -> Evidence:
-    """Start a sandbox through the real code path, inspect and probe it, destroy it; read
-    the engine's info, version and networks; daemon.json, runc's changelog, this host's
-    routes and nameservers and dockerd's command line when local."""
+def gather(engine: DockerEngine, runtime: Literal["runc", "runsc"] = "runc") -> Evidence:
+    """Start a sandbox through the real code path (under ``runtime``), inspect and probe it,
+    destroy it; read the engine's info, version and networks; daemon.json, runc's changelog,
+    this host's routes, nameservers, kernel version and dockerd's command line when local.
+    A sandbox that does not start leaves its evidence empty and says why (``sandbox_problem``);
+    an engine lost on the way is EngineUnavailable."""
     import docker.errors
+    import requests
 
     from harness.core.errors import EngineUnavailable
     from harness.engine.docker.engine import seccomp_profile
     from harness.engine.docker.networks import engine_is_local
-    from harness.engine.spec import SandboxSpec
 
     client = engine.client
     try:
         info = client.info()
         version = client.version()
-    except docker.errors.DockerException as exc:
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise EngineUnavailable(f"cannot query the Docker engine: {exc}") from None
-    sandbox = engine.create(SandboxSpec())
-    try:
-        try:
-            container = client.api.inspect_container(sandbox.container_id)
-        except docker.errors.DockerException as exc:
-            raise EngineUnavailable(f"cannot inspect the sandbox: {exc}") from None
-        probe = _probe(sandbox)
-    finally:
-        sandbox.destroy()
+    container, probe, start_s, problem = _checked_sandbox(engine, runtime)
     daemon_config, note = read_daemon_config()
     networks, networks_note = _list_networks(client)
     local = engine_is_local(client)
@@ -312,12 +338,44 @@ def gather(engine: DockerEngine) -> Evidence:
     needs_cli = not any(str(c.get("Name", "")).lower() == "runc" for c in version.get("Components") or [])
     return Evidence(
         container=container, info=info, version=version, daemon_config=daemon_config, daemon_config_note=note,
-        probe=probe, runc_cli=_runc_cli() if needs_cli and _local_engine() else None,
-        runc_changelog=_read_runc_changelog(), expected_seccomp=seccomp_profile(),
+        probe=probe, runc_cli=runc_cli() if needs_cli and _local_engine() else None,
+        runc_changelog=read_runc_changelog(), expected_seccomp=seccomp_profile(),
         engine_sockets=(_engine_socket(),),
         packet_filter_problem=engine.networks.packet_filter.problem() if local else None,
         remote_engine=not local, networks=networks, networks_note=networks_note,
         host_networks=read_host_networks() if own_netns else None,
         dockerd_args=read_dockerd_args() if local else None,
         pid_max=read_pid_max() if local else None,
+        host_kernel=host_kernel_version() if local else None,
+        start_s=start_s, sandbox_problem=problem,
     )
+
+
+def _checked_sandbox(engine: DockerEngine, runtime: Literal["runc", "runsc"]
+                     ) -> tuple[Mapping[str, Any], Probe | None, float | None, str | None]:
+    """Start the sandbox the checks look at, inspect and probe it, destroy it: its ``docker
+    inspect``, its probe, the seconds it took to start, and why it did not start (then the
+    rest is empty)."""
+    import time
+
+    import docker.errors
+
+    from harness.core.errors import CallboxError, EngineUnavailable
+    from harness.engine.spec import SandboxSpec
+
+    started = time.monotonic()
+    try:
+        sandbox = engine.create(SandboxSpec(runtime=runtime))
+    except EngineUnavailable:
+        raise
+    except CallboxError as exc:  # no image, no such runtime, an agent that never answered
+        return {}, None, None, exc.message
+    start_s = time.monotonic() - started
+    try:
+        try:
+            container = engine.client.api.inspect_container(sandbox.container_id)
+        except docker.errors.DockerException as exc:
+            raise EngineUnavailable(f"cannot inspect the sandbox: {exc}") from None
+        return container, _probe(sandbox), start_s, None
+    finally:
+        sandbox.destroy()

@@ -64,14 +64,14 @@ class RayEvidence:
 
 
 def check_installed(ev: RayEvidence) -> CheckResult:
-    make = result_maker("ray.installed", "Ray installed (2.52 or later, for token authentication)", "cluster")
+    make = result_maker("ray.installed")
     if ev.version is None:
         return make("FAIL", ev.version_problem or "ray is not installed: pip install 'callbox[ray]'")
     return make("PASS", f"ray {ev.version}")
 
 
 def check_token(ev: RayEvidence) -> CheckResult:
-    make = result_maker("ray.token", "the harness authenticates to the cluster (token)", "cluster")
+    make = result_maker("ray.token")
     s = ev.settings
     if ev.auth_mode_env not in (None, "token") and s.token_file is not None:
         return make("FAIL", f"RAY_AUTH_MODE={ev.auth_mode_env} in this environment turns token authentication off "
@@ -89,7 +89,7 @@ def check_token(ev: RayEvidence) -> CheckResult:
 
 
 def check_cluster_auth(ev: RayEvidence) -> CheckResult:
-    make = result_maker("ray.cluster-auth", "the cluster refuses callers without its token", "cluster")
+    make = result_maker("ray.cluster-auth")
     answer = ev.unauthenticated_answer
     if answer == "refused":
         return make("PASS", f"a call without a token to {ev.settings.address} was refused (UNAUTHENTICATED)")
@@ -101,7 +101,7 @@ def check_cluster_auth(ev: RayEvidence) -> CheckResult:
 
 
 def check_reachable(ev: RayEvidence) -> CheckResult:
-    make = result_maker("ray.reachable", "the cluster answers and this machine joins it as a driver", "cluster")
+    make = result_maker("ray.reachable")
     if ev.reach_problem is not None:
         return make("FAIL", ev.reach_problem)
     took = f" in {ev.join_s:.1f} s" if ev.join_s is not None else ""
@@ -109,7 +109,7 @@ def check_reachable(ev: RayEvidence) -> CheckResult:
 
 
 def check_nodes(ev: RayEvidence) -> CheckResult:
-    make = result_maker("ray.nodes", "nodes that hold sandboxes (callbox_sandboxes)", "cluster")
+    make = result_maker("ray.nodes")
     if ev.nodes is None:
         return make("WARN", f"{NOT_CHECKED}: the cluster was not reached")
     # A node that died and came back is listed twice: its dead earlier life is history, not a problem.
@@ -127,7 +127,7 @@ def check_nodes(ev: RayEvidence) -> CheckResult:
 
 
 def check_images(ev: RayEvidence) -> CheckResult:
-    make = result_maker("ray.images", f"each node holds the sandbox image {ev.settings.image}", "cluster")
+    make = result_maker("ray.images", f"each node holds the sandbox image {ev.settings.image}")
     if ev.images is None:
         return make("WARN", f"{NOT_CHECKED}: {ev.images_note or 'the cluster was not reached'}")
     if not ev.images:

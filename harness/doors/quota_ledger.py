@@ -54,7 +54,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 from harness.core.units import format_size
 from harness.doors.quotas import Quotas
 from harness.telemetry import metrics
@@ -82,6 +82,8 @@ def fair_share(capacity: int, share: float = DEFAULT_SHARE) -> int:
 class QuotaExceeded(CallboxError):
     """A request over one of its client's quotas; ``message`` names the quota, the limit, the
     use and when it frees up."""
+
+    code = ErrorCode.LIMIT_REACHED
 
     def __init__(self, *, client: str, quota: str, limit: float, used: float, door: str, message: str,
                  frees_in_s: float | None, retry_after_s: float, retryable: bool = True) -> None:

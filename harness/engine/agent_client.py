@@ -179,8 +179,8 @@ class AgentClient:
             except Exception:  # the explanation is a courtesy: it never hides the failure
                 why = None
             if why:
-                failure = AgentCallError(f"{failure.message} ({why})", reason=failure.reason, code=failure.code,
-                                         retryable=failure.retryable)
+                failure = AgentCallError(f"{failure.message} ({why})", reason=failure.reason,
+                                         grpc_code=failure.grpc_code, retryable=failure.retryable)
         return failure
 
     def close(self) -> None:

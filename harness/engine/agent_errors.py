@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import grpc
 
-from harness.core.errors import AgentCallError
+from harness.core.errors import AgentCallError, ErrorCode
 from harness.wire import DETAIL_METADATA_KEY
+from sandbox.errors import COMMAND_NOT_FOUND
 from sandbox.v1 import errors_pb2
 
 __all__ = ["SANDBOX_GONE", "UNREACHABLE_CODES", "sandbox_gone", "translate"]
@@ -24,7 +25,7 @@ of the agent's own they mean the sandbox is gone, not a refusal."""
 
 def sandbox_gone(error: AgentCallError) -> bool:
     """The agent call failed because the sandbox no longer answers (not a refusal)."""
-    return error.reason == "UNSPECIFIED" and error.code in UNREACHABLE_CODES
+    return error.reason == "UNSPECIFIED" and error.grpc_code in UNREACHABLE_CODES
 
 
 def translate(error: grpc.RpcError) -> AgentCallError:
@@ -47,4 +48,7 @@ def translate(error: grpc.RpcError) -> AgentCallError:
             from_agent = True
     if code == grpc.StatusCode.UNAVAILABLE and not from_agent:
         message = f"{SANDBOX_GONE} ({message})" if message else SANDBOX_GONE
-    return AgentCallError(message or code.name, reason=reason, code=code.name, retryable=retryable)
+    failure = AgentCallError(message or code.name, reason=reason, grpc_code=code.name, retryable=retryable)
+    if reason == "SPAWN_FAILED" and failure.message.endswith(COMMAND_NOT_FOUND):
+        failure.code = ErrorCode.COMMAND_NOT_FOUND  # type: ignore[misc]  # this instance's own code
+    return failure

@@ -6,6 +6,10 @@ the command's whole process tree. :func:`current_scope` makes a scope current fo
 calling thread (a context variable, so concurrent calls in other threads keep theirs), and
 every :class:`~harness.engine.agent_client.AgentClient` channel records the streams it
 opens in the current scope (:class:`StreamTracker`).
+
+A scope also notes when the agent reported that a command of the call started
+(:func:`note_command_started`, from the ``Started`` event of an Exec stream), so a harness
+stopped in the middle of the call can record truthfully that its command had started.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 import grpc
 
-__all__ = ["CallScope", "StreamTracker", "current_scope"]
+__all__ = ["CallScope", "StreamTracker", "active_scope", "current_scope", "note_command_started"]
 
 
 class CallScope:
@@ -28,6 +32,8 @@ class CallScope:
         self._lock = threading.Lock()
         self._calls: list[Any] = []
         self.cancelled = False
+        self.command_started = False
+        """Whether the agent reported that a command of this call started."""
 
     def track(self, call: Any) -> None:
         with self._lock:
@@ -58,6 +64,18 @@ def current_scope(scope: CallScope) -> Iterator[CallScope]:
         yield scope
     finally:
         _CURRENT.reset(token)
+
+
+def active_scope() -> CallScope | None:
+    """The calling thread's current scope (None outside a call)."""
+    return _CURRENT.get()
+
+
+def note_command_started() -> None:
+    """The agent reported that a command started: note it in the current scope, if any."""
+    scope = _CURRENT.get()
+    if scope is not None:
+        scope.command_started = True
 
 
 class StreamTracker(grpc.UnaryStreamClientInterceptor):  # type: ignore[misc]

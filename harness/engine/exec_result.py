@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.core.errors import AgentCallError
+from harness.engine.cancel import note_command_started
 from sandbox.errors import COMMAND_NOT_FOUND
 from sandbox.v1 import process_pb2
 
@@ -149,14 +150,17 @@ def start_failure_exit_code(error: AgentCallError) -> int | None:
     return COMMAND_NOT_FOUND_EXIT if error.message.endswith(COMMAND_NOT_FOUND) else NOT_EXECUTABLE_EXIT
 
 
-def collect(events: Iterable[process_pb2.ExecEvent], on_output: OutputCallback | None = None) -> ExecResult:
-    """Consume an Exec stream to its Exited event."""
-    streams = OutputStreams()
+def collect(events: Iterable[process_pb2.ExecEvent], on_output: OutputCallback | None = None,
+            streams: OutputStreams | None = None) -> ExecResult:
+    """Consume an Exec stream to its Exited event; ``streams`` (a new one by default) keeps the
+    output as it comes, so a caller stopped half-way still has what arrived."""
+    streams = streams if streams is not None else OutputStreams()
     pid = 0
     for event in events:
         kind = event.WhichOneof("event")
         if kind == "started":
             pid = event.started.pid
+            note_command_started()
         elif kind == "output":
             chunk = streams.add(event.output)
             if chunk is not None and on_output is not None:

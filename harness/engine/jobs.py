@@ -185,7 +185,7 @@ class JobsClient:
             if info.pid == pid:
                 return info
         raise AgentCallError(f"no job has pid {pid}; `List` shows the jobs this sandbox remembers",
-                             reason="NO_SUCH_PROCESS", code="NOT_FOUND", retryable=False)
+                             reason="NO_SUCH_PROCESS", grpc_code="NOT_FOUND", retryable=False)
 
     def attach(self, pid: int, *, from_seq: int = 0, follow: bool = False,
                timeout: float | None = None) -> Generator[JobEvent, None, None]:

@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 
 __all__ = ["NoNodeFits", "NodeRoom", "Placement", "choose_node"]
 
@@ -64,6 +64,8 @@ class NodeRoom:
 
 class NoNodeFits(CallboxError):
     """No node may take the sandbox now; the message says why for each node."""
+
+    code = ErrorCode.LIMIT_REACHED
 
 
 def choose_node(placement: Placement, nodes: Sequence[NodeRoom], *, turn: int = 0) -> NodeRoom:

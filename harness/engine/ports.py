@@ -106,7 +106,7 @@ class Tunnel:
             self._call = stub.Connect(iter(self._outbox))
         except ValueError as error:  # grpc: "Cannot invoke RPC on closed channel!"
             raise AgentCallError(f"cannot open a tunnel to port {port}: the agent client is closed ({error})",
-                                 reason="UNSPECIFIED", code="UNAVAILABLE", retryable=False) from None
+                                 reason="UNSPECIFIED", grpc_code="UNAVAILABLE", retryable=False) from None
         self._call.add_done_callback(lambda _call: self._outbox.close())
 
     def wait_open(self, timeout: float = CONNECT_TIMEOUT_S) -> None:
@@ -134,10 +134,10 @@ class Tunnel:
         self.close()
         if timed_out.is_set():
             raise AgentCallError(f"the agent did not open a connection to port {self.port} within {timeout:g} s",
-                                 reason="UNSPECIFIED", code="DEADLINE_EXCEEDED", retryable=True)
+                                 reason="UNSPECIFIED", grpc_code="DEADLINE_EXCEEDED", retryable=True)
         if closed:
             raise AgentCallError(f"the tunnel to port {self.port} was closed before it opened",
-                                 reason="UNSPECIFIED", code="CANCELLED", retryable=False)
+                                 reason="UNSPECIFIED", grpc_code="CANCELLED", retryable=False)
         # The call has ended: the rendezvous is the RpcError with the agent's status.
         raise translate(self._call) from None
 

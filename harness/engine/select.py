@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from harness.core.errors import CallboxError, UsageError
+from harness.core.errors import CallboxError, ErrorCode, UsageError
 from harness.engine.ray.settings import RaySettings
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ def _ray_engine(settings: RaySettings) -> Engine:
             (other,) = [json.loads(k)["address"] for k in _ray_engines]
             raise CallboxError(f"this process drives the Ray cluster at {other} already and cannot join another "
                                f"({settings.address}) or the same with other settings: Ray joins one cluster "
-                               "per process")
+                               "per process", code=ErrorCode.CONFLICT)
         from harness.engine.ray.preflight import RayMissing, preflight
 
         preflight(settings)

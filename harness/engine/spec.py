@@ -33,7 +33,7 @@ from typing import Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 from harness.core.units import ByteSize
 from harness.engine.placement import Placement
 
@@ -68,7 +68,7 @@ _MOUNT_SYNTAX = "HOST:CONTAINER[:ro|rw[,uid=N][,gid=N]]"
 class SpecError(CallboxError, ValueError):
     """A spec that cannot run (on this host); ``key`` names the setting (``mounts[1].source``)."""
 
-    exit_code = 2
+    code = ErrorCode.INVALID_REQUEST
 
     def __init__(self, key: str, message: str) -> None:
         super().__init__(message)

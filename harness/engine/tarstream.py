@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Self
 
-from harness.core.errors import CallboxError, UsageError
+from harness.core.errors import CallboxError, ErrorCode, UsageError
 from sandbox.download import END_OF_ARCHIVE, Chunker, file_data, header
 
 CHUNK_BYTES = 1 << 20
@@ -55,6 +55,8 @@ _EXTENSION_TYPES = frozenset(
 
 class UnsafeArchive(CallboxError):
     """The archive from the sandbox has a member copy_out refuses to unpack (see the module docstring)."""
+
+    code = ErrorCode.PATH_ESCAPE
 
 
 class ChunkReader:

@@ -52,7 +52,7 @@ from typing import Any
 
 from harness.audit.store import AuditStore, result_from_json, result_to_json
 from harness.core.calls import ToolResult
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 from harness.core.policy import Policy
 from harness.engine.spec import SandboxSpec
 
@@ -65,7 +65,7 @@ CHECKPOINT_VERSION = 1
 class CheckpointError(CallboxError):
     """A checkpoint that cannot be used: missing, unreadable, or for another kind of model."""
 
-    exit_code = 2
+    code = ErrorCode.INVALID_REQUEST
 
 
 @dataclass(frozen=True)

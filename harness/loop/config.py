@@ -12,14 +12,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 from harness.models.base import AllowedTools, ForcedTool, ToolChoice
 
 
 class LoopConfigError(CallboxError):
     """A loop configuration that cannot work with this registry and policy."""
 
-    exit_code = 2
+    code = ErrorCode.INVALID_REQUEST
 
 
 class ForceTool(BaseModel):

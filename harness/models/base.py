@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from harness.core.calls import ToolResult
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 from harness.core.formats import Format
 from harness.core.registry import ToolDefinition
 
@@ -97,7 +97,7 @@ class ModelError(Exception):
 class ModelConfigError(CallboxError):
     """A model cannot be set up as asked (bad spec, missing key, unreadable transcript)."""
 
-    exit_code = 2
+    code = ErrorCode.INVALID_REQUEST
 
 
 class MissingApiKey(ModelConfigError):

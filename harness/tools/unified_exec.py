@@ -405,7 +405,7 @@ def run_exec_command(ctx: ToolContext, args: ExecCommandArgs, table: SessionTabl
     try:
         collected = read_output(runtime, session, _wait_s(ctx, args.yield_time_ms), ctx.on_output)
     except AgentCallError as error:
-        if error.code == "CANCELLED":  # the call was cancelled: nobody will ever know the session ID
+        if error.grpc_code == "CANCELLED":  # the call was cancelled: nobody will ever know the session ID
             with contextlib.suppress(AgentCallError):
                 runtime.agent.jobs.kill(info.pid)
         return agent_failure(error, started=True)

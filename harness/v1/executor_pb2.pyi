@@ -154,6 +154,7 @@ class ErrorDetail(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     RETRYABLE_FIELD_NUMBER: _builtins.int
     APPROVAL_ID_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
     reason: Global___ErrorReason.ValueType
     message: _builtins.str
     """One readable sentence that names the problem and, where possible, the fix."""
@@ -161,6 +162,10 @@ class ErrorDetail(_message.Message):
     """True when the same request may succeed if sent again unchanged."""
     approval_id: _builtins.str
     """With ERROR_REASON_APPROVAL_PENDING: the approval to resolve."""
+    code: _builtins.str
+    """The code of callbox's error table ("not_found", "paused", "limit_reached", ...): finer
+    than the reason, with the same meaning, retry rule and fix in every door and the CLI.
+    """
     def __init__(
         self,
         *,
@@ -168,10 +173,11 @@ class ErrorDetail(_message.Message):
         message: _builtins.str = ...,
         retryable: _builtins.bool = ...,
         approval_id: _builtins.str = ...,
+        code: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "message", b"message", "reason", b"reason", "retryable", b"retryable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "code", b"code", "message", b"message", "reason", b"reason", "retryable", b"retryable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -35,7 +35,7 @@ def test_signal_to_unknown_exec_is_a_structured_error(sandbox):
     with pytest.raises(AgentCallError) as info:
         sandbox.agent.signal("nope", 15)
     assert info.value.reason == "NO_SUCH_PROCESS"
-    assert info.value.code == "NOT_FOUND"
+    assert info.value.grpc_code == "NOT_FOUND"
     assert info.value.retryable is False
 
 

@@ -107,7 +107,7 @@ def test_ask_is_approved_from_another_process_then_runs_exactly_once(engine, aud
     call = ["call", "shell", '{"command": "echo ran >> /data/side-effect"}', "--run-id", "run-ask",
             "--call-id", "c1", "--policy", str(policy), "--mount", f"{shared}:/data:rw", "--image", IMAGE]
     first = callbox(*call, env=audit_env)
-    assert first.returncode == 1
+    assert first.returncode == 3  # waiting for a person
     assert "approval_pending" in first.stdout.decode() or "pending as approval" in first.stdout.decode()
     approval_id = re.search(rb"pending approval (\S+)", first.stderr).group(1).decode()  # type: ignore[union-attr]
     assert not (shared / "side-effect").exists()
@@ -124,7 +124,7 @@ def test_ask_is_approved_from_another_process_then_runs_exactly_once(engine, aud
     third = callbox(*call, env=audit_env)  # replay: the recorded result, no second run
     assert third.stdout == second.stdout
     assert (shared / "side-effect").read_text() == "ran\n"
-    assert callbox("approvals", "approve", approval_id, env=audit_env).returncode == 2
+    assert callbox("approvals", "approve", approval_id, env=audit_env).returncode == 5  # already resolved
 
 
 def test_a_denied_approval_is_a_result_the_model_reads(engine, audit_env, tmp_path):

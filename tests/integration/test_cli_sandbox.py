@@ -81,7 +81,7 @@ def test_new_ls_and_exec(cli: Cli, web: dict[str, Any]) -> None:
     assert web["owner"] == f"user:{os.getuid()}" and web["network"] == "none"
     assert 880 < web["expires_in_s"] <= 900 and len(web["sandbox_id"]) == 12
     again = cli("sandbox", "new", "--image", IMAGE, "--name", web["name"])
-    assert again.returncode == 125 and b"already exists" in again.stderr
+    assert again.returncode == 5 and b"already exists" in again.stderr
 
     (row,) = [r for r in cli.json("sandbox", "ls") if r["name"] == web["name"]]
     assert row["state"] == "running" and row["owner"] == web["owner"] and row["sandbox_id"] == web["sandbox_id"]
@@ -111,7 +111,7 @@ def test_background_job_ps_and_logs(cli: Cli, web: dict[str, Any]) -> None:
     assert [(j["state"], j["exit_code"], j["tag"]) for j in mine] == [("exited", 4, "two-lines")]
     assert any(j["pid"] == job["pid"] and j["sandbox_id"] == web["sandbox_id"] for j in cli.json("sandbox", "ps"))
     unknown = cli("sandbox", "logs", web["name"], "99999")
-    assert unknown.returncode == 1 and b"callbox sandbox ps" in unknown.stderr
+    assert unknown.returncode == 4 and b"callbox sandbox ps" in unknown.stderr
 
 
 def test_cp_both_ways(cli: Cli, web: dict[str, Any], tmp_path: Path) -> None:
@@ -162,10 +162,10 @@ def test_port_forward_asks_then_serves_a_network_none_sandbox(cli: Cli, web: dic
         logs.wait(10)
 
     denied = cli("sandbox", "port", name, "8000")
-    assert denied.returncode == 1 and b"actions.port_forward" in denied.stderr
+    assert denied.returncode == 6 and b"actions.port_forward" in denied.stderr
     policy = tmp_path / "ask.toml"
     policy.write_text(ASK_PORTS)
-    pending = cli.json("sandbox", "port", name, "8000", "--policy", str(policy), code=1)
+    pending = cli.json("sandbox", "port", name, "8000", "--policy", str(policy), code=3)
     assert pending["error"] == "approval_pending" and pending["action"] == "port_forward"
     approved = cli("approvals", "approve", pending["approval_id"])
     assert approved.returncode == 0 and f"--approval {pending['approval_id']}".encode() in approved.stdout
@@ -188,7 +188,7 @@ def test_port_forward_asks_then_serves_a_network_none_sandbox(cli: Cli, web: dic
     assert forward.returncode == 0, err
     assert lines(rest)[-1] == {"closed": True, "connections": 1}
     used = cli("sandbox", "port", name, "8000", "--policy", str(policy), "--approval", pending["approval_id"])
-    assert used.returncode == 1 and b"already used" in used.stderr
+    assert used.returncode == 5 and b"already used" in used.stderr
 
     audit = json.loads(cli("audit", "--run", web["sandbox_id"], "--json").stdout)
     forwards = [c for c in audit if c["tool"] == "sandbox.port_forward" and c["approval"]]
@@ -203,7 +203,7 @@ def test_pause_and_resume(cli: Cli, web: dict[str, Any]) -> None:
     try:
         assert [r["state"] for r in cli.json("sandbox", "ls") if r["name"] == name] == ["paused"]
         frozen = cli("sandbox", "exec", name, "--", "true")
-        assert frozen.returncode == 125 and b"is paused" in frozen.stderr
+        assert frozen.returncode == 5 and b"is paused" in frozen.stderr
     finally:
         resumed = cli.json("sandbox", "resume", name)
     assert resumed["state"] == "running"
@@ -221,7 +221,7 @@ def test_snapshot_fork_and_rm(cli: Cli, web: dict[str, Any]) -> None:
         assert info["name"] == snap and "/workspace" in info["captured"] and info["source_name"] == name
         assert [s["name"] for s in cli.json("sandbox", "snapshots")] == [snap]
         again = cli("sandbox", "snapshot", name, snap)
-        assert again.returncode == 125 and b"--replace" in again.stderr
+        assert again.returncode == 5 and b"--replace" in again.stderr
 
         live = cli.json("sandbox", "fork", name, "--name", f"{name}-f")
         forks.append(live["name"])
@@ -236,7 +236,7 @@ def test_snapshot_fork_and_rm(cli: Cli, web: dict[str, Any]) -> None:
         cli("sandbox", "rm-snapshot", snap)
     assert cli.json("sandbox", "snapshots") == []
     gone = cli("sandbox", "exec", forks[0], "--", "true")
-    assert gone.returncode == 125 and b"no sandbox named" in gone.stderr
+    assert gone.returncode == 4 and b"no sandbox named" in gone.stderr
 
 
 def _until(master: int, needle: bytes, seen: bytearray, deadline_s: float = 30) -> None:

@@ -1,7 +1,8 @@
 """`callbox doctor` on the real engine: the sandbox callbox starts passes every CIS section 5
 item except those that depend only on the host, the output is valid JSON or one line per
-check, the sandbox the doctor started is gone when it exits, and the address-pool count
-sees a network the engine allocates."""
+check, the sandbox the doctor started is gone when it exits, the address-pool count
+sees a network the engine allocates, and a sandbox under gVisor (`--runtime runsc`) passes,
+with the checks that do not apply under gVisor said to be so."""
 
 from __future__ import annotations
 
@@ -29,14 +30,16 @@ from tests.conftest import unavailable
 pytestmark = pytest.mark.docker
 
 HOST_REASONS = {"5.1": APPARMOR_ABSENT, "5.2": SELINUX_ABSENT}
-LINE = re.compile(r"^(PASS|WARN|FAIL)  (\S+) +(.+?): (.+)$")
+LINE = re.compile(r"^(PASS|WARN|FAIL|SKIP)  (\S+) +(.+?): (.+)$")
 POOLS_REASON = re.compile(r"^(\d+ more can start \(\d+ of \d+ address pools in use[;,] .*source: .+\)|unknown: .+)")
 
 
-def _doctor(*args: str) -> tuple[subprocess.CompletedProcess[str], int]:
-    """Run the real CLI in a child process; return its result and pid (the sandbox owner)."""
+def _doctor(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], int]:
+    """Run the real CLI in a child process (``env`` over this one's; "" unsets a variable);
+    return its result and pid (the sandbox owner)."""
+    environ = {key: value for key, value in {**os.environ, **(env or {})}.items() if value != ""}
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli.main", "doctor", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ})
+                            stderr=subprocess.PIPE, text=True, env=environ)
     try:
         out, err = proc.communicate(timeout=180)
     finally:
@@ -58,7 +61,8 @@ def test_doctor_json_container_items_pass_and_the_sandbox_is_gone(engine):
     assert isinstance(results, list) and results
     for item in results:
         assert set(item) == {"id", "title", "status", "reason", "scope"}, item
-        assert item["status"] in ("PASS", "WARN", "FAIL") and item["scope"] in ("container", "daemon", "host")
+        assert item["status"] in ("PASS", "WARN", "FAIL", "SKIP")
+        assert item["scope"] in ("engine", "container", "daemon", "host")
         assert item["reason"] and item["title"]
     container = [r for r in results if r["scope"] == "container"]
     assert {r["id"] for r in container} >= {
@@ -78,11 +82,28 @@ def test_doctor_json_container_items_pass_and_the_sandbox_is_gone(engine):
     assert _owned_by(engine, pid) == []
 
 
-def test_doctor_text_prints_one_line_per_check_and_a_summary(engine):
-    done, pid = _doctor()
+def _entries(text: str) -> list[str]:
+    """The report's results and summary, each continuation line joined to the line it continues."""
+    entries: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(" ") and entries:
+            entries[-1] += " " + line.strip()
+        else:
+            entries.append(line)
+    return entries
+
+
+def test_doctor_text_prints_one_entry_per_check_and_a_summary_wrapped_to_80_columns(engine):
+    """Not a terminal (a pipe): 80 columns; continuations indented under the check's text."""
+    done, pid = _doctor(env={"COLUMNS": ""})
     assert done.returncode in (0, 1), done.stderr
     lines = done.stdout.splitlines()
-    checks, summary = lines[:-1], lines[-1]
+    assert all(len(line) <= 80 or " " not in line.strip() for line in lines), [ln for ln in lines if len(ln) > 80]
+    indent = {len(line) - len(line.lstrip(" ")) for line in lines[:-2] if line.startswith(" ")}
+    head = re.match(r"^(PASS|WARN|FAIL|SKIP)  \S+ +", lines[0])
+    assert head and len(indent) == 1 and indent.pop() == head.end()
+    entries = _entries(done.stdout)
+    checks, summary = entries[:-1], entries[-1]
     assert len(checks) >= 21
     parsed = [LINE.match(line) for line in checks]
     assert all(parsed), [line for line, m in zip(checks, parsed, strict=True) if not m]
@@ -125,3 +146,26 @@ def test_address_pools_count_the_network_the_engine_allocates(engine):
                                         "pools in use"), result.reason
     finally:
         client.api.remove_network(created["Id"])
+
+
+def test_doctor_passes_a_working_gvisor_with_its_sandbox_under_runsc(engine):
+    """The checked sandbox runs under runsc (registered with --oci-seccomp, so dmesg is refused in
+    it): the runsc item passes on the kernel version gVisor reports, AppArmor, SELinux and the
+    OOM counter are not applicable under gVisor, every other container item passes."""
+    info = engine.client.info()
+    if "runsc" not in (info.get("Runtimes") or {}):
+        unavailable("the Docker engine has no runsc runtime (run `make runsc`)")
+    done, pid = _doctor("--runtime", "runsc", "--json")
+    assert done.returncode in (0, 1), done.stderr
+    results = {r["id"]: r for r in json.loads(done.stdout)}
+    assert results["engine.sandbox"]["status"] == "PASS" and "runtime runsc" in results["engine.sandbox"]["reason"]
+    runsc = results["daemon.runsc"]
+    assert runsc["status"] == "PASS", runsc
+    assert "the tools run on gVisor's kernel" in runsc["reason"] and "Docker records runtime runsc" in runsc["reason"]
+    for check_id in ("5.1", "5.2", "host.oom-counter"):
+        assert results[check_id]["status"] == "SKIP", results[check_id]
+        assert results[check_id]["reason"].startswith("not applicable under gVisor: "), results[check_id]
+    container = [r for r in results.values() if r["scope"] == "container" and r["id"] not in ("5.1", "5.2")]
+    assert container and all(r["status"] == "PASS" for r in container), container
+    assert done.returncode == (1 if any(r["status"] == "FAIL" for r in results.values()) else 0)
+    assert _owned_by(engine, pid) == []

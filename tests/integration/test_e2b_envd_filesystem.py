@@ -230,12 +230,12 @@ def test_list_stat_make_dir_rename_remove(door: Door) -> None:
         pb.FILE_TYPE_DIRECTORY
     with pytest.raises(E2bError) as exists:
         fs.make_dir(pb.MakeDirRequest(path="/workspace/tree/sub"), call)
-    assert exists.value.code == "already_exists"  # the SDK's make_dir returns False
+    assert exists.value.connect_code == "already_exists"  # the SDK's make_dir returns False
     assert upload(door, "/workspace/tree/sub/f.txt", b"12345").status == 200
     assert upload(door, "/workspace/tree/.hidden", b"h").status == 200
     with pytest.raises(E2bError) as not_dir:
         fs.make_dir(pb.MakeDirRequest(path="/workspace/tree/sub/f.txt"), call)
-    assert not_dir.value.code == "invalid_argument"
+    assert not_dir.value.connect_code == "invalid_argument"
 
     entry = fs.stat(pb.StatRequest(path="/workspace/tree/sub/f.txt"), call).entry
     assert (entry.name, entry.type, entry.path, entry.size) == ("f.txt", pb.FILE_TYPE_FILE,
@@ -256,19 +256,19 @@ def test_list_stat_make_dir_rename_remove(door: Door) -> None:
     assert (moved.path, moved.size) == ("/workspace/tree/new/g.txt", 5)
     with pytest.raises(E2bError) as gone:
         fs.stat(pb.StatRequest(path="/workspace/tree/sub/f.txt"), call)
-    assert gone.value.code == "not_found"  # the SDK's exists() says False
+    assert gone.value.connect_code == "not_found"  # the SDK's exists() says False
     with pytest.raises(E2bError) as missing:
         fs.move(pb.MoveRequest(source="/workspace/tree/nope", destination="/workspace/tree/x"), call)
-    assert missing.value.code == "not_found"
+    assert missing.value.connect_code == "not_found"
     with pytest.raises(E2bError) as not_listable:
         fs.list_dir(pb.ListDirRequest(path="/workspace/tree/new/g.txt"), call)
-    assert not_listable.value.code == "invalid_argument"
+    assert not_listable.value.connect_code == "invalid_argument"
 
     fs.remove(pb.RemoveRequest(path="/workspace/tree"), call)
     fs.remove(pb.RemoveRequest(path="/workspace/tree"), call)  # already gone: fine, as in envd
     with pytest.raises(E2bError) as removed:
         fs.stat(pb.StatRequest(path="/workspace/tree"), call)
-    assert removed.value.code == "not_found"
+    assert removed.value.connect_code == "not_found"
 
 
 def test_errors_for_missing_paths_other_users_and_places_outside(door: Door) -> None:
@@ -282,10 +282,10 @@ def test_errors_for_missing_paths_other_users_and_places_outside(door: Door) -> 
     assert upload(door, "/workspace/u.txt", b"u", username="user").status == 200  # E2B's default user
     with pytest.raises(E2bError) as root:
         door.fs.stat(pb.StatRequest(path="/workspace"), call_of(door.box, user="root"))
-    assert root.value.code == "permission_denied" and "unprivileged" in root.value.message
+    assert root.value.connect_code == "permission_denied" and "unprivileged" in root.value.message
     with pytest.raises(E2bError) as outside:
         door.fs.stat(pb.StatRequest(path="/etc/passwd"), call_of(door.box))
-    assert outside.value.code == "permission_denied"
+    assert outside.value.connect_code == "permission_denied"
     response = upload(door, "/etc/planted", b"x")
     assert response.status == 403
     headers = {"content-type": "application/octet-stream", "x-metadata-owner": "me"}
@@ -350,7 +350,7 @@ def test_polled_watcher_bounded_and_removed_with_its_sandbox(door: Door) -> None
     fs.remove_watcher(pb.RemoveWatcherRequest(watcher_id=watcher), call)
     with pytest.raises(E2bError) as unknown:
         fs.get_watcher_events(pb.GetWatcherEventsRequest(watcher_id=watcher), call)
-    assert unknown.value.code == "not_found"
+    assert unknown.value.connect_code == "not_found"
     with pytest.raises(E2bError):
         fs.create_watcher(pb.CreateWatcherRequest(path="/workspace/nope"), call)
 
@@ -360,7 +360,7 @@ def test_polled_watcher_bounded_and_removed_with_its_sandbox(door: Door) -> None
                for _ in range(MAX_WATCHERS)]
         with pytest.raises(E2bError) as bounded:
             fs.create_watcher(pb.CreateWatcherRequest(path="/workspace"), call_of(other))
-        assert bounded.value.code == "resource_exhausted"
+        assert bounded.value.connect_code == "resource_exhausted"
         with pytest.raises(E2bError):  # another sandbox's watcher is unknown here
             fs.get_watcher_events(pb.GetWatcherEventsRequest(watcher_id=ids[0]), call)
         assert fs.watchers_of(other.sandbox_id) == sorted(ids)
@@ -384,7 +384,7 @@ def test_copy_in_denied_by_policy_and_both_actions_audited(door: Door) -> None:
         assert "nothing may be planted in secret" in error_of(response)["message"]
         with pytest.raises(E2bError) as gone:
             door.fs.stat(pb.StatRequest(path="/workspace/secret/key"), call_of(guarded))
-        assert gone.value.code == "not_found"
+        assert gone.value.connect_code == "not_found"
         records = json.dumps(door.audit.calls_for_run(guarded.sandbox_id), default=str)
         assert "sandbox.copy_in" in records and "/workspace/secret/key" in records
     finally:

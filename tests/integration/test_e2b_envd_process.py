@@ -165,7 +165,7 @@ def refused(code: str, responses: Any) -> E2bError:
     with pytest.raises(E2bError) as failure:
         for _ in responses:
             pass
-    assert failure.value.code == code, failure.value
+    assert failure.value.connect_code == code, failure.value
     return failure.value
 
 
@@ -256,7 +256,7 @@ def test_background_tree_connect_by_tag_list_and_kill(door: Door) -> None:
     with pytest.raises(E2bError) as gone:  # the SDK's kill then says False
         door.process.send_signal(pb.SendSignalRequest(process=pb.ProcessSelector(pid=pid),
                                                       signal=pb.SIGNAL_SIGKILL), call_of(door))
-    assert gone.value.code == "not_found"
+    assert gone.value.connect_code == "not_found"
     assert [c["arguments"]["mode"] for c in actions(door, "sandbox.attach") if c["arguments"]["pid"] == pid] == \
         ["attach"]
 
@@ -272,7 +272,7 @@ def test_sigterm_reaches_the_process(door: Door) -> None:
     with pytest.raises(E2bError) as wrong:
         door.process.send_signal(pb.SendSignalRequest(process=pb.ProcessSelector(pid=pid),
                                                       signal=pb.SIGNAL_UNSPECIFIED), call_of(door))
-    assert wrong.value.code == "invalid_argument"
+    assert wrong.value.connect_code == "invalid_argument"
 
 
 def test_stdin_send_stream_and_close(door: Door) -> None:
@@ -290,7 +290,7 @@ def test_stdin_send_stream_and_close(door: Door) -> None:
     assert b"hello world!\n" in follower.until(b"hello world!\n").stdout
     with pytest.raises(E2bError) as wrong_kind:
         door.process.send_input(pb.SendInputRequest(process=selector, input=pb.ProcessInput(pty=b"x")), call_of(door))
-    assert wrong_kind.value.code == "invalid_argument" and "stdin" in wrong_kind.value.message
+    assert wrong_kind.value.connect_code == "invalid_argument" and "stdin" in wrong_kind.value.message
     door.process.close_stdin(pb.CloseStdinRequest(process=selector), call_of(door))
     ran = follower.until(end=True)
     assert ran.stdout == b"listening\nhello world!\n"
@@ -299,14 +299,14 @@ def test_stdin_send_stream_and_close(door: Door) -> None:
     with pytest.raises(E2bError) as no_start:
         door.process.stream_input(iter([pb.StreamInputRequest(
             data=pb.StreamInputRequest.DataEvent(input=pb.ProcessInput(stdin=b"x")))]), call_of(door))
-    assert no_start.value.code == "invalid_argument"
+    assert no_start.value.connect_code == "invalid_argument"
 
     closed = Follower(door.process.start(bash("echo up; sleep 30"), call_of(door)))  # stdin=False, as the SDK's default
     closed_pid = closed.until(b"up").pid
     with pytest.raises(E2bError) as no_stdin:
         door.process.send_input(pb.SendInputRequest(process=pb.ProcessSelector(pid=closed_pid),
                                                     input=pb.ProcessInput(stdin=b"x")), call_of(door))
-    assert no_stdin.value.code == "invalid_argument", no_stdin.value
+    assert no_stdin.value.connect_code == "invalid_argument", no_stdin.value
     door.process.send_signal(pb.SendSignalRequest(process=pb.ProcessSelector(pid=closed_pid),
                                                   signal=pb.SIGNAL_SIGKILL), call_of(door))
     assert closed.until(end=True).end is not None
@@ -332,7 +332,7 @@ def test_pty_size_resize_input_and_exit(door: Door) -> None:
     with pytest.raises(E2bError) as wrong_kind:
         door.process.send_input(pb.SendInputRequest(process=selector, input=pb.ProcessInput(stdin=b"x")),
                                 call_of(door))
-    assert wrong_kind.value.code == "invalid_argument" and "pty" in wrong_kind.value.message
+    assert wrong_kind.value.connect_code == "invalid_argument" and "pty" in wrong_kind.value.message
     typed(b"exit 7\n")
     ran = follower.until(end=True)
     assert ran.stdout == b"" and ran.stderr == b""  # a terminal's output is all pty data
@@ -384,7 +384,7 @@ def test_streams_past_the_agents_limit_and_a_cancel_giving_one_back(door: Door) 
                 fits = collect(door.process.start(bash("echo fits"), call_of(door)))
                 break
             except E2bError as error:
-                if error.code != "resource_exhausted" or time.monotonic() > deadline:
+                if error.connect_code != "resource_exhausted" or time.monotonic() > deadline:
                     raise
         assert fits.stdout == b"fits\n"
     finally:
@@ -440,7 +440,7 @@ def test_unknown_processes_are_not_found(door: Door) -> None:
                                               call_of(door)))
     with pytest.raises(E2bError) as missing:
         door.process.close_stdin(pb.CloseStdinRequest(process=pb.ProcessSelector(pid=999999)), call_of(door))
-    assert missing.value.code == "not_found"
+    assert missing.value.connect_code == "not_found"
     refused("invalid_argument", door.process.start(pb.StartRequest(process=pb.ProcessConfig()), call_of(door)))
 
 

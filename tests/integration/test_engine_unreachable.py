@@ -155,7 +155,7 @@ def test_the_grpc_executor_refuses_to_create_a_sandbox(no_engine, marker, tmp_pa
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("command", [["ps"], ["gc"], ["doctor"], ["image", "build"]])
+@pytest.mark.parametrize("command", [["ps"], ["gc"], ["image", "build"]])
 def test_engine_commands_say_the_engine_is_unreachable(no_engine, command):
     proc = callbox(*command, env=no_engine)
     assert proc.returncode == 125
@@ -163,3 +163,36 @@ def test_engine_commands_say_the_engine_is_unreachable(no_engine, command):
     assert len(stderr.strip().splitlines()) == 1 and stderr.startswith(f"callbox: {NAMES_THE_ENGINE}")
     assert "start dockerd" in stderr and "DOCKER_HOST" in stderr  # the fix
     assert "Traceback" not in stderr
+
+
+def test_doctor_reports_in_full_why_no_engine_answers(no_engine):
+    """Doctor is the tool for this case: the host checks it can still make, the engine check
+    failing with the cause and the fix, every check that needs the engine skipped because of
+    it, and the failed-checks status (1), never 125 or a traceback."""
+    from harness.doctor.catalog import docker_ids
+
+    proc = callbox("doctor", "--json", env=no_engine)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.decode() == ""
+    results = {r["id"]: r for r in json.loads(proc.stdout)}
+    assert list(results) == docker_ids()  # the full report, in the catalog's order
+    reachable = results["engine.reachable"]
+    assert reachable["status"] == "FAIL"
+    path = no_engine["DOCKER_HOST"].removeprefix("unix://")
+    assert f"there is no socket at {path}" in reachable["reason"]  # the cause
+    assert "start dockerd" in reachable["reason"] and "make engine" in reachable["reason"]  # the fix
+    assert f"DOCKER_HOST={no_engine['DOCKER_HOST']}" in reachable["reason"]
+    made = {"daemon.no-new-privileges", "daemon.runc", "host.pid-max"}  # from this host's files alone
+    for check_id, item in results.items():
+        if check_id in made:
+            assert item["status"] in ("PASS", "WARN", "FAIL") and "skipped" not in item["reason"], item
+        elif check_id != "engine.reachable":
+            assert (item["status"], item["reason"]) == ("SKIP", "skipped: no Docker engine answers (engine.reachable)")
+    text = callbox("doctor", env={**no_engine, "COLUMNS": "100"})
+    assert text.returncode == 1 and text.stderr.decode() == ""
+    lines = text.stdout.decode().splitlines()
+    assert lines[0].startswith("FAIL  engine.reachable  ")
+    assert all(len(line) <= 100 or " " not in line.strip() for line in lines)
+    counts = {s: sum(r["status"] == s for r in results.values()) for s in ("PASS", "WARN", "FAIL", "SKIP")}
+    assert lines[-1] == (f"callbox doctor: {len(results)} checks, {counts['PASS']} pass, {counts['WARN']} warn, "
+                         f"{counts['FAIL']} fail, {counts['SKIP']} skipped")

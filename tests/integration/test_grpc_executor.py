@@ -261,6 +261,7 @@ def test_token_checks(server):
                 attempt(never)
             assert theirs.value.code == grpc.StatusCode.NOT_FOUND, what
             assert theirs.value.reason == nobodys.value.reason == "NOT_FOUND"
+            assert theirs.value.error_code == nobodys.value.error_code == "not_found", what  # the error table's code
             assert theirs.value.message.replace(box, "ID") == nobodys.value.message.replace(never, "ID"), what
         assert box not in {r.run_id for r in bob.list_runs()}
         # still alive and intact for its owner

@@ -132,7 +132,7 @@ def test_an_approved_call_that_found_no_engine_runs_on_the_approval_it_had(engin
     policy.write_text('[tools.shell]\ndecision = "ask"\n')
     call = [*_call_args(shared, "run-ask", "c1"), "--policy", str(policy)]
     pending = callbox(*call, env=env)
-    assert pending.returncode == 1, pending.stderr
+    assert pending.returncode == 3, pending.stderr
     approval_id = re.search(rb"pending approval (\S+)", pending.stderr).group(1).decode()  # type: ignore[union-attr]
     assert callbox("approvals", "approve", approval_id, env=env).returncode == 0
 

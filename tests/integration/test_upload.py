@@ -125,7 +125,7 @@ def test_existing_files_are_kept_unless_overwrite_is_set(sandbox):
     sandbox.agent.write_file("keep/a.txt", b"old\n", make_parents=True)
     with pytest.raises(AgentCallError) as caught:
         sandbox.agent.upload_tar("keep", build({"b.txt": b"b\n", "a.txt": b"new\n"}))
-    assert (caught.value.reason, caught.value.code) == ("ALREADY_EXISTS", "ALREADY_EXISTS")
+    assert (caught.value.reason, caught.value.grpc_code) == ("ALREADY_EXISTS", "ALREADY_EXISTS")
     assert "set overwrite to replace it" in str(caught.value)
     assert sandbox.agent.read_file("keep/a.txt").data == b"old\n"
     assert [e.path for e in sandbox.agent.list_dir("keep", include_hidden=True).entries] == ["a.txt"]
@@ -142,5 +142,5 @@ def test_the_destination_must_exist_and_the_size_limit_applies(sandbox):
     sandbox.agent.make_dir("limited")
     with pytest.raises(AgentCallError) as caught:
         sandbox.agent.upload_tar("limited", build({"a": b"a" * 600, "b": b"b" * 600}), max_bytes=1000)
-    assert (caught.value.reason, caught.value.code) == ("TOO_LARGE", "OUT_OF_RANGE")
+    assert (caught.value.reason, caught.value.grpc_code) == ("TOO_LARGE", "OUT_OF_RANGE")
     assert sandbox.agent.list_dir("limited", include_hidden=True).entries == []

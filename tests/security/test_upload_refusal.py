@@ -100,7 +100,7 @@ def refuse(box: Any, dest: str, attack: Any, *, reason: str, code: str, words: s
     with pytest.raises(AgentCallError) as caught:
         box.agent.upload_tar(dest, archive(attack), chunk_size=512)
     error = caught.value
-    assert (error.reason, error.code) == (reason, code), error
+    assert (error.reason, error.grpc_code) == (reason, code), error
     assert words in str(error), str(error)
     assert str(error).endswith("The upload wrote nothing."), str(error)
     assert not error.retryable
@@ -181,5 +181,5 @@ def test_a_single_file_write_outside_the_roots_is_refused(box, dest, path, make_
     """The plain Write RPC (no tar) with a ``..`` or absolute path that leaves the roots."""
     with pytest.raises(AgentCallError) as caught:
         box.agent.write_file(path, b"PWNED\n", make_parents=make_parents)
-    assert (caught.value.reason, caught.value.code) == ("PATH_ESCAPE", "PERMISSION_DENIED"), path
+    assert (caught.value.reason, caught.value.grpc_code) == ("PATH_ESCAPE", "PERMISSION_DENIED"), path
     assert "is outside the allowed roots" in str(caught.value)

@@ -105,8 +105,8 @@ def test_port_forward_is_denied_by_default_and_recorded(audit: AuditStore) -> No
     with pytest.raises(ActionDenied) as denied:
         gate(audit).authorize("port_forward", {"sandbox": "web", "port": 8000, "host_port": 0})
     error = denied.value
-    assert isinstance(error, CallboxError) and error.exit_code == 1
-    assert (error.code, error.action, error.rule) == ("denied", "port_forward", "actions.port_forward.decision")
+    assert isinstance(error, CallboxError) and error.exit_code == 6  # refused by the policy
+    assert (error.denial, error.action, error.rule) == ("denied", "port_forward", "actions.port_forward.decision")
     assert '[actions.port_forward] decision = "allow"' in error.message
     call = only_call(audit)
     assert (call["tool"], call["state"], call["decision"], call["error_code"]) == (
@@ -131,7 +131,7 @@ def test_ask_then_approve_then_repeat_runs_once(audit: AuditStore) -> None:
     with pytest.raises(ApprovalPending) as pending:
         g.authorize("copy_out", details)
     approval_id = pending.value.approval_id
-    assert pending.value.exit_code == 1 and pending.value.rule == "actions.copy_out.decision"
+    assert pending.value.exit_code == 3 and pending.value.rule == "actions.copy_out.decision"
     assert f"`callbox approvals approve {approval_id}`" in pending.value.message
     assert f"--approval {approval_id}" in pending.value.message
     (approval,) = audit.list_approvals()
@@ -161,7 +161,8 @@ def test_ask_then_approve_then_repeat_runs_once(audit: AuditStore) -> None:
     # An approval allows one action.
     with pytest.raises(ActionDenied) as used:
         g.authorize("copy_out", details, approval_id=approval_id)
-    assert used.value.code == "approval_used" and "already used" in used.value.message
+    assert used.value.denial == "approval_used" and used.value.code == "already_resolved"
+    assert "already used" in used.value.message
     assert [c["decision"] for c in audit.calls_for_run(RUN)] == ["allow", "deny"]
 
 
@@ -173,7 +174,7 @@ def test_a_persons_denial_is_final(audit: AuditStore) -> None:
     for _ in range(2):  # a second repeat is refused the same way and records nothing more
         with pytest.raises(ActionDenied) as denied:
             g.authorize("port_forward", details, approval_id=approval_id)
-        assert denied.value.code == "approval_denied"
+        assert denied.value.denial == "approval_denied"
         assert denied.value.message == f"a person denied this port_forward (approval {approval_id}, by bob): " \
                                        "not the database"
     call = only_call(audit)
@@ -199,7 +200,7 @@ def test_an_approval_is_for_one_run_action_actor_and_details(
     other = gate(audit, ASKING, run_id=run_id, actor=actor)
     with pytest.raises(ActionDenied) as denied:
         other.authorize(action, details, approval_id=approval_id)
-    assert denied.value.code == "approval_mismatch"
+    assert denied.value.denial == "approval_mismatch"
     assert f"approval {approval_id} is not for this" in denied.value.message
     refused = [c for c in audit.calls_for_run(run_id) if c["decision"] == "deny"]
     assert len(refused) == 1 and refused[0]["tool"] == f"sandbox.{action}"  # the attempt is on record
@@ -211,7 +212,7 @@ def test_an_approval_is_for_one_run_action_actor_and_details(
 def test_an_unknown_approval_is_a_mismatch(audit: AuditStore) -> None:
     with pytest.raises(ActionDenied) as denied:
         gate(audit, ASKING).authorize("port_forward", {"port": 1}, approval_id="nosuchid22")
-    assert denied.value.code == "approval_mismatch"
+    assert denied.value.denial == "approval_mismatch"
 
 
 def test_an_approval_only_lifts_an_ask(audit: AuditStore) -> None:
@@ -220,7 +221,7 @@ def test_an_approval_only_lifts_an_ask(audit: AuditStore) -> None:
     # The policy now denies: the approval does not override it.
     with pytest.raises(ActionDenied) as denied:
         gate(audit).authorize("port_forward", {"port": 8000}, approval_id=approval_id)
-    assert denied.value.code == "denied"
+    assert denied.value.denial == "denied"
     # The policy now allows: the action runs without using the approval.
     allowing = parse_policy('[actions.port_forward]\ndecision = "allow"')
     ticket = gate(audit, allowing).authorize("port_forward", {"port": 8000}, approval_id=approval_id)

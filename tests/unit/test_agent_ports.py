@@ -305,5 +305,5 @@ def test_a_closed_agent_client_refuses_cleanly(client: AgentClient) -> None:
         closed.close()
         with pytest.raises(AgentCallError) as error:
             closed.ports.connect(8000)
-        assert error.value.code == "UNAVAILABLE"
+        assert error.value.grpc_code == "UNAVAILABLE"
         assert_reset(forward)  # logged, never a traceback in the forward's thread

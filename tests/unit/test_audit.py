@@ -345,7 +345,7 @@ def test_runs_lifecycle(store: AuditStore) -> None:
 def test_unknown_run_errors(store: AuditStore) -> None:
     with pytest.raises(AuditError, match="no run with id nope; list them with `callbox audit`") as info:
         store.get_run("nope")
-    assert info.value.exit_code == 2
+    assert info.value.exit_code == 4  # not found
     with pytest.raises(AuditError, match="no run with id nope"):
         store.end_run("nope", "x")
     with pytest.raises(AuditError, match="no run with id nope"):
@@ -772,7 +772,7 @@ def test_approval_lifecycle(store: AuditStore) -> None:
     assert store.list_approvals("approved") == [approved]
     with pytest.raises(AuditError, match=f"^approval {approval.id} is already approved$") as info:
         store.resolve_approval(approval.id, False, by="bob", reason=None)
-    assert info.value.exit_code == 2
+    assert info.value.exit_code == 5  # already resolved
     assert store.consume_approval(approval.id) is True
     assert store.consume_approval(approval.id) is False
     consumed = store.get_approval(approval.id)
@@ -805,7 +805,7 @@ def test_unknown_approval_id(store: AuditStore) -> None:
         with pytest.raises(AuditError) as info:
             call()
         assert info.value.message == message
-        assert info.value.exit_code == 2
+        assert info.value.exit_code == 4  # not found
 
 
 def test_list_approvals_filters(store: AuditStore) -> None:

@@ -27,10 +27,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main as cli
+from harness.core.errors import EXIT_STATUSES
 from harness.core.policy import PolicyError, parse_policy
 
-EXIT_CODES = {0, 1, 2, 125, 127}
-"""0 success, 1 an error result or failed check, 2 usage, 125 callbox's own failure, 127 not found."""
+EXIT_CODES = {status.status for status in EXIT_STATUSES}
+"""The exit statuses of the error table: success, an error result, usage, not found, a wrong state, ..."""
 
 FUZZ = settings(max_examples=40, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -208,7 +209,7 @@ def _check(argv: list[str], code: int, err: str) -> None:
     assert code in EXIT_CODES, (argv, code, err)
     # A loosened default is always announced (one line each) before anything else happens.
     lines = [line for line in err.splitlines() if not line.startswith("callbox: this policy loosens a hardened")]
-    if code in (2, 125):
+    if code in (2, 4, 5, 6, 7, 125):
         assert lines, (argv, code)
         assert all(line.startswith("callbox: ") for line in lines), (argv, err)
         if "-v" not in argv:

@@ -125,7 +125,7 @@ def test_without_an_engine_a_verb_ends_with_one_line_and_125(capsys: pytest.Capt
 def test_snapshots_need_no_engine(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["sandbox", "snapshots", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
-    assert cli.main(["sandbox", "rm-snapshot", "nope"]) == 125
+    assert cli.main(["sandbox", "rm-snapshot", "nope"]) == 4  # not found
     assert "callbox sandbox snapshots" in capsys.readouterr().err
 
 
@@ -175,7 +175,7 @@ def test_an_ask_rule_pends_then_its_approval_allows_one_repeat(tmp_path: Path,
     shown = json.loads(capsys.readouterr().out)
     assert shown["error"] == "approval_pending" and shown["approval_id"] == pending.value.approval_id
     assert f"--approval {pending.value.approval_id}" in pending.value.message
-    assert pending.value.exit_code == 1
+    assert pending.value.exit_code == 3  # waiting for a person
 
     with AuditStore(tmp_path / "audit.sqlite3") as audit:
         approval = audit.resolve_approval(pending.value.approval_id, True, by="alice", reason=None)
@@ -195,7 +195,7 @@ def test_port_forwarding_is_denied_by_default(tmp_path: Path, capsys: pytest.Cap
     with pytest.raises(ActionDenied) as denied, json_errors(gate_args(tmp_path, as_json=True)), \
             guarded(gate_args(tmp_path), parse_policy(""), "0123456789ab", "port_forward", {"port": 22}):
         pytest.fail("port forwarding was allowed without a policy saying so")
-    assert "actions.port_forward" in denied.value.message and denied.value.exit_code == 1
+    assert "actions.port_forward" in denied.value.message and denied.value.exit_code == 6
     assert json.loads(capsys.readouterr().out)["error"] == "denied"
 
 

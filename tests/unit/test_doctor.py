@@ -589,13 +589,25 @@ def test_callbox_sandbox_passes_every_container_item_but_the_host_dependent_ones
     assert [r.scope for r in results[-3:]] == ["host", "host", "host"]
 
 
+def _entries(text: str) -> list[str]:
+    """The report's results and summary, each continuation line joined to its first line."""
+    entries: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(" ") and entries:
+            entries[-1] += " " + line.strip()
+        else:
+            entries.append(line)
+    return entries
+
+
 def test_text_and_json_rendering():
     results = run_checks(_callbox_evidence())
-    lines = render_text(results).splitlines()
-    assert len(lines) == len(results) + 1
-    assert lines[0].startswith("WARN  5.1  ") and lines[0].endswith(": " + APPARMOR_ABSENT)
-    assert lines[-1].startswith(f"callbox doctor: {len(results)} checks, ")
-    assert " 0 fail " in lines[-1] and "CIS Docker Benchmark v1.2.0" in lines[-1]
+    entries = _entries(render_text(results, width=80))
+    assert len(entries) == len(results) + 1
+    apparmor = entries[[r.id for r in results].index("5.1")]
+    assert apparmor.startswith("WARN  5.1  ") and apparmor.endswith(": " + APPARMOR_ABSENT)
+    assert entries[-1].startswith(f"callbox doctor: {len(results)} checks, ")
+    assert " 0 fail " in entries[-1] and "CIS Docker Benchmark v1.2.0" in entries[-1]
     payload = json.loads(json.dumps([r.to_json() for r in results]))
     assert set(payload[0]) == {"id", "title", "status", "reason", "scope"}
 

@@ -33,6 +33,7 @@ from e2b.envd.rpc import handle_rpc_exception
 from e2b.exceptions import NotFoundException, SandboxNotRunningException
 from protobuf import Oneof
 
+from harness.core.errors import ErrorCode
 from harness.doors.e2b.bridge import OutputChannel
 from harness.doors.e2b.connect import EnvelopeReader, envelope, read_head
 from harness.doors.e2b.envd import process_pb2 as pb
@@ -145,7 +146,7 @@ def stream_input(requests, call) -> pb.StreamInputResponse:
         if request.HasField("data"):
             data = request.data.input.stdin
             if data == b"fail":
-                raise E2bError("failed_precondition", "stdin is closed")
+                raise E2bError(ErrorCode.CONFLICT, "stdin is closed")
             total += len(data)
     PROBES.setdefault("stream_input", Probe()).ran_in = total
     return pb.StreamInputResponse()
@@ -178,7 +179,7 @@ def download(request, call) -> HttpResponse:
     def body() -> Iterator[bytes]:
         for number in range(chunks):
             if number == fail_after:
-                raise E2bError("data_loss", "the file changed while it was read")
+                raise E2bError(ErrorCode.DATA_LOST, "the file changed while it was read")
             yield bytes([number % 256]) * (64 << 10)  # a fresh chunk each time
 
     return HttpResponse(200, [("content-type", "application/octet-stream")], body())

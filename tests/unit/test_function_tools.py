@@ -469,7 +469,7 @@ def test_an_agent_refusal_is_tool_failed_with_its_reason() -> None:
     def refused() -> str:
         """Refused."""
         raise AgentCallError("path /etc is outside the sandbox's allowed directories", reason="PATH_ESCAPE",
-                             code="PERMISSION_DENIED", retryable=False)
+                             grpc_code="PERMISSION_DENIED", retryable=False)
 
     out = _run(refused, {})
     assert (out.error, out.structured) == (ErrorCode.TOOL_FAILED, {"exception": "AgentCallError",

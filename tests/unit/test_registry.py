@@ -148,7 +148,7 @@ def test_allowed_as_a_bare_string_is_rejected() -> None:
 
 def test_registry_error_is_a_callbox_error() -> None:
     assert issubclass(RegistryError, CallboxError)
-    assert RegistryError("x").exit_code == 125
+    assert RegistryError("x").exit_code == 2  # a bad tool declaration is a configuration error
 
 
 def test_input_schema_is_computed_once_per_form_and_returned_as_a_copy(monkeypatch: pytest.MonkeyPatch) -> None:

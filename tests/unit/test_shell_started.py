@@ -10,7 +10,7 @@ from harness.tools.shell import agent_failure, command_may_have_started
 
 
 def error(message: str, *, reason: str = "UNSPECIFIED", code: str = "UNAVAILABLE") -> AgentCallError:
-    return AgentCallError(message, reason=reason, code=code, retryable=True)
+    return AgentCallError(message, reason=reason, grpc_code=code, retryable=True)
 
 
 @pytest.mark.parametrize(("failure", "started"), [

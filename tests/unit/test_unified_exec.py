@@ -236,7 +236,7 @@ class FakeJobs:
     def start(self, command: list[str], **options: Any) -> JobInfo:
         if sum(job.info.state == "running" for job in self.jobs.values()) >= MAX_SESSIONS:
             raise AgentCallError(f"{MAX_SESSIONS} jobs are already running in this sandbox; kill one", reason="BUSY",
-                                 code="RESOURCE_EXHAUSTED", retryable=False)
+                                 grpc_code="RESOURCE_EXHAUSTED", retryable=False)
         self.started.append({"command": command, **options})
         pid, self.next_pid = self.next_pid, self.next_pid + 1
         chunks, state, code = self.script.get(command[-1], ([], "running", None))
@@ -247,7 +247,7 @@ class FakeJobs:
 
     def get(self, pid: int) -> JobInfo:
         if pid not in self.jobs:
-            raise AgentCallError(f"no job {pid}", reason="NO_SUCH_PROCESS", code="NOT_FOUND", retryable=False)
+            raise AgentCallError(f"no job {pid}", reason="NO_SUCH_PROCESS", grpc_code="NOT_FOUND", retryable=False)
         return self.jobs[pid].info
 
     def list(self) -> list[JobInfo]:
@@ -264,7 +264,7 @@ class FakeJobs:
     def write(self, pid: int, data: bytes, *, close: bool = False) -> None:
         job = self.jobs[pid]
         if job.info.state != "running":
-            raise AgentCallError("the job has ended", reason="NO_SUCH_PROCESS", code="NOT_FOUND", retryable=False)
+            raise AgentCallError("the job has ended", reason="NO_SUCH_PROCESS", grpc_code="NOT_FOUND", retryable=False)
         job.written.append((data, close))
         if job.echo and data:
             job.chunks.append(b"got " + data)
@@ -455,7 +455,7 @@ def test_the_whole_text_stays_within_the_output_budget(jobs: FakeJobs, table: Se
 
 def test_a_start_refused_by_the_agent_is_an_error_result(jobs: FakeJobs, table: SessionTable):
     def refuse(command: list[str], **options: Any) -> JobInfo:
-        raise AgentCallError("no such file: /bin/zsh", reason="SPAWN_FAILED", code="FAILED_PRECONDITION",
+        raise AgentCallError("no such file: /bin/zsh", reason="SPAWN_FAILED", grpc_code="FAILED_PRECONDITION",
                              retryable=False)
 
     jobs.start = refuse  # type: ignore[method-assign]
@@ -465,7 +465,7 @@ def test_a_start_refused_by_the_agent_is_an_error_result(jobs: FakeJobs, table: 
 
 def test_a_cancelled_exec_command_kills_its_job(jobs: FakeJobs, table: SessionTable):
     def cancelled(pid: int, **options: Any) -> Iterator[JobEvent]:
-        raise AgentCallError("Cancelled", reason="UNSPECIFIED", code="CANCELLED", retryable=False)
+        raise AgentCallError("Cancelled", reason="UNSPECIFIED", grpc_code="CANCELLED", retryable=False)
         yield
 
     jobs.attach = cancelled  # type: ignore[method-assign]

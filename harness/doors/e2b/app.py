@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import unquote
 
+from harness.core.errors import ErrorCode
 from harness.doors.e2b.boxes import DOOR, E2bSandbox, E2bSandboxes
 from harness.doors.e2b.bridge import STOPPED, ClientGone, Done, Exchange, OutputChannel, Receive, Scope, Send
 from harness.doors.e2b.connect import as_error, connect_error_response, read_head, serve_call
@@ -126,12 +127,13 @@ def envd_user(headers: Mapping[str, str]) -> str | None:
         return None
     scheme, _, credentials = value.strip().partition(" ")
     if scheme.lower() != "basic":
-        raise E2bError("invalid_argument", "envd's Authorization header is Basic base64(USER:), naming the user to "
+        raise E2bError(ErrorCode.INVALID_REQUEST,
+            "envd's Authorization header is Basic base64(USER:), naming the user to "
                                            f"act as; this one is {scheme or 'empty'!r}")
     try:
         decoded = base64.b64decode(credentials.strip(), validate=True).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError):
-        raise E2bError("invalid_argument",
+        raise E2bError(ErrorCode.INVALID_REQUEST,
                        "envd's Authorization header is Basic base64(USER:); this one is not valid base64 of UTF-8 text"
                        ) from None
     user = decoded.partition(":")[0]
@@ -203,7 +205,7 @@ class E2bApp:
                 self._active.add(exchange)
         try:
             if closing:
-                await exchange.respond(*_rest_error(E2bError("unavailable", "the server is shutting down")))
+                await exchange.respond(*_rest_error(E2bError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")))
             else:
                 # A span per request while tracing is on; a caller's traceparent header continues its trace.
                 with tracing.request_span("callbox.e2b", exchange.headers, _span_attributes(exchange)):
@@ -230,7 +232,7 @@ class E2bApp:
         respond_error = _connect_refusal if connect_like else _http_refusal
         found = None if connect_like else self.envd.find(exchange.method, segments)
         if connect_like and method is None:
-            await respond_error(exchange, E2bError("unimplemented", f"envd has no method {exchange.path}; this "
+            await respond_error(exchange, E2bError(ErrorCode.NOT_SUPPORTED, f"envd has no method {exchange.path}; this "
                                                    f"server serves {', '.join(sorted(self.services))}", status=404))
             return
         if isinstance(found, list):
@@ -281,12 +283,14 @@ class E2bApp:
             else:
                 sandbox = self.sandboxes.for_envd(sandbox_id, token)
         except E2bError as error:
-            if error.code != "not_found":
+            if error.error is not ErrorCode.NOT_FOUND:
                 raise
-            raise E2bError("unavailable", f"sandbox {sandbox_id!r} was not found: it was killed, or its timeout "
+            raise E2bError(ErrorCode.SANDBOX_UNAVAILABLE,
+                f"sandbox {sandbox_id!r} was not found: it was killed, or its timeout "
                                           "passed", status=502) from None
         if port != ENVD_PORT:
-            raise E2bError("unavailable", f"sandbox {sandbox_id!r} is running but port {port} is not open: this "
+            raise E2bError(ErrorCode.SANDBOX_UNAVAILABLE,
+                f"sandbox {sandbox_id!r} is running but port {port} is not open: this "
                                           f"server serves envd (port {ENVD_PORT}) only", status=502)
         return sandbox
 
@@ -295,7 +299,7 @@ class E2bApp:
         whether the sandbox runs)."""
         sandbox = self.sandboxes.find(sandbox_id)
         if sandbox is None:
-            raise E2bError("not_found", f"sandbox {sandbox_id!r} not found")
+            raise E2bError(ErrorCode.NOT_FOUND, f"sandbox {sandbox_id!r} not found")
         return sandbox
 
     async def _serve_rest(self, exchange: Exchange, segments: list[str]) -> None:
@@ -309,7 +313,7 @@ class E2bApp:
         if client is None:
             message = ("this request carries no X-API-KEY header; set E2B_API_KEY to a key of this server "
                        "(a token of its token file)" if not key else "the X-API-KEY is not a key of this server")
-            await _http_refusal(exchange, E2bError("unauthenticated", message))
+            await _http_refusal(exchange, E2bError(ErrorCode.UNAUTHENTICATED, message))
             return
         route, params = found
         handler = route.handler
@@ -396,7 +400,7 @@ class E2bApp:
             item = await out.get()
             if item is STOPPED:
                 if exchange.ended == "shutdown" and not exchange.started:
-                    await _http_refusal(exchange, E2bError("unavailable", "the server is shutting down"))
+                    await _http_refusal(exchange, E2bError(ErrorCode.SHUTTING_DOWN, "the server is shutting down"))
                 elif exchange.started:
                     raise _CutOff(f"{where}: the response body was cut off ({exchange.ended})")
                 return
@@ -437,9 +441,9 @@ def _span_attributes(exchange: Exchange) -> dict[str, str]:
 
 def _no_route(exchange: Exchange, allowed: list[str], what: str) -> E2bError:
     if allowed:
-        return E2bError("unimplemented", f"{exchange.path} does not take {exchange.method}; it takes "
+        return E2bError(ErrorCode.NOT_SUPPORTED, f"{exchange.path} does not take {exchange.method}; it takes "
                                          f"{', '.join(sorted(set(allowed)))}", status=405)
-    return E2bError("not_found", f"no route {exchange.method} {exchange.path}: {what}")
+    return E2bError(ErrorCode.NOT_FOUND, f"no route {exchange.method} {exchange.path}: {what}")
 
 
 async def _http_refusal(exchange: Exchange, error: E2bError) -> None:

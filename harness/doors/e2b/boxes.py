@@ -54,7 +54,7 @@ from harness.audit.records import arguments_digest
 from harness.audit.store import AuditError
 from harness.core.actions import ActionDenied, ActionGate, ActionTicket, ApprovalPending, action_tool
 from harness.core.calls import Decision
-from harness.core.errors import CallboxError, short_reason
+from harness.core.errors import CallboxError, ErrorCode, short_reason
 from harness.core.policy import Policy
 from harness.core.sandbox_settings import SandboxSettings
 from harness.core.shared_engine import SharedEngine
@@ -152,7 +152,7 @@ class E2bSandbox:
         """The engine sandbox (paused or running)."""
         box = self.session.harness.active_sandbox
         if not is_living(box):
-            raise E2bError("unavailable", f"sandbox {self.sandbox_id} has no running container")
+            raise E2bError(ErrorCode.SANDBOX_UNAVAILABLE, f"sandbox {self.sandbox_id} has no running container")
         return box
 
     def running(self) -> LivingSandbox:
@@ -160,7 +160,7 @@ class E2bSandbox:
         (the SDK's ``Sandbox.connect`` resumes it)."""
         box = self.box
         if self.session.paused or box.paused:
-            raise E2bError("failed_precondition",
+            raise E2bError(ErrorCode.PAUSED,
                            f"sandbox {self.sandbox_id} is paused; resume it with Sandbox.connect first")
         return box
 
@@ -231,10 +231,12 @@ class E2bSandboxes:
             if found is not None:
                 earlier, sandbox_id = found
                 if earlier != fingerprint:
-                    raise E2bError("already_exists", f"Idempotency-Key {idempotency_key!r} was used for a different "
+                    raise E2bError(ErrorCode.ALREADY_EXISTS,
+                        f"Idempotency-Key {idempotency_key!r} was used for a different "
                                    "create request; use a new key for a new sandbox")
                 if sandbox_id is None:
-                    raise E2bError("already_exists", f"the sandbox of Idempotency-Key {idempotency_key!r} is still "
+                    raise E2bError(ErrorCode.ALREADY_EXISTS,
+                        f"the sandbox of Idempotency-Key {idempotency_key!r} is still "
                                    "being created; retry in a moment")
                 live = self._boxes.get(sandbox_id)
                 if live is not None and not live.closed:
@@ -270,7 +272,7 @@ class E2bSandboxes:
         base = self.template(template_id, client)
         if base is None:
             known = ", ".join(sorted(self.templates))
-            raise E2bError("not_found", f"template {template_id!r} not found; this server has: {known}")
+            raise E2bError(ErrorCode.NOT_FOUND, f"template {template_id!r} not found; this server has: {known}")
         return base
 
     def _create(self, client: str, template_id: str, overrides: SandboxOverrides | None,
@@ -329,7 +331,7 @@ class E2bSandboxes:
         if sandbox is None:
             raise not_found("sandbox", sandbox_id)
         if not access_token or not sandbox.accepts(access_token):
-            raise E2bError("unauthenticated",
+            raise E2bError(ErrorCode.UNAUTHENTICATED,
                            f"the X-Access-Token header is missing or not the access token of sandbox {sandbox_id}")
         return sandbox
 
@@ -373,7 +375,7 @@ class E2bSandboxes:
             return MIN_TIMEOUT_S
         limit = self.timeout_limit(template_id, client)
         if seconds > limit:
-            raise E2bError("permission_denied",
+            raise E2bError(ErrorCode.PERMISSION_DENIED,
                            f"{what}: {seconds} s is above this server's limit of {limit} s (sandbox.ttl_seconds "
                            "in its policy); ask for at most that")
         return seconds
@@ -398,7 +400,7 @@ class E2bSandboxes:
         (409, as E2B answers) if it is paused already."""
         with sandbox.lock:
             if sandbox.state == "paused":
-                raise E2bError("already_exists", f"sandbox {sandbox.sandbox_id} is already paused")
+                raise E2bError(ErrorCode.ALREADY_EXISTS, f"sandbox {sandbox.sandbox_id} is already paused")
             with self.acting(sandbox, "pause", {"op": "pause"}), e2b_errors(sandbox):
                 sandbox.box.pause()
                 sandbox.session.mark_paused(time.time())
@@ -408,8 +410,7 @@ class E2bSandboxes:
         moved later by the pause; ``failed_precondition`` (409) if it is running."""
         with sandbox.lock:
             if sandbox.state != "paused":
-                raise E2bError("failed_precondition", f"sandbox {sandbox.sandbox_id} is running, not paused",
-                               status=409)
+                raise E2bError(ErrorCode.CONFLICT, f"sandbox {sandbox.sandbox_id} is running, not paused")
             self._resume(sandbox)
 
     def _resume(self, sandbox: E2bSandbox) -> None:
@@ -500,7 +501,7 @@ def _asked(gate: ActionGate, pending: ApprovalPending) -> E2bError:
         why = gate.audit.get_approval(approval_id).reason
     except AuditError:
         why = f"approval required by policy ({pending.rule})"
-    return E2bError("failed_precondition", f"{why}; it waits for approval {approval_id}: approve it with "
+    return E2bError(ErrorCode.APPROVAL_PENDING, f"{why}; it waits for approval {approval_id}: approve it with "
                     f"`callbox approvals approve {approval_id}` (or deny it), then do the same again, "
                     "which uses the approval once")
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qs
 
+from harness.core.errors import ErrorCode
 from harness.doors.e2b.errors import E2bError
 
 __all__ = ["IDLE", "STOPPED", "BodyChannel", "ClientGone", "Done", "Exchange", "OutputChannel"]
@@ -124,7 +125,7 @@ class Exchange:
             chunk: bytes = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise E2bError("resource_exhausted", f"the request is over the limit of {limit} bytes", status=413)
+                raise E2bError(ErrorCode.TOO_LARGE, f"the request is over the limit of {limit} bytes")
             parts.append(chunk)
             self._body_done = not message.get("more_body", False)
         return b"".join(parts)
@@ -137,7 +138,7 @@ class Exchange:
         """Hand the body to a worker thread in chunks (then notice the client leaving)."""
         channel = BodyChannel(self.loop, window)
         self.on_end(lambda: channel.finish(E2bError(
-            "canceled", "the request ended before its body was complete (the client went away, or the server "
+            ErrorCode.CANCELLED, "the request ended before its body was complete (the client went away, or the server "
             "is shutting down)")))
         self._channel = channel
         self._reader = self.loop.create_task(self._pump(channel))
@@ -170,7 +171,8 @@ class Exchange:
         if not self.done:
             self._end("shutdown")
         if self._channel is not None:
-            self._channel.finish(E2bError("canceled", "the response was complete before the request body was read"))
+            self._channel.finish(E2bError(ErrorCode.CANCELLED,
+                "the response was complete before the request body was read"))
         reader, self._reader = self._reader, None
         if reader is not None and not reader.done():
             reader.cancel()

@@ -43,7 +43,7 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 from harness.doors.e2b.bridge import IDLE, STOPPED, Done, Exchange, OutputChannel
 from harness.doors.e2b.errors import E2bError, from_callbox
 from harness.doors.e2b.rpc import EnvdCall, Method
@@ -102,7 +102,7 @@ class Codec:
             else:
                 message.ParseFromString(data)
         except (json_format.ParseError, DecodeError, UnicodeDecodeError, RecursionError) as error:
-            raise E2bError("invalid_argument",
+            raise E2bError(ErrorCode.INVALID_REQUEST,
                            f"the request is not a valid {cls.DESCRIPTOR.full_name} in {self.name}: {error}") from None
         return message
 
@@ -145,14 +145,15 @@ class EnvelopeReader:
         while len(self._buffer) >= _HEAD.size:
             flags, length = _HEAD.unpack_from(self._buffer)
             if length > self._limit:
-                raise E2bError("resource_exhausted",
+                raise E2bError(ErrorCode.TOO_LARGE,
                                f"a request message of {length} bytes is over the limit of {self._limit} bytes")
             if len(self._buffer) < _HEAD.size + length:
                 return
             payload = bytes(self._buffer[_HEAD.size:_HEAD.size + length])
             del self._buffer[:_HEAD.size + length]
             if flags & FLAG_COMPRESSED:
-                raise E2bError("unimplemented", "a compressed message arrived; this server does not compress: send "
+                raise E2bError(ErrorCode.NOT_SUPPORTED,
+                    "a compressed message arrived; this server does not compress: send "
                                                 "messages uncompressed (connect-content-encoding: identity)")
             if flags & FLAG_END_STREAM:
                 continue
@@ -161,7 +162,7 @@ class EnvelopeReader:
     def close(self) -> None:
         """The stream ended: refuse a message cut short."""
         if self._buffer:
-            raise E2bError("invalid_argument",
+            raise E2bError(ErrorCode.INVALID_REQUEST,
                            f"the request ended inside an enveloped message ({len(self._buffer)} bytes left over)")
 
 
@@ -184,22 +185,22 @@ def read_head(method: Method, http_method: str, headers: Mapping[str, str], now:
     stream = method.kind != "unary"
     want = "application/connect+json" if stream else "application/json"
     if http_method != "POST":
-        raise E2bError("unimplemented", f"{http_method} is not how a Connect call is made: POST it "
+        raise E2bError(ErrorCode.NOT_SUPPORTED, f"{http_method} is not how a Connect call is made: POST it "
                                         f"with content-type {want}", status=405)
     content_type = headers.get("content-type", "").partition(";")[0].strip().lower()
     prefix = "application/connect+" if stream else "application/"
     codec = _CODECS.get(content_type[len(prefix):]) if content_type.startswith(prefix) else None
     if codec is None:
         kind = "a streaming" if stream else "a unary"
-        raise E2bError("invalid_argument", f"{method.name} is {kind} method: send content-type {want} "
+        raise E2bError(ErrorCode.INVALID_REQUEST, f"{method.name} is {kind} method: send content-type {want} "
                                            f"(or {prefix}proto), not {content_type or 'none'!r}", status=415)
     version = headers.get("connect-protocol-version", "1").strip()
     if version != "1":
-        raise E2bError("invalid_argument", f"connect-protocol-version must be 1, not {version!r}")
+        raise E2bError(ErrorCode.INVALID_REQUEST, f"connect-protocol-version must be 1, not {version!r}")
     encoding_header = "connect-content-encoding" if stream else "content-encoding"
     encoding = headers.get(encoding_header, "identity").strip().lower()
     if encoding not in ("", "identity"):
-        raise E2bError("unimplemented", f"{encoding_header} {encoding!r} is not supported: this server takes "
+        raise E2bError(ErrorCode.NOT_SUPPORTED, f"{encoding_header} {encoding!r} is not supported: this server takes "
                                         "uncompressed requests only (identity)")
     moment = time.monotonic() if now is None else now
     deadline = None
@@ -207,7 +208,7 @@ def read_head(method: Method, http_method: str, headers: Mapping[str, str], now:
     if timeout is not None:
         text = timeout.strip()
         if not text.isdigit() or len(text) > MAX_TIMEOUT_DIGITS:
-            raise E2bError("invalid_argument", f"connect-timeout-ms must be 1 to {MAX_TIMEOUT_DIGITS} digits "
+            raise E2bError(ErrorCode.INVALID_REQUEST, f"connect-timeout-ms must be 1 to {MAX_TIMEOUT_DIGITS} digits "
                                                f"(milliseconds), not {timeout!r}")
         deadline = moment + int(text) / 1000
     keepalive = None
@@ -218,7 +219,7 @@ def read_head(method: Method, http_method: str, headers: Mapping[str, str], now:
         except ValueError:
             keepalive = math.nan
         if not math.isfinite(keepalive) or keepalive <= 0:
-            raise E2bError("invalid_argument", f"keepalive-ping-interval must be a number of seconds above 0, "
+            raise E2bError(ErrorCode.INVALID_REQUEST, f"keepalive-ping-interval must be a number of seconds above 0, "
                                                f"not {interval!r}")
         keepalive = max(keepalive, MIN_KEEPALIVE_S)
     return CallHead(codec, deadline, keepalive)
@@ -235,7 +236,8 @@ def as_error(exc: BaseException, where: str) -> E2bError:
     if isinstance(exc, CallboxError):
         return from_callbox(exc)
     log.error("%s failed", where, exc_info=exc)
-    return E2bError("internal", f"{where} failed inside the server ({type(exc).__name__}); the server's log has "
+    return E2bError(ErrorCode.INTERNAL,
+        f"{where} failed inside the server ({type(exc).__name__}); the server's log has "
                                 "the details")
 
 
@@ -244,7 +246,7 @@ def connect_error_response(error: E2bError) -> tuple[int, list[tuple[str, str]],
     :data:`~harness.doors.e2b.errors.CONNECT_STATUS` gives the code unless the error names its own (405, 415, a
     proxy's 502): clients read the code from the body either way."""
     body = json.dumps(error.connect_body(), separators=(",", ":")).encode()
-    status = error.status
+    status = error.connect_status
     headers = [("content-type", "application/json"), *error.headers()]
     if status == 405:
         headers.append(("allow", "POST"))
@@ -252,7 +254,7 @@ def connect_error_response(error: E2bError) -> tuple[int, list[tuple[str, str]],
 
 
 def _deadline_error(where: str) -> E2bError:
-    return E2bError("deadline_exceeded", f"{where} ran past the deadline the client set (connect-timeout-ms)")
+    return E2bError(ErrorCode.TIMED_OUT, f"{where} ran past the deadline the client set (connect-timeout-ms)")
 
 
 _SHUTDOWN = "the server is shutting down; the call was cancelled"
@@ -322,7 +324,7 @@ def _one_message(body: bytes, where: str) -> bytes:
     messages = list(reader.feed(body))
     reader.close()
     if len(messages) != 1:
-        raise E2bError("invalid_argument", f"{where} takes exactly one request message, not {len(messages)}")
+        raise E2bError(ErrorCode.INVALID_REQUEST, f"{where} takes exactly one request message, not {len(messages)}")
     return messages[0]
 
 
@@ -400,7 +402,7 @@ async def _drain(exchange: Exchange, out: OutputChannel, codec: Codec, where: st
         if item is STOPPED:
             if exchange.ended == "disconnected":
                 return
-            error = E2bError("unavailable", _SHUTDOWN)
+            error = E2bError(ErrorCode.SHUTTING_DOWN, _SHUTDOWN)
             break
         if isinstance(item, Done):
             error = as_error(item.error, where) if item.error is not None else None
@@ -468,7 +470,7 @@ async def _client_stream(exchange: Exchange, method: Method, where: str, head: C
         error = as_error(exc, where)
     if exchange.ended == "disconnected":
         return
-    if exchange.ended == "shutdown" and error is not None and error.code == "canceled":
-        error = E2bError("unavailable", _SHUTDOWN)
+    if exchange.ended == "shutdown" and error is not None and error.error is ErrorCode.CANCELLED:
+        error = E2bError(ErrorCode.SHUTTING_DOWN, _SHUTDOWN)
     await exchange.start(200, [("content-type", codec.stream_type)])
     await exchange.finish((payload if error is None else b"") + end_stream(error))

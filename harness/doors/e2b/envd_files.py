@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from itertools import chain
 from typing import Any
 
-from harness.core.errors import AgentCallError, CallboxError
+from harness.core.errors import AgentCallError, CallboxError, ErrorCode
 from harness.doors.e2b.boxes import E2bSandbox, E2bSandboxes
 from harness.doors.e2b.envd_filesystem import MAX_SYMLINK_HOPS, check_user, fs_errors, link_target, sandbox_path
 from harness.doors.e2b.errors import E2bError, invalid
@@ -60,7 +60,7 @@ _STATUS = {"resource_exhausted": 507}
 
 
 def _error(error: E2bError) -> HttpResponse:
-    status = _STATUS.get(error.code, error.status)
+    status = _STATUS.get(error.connect_code, error.status)
     return json_response(status, {"code": status, "message": error.message})
 
 
@@ -254,7 +254,7 @@ def _final(box: LivingSandbox, path: str) -> tuple[str, agent_pb.FileInfo | None
         if info.type != agent_pb.FILE_TYPE_SYMLINK:
             return real, info
         real = link_target(real, info.link_target)
-    raise E2bError("failed_precondition", f"{path} is a chain of more than {MAX_SYMLINK_HOPS} symlinks (a loop?)")
+    raise E2bError(ErrorCode.CONFLICT, f"{path} is a chain of more than {MAX_SYMLINK_HOPS} symlinks (a loop?)")
 
 
 def write_file(sandboxes: E2bSandboxes, sandbox: E2bSandbox, box: LivingSandbox, path: str,
@@ -323,7 +323,7 @@ class _FileBody:
         try:
             piece = self._file.read(min(READ_BYTES, self._size - self._sent)) if self._sent < self._size else b""
             if not piece and self._sent < self._size:
-                raise E2bError("data_loss", f"the download ended after {self._sent} of {self._size} bytes")
+                raise E2bError(ErrorCode.DATA_LOST, f"the download ended after {self._sent} of {self._size} bytes")
         except BaseException as error:
             self._end(error)
             raise
@@ -365,7 +365,7 @@ def http_routes(sandboxes: E2bSandboxes) -> list[EnvdRoute]:
             with fs_errors(call.sandbox):
                 real, info = _final(box, path)
                 if info is None:
-                    raise E2bError("not_found", f"path {path!r} does not exist")
+                    raise E2bError(ErrorCode.NOT_FOUND, f"path {path!r} does not exist")
                 if info.type == agent_pb.FILE_TYPE_DIRECTORY:
                     raise invalid(f"path {path!r} is a directory; read the files in it one by one")
                 if info.type != agent_pb.FILE_TYPE_FILE:
@@ -378,7 +378,7 @@ def http_routes(sandboxes: E2bSandboxes) -> list[EnvdRoute]:
                         fileobj=reader, mode="r|", bufsize=READ_BYTES)
                     member = tar.next()
                 if member is None or not member.isfile():
-                    raise E2bError("failed_precondition", f"{path} changed while it was being read; read it again")
+                    raise E2bError(ErrorCode.CONFLICT, f"{path} changed while it was being read; read it again")
                 body = _FileBody(record, chunks, tar, member, reader, ticket.outcome)
         except E2bError as error:
             record.__exit__(type(error), error, error.__traceback__)
@@ -426,7 +426,7 @@ def http_routes(sandboxes: E2bSandboxes) -> list[EnvdRoute]:
         except E2bError as error:
             if written:
                 done = ", ".join(entry["path"] for entry in written)
-                error = E2bError(error.code, f"{error.message} (written before this error: {done})",
+                error = E2bError(error.error, f"{error.message} (written before this error: {done})",
                                  status=error.status)
             return _error(error)
         return json_response(200, written)

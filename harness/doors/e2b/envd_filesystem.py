@@ -56,7 +56,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from harness.core.errors import AgentCallError, CallboxError
+from harness.core.errors import AgentCallError, CallboxError, ErrorCode
 from harness.doors.e2b.boxes import E2bSandbox, E2bSandboxes
 from harness.doors.e2b.envd import filesystem_pb2 as pb
 from harness.doors.e2b.errors import E2bError, from_callbox, invalid, not_found
@@ -107,7 +107,7 @@ def check_user(user: str | None) -> None:
     """Refuse any user but the sandbox's own (``None``, ``""``, ``sandbox`` or E2B's ``user``)."""
     if not user or user in USER_ALIASES:
         return
-    raise E2bError("permission_denied",
+    raise E2bError(ErrorCode.PERMISSION_DENIED,
                    f"this sandbox runs everything as its one unprivileged user {USER!r} (E2B's default user "
                    f"'user' is the same user) and cannot act as {user!r}: leave the user unset")
 
@@ -139,9 +139,9 @@ def fs_errors(sandbox: E2bSandbox) -> Iterator[None]:
         if sandbox.closed:
             raise not_found("sandbox", sandbox.sandbox_id) from None
         if error.reason == "WRONG_TYPE":
-            raise E2bError("invalid_argument", error.message) from None
+            raise E2bError(ErrorCode.INVALID_REQUEST, error.message) from None
         if error.reason == "TOO_LARGE":
-            raise E2bError("resource_exhausted", error.message) from None
+            raise E2bError(ErrorCode.TOO_LARGE, error.message) from None
         raise from_callbox(error) from None
     except CallboxError as error:
         if sandbox.closed:
@@ -208,9 +208,9 @@ def follow(box: LivingSandbox, path: str) -> tuple[agent_pb.FileInfo, str, agent
             info = box.agent.stat(real)
         except AgentCallError as error:
             if error.reason == "NOT_FOUND":
-                raise E2bError("not_found", f"{path} is a symlink to {real}, which does not exist") from None
+                raise E2bError(ErrorCode.NOT_FOUND, f"{path} is a symlink to {real}, which does not exist") from None
             raise
-    raise E2bError("failed_precondition", f"{path} is a chain of more than {MAX_SYMLINK_HOPS} symlinks (a loop?)")
+    raise E2bError(ErrorCode.CONFLICT, f"{path} is a chain of more than {MAX_SYMLINK_HOPS} symlinks (a loop?)")
 
 
 # ---- watch events --------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ class EventTranslator:
 
     def __call__(self, change: WatchChange) -> list[pb.FilesystemEvent]:
         if change.kind == "overflow":
-            raise E2bError("data_loss", f"the watch of {self.top} lost events (the sandbox's change queue "
+            raise E2bError(ErrorCode.DATA_LOST, f"the watch of {self.top} lost events (the sandbox's change queue "
                                         "overflowed); watch it again and list the directory to catch up")
         if _TEMP_NAME.fullmatch(posixpath.basename(change.path)):
             self._publishing = change.kind == "moved_from"
@@ -282,17 +282,18 @@ class PolledWatcher:
                     for event in self._translate(change):
                         with self._lock:
                             if len(self._events) >= MAX_PENDING:
-                                raise E2bError("data_loss", f"watcher {self.id} of {self.top} had {MAX_PENDING} "
+                                raise E2bError(ErrorCode.DATA_LOST,
+                                    f"watcher {self.id} of {self.top} had {MAX_PENDING} "
                                                             "events not yet fetched and lost the next; poll it "
                                                             "more often, or watch again and list the directory")
                             self._events.append(event)
-            self._fail(E2bError("not_found", f"the watch of {self.top} ended: the directory was removed or "
+            self._fail(E2bError(ErrorCode.NOT_FOUND, f"the watch of {self.top} ended: the directory was removed or "
                                              "moved away"))
         except E2bError as error:
             self._fail(error)
         except Exception as error:  # never a silent end of a watcher
             log.exception("watcher %s of sandbox %s failed", self.id, self.sandbox.sandbox_id)
-            self._fail(E2bError("internal", f"watcher {self.id} failed: {error}"))
+            self._fail(E2bError(ErrorCode.INTERNAL, f"watcher {self.id} failed: {error}"))
         finally:
             self._watch.close()
             self._on_end(self)
@@ -352,7 +353,7 @@ class FilesystemHandlers:
             path = sandbox_path(request.path, box.spec)
             listing = box.agent.list_dir(path, depth=depth, include_hidden=True, limit=LIST_LIMIT)
         if listing.truncated:
-            raise E2bError("resource_exhausted", f"{path} holds more than {LIST_LIMIT} entries {depth} levels "
+            raise E2bError(ErrorCode.TOO_LARGE, f"{path} holds more than {LIST_LIMIT} entries {depth} levels "
                                                  "down; list a subdirectory or a smaller depth")
         entries = [entry_info(posixpath.join(path, info.path), info, box) for info in listing.entries
                    if info.type in _FILE_TYPES]
@@ -368,7 +369,7 @@ class FilesystemHandlers:
                     raise
                 _, _, info = follow(box, path)
                 if info.type == agent_pb.FILE_TYPE_DIRECTORY:
-                    raise E2bError("already_exists", f"directory {path} already exists") from None
+                    raise E2bError(ErrorCode.ALREADY_EXISTS, f"directory {path} already exists") from None
                 raise invalid(f"{path} already exists and is not a directory") from None
             return pb.MakeDirResponse(entry=entry_info(path, box.agent.stat(path), box))
 
@@ -422,7 +423,7 @@ class FilesystemHandlers:
         sandbox = call.sandbox
         with self._lock:
             if len(self._watchers.get(sandbox.sandbox_id, {})) >= MAX_WATCHERS:
-                raise E2bError("resource_exhausted", f"sandbox {sandbox.sandbox_id} already has {MAX_WATCHERS} "
+                raise E2bError(ErrorCode.LIMIT_REACHED, f"sandbox {sandbox.sandbox_id} already has {MAX_WATCHERS} "
                                                      "watchers; stop one (WatchHandle.stop) first")
         with self._agent(call) as box, current_scope(CallScope()):  # the watch outlives this request
             path = sandbox_path(request.path, box.spec)

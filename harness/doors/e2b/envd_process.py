@@ -73,7 +73,7 @@ import time
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from harness.core.errors import AgentCallError, CallboxError, short_reason
+from harness.core.errors import AgentCallError, CallboxError, ErrorCode, short_reason
 from harness.doors.e2b.boxes import DOOR, E2bSandbox, E2bSandboxes, e2b_errors
 from harness.doors.e2b.envd import process_pb2 as pb
 from harness.doors.e2b.errors import E2bError, invalid
@@ -307,7 +307,7 @@ class ProcessDoor:
             if error.reason == "BUSY" and kill_if_busy:
                 with contextlib.suppress(CallboxError):
                     box.jobs.kill(info.pid)
-                raise E2bError("resource_exhausted", f"{error.message}; process {info.pid} was killed rather "
+                raise E2bError(ErrorCode.LIMIT_REACHED, f"{error.message}; process {info.pid} was killed rather "
                                "than left running unseen") from None
             raise
         return self._relay(first, events, sandbox, info, call)
@@ -339,7 +339,8 @@ class ProcessDoor:
         finally:
             events.close()  # cancels the agent's stream
         if not call.scope.cancelled:
-            raise E2bError("unavailable", f"the output of process {info.pid} ended before the process did "
+            raise E2bError(ErrorCode.SANDBOX_UNAVAILABLE,
+                f"the output of process {info.pid} ended before the process did "
                            f"(sandbox {sandbox.sandbox_id} stopped answering); Connect to it again")
 
     # ---- unary calls ---------------------------------------------------------------------------
@@ -461,7 +462,7 @@ class ProcessDoor:
 def _check_user(user: str | None) -> None:
     if user is None or user in DEFAULT_USERS:
         return
-    raise E2bError("permission_denied", f"this sandbox runs every command as its one unprivileged user "
+    raise E2bError(ErrorCode.PERMISSION_DENIED, f"this sandbox runs every command as its one unprivileged user "
                    f"{SANDBOX_USER!r} (uid 1000); user {user!r} is not available here: leave user unset "
                    f"(or pass {SANDBOX_USER!r})")
 
@@ -485,8 +486,8 @@ def _select(box: LivingSandbox, selector: pb.ProcessSelector, *, running_only: b
     if found and not running_only:
         return found[-1]
     if found:
-        raise E2bError("not_found", f"{what} has ended; `commands.list()` shows the running processes")
-    raise E2bError("not_found", f"{what} not found; `commands.list()` shows the running processes")
+        raise E2bError(ErrorCode.NOT_FOUND, f"{what} has ended; `commands.list()` shows the running processes")
+    raise E2bError(ErrorCode.NOT_FOUND, f"{what} not found; `commands.list()` shows the running processes")
 
 
 def process_service(sandboxes: E2bSandboxes) -> Service:

@@ -48,6 +48,7 @@ from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from harness.core.errors import ErrorCode
 from harness.doors.e2b.boxes import DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes
 from harness.doors.e2b.errors import E2bError, invalid
 from harness.doors.e2b.rest_models import (
@@ -261,7 +262,7 @@ class ControlPlane:
             timeout = min(DEFAULT_TIMEOUT_S, self.sandboxes.timeout_limit(sandbox.template_id, sandbox.client))
         paused = sandbox.state == "paused"
         if must_be_paused and not paused:
-            raise E2bError("already_exists", f"sandbox {sandbox.sandbox_id} is already running")
+            raise E2bError(ErrorCode.ALREADY_EXISTS, f"sandbox {sandbox.sandbox_id} is already running")
         if paused and body.get("memory") is False:
             raise unsupported("resuming with a reboot (on_resume 'reboot') is not supported: this server resumes "
                               "the sandbox's frozen processes; connect without on_resume")

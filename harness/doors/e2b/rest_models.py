@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from harness.core.errors import ErrorCode
 from harness.doors.e2b.boxes import DEFAULT_TEMPLATE, DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes, Metric
 from harness.doors.e2b.errors import E2bError, invalid
 from harness.doors.grpc.overrides import SandboxOverrides
@@ -52,7 +53,7 @@ _PUBLIC_URL_OPTIONS = {"allowPublicTraffic", "maskRequestHost", "httpsPorts"}
 
 
 def unsupported(message: str) -> E2bError:
-    return E2bError("unimplemented", message)
+    return E2bError(ErrorCode.NOT_SUPPORTED, message)
 
 
 def _empty(value: Any) -> bool:
@@ -93,7 +94,7 @@ def _network(body: Mapping[str, Any], server_network: str) -> str | None:
         elif server_network != "open":
             detail = ("gives sandboxes no network" if server_network == "none"
                       else "lets sandboxes reach only the hosts of sandbox.allow_hosts")
-            raise E2bError("permission_denied",
+            raise E2bError(ErrorCode.PERMISSION_DENIED,
                            f"allow_internet_access: this server's policy {detail} (sandbox.network = "
                            f"{server_network!r}); leave allow_internet_access unset or false")
     network = body.get("network")

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from google.protobuf.message import Message
 
+from harness.core.errors import ErrorCode
 from harness.doors.e2b.errors import E2bError
 from harness.engine.cancel import CallScope
 
@@ -105,7 +106,7 @@ class HttpRequest:
         for chunk in self.body:
             size += len(chunk)
             if size > limit:
-                raise E2bError("invalid_argument", f"the request body is over {limit} bytes", status=413)
+                raise E2bError(ErrorCode.TOO_LARGE, f"the request body is over {limit} bytes")
             parts.append(chunk)
         return b"".join(parts)
 
@@ -117,7 +118,7 @@ class HttpRequest:
         try:
             return json.loads(raw)
         except ValueError as error:
-            raise E2bError("invalid_argument", f"the request body is not JSON: {error}") from None
+            raise E2bError(ErrorCode.INVALID_REQUEST, f"the request body is not JSON: {error}") from None
 
 
 @dataclass

@@ -37,8 +37,9 @@ approvals stay resolvable (they live in the audit store). What it takes:
 * **Calls in flight.** A stopping server cancels its running calls, and each records that
   (``sandbox_unavailable``). A call still ``running`` in the store when its process is gone
   (the server was killed) gets a result saying it was interrupted and that whether its
-  command finished is unknown (``command_started`` is not false, so a re-send of the
-  call_id returns that record and never runs it again). A call pending approval stays
+  command finished is unknown (``server_stopped``, :mod:`harness.audit.interruptions`;
+  ``command_started`` is not false, so a re-send of the call_id returns that record and
+  never runs it again). A call pending approval stays
   pending; once approved, a re-send runs it exactly once, before or after the restart.
 * **Other doors.** The E2B door's sandboxes are sessions of the same service, kept the same
   way once that door asks for it (``ExecutorService.kept_doors``). What the door keeps
@@ -64,9 +65,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from harness.audit.interruptions import SERVER_STOPPED, interruption
 from harness.audit.store import AuditError, AuditStore, RunRecord
-from harness.core.calls import ErrorCode, ToolResult
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 from harness.core.policy import Policy
 from harness.core.session import Session
 from harness.doors.grpc.errors import ServiceError
@@ -91,8 +92,6 @@ SERVER = "server"
 KEPT = "kept"
 OVERRIDES = "overrides"
 ENV_KEYS = "env_keys"
-INTERRUPTED = ("the server stopped while this call ran, before its result was recorded; whether its command ran "
-               "to the end is unknown. It is not run again under this call_id: send a new call_id to run it again")
 
 _live: set[str] = set()
 _live_lock = threading.Lock()
@@ -259,7 +258,8 @@ class KeepingEngine(Protocol):
 def _engine(service: ExecutorService) -> KeepingEngine:
     engine = service.engine_factory()
     if not all(hasattr(engine, name) for name in ("open", "sandbox_exists", "lifetime_record")):
-        raise CallboxError("keep_sandboxes needs the Docker or the Ray engine (their keep records and labels)")
+        raise CallboxError("keep_sandboxes needs the Docker or the Ray engine (their keep records and labels)",
+                           code=ErrorCode.INVALID_CONFIG)
     return cast(KeepingEngine, engine)
 
 
@@ -318,23 +318,17 @@ def _end(audit: AuditStore, run: RunRecord, reason: str, found: Adoption) -> Non
 
 
 def _interrupt_calls(audit: AuditStore, run_id: str, found: Adoption) -> None:
-    """Record an outcome for each call of ``run_id`` left running by a process that is gone."""
-    this_host = socket.gethostname()
+    """Record an outcome for each call of ``run_id`` left unfinished by a process that is
+    provably gone (:meth:`AuditStore.interrupt_orphan`)."""
     for call in audit.calls_for_run(run_id):
-        if call.get("state") != "running":
+        if call.get("state") == "done":
             continue
-        owner = labels.Owner.parse(str(call.get("owner") or ""))
-        if owner is not None and labels.owner_alive(owner, this_host) is not False:
-            continue
-        result = ToolResult(call_id=str(call["call_id"]), text=INTERRUPTED, is_error=True,
-                            error=ErrorCode.SANDBOX_UNAVAILABLE,
-                            structured={"command_started": None, "interrupted": "server_stopped"})
-        started = float(call.get("started") or time.time())
         try:
-            audit.finish_call(run_id, str(call["call_id"]), result, decision=None, exit_code=None,
-                              duration_ms=max(0.0, time.time() - started) * 1000.0, bytes_out=0, truncated=False)
+            record = audit.interrupt_orphan(run_id, str(call["call_id"]), cause=SERVER_STOPPED)
         except AuditError:
-            continue  # finished meanwhile
+            continue
+        if record is None or interruption(record.result) is None:
+            continue  # its process may be alive, or it finished meanwhile
         found.interrupted.append((run_id, str(call["call_id"])))
         log.warning("call %s of run %s was running when its server stopped; recorded as interrupted",
                     call["call_id"], run_id)

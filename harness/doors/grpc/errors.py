@@ -20,12 +20,11 @@ from typing import Any, NoReturn
 import grpc
 
 from harness.core.actions import ActionDenied, ApprovalPending
-from harness.core.errors import AgentCallError, CallboxError, EngineUnavailable, ImageNotFound, UsageError
+from harness.core.errors import ERRORS, AgentCallError, CallboxError, EngineUnavailable, ErrorCode, ImageNotFound
 from harness.doors.quota_ledger import QuotaExceeded
 from harness.engine.agent_errors import sandbox_gone
-from harness.engine.docker.kept import SandboxExpired
 from harness.engine.docker.lifetime import SandboxPaused
-from harness.engine.docker.snapshots import SnapshotExists, SnapshotNotFound
+from harness.engine.docker.snapshots import SnapshotNotFound
 from harness.engine.spec import SpecError
 from harness.v1 import executor_pb2
 from harness.wire import DETAIL_METADATA_KEY
@@ -37,50 +36,39 @@ __all__ = ["Reason", "ServiceError", "abort", "action_refused", "creation_failur
 log = logging.getLogger("callbox.executor")
 
 Reason = executor_pb2.ErrorReason
-_CODES: dict[int, grpc.StatusCode] = {
-    Reason.ERROR_REASON_INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    Reason.ERROR_REASON_UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
-    Reason.ERROR_REASON_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Reason.ERROR_REASON_PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
-    Reason.ERROR_REASON_LIMIT_REACHED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Reason.ERROR_REASON_SANDBOX_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    Reason.ERROR_REASON_ALREADY_RESOLVED: grpc.StatusCode.FAILED_PRECONDITION,
-    Reason.ERROR_REASON_SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
-    Reason.ERROR_REASON_INTERNAL: grpc.StatusCode.INTERNAL,
-    Reason.ERROR_REASON_APPROVAL_PENDING: grpc.StatusCode.FAILED_PRECONDITION,
-    Reason.ERROR_REASON_PAUSED: grpc.StatusCode.FAILED_PRECONDITION,
-}
 RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
-_RETRYABLE = frozenset(
-    {Reason.ERROR_REASON_LIMIT_REACHED, Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, Reason.ERROR_REASON_SHUTTING_DOWN}
-)
 
 
 class ServiceError(Exception):
-    """A request the service refuses: a status code, an ErrorDetail reason, one sentence."""
+    """A request the service refuses: an :class:`ErrorCode` and one sentence. The status
+    code, the ``ErrorDetail`` reason and whether a retry is safe come from the error table."""
 
     def __init__(
         self,
-        reason: executor_pb2.ErrorReason.ValueType,
+        error: ErrorCode,
         message: str,
         *,
-        code: grpc.StatusCode | None = None,
         retryable: bool | None = None,
         approval_id: str = "",
         retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
-        self.reason = reason
+        kind = ERRORS[error]
+        if not kind.grpc_status:
+            raise ValueError(f"{error} is never a refusal of the gRPC door (it only appears in results)")
+        self.error = error
         self.message = message
-        self.code: grpc.StatusCode = code or _CODES.get(reason, grpc.StatusCode.UNKNOWN)
-        self.retryable = reason in _RETRYABLE if retryable is None else retryable
+        self.code: grpc.StatusCode = grpc.StatusCode[kind.grpc_status]
+        self.reason: executor_pb2.ErrorReason.ValueType = Reason.Value(
+            f"ERROR_REASON_{kind.grpc_reason}" if kind.grpc_reason else "ERROR_REASON_UNSPECIFIED")
+        self.retryable = kind.retry if retryable is None else retryable
         self.approval_id = approval_id
         self.retry_after_s = retry_after_s
         """When a retry may succeed (a quota's refusal): sent as ``grpc-retry-pushback-ms``."""
 
     def detail(self) -> executor_pb2.ErrorDetail:
         return executor_pb2.ErrorDetail(reason=self.reason, message=self.message, retryable=self.retryable,
-                                        approval_id=self.approval_id)
+                                        approval_id=self.approval_id, code=self.error.value)
 
 
 def abort(context: grpc.ServicerContext, error: ServiceError) -> NoReturn:
@@ -94,26 +82,25 @@ def abort(context: grpc.ServicerContext, error: ServiceError) -> NoReturn:
 
 
 def not_found(kind: str, ident: str) -> ServiceError:
-    return ServiceError(Reason.ERROR_REASON_NOT_FOUND, f"no {kind} with id {ident!r} for this client")
+    return ServiceError(ErrorCode.NOT_FOUND, f"no {kind} with id {ident!r} for this client")
 
 
 def denied(message: str) -> ServiceError:
-    return ServiceError(Reason.ERROR_REASON_PERMISSION_DENIED, message)
+    return ServiceError(ErrorCode.PERMISSION_DENIED, message)
 
 
 def invalid(message: str) -> ServiceError:
-    return ServiceError(Reason.ERROR_REASON_INVALID_ARGUMENT, message)
+    return ServiceError(ErrorCode.INVALID_REQUEST, message)
 
 
 def quota_refused(error: QuotaExceeded) -> ServiceError:
     """A client's quota refused the request: RESOURCE_EXHAUSTED, the retry time in the trailer."""
-    return ServiceError(Reason.ERROR_REASON_LIMIT_REACHED, error.message, retryable=error.retryable,
+    return ServiceError(ErrorCode.LIMIT_REACHED, error.message, retryable=error.retryable,
                         retry_after_s=error.retry_after_s if error.retryable else None)
 
 
 def paused(sandbox_id: str) -> ServiceError:
-    return ServiceError(Reason.ERROR_REASON_PAUSED,
-                        f"sandbox {sandbox_id} is paused; resume it first (Sandboxes.Resume)")
+    return ServiceError(ErrorCode.PAUSED, f"sandbox {sandbox_id} is paused; resume it first (Sandboxes.Resume)")
 
 
 def action_refused(error: ActionDenied | ApprovalPending) -> ServiceError:
@@ -121,7 +108,7 @@ def action_refused(error: ActionDenied | ApprovalPending) -> ServiceError:
     approval to resolve (FAILED_PRECONDITION, APPROVAL_PENDING, ``approval_id``)."""
     if isinstance(error, ApprovalPending):
         return ServiceError(
-            Reason.ERROR_REASON_APPROVAL_PENDING,
+            ErrorCode.APPROVAL_PENDING,
             f"{error.rule}: this {error.action} needs a person's approval; it is pending as approval "
             f"{error.approval_id}: resolve it with Executor.ResolveApproval, then send the same request again "
             "with approval_id set",
@@ -130,46 +117,24 @@ def action_refused(error: ActionDenied | ApprovalPending) -> ServiceError:
     return denied(error.message)
 
 
-# The agent's reasons that have a reason of their own here; the others keep the agent's status code.
-_AGENT_REASONS: dict[str, executor_pb2.ErrorReason.ValueType] = {
-    "INVALID_ARGUMENT": Reason.ERROR_REASON_INVALID_ARGUMENT,
-    "NOT_FOUND": Reason.ERROR_REASON_NOT_FOUND,
-    "NO_SUCH_PROCESS": Reason.ERROR_REASON_NOT_FOUND,
-    "PERMISSION_DENIED": Reason.ERROR_REASON_PERMISSION_DENIED,
-    "PATH_ESCAPE": Reason.ERROR_REASON_PERMISSION_DENIED,
-    "BUSY": Reason.ERROR_REASON_LIMIT_REACHED,
-}
-
-
 def sandbox_failure(error: CallboxError, sandbox_id: str = "") -> ServiceError:
-    """How an error of a sandbox operation (the engine's, the agent's, the policy's) reads."""
+    """How an error of a sandbox operation (the engine's, the agent's, the policy's) reads: its
+    own code, as the error table says; a sandbox that stopped answering mid-operation is gone."""
     if isinstance(error, ActionDenied | ApprovalPending):
         return action_refused(error)
     if isinstance(error, QuotaExceeded):
         return quota_refused(error)
     if isinstance(error, SandboxPaused):
         return paused(sandbox_id or error.name_or_id)
-    if isinstance(error, AgentCallError):
-        if sandbox_gone(error):
-            return ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, error.message,
-                                code=grpc.StatusCode.FAILED_PRECONDITION, retryable=False)
-        code = getattr(grpc.StatusCode, error.code, grpc.StatusCode.UNKNOWN)
-        reason = _AGENT_REASONS.get(error.reason, Reason.ERROR_REASON_UNSPECIFIED)
-        return ServiceError(reason, error.message, code=code, retryable=error.retryable)
     if isinstance(error, SnapshotNotFound):
         return not_found("snapshot", error.name)
-    if isinstance(error, SnapshotExists):
-        return ServiceError(Reason.ERROR_REASON_INVALID_ARGUMENT, error.message,
-                            code=grpc.StatusCode.ALREADY_EXISTS, retryable=False)
-    if isinstance(error, UsageError):
-        return invalid(error.message)
-    if isinstance(error, SandboxExpired):
-        return ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, error.message,
-                            code=grpc.StatusCode.FAILED_PRECONDITION, retryable=False)
-    if isinstance(error, EngineUnavailable):
-        return ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, error.message)
-    return ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, error.message,
-                        code=grpc.StatusCode.FAILED_PRECONDITION, retryable=False)
+    if isinstance(error, AgentCallError):
+        if sandbox_gone(error):
+            return ServiceError(ErrorCode.SANDBOX_GONE, error.message)
+        return ServiceError(error.code, error.message, retryable=error.retryable)
+    if error.code is ErrorCode.INTERNAL:  # an engine failure without a code of its own
+        return ServiceError(ErrorCode.SANDBOX_UNAVAILABLE, error.message, retryable=False)
+    return ServiceError(error.code, error.message)
 
 
 
@@ -185,7 +150,7 @@ def handle_errors(method: Callable[..., Any]) -> Callable[..., Any]:
             failure = quota_refused(error)
         except Exception:
             log.exception("%s failed", method.__name__)
-            failure = ServiceError(Reason.ERROR_REASON_INTERNAL, f"{method.__name__} failed inside the server (a bug); "
+            failure = ServiceError(ErrorCode.INTERNAL, f"{method.__name__} failed inside the server (a bug); "
                                    "the error is in the server log")
         abort(context, failure)
 
@@ -204,7 +169,7 @@ def _failure(name: str, exc: BaseException, context: grpc.ServicerContext) -> Se
     if isinstance(exc, CallboxError):
         return sandbox_failure(exc)
     log.error("%s failed", name, exc_info=exc)
-    return ServiceError(Reason.ERROR_REASON_INTERNAL, f"{name} failed inside the server (a bug); "
+    return ServiceError(ErrorCode.INTERNAL, f"{name} failed inside the server (a bug); "
                         "the error is in the server log")
 
 
@@ -242,15 +207,12 @@ def handle_stream_errors(method: Callable[..., Iterator[Any]]) -> Callable[..., 
 
 
 def creation_failure(error: CallboxError) -> ServiceError:
+    """Why a sandbox could not be created: a spec this engine's host cannot run (an unwritable
+    rw mount, too many CPUs) names its key; a missing image or engine says so; any other
+    failure is a sandbox that could not start."""
     if isinstance(error, SpecError):
-        # The engine's host cannot run this spec (an unwritable rw mount, too many CPUs):
-        # the request must change, so retrying it as it is cannot help.
-        return ServiceError(Reason.ERROR_REASON_INVALID_ARGUMENT, f"{error.key}: {error.message}",
-                            code=grpc.StatusCode.INVALID_ARGUMENT, retryable=False)
-    if isinstance(error, ImageNotFound):
-        return ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, error.message,
-                            code=grpc.StatusCode.FAILED_PRECONDITION, retryable=False)
-    if isinstance(error, EngineUnavailable):
-        return ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, error.message)
-    return ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, f"the sandbox could not start: {error.message}")
+        return ServiceError(ErrorCode.INVALID_REQUEST, f"{error.key}: {error.message}")
+    if isinstance(error, ImageNotFound | EngineUnavailable | QuotaExceeded) or error.code is not ErrorCode.INTERNAL:
+        return ServiceError(error.code, error.message)
+    return ServiceError(ErrorCode.SANDBOX_UNAVAILABLE, f"the sandbox could not start: {error.message}")
 

@@ -17,9 +17,9 @@ from typing import Any
 import grpc
 
 from harness.core.actions import ActionDenied, ActionGate, ActionTicket, ApprovalPending
-from harness.core.errors import CallboxError, short_reason
+from harness.core.errors import CallboxError, ErrorCode, short_reason
 from harness.core.policy import Policy
-from harness.doors.grpc.errors import Reason, ServiceError, action_refused, not_found
+from harness.doors.grpc.errors import ServiceError, action_refused, not_found
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import ClientSession
 from harness.engine.base import LivingSandbox, is_living
@@ -56,9 +56,8 @@ class SandboxesBase:
         session = self.executor.session_of(sandbox_id, client)
         box = session.harness.active_sandbox
         if not is_living(box):
-            raise ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE,
-                               f"sandbox {sandbox_id} runs on an engine without living sandboxes",
-                               code=grpc.StatusCode.FAILED_PRECONDITION, retryable=False)
+            raise ServiceError(ErrorCode.NOT_SUPPORTED,
+                               f"sandbox {sandbox_id} runs on an engine without living sandboxes")
         return Owned(client, session, box)
 
     def _running(self, sandbox_id: str, context: grpc.ServicerContext) -> Owned:

@@ -26,10 +26,10 @@ from typing import Any
 import grpc
 
 from harness.audit.store import AuditError
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 from harness.core.policy import Policy
 from harness.core.session import Session
-from harness.doors.grpc.errors import Reason, ServiceError, creation_failure, handle_errors_any, invalid
+from harness.doors.grpc.errors import ServiceError, creation_failure, handle_errors_any, invalid
 from harness.doors.grpc.overrides import SandboxOverrides, sandbox_policy
 from harness.doors.grpc.sandboxes_base import SandboxesBase
 from harness.doors.grpc.sandboxes_snapshots import (
@@ -53,8 +53,7 @@ class SnapshotsAndForks(SandboxesBase):
     def _engine(self) -> SnapshotKeeper:
         engine = self.executor.engine_factory()
         if not keeps_snapshots(engine):
-            raise ServiceError(Reason.ERROR_REASON_SANDBOX_UNAVAILABLE, "this server's engine keeps no snapshots",
-                               code=grpc.StatusCode.FAILED_PRECONDITION, retryable=False)
+            raise ServiceError(ErrorCode.NOT_SUPPORTED, "this server's engine keeps no snapshots")
         return engine
 
     @handle_errors_any
@@ -68,15 +67,14 @@ class SnapshotsAndForks(SandboxesBase):
         with self._acting(gate, ticket, context, owned):
             taken = next((info for info in engine.snapshots() if info.name == stored), None)
             if taken is not None and not (request.replace and snapshots.mine(taken)):
-                raise ServiceError(Reason.ERROR_REASON_INVALID_ARGUMENT,
+                raise ServiceError(ErrorCode.ALREADY_EXISTS,
                                    f"a snapshot named {request.name} already exists; set replace to replace it, or "
-                                   "pick another name", code=grpc.StatusCode.ALREADY_EXISTS, retryable=False)
+                                   "pick another name")
             try:
                 info = engine.snapshot(owned.box, stored, replace=request.replace, owner=owner(owned.client))
             except SnapshotExists:  # another request of this client took the name meanwhile
-                raise ServiceError(Reason.ERROR_REASON_INVALID_ARGUMENT,
-                                   f"a snapshot named {request.name} already exists",
-                                   code=grpc.StatusCode.ALREADY_EXISTS, retryable=False) from None
+                raise ServiceError(ErrorCode.ALREADY_EXISTS,
+                                   f"a snapshot named {request.name} already exists") from None
             write_sidecar(engine, info, owned.sandbox_id, owned.session.overrides)
             ticket.outcome.update(bytes=info.bytes, places=info.captured)
         return snapshots.message(info)
@@ -144,7 +142,7 @@ class SnapshotsAndForks(SandboxesBase):
                                                {"snapshot": request.snapshot, "from_snapshot": True},
                                                request.approval_id)
             except ServiceError as refusal:
-                if not reused and refusal.reason != Reason.ERROR_REASON_APPROVAL_PENDING:
+                if not reused and refusal.error is not ErrorCode.APPROVAL_PENDING:
                     self._end_run(run_id, "fork_refused")  # a run of this request only: it has nothing else
                 raise
             with self._acting(gate, ticket, context):

@@ -63,11 +63,11 @@ from google.protobuf import descriptor, descriptor_pb2, descriptor_pool
 from grpc_reflection.v1alpha import reflection, reflection_pb2  # type: ignore[import-untyped]
 
 from harness.audit.store import AuditStore
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 from harness.core.policy import Policy, load_policy
 from harness.core.registry import ToolRegistry
 from harness.doors.grpc.adoption import adopt
-from harness.doors.grpc.errors import Reason, ServiceError, abort, quota_refused
+from harness.doors.grpc.errors import ServiceError, abort, quota_refused
 from harness.doors.grpc.sandboxes import SandboxesService
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import Limits
@@ -106,7 +106,7 @@ client's share like the streamed ones (the other unary RPCs are quick and always
 class ServeError(CallboxError):
     """The server cannot start as asked; the message names the option and the fix."""
 
-    exit_code = 2
+    code = ErrorCode.INVALID_CONFIG
 
 
 # --- addresses ---------------------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def _prepare_socket_path(path: Path) -> None:
 
 def _unauthenticated(message: str) -> Callable[[Any, grpc.ServicerContext], Any]:
     def fail(request: Any, context: grpc.ServicerContext) -> Any:
-        abort(context, ServiceError(Reason.ERROR_REASON_UNAUTHENTICATED, message))
+        abort(context, ServiceError(ErrorCode.UNAUTHENTICATED, message))
 
     return fail
 

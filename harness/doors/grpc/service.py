@@ -65,7 +65,7 @@ from google.protobuf import struct_pb2
 
 from harness.audit.store import AuditError, AuditStore, RunRecord
 from harness.core.calls import ToolCall
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 from harness.core.formats import tool_definitions
 from harness.core.policy import Policy
 from harness.core.registry import ToolRegistry
@@ -73,7 +73,6 @@ from harness.core.session import Session
 from harness.core.shared_engine import SharedEngine
 from harness.doors.grpc import adoption
 from harness.doors.grpc.errors import (
-    Reason,
     ServiceError,
     abort,
     creation_failure,
@@ -171,7 +170,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def _client(self, context: grpc.ServicerContext) -> str:
         name = self.tokens.lookup(bearer_token(context.invocation_metadata()))
         if name is None:  # the auth interceptor lets no such request through; be safe anyway
-            raise ServiceError(Reason.ERROR_REASON_UNAUTHENTICATED, "the bearer token is not valid for this server")
+            raise ServiceError(ErrorCode.UNAUTHENTICATED, "the bearer token is not valid for this server")
         return name
 
     def _session(self, sandbox_id: str, client: str) -> ClientSession:
@@ -230,20 +229,20 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def _reserve(self, client: str, spec: SandboxSpec | None) -> Reservation:
         with self._lock:
             if self._closing:
-                raise ServiceError(Reason.ERROR_REASON_SHUTTING_DOWN, "the server is shutting down; create no sandbox")
+                raise ServiceError(ErrorCode.SHUTTING_DOWN, "the server is shutting down; create no sandbox")
             mine = sum(1 for s in self._sessions.values() if s.client == client) + self._creating.get(client, 0)
             total = len(self._sessions) + sum(self._creating.values())
             limits = self.limits
             if self.quotas.limits(client).live_sandboxes is None and mine >= limits.max_sandboxes_per_client:
                 raise ServiceError(
-                    Reason.ERROR_REASON_LIMIT_REACHED,
+                    ErrorCode.LIMIT_REACHED,
                     f"client {client!r} already has {mine} live sandboxes, the most one client may have on this "
                     f"server ({limits.max_sandboxes_per_client}); delete one first (DeleteSandbox, or kill in the "
                     "E2B SDK)",
                 )
             if total >= limits.max_sandboxes_total:
                 raise ServiceError(
-                    Reason.ERROR_REASON_LIMIT_REACHED,
+                    ErrorCode.LIMIT_REACHED,
                     f"this server already runs {total} sandboxes, its limit ({limits.max_sandboxes_total}); "
                     "try again when one is deleted",
                 )
@@ -311,8 +310,8 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             closing = self._closing
             session.close(self.audit, "server_shutdown" if closing else "client_gone")
             if closing:
-                raise ServiceError(Reason.ERROR_REASON_SHUTTING_DOWN, "the server is shutting down")
-            raise ServiceError(Reason.ERROR_REASON_NOT_FOUND, "the request was cancelled; the sandbox was destroyed")
+                raise ServiceError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+            raise ServiceError(ErrorCode.CANCELLED, "the request was cancelled; the sandbox was destroyed")
         log.info("client %s has sandbox %s (container %s)", session.client, session.sandbox_id,
                  box.id if box is not None else "?")
 
@@ -416,7 +415,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             else:
                 log.error("call %s in sandbox %s failed inside the server", call_id, session.sandbox_id,
                           exc_info=first)
-                abort(context, ServiceError(Reason.ERROR_REASON_INTERNAL,
+                abort(context, ServiceError(ErrorCode.INTERNAL,
                                             f"the call failed inside the server (a bug or a broken audit store): "
                                             f"{type(first).__name__}; the error is in the server log"))
 
@@ -443,7 +442,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                 approval.id, request.approve, by=f"{DOOR}:{client}", reason=request.reason or None
             )
         except AuditError as error:
-            raise ServiceError(Reason.ERROR_REASON_ALREADY_RESOLVED, error.message) from None
+            raise ServiceError(ErrorCode.ALREADY_RESOLVED, error.message) from None
         return approval_message(resolved)
 
     @handle_errors

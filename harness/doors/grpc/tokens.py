@@ -34,7 +34,7 @@ import stat
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 
 __all__ = [
     "DEFAULT_CLIENT",
@@ -65,7 +65,7 @@ _BEARER = re.compile(r"\s*bearer\s+(\S+)\s*", re.IGNORECASE)
 class TokenError(CallboxError):
     """The tokens cannot be loaded; the message names the file, the line and the fix."""
 
-    exit_code = 2
+    code = ErrorCode.INVALID_CONFIG
 
 
 class TokenSet:

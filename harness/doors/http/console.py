@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from harness.audit.records import ACTION_TOOL_PREFIX, Approval, RunRecord
 from harness.audit.store import AuditError, AuditStore
-from harness.core.errors import CallboxError
+from harness.core.errors import ERRORS, CallboxError, ErrorCode
 from harness.doors.grpc.errors import ServiceError
 from harness.doors.grpc.service import ExecutorService
 
@@ -39,11 +39,11 @@ REASON_MAX = 2000
 
 
 class ConsoleError(CallboxError):
-    """An action the console cannot take; ``status`` is the HTTP status it answers with."""
+    """An action the console cannot take; ``status`` is the HTTP status the error table gives its code."""
 
-    def __init__(self, message: str, status: int = 409) -> None:
-        super().__init__(message)
-        self.status = status
+    def __init__(self, message: str, code: ErrorCode) -> None:
+        super().__init__(message, code=code)
+        self.status = ERRORS[code].http_status
 
 
 class _Stats(Protocol):
@@ -131,8 +131,7 @@ class Console:
         try:
             resolved = self.audit.resolve_approval(approval_id, approve, by=f"{ACTOR_PREFIX}:{client}", reason=text)
         except AuditError as error:
-            status = 404 if error.message.startswith("no approval") else 409
-            raise ConsoleError(error.message, status) from None
+            raise ConsoleError(error.message, error.code) from None
         if approve and resolved.tool.startswith(ACTION_TOOL_PREFIX):
             what = (f"approval {resolved.id} approved; the sandbox action "
                     f"{resolved.tool.removeprefix(ACTION_TOOL_PREFIX)} runs when its client repeats it")
@@ -202,15 +201,17 @@ class Console:
         ended ``killed_by_console``); a sentence saying what was done. ConsoleError 404 when
         no such sandbox lives here."""
         if self.executor is None:
-            raise ConsoleError("this server runs no gRPC or E2B door, so it has no live sandboxes to kill", 404)
+            raise ConsoleError("this server runs no gRPC or E2B door, so it has no live sandboxes to kill",
+                               ErrorCode.NOT_FOUND)
         owner = self.executor.live_sandboxes().get(sandbox_id)
         if owner is None:
-            raise ConsoleError(f"no live sandbox {sandbox_id} on this server (already deleted or expired?)", 404)
+            raise ConsoleError(f"no live sandbox {sandbox_id} on this server (already deleted or expired?)",
+                               ErrorCode.NOT_FOUND)
         try:
             session = self.executor.session_of(sandbox_id, owner)
         except ServiceError:
             raise ConsoleError(f"no live sandbox {sandbox_id} on this server (already deleted or expired?)",
-                               404) from None
+                               ErrorCode.NOT_FOUND) from None
         with contextlib.suppress(AuditError):
             self.audit.update_run_meta(sandbox_id, {"killed_by": f"{ACTOR_PREFIX}:{client}"})
         cancelled = self.executor.delete_session(session, KILL_REASON)
@@ -229,7 +230,7 @@ class Console:
             run = self.audit.get_run(run_id)
             calls = self.audit.calls_for_run(run_id)
         except AuditError as error:
-            raise ConsoleError(error.message, 404) from None
+            raise ConsoleError(error.message, error.code) from None
         return run, calls, self.audit.list_approvals(None, run_id=run_id)
 
     def live(self) -> set[str]:

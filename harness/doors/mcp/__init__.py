@@ -64,7 +64,7 @@ Errors
     recorded in the audit log. A call over one of its client's quotas (calls per minute, the
     session's sandbox over live sandboxes, CPUs, memory or sandboxes per hour, more calls at
     once than the client's share) is a result with ``isError: true`` naming the quota and when
-    it frees up (``_meta``: ``callbox/error = quota_exceeded``, ``callbox/quota``,
+    it frees up (``_meta``: ``callbox/error = limit_reached``, ``callbox/quota``,
     ``callbox/retry_after_s``); nothing ran, and it is not recorded.
 
 Call ids and approvals

@@ -274,7 +274,7 @@ def _refused(refusal: QuotaExceeded) -> types.CallToolResult:
     return types.CallToolResult.model_validate({
         "content": [{"type": "text", "text": refusal.message}],
         "isError": True,
-        "_meta": {f"{_META}error": "quota_exceeded", f"{_META}quota": refusal.quota,
+        "_meta": {f"{_META}error": refusal.code.value, f"{_META}quota": refusal.quota,
                   f"{_META}retry_after_s": refusal.retry_after},
     })
 

@@ -50,6 +50,7 @@ from harness.core.errors import (
     AgentCallError,
     CallboxError,
     EngineUnavailable,
+    ErrorCode,
     SandboxStartError,
     short_reason,
 )
@@ -292,7 +293,7 @@ class DockerEngine:
                     if sandbox.agent.health(timeout=max(0.05, min(2.0, deadline - time.monotonic()))) == SERVING:
                         return
                 except AgentCallError as exc:
-                    if exc.code not in (grpc.StatusCode.UNAVAILABLE.name, grpc.StatusCode.DEADLINE_EXCEEDED.name):
+                    if exc.grpc_code not in (grpc.StatusCode.UNAVAILABLE.name, grpc.StatusCode.DEADLINE_EXCEEDED.name):
                         raise SandboxStartError(f"the sandbox agent failed its health check: {exc}") from None
             if time.monotonic() >= next_status_check:
                 self._fail_if_exited(sandbox)
@@ -560,6 +561,7 @@ def _parse_hosts(text: str) -> dict[str, str]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, address = item.partition("=")
         if not sep or not name or not address:
-            raise CallboxError(f"CALLBOX_EGRESS_TEST_HOSTS entry {item!r} is not name=ip")
+            raise CallboxError(f"CALLBOX_EGRESS_TEST_HOSTS entry {item!r} is not name=ip",
+                               code=ErrorCode.INVALID_CONFIG)
         hosts[name] = address
     return hosts

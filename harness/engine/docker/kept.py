@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 from harness.engine.docker import labels
 
 log = logging.getLogger("callbox.engine")
@@ -34,6 +34,8 @@ STALE_AFTER_S = 60.0
 
 class SandboxExpired(CallboxError):
     """A kept sandbox cannot be attached: it expired or its container is gone."""
+
+    code = ErrorCode.SANDBOX_GONE
 
     def __init__(self, message: str, *, sandbox_id: str, expired_at: float | None) -> None:
         super().__init__(message)

@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.core.errors import CallboxError, UsageError
+from harness.core.errors import CallboxError, ErrorCode, UsageError
 from harness.engine.docker.kept import STALE_AFTER_S, UNREADABLE, SandboxExpired
 
 log = logging.getLogger("callbox.engine")
@@ -69,6 +69,8 @@ STOPPED = ("exited", "dead")
 class NameInUse(CallboxError):
     """A live (or gone but still recorded) sandbox already has this name."""
 
+    code = ErrorCode.ALREADY_EXISTS
+
     def __init__(self, name: str, sandbox_id: str) -> None:
         super().__init__(
             f"a sandbox named {name} already exists (sandbox {sandbox_id}); use it, remove it with "
@@ -80,6 +82,8 @@ class NameInUse(CallboxError):
 class SandboxNotFound(CallboxError):
     """No sandbox (live, kept or recorded) has this name or id."""
 
+    code = ErrorCode.NOT_FOUND
+
     def __init__(self, name_or_id: str) -> None:
         super().__init__(f"no sandbox named {name_or_id} (nor with that id); `callbox sandbox ls` lists them")
         self.name_or_id = name_or_id
@@ -87,6 +91,8 @@ class SandboxNotFound(CallboxError):
 
 class SandboxPaused(CallboxError):
     """The sandbox is paused: its agent cannot answer until it is resumed."""
+
+    code = ErrorCode.PAUSED
 
     def __init__(self, name_or_id: str) -> None:
         super().__init__(f"sandbox {name_or_id} is paused; resume it with `callbox sandbox resume {name_or_id}`")

@@ -33,7 +33,14 @@ import docker
 import docker.errors
 import grpc
 
-from harness.core.errors import AgentCallError, CallboxError, EngineUnavailable, SandboxStartError, short_reason
+from harness.core.errors import (
+    AgentCallError,
+    CallboxError,
+    EngineUnavailable,
+    ErrorCode,
+    SandboxStartError,
+    short_reason,
+)
 from harness.engine.docker import labels
 from harness.engine.docker.cgroup_stats import CgroupReader, SandboxStats, stats_from_api
 from harness.engine.docker.kept import (
@@ -250,7 +257,7 @@ def _wait_healthy(sandbox: Sandbox, timeout: float) -> None:
             if sandbox.agent.health(timeout=max(0.05, min(1.0, left))) == SERVING:
                 return
         except AgentCallError as exc:
-            if exc.code not in (grpc.StatusCode.UNAVAILABLE.name, grpc.StatusCode.DEADLINE_EXCEEDED.name):
+            if exc.grpc_code not in (grpc.StatusCode.UNAVAILABLE.name, grpc.StatusCode.DEADLINE_EXCEEDED.name):
                 raise SandboxStartError(
                     f"the agent of sandbox {sandbox.label} failed its health check: {exc}") from None
             if left <= 0:
@@ -495,7 +502,8 @@ def fork(engine: DockerEngine, source: Sandbox | str, *, from_snapshot: bool, na
     store = engine.snapshot_store
     if from_snapshot:
         if not isinstance(source, str):
-            raise CallboxError("fork(from_snapshot=True) takes a snapshot name, not a sandbox")
+            raise CallboxError("fork(from_snapshot=True) takes a snapshot name, not a sandbox",
+                               code=ErrorCode.INVALID_REQUEST)
         return _fork_from(engine, store.get(source), name=name, owner=owner, ttl_s=ttl_s)
     live = engine.open(source) if isinstance(source, str) else source
     temporary = f".fork-{live.id}-{uuid.uuid4().hex[:8]}"
@@ -527,11 +535,11 @@ def restore(engine: DockerEngine, name: str) -> Sandbox:
         state = _docker_state(engine, record.container_id)
         if state is not None and state not in STOPPED:
             raise CallboxError(f"sandbox {name} is {state_of(state)}, not gone; fork it, or remove it first "
-                               f"(`callbox sandbox rm {name}`)")
+                               f"(`callbox sandbox rm {name}`)", code=ErrorCode.CONFLICT)
     candidates = [s for s in engine.snapshot_store.list() if s.source_name == name]
     if not candidates:
         raise SnapshotError(f"sandbox {name} has no snapshot to restore from (its files are gone); "
-                            f"`callbox sandbox rm {name}` frees the name")
+                            f"`callbox sandbox rm {name}` frees the name", code=ErrorCode.NOT_FOUND)
     latest = candidates[-1]
     owner = record.owner if record is not None else latest.owner
     ttl = record.ttl_s if record is not None else None

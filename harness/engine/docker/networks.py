@@ -42,7 +42,7 @@ import docker
 import docker.errors
 from docker.types import Mount as DockerMount
 
-from harness.core.errors import CallboxError, ImageNotFound, SandboxStartError, short_reason
+from harness.core.errors import CallboxError, ErrorCode, ImageNotFound, SandboxStartError, short_reason
 from harness.engine.docker import labels
 from harness.engine.docker.client import remove_container
 from harness.engine.docker.netfilter import BRIDGE_PREFIX, PacketFilter, PacketFilterUnavailable
@@ -435,13 +435,16 @@ def _stale(lab: Mapping[str, str], live_ids: set[str], hostname: str, now: float
 def _check_test_override(network: str | None, hosts: Mapping[str, str]) -> str | None:
     if network is None:
         if hosts:
-            raise CallboxError("egress test hosts need the egress test network they live in")
+            raise CallboxError("egress test hosts need the egress test network they live in",
+                               code=ErrorCode.INVALID_CONFIG)
         return None
     try:
         parsed = ipaddress.ip_network(network, strict=True)
     except ValueError as exc:
-        raise CallboxError(f"egress test network {network!r} is not a CIDR network: {exc}") from None
+        raise CallboxError(f"egress test network {network!r} is not a CIDR network: {exc}",
+                           code=ErrorCode.INVALID_CONFIG) from None
     for name, address in hosts.items():
         if ipaddress.ip_address(address) not in parsed:
-            raise CallboxError(f"egress test host {name}={address} is outside the test network {network}")
+            raise CallboxError(f"egress test host {name}={address} is outside the test network {network}",
+                               code=ErrorCode.INVALID_CONFIG)
     return str(parsed)

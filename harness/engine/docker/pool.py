@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 from harness.engine.docker import living
 from harness.engine.docker.kept import write_expiry
 from harness.engine.docker.lifetime import release_name, write_record
@@ -140,7 +140,8 @@ class WarmPool:
         self._slots: dict[str, _Slot] = {}
         for raw in specs:
             if raw.network != "none":
-                raise CallboxError(f"only network = \"none\" sandboxes are pooled, not {raw.network!r}")
+                raise CallboxError(f"only network = \"none\" sandboxes are pooled, not {raw.network!r}",
+                                   code=ErrorCode.INVALID_CONFIG)
             spec = raw.for_host(engine.host_limits())
             uid, gid = spec.tool_identity()
             self._slots[_key(spec, uid, gid)] = _Slot(spec, uid, gid, size, ceiling, size)

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, ErrorCode
 from harness.engine.docker.lifetime import validate_name
 from harness.engine.spec import TMP, SandboxSpec
 
@@ -69,12 +69,16 @@ class SnapshotError(CallboxError):
 
 
 class SnapshotNotFound(SnapshotError):
+    code = ErrorCode.NOT_FOUND
+
     def __init__(self, name: str) -> None:
         super().__init__(f"no snapshot named {name}; `callbox sandbox snapshots` lists them")
         self.name = name
 
 
 class SnapshotExists(SnapshotError):
+    code = ErrorCode.ALREADY_EXISTS
+
     def __init__(self, name: str) -> None:
         super().__init__(f"a snapshot named {name} already exists; pick another name or replace it")
         self.name = name

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from harness.core.errors import CallboxError, EngineUnavailable
+from harness.core.errors import CallboxError, EngineUnavailable, ErrorCode
 from harness.engine.ray.host import HostInfo, SandboxHost
 
 log = logging.getLogger("callbox.ray")
@@ -53,6 +53,8 @@ T = TypeVar("T")
 
 class SandboxLost(CallboxError):
     """A sandbox's node died (or its host cannot be reached): the sandbox is gone with it."""
+
+    code = ErrorCode.SANDBOX_GONE
 
 
 class HostRestarting(EngineUnavailable):
@@ -87,7 +89,8 @@ def ray_module() -> Any:
     try:
         import ray
     except ImportError:
-        raise CallboxError("the Ray engine needs Ray: pip install 'callbox[ray]'") from None
+        raise CallboxError("the Ray engine needs Ray: pip install 'callbox[ray]'",
+                           code=ErrorCode.ENGINE_UNAVAILABLE) from None
     return ray
 
 

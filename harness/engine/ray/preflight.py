@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.core.errors import CallboxError, EngineUnavailable
+from harness.core.errors import CallboxError, EngineUnavailable, ErrorCode
 from harness.engine.ray.settings import RaySettings
 
 __all__ = ["NodeView", "RayMissing", "check_driver_node", "cluster_nodes", "disconnect_driver", "local_address",
@@ -45,6 +45,8 @@ INSTALL_HINT = "pip install 'callbox[ray]'"
 
 class RayMissing(CallboxError):
     """The Ray engine was chosen, but this Python has no (recent enough) ray."""
+
+    code = ErrorCode.ENGINE_UNAVAILABLE
 
 
 def ray_version() -> str:
