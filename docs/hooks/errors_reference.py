@@ -1,8 +1,8 @@
 """The error references, read from the one error table in :mod:`harness.core.errors`.
 
-That module holds ``ERRORS`` (one ``ErrorKind`` per stable error code: what it means, whether
-the same request may succeed if sent again, what to do about it, and how each door reports
-it) and ``EXIT_STATUSES`` (the CLI's exit statuses). Three sections come from them:
+That module holds ``ERRORS`` (one ``ErrorKind`` per stable error code, keyed by it: what it
+means, whether the same request may succeed if sent again, what to do about it, and how each
+door reports it) and ``EXIT_STATUSES`` (the CLI's exit statuses). Three sections come from them:
 
 * ``errors``: code, meaning, retry safe, fix; each code anchored at itself (``#sandbox_not_found``);
 * ``error-mapping``: each code as the CLI, the gRPC door, the E2B door and the console, and
@@ -12,6 +12,7 @@ it) and ``EXIT_STATUSES`` (the CLI's exit statuses). Three sections come from th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -42,9 +43,13 @@ class ErrorTableMissing(Exception):
 
 
 def _table(module: ModuleType, name: str) -> tuple[Any, ...]:
+    """The rows of ``module.name``: a tuple of rows, or a mapping whose values are the rows
+    (``ERRORS`` is keyed by code), in their order."""
     value = getattr(module, name, None)
+    if isinstance(value, Mapping):
+        value = tuple(value.values())
     if not isinstance(value, tuple) or not value:
-        raise ErrorTableMissing(f"{module.__name__} has no {name} table (a non-empty tuple) to document")
+        raise ErrorTableMissing(f"{module.__name__} has no {name} table (rows in a tuple or a mapping) to document")
     return value
 
 

@@ -295,3 +295,16 @@ def test_bench_docs_keeps_the_rows_and_machine_without_the_samples(tmp_path: Pat
 def test_cells_keep_code_and_escape_the_rest() -> None:
     assert escape("a*b <c> `x*y`") == "a\\*b \\<c\\> `x*y`"
     assert cell("one\ntwo\n\nthree | `a|b`") == "one two<br>three \\| `a|b`"
+
+
+def test_the_real_error_table_renders() -> None:
+    import harness.core.errors as errors
+
+    rows = errors_reference.errors_of(errors)
+    assert len(rows) == len(errors.ERRORS)
+    page = errors_reference.render_errors(rows)
+    assert all(f'<a id="{row.code}"></a>' in page for row in rows)
+    mapping = errors_reference.render_mapping(rows, errors_page="../troubleshooting.md")
+    assert mapping.count("](../troubleshooting.md#") == len(rows)
+    assert errors_reference.render_exit_statuses(errors_reference.exit_statuses_of(errors)).count("exit-") == len(
+        errors.EXIT_STATUSES)

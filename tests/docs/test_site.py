@@ -195,3 +195,26 @@ def test_no_page_loads_anything_from_another_host(built_site: Path) -> None:
         found.extend(f"{path.relative_to(built_site)}: {m}"
                      for m in re.findall(r"(?:url\(|@import)\s*['\"]?((?:https?:)?//[^'\")\s]+)", text))
     assert not found, "the site loads from other hosts:\n" + "\n".join(found)
+
+
+def _page_with(built_site: Path, marker: str) -> Path:
+    """The built page of the one source page that holds ``marker``."""
+    holders = [p for p in DOCS.rglob("*.md") if marker in p.read_text()]
+    assert len(holders) == 1, f"{marker} should be on exactly one page, found on {holders}"
+    return built_site / _url(holders[0].relative_to(DOCS).as_posix()) / "index.html"
+
+
+def test_every_error_code_is_in_the_errors_reference(built_site: Path) -> None:
+    from harness.core.errors import ERRORS, EXIT_STATUSES
+
+    codes = [str(kind.code) for kind in ERRORS.values()]
+    assert len(codes) > 10
+    table = (_page_with(built_site, "<!-- generated: errors -->")).read_text()
+    missing = [code for code in codes if code not in _ids(table)]
+    assert not missing, f"error codes without their row in the errors table: {missing}"
+    mapping = (_page_with(built_site, "<!-- generated: error-mapping -->")).read_text()
+    missing = [code for code in codes if f"#{code}" not in mapping]
+    assert not missing, f"error codes missing from the door mapping: {missing}"
+    statuses = (_page_with(built_site, "<!-- generated: exit-statuses -->")).read_text()
+    missing = [str(s.status) for s in EXIT_STATUSES if f"exit-{s.status}" not in _ids(statuses)]
+    assert not missing, f"exit statuses missing from the reference: {missing}"
