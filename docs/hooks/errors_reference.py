@@ -70,10 +70,20 @@ def render_errors(errors: tuple[ErrorKindLike, ...]) -> str:
 def render_mapping(errors: tuple[ErrorKindLike, ...], *, errors_page: str) -> str:
     """``errors_page`` is the path from the page being built to the page with the ``errors``
     table (``../troubleshooting.md``), or ``""`` for the same page."""
-    rows = [(f"[{code(e.code)}]({errors_page}#{e.code})", str(e.exit_status),
-             f"{code(e.grpc_status)} / {code(e.grpc_reason)}", str(e.http_status), cell(e.mcp)) for e in errors]
+    rows = [(f"[{code(e.code)}]({errors_page}#{e.code})", str(e.exit_status), _grpc(e), str(e.http_status),
+             cell(e.mcp)) for e in errors]
     return table(("code", "CLI exit status", "gRPC status / reason", "HTTP status (E2B door, console)", "MCP"),
                  rows) + "\n"
+
+
+def _grpc(error: ErrorKindLike) -> str:
+    """The gRPC status and reason; a code only ever carried by a tool call's result has none
+    (the RPC succeeds and its result says it)."""
+    if not error.grpc_status:
+        return "none: in the call's result"
+    if not error.grpc_reason:
+        return code(error.grpc_status)
+    return f"{code(error.grpc_status)} / {code(error.grpc_reason)}"
 
 
 def render_exit_statuses(statuses: tuple[ExitStatusLike, ...]) -> str:

@@ -208,6 +208,11 @@ def test_error_mapping_links_each_code_to_the_errors_table() -> None:
     page = errors_reference.render_mapping(errors, errors_page="../troubleshooting.md")
     assert ("| [`sandbox_not_found`](../troubleshooting.md#sandbox_not_found) | 3 | `NOT_FOUND` / "
             "`SANDBOX_NOT_FOUND` | 404 | isError result |") in page
+    results_only = errors_reference.render_mapping((_ErrorKind("denied", "m", False, "f", 1, "", "", 200, "r"),
+                                                    _ErrorKind("timed_out", "m", True, "f", 124, "DEADLINE_EXCEEDED",
+                                                               "", 504, "r")), errors_page="")
+    assert "| [`denied`](#denied) | 1 | none: in the call's result | 200 |" in results_only
+    assert "| 124 | `DEADLINE_EXCEEDED` | 504 |" in results_only
     statuses = errors_reference.render_exit_statuses(errors_reference.exit_statuses_of(_errors_module()))
     assert '| <a id="exit-125"></a>`125` | callbox failed |' in statuses
 
