@@ -73,9 +73,10 @@ bench-scale: setup engine image
 	@$(PY) -m tests.bench.bench_exec --only scale --sandboxes $(SANDBOXES) --json bench-scale-results.json
 
 # make bench-docs: make bench, then its results without the raw samples as docs/bench-results.json,
-# the file the site's Benchmarks page is drawn from (commit it with the code it measured).
+# the file the site's Benchmarks page is drawn from, and the rows with a target into README.md's
+# bench-summary lines (commit both with the code they measured).
 bench-docs: bench
-	@$(PY) -m docs.hooks.bench_reference bench-results.json docs/bench-results.json
+	@$(PY) -m docs.hooks.bench_reference bench-results.json docs/bench-results.json README.md
 
 # make docs: the site (mkdocs.yml) built strictly into site/: a broken link or anchor, a page
 # left out of the nav, or a generated reference that cannot be made fails it. Nothing is fetched.

@@ -2,8 +2,9 @@
 
 ``make bench`` writes ``bench-results.json`` (its format: ``tests/bench/README.md``);
 ``make bench-docs`` runs it and keeps a copy as ``docs/bench-results.json`` without the raw
-samples, the file this page is drawn from (run as ``python -m docs.hooks.bench_reference SRC
-DEST``). A row of the table is a row of that file, in its order.
+samples, the file this page is drawn from, and writes the rows that have a target into the
+README between its ``bench-summary`` lines (run as ``python -m docs.hooks.bench_reference SRC
+DEST README``). A row of the table is a row of that file, in its order.
 """
 
 from __future__ import annotations
@@ -162,6 +163,30 @@ def generate_table(docs_dir: Path) -> str:
     return render_table(load(docs_dir))
 
 
+SUMMARY_START, SUMMARY_END = "<!-- bench-summary start -->", "<!-- bench-summary end -->"
+"""The README's lines between which ``make bench-docs`` writes the headline rows."""
+
+
+def render_summary(results: BenchResults) -> str:
+    """The README's headline rows: every row with a target (met or not), in a short table."""
+    rows = [(cell(f"{r.key}. {r.label}"), figure(r.p50, r.unit),
+             "—" if r.baseline is None else figure(r.baseline_p50, r.unit), cell(r.target), _met(r))
+            for r in results.rows if r.met is not None]
+    if not rows:
+        return ""
+    return "| row | callbox p50 | baseline p50 | target | met |\n|---|---|---|---|---|\n" + "\n".join(
+        "| " + " | ".join(row) + " |" for row in rows) + "\n"
+
+
+def with_summary(readme: str, summary: str) -> str:
+    """``readme`` with ``summary`` between its bench-summary lines (they must be there)."""
+    if SUMMARY_START not in readme or SUMMARY_END not in readme.split(SUMMARY_START, 1)[1]:
+        raise BenchResultsError(f"README.md has no {SUMMARY_START} ... {SUMMARY_END} lines to write the summary in")
+    head, rest = readme.split(SUMMARY_START, 1)
+    tail = rest.split(SUMMARY_END, 1)[1]
+    return f"{head}{SUMMARY_START}\n{summary}{SUMMARY_END}{tail}"
+
+
 def for_docs(data: Mapping[str, Any]) -> dict[str, Any]:
     """What the docs keep of ``make bench``'s results: the rows and the machine, not the raw
     samples (a few hundred kilobytes that change every run)."""
@@ -169,19 +194,25 @@ def for_docs(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """``SRC DEST``: check ``make bench``'s SRC and write what the docs keep of it to DEST."""
-    if len(argv) != 2:
-        print("usage: python -m docs.hooks.bench_reference SRC DEST", file=sys.stderr)
+    """``SRC DEST [README]``: check ``make bench``'s SRC, write what the docs keep of it to
+    DEST, and the headline rows into README's bench-summary lines."""
+    if len(argv) not in (2, 3):
+        print("usage: python -m docs.hooks.bench_reference SRC DEST [README]", file=sys.stderr)
         return 2
     source, dest = Path(argv[0]), Path(argv[1])
     try:
         data = json.loads(source.read_text())
-        parse(data, str(source))
+        results = parse(data, str(source))
+        readme = Path(argv[2]) if len(argv) == 3 else None
+        updated = with_summary(readme.read_text(), render_summary(results)) if readme is not None else None
     except (OSError, json.JSONDecodeError, BenchResultsError) as exc:
         print(f"bench-docs: {exc}", file=sys.stderr)
         return 1
     dest.write_text(json.dumps(for_docs(data), indent=1, ensure_ascii=False) + "\n")
     print(f"bench-docs: wrote {dest} ({len(data['rows'])} rows); commit it")
+    if readme is not None and updated is not None:
+        readme.write_text(updated)
+        print(f"bench-docs: wrote the headline rows into {readme}")
     return 0
 
 

@@ -313,3 +313,30 @@ def test_the_real_error_table_renders() -> None:
     assert mapping.count("](../troubleshooting.md#") == len(rows)
     assert errors_reference.render_exit_statuses(errors_reference.exit_statuses_of(errors)).count("exit-") == len(
         errors.EXIT_STATUSES)
+
+
+def test_bench_docs_writes_the_headline_rows_into_the_readme(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    start, end = bench_reference.SUMMARY_START, bench_reference.SUMMARY_END
+    readme.write_text(f"# x\n\nHeadline rows:\n\n{start}\nSTALE-SUMMARY\n{end}\n\nend\n")
+    (tmp_path / "in.json").write_text(FIXTURE.read_text())
+    assert bench_reference.main([str(tmp_path / "in.json"), str(tmp_path / "out.json"), str(readme)]) == 0
+    text = readme.read_text()
+    summary = text.split(bench_reference.SUMMARY_START + "\n", 1)[1].split(bench_reference.SUMMARY_END, 1)[0]
+    assert summary == bench_reference.render_summary(_fixture())
+    assert "STALE-SUMMARY" not in text and text.endswith("\n\nend\n")
+    assert len(summary.strip().splitlines()) == 2 + sum(r.met is not None for r in _fixture().rows)
+
+
+def test_the_readme_summary_is_the_committed_results() -> None:
+    """README.md's bench-summary lines hold what ``make bench-docs`` writes from the committed
+    docs/bench-results.json (nothing while there is none)."""
+    from tests.docs.test_site import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    if bench_reference.SUMMARY_START not in readme:
+        pytest.skip("the README has no bench-summary lines")
+    summary = readme.split(bench_reference.SUMMARY_START + "\n", 1)[1].split(bench_reference.SUMMARY_END, 1)[0]
+    committed = ROOT / "docs" / bench_reference.RESULTS
+    want = bench_reference.render_summary(bench_reference.load(ROOT / "docs")) if committed.exists() else ""
+    assert summary == want, "README.md's bench summary is not docs/bench-results.json's: run make bench-docs"
