@@ -218,3 +218,25 @@ def test_every_error_code_is_in_the_errors_reference(built_site: Path) -> None:
     statuses = (_page_with(built_site, "<!-- generated: exit-statuses -->")).read_text()
     missing = [str(s.status) for s in EXIT_STATUSES if f"exit-{s.status}" not in _ids(statuses)]
     assert not missing, f"exit statuses missing from the reference: {missing}"
+
+
+def test_a_broken_link_a_missing_anchor_or_a_page_outside_the_nav_fails_the_build(tmp_path: Path) -> None:
+    """The strict settings are what make the real build a check: a copy of the site with one
+    of each mistake does not build, and the output names each."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    shutil.copytree(DOCS, tmp_path / "docs", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "harness").symlink_to(ROOT / "harness")  # mkdocs.yml watches it; the API pages read it
+    concepts = tmp_path / "docs" / "concepts.md"
+    concepts.write_text(concepts.read_text() + "\n\n[gone](no-such-page.md) and [lost](tools.md#no-such-anchor)\n")
+    (tmp_path / "docs" / "orphan.md").write_text("# Orphan\n")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "no-such-page.md" in output and "no-such-anchor" in output and "orphan.md" in output, output
