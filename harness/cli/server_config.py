@@ -4,10 +4,15 @@ One TOML file holds what ``callbox serve``'s flags hold: the doors and their add
 the token file, the policy, the audit store and the sandbox limits. It is validated by the
 pydantic models below, which refuse unknown keys everywhere; every problem is a
 :class:`ConfigError` (exit code 2) naming the file and the key's path. Relative paths are
-taken against the file's directory. The referenced files are checked too: the policy is
-loaded (so its own problems show up here), and the token file and TLS files must exist.
+taken against the file's directory.
 
-A flag given on the command line wins over the file's value for that setting.
+A flag given on the command line wins over the file's value for that setting. What the
+flags and the file say together is then judged by :mod:`harness.cli.server_check`, the one
+judge of ``callbox serve`` (at start and on SIGHUP) and ``callbox config check``: the doors'
+addresses against TLS, the files named (the policies loaded, so their own problems show up
+here), the warm pool against the limits. :func:`apply_config` merges and judges;
+:func:`check_file` and :func:`load_config` judge a file as ``callbox serve --config FILE``
+would; :func:`read_config` reads one against the schema only.
 
 Example::
 
@@ -86,19 +91,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.core.errors import UsageError
-from harness.core.policy import Policy, RuntimeName
+from harness.cli.server_check import Checked, ConfigError, Origin, check_settings, served_policy
+from harness.core.policy import RuntimeName
 from harness.core.sandbox_settings import PoolSettings
 from harness.core.validation import parse_toml_model
 from harness.doors.quotas import Quotas
-from harness.engine.select import EngineChoice, EngineName, RayTable, choice_of, with_engine
+from harness.engine.select import EngineChoice, EngineName, RayTable, choice_of
+
+__all__ = ["DEFAULT_MAX_PER_CLIENT", "DEFAULT_MAX_SANDBOXES", "SETTINGS", "Checked", "ConfigError", "ServerConfig",
+           "apply_config", "check_file", "engine_notes", "load_config", "parse_config", "read_config", "render_toml",
+           "serve_namespace", "served_policy", "setting"]
 
 DEFAULT_MAX_PER_CLIENT = 16
 DEFAULT_MAX_SANDBOXES = 64
-
-
-class ConfigError(UsageError):
-    """The server configuration file is missing, unreadable or invalid (exit code 2)."""
 
 
 class _Section(BaseModel):
@@ -301,8 +306,9 @@ def _problems_message(source: str, problems: list[str]) -> str:
     return head + "; ".join(problems)
 
 
-def load_config(path: Path) -> ServerConfig:
-    """Read, validate and check a configuration file (see the module's docstring)."""
+def read_config(path: Path) -> ServerConfig:
+    """Read and validate the file at ``path`` against the schema, its paths anchored; the
+    files it names and the doors it asks for are judged by :func:`apply_config`."""
     source = f"config file {path}"
     try:
         text = path.read_bytes().decode("utf-8")
@@ -314,71 +320,20 @@ def load_config(path: Path) -> ServerConfig:
         raise ConfigError(f"{source} is not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
     except OSError as exc:
         raise ConfigError(f"{source} cannot be read: {exc.strerror or exc}") from None
-    config = parse_config(text, source=source, base=path.resolve().parent)
-    check_files(config, source)
+    return parse_config(text, source=source, base=path.resolve().parent)
+
+
+def check_file(path: Path) -> Checked:
+    """Judge the file at ``path`` exactly as ``callbox serve --config PATH`` (without other
+    flags, in this environment) would at start: ConfigError when it would refuse it."""
+    return apply_config(serve_namespace(path))
+
+
+def load_config(path: Path) -> ServerConfig:
+    """Read, validate and check a configuration file as :func:`check_file` does; the file."""
+    config = check_file(path).config
+    assert config is not None
     return config
-
-
-def check_files(config: ServerConfig, source: str) -> None:
-    """The files the configuration names exist (and the policies are valid); ConfigError if not."""
-    from harness.core.errors import CallboxError
-
-    named = {"auth.token_file": config.auth.token_file, "tls.cert": config.tls.cert, "tls.key": config.tls.key}
-    for key, path in named.items():
-        if path is not None and not path.is_file():
-            raise ConfigError(f"{source}: {key} = {str(path)!r} is not a file; fix the path")
-    if (config.tls.cert is None) != (config.tls.key is None):
-        raise ConfigError(f"{source}: tls.cert and tls.key go together; give both or neither")
-    if config.doors.grpc is None and config.doors.mcp_http is None and config.doors.e2b is None:
-        raise ConfigError(f"{source}: no door to serve; add [doors.grpc], [doors.mcp_http] and/or [doors.e2b] "
-                          "with a listen address")
-    if config.auth.token_file is not None:
-        from harness.doors.grpc.tokens import load_token_file
-
-        try:
-            names = set(load_token_file(config.auth.token_file).names)
-        except CallboxError as exc:
-            raise ConfigError(f"{source}: auth.token_file: {exc.message}") from None
-        for client in config.clients:
-            if client not in names:
-                raise ConfigError(f"{source}: clients.{client}: the token file {config.auth.token_file} has no "
-                                  f"client named {client!r} (it has {', '.join(sorted(names))}); fix the name")
-    if config.log.file is not None and not config.log.file.parent.is_dir():
-        raise ConfigError(f"{source}: log.file = {str(config.log.file)!r}: its directory does not exist; "
-                          "create it or fix the path")
-    policies = {"policy.file": config.policy.file}
-    policies.update({f"profiles.{name}.policy": profile.policy for name, profile in config.profiles.items()
-                     if profile.policy is not None})
-    for key, path in policies.items():
-        try:
-            served_policy(path, config)
-        except CallboxError as exc:
-            raise ConfigError(f"{source}: {key}: {exc.message}") from None
-
-
-def served_policy(path: Path | None, config: ServerConfig | None, engine: EngineChoice | None = None) -> Policy:
-    """The policy at ``path`` (None: the packaged default) as the doors serve it: with the
-    configuration's ``[pool]`` and ``[runtime] default`` over the policy's own, and the
-    server's engine (``engine``, else the configuration's ``engine`` and ``[ray]``) over the
-    policy's. Raises PolicyError naming the key when the result is not a valid sandbox spec."""
-    from harness.core.policy import PolicyError, load_policy
-
-    policy = load_policy(path)
-    engine = engine if engine is not None else config.engine_choice() if config is not None else None
-    if engine is not None:
-        policy = with_engine(policy, engine)
-    if config is None:
-        return policy
-    if config.pool is not None:
-        policy = policy.model_copy(update={"pool": config.pool})
-    if config.runtime.default is not None:
-        sandbox = policy.sandbox.model_copy(update={"runtime": config.runtime.default})
-        policy = policy.model_copy(update={"sandbox": sandbox})
-        try:
-            policy.sandbox_spec()
-        except PolicyError as exc:
-            raise PolicyError(f"runtime.default = {config.runtime.default!r} with this policy: {exc.message}") from None
-    return policy
 
 
 def engine_notes(config: ServerConfig) -> list[str]:
@@ -481,10 +436,10 @@ UNSET = {
     "ray.token_file": "none: ray.allow_unauthenticated",
     "ray.node_ip": "the address Ray picks, the one that routes to the GCS",
 }
+"""What applies when a key is not set, as ``callbox config check`` says it (``*``: any name)."""
 
 TOP_LEVEL = ("engine",)
 """Keys of the file outside any table."""
-"""What applies when a key is not set, as ``callbox config check`` says it (``*``: any name)."""
 
 
 def _unset(key: str) -> str:
@@ -516,18 +471,39 @@ def setting(config: ServerConfig, key: str) -> Any:
     return value
 
 
-def apply_config(args: argparse.Namespace) -> None:
+def serve_namespace(config: Path | None = None) -> argparse.Namespace:
+    """The settings of ``callbox serve`` given no flag but ``--config config``."""
+    values: dict[str, object] = {name: None for name in SETTINGS}
+    values.update({"insecure": False, "config": config, "engine": None, "ray_address": None, "ray_token_file": None})
+    return argparse.Namespace(**values)
+
+
+def key_label(key: str) -> str:
+    """A dotted key as an error names it: ``tls.cert`` -> ``[tls] cert``."""
+    table, _, name = key.rpartition(".")
+    return f"[{table}] {name}"
+
+
+def apply_config(args: argparse.Namespace) -> Checked:
     """Fill the serve settings ``args`` leaves unset from ``--config``'s file, then the
-    defaults; a flag given on the command line wins over the file (``--insecure`` can
-    only turn it on)."""
-    args.server_config = None
-    if args.config is not None:
-        config = load_config(args.config)
-        args.server_config = config
-        for name, key in SETTINGS.items():
-            if getattr(args, name) in (None, False):
-                setattr(args, name, setting(config, key))
+    defaults (a flag given on the command line wins over the file; ``--insecure`` can only
+    turn it on), and judge the result (:func:`~harness.cli.server_check.check_settings`);
+    ConfigError when ``callbox serve`` would refuse it. ``args`` gains ``server_config`` (the
+    file or None), ``origins`` (each setting's :class:`~harness.cli.server_check.Origin`)
+    and ``checked`` (the verdict, also returned)."""
+    config = read_config(args.config) if args.config is not None else None
+    args.server_config = config
+    origins: dict[str, Origin] = {}
+    for name, key in SETTINGS.items():
+        if config is None or getattr(args, name) not in (None, False):
+            origins[name] = Origin("--" + name.replace("_", "-"))
+        else:
+            setattr(args, name, setting(config, key))
+            origins[name] = Origin(key_label(key), "key")
     if args.max_per_client is None:
         args.max_per_client = DEFAULT_MAX_PER_CLIENT
     if args.max_sandboxes is None:
         args.max_sandboxes = DEFAULT_MAX_SANDBOXES
+    checked = check_settings(args, origins, source=f"config file {args.config}" if config is not None else None)
+    args.origins, args.checked = origins, checked
+    return checked

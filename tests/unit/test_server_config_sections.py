@@ -100,13 +100,14 @@ def test_service_defaults_keep_sandboxes_and_leave_the_rest_off(tmp_path: Path) 
 @pytest.mark.parametrize(("text", "problem"), [
     ('[clients.builder]\nprofile = "nope"\n', r"clients\.builder\.profile: no \[profiles\.nope\] \(none is defined\)"),
     ('[clients.mallory]\n',
-     r"clients\.mallory: the token file .* has no client named 'mallory' \(it has alice, builder\)"),
+     r"\[clients\.mallory\]: the token file .* has no client named 'mallory' \(it has alice, builder\); fix the "
+     r"name"),
     ('[log]\nformat = "xml"\n', r"'log\.format' must be 'text' or 'json'"),
-    ('[log]\nfile = "nodir/x.log"\n', r"log\.file = .*: its directory does not exist"),
+    ('[log]\nfile = "nodir/x.log"\n', r"\[log\] file = '.*/nodir/x.log': its directory does not exist"),
     ('[telemetry]\notlp_endpoint = "127.0.0.1:4318"\n', r"telemetry\.otlp_endpoint"),
     ('[quotas]\nmemory = "lots"\n', r"quotas\.memory"),
     ('[quotas]\ncalls_per_minute = 0\n', r"'quotas\.calls_per_minute' must be greater than or equal to 1"),
-    ('[profiles.ci]\npolicy = "missing.toml"\n', r"profiles\.ci\.policy: "),
+    ('[profiles.ci]\npolicy = "missing.toml"\n', r"\[profiles\.ci\] policy = '.*/missing.toml' is not a file"),
     ('[pool]\nsize = 3\nmax = 1\n', r"pool\.max \(1\) must be at least pool\.size \(3\)"),
     ('[http]\n', r"missing required key 'http\.listen'"),
 ])
