@@ -239,5 +239,5 @@ def serve_e2b(
     handle.start()
     if owns:
         sandboxes.executor.start_reaper(reaper_interval_s)
-    log.info("E2B API on %s (%d API key(s) from %s)", handle.url, len(keys), keys.source)
+    log.debug("E2B API on %s (%d API key(s) from %s)", handle.url, len(keys), keys.source)
     return handle

@@ -517,6 +517,6 @@ def serve_grpc(
         server=server, service=service, health_service=health_service, address=address,
         port=port if address.kind == "tcp" else None, tls=tls, socket_inode=inode, owned_audit=owned_audit,
     )
-    log.info("gRPC executor listening on %s (%d client token(s) from %s)", handle.target, len(token_set),
-             token_set.source)
+    log.debug("gRPC executor listening on %s (%d client token(s) from %s)", handle.target, len(token_set),
+              token_set.source)
     return handle
