@@ -14,6 +14,9 @@ here), the warm pool against the limits. :func:`apply_config` merges and judges;
 :func:`check_file` and :func:`load_config` judge a file as ``callbox serve --config FILE``
 would; :func:`read_config` reads one against the schema only.
 
+``callbox config check`` renders the effective configuration as TOML (:func:`render_toml`)
+with sizes as a user writes them (``"16g"``) and durations with their unit.
+
 Example::
 
     engine = "ray"                   # where the sandboxes run; absent: the policy's engine, else docker
@@ -94,6 +97,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from harness.cli.server_check import Checked, ConfigError, Origin, check_settings, served_policy
 from harness.core.policy import RuntimeName
 from harness.core.sandbox_settings import PoolSettings
+from harness.core.units import ByteSize, format_size
 from harness.core.validation import parse_toml_model
 from harness.doors.quotas import Quotas
 from harness.engine.select import EngineChoice, EngineName, RayTable, choice_of
@@ -180,8 +184,8 @@ class Log(_Section):
     """The least severe level written."""
     file: Path | None = None
     """Write to this file, rotated by size; absent: standard error (journald under systemd)."""
-    max_bytes: int = Field(default=10 << 20, ge=4096)
-    """With ``file``: its size at which it is rotated."""
+    max_bytes: ByteSize = Field(default=10 << 20, ge=4096)
+    """With ``file``: its size at which it is rotated (bytes, or a size such as ``"10m"``)."""
     backups: int = Field(default=5, ge=0, le=1000)
     """With ``file``: how many rotated files are kept (``FILE.1`` ... ``FILE.N``)."""
 
@@ -384,7 +388,7 @@ def render_toml(effective: dict[str, Any]) -> str:
             if value is None:
                 lines.append(f"# {key}: not set ({_unset(f'{name}.{key}')})")
             else:
-                lines.append(f"{key} = {json.dumps(value)}")
+                lines.append(f"{key} = {_shown(f'{name}.{key}', value)}")
         lines.append("")
         for key, value in nested.items():
             table(f"{name}.{key}", value)
@@ -438,6 +442,24 @@ UNSET = {
 }
 """What applies when a key is not set, as ``callbox config check`` says it (``*``: any name)."""
 
+SIZES = frozenset({"log.max_bytes", "quotas.memory", "profiles.*.quotas.memory", "clients.*.quotas.memory"})
+"""Keys holding a number of bytes: shown as a size (``"16g"``), as a user writes them."""
+DURATIONS = {"pool.pause_s": "seconds"}
+"""Keys holding a duration, and its unit (said beside the value)."""
+
+
+def _shown(key: str, value: Any) -> str:
+    """The TOML text of ``value`` at dotted ``key``: a size as ``"512m"`` (bytes that are no
+    whole number of KiB as ``"1500b"``), a duration with its unit beside it."""
+    pattern = _pattern(key)
+    if pattern in SIZES and isinstance(value, int):
+        size = format_size(value)
+        return json.dumps(size if not size.isdigit() else f"{size}b")
+    if pattern in DURATIONS:
+        return f"{json.dumps(value)}  # {DURATIONS[pattern]}"
+    return json.dumps(value)
+
+
 TOP_LEVEL = ("engine",)
 """Keys of the file outside any table."""
 
@@ -445,12 +467,18 @@ TOP_LEVEL = ("engine",)
 def _unset(key: str) -> str:
     """What :data:`UNSET` says of dotted ``key`` (a name under profiles or clients matches
     ``*``; a quota key there too); unlisted keys are limits: "no limit"."""
+    parts = _pattern(key).split(".")
+    if len(parts) > 3 and parts[0] in ("profiles", "clients") and parts[2] == "quotas":
+        parts[3] = "*"
+    return UNSET.get(".".join(parts), "no limit")
+
+
+def _pattern(key: str) -> str:
+    """Dotted ``key`` with the name under profiles or clients as ``*``."""
     parts = key.split(".")
     if parts[0] in ("profiles", "clients") and len(parts) > 1:
         parts[1] = "*"
-        if len(parts) > 3 and parts[2] == "quotas":
-            parts[3] = "*"
-    return UNSET.get(".".join(parts), "no limit")
+    return ".".join(parts)
 
 
 SETTINGS = {

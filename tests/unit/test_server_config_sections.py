@@ -132,3 +132,26 @@ def test_an_unset_pool_says_what_applies_instead(tmp_path: Path) -> None:
     assert "# [pool]: the policy's [pool]" in text
     assert "# [http]: not served: no /metrics, /healthz or console" in text
     assert "# [profiles.NAME]: none" in text
+
+
+def test_sizes_render_as_a_user_writes_them_and_durations_with_their_unit(tmp_path: Path) -> None:
+    import re
+
+    (tmp_path / "logs").mkdir()
+    config = load_config(write(tmp_path, FULL + '[clients.alice.quotas]\nmemory = 1500000\n'))
+    assert config.log.max_bytes == 10 << 20 and config.quotas.memory == 16 << 30
+    text = render_toml(config.effective())
+    assert '\nmax_bytes = "10m"\n' in text  # the default, 10485760 bytes
+    assert '[quotas]\n' in text and '\nmemory = "16g"\n' in text
+    assert '\nmemory = "1500000b"\n' in text  # no whole number of KiB: bytes, said so
+    assert "\npause_s = 0.05  # seconds\n" in text
+    assert not re.search(r"= \d{6,}\b", text), text  # no raw byte count anywhere
+    assert parse_config(text, source="rendered", base=tmp_path).effective() == config.effective()
+    assert config.effective()["log"]["max_bytes"] == 10 << 20  # --json keeps numbers
+
+
+def test_log_max_bytes_takes_a_size(tmp_path: Path) -> None:
+    config = parse_config('[doors.grpc]\nlisten = ""\n[log]\nmax_bytes = "64k"\n', source="c", base=tmp_path)
+    assert config.log.max_bytes == 64 << 10
+    with pytest.raises(ConfigError, match=r"'log\.max_bytes' must be greater than or equal to 4096"):
+        parse_config('[doors.grpc]\nlisten = ""\n[log]\nmax_bytes = "1k"\n', source="c", base=tmp_path)
