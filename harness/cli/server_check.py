@@ -431,7 +431,7 @@ def _pool(args: argparse.Namespace, policy: Policy, policy_origin: Origin, judge
         raise_it = f"raise {limit_origin.label}" if limit_origin.in_file else f"pass a larger {limit_origin.label}"
         judge.refuse(f"[pool] {key} = {value}{where} is more than {limit_origin.show(limit)}: the gRPC and E2B "
                      f"doors count pooled sandboxes in that limit, so the pool could never hold them; lower [pool] "
-                     f"{key}{where} or {raise_it}", origin, limit_origin)
+                     f"{key}{'' if in_file else ' in that policy'} or {raise_it}", origin, limit_origin)
 
 
 def served_policy(path: Path | None, config: ServerConfig | None, engine: EngineChoice | None = None) -> Policy:
