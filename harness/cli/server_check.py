@@ -44,22 +44,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NoReturn
 
-from harness.core.errors import CallboxError, UsageError
+from harness.cli.server_schema import ConfigError
+from harness.core.errors import CallboxError
 
 if TYPE_CHECKING:
-    from harness.cli.server_config import ServerConfig
+    from harness.cli.server_schema import ServerConfig
     from harness.core.policy import Policy
     from harness.core.registry import ToolRegistry
     from harness.engine.select import EngineChoice
 
-__all__ = ["Checked", "ConfigError", "Origin", "check_settings", "check_tools", "served_policy"]
+__all__ = ["Checked", "Origin", "check_settings", "check_tools", "served_policy"]
 
 SUN_PATH_MAX = 107
 """The longest unix socket path, in bytes."""
-
-
-class ConfigError(UsageError):
-    """The server configuration file is missing, unreadable or invalid (exit code 2)."""
 
 
 @dataclass(frozen=True)
