@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.core.errors import UsageError
+from harness.core.errors import ErrorCode, UsageError
 from harness.core.policy import RuntimeName
 from harness.core.sandbox_settings import PoolSettings
 from harness.core.units import ByteSize
@@ -27,7 +27,10 @@ __all__ = ["DEFAULT_MAX_PER_CLIENT", "DEFAULT_MAX_SANDBOXES", "ConfigError", "Lo
 
 
 class ConfigError(UsageError):
-    """The server configuration file is missing, unreadable or invalid (exit code 2)."""
+    """The server configuration file is missing, unreadable or invalid, or the server cannot
+    run what it and the flags say (exit code 2)."""
+
+    code = ErrorCode.INVALID_CONFIG
 
 
 DEFAULT_MAX_PER_CLIENT = 16
