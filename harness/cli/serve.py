@@ -23,7 +23,6 @@ from typing import Any
 from harness.cli.options import engine_options
 from harness.cli.sd_notify import notify
 from harness.cli.serve_doors import start_servers
-from harness.core.errors import UsageError
 
 COMMANDS = ("serve", "mcp", "config")
 
@@ -90,16 +89,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config_check(args: argparse.Namespace) -> int:
+    """Judge the file as ``callbox serve --config FILE`` would (the same judge), then print it."""
     import json
 
-    from harness.cli.server_config import engine_notes, load_config, render_toml
+    from harness.cli.server_config import check_file, engine_notes, render_toml
 
-    config = load_config(args.file)
+    checked = check_file(args.file)
+    config = checked.config
+    assert config is not None
     effective = config.effective()
     if args.json:
         print(json.dumps(effective, indent=2))
         return 0
-    print("".join(f"# note: {note}\n" for note in engine_notes(config)) + render_toml(effective), end="")
+    notes = [*engine_notes(config), *checked.notes]
+    print("".join(f"# note: {note}\n" for note in notes) + render_toml(effective), end="")
     return 0
 
 
@@ -109,7 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
     from harness.cli.server_config import apply_config
 
     command_line = copy.copy(args)  # what a reload starts from: the flags win over the file again
-    apply_config(args)
+    apply_config(args)  # judged whole before anything is started or written (log file, audit store, tokens)
     if args.server_config is not None:
         from harness.cli.serve_logging import configure_logging
 
@@ -121,8 +124,6 @@ def _serve(args: argparse.Namespace) -> int:
         from harness.telemetry import tracing
 
         tracing.configure(telemetry.otlp_endpoint, service_name=telemetry.service_name)
-    if args.grpc is None and args.mcp_http is None and args.e2b is None:
-        raise UsageError("give --grpc [ADDR], --mcp-http HOST:PORT and/or --e2b HOST:PORT, or --config FILE")
     stop = threading.Event()
     wake = threading.Event()
     reload_asked = threading.Event()

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from harness.cli.server_check import Checked
     from harness.core.policy import Policy
+    from harness.core.registry import ToolRegistry
     from harness.engine.select import EngineChoice
 
 __all__ = ["start_servers"]
@@ -34,7 +36,10 @@ log = logging.getLogger("callbox.serve")
 
 
 def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
-    """Start the doors ``args`` ask for, appending each to ``servers`` as it starts."""
+    """Start the doors ``args`` ask for, appending each to ``servers`` as it starts. ``args``
+    went through :func:`~harness.cli.server_config.apply_config` (judged good: ``args.checked``);
+    what could not be judged then (a Ray cluster answering, the tools of a policy's ``mcp``
+    servers) is checked here, before the audit store is opened."""
     from harness.audit.store import AuditStore
     from harness.cli.serve_quotas import door_quotas, profile_policies
 
@@ -42,6 +47,7 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
     keep = config is not None and config.service.keep_sandboxes
     quotas = door_quotas(config, args.max_per_client)
     policy, args.engine_choice = door_engine(args)
+    registry = _registry(args.checked)
     policies = profile_policies(config, args.engine_choice)
     executor = None
     if args.grpc is not None:
@@ -49,7 +55,7 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
 
         grpc_server = serve_grpc(
             args.grpc or None, token_file=args.token_file, insecure=args.insecure,
-            tls_cert=args.tls_cert, tls_key=args.tls_key, policy=policy,
+            tls_cert=args.tls_cert, tls_key=args.tls_key, policy=policy, registry=registry,
             audit=AuditStore(args.audit_db), max_sandboxes_per_client=args.max_per_client,
             max_sandboxes_total=args.max_sandboxes, keep_sandboxes=keep, quotas=quotas, policies=policies,
         )
@@ -65,7 +71,7 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
         else:
             e2b_server = serve_e2b(
                 args.e2b, token_file=args.token_file, insecure=args.insecure, tls_cert=args.tls_cert,
-                tls_key=args.tls_key, policy=policy, audit=AuditStore(args.audit_db),
+                tls_key=args.tls_key, policy=policy, registry=registry, audit=AuditStore(args.audit_db),
                 max_sandboxes_per_client=args.max_per_client, max_sandboxes_total=args.max_sandboxes,
                 keep_sandboxes=keep, quotas=quotas, policies=policies,
             )
@@ -81,12 +87,10 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
 
             tokens = load_token_file(args.token_file)
         from harness.doors.mcp.service import McpToolService
-        from harness.tools import registry_for
 
         audit = AuditStore(args.audit_db)
         try:
-            service = McpToolService(registry_for(policy), policy, audit, owns_audit=True, quotas=quotas,
-                                     policies=policies)
+            service = McpToolService(registry, policy, audit, owns_audit=True, quotas=quotas, policies=policies)
         except BaseException:
             audit.close()
             raise
@@ -103,21 +107,30 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
 
 
 def door_engine(args: argparse.Namespace) -> tuple[Policy, EngineChoice]:
-    """The served policy and the server's engine: the flags over the file's ``engine`` and
-    ``[ray]``, else over the policy's own; a Ray cluster checked now (CallboxError saying why)."""
-    from harness.cli.options import engine_choice
-    from harness.cli.server_config import served_policy
-    from harness.engine.select import choice_of, with_engine
-
-    config = args.server_config
-    policy = served_policy(args.policy, config)  # with the file's engine over the policy's
-    choice = engine_choice(args, choice_of(policy.engine, policy.ray))
+    """The served policy and the server's engine as the judge found them (the flags over the
+    file's ``engine`` and ``[ray]``, else over the policy's own); a Ray cluster checked now
+    (CallboxError saying why)."""
+    checked: Checked = args.checked
+    choice = checked.engine
     if choice.ray is not None:
         from harness.engine.ray.preflight import preflight
 
         preflight(choice.ray.anchored(Path.cwd()))
         log.info("sandboxes run on %s", choice.describe())
-    return with_engine(policy, choice), choice
+    return checked.policy, choice
+
+
+def _registry(checked: Checked) -> ToolRegistry:
+    """The doors' tools: the judge's, or, for a policy that declares ``mcp`` servers, listed
+    now (each in a sandbox) and the policies' ``[tools.*]`` tables checked against them."""
+    if checked.registry is not None:
+        return checked.registry
+    from harness.cli.server_check import check_tools
+    from harness.tools import registry_for
+
+    registry = registry_for(checked.policy)
+    check_tools(checked, registry)
+    return registry
 
 
 def _serve_http(args: argparse.Namespace, executor: Any) -> Any:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from harness.cli.server_config import Log
+    from harness.cli.server_schema import Log
 
 __all__ = ["JsonFormatter", "configure_logging"]
 

@@ -1,7 +1,8 @@
 """``callbox serve --config FILE`` reloads its file on SIGHUP, keeping every live sandbox.
 
-The file is read and checked exactly as at start; a file with a problem is refused and the
-running configuration stays. The sandbox limits (``limits.max_sandboxes``,
+The file is judged by the judge of the start (:mod:`harness.cli.server_check`, through
+:func:`~harness.cli.server_config.apply_config`): a file ``callbox serve`` would refuse is
+refused with the same message, and the running configuration stays. The sandbox limits (``limits.max_sandboxes``,
 ``limits.max_per_client``) apply at once to every door's executor: a client over a lowered
 limit keeps its sandboxes and may create none until it is under it again. ``[quotas]``,
 ``[profiles]`` and ``[clients]`` apply at once as well (new limits from the next request,

@@ -2,12 +2,20 @@
 
 One TOML file holds what ``callbox serve``'s flags hold: the doors and their addresses, TLS,
 the token file, the policy, the audit store and the sandbox limits. It is validated by the
-pydantic models below, which refuse unknown keys everywhere; every problem is a
-:class:`ConfigError` (exit code 2) naming the file and the key's path. Relative paths are
-taken against the file's directory. The referenced files are checked too: the policy is
-loaded (so its own problems show up here), and the token file and TLS files must exist.
+pydantic models of :mod:`harness.cli.server_schema` (re-exported here), which refuse unknown
+keys everywhere; every problem is a :class:`ConfigError` (exit code 2) naming the file and
+the key's path. Relative paths are taken against the file's directory.
 
-A flag given on the command line wins over the file's value for that setting.
+A flag given on the command line wins over the file's value for that setting. What the
+flags and the file say together is then judged by :mod:`harness.cli.server_check`, the one
+judge of ``callbox serve`` (at start and on SIGHUP) and ``callbox config check``: the doors'
+addresses against TLS, the files named (the policies loaded, so their own problems show up
+here), the warm pool against the limits. :func:`apply_config` merges and judges;
+:func:`check_file` and :func:`load_config` judge a file as ``callbox serve --config FILE``
+would; :func:`read_config` reads one against the schema only.
+
+``callbox config check`` renders the effective configuration as TOML (:func:`render_toml`)
+with sizes as a user writes them (``"16g"``) and durations with their unit.
 
 Example::
 
@@ -82,237 +90,43 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from harness.cli.server_check import Checked, Origin, check_settings, served_policy
+from harness.cli.server_schema import (
+    DEFAULT_MAX_PER_CLIENT,
+    DEFAULT_MAX_SANDBOXES,
+    Audit,
+    Auth,
+    Client,
+    ConfigError,
+    DoorAddress,
+    Doors,
+    Http,
+    Limits,
+    Log,
+    PolicyRef,
+    Profile,
+    Runtime,
+    ServerConfig,
+    Service,
+    Telemetry,
+    Tls,
+    parse_config,
+)
+from harness.core.units import format_size
+from harness.engine.select import EngineChoice, choice_of
 
-from harness.core.errors import UsageError
-from harness.core.policy import Policy, RuntimeName
-from harness.core.sandbox_settings import PoolSettings
-from harness.core.validation import parse_toml_model
-from harness.doors.quotas import Quotas
-from harness.engine.select import EngineChoice, EngineName, RayTable, choice_of, with_engine
+__all__ = [  # the schema's names too, so that importers need not know where each one lives
+    "DEFAULT_MAX_PER_CLIENT", "DEFAULT_MAX_SANDBOXES", "SETTINGS", "Audit", "Auth", "Checked", "Client", "ConfigError",
+    "DoorAddress", "Doors", "Http", "Limits", "Log", "PolicyRef", "Profile", "Runtime", "ServerConfig", "Service",
+    "Telemetry", "Tls", "apply_config", "check_file", "engine_notes", "load_config", "parse_config", "read_config",
+    "render_toml", "serve_namespace", "served_policy", "setting",
+]
 
-DEFAULT_MAX_PER_CLIENT = 16
-DEFAULT_MAX_SANDBOXES = 64
-
-
-class ConfigError(UsageError):
-    """The server configuration file is missing, unreadable or invalid (exit code 2)."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class DoorAddress(_Section):
-    listen: str = Field(min_length=0, max_length=4096)
-    """Where the door listens: ``HOST:PORT`` (port 0: a free one), and for gRPC also
-    ``unix:PATH`` or ``""`` (the default unix socket)."""
-
-
-class Doors(_Section):
-    grpc: DoorAddress | None = None
-    """The ``harness.v1`` gRPC executor (``--grpc``)."""
-    mcp_http: DoorAddress | None = None
-    """The MCP server over streamable HTTP (``--mcp-http``)."""
-    e2b: DoorAddress | None = None
-    """The E2B API (control plane and envd) for the e2b SDK (``--e2b``)."""
-
-
-class Tls(_Section):
-    cert: Path | None = None
-    """TLS certificate (PEM) for gRPC over TCP and the E2B API (``--tls-cert``)."""
-    key: Path | None = None
-    """Its private key (PEM) (``--tls-key``)."""
-    insecure: bool = False
-    """Allow gRPC over TCP, and MCP over HTTP or the E2B API on a non-loopback address,
-    without TLS (``--insecure``)."""
-
-
-class Auth(_Section):
-    token_file: Path | None = None
-    """Client tokens, one ``NAME:TOKEN`` per line, mode 0600 (``--token-file``): gRPC bearer
-    tokens and E2B API keys."""
-
-
-class PolicyRef(_Section):
-    file: Path | None = None
-    """The policy every door serves with (``--policy``); absent: the packaged default."""
-
-
-class Audit(_Section):
-    db: Path | None = None
-    """The audit store (``--audit-db``); absent: ``$CALLBOX_AUDIT_DB`` or the state dir."""
-
-
-class Limits(_Section):
-    max_sandboxes: int = Field(default=DEFAULT_MAX_SANDBOXES, ge=1)
-    """Live sandboxes in total, over every client (``--max-sandboxes``)."""
-    max_per_client: int = Field(default=DEFAULT_MAX_PER_CLIENT, ge=1)
-    """Live sandboxes per client (``--max-per-client``)."""
-
-
-class Http(_Section):
-    listen: str = Field(min_length=1, max_length=4096)
-    """``HOST:PORT`` of the HTTP endpoint (``--http``): ``/metrics`` (Prometheus text, no
-    token), ``/healthz`` and the web console under ``/`` (a token of the token file). A
-    non-loopback host needs TLS or ``tls.insecure``."""
-
-
-class Service(_Section):
-    keep_sandboxes: bool = True
-    """On stop, leave the live sandboxes running (their expiry still bounds them) and
-    re-adopt them, with their runs and pending approvals, at the next start on the same
-    audit store. ``false``: every sandbox is destroyed when the server stops."""
-
-
-class Log(_Section):
-    format: Literal["text", "json"] = "text"
-    """``json``: one JSON object a line (time, level, logger, message, and the fields a
-    record carries); ``text``: plain lines."""
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    """The least severe level written."""
-    file: Path | None = None
-    """Write to this file, rotated by size; absent: standard error (journald under systemd)."""
-    max_bytes: int = Field(default=10 << 20, ge=4096)
-    """With ``file``: its size at which it is rotated."""
-    backups: int = Field(default=5, ge=0, le=1000)
-    """With ``file``: how many rotated files are kept (``FILE.1`` ... ``FILE.N``)."""
-
-
-class Telemetry(_Section):
-    otlp_endpoint: str | None = Field(default=None, pattern=r"^https?://")
-    """OTLP/HTTP traces endpoint (``http://HOST:4318/v1/traces``); absent: no traces."""
-    service_name: str = Field(default="callbox", min_length=1, max_length=255)
-    """The ``service.name`` the traces carry."""
-
-
-class Runtime(_Section):
-    default: RuntimeName | None = None
-    """The OCI runtime of the doors' sandboxes (``runc`` or ``runsc``); absent: the
-    policy's ``[sandbox] runtime``. A policy's ``[runtime] require`` still applies."""
-
-
-class Profile(_Section):
-    policy: Path | None = None
-    """The policy the profile's clients are served with; absent: the server's policy."""
-    quotas: Quotas = Quotas()
-    """Quotas over ``[quotas]``, key by key."""
-
-
-class Client(_Section):
-    profile: str | None = Field(default=None, min_length=1, max_length=64)
-    """A ``[profiles.NAME]`` of this file."""
-    quotas: Quotas = Quotas()
-    """The client's own quotas, over its profile's and ``[quotas]``, key by key."""
-
-
-class ServerConfig(_Section):
-    """A ``callbox serve`` configuration file."""
-
-    doors: Doors = Doors()
-    """``[doors.NAME]``: the doors served and where each listens; the file must name at least one."""
-    tls: Tls = Tls()
-    """``[tls]``: the certificate and key of the TCP doors, or ``insecure``."""
-    auth: Auth = Auth()
-    """``[auth]``: the clients' tokens."""
-    policy: PolicyRef = PolicyRef()
-    """``[policy]``: the policy file the doors serve with."""
-    audit: Audit = Audit()
-    """``[audit]``: where the audit store is."""
-    limits: Limits = Limits()
-    """``[limits]``: how many sandboxes may live at once, in all and per client."""
-    http: Http | None = None
-    """``[http]``: metrics, health and the console; absent: not served."""
-    service: Service = Service()
-    """``[service]``: what a stop and a restart do with the live sandboxes."""
-    log: Log = Log()
-    """``[log]``: the server's log: format, level, and a file instead of standard error."""
-    telemetry: Telemetry = Telemetry()
-    """``[telemetry]``: traces of each call, sent over OTLP/HTTP."""
-    pool: PoolSettings | None = None
-    """``[pool]``: pre-started sandboxes, replacing the served policy's ``[pool]`` table."""
-    runtime: Runtime = Runtime()
-    """``[runtime]``: the OCI runtime of the doors' sandboxes."""
-    quotas: Quotas = Quotas()
-    """``[quotas]``: every client's quotas (see :mod:`harness.doors.quotas`)."""
-    profiles: dict[str, Profile] = Field(default_factory=dict)
-    """``[profiles.NAME]``: a policy and quotas that clients are mapped to."""
-    clients: dict[str, Client] = Field(default_factory=dict)
-    """``[clients.NAME]``: per client name of the token file, its profile and quotas."""
-    engine: EngineName | None = None
-    """Where the doors' sandboxes run (``--engine``): ``docker`` (this machine) or ``ray``
-    (``[ray]``); absent: the served policy's ``engine``, else docker."""
-    ray: RayTable = None
-    """``[ray]``: the Ray cluster of ``engine = "ray"`` (:mod:`harness.engine.ray.settings`)."""
-
-    @model_validator(mode="after")
-    def _profiles_exist(self) -> ServerConfig:
-        for name, client in self.clients.items():
-            if client.profile is not None and client.profile not in self.profiles:
-                known = ", ".join(sorted(self.profiles)) or "none is defined"
-                raise ValueError(f"clients.{name}.profile: no [profiles.{client.profile}] ({known}); "
-                                 "add that table or fix the name")
-        return self
-
-    def client_quotas(self, client: str) -> Quotas:
-        """``client``'s quotas: its own over its profile's over ``[quotas]``, and
-        ``limits.max_per_client`` where ``live_sandboxes`` is left unset."""
-        entry = self.clients.get(client, Client())
-        quotas = self.quotas
-        if entry.profile is not None:
-            quotas = self.profiles[entry.profile].quotas.over(quotas)
-        quotas = entry.quotas.over(quotas)
-        if quotas.live_sandboxes is None:
-            quotas = quotas.model_copy(update={"live_sandboxes": self.limits.max_per_client})
-        return quotas
-
-    def anchored(self, base: Path) -> ServerConfig:
-        """Every relative path taken against ``base`` (the file's directory), ``~`` expanded."""
-
-        def anchor(path: Path | None) -> Path | None:
-            if path is None:
-                return None
-            path = path.expanduser()
-            return path if path.is_absolute() else base / path
-
-        return self.model_copy(update={
-            "tls": self.tls.model_copy(update={"cert": anchor(self.tls.cert), "key": anchor(self.tls.key)}),
-            "auth": self.auth.model_copy(update={"token_file": anchor(self.auth.token_file)}),
-            "policy": self.policy.model_copy(update={"file": anchor(self.policy.file)}),
-            "audit": self.audit.model_copy(update={"db": anchor(self.audit.db)}),
-            "log": self.log.model_copy(update={"file": anchor(self.log.file)}),
-            "profiles": {name: profile.model_copy(update={"policy": anchor(profile.policy)})
-                         for name, profile in self.profiles.items()},
-            "ray": self.ray.anchored(base) if self.ray is not None else None,
-        })
-
-    def engine_choice(self) -> EngineChoice | None:
-        """The engine this file chooses (None: it sets no ``engine``)."""
-        return choice_of(self.engine, self.ray)
-
-    def effective(self) -> dict[str, Any]:
-        """The configuration with every default filled in, as plain JSON values."""
-        return json.loads(self.model_dump_json())  # type: ignore[no-any-return]
-
-
-def parse_config(text: str, *, source: str, base: Path) -> ServerConfig:
-    """Validate configuration TOML; ``source`` names it in errors, ``base`` anchors paths."""
-    config = parse_toml_model(text, ServerConfig, source=source, error=ConfigError, message=_problems_message)
-    try:
-        return config.anchored(base)
-    except ValueError as exc:  # the [ray] token file, once anchored
-        raise ConfigError(f"{source}: {exc}") from None
-
-
-def _problems_message(source: str, problems: list[str]) -> str:
-    head = f"{source}: " if len(problems) == 1 else f"{source} has {len(problems)} problems: "
-    return head + "; ".join(problems)
-
-
-def load_config(path: Path) -> ServerConfig:
-    """Read, validate and check a configuration file (see the module's docstring)."""
+def read_config(path: Path) -> ServerConfig:
+    """Read and validate the file at ``path`` against the schema, its paths anchored; the
+    files it names and the doors it asks for are judged by :func:`apply_config`."""
     source = f"config file {path}"
     try:
         text = path.read_bytes().decode("utf-8")
@@ -324,71 +138,20 @@ def load_config(path: Path) -> ServerConfig:
         raise ConfigError(f"{source} is not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
     except OSError as exc:
         raise ConfigError(f"{source} cannot be read: {exc.strerror or exc}") from None
-    config = parse_config(text, source=source, base=path.resolve().parent)
-    check_files(config, source)
+    return parse_config(text, source=source, base=path.resolve().parent)
+
+
+def check_file(path: Path) -> Checked:
+    """Judge the file at ``path`` exactly as ``callbox serve --config PATH`` (without other
+    flags, in this environment) would at start: ConfigError when it would refuse it."""
+    return apply_config(serve_namespace(path))
+
+
+def load_config(path: Path) -> ServerConfig:
+    """Read, validate and check a configuration file as :func:`check_file` does; the file."""
+    config = check_file(path).config
+    assert config is not None
     return config
-
-
-def check_files(config: ServerConfig, source: str) -> None:
-    """The files the configuration names exist (and the policies are valid); ConfigError if not."""
-    from harness.core.errors import CallboxError
-
-    named = {"auth.token_file": config.auth.token_file, "tls.cert": config.tls.cert, "tls.key": config.tls.key}
-    for key, path in named.items():
-        if path is not None and not path.is_file():
-            raise ConfigError(f"{source}: {key} = {str(path)!r} is not a file; fix the path")
-    if (config.tls.cert is None) != (config.tls.key is None):
-        raise ConfigError(f"{source}: tls.cert and tls.key go together; give both or neither")
-    if config.doors.grpc is None and config.doors.mcp_http is None and config.doors.e2b is None:
-        raise ConfigError(f"{source}: no door to serve; add [doors.grpc], [doors.mcp_http] and/or [doors.e2b] "
-                          "with a listen address")
-    if config.auth.token_file is not None:
-        from harness.doors.grpc.tokens import load_token_file
-
-        try:
-            names = set(load_token_file(config.auth.token_file).names)
-        except CallboxError as exc:
-            raise ConfigError(f"{source}: auth.token_file: {exc.message}") from None
-        for client in config.clients:
-            if client not in names:
-                raise ConfigError(f"{source}: clients.{client}: the token file {config.auth.token_file} has no "
-                                  f"client named {client!r} (it has {', '.join(sorted(names))}); fix the name")
-    if config.log.file is not None and not config.log.file.parent.is_dir():
-        raise ConfigError(f"{source}: log.file = {str(config.log.file)!r}: its directory does not exist; "
-                          "create it or fix the path")
-    policies = {"policy.file": config.policy.file}
-    policies.update({f"profiles.{name}.policy": profile.policy for name, profile in config.profiles.items()
-                     if profile.policy is not None})
-    for key, path in policies.items():
-        try:
-            served_policy(path, config)
-        except CallboxError as exc:
-            raise ConfigError(f"{source}: {key}: {exc.message}") from None
-
-
-def served_policy(path: Path | None, config: ServerConfig | None, engine: EngineChoice | None = None) -> Policy:
-    """The policy at ``path`` (None: the packaged default) as the doors serve it: with the
-    configuration's ``[pool]`` and ``[runtime] default`` over the policy's own, and the
-    server's engine (``engine``, else the configuration's ``engine`` and ``[ray]``) over the
-    policy's. Raises PolicyError naming the key when the result is not a valid sandbox spec."""
-    from harness.core.policy import PolicyError, load_policy
-
-    policy = load_policy(path)
-    engine = engine if engine is not None else config.engine_choice() if config is not None else None
-    if engine is not None:
-        policy = with_engine(policy, engine)
-    if config is None:
-        return policy
-    if config.pool is not None:
-        policy = policy.model_copy(update={"pool": config.pool})
-    if config.runtime.default is not None:
-        sandbox = policy.sandbox.model_copy(update={"runtime": config.runtime.default})
-        policy = policy.model_copy(update={"sandbox": sandbox})
-        try:
-            policy.sandbox_spec()
-        except PolicyError as exc:
-            raise PolicyError(f"runtime.default = {config.runtime.default!r} with this policy: {exc.message}") from None
-    return policy
 
 
 def engine_notes(config: ServerConfig) -> list[str]:
@@ -439,7 +202,7 @@ def render_toml(effective: dict[str, Any]) -> str:
             if value is None:
                 lines.append(f"# {key}: not set ({_unset(f'{name}.{key}')})")
             else:
-                lines.append(f"{key} = {json.dumps(value)}")
+                lines.append(f"{key} = {_shown(f'{name}.{key}', value)}")
         lines.append("")
         for key, value in nested.items():
             table(f"{name}.{key}", value)
@@ -491,21 +254,45 @@ UNSET = {
     "ray.token_file": "none: ray.allow_unauthenticated",
     "ray.node_ip": "the address Ray picks, the one that routes to the GCS",
 }
+"""What applies when a key is not set, as ``callbox config check`` says it (``*``: any name)."""
+
+SIZES = frozenset({"log.max_bytes", "quotas.memory", "profiles.*.quotas.memory", "clients.*.quotas.memory"})
+"""Keys holding a number of bytes: shown as a size (``"16g"``), as a user writes them."""
+DURATIONS = {"pool.pause_s": "seconds"}
+"""Keys holding a duration, and its unit (said beside the value)."""
+
+
+def _shown(key: str, value: Any) -> str:
+    """The TOML text of ``value`` at dotted ``key``: a size as ``"512m"`` (bytes that are no
+    whole number of KiB as ``"1500b"``), a duration with its unit beside it."""
+    pattern = _pattern(key)
+    if pattern in SIZES and isinstance(value, int):
+        size = format_size(value)
+        return json.dumps(size if not size.isdigit() else f"{size}b")
+    if pattern in DURATIONS:
+        return f"{json.dumps(value)}  # {DURATIONS[pattern]}"
+    return json.dumps(value)
+
 
 TOP_LEVEL = ("engine",)
 """Keys of the file outside any table."""
-"""What applies when a key is not set, as ``callbox config check`` says it (``*``: any name)."""
 
 
 def _unset(key: str) -> str:
     """What :data:`UNSET` says of dotted ``key`` (a name under profiles or clients matches
     ``*``; a quota key there too); unlisted keys are limits: "no limit"."""
+    parts = _pattern(key).split(".")
+    if len(parts) > 3 and parts[0] in ("profiles", "clients") and parts[2] == "quotas":
+        parts[3] = "*"
+    return UNSET.get(".".join(parts), "no limit")
+
+
+def _pattern(key: str) -> str:
+    """Dotted ``key`` with the name under profiles or clients as ``*``."""
     parts = key.split(".")
     if parts[0] in ("profiles", "clients") and len(parts) > 1:
         parts[1] = "*"
-        if len(parts) > 3 and parts[2] == "quotas":
-            parts[3] = "*"
-    return UNSET.get(".".join(parts), "no limit")
+    return ".".join(parts)
 
 
 SETTINGS = {
@@ -526,18 +313,39 @@ def setting(config: ServerConfig, key: str) -> Any:
     return value
 
 
-def apply_config(args: argparse.Namespace) -> None:
+def serve_namespace(config: Path | None = None) -> argparse.Namespace:
+    """The settings of ``callbox serve`` given no flag but ``--config config``."""
+    values: dict[str, object] = {name: None for name in SETTINGS}
+    values.update({"insecure": False, "config": config, "engine": None, "ray_address": None, "ray_token_file": None})
+    return argparse.Namespace(**values)
+
+
+def key_label(key: str) -> str:
+    """A dotted key as an error names it: ``tls.cert`` -> ``[tls] cert``."""
+    table, _, name = key.rpartition(".")
+    return f"[{table}] {name}"
+
+
+def apply_config(args: argparse.Namespace) -> Checked:
     """Fill the serve settings ``args`` leaves unset from ``--config``'s file, then the
-    defaults; a flag given on the command line wins over the file (``--insecure`` can
-    only turn it on)."""
-    args.server_config = None
-    if args.config is not None:
-        config = load_config(args.config)
-        args.server_config = config
-        for name, key in SETTINGS.items():
-            if getattr(args, name) in (None, False):
-                setattr(args, name, setting(config, key))
+    defaults (a flag given on the command line wins over the file; ``--insecure`` can only
+    turn it on), and judge the result (:func:`~harness.cli.server_check.check_settings`);
+    ConfigError when ``callbox serve`` would refuse it. ``args`` gains ``server_config`` (the
+    file or None), ``origins`` (each setting's :class:`~harness.cli.server_check.Origin`)
+    and ``checked`` (the verdict, also returned)."""
+    config = read_config(args.config) if args.config is not None else None
+    args.server_config = config
+    origins: dict[str, Origin] = {}
+    for name, key in SETTINGS.items():
+        if config is None or getattr(args, name) not in (None, False):
+            origins[name] = Origin("--" + name.replace("_", "-"))
+        else:
+            setattr(args, name, setting(config, key))
+            origins[name] = Origin(key_label(key), "key")
     if args.max_per_client is None:
         args.max_per_client = DEFAULT_MAX_PER_CLIENT
     if args.max_sandboxes is None:
         args.max_sandboxes = DEFAULT_MAX_SANDBOXES
+    checked = check_settings(args, origins, source=f"config file {args.config}" if config is not None else None)
+    args.origins, args.checked = origins, checked
+    return checked

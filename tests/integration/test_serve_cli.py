@@ -166,3 +166,130 @@ def test_sighup_reloads_the_config_keeping_sandboxes_and_systemd_hears_each_step
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+BAD_FILES = {
+    "grpc-tcp-without-tls": '[doors.grpc]\nlisten = "0.0.0.0:0"\n',
+    "e2b-off-loopback-without-tls": '[doors.e2b]\nlisten = "0.0.0.0:0"\n',
+    "mcp-off-loopback": '[doors.mcp_http]\nlisten = "0.0.0.0:0"\n',
+    "http-off-loopback-without-tls": '[doors.grpc]\nlisten = "unix:{dir}/executor.sock"\n'
+                                     '[http]\nlisten = "0.0.0.0:0"\n',
+    "pool-over-max-sandboxes": '[doors.grpc]\nlisten = "unix:{dir}/executor.sock"\n[limits]\nmax_sandboxes = 2\n'
+                               '[pool]\nsize = 3\n',
+    "policy-names-an-unknown-tool": '[doors.e2b]\nlisten = "127.0.0.1:0"\n[policy]\nfile = "typo-policy.toml"\n',
+    "socket-directory-cannot-be-made": '[doors.grpc]\nlisten = "unix:{dir}/tokens/executor.sock"\n',
+    "token-client-unknown": '[doors.grpc]\nlisten = "unix:{dir}/executor.sock"\n[clients.mallory]\n',
+    "no-door": '[limits]\nmax_sandboxes = 2\n',
+}
+
+
+def _bad_config(tmp_path, text: str):  # type: ignore[no-untyped-def]
+    """``text`` as callbox.toml with a token file and a fresh audit path, beside a policy naming an unknown tool."""
+    _token_file(tmp_path, "d" * 32)
+    (tmp_path / "typo-policy.toml").write_text('[tools.shel]\ndecision = "deny"\n')
+    config = tmp_path / "callbox.toml"
+    config.write_text(text.format(dir=tmp_path) + '[auth]\ntoken_file = "tokens"\n[audit]\ndb = "fresh/audit.db"\n'
+                      '[service]\nkeep_sandboxes = false\n')
+    return config
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_config_check_and_serve_refuse_a_bad_file_alike_and_serve_writes_nothing(tmp_path, name: str):
+    config = _bad_config(tmp_path, BAD_FILES[name])
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}  # where a default token file would go
+    env.pop("CALLBOX_AUDIT_DB", None)
+    before = sorted(tmp_path.rglob("*"))
+    command = [sys.executable, "-m", "harness.cli.main"]
+    checked = subprocess.run([*command, "config", "check", str(config)], capture_output=True, text=True, env=env,
+                             timeout=120, check=False)
+    assert checked.returncode == 2 and checked.stdout == "", checked
+    (verdict,) = checked.stderr.splitlines()  # one line, no traceback
+    assert verdict.startswith(f"callbox: config file {config}: ")
+    served = subprocess.run([*command, "serve", "--config", str(config)], capture_output=True, text=True, env=env,
+                            timeout=120, check=False)  # exits before any door listens
+    assert served.returncode == 2, served
+    assert served.stderr.splitlines() == [verdict]  # the same words as config check, and nothing before them
+    assert not (tmp_path / "fresh").exists()  # the audit store was never opened
+    assert sorted(tmp_path.rglob("*")) == before  # nor a token file, log file or socket made
+
+
+def test_each_door_says_where_it_listens_once(tmp_path):
+    _token_file(tmp_path, "e" * 32)
+    sock = tmp_path / "executor.sock"
+    config = tmp_path / "callbox.toml"
+    config.write_text(f'[doors.grpc]\nlisten = "unix:{sock}"\n[doors.e2b]\nlisten = "127.0.0.1:0"\n'
+                      '[doors.mcp_http]\nlisten = "127.0.0.1:0"\n[http]\nlisten = "127.0.0.1:0"\n'
+                      '[auth]\ntoken_file = "tokens"\n[audit]\ndb = "audit.sqlite3"\n'
+                      '[service]\nkeep_sandboxes = false\n')
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(120)
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli.main", "serve", "--config", str(config)],
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+    try:
+        assert proc.stderr is not None
+        seen = []
+        while not any("HTTP endpoint" in line for line in seen):  # the last door to start
+            line = proc.stderr.readline()
+            assert line, f"the server ended before listening: {seen}"
+            seen.append(line)
+        assert notify.recv(4096).decode().split("\n") == ["READY=1", "STATUS=serving"]  # every door started
+        proc.send_signal(signal.SIGTERM)
+        _out, rest = proc.communicate(timeout=60)
+        assert proc.returncode == 0
+    finally:
+        notify.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    started = [line for line in seen + rest.splitlines(keepends=True) if "stopped" not in line]
+    addresses = {"gRPC": f"unix:{sock}"}
+    for door, pattern in {"E2B": r"E2B API on (http://\S+)", "MCP": r"MCP server \(streamable HTTP\) on (http://\S+)",
+                          "HTTP": r"HTTP endpoint \(/metrics, /healthz, console\) on (http://\S+)"}.items():
+        found = [m.group(1) for m in map(re.compile(pattern).search, started) if m]
+        assert len(found) == 1, (door, started)
+        addresses[door] = found[0]
+    for door, address in addresses.items():
+        said = [line for line in started if re.search(re.escape(address) + r"(?![\d/])", line)]
+        assert len(said) == 1, (door, said)
+
+
+def test_a_reload_refuses_what_serve_would_refuse_with_the_same_words(tmp_path):
+    _token_file(tmp_path, "f" * 32)
+    sock = tmp_path / "executor.sock"
+    config = tmp_path / "callbox.toml"
+    good = (f'[doors.grpc]\nlisten = "unix:{sock}"\n[auth]\ntoken_file = "tokens"\n[audit]\ndb = "audit.sqlite3"\n'
+            '[service]\nkeep_sandboxes = false\n')
+    config.write_text(good)
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(120)
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli.main", "serve", "--config", str(config)],
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+    try:
+        assert proc.stderr is not None
+        assert notify.recv(4096).decode().split("\n") == ["READY=1", "STATUS=serving"]
+        config.write_text(good + '[doors.e2b]\nlisten = "0.0.0.0:0"\n[limits]\nmax_per_client = 3\n')
+        checked = subprocess.run([sys.executable, "-m", "harness.cli.main", "config", "check", str(config)],
+                                 capture_output=True, text=True, timeout=120, check=False)
+        assert checked.returncode == 2
+        verdict = checked.stderr.strip().removeprefix("callbox: ")
+        assert "[doors.e2b] listen = '0.0.0.0:0': refusing to serve the E2B API" in verdict
+        proc.send_signal(signal.SIGHUP)
+        assert notify.recv(4096).decode().startswith("RELOADING=1")
+        refused = _line_with(proc.stderr, "reload refused")
+        assert refused.rstrip("\n") == f"callbox: reload refused, the running configuration stays: {verdict}"
+        assert notify.recv(4096).decode().startswith("READY=1")
+        with ExecutorClient(f"unix:{sock}", token="f" * 32) as client:
+            assert client.list_runs() is not None  # the running doors serve on
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stderr.read()
+        assert proc.wait(60) == 0
+        assert "max_per_client" not in rest  # nothing of the refused file applied
+    finally:
+        notify.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

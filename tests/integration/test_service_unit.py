@@ -54,7 +54,7 @@ def test_a_configuration_that_cannot_start_writes_no_unit(tmp_path: Path) -> Non
     units = tmp_path / "units"
     result = callbox("service", "install", "--config", str(config), "--unit-dir", str(units))
     assert result.returncode == 2
-    assert b"auth.token_file" in result.stderr and b"is not a file" in result.stderr
+    assert b"[auth] token_file = " in result.stderr and b"is not a file" in result.stderr
     assert not (units / "callbox.service").exists()
 
 

@@ -222,7 +222,7 @@ def test_a_file_the_loader_refuses_is_still_checked_item_by_item(tmp_path: Path)
     tokens.write_text(f"alice:{TOKEN}\n")
     tokens.chmod(0o644)
     path = tmp_path / "callbox.toml"
-    path.write_text('[doors.grpc]\nlisten = "127.0.0.1:0"\n[auth]\ntoken_file = "tokens"\n'
+    path.write_text('[doors.grpc]\nlisten = "127.0.0.1:0"\n[tls]\ninsecure = true\n[auth]\ntoken_file = "tokens"\n'
                     f'[audit]\ndb = "{tmp_path}/audit.db"\n')
     report = config_report(path)
     by_id = _by_id(report.results)

@@ -54,11 +54,15 @@ def test_relative_paths_are_taken_against_the_files_directory(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(("text", "problem"), [
-    ('[doors.grpc]\nlisten = ""\n[auth]\ntoken_file = "missing"\n', "auth.token_file = .* is not a file"),
-    ('[doors.grpc]\nlisten = ""\n[tls]\ncert = "tokens"\n', "tls.cert and tls.key go together"),
+    ('[doors.grpc]\nlisten = ""\n[auth]\ntoken_file = "missing"\n',
+     r"\[auth\] token_file = '.*/missing' is not a file; fix the path"),
+    ('[doors.grpc]\nlisten = ""\n[tls]\ncert = "tokens"\n',
+     r"\[tls\] cert = '.*/tokens' without \[tls\] key: TLS needs the certificate and its private key; add "
+     r"\[tls\] key \(PEM\), or remove \[tls\] cert"),
     ('[tls]\ninsecure = true\n', "no door to serve"),
     ('[doors.e2b]\nlisten = "127.0.0.1:0"\n[policy]\nfile = "nope.toml"\n',
-     "policy.file: policy file .* does not exist"),
+     r"\[policy\] file = '.*/nope.toml' is not a file; fix the path, or remove the key to serve the packaged "
+     r"default policy"),
 ])
 def test_the_files_it_names_are_checked(tmp_path: Path, text: str, problem: str) -> None:
     with pytest.raises(ConfigError, match=problem):
@@ -68,19 +72,20 @@ def test_the_files_it_names_are_checked(tmp_path: Path, text: str, problem: str)
 def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
     path = write_config(tmp_path, '[doors.grpc]\nlisten = ""\n[auth]\ntoken_file = "tokens"\n')
     (tmp_path / "tokens").chmod(0o644)
-    with pytest.raises(ConfigError, match=r"auth\.token_file: .*chmod 600"):
+    with pytest.raises(ConfigError, match=r"\[auth\] token_file: .*chmod 600"):
         load_config(path)
 
 
 def test_a_bad_policy_is_reported_through_the_config(tmp_path: Path) -> None:
     (tmp_path / "policy.toml").write_text("[sandbox]\nmemroy = 1\n")
     path = write_config(tmp_path, '[doors.grpc]\nlisten = ""\n[policy]\nfile = "policy.toml"\n')
-    with pytest.raises(ConfigError, match=r"policy\.file: .*unexpected key 'sandbox\.memroy'"):
+    with pytest.raises(ConfigError, match=r"\[policy\] file: policy file .*unexpected key 'sandbox\.memroy'"):
         load_config(path)
 
 
 def test_render_toml_round_trips_and_explains_what_is_unset(tmp_path: Path) -> None:
-    path = write_config(tmp_path, '[doors.grpc]\nlisten = "127.0.0.1:0"\n[auth]\ntoken_file = "tokens"\n')
+    path = write_config(tmp_path, '[doors.grpc]\nlisten = "127.0.0.1:0"\n[auth]\ntoken_file = "tokens"\n'
+                                  '[tls]\ninsecure = true\n')
     effective = load_config(path).effective()
     text = render_toml(effective)
     assert "# [doors.e2b]: not served" in text

@@ -100,13 +100,14 @@ def test_service_defaults_keep_sandboxes_and_leave_the_rest_off(tmp_path: Path) 
 @pytest.mark.parametrize(("text", "problem"), [
     ('[clients.builder]\nprofile = "nope"\n', r"clients\.builder\.profile: no \[profiles\.nope\] \(none is defined\)"),
     ('[clients.mallory]\n',
-     r"clients\.mallory: the token file .* has no client named 'mallory' \(it has alice, builder\)"),
+     r"\[clients\.mallory\]: the token file .* has no client named 'mallory' \(it has alice, builder\); fix the "
+     r"name"),
     ('[log]\nformat = "xml"\n', r"'log\.format' must be 'text' or 'json'"),
-    ('[log]\nfile = "nodir/x.log"\n', r"log\.file = .*: its directory does not exist"),
+    ('[log]\nfile = "nodir/x.log"\n', r"\[log\] file = '.*/nodir/x.log': its directory does not exist"),
     ('[telemetry]\notlp_endpoint = "127.0.0.1:4318"\n', r"telemetry\.otlp_endpoint"),
     ('[quotas]\nmemory = "lots"\n', r"quotas\.memory"),
     ('[quotas]\ncalls_per_minute = 0\n', r"'quotas\.calls_per_minute' must be greater than or equal to 1"),
-    ('[profiles.ci]\npolicy = "missing.toml"\n', r"profiles\.ci\.policy: "),
+    ('[profiles.ci]\npolicy = "missing.toml"\n', r"\[profiles\.ci\] policy = '.*/missing.toml' is not a file"),
     ('[pool]\nsize = 3\nmax = 1\n', r"pool\.max \(1\) must be at least pool\.size \(3\)"),
     ('[http]\n', r"missing required key 'http\.listen'"),
 ])
@@ -131,3 +132,26 @@ def test_an_unset_pool_says_what_applies_instead(tmp_path: Path) -> None:
     assert "# [pool]: the policy's [pool]" in text
     assert "# [http]: not served: no /metrics, /healthz or console" in text
     assert "# [profiles.NAME]: none" in text
+
+
+def test_sizes_render_as_a_user_writes_them_and_durations_with_their_unit(tmp_path: Path) -> None:
+    import re
+
+    (tmp_path / "logs").mkdir()
+    config = load_config(write(tmp_path, FULL + '[clients.alice.quotas]\nmemory = 1500000\n'))
+    assert config.log.max_bytes == 10 << 20 and config.quotas.memory == 16 << 30
+    text = render_toml(config.effective())
+    assert '\nmax_bytes = "10m"\n' in text  # the default, 10485760 bytes
+    assert '[quotas]\n' in text and '\nmemory = "16g"\n' in text
+    assert '\nmemory = "1500000b"\n' in text  # no whole number of KiB: bytes, said so
+    assert "\npause_s = 0.05  # seconds\n" in text
+    assert not re.search(r"= \d{6,}\b", text), text  # no raw byte count anywhere
+    assert parse_config(text, source="rendered", base=tmp_path).effective() == config.effective()
+    assert config.effective()["log"]["max_bytes"] == 10 << 20  # --json keeps numbers
+
+
+def test_log_max_bytes_takes_a_size(tmp_path: Path) -> None:
+    config = parse_config('[doors.grpc]\nlisten = ""\n[log]\nmax_bytes = "64k"\n', source="c", base=tmp_path)
+    assert config.log.max_bytes == 64 << 10
+    with pytest.raises(ConfigError, match=r"'log\.max_bytes' must be greater than or equal to 4096"):
+        parse_config('[doors.grpc]\nlisten = ""\n[log]\nmax_bytes = "1k"\n', source="c", base=tmp_path)

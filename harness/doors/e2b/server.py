@@ -48,6 +48,7 @@ import uvicorn
 
 from harness.audit.store import AuditStore
 from harness.core.policy import Policy, load_policy
+from harness.core.registry import ToolRegistry
 from harness.doors.e2b.app import E2bApp
 from harness.doors.e2b.boxes import E2bSandboxes
 from harness.doors.e2b.restart import adopt_e2b
@@ -139,6 +140,7 @@ def serve_e2b(
     tokens: TokenSet | None = None,
     token_file: Path | None = None,
     policy: Policy | None = None,
+    registry: ToolRegistry | None = None,
     audit: AuditStore | None = None,
     insecure: bool = False,
     tls_cert: Path | None = None,
@@ -161,8 +163,9 @@ def serve_e2b(
     ``sandboxes`` or ``executor``: serve those (shared; not destroyed by ``stop``). Otherwise
     an executor of the door's own is made from ``tokens`` (else ``token_file`` and the token
     sources of :func:`~harness.doors.grpc.tokens.server_tokens`; ``announce`` shows a token
-    generated on first start), ``policy`` (default: the packaged one), ``audit`` (default:
-    the default audit store) and the limits. ``services``, ``rest_routes``, ``envd_routes``
+    generated on first start), ``policy`` (default: the packaged one), ``registry`` (default:
+    the built-in tools and those the policy declares), ``audit`` (default: the default audit
+    store) and the limits. ``services``, ``rest_routes``, ``envd_routes``
     replace the door's own (tests). ``quotas`` and ``policies`` go to an executor of the
     door's own as in :func:`~harness.doors.grpc.server.serve_grpc` (a shared executor has
     its own). ``keep_sandboxes``: an executor of the door's own leaves its sandboxes running
@@ -189,7 +192,7 @@ def serve_e2b(
             served = policy or load_policy(None)
             try:
                 executor = ExecutorService(
-                    registry=registry_for(served), policy=served, audit=store, tokens=token_set,
+                    registry=registry or registry_for(served), policy=served, audit=store, tokens=token_set,
                     limits=Limits(max_sandboxes_per_client=max_sandboxes_per_client,
                                   max_sandboxes_total=max_sandboxes_total),
                     engine_factory=engine_factory, quotas=quotas, policies=policies,
@@ -236,5 +239,5 @@ def serve_e2b(
     handle.start()
     if owns:
         sandboxes.executor.start_reaper(reaper_interval_s)
-    log.info("E2B API on %s (%d API key(s) from %s)", handle.url, len(keys), keys.source)
+    log.debug("E2B API on %s (%d API key(s) from %s)", handle.url, len(keys), keys.source)
     return handle

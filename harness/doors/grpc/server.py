@@ -127,8 +127,9 @@ class Address:
         return f"unix:{self.value}" if self.kind == "unix" else self.value
 
 
-def parse_address(text: str | None) -> Address:
-    """``None``/``""`` (the default socket), ``unix:PATH``, a path, or ``HOST:PORT``."""
+def parse_address(text: str | None, *, name: str = "--grpc") -> Address:
+    """``None``/``""`` (the default socket), ``unix:PATH``, a path, or ``HOST:PORT``; a
+    ServeError names the setting as ``name`` (``"[doors.grpc] listen ="`` for a file's key)."""
     raw = (text or "").strip()
     if not raw:
         return Address("unix", str(default_socket_path()))
@@ -137,18 +138,18 @@ def parse_address(text: str | None) -> Address:
         if path.startswith("//"):
             path = path[2:]
         if not path:
-            raise ServeError(f"--grpc {text!r}: unix: needs a socket path, e.g. unix:/run/callbox/executor.sock")
+            raise ServeError(f"{name} {text!r}: unix: needs a socket path, e.g. unix:/run/callbox/executor.sock")
         return Address("unix", os.path.abspath(path))
     if "/" in raw:
         return Address("unix", os.path.abspath(raw))
     host, sep, port = raw.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ServeError(
-            f"--grpc {text!r} is neither a socket path nor HOST:PORT; use e.g. 127.0.0.1:50051, [::1]:50051, "
+            f"{name} {text!r} is neither a socket path nor HOST:PORT; use e.g. 127.0.0.1:50051, [::1]:50051, "
             "or unix:/path/executor.sock"
         )
     if host.startswith("[") != host.endswith("]"):
-        raise ServeError(f"--grpc {text!r}: write an IPv6 host in brackets, e.g. [::1]:{port}")
+        raise ServeError(f"{name} {text!r}: write an IPv6 host in brackets, e.g. [::1]:{port}")
     return Address("tcp", f"{host or '0.0.0.0'}:{int(port)}")  # noqa: S104 (":PORT" means every interface)
 
 
@@ -516,6 +517,6 @@ def serve_grpc(
         server=server, service=service, health_service=health_service, address=address,
         port=port if address.kind == "tcp" else None, tls=tls, socket_inode=inode, owned_audit=owned_audit,
     )
-    log.info("gRPC executor listening on %s (%d client token(s) from %s)", handle.target, len(token_set),
-             token_set.source)
+    log.debug("gRPC executor listening on %s (%d client token(s) from %s)", handle.target, len(token_set),
+              token_set.source)
     return handle

@@ -45,6 +45,7 @@ __all__ = [
     "TokenSet",
     "bearer_token",
     "client_token",
+    "configured_tokens",
     "default_state_dir",
     "default_token_file",
     "generate_token",
@@ -222,6 +223,24 @@ def server_tokens(
     When none is configured, a token is generated into the default file and ``announce``
     is called once with a message that shows it (the CLI prints it to stderr).
     """
+    found = configured_tokens(token_file, env=env)
+    if found is not None:
+        return found
+    path = default_token_file()
+    if not path.exists():
+        token = generate_token()
+        if _write_new_token_file(path, token) and announce is not None:
+            announce(
+                f"generated a bearer token for client {DEFAULT_CLIENT!r} and saved it in {path} (mode 0600); "
+                f"clients send `authorization: Bearer {token}` (export {TOKEN_ENV}={token})"
+            )
+    return load_token_file(path)
+
+
+def configured_tokens(token_file: Path | None = None, *, env: Mapping[str, str] | None = None) -> TokenSet | None:
+    """The tokens :func:`server_tokens` would return, read without writing anything: None
+    when none is configured and the default file does not exist yet (a server's first
+    start generates it). TokenError for tokens that cannot be used."""
     environ = os.environ if env is None else env
     if token_file is not None:
         return load_token_file(token_file)
@@ -233,14 +252,7 @@ def server_tokens(
     if file_env:
         return load_token_file(Path(file_env))
     path = default_token_file()
-    if not path.exists():
-        token = generate_token()
-        if _write_new_token_file(path, token) and announce is not None:
-            announce(
-                f"generated a bearer token for client {DEFAULT_CLIENT!r} and saved it in {path} (mode 0600); "
-                f"clients send `authorization: Bearer {token}` (export {TOKEN_ENV}={token})"
-            )
-    return load_token_file(path)
+    return load_token_file(path) if path.exists() else None
 
 
 def client_token(env: Mapping[str, str] | None = None, token_file: Path | None = None) -> str:

@@ -171,6 +171,6 @@ def _serve(listen: str, *, tokens: TokenSet, executor: ExecutorService | None, a
     handle = HttpServer(server=ReadyUvicorn(config), sock=sock, host=host, tls=tls, console=console, sessions=sessions,
                         ping=ping, close_audit=close_audit)
     handle.start()
-    log.info("HTTP endpoint on %s: /metrics, /healthz, console (%d token(s) from %s)", handle.url, len(tokens),
+    log.debug("HTTP endpoint on %s: /metrics, /healthz, console (%d token(s) from %s)", handle.url, len(tokens),
              tokens.source)
     return handle

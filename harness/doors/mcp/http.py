@@ -266,7 +266,7 @@ def serve_mcp_http(
     app = mcp_http_app(service, host=host, idle_timeout_s=idle_timeout_s, max_sessions=max_sessions, tokens=tokens)
     handle = McpHttpServer(service, _uvicorn_server(app), sock, host)
     handle.start()
-    log.info("MCP server listening on %s", handle.url)
+    log.debug("MCP server listening on %s", handle.url)
     return handle
 
 
