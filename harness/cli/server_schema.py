@@ -148,19 +148,29 @@ class ServerConfig(_Section):
     """A ``callbox serve`` configuration file."""
 
     doors: Doors = Doors()
+    """``[doors.NAME]``: the doors served and where each listens; the file must name at least one."""
     tls: Tls = Tls()
+    """``[tls]``: the certificate and key of the TCP doors, or ``insecure``."""
     auth: Auth = Auth()
+    """``[auth]``: the clients' tokens."""
     policy: PolicyRef = PolicyRef()
+    """``[policy]``: the policy file the doors serve with."""
     audit: Audit = Audit()
+    """``[audit]``: where the audit store is."""
     limits: Limits = Limits()
+    """``[limits]``: how many sandboxes may live at once, in all and per client."""
     http: Http | None = None
     """``[http]``: metrics, health and the console; absent: not served."""
     service: Service = Service()
+    """``[service]``: what a stop and a restart do with the live sandboxes."""
     log: Log = Log()
+    """``[log]``: the server's log: format, level, and a file instead of standard error."""
     telemetry: Telemetry = Telemetry()
+    """``[telemetry]``: traces of each call, sent over OTLP/HTTP."""
     pool: PoolSettings | None = None
     """``[pool]``: pre-started sandboxes, replacing the served policy's ``[pool]`` table."""
     runtime: Runtime = Runtime()
+    """``[runtime]``: the OCI runtime of the doors' sandboxes."""
     quotas: Quotas = Quotas()
     """``[quotas]``: every client's quotas (see :mod:`harness.doors.quotas`)."""
     profiles: dict[str, Profile] = Field(default_factory=dict)
