@@ -12,6 +12,7 @@ A page asks for a section with a marker line, ``<!-- generated: NAME -->`` alone
 ``exit-statuses``   the CLI's exit statuses
 ``bench-table``     ``docs/bench-results.json`` as a table (:mod:`docs.hooks.bench_reference`)
 ``bench-chart``     the same as an SVG chart (:mod:`docs.hooks.bench_chart`)
+``doctor-checks``   every check of ``callbox doctor`` (``harness.doctor.catalog.markdown``)
 ==================  ========================================================================
 
 An unknown marker, a malformed one, or a generator that cannot run (a field without a
@@ -61,7 +62,15 @@ def generators(page: str, docs_dir: Path) -> dict[str, Callable[[], str]]:
         "exit-statuses": errors_reference.generate_exit_statuses,
         "bench-table": lambda: bench_reference.generate_table(docs_dir),
         "bench-chart": lambda: bench_chart.generate(docs_dir),
+        "doctor-checks": doctor_checks,
     }
+
+
+def doctor_checks() -> str:
+    """The doctor's catalog, as the catalog itself renders it for the documentation."""
+    from harness.doctor.catalog import markdown
+
+    return f'<div class="callbox-ref" markdown>\n\n{markdown()}\n\n</div>\n'
 
 
 NAMES = tuple(generators("", Path(".")))

@@ -240,3 +240,11 @@ def test_a_broken_link_a_missing_anchor_or_a_page_outside_the_nav_fails_the_buil
     output = done.stdout + done.stderr
     assert done.returncode != 0, output
     assert "no-such-page.md" in output and "no-such-anchor" in output and "orphan.md" in output, output
+
+
+def test_every_doctor_check_is_in_the_troubleshooting_page(built_site: Path) -> None:
+    from harness.doctor.catalog import CHECKS
+
+    page = (_page_with(built_site, "<!-- generated: doctor-checks -->")).read_text()
+    missing = [check.id for check in CHECKS if f"<code>{check.id}</code>" not in page]
+    assert not missing, f"doctor checks missing from their table: {missing}"
