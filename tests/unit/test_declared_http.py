@@ -178,11 +178,9 @@ def test_an_http_tool_round_trips_through_json() -> None:
 
 
 def test_the_readme_http_example_loads_as_documented() -> None:
-    from pathlib import Path
+    from tests.doc_examples import block_with
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("### Declared tools\n", 1)[1].split("\n## ", 1)[0]
-    block = section.split("- **`http`**", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    block = block_with("toml", 'kind = "http"', 'name = "create_issue"').body
     policy = load("\n".join(line.removeprefix("  ") for line in block.splitlines()))
     tool = registry_for(policy).get("create_issue")
     assert tool is not None

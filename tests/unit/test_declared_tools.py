@@ -285,8 +285,9 @@ def test_without_declared_tools_the_registry_is_the_builtin_one() -> None:
 
 
 def test_the_readme_example_loads_and_decides_as_documented(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("### Declared tools\n", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    from tests.doc_examples import block_with
+
+    block = block_with("toml", 'name = "run_tests"', 'name = "add"').body
     (tmp_path / "project").mkdir()
     (tmp_path / "pytools").mkdir()
     policy = load(block, base_dir=tmp_path)
