@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 from harness.cli.options import UsageParser, engine_options, policy_engine, sandbox_options, say, spec_from_args
 from harness.core.calls import ErrorCode
 from harness.core.formats import FORMATS, parse_format, result_item, tool_definitions
+from harness.core.times import stamp
 
 COMMANDS = ("tools", "call", "approvals", "audit")
 
@@ -176,10 +176,11 @@ def _audit(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps([r.to_dict() for r in runs], indent=2, default=str))
             return 0
-        print(f"{'RUN':<34}{'CREATED':<21}{'CALLS':>6}  END")
-        for r in runs:
-            created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
-            print(f"{r.id:<34}{created:<21}{r.calls:>6}  {r.end_reason or ''}")
+        created = [stamp(r.created) for r in runs]
+        created_w = _width(9, created)
+        print(f"{'RUN':<34}{'CREATED':<{created_w}}{'CALLS':>6}  END")
+        for r, when in zip(runs, created, strict=True):
+            print(f"{r.id:<34}{when:<{created_w}}{r.calls:>6}  {r.end_reason or ''}")
         return 0
 
 
