@@ -406,7 +406,7 @@ class Policy(BaseModel):
         try:
             return self.sandbox_spec().for_host(host)
         except SpecError as exc:
-            raise PolicyError(f"key '{self._spec_key(exc.key)}': {exc.message}") from None
+            raise PolicyError(f"key '{self._spec_key(exc.key)}': {exc.problem}") from None
 
     def mount_settings(self) -> list[tuple[str, MountSetting]]:
         """Every mount of the run's sandbox with its key: ``[sandbox] mounts``, then the mounts

@@ -184,6 +184,42 @@ def test_exec_pids_out_of_range_is_readable(capsys: pytest.CaptureFixture[str]) 
     assert "pids" in line
 
 
+@pytest.mark.parametrize(("flags", "line"), [
+    (["--memory", "1k"], "callbox: --memory: 1k is below the minimum of 32m"),
+    (["--memory", "1500"], "callbox: --memory: 1500 is below the minimum of 32m"),
+    (["--pids", "0"], "callbox: --pids: 0 is below the minimum of 8 (allowed: 8 to 65536)"),
+    (["--pids", "100000"], "callbox: --pids: 100000 is above the maximum of 65536 (allowed: 8 to 65536)"),
+    (["--cpus", "0"], "callbox: --cpus: 0 is below the minimum of 0.01 (the smallest CPU quota Docker accepts)"),
+    (["--memory", "64t"], "callbox: --memory: 64t is more than the "),
+    (["--workdir", "work"], "callbox: --workdir: workdir 'work' must be an absolute path inside the sandbox"),
+    (["--env", "1BAD=x"], "callbox: --env: environment variable name '1BAD' is not valid"),
+    (["--mount", "/tmp:/proc"], "callbox: --mount /tmp:/proc: mount target '/proc' would cover /proc, which the "
+                                "sandbox needs"),
+])
+def test_exec_sandbox_flags_out_of_range_name_the_flag_and_what_is_allowed(
+        capsys: pytest.CaptureFixture[str], flags: list[str], line: str) -> None:
+    got = _usage_error(capsys, ["exec", *flags, "--", "true"])
+    assert got.startswith(line), got
+    assert "Input should" not in got and "33554432" not in got
+
+
+def test_call_names_the_flag_over_a_policy(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    policy = tmp_path / "p.toml"
+    policy.write_text("[sandbox]\npids = 64\n")
+    line = _usage_error(capsys, ["call", "shell", '{"command": "true"}', "--policy", str(policy),
+                                 "--audit-db", str(tmp_path / "a.db"), "--pids", "4"])
+    assert line == "callbox: --pids: 4 is below the minimum of 8 (allowed: 8 to 65536)"
+
+
+def test_call_names_the_policy_key_when_the_policy_set_it(capsys: pytest.CaptureFixture[str],
+                                                         tmp_path: Path) -> None:
+    policy = tmp_path / "p.toml"
+    policy.write_text('[sandbox]\nmemory = "1k"\n')
+    line = _usage_error(capsys, ["call", "shell", '{"command": "true"}', "--policy", str(policy),
+                                 "--audit-db", str(tmp_path / "a.db")])
+    assert line.startswith(f"callbox: policy file {policy}: key 'sandbox.memory': 1k is below the minimum of 32m")
+
+
 def test_unreachable_engine_is_125_and_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     """Sanity check of the fixture: a valid exec fails closed on the missing engine."""
     code = cli.main(["exec", "--", "true"])

@@ -105,7 +105,7 @@ def test_service_defaults_keep_sandboxes_and_leave_the_rest_off(tmp_path: Path) 
     ('[log]\nfile = "nodir/x.log"\n', r"log\.file = .*: its directory does not exist"),
     ('[telemetry]\notlp_endpoint = "127.0.0.1:4318"\n', r"telemetry\.otlp_endpoint"),
     ('[quotas]\nmemory = "lots"\n', r"quotas\.memory"),
-    ('[quotas]\ncalls_per_minute = 0\n', r"'quotas\.calls_per_minute' must be greater than or equal to 1"),
+    ('[quotas]\ncalls_per_minute = 0\n', r"'quotas\.calls_per_minute': 0 is below the minimum of 1"),
     ('[profiles.ci]\npolicy = "missing.toml"\n', r"profiles\.ci\.policy: "),
     ('[pool]\nsize = 3\nmax = 1\n', r"pool\.max \(1\) must be at least pool\.size \(3\)"),
     ('[http]\n', r"missing required key 'http\.listen'"),
