@@ -132,6 +132,15 @@ def test_exec_bad_output_cap(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--output-cap" in line
 
 
+@pytest.mark.parametrize("command", [["exec"], ["sandbox", "exec", "web"]])
+@pytest.mark.parametrize("cap", ["0", "0m"])
+def test_an_output_cap_of_0_is_refused_saying_there_is_no_uncapped_output(
+        capsys: pytest.CaptureFixture[str], command: list[str], cap: str) -> None:
+    line = _usage_error(capsys, [*command, "--output-cap", cap, "--", "true"])
+    assert line.startswith(f"callbox: --output-cap: {cap} is below the minimum of 1 byte; output is always capped")
+    assert line.endswith("to keep more, pass a larger size, e.g. --output-cap 64m")
+
+
 def test_exec_mount_without_a_target(capsys: pytest.CaptureFixture[str]) -> None:
     line = _usage_error(capsys, ["exec", "--mount", "/tmp", "--", "true"])
     assert "HOST:CONTAINER" in line
