@@ -48,20 +48,23 @@ def add_parsers(sub: Any) -> None:
     engine_options(call)
 
     approvals = sub.add_parser("approvals", help="list and resolve calls waiting for approval")
-    approvals.add_argument("--audit-db", type=Path, help="audit store")
+    read_db = "audit store, which must exist (default $CALLBOX_AUDIT_DB or the state dir)"
+    approvals.add_argument("--audit-db", type=Path, help=read_db)
     verbs = approvals.add_subparsers(dest="approvals_command", required=True, parser_class=UsageParser)
     listing = verbs.add_parser("list", help="pending approvals (all with --all)")
     listing.add_argument("--all", action="store_true", help="also resolved ones")
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
-    for verb in ("approve", "deny"):
-        resolve = verbs.add_parser(verb, help=f"{verb} a pending call")
+    resolving = [verbs.add_parser(verb, help=f"{verb} a pending call") for verb in ("approve", "deny")]
+    for resolve in resolving:
         resolve.add_argument("id", help="approval id (from `callbox approvals list`)")
         resolve.add_argument("--reason", help="why; a denial's reason is shown to the model")
+    for verb in (listing, *resolving):  # after the verb too (`approvals list --audit-db FILE`)
+        verb.add_argument("--audit-db", type=Path, default=argparse.SUPPRESS, help=read_db)
 
     audit = sub.add_parser("audit", help="show runs and calls from the audit store")
     audit.add_argument("--run", help="the calls of one run (default: recent runs)")
     audit.add_argument("--json", action="store_true", help="print JSON")
-    audit.add_argument("--audit-db", type=Path, help="audit store")
+    audit.add_argument("--audit-db", type=Path, help=read_db)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,7 +131,7 @@ def _approvals(args: argparse.Namespace) -> int:
     from harness.audit.records import ACTION_TOOL_PREFIX
     from harness.audit.store import AuditStore
 
-    with AuditStore(args.audit_db) as audit:
+    with AuditStore(args.audit_db, create=False) as audit:
         if args.approvals_command == "list":
             approvals = audit.list_approvals(None if args.all else "pending")
             if args.json:
@@ -155,7 +158,7 @@ def _approvals(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
     from harness.audit.store import AuditStore
 
-    with AuditStore(args.audit_db) as audit:
+    with AuditStore(args.audit_db, create=False) as audit:
         if args.run:
             calls = audit.calls_for_run(args.run)
             if args.json:

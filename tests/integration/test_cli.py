@@ -176,6 +176,9 @@ def test_exec_into_a_closed_pipe_ends_quietly_and_destroys_its_sandbox(engine, s
 
 
 def test_tools_and_audit_into_a_closed_pipe_exit_141_quietly(tmp_path):
+    from harness.audit.store import AuditStore
+
+    AuditStore(tmp_path / "audit.sqlite3").close()  # audit reads an existing store
     env = {**os.environ, "CALLBOX_AUDIT_DB": str(tmp_path / "audit.sqlite3")}
     for argv in (["tools"], ["audit"]):
         read_end, write_end = os.pipe()
