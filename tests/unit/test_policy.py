@@ -754,12 +754,17 @@ def test_max_wall_time() -> None:
 
 def test_call_timeout_is_clamped_to_the_ceiling() -> None:
     b = policy("[budgets]\ncall_timeout_ceiling_s = 120\ndefault_call_timeout_s = 10").budgets
-    assert b.call_timeout(None) == (10, None, False)
-    assert b.call_timeout(60) == (60, 60, False)
-    assert b.call_timeout(120) == (120, 120, False)
+    assert b.call_timeout(None)[:3] == (10, None, False)
+    assert b.call_timeout(60)[:3] == (60, 60, False)
+    assert b.call_timeout(120)[:3] == (120, 120, False)
     clamped = b.call_timeout(900)
-    assert clamped == (120, 900, True)
+    assert clamped[:3] == (120, 900, True)
     assert clamped.meta() == {"timeout_clamped": {"requested_s": 900, "ceiling_s": 120}}
-    assert b.call_timeout(60).meta() == {}
+    assert clamped.note() == ("Timeout lowered: timeout 900 is above this sandbox's ceiling; the command got "
+                              "timeout 120 (120 s).")
+    in_ms = b.call_timeout(99999.999, argument="timeout_ms", unit_s=0.001)
+    assert in_ms.note() == ("Timeout lowered: timeout_ms 99999999 is above this sandbox's ceiling; the command got "
+                            "timeout_ms 120000 (120 s).")
+    assert b.call_timeout(60).meta() == {} and b.call_timeout(60).note() == ""
     with pytest.raises(ValueError, match="a call timeout must be positive, got 0"):
         b.call_timeout(0)
