@@ -272,6 +272,9 @@ def closed_stdout(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
                                   ["approvals", "list"]])
 def test_a_closed_stdout_ends_quietly_with_141(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+    from harness.audit.store import AuditStore
+
+    AuditStore(tmp_path / "audit.sqlite3").close()  # audit and approvals read an existing store
     monkeypatch.setenv("CALLBOX_AUDIT_DB", str(tmp_path / "audit.sqlite3"))
     with closed_stdout(monkeypatch):
         code = cli.main(argv)
