@@ -134,8 +134,8 @@ def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, *,
         spec = SandboxSpec.model_validate(fields).for_host()
     except ValidationError as exc:
         raise UsageError(describe_validation_error(exc, SandboxSpec, name=named)[0]) from None
-    except SpecError as exc:
-        raise UsageError(f"{named(exc.key)}: {exc.problem}") from None
+    except SpecError as exc:  # the setting's name it starts with becomes its flag's; a mount's names the mount
+        raise UsageError(exc.message if exc.problem == exc.message else f"{named(exc.key)}: {exc.problem}") from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if base is not None and weaker_runtime(spec.runtime, base.runtime):
