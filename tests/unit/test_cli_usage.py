@@ -212,6 +212,14 @@ def test_exec_sandbox_flags_out_of_range_name_the_flag_and_what_is_allowed(
     assert "Input should" not in got and "33554432" not in got
 
 
+def test_run_loop_options_out_of_range_name_the_flag_and_the_minimum(capsys: pytest.CaptureFixture[str],
+                                                                      tmp_path: Path) -> None:
+    line = _usage_error(capsys, ["run", "--model", "openai:m", "--task", "t", "--max-turns", "0",
+                                 "--audit-db", str(tmp_path / "a.db")])
+    assert line == "callbox: --max-turns: 0 is below the minimum of 1"
+    assert not (tmp_path / "a.db").exists()
+
+
 def test_call_names_the_flag_over_a_policy(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     policy = tmp_path / "p.toml"
     policy.write_text("[sandbox]\npids = 64\n")
