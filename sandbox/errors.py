@@ -49,8 +49,17 @@ _R = TypeVar("_R")
 _E = TypeVar("_E")
 
 COMMAND_NOT_FOUND = "command not found"
-"""How a SPAWN_FAILED message ends when the program does not exist (``ls: command not
-found``, as a shell says it); the harness tells 127 from 126 by it."""
+"""How a SPAWN_FAILED message ends when no PATH directory holds the program (``ls: command
+not found``, as a shell says it)."""
+NO_SUCH_FILE = "no such file or directory"
+"""How a SPAWN_FAILED message ends when the program's path leads to nothing (``./run:
+no such file or directory``, as a shell says it)."""
+
+
+def program_missing(message: str) -> bool:
+    """Whether a SPAWN_FAILED message says the program does not exist (a shell's exit
+    status 127) rather than that it cannot run (126); the harness tells the two apart by it."""
+    return message.endswith((COMMAND_NOT_FOUND, NO_SUCH_FILE))
 
 
 class AgentError(Exception):

@@ -9,10 +9,20 @@ shell would say it.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Mapping, Sequence
 
-from sandbox.errors import BUSY, COMMAND_NOT_FOUND, INTERNAL, INVALID_ARGUMENT, SPAWN_FAILED, AgentError
+from sandbox.errors import (
+    BUSY,
+    COMMAND_NOT_FOUND,
+    INTERNAL,
+    INVALID_ARGUMENT,
+    NO_SUCH_FILE,
+    SPAWN_FAILED,
+    AgentError,
+)
 from sandbox.launch import BASE_ENV, Child, DirectLauncher, Identity, Launcher, ToolUser
 from sandbox.spawner import SpawnerDied
 
@@ -64,34 +74,86 @@ class ToolStarter:
         """Start ``argv`` in ``cwd``; AgentError if it cannot start. ``blame_cwd`` False words
         every failure as the program's, even one entering ``cwd``. ``terminal``: the slave side
         of a pseudo-terminal, the child's stdio and controlling terminal (see ``launch``)."""
+        env = self.environment(extra_env)
         try:
             if terminal is not None:
-                return self.launcher.launch(list(argv), cwd, self.environment(extra_env), self.identity(marker),
+                return self.launcher.launch(list(argv), cwd, env, self.identity(marker),
                                             with_stdin=True, terminal=terminal)
-            return self.launcher.launch(
-                list(argv), cwd, self.environment(extra_env), self.identity(marker), with_stdin=with_stdin
-            )
+            return self.launcher.launch(list(argv), cwd, env, self.identity(marker), with_stdin=with_stdin)
         except SpawnerDied as exc:
             raise AgentError(INTERNAL, f"cannot start {argv[0]}: {exc}") from None
         except OSError as exc:
-            raise start_error(exc, argv[0], cwd if blame_cwd else None) from None
+            raise start_error(exc, argv[0], cwd, blame_cwd=blame_cwd, search_path=env.get("PATH", "")) from None
 
 
-def start_error(exc: OSError, program: str, cwd: str | None) -> AgentError:
-    """Why ``program`` did not start, in a shell's words. The child changes into ``cwd``
-    with the tool user's permissions: a failure there names the directory, not the program."""
+def start_error(exc: OSError, program: str, cwd: str, *, blame_cwd: bool = True,
+                search_path: str = "") -> AgentError:
+    """Why ``program`` did not start, in a shell's words (``search_path``: the PATH it was
+    looked up in). The child changes into ``cwd`` with the tool user's permissions: unless
+    ``blame_cwd`` is False, a failure there names the directory, not the program."""
     if isinstance(exc, BlockingIOError):
         return AgentError(
             BUSY, f"cannot start {program}: the sandbox's process limit is reached; retry when processes exit"
         )
-    if cwd is not None and exc.filename is not None and exc.filename == cwd:
+    if blame_cwd and exc.filename is not None and exc.filename == cwd:
         if isinstance(exc, FileNotFoundError | NotADirectoryError):
             return AgentError(SPAWN_FAILED, f"working directory {cwd} does not exist")
         return AgentError(
             SPAWN_FAILED, f"cannot enter the working directory {cwd}: {exc.strerror or exc} (as the tool user)"
         )
-    if isinstance(exc, FileNotFoundError):
-        return AgentError(SPAWN_FAILED, f"{program}: {COMMAND_NOT_FOUND}")
+    return AgentError(SPAWN_FAILED, f"{program}: {cannot_run(exc, program, cwd, search_path)}")
+
+
+def cannot_run(exc: OSError, program: str, cwd: str, search_path: str) -> str:
+    """What a shell would say of ``program`` that exec refused with ``exc``: ``command not
+    found`` for a name found on no PATH directory, ``no such file or directory`` for a path
+    to nothing (both exit 127 in a shell), else why the file found cannot run (126)."""
+    found = _program_file(program, cwd, search_path)
+    if found is None:
+        return NO_SUCH_FILE if "/" in program else COMMAND_NOT_FOUND
+    try:
+        info = os.stat(found)
+    except OSError:
+        info = None
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        return "is a directory, not a program"
+    if isinstance(exc, FileNotFoundError):  # the file is there: what it asks to run is not
+        interpreter = _interpreter(found)
+        if interpreter:
+            return f"cannot run it: its interpreter {interpreter} (its #! line) does not exist in the sandbox"
+        return f"cannot run it: {exc.strerror or exc}"
     if isinstance(exc, PermissionError):
-        return AgentError(SPAWN_FAILED, f"{program}: permission denied")
-    return AgentError(SPAWN_FAILED, f"{program}: {exc.strerror or exc}")
+        if info is not None and stat.S_ISREG(info.st_mode) and not info.st_mode & 0o111:
+            return (f"permission denied: the file is not executable (no x permission); `chmod +x {program}`, "
+                    f"or run it with its interpreter (e.g. `sh {program}`)")
+        return "permission denied"
+    if exc.errno == errno.ENOEXEC:
+        return "cannot run it: it is neither a program for this machine nor a script with a #! line"
+    return str(exc.strerror or exc)
+
+
+def _program_file(program: str, cwd: str, search_path: str) -> str | None:
+    """The file exec tried for ``program``: the path itself when it has a ``/`` (relative to
+    ``cwd``), else the first entry of ``search_path`` that holds it and is no directory (a
+    shell passes over directories there); None when there is none."""
+    if "/" in program:
+        path = os.path.join(cwd, program)
+        return path if os.path.lexists(path) else None
+    for directory in search_path.split(":"):
+        candidate = os.path.join(directory or cwd, program)
+        if os.path.exists(candidate) and not os.path.isdir(candidate):
+            return candidate
+    return None
+
+
+def _interpreter(path: str) -> str:
+    """The interpreter a script's ``#!`` line names ("" when it has none or cannot be read)."""
+    try:
+        with open(path, "rb") as file:
+            first = file.readline(256)
+    except OSError:
+        return ""
+    if not first.startswith(b"#!"):
+        return ""
+    words = first[2:].decode("utf-8", "replace").split()
+    return words[0] if words else ""

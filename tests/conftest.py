@@ -7,6 +7,7 @@ CI=true it fails them, because in CI every Docker and security test must run.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -114,3 +115,23 @@ def net_engine(engine, destination):  # type: ignore[no-untyped-def]
 
     return DockerEngine(engine.client, run_root=engine.run_root, reap_on_start=False,
                         egress_test_network=destination.network, egress_test_hosts=DEST_HOSTS)
+
+
+@pytest.fixture
+def local_zone(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Sets this process's local time zone (a ``TZ`` value such as ``UTC`` or ``CET-1``) for
+    the test; the zone it had comes back after it."""
+
+    def use(zone: str) -> None:
+        monkeypatch.setenv("TZ", zone)
+        time.tzset()
+
+    yield use
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.fixture
+def utc_zone(local_zone: Callable[[str], None]) -> None:
+    """Local time is UTC for the test (callbox shows moments in local time with their zone)."""
+    local_zone("UTC")

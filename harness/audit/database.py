@@ -27,7 +27,7 @@ from harness.audit.schema import add_columns, ensure_call_counts, migrate
 from harness.core.errors import ErrorCode
 from harness.engine.docker.labels import Owner
 
-__all__ = ["BUSY_TIMEOUT_S", "ENSURE_RUN", "Database", "default_audit_path"]
+__all__ = ["BUSY_TIMEOUT_S", "DEFAULT_WHERE", "ENSURE_RUN", "Database", "default_audit_path", "missing_database"]
 
 log = logging.getLogger("callbox.audit")
 
@@ -43,6 +43,11 @@ ENSURE_RUN = "INSERT INTO runs (id, created) VALUES (?, ?) ON CONFLICT (id) DO N
 """Record a run, unless it is recorded already (a call or approval of a run never started)."""
 
 
+DEFAULT_WHERE = ("$CALLBOX_AUDIT_DB, else $XDG_STATE_HOME/callbox/audit.sqlite3, else "
+                 "~/.local/state/callbox/audit.sqlite3")
+"""Where the audit database is when no path is given, in words."""
+
+
 def default_audit_path() -> Path:
     """``$CALLBOX_AUDIT_DB``, else ``$XDG_STATE_HOME/callbox/audit.sqlite3``, else
     ``~/.local/state/callbox/audit.sqlite3`` (a relative XDG_STATE_HOME is ignored, as the
@@ -53,6 +58,22 @@ def default_audit_path() -> Path:
     xdg = os.environ.get("XDG_STATE_HOME")
     base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "state"
     return base / "callbox" / "audit.sqlite3"
+
+
+def missing_database(path: Path, *, given: bool) -> AuditError:
+    """The refusal to read audit database ``path``, which does not exist; ``given``: it was
+    asked for by path (``--audit-db``), else it is the default. Reading never creates one:
+    a mistyped path would otherwise read as an empty store."""
+    default = default_audit_path()
+    if given:
+        return AuditError(
+            f"the audit database {path} does not exist; check the path, or leave --audit-db out for the default, "
+            f"{DEFAULT_WHERE} (here {default}); reading never creates one (call, run and serve do)",
+            code=ErrorCode.NOT_FOUND)
+    source = "$CALLBOX_AUDIT_DB" if os.environ.get("CALLBOX_AUDIT_DB") else f"the default: {DEFAULT_WHERE}"
+    return AuditError(
+        f"the audit database {path} ({source}) does not exist: nothing has been recorded there yet; call, run and "
+        "serve create it as they record; pass --audit-db FILE to read another one", code=ErrorCode.NOT_FOUND)
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -83,8 +104,13 @@ class Database:
     locking); fork-aware (a forked child opens its own connection). Use as a context manager
     or call ``close()``."""
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, *, create: bool = True) -> None:
+        """Open the database at ``path`` (None: :func:`default_audit_path`), creating it (and
+        its directories) unless ``create`` is False: then one that does not exist is an
+        AuditError naming the path and the default (:func:`missing_database`)."""
         self.path = Path(path) if path is not None else default_audit_path()
+        if not create and not self.path.exists():
+            raise missing_database(self.path, given=path is not None)
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = -1

@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import json
 import sys
-import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,6 +25,7 @@ from harness.cli.options import UsageParser, engine_options, policy_engine, sand
 from harness.core.calls import ToolResult
 from harness.core.errors import ERRORS, EXIT_CALLBOX_FAILED, EXIT_ERROR_RESULT, EXIT_OK
 from harness.core.formats import FORMATS, parse_format, result_item, tool_definitions
+from harness.core.times import stamp
 
 COMMANDS = ("tools", "call", "approvals", "audit")
 
@@ -49,20 +49,23 @@ def add_parsers(sub: Any) -> None:
     engine_options(call)
 
     approvals = sub.add_parser("approvals", help="list and resolve calls waiting for approval")
-    approvals.add_argument("--audit-db", type=Path, help="audit store")
+    read_db = "audit store, which must exist (default $CALLBOX_AUDIT_DB or the state dir)"
+    approvals.add_argument("--audit-db", type=Path, help=read_db)
     verbs = approvals.add_subparsers(dest="approvals_command", required=True, parser_class=UsageParser)
     listing = verbs.add_parser("list", help="pending approvals (all with --all)")
     listing.add_argument("--all", action="store_true", help="also resolved ones")
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
-    for verb in ("approve", "deny"):
-        resolve = verbs.add_parser(verb, help=f"{verb} a pending call")
+    resolving = [verbs.add_parser(verb, help=f"{verb} a pending call") for verb in ("approve", "deny")]
+    for resolve in resolving:
         resolve.add_argument("id", help="approval id (from `callbox approvals list`)")
         resolve.add_argument("--reason", help="why; a denial's reason is shown to the model")
+    for verb in (listing, *resolving):  # after the verb too (`approvals list --audit-db FILE`)
+        verb.add_argument("--audit-db", type=Path, default=argparse.SUPPRESS, help=read_db)
 
     audit = sub.add_parser("audit", help="show runs and calls from the audit store")
     audit.add_argument("--run", help="the calls of one run (default: recent runs)")
     audit.add_argument("--json", action="store_true", help="print JSON")
-    audit.add_argument("--audit-db", type=Path, help="audit store")
+    audit.add_argument("--audit-db", type=Path, help=read_db)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -147,7 +150,7 @@ def _approvals(args: argparse.Namespace) -> int:
     from harness.audit.records import ACTION_TOOL_PREFIX
     from harness.audit.store import AuditStore
 
-    with AuditStore(args.audit_db) as audit:
+    with AuditStore(args.audit_db, create=False) as audit:
         if args.approvals_command == "list":
             approvals = audit.list_approvals(None if args.all else "pending")
             if args.json:
@@ -175,7 +178,7 @@ def _audit(args: argparse.Namespace) -> int:
     from harness.audit.interruptions import audit_line
     from harness.audit.store import AuditStore
 
-    with AuditStore(args.audit_db) as audit:
+    with AuditStore(args.audit_db, create=False) as audit:
         if args.run:
             calls = audit.calls_for_run(args.run)
             if args.json:
@@ -200,10 +203,11 @@ def _audit(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps([r.to_dict() for r in runs], indent=2, default=str))
             return 0
-        print(f"{'RUN':<34}{'CREATED':<21}{'CALLS':>6}  END")
-        for r in runs:
-            created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
-            print(f"{r.id:<34}{created:<21}{r.calls:>6}  {r.end_reason or ''}")
+        created = [stamp(r.created) for r in runs]
+        created_w = _width(9, created)
+        print(f"{'RUN':<34}{'CREATED':<{created_w}}{'CALLS':>6}  END")
+        for r, when in zip(runs, created, strict=True):
+            print(f"{r.id:<34}{when:<{created_w}}{r.calls:>6}  {r.end_reason or ''}")
         return 0
 
 

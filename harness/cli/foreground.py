@@ -46,7 +46,8 @@ def foreground_options(parser: argparse.ArgumentParser, *, json_help: str,
     parser.add_argument("--timeout", type=timeout_seconds, default=timeout_default,
                         help="wall-clock limit in seconds, at most 86400 (default 30)")
     parser.add_argument("--json", action="store_true", help=json_help)
-    parser.add_argument("--output-cap", default="1m", help="bytes kept per stream, head and tail (default 1m)")
+    parser.add_argument("--output-cap", default="1m",
+                        help="bytes kept per stream, head and tail, at least 1 (default 1m)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER if remainder else "*", help="-- CMD [ARG...]")
 
 
@@ -59,10 +60,17 @@ def command_of(args: argparse.Namespace, usage: str) -> list[str]:
 
 
 def output_cap(args: argparse.Namespace) -> int:
+    """``--output-cap`` in bytes: at least 1. The agent reads 0 as its default (1 MiB), so 0
+    is refused rather than passed on: there is no unbounded output to ask for."""
     try:
-        return parse_size(args.output_cap)
+        cap = parse_size(args.output_cap)
     except ValueError as exc:
         raise UsageError(f"--output-cap: {exc}") from None
+    if cap < 1:
+        raise UsageError(f"--output-cap: {args.output_cap} is below the minimum of 1 byte; output is always capped "
+                         "(the first half of the cap streams live, the last half is held in the sandbox's memory "
+                         "until the command ends): to keep more, pass a larger size, e.g. --output-cap 64m")
+    return cap
 
 
 def run_foreground(agent: AgentClient, cmd: Sequence[str], *, cwd: str, env: Mapping[str, str], stdin: bytes,

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, cast
 
@@ -32,12 +32,12 @@ __all__ = [
     "connect_engine",
     "engine_choice",
     "engine_options",
-    "first_error",
     "one_line",
     "policy_engine",
     "read_stdin",
     "sandbox_options",
     "say",
+    "setting_name",
     "spec_from_args",
 ]
 
@@ -94,7 +94,8 @@ def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, *,
     ``sandbox.runtime``, which meets its ``[runtime]`` requirements) or than what ``policy``
     requires is refused, and so is runsc with a network."""
     from harness.core.policy import runtime_network_check, weaker_runtime
-    from harness.engine.spec import Mount, SandboxSpec
+    from harness.core.problems import describe_validation_error
+    from harness.engine.spec import Mount, SandboxSpec, SpecError
 
     fields: dict[str, object] = base.model_dump() if base is not None else {}
     env = dict(base.env) if base is not None else {}
@@ -103,21 +104,38 @@ def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, *,
         if not sep or not name:
             raise UsageError(f"--env {item!r}: use K=V")
         env[name] = value
+    mounts = []
+    for text in args.mount:
+        try:
+            mounts.append(Mount.parse(text))
+        except ValidationError as exc:
+            flag = _always(f"--mount {text}")  # the entry's problems name the entry
+            raise UsageError(describe_validation_error(exc, Mount, name=flag)[0]) from None
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    flags = {"image": args.image, "runtime": args.runtime, "memory": args.memory, "cpus": args.cpus,
+             "pids": args.pids, "network": args.network, "workdir": args.workdir, "noexec": args.noexec or None}
+    given = {key for key, value in flags.items() if value is not None}
+    listed = {"env": args.env, "mounts": args.mount, "allow_hosts": args.allow_host}
+    given |= {key for key, values in listed.items() if values}
+    fields.update({k: v for k, v in flags.items() if v is not None})
+    fields["env"] = env
+    fields["mounts"] = (*(base.mounts if base is not None else ()), *mounts)
+    if args.allow_host:
+        fields["allow_hosts"] = tuple(args.allow_host)
+    elif fields.get("network") != "allowlist":
+        fields["allow_hosts"] = ()  # the policy's list does not apply to another mode
+    fields.update(extra)
+
+    def named(path: str) -> str:
+        return setting_name(path, given, from_policy=base is not None)
+
     try:
-        mounts = tuple(Mount.parse(m) for m in args.mount)
-        flags = {"image": args.image, "runtime": args.runtime, "memory": args.memory, "cpus": args.cpus,
-                 "pids": args.pids, "network": args.network, "workdir": args.workdir, "noexec": args.noexec or None}
-        fields.update({k: v for k, v in flags.items() if v is not None})
-        fields["env"] = env
-        fields["mounts"] = (*(base.mounts if base is not None else ()), *mounts)
-        if args.allow_host:
-            fields["allow_hosts"] = tuple(args.allow_host)
-        elif fields.get("network") != "allowlist":
-            fields["allow_hosts"] = ()  # the policy's list does not apply to another mode
-        fields.update(extra)
         spec = SandboxSpec.model_validate(fields).for_host()
     except ValidationError as exc:
-        raise UsageError(first_error(exc)) from None
+        raise UsageError(describe_validation_error(exc, SandboxSpec, name=named)[0]) from None
+    except SpecError as exc:  # the setting's name it starts with becomes its flag's; a mount's names the mount
+        raise UsageError(exc.message if exc.problem == exc.message else f"{named(exc.key)}: {exc.problem}") from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if base is not None and weaker_runtime(spec.runtime, base.runtime):
@@ -131,11 +149,24 @@ def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, *,
     return spec
 
 
-def first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err.get("loc", ()))
-    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-    return f"{where}: {msg}" if where else msg
+def _always(name: str) -> Callable[[str], str]:
+    return lambda _path: name
+
+
+SPEC_FLAGS = {"image": "--image", "runtime": "--runtime", "memory": "--memory", "cpus": "--cpus", "pids": "--pids",
+              "network": "--network", "allow_hosts": "--allow-host", "mounts": "--mount", "noexec": "--noexec",
+              "workdir": "--workdir", "env": "--env"}
+"""The spec's settings the sandbox flags set, and their flags."""
+
+
+def setting_name(path: str, given: Collection[str], *, from_policy: bool) -> str:
+    """How a message names the spec setting at ``path`` (``memory``, ``mounts[1].source``):
+    the flag that set it when it is in ``given`` (``--memory``), else the policy's key
+    (``sandbox.memory``) when the rest came from a policy, else the setting's own name."""
+    key = path.partition(".")[0].partition("[")[0]
+    if key in given and key in SPEC_FLAGS:
+        return SPEC_FLAGS[key]
+    return f"sandbox.{path}" if from_policy else path
 
 
 _UNPRINTABLE = ("Cc", "Cf", "Cs", "Zl", "Zp")

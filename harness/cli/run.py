@@ -112,16 +112,16 @@ def loop_config(options: dict[str, Any], base: dict[str, Any] | None = None) -> 
     line's ``options`` over it; a value the config refuses is a UsageError naming its flag."""
     from pydantic import ValidationError
 
+    from harness.core.problems import describe_validation_error
     from harness.loop.agent_loop import LoopConfig
+
+    def flag(path: str) -> str:
+        return LOOP_OPTIONS.get(path, path)
 
     try:
         return LoopConfig.model_validate({**(base or {}), **options})
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = str(err.get("loc", ("",))[0])
-        flag = LOOP_OPTIONS.get(where, where)
-        message = str(err.get("msg", "invalid value")).removeprefix("Value error, ").lower()
-        raise UsageError(f"{flag} {options.get(where, '')!s}: {message}") from None
+        raise UsageError(describe_validation_error(exc, LoopConfig, name=flag)[0]) from None
 
 
 def resume_command(args: argparse.Namespace, run_id: str, audit_path: Path) -> str:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.cli.options import UsageParser
 from harness.core.errors import CallboxError, ErrorCode
+from harness.core.times import clock
 
 if TYPE_CHECKING:
     from harness.core.actions import ActionTicket
@@ -228,11 +229,13 @@ def age(seconds: float) -> str:
 
 
 def until(when: float, *, now: float | None = None) -> str:
-    """``in 59m 59s at 14:03:10`` (local time), ``5s ago`` once passed."""
-    left = when - (time.time() if now is None else now)
+    """``in 59m 59s at 14:03:10 UTC`` (local time and zone; the date too when it is not
+    today), ``5s ago`` once passed."""
+    now = time.time() if now is None else now
+    left = when - now
     if left < 0:
         return f"{age(-left)} ago"
-    return f"in {age(left)} at {time.strftime('%H:%M:%S', time.localtime(when))}"
+    return f"in {age(left)} at {clock(when, now=now)}"
 
 
 def size(n: float | None) -> str:

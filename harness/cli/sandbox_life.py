@@ -350,6 +350,7 @@ def _fork(args: argparse.Namespace) -> int:
 
 def _restore(args: argparse.Namespace) -> int:
     from harness.engine.docker.lifetime import name_holder, validate_name
+    from harness.engine.docker.living import not_gone
     from harness.engine.docker.snapshots import SnapshotError
 
     validate_name(args.name)
@@ -357,6 +358,13 @@ def _restore(args: argparse.Namespace) -> int:
     snapshots = _Snapshots(args)
     engine = snapshots.engine
     latest = [s for s in snapshots.list() if s.source_name == args.name]
+    # A sandbox that still runs is no case for restore, snapshot or not: said before anything is asked.
+    named = next((s for s in engine.list_sandboxes() if s.name == args.name), None)
+    if named is not None and named.state in ("running", "paused"):
+        raise not_gone(args.name, named.state, latest[-1].name if latest else None)
+    if not latest and named is None:
+        raise SnapshotError(f"there is no sandbox named {args.name}, nor a snapshot of one, to restore; "
+                            "`callbox sandbox ls` lists the sandboxes, `callbox sandbox snapshots` the snapshots")
     if not latest:
         raise SnapshotError(f"sandbox {args.name} has no snapshot to restore from (its files are gone); "
                             f"`callbox sandbox rm {args.name}` frees the name", code=ErrorCode.NOT_FOUND)

@@ -2,10 +2,11 @@
 
 Standard error by default, which journald captures under systemd; ``file`` writes to a file
 rotated by size instead (``max_bytes``, ``backups``). ``format = "json"`` writes one JSON
-object a line: ``time`` (UTC, ISO 8601 with milliseconds), ``level``, ``logger``,
+object a line: ``time`` (UTC, ISO 8601 with milliseconds and ``Z``), ``level``, ``logger``,
 ``message``, ``exception`` when there is one, and every extra field the record carries
 (``log.info("...", extra={"client": name})`` adds ``"client"``). ``level`` applies to
-callbox's own loggers; other libraries log their warnings and errors only.
+callbox's own loggers; other libraries log their warnings and errors only. The text format
+of a log file starts each line with the local time and its zone.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import json
 import logging
 import logging.handlers
 import sys
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
+
+from harness.core.times import iso, stamp
 
 if TYPE_CHECKING:
     from harness.cli.server_schema import Log
 
-__all__ = ["JsonFormatter", "configure_logging"]
+__all__ = ["JsonFormatter", "ZonedTextFormatter", "configure_logging"]
 
 TEXT_FORMAT = "callbox: %(message)s"
 FILE_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -29,12 +31,20 @@ _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) 
 """Attributes every record has; the others are the extra fields a caller added."""
 
 
+class ZonedTextFormatter(logging.Formatter):
+    """The text format, its times with their zone (``2026-12-06 14:03:10 UTC``, or the local
+    offset), never a bare local time."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return stamp(record.created)
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object a line (see the module docstring)."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "time": iso(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -60,7 +70,7 @@ def configure_logging(settings: Log) -> logging.Handler:
     else:
         handler = logging.StreamHandler(sys.stderr)
         text = TEXT_FORMAT
-    handler.setFormatter(JsonFormatter() if settings.format == "json" else logging.Formatter(text))
+    handler.setFormatter(JsonFormatter() if settings.format == "json" else ZonedTextFormatter(text))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -4,8 +4,8 @@
 :meth:`Budgets.check` is the budget half of authorizing a call (the session asks it before
 the policy's :meth:`~harness.core.policy.Policy.decide`): a spent budget denies any call,
 naming the key. A call asking for a longer timeout than the ceiling is not refused: it
-runs with the ceiling, and :meth:`Budgets.call_timeout` reports the clamp for the
-result's meta.
+runs with the ceiling, and the model is told: :meth:`CallTimeout.note` is a line of the
+result text, :meth:`CallTimeout.meta` the field of its structured content and meta.
 """
 
 from __future__ import annotations
@@ -16,21 +16,39 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.core.calls import Action, Decision
 
-__all__ = ["Budgets", "CallTimeout"]
+__all__ = ["Budgets", "CallTimeout", "clamp_timeout"]
 
 
 class CallTimeout(NamedTuple):
-    """The timeout a call runs with, and whether the ceiling cut the one it asked for."""
+    """The timeout a call runs with, and whether the ceiling cut the one it asked for;
+    ``argument`` and ``unit_s`` say how the call asked (``timeout_ms``: 0.001 s)."""
 
     seconds: float
     requested: float | None
     clamped: bool
+    argument: str = "timeout"
+    unit_s: float = 1.0
 
     def meta(self) -> dict[str, Any]:
-        """For ``ToolResult.meta``: empty unless the request was clamped."""
+        """For ``ToolResult.meta`` and its structured content: empty unless the request was clamped."""
         if not self.clamped:
             return {}
         return {"timeout_clamped": {"requested_s": self.requested, "ceiling_s": self.seconds}}
+
+    def note(self) -> str:
+        """The line the model reads when its timeout was lowered ("" when it was not), in
+        the unit it asked in: ``Timeout lowered: timeout_ms 99999999 is above this sandbox's
+        ceiling; the command got timeout_ms 600000 (600 s).``"""
+        if not self.clamped or self.requested is None:
+            return ""
+        asked, got = _in_unit(self.requested, self.unit_s), _in_unit(self.seconds, self.unit_s)
+        return (f"Timeout lowered: {self.argument} {asked} is above this sandbox's ceiling; the command got "
+                f"{self.argument} {got} ({self.seconds:g} s).")
+
+
+def _in_unit(seconds: float, unit_s: float) -> str:
+    value = seconds / unit_s
+    return str(round(value)) if abs(value - round(value)) < 1e-6 else f"{value:g}"
 
 
 class Budgets(BaseModel):
@@ -77,12 +95,21 @@ class Budgets(BaseModel):
             )
         return None
 
-    def call_timeout(self, requested_s: float | None) -> CallTimeout:
-        """The timeout to run a call with: the default when none is asked, else at most the ceiling."""
-        if requested_s is None:
-            return CallTimeout(self.default_call_timeout_s, None, clamped=False)
-        if requested_s <= 0:
-            raise ValueError(f"a call timeout must be positive, got {requested_s}")
-        if requested_s > self.call_timeout_ceiling_s:
-            return CallTimeout(self.call_timeout_ceiling_s, requested_s, clamped=True)
-        return CallTimeout(requested_s, requested_s, clamped=False)
+    def call_timeout(self, requested_s: float | None, *, argument: str = "timeout",
+                     unit_s: float = 1.0) -> CallTimeout:
+        """The timeout to run a call with: the default when none is asked, else at most the
+        ceiling (``argument`` and ``unit_s``: how the call asked, for :meth:`CallTimeout.note`)."""
+        return clamp_timeout(requested_s, self.default_call_timeout_s, self.call_timeout_ceiling_s,
+                             argument=argument, unit_s=unit_s)
+
+
+def clamp_timeout(requested_s: float | None, default_s: float, ceiling_s: float, *, argument: str = "timeout",
+                  unit_s: float = 1.0) -> CallTimeout:
+    """``requested_s`` (None: ``default_s``) at most ``ceiling_s``, saying whether it was cut."""
+    if requested_s is None:
+        return CallTimeout(min(default_s, ceiling_s), None, False, argument, unit_s)
+    if requested_s <= 0:
+        raise ValueError(f"a call timeout must be positive, got {requested_s}")
+    if requested_s > ceiling_s:
+        return CallTimeout(ceiling_s, requested_s, True, argument, unit_s)
+    return CallTimeout(requested_s, requested_s, False, argument, unit_s)

@@ -31,13 +31,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from harness.audit.interruptions import PROCESS_STOPPED, interrupted_result
 from harness.audit.owners import this_process
 from harness.audit.records import final_decision, retry_safe
 from harness.audit.store import Claim, arguments_digest
+from harness.core.budgets import CallTimeout
 from harness.core.calls import Action, Decision, ErrorCode, ToolCall, ToolOutput, ToolResult
 from harness.core.context import OutputSink, ToolContext
 from harness.core.errors import AgentCallError, CallboxError
@@ -333,6 +334,7 @@ class CallPath:
             trace.append(("callbox.exec", time.time_ns()))
         if output.error is ErrorCode.SANDBOX_UNAVAILABLE and not provider.handed_out:
             output = dataclasses.replace(output, structured={**(output.structured or {}), "command_started": False})
+        output = told_of_lowered_timeouts(output, ctx.lowered)
         duration_ms = self.sandbox_s * 1000
         s.record_egress(call.call_id)
         text, structured, findings = self._redacted(output)
@@ -341,6 +343,8 @@ class CallPath:
                                 "raw_bytes": output.raw_bytes, "truncated": shaped.truncated}
         if findings:
             meta["redactions"] = redaction_summary(findings)
+        for lowered in ctx.lowered:
+            meta.update(lowered.meta())
         result = self.labelled(ToolResult(
             call_id=call.call_id, text=shaped.text, is_error=output.is_error, error=output.error,
             structured=structured, meta=meta,
@@ -444,3 +448,18 @@ class CallPath:
         if self.trace is not None:
             self.trace.append(("callbox.audit", time.time_ns()))
         return result
+
+
+def told_of_lowered_timeouts(output: ToolOutput, lowered: Sequence[CallTimeout]) -> ToolOutput:
+    """``output`` telling the model of each timeout it asked for that was lowered to the
+    ceiling: ``timeout_clamped`` in its structured content, and the note as its first line
+    unless the tool put it in its text already (shell puts it in its header)."""
+    if not lowered:
+        return output
+    structured = dict(output.structured or {})
+    text = output.text
+    for timeout in lowered:
+        structured.update(timeout.meta())
+        if timeout.note() not in text:
+            text = f"{timeout.note()}\n{text}"
+    return dataclasses.replace(output, text=text, structured=structured)

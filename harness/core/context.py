@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from harness.core.budgets import CallTimeout, clamp_timeout
 from harness.engine.base import Sandbox, SandboxRuntime
 
 OutputSink = Callable[[str, bytes], None]
@@ -40,6 +41,10 @@ class ToolContext:
     started_at: float = field(default_factory=time.monotonic)
     """``time.monotonic()`` when the context was made: the harness makes it just before the
     call's handler runs, after validation, policy and approval."""
+    lowered: list[CallTimeout] = field(default_factory=list)
+    """The timeouts the call asked for that :meth:`call_timeout` lowered to the ceiling: the
+    harness tells the model (a line of the result text, ``timeout_clamped`` in its
+    structured content and meta)."""
 
     @property
     def deadline(self) -> float:
@@ -58,6 +63,17 @@ class ToolContext:
         return self.provider.sandbox().runtime()
 
     def timeout_for(self, requested_s: float | None) -> float:
-        """The requested timeout, or the default, never above the ceiling."""
+        """The requested timeout, or the default, never above the ceiling (silently: for a
+        timeout the policy or the tool chose; one the model asked for is :meth:`call_timeout`'s)."""
         wanted = self.default_timeout_s if requested_s is None else requested_s
         return min(wanted, self.timeout_ceiling_s)
+
+    def call_timeout(self, requested_s: float | None, *, argument: str, unit_s: float = 1.0) -> CallTimeout:
+        """The timeout for one the model asked for in its ``argument`` (in units of ``unit_s``
+        seconds; None: the default), never above the ceiling. A lowered one is kept in
+        :attr:`lowered`, so the model is told; :meth:`CallTimeout.note` words it."""
+        timeout = clamp_timeout(requested_s, self.default_timeout_s, self.timeout_ceiling_s, argument=argument,
+                                unit_s=unit_s)
+        if timeout.clamped:
+            self.lowered.append(timeout)
+        return timeout

@@ -80,7 +80,7 @@ Sections:
     Per run: ``max_tool_calls``, ``max_wall_time_s``; per call: ``max_output_bytes``
     returned to the model, ``default_call_timeout_s`` and ``call_timeout_ceiling_s``. A
     call asking for a longer timeout than the ceiling is not refused: it runs with the
-    ceiling, and :meth:`Budgets.call_timeout` reports the clamp for the result's meta.
+    ceiling, and its result tells the model (:class:`~harness.core.budgets.CallTimeout`).
 
 ``[actions.NAME]``
     Sandbox actions besides tool calls (:mod:`harness.core.actions`): ``process``,
@@ -406,7 +406,7 @@ class Policy(BaseModel):
         try:
             return self.sandbox_spec().for_host(host)
         except SpecError as exc:
-            raise PolicyError(f"key '{self._spec_key(exc.key)}': {exc.message}") from None
+            raise PolicyError(f"key '{self._spec_key(exc.key)}': {exc.problem}") from None
 
     def mount_settings(self) -> list[tuple[str, MountSetting]]:
         """Every mount of the run's sandbox with its key: ``[sandbox] mounts``, then the mounts

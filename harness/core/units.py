@@ -27,7 +27,8 @@ def parse_size(text: str | int) -> int:
 
 
 def format_size(n: int) -> str:
-    for unit, size in (("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10)):
+    """536870912 -> ``"512m"``: the largest unit that divides ``n`` (bytes as a plain number)."""
+    for unit, size in (("t", 1 << 40), ("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10)):
         if n >= size and n % size == 0:
             return f"{n // size}{unit}"
     return str(n)
@@ -37,7 +38,10 @@ def _size_or_value(value: object) -> object:
     return parse_size(value) if isinstance(value, str) else value
 
 
-ByteSize = Annotated[int, BeforeValidator(_size_or_value)]
+SIZE_PARSER = BeforeValidator(_size_or_value)
+"""What makes a field a size: messages about it show values as sizes (``32m``)."""
+
+ByteSize = Annotated[int, SIZE_PARSER]
 """A pydantic field type: bytes, also written as a size string such as ``"512m"``."""
 
 

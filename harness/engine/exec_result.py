@@ -9,7 +9,7 @@ from typing import Any
 
 from harness.core.errors import AgentCallError
 from harness.engine.cancel import note_command_started
-from sandbox.errors import COMMAND_NOT_FOUND
+from sandbox.errors import program_missing
 from sandbox.v1 import process_pb2
 
 OutputCallback = Callable[[str, bytes, int], None]
@@ -143,11 +143,11 @@ NOT_EXECUTABLE_EXIT = 126
 
 def start_failure_exit_code(error: AgentCallError) -> int | None:
     """The code a shell gives a command the agent could not start: 127 when it does not
-    exist, 126 when it exists but cannot be run (not executable, not a program); None when
+    exist, 126 when it exists but cannot be run (not executable, a directory); None when
     the failure is not the command's (busy, the sandbox went away, ...)."""
     if error.reason != "SPAWN_FAILED":
         return None
-    return COMMAND_NOT_FOUND_EXIT if error.message.endswith(COMMAND_NOT_FOUND) else NOT_EXECUTABLE_EXIT
+    return COMMAND_NOT_FOUND_EXIT if program_missing(error.message) else NOT_EXECUTABLE_EXIT
 
 
 def collect(events: Iterable[process_pb2.ExecEvent], on_output: OutputCallback | None = None,

@@ -34,7 +34,7 @@ from typing import Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.core.errors import CallboxError, ErrorCode
-from harness.core.units import ByteSize
+from harness.core.units import ByteSize, format_size
 from harness.engine.placement import Placement
 
 DEFAULT_IMAGE = "callbox-sandbox:latest"
@@ -66,13 +66,21 @@ _MOUNT_SYNTAX = "HOST:CONTAINER[:ro|rw[,uid=N][,gid=N]]"
 
 
 class SpecError(CallboxError, ValueError):
-    """A spec that cannot run (on this host); ``key`` names the setting (``mounts[1].source``)."""
+    """A spec that cannot run (on this host); ``key`` names the setting (``mounts[1].source``).
+    The message stands alone (``memory 1t is more than ...``); :attr:`problem` is it for a
+    caller that names the setting its own way (``--memory: 1t is more than ...``)."""
 
     code = ErrorCode.INVALID_REQUEST
 
     def __init__(self, key: str, message: str) -> None:
         super().__init__(message)
         self.key = key
+
+    @property
+    def problem(self) -> str:
+        """The message without the setting's name it starts with, if it does."""
+        word = self.key.partition(".")[0].partition("[")[0]
+        return self.message.removeprefix(f"{word} ")
 
 
 def _within(path: str, parent: str) -> bool:
@@ -392,11 +400,12 @@ class SandboxSpec(SandboxFields[Mount]):
             size = getattr(self, size_name)
             if size is not None and size >= self.memory:
                 raise ValueError(
-                    f"{size_name} must be smaller than the memory limit (tmpfs pages count against it)"
+                    f"{size_name} {format_size(size)} must be smaller than the memory limit, "
+                    f"{format_size(self.memory)} (tmpfs pages count against it)"
                 )
         if self.tmpfs_total > self.memory // 2:
             raise ValueError(
-                f"the tmpfs mounts would take {self.tmpfs_total >> 20} MiB of the {self.memory >> 20} MiB "
+                f"the tmpfs mounts would take {self.tmpfs_total >> 20}m of the {format_size(self.memory)} "
                 "memory limit (tmpfs pages count against it); keep tmp_size + workspace_size + home_size "
                 "under half of memory, or raise memory"
             )
@@ -469,8 +478,8 @@ class SandboxSpec(SandboxFields[Mount]):
             raise SpecError("cpus", f"cpus {self.cpus:g} is more than the {host.cpus} CPU(s) of {host.where}; "
                                     f"use at most {host.cpus}")
         if host.memory is not None and self.memory > host.memory:
-            raise SpecError("memory", f"memory {_gib(self.memory)} is more than the {_gib(host.memory)} of "
-                                      f"memory of {host.where}; use at most {host.memory >> 20}m")
+            raise SpecError("memory", f"memory {format_size(self.memory)} is more than the {_gib(host.memory)} "
+                                      f"of memory of {host.where}; use at most {host.memory >> 20}m")
         mounts = []
         for index, mount in enumerate(self.mounts):
             try:

@@ -94,6 +94,7 @@ import tenacity
 from harness.core.calls import ErrorCode
 from harness.core.errors import CallboxError
 from harness.core.session import Session
+from harness.core.times import stamp
 from harness.engine.docker.engine import DockerEngine, SandboxExpired
 from harness.loop import checkpoint as checkpoints
 from harness.loop.calls import CallRunner
@@ -306,7 +307,7 @@ class Loop:
             sandbox = engine.attach(ref.id)
         except SandboxExpired as exc:
             run = self.state.run_id
-            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ref.expires))
+            when = stamp(ref.expires)
             if time.time() >= ref.expires:
                 return self._end("error:sandbox_expired",
                                  f"the sandbox of run {run} expired at {when}; its files are gone")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from harness.core.calls import ErrorCode
+from harness.core.times import stamp
 from harness.loop.checkpoint import Checkpoint, CheckpointError, PausedCall, SandboxRef
 from harness.loop.config import LoopConfig, choice_from_json, choice_to_json
 from harness.loop.state import RunState
@@ -92,8 +92,7 @@ def pause_message(run_id: str, approval_ids: list[str], sandbox: SandboxRef | No
     resolve = " and ".join(f"`callbox approvals approve {i}` (or `deny {i} --reason ...`)" for i in approval_ids)
     kept_note = ""
     if sandbox is not None:
-        kept_note = (f"; its sandbox {sandbox.id} is kept until "
-                     f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(sandbox.expires))}")
+        kept_note = f"; its sandbox {sandbox.id} is kept until {stamp(sandbox.expires)}"
     then = (f"then continue it with: {resume_command}" if resume_command
             else f"then resume run {run_id} with the model it ran with")
     return (f"run {run_id} is paused waiting for approval {', '.join(approval_ids)}{kept_note}; "

@@ -129,12 +129,14 @@ def format_exec_output(
     timed_out: bool = False,
     oom_killed: bool = False,
     unseen_bytes: int = 0,
+    notes: Sequence[str] = (),
 ) -> FormattedExec:
     """The Codex result text for one command, at most ``budget`` UTF-8 bytes when it can be.
 
     ``output`` is stdout and stderr as they arrived; ``unseen_bytes`` is what the sandbox's
     output cap dropped from the middle (always inside the part cut here; see ``run_shell``).
-    Only a budget too small for the header itself can make the text longer than ``budget``.
+    ``notes`` are header lines after ``Wall time`` (a lowered timeout). Only a budget too
+    small for the header itself can make the text longer than ``budget``.
     """
     content = strip_terminal_codes(output)
     if timed_out:
@@ -142,7 +144,7 @@ def format_exec_output(
     elif oom_killed:
         content = f"{OOM_LINE}\n{content}"
     total_lines = count_lines(content)
-    header = [f"Exit code: {exit_code}", f"Wall time: {wall_time(duration_ms)} seconds"]
+    header = [f"Exit code: {exit_code}", f"Wall time: {wall_time(duration_ms)} seconds", *filter(None, notes)]
 
     def assemble(body: str, *, with_total: bool) -> str:
         lines = [*header, f"Total output lines: {total_lines}"] if with_total else list(header)
@@ -241,15 +243,16 @@ def run_in_sandbox(
     return Ran(result, bytes(combined), unseen)
 
 
-def exec_output(ran: Ran, budget: int, **extra: object) -> ToolOutput:
+def exec_output(ran: Ran, budget: int, *, notes: Sequence[str] = (), **extra: object) -> ToolOutput:
     """A finished exec as the model reads it: Codex's ``Exit code / Wall time / Output`` text
-    within ``budget`` bytes, the error code of a timeout, OOM kill or non-zero exit, and the
-    structured facts (plus ``extra``)."""
+    within ``budget`` bytes (``notes`` as header lines), the error code of a timeout, OOM
+    kill or non-zero exit, and the structured facts (plus ``extra``)."""
     result = ran.result
     exit_code = result.shell_exit_code  # 124 after a timeout (Codex's code too), 128+N for signal N
     formatted = format_exec_output(
         exit_code=exit_code, duration_ms=result.duration_ms, output=ran.combined.decode("utf-8", errors="replace"),
         budget=budget, timed_out=result.timed_out, oom_killed=result.oom_killed, unseen_bytes=ran.unseen,
+        notes=notes,
     )
     error_code = None
     if result.timed_out:
@@ -275,11 +278,12 @@ def exec_output(ran: Ran, budget: int, **extra: object) -> ToolOutput:
 
 
 def run_shell(ctx: ToolContext, args: ShellArgs) -> ToolOutput:
-    ran = run_in_sandbox(ctx, args.command, timeout_s=args.timeout_ms / 1000 if args.timeout_ms else None,
-                         cwd=args.workdir or "")
+    timeout = ctx.call_timeout(args.timeout_ms / 1000 if args.timeout_ms else None, argument="timeout_ms",
+                               unit_s=0.001)
+    ran = run_in_sandbox(ctx, args.command, timeout_s=timeout.seconds, cwd=args.workdir or "")
     if isinstance(ran, NotRan):
         return agent_failure(ran.error, started=ran.started)
-    return exec_output(ran, ctx.output_budget)
+    return exec_output(ran, ctx.output_budget, notes=(timeout.note(),))
 
 
 def command_may_have_started(error: AgentCallError) -> bool | None:

@@ -206,3 +206,26 @@ def test_call_with_a_missing_image_exits_125(engine, audit_env):
     proc = callbox("call", "shell", '{"command": "ls"}', "--image", "callbox-no-such-image:latest", env=audit_env)
     _callbox_failed(proc)
     assert b"callbox image build" in proc.stderr
+
+
+def test_audit_of_a_mistyped_database_is_refused_and_call_creates_it(engine, tmp_path):
+    db = tmp_path / "audit.sqlite3"
+    typo = tmp_path / "audit.sqlite"
+    state = tmp_path / "state"
+    env = {"XDG_STATE_HOME": str(state), "CALLBOX_AUDIT_DB": ""}
+    for argv in (["audit", "--audit-db", str(typo)], ["approvals", "list", "--audit-db", str(typo)],
+                 ["audit", "--audit-db", "/mistyped/path.sqlite3"]):
+        refused = callbox(*argv, env=env)
+        assert refused.returncode == 4 and refused.stdout == b"", argv
+        where = argv[-1]
+        assert refused.stderr.decode().startswith(
+            f"callbox: the audit database {where} does not exist; check the path, or leave --audit-db out for the "
+            "default, $CALLBOX_AUDIT_DB, else $XDG_STATE_HOME/callbox/audit.sqlite3, else "
+            f"~/.local/state/callbox/audit.sqlite3 (here {state}/callbox/audit.sqlite3)"), refused.stderr
+    assert not typo.exists() and not os.path.exists("/mistyped")
+    # A command that records creates it; then reading it works.
+    ran = callbox("call", "shell", '{"command": "true"}', "--image", IMAGE, "--run-id", "run-typo",
+                  "--audit-db", str(db), env=env)
+    assert ran.returncode == 0, ran.stderr
+    listed = callbox("audit", "--audit-db", str(db), env=env)
+    assert listed.returncode == 0 and "run-typo" in listed.stdout.decode()

@@ -176,6 +176,9 @@ def test_exec_into_a_closed_pipe_ends_quietly_and_destroys_its_sandbox(engine, s
 
 
 def test_tools_and_audit_into_a_closed_pipe_exit_141_quietly(tmp_path):
+    from harness.audit.store import AuditStore
+
+    AuditStore(tmp_path / "audit.sqlite3").close()  # audit reads an existing store
     env = {**os.environ, "CALLBOX_AUDIT_DB": str(tmp_path / "audit.sqlite3")}
     for argv in (["tools"], ["audit"]):
         read_end, write_end = os.pipe()
@@ -198,7 +201,23 @@ def test_exec_of_a_missing_command_exits_127_like_a_shell(engine):
 def test_exec_of_a_file_that_is_not_executable_exits_126(engine):
     proc = callbox("exec", "--image", IMAGE, "--", "/etc/hostname")
     assert proc.returncode == 126
-    assert proc.stderr == b"callbox: /etc/hostname: permission denied\n"
+    assert proc.stderr == (b"callbox: /etc/hostname: permission denied: the file is not executable (no x "
+                           b"permission); `chmod +x /etc/hostname`, or run it with its interpreter (e.g. "
+                           b"`sh /etc/hostname`)\n")
+
+
+def test_exec_of_a_directory_says_it_is_no_program_and_exits_126(engine):
+    proc = callbox("exec", "--image", IMAGE, "--", "/etc")
+    assert proc.returncode == 126
+    assert proc.stderr == b"callbox: /etc: is a directory, not a program\n"
+    assert proc.stdout == b""
+
+
+def test_exec_of_a_path_to_nothing_exits_127_like_a_shell(engine):
+    proc = callbox("exec", "--image", IMAGE, "--json", "--", "./nothing-here")
+    assert proc.returncode == 127
+    result = json.loads(proc.stdout)
+    assert (result["exit_code"], result["error"]) == (127, "./nothing-here: no such file or directory")
 
 
 def test_exec_json_of_a_missing_command_still_prints_the_result_object(engine):

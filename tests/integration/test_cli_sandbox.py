@@ -239,6 +239,40 @@ def test_snapshot_fork_and_rm(cli: Cli, web: dict[str, Any]) -> None:
     assert gone.returncode == 4 and b"no sandbox named" in gone.stderr
 
 
+def test_restore_of_a_running_sandbox_says_it_runs_and_what_to_do(cli: Cli) -> None:
+    name, snap = f"rst-{secrets.token_hex(3)}", f"rsnap-{secrets.token_hex(3)}"
+    cli.json("sandbox", "new", "--image", IMAGE, "--name", name, "--ttl", "600")
+    lead = (f"callbox: sandbox {name} is running, not gone: restore recreates a gone sandbox (its container stopped "
+            f"or removed, e.g. when the Docker engine restarted) from its latest snapshot, and {name} still has its "
+            "files; ")
+    fork = f"; `callbox sandbox fork {name} --name NEW` starts a copy of it\n"
+    try:
+        assert cli("sandbox", "exec", name, "--", "sh", "-c", "echo kept > /workspace/mark").returncode == 0
+        bare = cli("sandbox", "restore", name)
+        assert bare.returncode == 125
+        assert bare.stderr.decode() == (
+            f"{lead}it has no snapshot (`callbox sandbox snapshot {name} SNAPSHOT` takes one){fork}")
+        cli.json("sandbox", "snapshot", name, snap)
+        assert cli("sandbox", "exec", name, "--", "rm", "/workspace/mark").returncode == 0
+        with_snapshot = cli("sandbox", "restore", name)
+        assert with_snapshot.returncode == 125
+        assert with_snapshot.stderr.decode() == (
+            f"{lead}to take it back to its latest snapshot ({snap}), remove it (`callbox sandbox rm {name}`), "
+            f"then restore it{fork}")
+        # The advice holds: removed, the sandbox comes back from its snapshot with the file.
+        cli.json("sandbox", "rm", name)
+        assert cli.json("sandbox", "restore", name)["name"] == name
+        assert cli("sandbox", "exec", name, "--", "cat", "/workspace/mark").stdout == b"kept\n"
+    finally:
+        cli("sandbox", "rm", name)
+        cli("sandbox", "rm-snapshot", snap)
+    nothing = cli("sandbox", "restore", name)
+    assert nothing.returncode == 125
+    assert nothing.stderr.decode() == (f"callbox: there is no sandbox named {name}, nor a snapshot of one, to "
+                                       "restore; `callbox sandbox ls` lists the sandboxes, `callbox sandbox "
+                                       "snapshots` the snapshots\n")
+
+
 def _until(master: int, needle: bytes, seen: bytearray, deadline_s: float = 30) -> None:
     end = time.monotonic() + deadline_s
     while needle not in seen:

@@ -139,6 +139,27 @@ def test_chunks_stream_while_the_command_runs(sandbox):
     assert any(c[1] == "stderr" and b"second" in c[2] for c in chunks)
 
 
+def test_a_timeout_above_the_ceiling_is_lowered_and_the_model_is_told(engine, tmp_path):
+    policy = Policy(budgets=Budgets(call_timeout_ceiling_s=2, default_call_timeout_s=1))
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
+        ToolRegistry([SHELL]), policy, audit, spec=SandboxSpec(image=IMAGE), engine_factory=lambda: engine
+    ) as harness:
+        quick = harness.call(ToolCall("shell", {"command": "echo hi", "timeout_ms": 99999999}, "c1"))
+        slow = harness.call(ToolCall("shell", {"command": "sleep 30", "timeout_ms": 99999999}, "c2"))
+        within = harness.call(ToolCall("shell", {"command": "true", "timeout_ms": 1500}, "c3"))
+        recorded = audit.calls_for_run(harness.run_id)
+    note = ("Timeout lowered: timeout_ms 99999999 is above this sandbox's ceiling; the command got timeout_ms 2000 "
+            "(2 s).")
+    assert re.fullmatch(rf"Exit code: 0\nWall time: [\d.]+ seconds\n{re.escape(note)}\nOutput:\nhi\n", quick.text)
+    clamped = {"requested_s": 99999.999, "ceiling_s": 2}
+    assert quick.structured["timeout_clamped"] == clamped and quick.meta["timeout_clamped"] == clamped
+    assert not quick.is_error
+    assert slow.error is ErrorCode.TIMED_OUT and f"{note}\nOutput:\ncommand timed out after" in slow.text
+    assert "Timeout lowered" not in within.text and "timeout_clamped" not in within.structured
+    assert "timeout_clamped" not in within.meta
+    assert note in recorded[0]["result_text"]  # the audit store keeps what the model read
+
+
 def test_through_the_dispatcher_the_budget_is_never_hit(engine, tmp_path):
     policy = Policy(budgets=Budgets(max_output_bytes=3000))
     with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(

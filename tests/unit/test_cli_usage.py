@@ -132,6 +132,15 @@ def test_exec_bad_output_cap(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--output-cap" in line
 
 
+@pytest.mark.parametrize("command", [["exec"], ["sandbox", "exec", "web"]])
+@pytest.mark.parametrize("cap", ["0", "0m"])
+def test_an_output_cap_of_0_is_refused_saying_there_is_no_uncapped_output(
+        capsys: pytest.CaptureFixture[str], command: list[str], cap: str) -> None:
+    line = _usage_error(capsys, [*command, "--output-cap", cap, "--", "true"])
+    assert line.startswith(f"callbox: --output-cap: {cap} is below the minimum of 1 byte; output is always capped")
+    assert line.endswith("to keep more, pass a larger size, e.g. --output-cap 64m")
+
+
 def test_exec_mount_without_a_target(capsys: pytest.CaptureFixture[str]) -> None:
     line = _usage_error(capsys, ["exec", "--mount", "/tmp", "--", "true"])
     assert "HOST:CONTAINER" in line
@@ -184,6 +193,50 @@ def test_exec_pids_out_of_range_is_readable(capsys: pytest.CaptureFixture[str]) 
     assert "pids" in line
 
 
+@pytest.mark.parametrize(("flags", "line"), [
+    (["--memory", "1k"], "callbox: --memory: 1k is below the minimum of 32m"),
+    (["--memory", "1500"], "callbox: --memory: 1500 is below the minimum of 32m"),
+    (["--pids", "0"], "callbox: --pids: 0 is below the minimum of 8 (allowed: 8 to 65536)"),
+    (["--pids", "100000"], "callbox: --pids: 100000 is above the maximum of 65536 (allowed: 8 to 65536)"),
+    (["--cpus", "0"], "callbox: --cpus: 0 is below the minimum of 0.01 (the smallest CPU quota Docker accepts)"),
+    (["--memory", "64t"], "callbox: --memory: 64t is more than the "),
+    (["--workdir", "work"], "callbox: --workdir: workdir 'work' must be an absolute path inside the sandbox"),
+    (["--env", "1BAD=x"], "callbox: --env: environment variable name '1BAD' is not valid"),
+    (["--mount", "/tmp:/proc"], "callbox: --mount /tmp:/proc: mount target '/proc' would cover /proc, which the "
+                                "sandbox needs"),
+])
+def test_exec_sandbox_flags_out_of_range_name_the_flag_and_what_is_allowed(
+        capsys: pytest.CaptureFixture[str], flags: list[str], line: str) -> None:
+    got = _usage_error(capsys, ["exec", *flags, "--", "true"])
+    assert got.startswith(line), got
+    assert "Input should" not in got and "33554432" not in got
+
+
+def test_run_loop_options_out_of_range_name_the_flag_and_the_minimum(capsys: pytest.CaptureFixture[str],
+                                                                      tmp_path: Path) -> None:
+    line = _usage_error(capsys, ["run", "--model", "openai:m", "--task", "t", "--max-turns", "0",
+                                 "--audit-db", str(tmp_path / "a.db")])
+    assert line == "callbox: --max-turns: 0 is below the minimum of 1"
+    assert not (tmp_path / "a.db").exists()
+
+
+def test_call_names_the_flag_over_a_policy(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    policy = tmp_path / "p.toml"
+    policy.write_text("[sandbox]\npids = 64\n")
+    line = _usage_error(capsys, ["call", "shell", '{"command": "true"}', "--policy", str(policy),
+                                 "--audit-db", str(tmp_path / "a.db"), "--pids", "4"])
+    assert line == "callbox: --pids: 4 is below the minimum of 8 (allowed: 8 to 65536)"
+
+
+def test_call_names_the_policy_key_when_the_policy_set_it(capsys: pytest.CaptureFixture[str],
+                                                         tmp_path: Path) -> None:
+    policy = tmp_path / "p.toml"
+    policy.write_text('[sandbox]\nmemory = "1k"\n')
+    line = _usage_error(capsys, ["call", "shell", '{"command": "true"}', "--policy", str(policy),
+                                 "--audit-db", str(tmp_path / "a.db")])
+    assert line.startswith(f"callbox: policy file {policy}: key 'sandbox.memory': 1k is below the minimum of 32m")
+
+
 def test_unreachable_engine_is_125_and_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     """Sanity check of the fixture: a valid exec fails closed on the missing engine."""
     code = cli.main(["exec", "--", "true"])
@@ -227,6 +280,9 @@ def closed_stdout(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
                                   ["approvals", "list"]])
 def test_a_closed_stdout_ends_quietly_with_141(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+    from harness.audit.store import AuditStore
+
+    AuditStore(tmp_path / "audit.sqlite3").close()  # audit and approvals read an existing store
     monkeypatch.setenv("CALLBOX_AUDIT_DB", str(tmp_path / "audit.sqlite3"))
     with closed_stdout(monkeypatch):
         code = cli.main(argv)

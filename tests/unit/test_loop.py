@@ -799,6 +799,7 @@ def test_a_pause_keeps_and_detaches_the_sandbox_and_resume_attaches_it(make_harn
     (4_000_000_000.0, "the sandbox of run run-box is gone before its expiry at 2096-10-02 07:06:40 UTC "
                       "(container removed)"),
 ])
+@pytest.mark.usefixtures("utc_zone")  # moments are shown in local time with their zone
 def test_resume_with_an_expired_or_gone_sandbox_says_so(make_harness, audit, tools, expires, expected) -> None:
     from harness.engine.docker.engine import SandboxExpired
 

@@ -154,7 +154,7 @@ def test_load_from_a_file_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(PolicyError) as info:
         load_policy(path)
     assert info.value.message == (
-        f"policy file {path}: key 'budgets.max_tool_calls' must be greater than or equal to 1, got 0" + _docs_suffix()
+        f"policy file {path}: key 'budgets.max_tool_calls': 0 is below the minimum of 1" + _docs_suffix()
     )
 
 
@@ -185,15 +185,17 @@ def test_unknown_keys_are_refused(text: str, problem: str) -> None:
     [
         ('[sandbox]\nmemory = "lots"',
          "key 'sandbox.memory': 'lots' is not a size; use a number with an optional unit k, m or g (e.g. 512m)"),
-        ('[sandbox]\nmemory = "1m"', "key 'sandbox.memory' must be greater than or equal to 33554432, got 1048576"),
+        ('[sandbox]\nmemory = "1m"', "key 'sandbox.memory': 1m is below the minimum of 32m"),
+        ('[sandbox]\npids = 0', "key 'sandbox.pids': 0 is below the minimum of 8 (allowed: 8 to 65536)"),
+        ('[sandbox]\nfsize = 1500', "key 'sandbox.fsize': 1500 is below the minimum of 1m"),
         ('[sandbox]\ncpus = "two"', "key 'sandbox.cpus' must be a number, got 'two'"),
         ('[sandbox]\nworkdir = "work"', "key 'sandbox.workdir': workdir 'work' must be an absolute path inside "
                                         "the sandbox"),
         ('[sandbox]\nnetwork = "allowlist"', "sandbox: network 'allowlist' needs at least one allowed host "
                                              "(--allow-host HOST[:PORT], or allow_hosts in the policy); with "
                                              "none, use network 'none'"),
-        ('[sandbox]\ntmp_size = "600m"', "sandbox: tmp_size must be smaller than the memory limit (tmpfs pages "
-                                         "count against it)"),
+        ('[sandbox]\ntmp_size = "600m"', "sandbox: tmp_size 600m must be smaller than the memory limit, 512m "
+                                         "(tmpfs pages count against it)"),
         ('[sandbox.env]\n"BAD NAME" = "x"', "key 'sandbox.env': environment variable name 'BAD NAME' is not valid"),
         ('[[sandbox.mounts]]\nsource = "/srv"\ntarget = "/proc/x"',
          "key 'sandbox.mounts[0].target': mount target '/proc/x' would cover /proc, which the sandbox needs"),
@@ -230,8 +232,8 @@ def test_bad_values_name_the_key_and_the_fix(text: str, problem: str) -> None:
 def test_several_problems_are_all_listed() -> None:
     message = error('[budgets]\nmax_tool_calls = 0\nmax_output_bytes = "big"')
     assert message == (
-        "policy file test.toml has 2 problems: key 'budgets.max_tool_calls' must be greater than or equal to 1, "
-        "got 0; key 'budgets.max_output_bytes' must be an integer, got 'big'" + _docs_suffix()
+        "policy file test.toml has 2 problems: key 'budgets.max_tool_calls': 0 is below the minimum of 1; "
+        "key 'budgets.max_output_bytes' must be an integer, got 'big'" + _docs_suffix()
     )
 
 
@@ -379,9 +381,9 @@ def test_two_mounts_at_one_target_are_refused_at_load(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "host", "problem"),
     [
-        ("cpus = 4", HostLimits(cpus=2), "key 'sandbox.cpus': cpus 4 is more than the 2 CPU(s) of this host; use at "
+        ("cpus = 4", HostLimits(cpus=2), "key 'sandbox.cpus': 4 is more than the 2 CPU(s) of this host; use at "
                                          "most 2"),
-        ('memory = "1t"', HostLimits(memory=24 << 30), "key 'sandbox.memory': memory 1024.0 GiB is more than the "
+        ('memory = "1t"', HostLimits(memory=24 << 30), "key 'sandbox.memory': 1t is more than the "
                                                        "24.0 GiB of memory of this host; use at most 24576m"),
         ("cpus = 0.001", None, "key 'sandbox.cpus': 0.001 is below the minimum of 0.01 (the smallest CPU "
                                "quota Docker accepts)"),
@@ -752,12 +754,17 @@ def test_max_wall_time() -> None:
 
 def test_call_timeout_is_clamped_to_the_ceiling() -> None:
     b = policy("[budgets]\ncall_timeout_ceiling_s = 120\ndefault_call_timeout_s = 10").budgets
-    assert b.call_timeout(None) == (10, None, False)
-    assert b.call_timeout(60) == (60, 60, False)
-    assert b.call_timeout(120) == (120, 120, False)
+    assert b.call_timeout(None)[:3] == (10, None, False)
+    assert b.call_timeout(60)[:3] == (60, 60, False)
+    assert b.call_timeout(120)[:3] == (120, 120, False)
     clamped = b.call_timeout(900)
-    assert clamped == (120, 900, True)
+    assert clamped[:3] == (120, 900, True)
     assert clamped.meta() == {"timeout_clamped": {"requested_s": 900, "ceiling_s": 120}}
-    assert b.call_timeout(60).meta() == {}
+    assert clamped.note() == ("Timeout lowered: timeout 900 is above this sandbox's ceiling; the command got "
+                              "timeout 120 (120 s).")
+    in_ms = b.call_timeout(99999.999, argument="timeout_ms", unit_s=0.001)
+    assert in_ms.note() == ("Timeout lowered: timeout_ms 99999999 is above this sandbox's ceiling; the command got "
+                            "timeout_ms 120000 (120 s).")
+    assert b.call_timeout(60).meta() == {} and b.call_timeout(60).note() == ""
     with pytest.raises(ValueError, match="a call timeout must be positive, got 0"):
         b.call_timeout(0)

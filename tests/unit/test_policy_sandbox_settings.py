@@ -42,7 +42,8 @@ def test_the_spec_is_built_from_every_setting() -> None:
 
 def test_bounds_are_the_specs_and_are_checked_when_it_is_built() -> None:
     loose = SandboxSettings(pids=2)  # the settings take it as written
-    with pytest.raises(PolicyError, match=r"^key 'sandbox\.pids' must be greater than or equal to 8, got 2$"):
+    with pytest.raises(PolicyError,
+                       match=r"^key 'sandbox\.pids': 2 is below the minimum of 8 \(allowed: 8 to 65536\)$"):
         Policy(sandbox=loose).sandbox_spec()
     with pytest.raises(ValidationError):
         SandboxSpec(pids=2)

@@ -424,7 +424,7 @@ def test_spawn_failure_missing_executable(runner: ProcessRunner) -> None:
     with pytest.raises(AgentError) as info:
         run(runner, argv("/nonexistent/definitely-not-here", exec_id="spawn-1"))
     assert _reason(info) == errors_pb2.ERROR_REASON_SPAWN_FAILED
-    assert "not found" in info.value.message
+    assert info.value.message == "/nonexistent/definitely-not-here: no such file or directory"
     # Nothing is left registered under that id.
     with pytest.raises(AgentError) as again:
         runner.signal("spawn-1", signal.SIGTERM)
@@ -438,7 +438,36 @@ def test_spawn_failure_not_executable(runner: ProcessRunner, workspace: Path) ->
     with pytest.raises(AgentError) as info:
         run(runner, argv(str(script)))
     assert _reason(info) == errors_pb2.ERROR_REASON_SPAWN_FAILED
-    assert "permission denied" in info.value.message
+    assert info.value.message == (f"{script}: permission denied: the file is not executable (no x permission); "
+                                  f"`chmod +x {script}`, or run it with its interpreter (e.g. `sh {script}`)")
+
+
+def _spawn_failure(runner: ProcessRunner, *args: str) -> str:
+    with pytest.raises(AgentError) as info:
+        run(runner, argv(*args))
+    assert _reason(info) == errors_pb2.ERROR_REASON_SPAWN_FAILED
+    return info.value.message
+
+
+def test_spawn_failure_words_it_as_a_shell_would(runner: ProcessRunner, workspace: Path) -> None:
+    (workspace / "sub").mkdir()
+    script = workspace / "lost.sh"
+    script.write_text("#!/no/such/interpreter\necho hi\n")
+    script.chmod(0o755)
+    assert _spawn_failure(runner, "/etc") == "/etc: is a directory, not a program"
+    assert _spawn_failure(runner, "./sub") == "./sub: is a directory, not a program"
+    assert _spawn_failure(runner, "no-such-command-here") == "no-such-command-here: command not found"
+    assert _spawn_failure(runner, "./nothing") == "./nothing: no such file or directory"
+    assert _spawn_failure(runner, "./lost.sh") == (
+        "./lost.sh: cannot run it: its interpreter /no/such/interpreter (its #! line) does not exist in the sandbox")
+
+
+def test_which_spawn_failures_are_a_missing_program() -> None:
+    from sandbox.errors import program_missing
+
+    assert program_missing("nosuch: command not found") and program_missing("./x: no such file or directory")
+    assert not program_missing("/etc: is a directory, not a program")
+    assert not program_missing("./x: cannot run it: its interpreter /x (its #! line) does not exist in the sandbox")
 
 
 def test_missing_cwd_is_a_spawn_failure(runner: ProcessRunner, tmp_path: Path) -> None:

@@ -115,5 +115,5 @@ def test_runtime_flag_checked_against_the_policy_names_the_requirement() -> None
 
 def test_runtime_flag_runsc_with_network_is_refused() -> None:
     # Refused by the spec's own host check (the engine makes the same check for library callers).
-    with pytest.raises(UsageError, match="runtime 'runsc' runs sandboxes without a network"):
+    with pytest.raises(UsageError, match=r"^--runtime: 'runsc' runs sandboxes without a network"):
         spec_from_args(_args("--runtime", "runsc", "--network", "open"))

@@ -49,7 +49,7 @@ def test_json_lines_carry_level_logger_message_extras_and_exceptions(tmp_path: P
     assert [line["message"] for line in lines] == ["sandbox abc created", "failed"]
     first = lines[0]
     assert (first["level"], first["logger"], first["client"]) == ("info", "callbox.test", "alice")
-    assert first["time"].endswith("+00:00") and "T" in first["time"]
+    assert first["time"].endswith("Z") and "T" in first["time"]  # ISO 8601, UTC
     assert "ValueError: boom" in lines[1]["exception"]
 
 
@@ -71,3 +71,14 @@ def test_standard_error_by_default_in_the_plain_format(capsys: pytest.CaptureFix
     logging.getLogger("callbox.serve").info("hidden below warning")
     logging.getLogger("callbox.serve").warning("shown")
     assert capsys.readouterr().err == "callbox: shown\n"
+
+
+def test_a_text_log_line_starts_with_the_time_and_its_zone() -> None:
+    import re
+
+    from harness.cli.serve_logging import FILE_TEXT_FORMAT, ZonedTextFormatter
+
+    record = logging.LogRecord("callbox.serve", logging.INFO, __file__, 1, "listening", None, None)
+    record.created = 1_765_000_000.0
+    line = ZonedTextFormatter(FILE_TEXT_FORMAT).format(record)
+    assert re.fullmatch(r"2025-12-\d\d \d\d:\d\d:\d\d (UTC|[+-]\d\d:\d\d) INFO callbox\.serve: listening", line), line

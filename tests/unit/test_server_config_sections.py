@@ -106,7 +106,7 @@ def test_service_defaults_keep_sandboxes_and_leave_the_rest_off(tmp_path: Path) 
     ('[log]\nfile = "nodir/x.log"\n', r"\[log\] file = '.*/nodir/x.log': its directory does not exist"),
     ('[telemetry]\notlp_endpoint = "127.0.0.1:4318"\n', r"telemetry\.otlp_endpoint"),
     ('[quotas]\nmemory = "lots"\n', r"quotas\.memory"),
-    ('[quotas]\ncalls_per_minute = 0\n', r"'quotas\.calls_per_minute' must be greater than or equal to 1"),
+    ('[quotas]\ncalls_per_minute = 0\n', r"'quotas\.calls_per_minute': 0 is below the minimum of 1"),
     ('[profiles.ci]\npolicy = "missing.toml"\n', r"\[profiles\.ci\] policy = '.*/missing.toml' is not a file"),
     ('[pool]\nsize = 3\nmax = 1\n', r"pool\.max \(1\) must be at least pool\.size \(3\)"),
     ('[http]\n', r"missing required key 'http\.listen'"),
@@ -153,5 +153,5 @@ def test_sizes_render_as_a_user_writes_them_and_durations_with_their_unit(tmp_pa
 def test_log_max_bytes_takes_a_size(tmp_path: Path) -> None:
     config = parse_config('[doors.grpc]\nlisten = ""\n[log]\nmax_bytes = "64k"\n', source="c", base=tmp_path)
     assert config.log.max_bytes == 64 << 10
-    with pytest.raises(ConfigError, match=r"'log\.max_bytes' must be greater than or equal to 4096"):
+    with pytest.raises(ConfigError, match=r"'log\.max_bytes': 1k is below the minimum of 4k"):
         parse_config('[doors.grpc]\nlisten = ""\n[log]\nmax_bytes = "1k"\n', source="c", base=tmp_path)

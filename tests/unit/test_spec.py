@@ -329,13 +329,13 @@ def test_default_tmpfs_sizes_stay_under_half_of_any_memory(memory: str) -> None:
 def test_tmpfs_adding_up_past_half_the_memory_is_refused() -> None:
     with pytest.raises(ValidationError, match="keep tmp_size \\+ workspace_size \\+ home_size under half of memory"):
         SandboxSpec(memory="256m", tmp_size="100m", workspace_size="100m")
-    with pytest.raises(ValidationError, match="the tmpfs mounts would take 168 MiB of the 256 MiB"):
+    with pytest.raises(ValidationError, match="the tmpfs mounts would take 168m of the 256m memory limit"):
         SandboxSpec(memory="256m", home_size="64m")
     assert SandboxSpec(memory="256m", tmp_size="32m", workspace_size="64m").tmpfs_total == 120 * MiB
 
 
 def test_home_size_must_be_smaller_than_memory() -> None:
-    with pytest.raises(ValidationError, match="home_size must be smaller than the memory limit"):
+    with pytest.raises(ValidationError, match="home_size 256m must be smaller than the memory limit, 256m"):
         SandboxSpec(memory="256m", home_size="256m")
     assert SandboxSpec(memory="1g", home_size="100m").effective_home_size == 100 * MiB
 

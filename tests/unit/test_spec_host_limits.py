@@ -57,7 +57,8 @@ def test_the_engines_host_is_named_as_such() -> None:
 def test_memory_above_the_hosts_is_refused_naming_both_numbers() -> None:
     error = refusal(SandboxSpec(memory="1t"), HostLimits(memory=24 * GiB))
     assert error.key == "memory"
-    assert error.message == "memory 1024.0 GiB is more than the 24.0 GiB of memory of this host; use at most 24576m"
+    assert error.message == "memory 1t is more than the 24.0 GiB of memory of this host; use at most 24576m"
+    assert error.problem == "1t is more than the 24.0 GiB of memory of this host; use at most 24576m"
     assert SandboxSpec(memory="24g").for_host(HostLimits(memory=24 * GiB)).memory == 24 * GiB
 
 
@@ -253,10 +254,10 @@ def test_cli_host_refusals_are_one_line(capsys: pytest.CaptureFixture[str], tmp_
     count = os.cpu_count() or 1
     tail = ["--", "true"] if command == ["exec"] else ["--audit-db", str(tmp_path / "a.db")]
     cases = [
-        (["--cpus", "0.001"], "callbox: cpus: 0.001 is below the minimum of 0.01 (the smallest CPU quota Docker "
+        (["--cpus", "0.001"], "callbox: --cpus: 0.001 is below the minimum of 0.01 (the smallest CPU quota Docker "
                               "accepts)\n"),
-        (["--cpus", str(count + 1)], f"cpus {count + 1} is more than the {count} CPU(s) of this host"),
-        (["--memory", "64t"], f"memory 65536.0 GiB is more than the {psutil.virtual_memory().total / GiB:.1f} GiB"),
+        (["--cpus", str(count + 1)], f"callbox: --cpus: {count + 1} is more than the {count} CPU(s) of this host"),
+        (["--memory", "64t"], f"callbox: --memory: 64t is more than the {psutil.virtual_memory().total / GiB:.1f} GiB"),
         (["--mount", f"{tmp_path}/gone:/data"], f"mount source {tmp_path}/gone does not exist on the host"),
         (["--mount", f"{tmp_path}:/data", "--mount", f"{tmp_path}:/data"], "both mount at /data"),
         (["--mount", f"{tmp_path}:/data:rw,uid=0"], "never run as root"),

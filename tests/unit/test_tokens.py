@@ -143,3 +143,27 @@ def test_default_address_is_a_unix_socket():
 def test_bad_addresses(text):
     with pytest.raises(ServeError):
         parse_address(text)
+
+
+def test_a_client_without_a_token_is_told_how_to_give_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("CALLBOX_TOKEN", raising=False)
+    monkeypatch.delenv("CALLBOX_TOKEN_FILE", raising=False)
+    how = ("no token for the callbox server: pass token=... to the client, or set CALLBOX_TOKEN to the token "
+           "`callbox serve --grpc` printed on its first start (or CALLBOX_TOKEN_FILE to a file of NAME:TOKEN lines "
+           "holding it); ")
+    with pytest.raises(TokenError) as default:
+        client_token(env={})
+    assert default.value.message == (
+        f"{how}the token file a server on this machine writes, {tmp_path}/state/callbox/grpc-tokens, does not exist")
+    with pytest.raises(TokenError) as named:
+        client_token(env={"CALLBOX_TOKEN_FILE": str(tmp_path / "nope")})
+    assert named.value.message == f"{how}CALLBOX_TOKEN_FILE names {tmp_path}/nope, which does not exist"
+    assert not (tmp_path / "state").exists()  # a client never makes the server's file
+
+    from harness.client import ExecutorClient
+
+    with pytest.raises(TokenError, match=r"^no token for the callbox server: pass token=\.\.\. to the client"):
+        ExecutorClient("127.0.0.1:9")
+    with ExecutorClient("127.0.0.1:9", "t" * 20) as client:  # a token given is used as it is
+        assert client.target == "127.0.0.1:9"

@@ -324,7 +324,7 @@ def test_missing_required_argument() -> None:
 def test_constraint_violation() -> None:
     exc = rejected(SHELL, '{"command": "ls", "timeout_ms": 0}')
     assert exc.message == (
-        "invalid arguments for tool 'shell': argument 'timeout_ms' must be greater than or equal to 1, got 0"
+        "invalid arguments for tool 'shell': argument 'timeout_ms': 0 is below the minimum of 1"
     )
 
 
@@ -516,8 +516,8 @@ def test_builtin_missing_and_null_optional_arguments_validate_the_same(name: str
             "argument 'view_range' must be an array, got '1-2'",
         ),
         ("read_file", {"path": "a", "start_line": 0},
-         "argument 'start_line' must be greater than or equal to 1, got 0"),
-        ("list_dir", {"depth": 9}, "argument 'depth' must be less than or equal to 5, got 9"),
+         "argument 'start_line': 0 is below the minimum of 1"),
+        ("list_dir", {"depth": 9}, "argument 'depth': 9 is above the maximum of 5 (allowed: 1 to 5)"),
         ("search", {"pattern": "x", "literal": None, "max_results": "many"},
          "argument 'max_results' must be an integer, got 'many'"),
         ("write_file", {"path": "a"}, "missing required argument 'content'"),

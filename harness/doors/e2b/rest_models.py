@@ -31,10 +31,10 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from harness.core.errors import ErrorCode
+from harness.core.times import iso
 from harness.doors.e2b.boxes import DEFAULT_TEMPLATE, DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes, Metric
 from harness.doors.e2b.errors import E2bError, invalid
 from harness.doors.grpc.overrides import SandboxOverrides
@@ -159,8 +159,8 @@ def parse_create(body: Any, sandboxes: E2bSandboxes, client: str | None = None) 
 
 
 def rfc3339(unix: float) -> str:
-    """``2026-05-01T12:00:00.123Z``."""
-    return datetime.fromtimestamp(unix, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """``2026-05-01T12:00:00.123Z`` (E2B's timestamps are callbox's ISO 8601 form)."""
+    return iso(unix)
 
 
 def created_body(sandbox: E2bSandbox) -> dict[str, Any]:

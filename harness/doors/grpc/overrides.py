@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from harness.core.policy import MountSetting, Policy, PolicyError, SandboxSettings
+from harness.core.problems import describe_validation_error
 from harness.core.units import format_size
 from harness.doors.grpc.errors import ServiceError, denied, invalid
 from harness.engine.spec import Mount
@@ -79,6 +80,11 @@ def _under_root(path: str, roots: Sequence[Path]) -> bool:
     return False
 
 
+def _under(key: str) -> Callable[[str], str]:
+    """Names a Mount's field by its place in the request (``mounts[1].target``)."""
+    return lambda path: f"{key}.{path}"
+
+
 def _client_mounts(settings: SandboxSettings, requests: Sequence[MountRequest]) -> list[MountSetting]:
     roots = settings.allowed_mount_roots
     if not roots:
@@ -98,7 +104,7 @@ def _client_mounts(settings: SandboxSettings, requests: Sequence[MountRequest]) 
         try:
             mount = Mount(source=Path(lexical), target=req.target, read_only=not req.read_write)
         except ValidationError as exc:
-            raise invalid(f"{key}: {exc.errors()[0]['msg']}") from None
+            raise invalid(describe_validation_error(exc, Mount, name=_under(key))[0]) from None
         try:
             mount.canonical(roots)
         except ValueError as exc:
@@ -162,7 +168,8 @@ def sandbox_policy(policy: Policy, overrides: SandboxOverrides, exposed: Sequenc
     try:
         settings = SandboxSettings.model_validate({**s.model_dump(), **updates})
     except ValidationError as exc:
-        raise invalid(f"sandbox overrides: {exc.errors()[0]['msg']}") from None
+        problem = describe_validation_error(exc, SandboxSettings, noun="key")[0]
+        raise invalid(f"sandbox overrides: {problem}") from None
     tightened = policy.model_copy(update={"sandbox": settings, "allowed_tools": allowed})
     try:
         tightened.sandbox_spec()

@@ -209,8 +209,9 @@ class _AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                 return handler  # quick: never kept from a client, even one at its share (DeleteSandbox)
             return _fair(handler, client, self.quotas, self.share)
         if token is None:
-            message = (f"this request carries no bearer token; send the metadata 'authorization: Bearer TOKEN' "
-                       f"(the server's token file, or {TOKEN_ENV})")
+            message = (f"this request carries no bearer token; send the metadata 'authorization: Bearer TOKEN' with "
+                       f"a token of this server (the one `callbox serve --grpc` printed on its first start; "
+                       f"harness.client sends {TOKEN_ENV} or its token= argument)")
         else:
             message = "the bearer token is not valid for this server"
         fail = _unauthenticated(message)

@@ -37,6 +37,7 @@ from pathlib import Path
 from harness.core.errors import CallboxError, ErrorCode
 
 __all__ = [
+    "CLIENT_TOKEN_HELP",
     "DEFAULT_CLIENT",
     "MIN_TOKEN_LENGTH",
     "TOKEN_ENV",
@@ -255,14 +256,25 @@ def configured_tokens(token_file: Path | None = None, *, env: Mapping[str, str] 
     return load_token_file(path) if path.exists() else None
 
 
+CLIENT_TOKEN_HELP = (f"pass token=... to the client, or set {TOKEN_ENV} to the token `callbox serve --grpc` printed "
+                     f"on its first start (or {TOKEN_FILE_ENV} to a file of NAME:TOKEN lines holding it)")
+"""How a client gives its token, for messages about a client without one."""
+
+
 def client_token(env: Mapping[str, str] | None = None, token_file: Path | None = None) -> str:
     """The token a client sends: ``CALLBOX_TOKEN``, else the first token of ``token_file``,
-    ``CALLBOX_TOKEN_FILE`` or the default file."""
+    ``CALLBOX_TOKEN_FILE`` or the default file. With none of them a TokenError says how a
+    client gives its token (the default file is the server's: a client does not make it)."""
     environ = os.environ if env is None else env
     from_env = environ.get(TOKEN_ENV, "").strip()
     if from_env and token_file is None:
         return from_env
-    path = token_file or Path(environ.get(TOKEN_FILE_ENV, "").strip() or default_token_file())
+    named = environ.get(TOKEN_FILE_ENV, "").strip()
+    path = token_file or Path(named or default_token_file()).expanduser()
+    if token_file is None and not path.exists() and not path.is_symlink():
+        where = (f"{TOKEN_FILE_ENV} names {path}, which does not exist" if named
+                 else f"the token file a server on this machine writes, {path}, does not exist")
+        raise TokenError(f"no token for the callbox server: {CLIENT_TOKEN_HELP}; {where}")
     tokens = load_token_file(path)
     return tokens.token(tokens.names[0])
 

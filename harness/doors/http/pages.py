@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from harness.audit.records import Approval, RunRecord
+from harness.core.times import stamp
 from harness.doors.http.console import LiveSandbox, PendingApproval
 
 __all__ = [
@@ -68,7 +69,8 @@ def clip(text: str | None, limit: int) -> str:
 
 
 def when(ts: float | None) -> str:
-    return "" if not ts else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+    """A moment with its zone (``2026-12-06 14:03:10 UTC``); empty when there is none."""
+    return "" if not ts else stamp(ts)
 
 
 def span(seconds: float) -> str:

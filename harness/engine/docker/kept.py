@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.errors import CallboxError, ErrorCode
+from harness.core.times import stamp
 from harness.engine.docker import labels
 
 log = logging.getLogger("callbox.engine")
@@ -163,6 +164,6 @@ def expiry_passed(socket_dir: str | None, now: float) -> bool:
         return False
 
 
-def when(stamp: float) -> str:
-    """A Unix time as ``2025-01-02 03:04:05 UTC``."""
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stamp))
+def when(moment: float) -> str:
+    """A Unix time as people read it, with its zone (``2025-01-02 03:04:05 UTC``)."""
+    return stamp(moment)

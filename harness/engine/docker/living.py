@@ -526,17 +526,29 @@ def _fork_from(engine: DockerEngine, info: SnapshotInfo, *, name: str | None, ow
     return forked
 
 
+def not_gone(name: str, state: str, snapshot: str | None) -> CallboxError:
+    """Why sandbox ``name``, ``running`` or ``paused``, is not restored, and what to do
+    instead: restore is for a sandbox that is gone; this one still has its files."""
+    back = (f"to take it back to its latest snapshot ({snapshot}), remove it (`callbox sandbox rm {name}`), "
+            f"then restore it" if snapshot is not None
+            else f"it has no snapshot (`callbox sandbox snapshot {name} SNAPSHOT` takes one)")
+    thaw = f"; `callbox sandbox resume {name}` thaws it" if state == "paused" else ""
+    return CallboxError(
+        f"sandbox {name} is {state}, not gone: restore recreates a gone sandbox (its container stopped or removed, "
+        f"e.g. when the Docker engine restarted) from its latest snapshot, and {name} still has its files{thaw}; "
+        f"{back}; `callbox sandbox fork {name} --name NEW` starts a copy of it", code=ErrorCode.CONFLICT)
+
+
 def restore(engine: DockerEngine, name: str) -> Sandbox:
     """Recreate the named sandbox ``name`` from its latest snapshot, under the same name."""
     validate_name(name)
     taken = name_holder(engine.run_root, name)
     record = read_record(engine.run_root, taken) if taken is not None else None
+    candidates = [s for s in engine.snapshot_store.list() if s.source_name == name]
     if record is not None:
         state = _docker_state(engine, record.container_id)
         if state is not None and state not in STOPPED:
-            raise CallboxError(f"sandbox {name} is {state_of(state)}, not gone; fork it, or remove it first "
-                               f"(`callbox sandbox rm {name}`)", code=ErrorCode.CONFLICT)
-    candidates = [s for s in engine.snapshot_store.list() if s.source_name == name]
+            raise not_gone(name, state_of(state), candidates[-1].name if candidates else None)
     if not candidates:
         raise SnapshotError(f"sandbox {name} has no snapshot to restore from (its files are gone); "
                             f"`callbox sandbox rm {name}` frees the name", code=ErrorCode.NOT_FOUND)

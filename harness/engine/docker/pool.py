@@ -132,7 +132,8 @@ class WarmPool:
                  room: Callable[[], int] | None = None) -> None:
         ceiling = size if max is None else max
         if size < 0 or ceiling < size:
-            raise CallboxError(f"a pool needs 0 <= size <= max, not size {size} and max {ceiling}")
+            raise CallboxError(f"a pool needs 0 <= size <= max, not size {size} and max {ceiling}",
+                               code=ErrorCode.INVALID_CONFIG)
         self.engine = engine
         self.pause_s = pause_s
         self.max_total = max_total if max_total is not None else ceiling * len(specs)
