@@ -2,7 +2,7 @@
 
 Whoever records it (the process itself on Ctrl-C or SIGTERM, a later process that finds the
 owner gone, a restarted server adopting its sandboxes) records the same shape: a
-``sandbox_unavailable`` error whose ``structured`` says
+``interrupted`` error (retryable only when ``command_started`` is false) whose ``structured`` says
 
 * ``interrupted``: ``process_stopped`` (a harness process: ``callbox call``, ``callbox run``,
   a program using the Python API) or ``server_stopped`` (``callbox serve``);
@@ -40,7 +40,7 @@ def interrupted_result(call_id: str, *, cause: str, command_started: bool | None
     if noticed_by is not None:
         structured["noticed_by"] = noticed_by
     return ToolResult(call_id=call_id, text=_model_text(call_id, structured), is_error=True,
-                      error=ErrorCode.SANDBOX_UNAVAILABLE, structured=structured)
+                      error=ErrorCode.INTERRUPTED, structured=structured)
 
 
 def interruption(result: ToolResult | None) -> dict[str, Any] | None:

@@ -216,7 +216,8 @@ _ROWS = (
     _row(_E.INTERRUPTED, "The process that ran the call stopped while it ran (Ctrl-C, SIGTERM, killed, a "
          "server that crashed); the result says whether its command had started.",
          "Check what the command did before running it again under a new call_id: a call that may have run "
-         "is never run twice.", retry=False, exit_status=EXIT_ERROR_RESULT, result=True),
+         "is never run twice (one whose result says `command_started: false` runs when sent again).",
+         retry=True, exit_status=EXIT_CALLBOX_FAILED, result=True),
     # --- refused requests ---------------------------------------------------------------------------
     _row(_E.INVALID_REQUEST, "The request is malformed: a bad flag, argument or value; the message names it "
          "and what is allowed.", "Fix the named value (`--help` lists the options).", retry=False,

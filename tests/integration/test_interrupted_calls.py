@@ -99,7 +99,7 @@ def _call(shared: Path, *extra: str) -> list[str]:
 
 def _resent(shared: Path, env: dict[str, str], run_id: str = "r", call_id: str = "x1") -> dict[str, Any]:
     """Send the call again; it must answer promptly with the interrupted record (exit 125:
-    callbox's own failure, as for any sandbox_unavailable result)."""
+    callbox's own failure: the error table gives interrupted exit status 125)."""
     began = time.monotonic()
     proc = callbox("call", "shell", ARGS, "--run-id", run_id, "--call-id", call_id, "--image", IMAGE,
                    "--mount", f"{shared}:/data:rw", env=env, timeout=120)
@@ -129,7 +129,7 @@ def test_a_stopped_callbox_call_records_its_call_interrupted_and_a_resend_runs_n
     assert proc.returncode == code, (out, err)
     assert b"Traceback" not in err
     call = _audited(env, "r", "x1")
-    assert call["state"] == "done" and call["error_code"] == "sandbox_unavailable"
+    assert call["state"] == "done" and call["error_code"] == "interrupted"
     assert call["interrupted"]["signal"] == name and call["interrupted"]["command_started"] is True
     assert call["interrupted"]["owner"] == call["interrupted"]["noticed_by"]
     shown = callbox("audit", "--run", "r", env=env).stdout.decode()

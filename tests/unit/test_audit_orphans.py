@@ -67,7 +67,7 @@ def test_a_running_call_of_a_gone_owner_is_recorded_interrupted_and_never_run_ag
     claim = store.claim_call("r", "x1", "shell", ARGS)
     assert not claim.fresh and claim.state == "done"
     result = claim.result
-    assert result is not None and result.is_error and result.error is ErrorCode.SANDBOX_UNAVAILABLE
+    assert result is not None and result.is_error and result.error is ErrorCode.INTERRUPTED
     assert result.structured == {"command_started": None, "interrupted": PROCESS_STOPPED, "owner": dead.label,
                                  "noticed_by": this_process().label}
     assert not retry_safe(result)
@@ -88,7 +88,7 @@ def test_a_claimed_call_of_a_gone_owner_never_started_so_the_same_claim_runs_it(
     claim = store.claim_call("r", "x1", "shell", ARGS)
     assert claim.fresh and claim.attempt == 2 and claim.record.owner == this_process().label
     (earlier,) = claim.record.earlier_attempts
-    assert earlier.error_code == "sandbox_unavailable" and earlier.result is not None
+    assert earlier.error_code == "interrupted" and earlier.result is not None
     assert (earlier.result.structured or {})["command_started"] is False
     assert "before its command started" in earlier.result.text
 

@@ -127,7 +127,7 @@ def _stopped(session: Session, name: str, call_id: str) -> ToolResult:
 def test_ctrl_c_while_the_command_runs_is_recorded_and_a_resend_never_runs_it(session, tools) -> None:
     recorded = _stopped(session, "started", "x1")
     me = this_process().label
-    assert recorded.error is ErrorCode.SANDBOX_UNAVAILABLE and recorded.meta["decision"] == "allow"
+    assert recorded.error is ErrorCode.INTERRUPTED and recorded.meta["decision"] == "allow"
     assert recorded.structured == {"command_started": True, "interrupted": PROCESS_STOPPED, "signal": "SIGINT",
                                    "owner": me, "noticed_by": me}
     assert recorded.text.startswith("call 'x1' was interrupted (its harness process stopped on SIGINT) before its "
