@@ -26,6 +26,7 @@ from harness.doctor.container_checks import APPARMOR_ABSENT, HOST_DEPENDENT_IDS,
 from harness.doctor.evidence import Evidence, read_daemon_config, read_host_networks
 from harness.engine.docker.networks import POOLS_EXHAUSTED
 from tests.conftest import unavailable
+from tests.support.doctor_report import report_entries
 
 pytestmark = pytest.mark.docker
 
@@ -82,16 +83,6 @@ def test_doctor_json_container_items_pass_and_the_sandbox_is_gone(engine):
     assert _owned_by(engine, pid) == []
 
 
-def _entries(text: str) -> list[str]:
-    """The report's results and summary, each continuation line joined to the line it continues."""
-    entries: list[str] = []
-    for line in text.splitlines():
-        if line.startswith(" ") and entries:
-            entries[-1] += " " + line.strip()
-        else:
-            entries.append(line)
-    return entries
-
 
 def test_doctor_text_prints_one_entry_per_check_and_a_summary_wrapped_to_80_columns(engine):
     """Not a terminal (a pipe): 80 columns; continuations indented under the check's text."""
@@ -102,7 +93,7 @@ def test_doctor_text_prints_one_entry_per_check_and_a_summary_wrapped_to_80_colu
     indent = {len(line) - len(line.lstrip(" ")) for line in lines[:-2] if line.startswith(" ")}
     head = re.match(r"^(PASS|WARN|FAIL|SKIP)  \S+ +", lines[0])
     assert head and len(indent) == 1 and indent.pop() == head.end()
-    entries = _entries(done.stdout)
+    entries = report_entries(done.stdout)
     checks, summary = entries[:-1], entries[-1]
     assert len(checks) >= 21
     parsed = [LINE.match(line) for line in checks]

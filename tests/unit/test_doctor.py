@@ -48,6 +48,7 @@ from harness.doctor.daemon_checks import (
 )
 from harness.doctor.evidence import Evidence, Probe, parse_probe, read_daemon_config, security_opts
 from harness.doctor.report import render_text
+from tests.support.doctor_report import report_entries
 
 INFO_PLAIN = {"SecurityOptions": ["name=seccomp,profile=default"]}
 """docker info of a host with seccomp and nothing else (this repository's CI engine)."""
@@ -589,20 +590,10 @@ def test_callbox_sandbox_passes_every_container_item_but_the_host_dependent_ones
     assert [r.scope for r in results[-3:]] == ["host", "host", "host"]
 
 
-def _entries(text: str) -> list[str]:
-    """The report's results and summary, each continuation line joined to its first line."""
-    entries: list[str] = []
-    for line in text.splitlines():
-        if line.startswith(" ") and entries:
-            entries[-1] += " " + line.strip()
-        else:
-            entries.append(line)
-    return entries
-
 
 def test_text_and_json_rendering():
     results = run_checks(_callbox_evidence())
-    entries = _entries(render_text(results, width=80))
+    entries = report_entries(render_text(results, width=80))
     assert len(entries) == len(results) + 1
     apparmor = entries[[r.id for r in results].index("5.1")]
     assert apparmor.startswith("WARN  5.1  ") and apparmor.endswith(": " + APPARMOR_ABSENT)
