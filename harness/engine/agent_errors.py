@@ -7,7 +7,7 @@ import grpc
 
 from harness.core.errors import AgentCallError, ErrorCode
 from harness.wire import DETAIL_METADATA_KEY
-from sandbox.errors import COMMAND_NOT_FOUND
+from sandbox.errors import program_missing
 from sandbox.v1 import errors_pb2
 
 __all__ = ["SANDBOX_GONE", "UNREACHABLE_CODES", "sandbox_gone", "translate"]
@@ -49,6 +49,6 @@ def translate(error: grpc.RpcError) -> AgentCallError:
     if code == grpc.StatusCode.UNAVAILABLE and not from_agent:
         message = f"{SANDBOX_GONE} ({message})" if message else SANDBOX_GONE
     failure = AgentCallError(message or code.name, reason=reason, grpc_code=code.name, retryable=retryable)
-    if reason == "SPAWN_FAILED" and failure.message.endswith(COMMAND_NOT_FOUND):
+    if reason == "SPAWN_FAILED" and program_missing(failure.message):
         failure.code = ErrorCode.COMMAND_NOT_FOUND  # type: ignore[misc]  # this instance's own code
     return failure

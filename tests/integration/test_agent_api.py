@@ -56,7 +56,8 @@ def test_spawn_failure_is_an_error_not_an_exit(sandbox):
     with pytest.raises(AgentCallError) as info:
         run(sandbox, ["/no/such/binary"])
     assert info.value.reason == "SPAWN_FAILED"
-    assert "command not found" in info.value.message
+    assert info.value.message == "/no/such/binary: no such file or directory"  # a path to nothing, as a shell says it
+    assert info.value.code == "command_not_found"  # exit 127 from `callbox exec`
 
 
 def test_file_roundtrip_owned_by_the_tool_user(sandbox):

@@ -199,11 +199,11 @@ def test_100_mb_come_out_byte_for_byte(remote: AgentClient) -> None:
 def test_the_agents_structured_errors_come_through(remote: AgentClient) -> None:
     with pytest.raises(AgentCallError) as info:
         remote.read_file("/etc/passwd")
-    assert (info.value.reason, info.value.code) == ("PATH_ESCAPE", "PERMISSION_DENIED")
+    assert (info.value.reason, info.value.grpc_code) == ("PATH_ESCAPE", "PERMISSION_DENIED")
     assert "outside the allowed roots" in info.value.message
     with pytest.raises(AgentCallError) as info:
         remote.signal("nope", 15)
-    assert (info.value.reason, info.value.code, info.value.retryable) == ("NO_SUCH_PROCESS", "NOT_FOUND", False)
+    assert (info.value.reason, info.value.grpc_code, info.value.retryable) == ("NO_SUCH_PROCESS", "NOT_FOUND", False)
 
 
 # ---- deadlines and cancellation ------------------------------------------------------------------------
@@ -213,7 +213,7 @@ def test_the_callers_deadline_holds_through_the_relay(sandbox: Any, remote: Agen
     began = time.monotonic()
     with pytest.raises(AgentCallError) as info:
         collect(remote.exec("echo $$ > /tmp/deadline.pid; exec sleep 60", timeout_ms=90_000, rpc_timeout=1.0))
-    assert info.value.code == "DEADLINE_EXCEEDED"
+    assert info.value.grpc_code == "DEADLINE_EXCEEDED"
     assert time.monotonic() - began < 5
     wait_gone(sandbox, "/tmp/deadline.pid")  # the relay's call ran out too, and the agent killed it
 
@@ -276,7 +276,7 @@ def test_a_peer_that_vanishes_fails_the_call_within_seconds_and_the_relay_cancel
         with pytest.raises(AgentCallError) as info:
             collect(events)
         assert time.monotonic() - began < 10
-        assert info.value.code == "UNAVAILABLE" and sandbox_gone(info.value), info.value
+        assert info.value.grpc_code == "UNAVAILABLE" and sandbox_gone(info.value), info.value
         wait_gone(sandbox, "/tmp/vanish.pid")
     finally:
         client.close()
@@ -297,7 +297,7 @@ def test_a_wrong_token_and_an_unknown_sandbox_are_refused_alike(relay: AgentRela
         with remote_client(relay, first, token=presented, sandbox_id=sandbox_id) as client, \
                 pytest.raises(AgentCallError) as info:
             client.health()
-        refusals.append((info.value.code, info.value.message))
+        refusals.append((info.value.grpc_code, info.value.message))
     assert refusals == [("UNAUTHENTICATED", REFUSED)] * 5
     with remote_client(relay, first, token=token) as client:
         assert client.health() == health.SERVING
@@ -329,7 +329,7 @@ def test_a_plaintext_client_and_one_trusting_another_certificate_are_refused(
     with AgentClient.over_relay(relay.address, impostor, sandbox.id, token) as client, \
             pytest.raises(AgentCallError) as failure:
         client.health(timeout=5)
-    assert failure.value.code == "UNAVAILABLE"
+    assert failure.value.grpc_code == "UNAVAILABLE"
 
 
 def test_a_relay_over_its_stream_limit_refuses_at_once(state_dir: Path, sandbox: Any) -> None:
@@ -342,7 +342,7 @@ def test_a_relay_over_its_stream_limit_refuses_at_once(state_dir: Path, sandbox:
                 started(events)
             with pytest.raises(AgentCallError) as info:
                 client.health()
-            assert (info.value.code, info.value.retryable) == ("RESOURCE_EXHAUSTED", True)
+            assert (info.value.grpc_code, info.value.retryable) == ("RESOURCE_EXHAUSTED", True)
             assert "limit of 2 calls" in info.value.message
             long_calls[0].close()
             deadline = time.monotonic() + PATIENCE_S
@@ -408,7 +408,7 @@ def test_a_sandbox_destroyed_by_its_host_mid_call_reads_as_gone(make_sandbox: An
         assert info.value.message.startswith(SANDBOX_GONE) and sandbox_gone(info.value), info.value
         with pytest.raises(AgentCallError) as info:
             client.health()  # and its token is gone with it
-        assert info.value.code == "UNAUTHENTICATED"
+        assert info.value.grpc_code == "UNAUTHENTICATED"
     assert box.id not in relay.registered()
 
 
@@ -418,7 +418,7 @@ def test_a_registered_sandbox_whose_socket_is_gone_is_unavailable(relay: AgentRe
     with AgentClient.over_relay(relay.address, relay.certificate_pem, "gone-sandbox", token) as client, \
             pytest.raises(AgentCallError) as info:
         client.health()
-    assert info.value.code == "UNAVAILABLE" and info.value.message.startswith(SANDBOX_GONE)
+    assert info.value.grpc_code == "UNAVAILABLE" and info.value.message.startswith(SANDBOX_GONE)
 
 
 def test_a_call_cancelled_before_the_agent_answered_at_all_frees_the_relay(sandbox: Any, relay: AgentRelay) -> None:
@@ -446,7 +446,7 @@ def test_a_call_cancelled_before_the_agent_answered_at_all_frees_the_relay(sandb
             assert relay.active == 2
             scope.cancel()
             thread.join(PATIENCE_S)
-            assert outcome and isinstance(outcome[0], AgentCallError) and outcome[0].code == "CANCELLED"
+            assert outcome and isinstance(outcome[0], AgentCallError) and outcome[0].grpc_code == "CANCELLED"
             deadline = time.monotonic() + 5
             while relay.active > 1 and time.monotonic() < deadline:
                 time.sleep(0.01)

@@ -166,7 +166,7 @@ def test_daemon_restart_during_calls(engine, run_root: Path, tmp_path: Path) -> 
         with pytest.raises(AgentCallError) as gone:
             for event in events:
                 assert event.WhichOneof("event") != "exited", f"the call ended as if nothing happened: {event}"
-        assert gone.value.code == "UNAVAILABLE"
+        assert gone.value.grpc_code == "UNAVAILABLE"
         assert _says_the_sandbox_went_away(gone.value.message), gone.value.message
         caller.join(60)
         assert not caller.is_alive()
@@ -234,7 +234,7 @@ def test_docker_stop_during_a_call(engine, run_root: Path, tmp_path: Path) -> No
             engine.client.api.stop(box.container_id, timeout=10)
             with pytest.raises(AgentCallError) as stopping:
                 list(events)
-            assert stopping.value.code == "UNAVAILABLE"
+            assert stopping.value.grpc_code == "UNAVAILABLE"
             assert stopping.value.message.startswith(STOPPING), stopping.value.message
             assert stopping.value.message.endswith("; the command was killed")
             with pytest.raises(AgentCallError) as gone:

@@ -60,7 +60,7 @@ def test_each_problem_is_named_by_its_key_with_the_fix(engine: Any, tmp_path: Pa
         taken.close()
     assert code == 1
     file = results["config.file"]  # what `callbox config check` says: its loader stops at the first problem
-    assert file["status"] == "FAIL" and "chmod 600" in file["reason"]
+    assert file["status"] == "FAIL" and "[tls] cert" in file["reason"]  # its first problem: the key is not the cert's
     grpc = results["config.grpc"]
     assert grpc["status"] == "FAIL", grpc
     assert grpc["reason"].startswith(f"[doors.grpc] listen = '127.0.0.1:{port}': port {port} is in use by pid "

@@ -100,9 +100,10 @@ def _expect_gone(events: Iterator[object]) -> str:
             if event.WhichOneof("event") == "exited":  # type: ignore[attr-defined]
                 raise Unexpected(f"the call ended normally although its sandbox went away: {event}")
     except AgentCallError as error:
-        if error.code != "UNAVAILABLE" or not (SANDBOX_GONE in error.message or "sandbox is stopping" in error.message):
-            raise Unexpected(f"unclear error after the sandbox went away: {error.code} {error.message}") from None
-        return error.code
+        gone = SANDBOX_GONE in error.message or "sandbox is stopping" in error.message
+        if error.grpc_code != "UNAVAILABLE" or not gone:
+            raise Unexpected(f"unclear error after the sandbox went away: {error.grpc_code} {error.message}") from None
+        return error.grpc_code
     raise Unexpected("the stream ended without an error although its sandbox went away")
 
 
@@ -161,8 +162,8 @@ def _cycle(engine: DockerEngine, outcome: str, rng: random.Random) -> Sandbox:
                         raise Unexpected("the call ended normally although its channel was closed")
                 raise Unexpected("the stream ended without an error although its channel was closed")
             except AgentCallError as error:
-                if error.code != "CANCELLED":
-                    raise Unexpected(f"closing the channel gave {error.code}: {error.message}") from None
+                if error.grpc_code != "CANCELLED":
+                    raise Unexpected(f"closing the channel gave {error.grpc_code}: {error.message}") from None
             finally:
                 closer.join()
         elif outcome == "docker_kill":
