@@ -318,7 +318,12 @@ class SandboxNetworks:
 
     def detach(self, sandbox_id: str) -> list[EgressEvent]:
         """Remove the sandbox's proxy and network (after its container); return the proxy's
-        decisions, each also written to the ``callbox.egress`` log."""
+        decisions, each also written to the ``callbox.egress`` log.
+
+        A network the engine will not remove yet (it still lists an endpoint of the container
+        just removed, as dockerd under load sometimes does for a moment) raises, so the
+        teardown's retry removes it; the proxy's log is gone by then, so a retry logs no
+        decision twice."""
         with self._lock:
             starting = self._starting.pop(sandbox_id, None)
         if starting is not None:
@@ -328,10 +333,11 @@ class SandboxNetworks:
             egress_log.info("sandbox %s egress %s %s %s:%s%s", sandbox_id, event.decision, event.method,
                             event.host, event.port, f" ({event.reason})" if event.reason else "")
         remove_container(self.client, proxy_name(sandbox_id))
-        self._remove_network(network_name(sandbox_id))
         shutil.rmtree(self.log_root / sandbox_id, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.log_root.rmdir()  # only when it is empty: the last proxy's log is gone
+        with contextlib.suppress(docker.errors.NotFound):
+            self.client.api.remove_network(network_name(sandbox_id))
         if self._egress_network_exists():
             with self.packet_filter.locked():
                 self._remove_egress_network_if_unused()
