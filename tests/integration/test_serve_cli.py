@@ -103,6 +103,18 @@ def test_serve_with_a_config_file_takes_its_doors_tokens_and_limits(engine, tmp_
             proc.wait()
 
 
+def _serve_notified(config, tmp_path, *, timeout: float):  # type: ignore[no-untyped-def]
+    """``callbox serve --config CONFIG`` as a child process whose systemd notifications come to a
+    socket of the test's (read with ``timeout``): the socket and the process."""
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(timeout)
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli.main", "serve", "--config", str(config)],
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+    return notify, proc
+
+
 def _line_with(stream, text: str) -> str:
     """The next line of ``stream`` that holds ``text`` (a server started with --config logs at
     info level, so other lines come between); the last line read if the stream ends first."""
@@ -123,12 +135,7 @@ def test_sighup_reloads_the_config_keeping_sandboxes_and_systemd_hears_each_step
                           f'[service]\nkeep_sandboxes = false\n{extra}')
 
     write(1)
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(str(tmp_path / "notify.sock"))
-    notify.settimeout(60)
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli.main", "serve", "--config", str(config)],
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+    notify, proc = _serve_notified(config, tmp_path, timeout=60)
     try:
         assert proc.stderr is not None
         assert "gRPC executor listening" in _line_with(proc.stderr, "listening")
@@ -221,12 +228,7 @@ def test_each_door_says_where_it_listens_once(tmp_path):
                       '[doors.mcp_http]\nlisten = "127.0.0.1:0"\n[http]\nlisten = "127.0.0.1:0"\n'
                       '[auth]\ntoken_file = "tokens"\n[audit]\ndb = "audit.sqlite3"\n'
                       '[service]\nkeep_sandboxes = false\n')
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(str(tmp_path / "notify.sock"))
-    notify.settimeout(120)
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli.main", "serve", "--config", str(config)],
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+    notify, proc = _serve_notified(config, tmp_path, timeout=120)
     try:
         assert proc.stderr is not None
         seen = []
@@ -262,12 +264,7 @@ def test_a_reload_refuses_what_serve_would_refuse_with_the_same_words(tmp_path):
     good = (f'[doors.grpc]\nlisten = "unix:{sock}"\n[auth]\ntoken_file = "tokens"\n[audit]\ndb = "audit.sqlite3"\n'
             '[service]\nkeep_sandboxes = false\n')
     config.write_text(good)
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(str(tmp_path / "notify.sock"))
-    notify.settimeout(120)
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli.main", "serve", "--config", str(config)],
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+    notify, proc = _serve_notified(config, tmp_path, timeout=120)
     try:
         assert proc.stderr is not None
         assert notify.recv(4096).decode().split("\n") == ["READY=1", "STATUS=serving"]

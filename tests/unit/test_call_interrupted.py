@@ -25,6 +25,7 @@ from harness.core.registry import Tool, ToolDefinition, ToolRegistry
 from harness.core.session import Session
 from harness.engine.exec_result import collect
 from sandbox.v1 import process_pb2
+from tests.support.fake_sandbox import FakeSandbox
 
 ALLOW = Decision(Action.ALLOW, "tools.boxed allow", "")
 
@@ -32,17 +33,6 @@ ALLOW = Decision(Action.ALLOW, "tools.boxed allow", "")
 class TextArgs(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
     text: str
-
-
-class FakeSandbox:
-    id = "box-1"
-    agent = None
-
-    def new_egress_events(self) -> list[Any]:
-        return []
-
-    def destroy(self) -> None:
-        pass
 
 
 class Engine:

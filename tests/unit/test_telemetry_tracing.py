@@ -22,6 +22,7 @@ from harness.core.policy import Policy, ToolPolicy
 from harness.core.registry import Tool, ToolDefinition, ToolRegistry
 from harness.core.session import Session
 from harness.telemetry import tracing
+from tests.support.fake_sandbox import FakeSandbox
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -40,19 +41,6 @@ def _echo(_ctx: Any, args: TextArgs) -> ToolOutput:
 def _in_sandbox(ctx: Any, args: TextArgs) -> ToolOutput:
     ctx.provider.sandbox()  # the run's sandbox, started on first use
     return ToolOutput(text=args.text)
-
-
-class FakeSandbox:
-    """What a Session needs of a sandbox when its handlers never use it."""
-
-    id = "box-1"
-    agent = None
-
-    def new_egress_events(self) -> list[Any]:
-        return []
-
-    def destroy(self) -> None:
-        pass
 
 
 class FakeEngine:
