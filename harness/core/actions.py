@@ -131,6 +131,7 @@ _WHAT = {
     "snapshot": "snapshotting a sandbox",
     "fork": "forking a sandbox",
     "pause": "pausing or resuming a sandbox",
+    "network": "changing a sandbox's network rules",
 }
 _RANK = {Action.ALLOW: 1, Action.ASK: 2, Action.DENY: 3}
 _PORT_RANGE = re.compile(r"\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?", re.ASCII)

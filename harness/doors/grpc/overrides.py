@@ -68,6 +68,7 @@ class SandboxOverrides:
             env=dict(request.env),
             ttl_seconds=request.ttl_seconds if request.HasField("ttl_seconds") else None,
             allowed_tools=tuple(request.allowed_tools),
+            network_request=NetworkRequest(allow=tuple(request.network_allow), deny=tuple(request.network_deny)),
         )
 
 
