@@ -179,7 +179,9 @@ class ControlPlane:
                                         idempotency_key=request.headers.get("idempotency-key") or None,
                                         fingerprint=wanted.fingerprint)
         sandbox.network_note = wanted.network_note
-        log.info("e2b client %s created sandbox %s (template %s, timeout %d s, network %s)%s", client,
+        # Less network than asked is a warning: the client may not look at the sandbox's info.
+        log.log(logging.WARNING if wanted.network_note else logging.INFO,
+                "e2b client %s created sandbox %s (template %s, timeout %d s, network %s)%s", client,
                  sandbox.sandbox_id, sandbox.template_id, wanted.timeout, sandbox.box.spec.network_summary(),
                  f": {wanted.network_note}" if wanted.network_note else "")
         return json_response(201, created_body(sandbox))

@@ -162,7 +162,7 @@ def sandbox_policy(policy: Policy, overrides: SandboxOverrides, exposed: Sequenc
             raise (denied(error.message) if error.code is ErrorCode.PERMISSION_DENIED
                    else ServiceError(error.code, error.message)) from None
         if granted.note:
-            log.warning("a client's sandbox network request: %s", granted.note)
+            log.info("a client's sandbox network request: %s", granted.note)
         updates.update(granted.updates())
     if o.ttl_seconds is not None:
         if o.ttl_seconds > s.ttl_seconds:
