@@ -172,6 +172,7 @@ def created_body(sandbox: E2bSandbox) -> dict[str, Any]:
         "clientID": sandbox.client,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": sandbox.access_token,
+        "trafficAccessToken": sandbox.traffic_access_token,
     }
 
 

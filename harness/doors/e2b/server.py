@@ -217,7 +217,9 @@ def serve_e2b(
         app = E2bApp(tokens=keys, sandboxes=sandboxes, services=services, rest_routes=rest_routes,
                      envd_routes=envd_routes, pool=pool, share=fair_share(workers))
         config = uvicorn.Config(
-            app, http="h11", ws="none", lifespan="on", log_level="warning", access_log=False, log_config=None,
+            # WebSocket upgrades are for sandbox ports (harness.doors.e2b.ports_ws); envd uses none.
+            app, http="h11", ws="websockets-sansio", lifespan="on", log_level="warning", access_log=False,
+            log_config=None,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             ssl_certfile=str(tls_cert) if tls_cert is not None else None,
             ssl_keyfile=str(tls_key) if tls_key is not None else None,
