@@ -157,3 +157,63 @@ def test_a_port_nothing_listens_on_is_502(server: E2bServer, sandbox: Sandbox) -
     assert r.status_code == 502 and "port 8123 is not open" in r.json()["message"], r.text
     r = httpx.get(f"{server.url}/", headers={"Host": "99999-nope.example"})
     assert r.status_code == 400
+
+
+API_URL_ONLY = """
+import sys
+from e2b import Sandbox
+sbx = Sandbox.create()
+try:
+    print("HOST", sbx.get_host(8000), flush=True)
+    try:
+        sbx.commands.run("true")
+        print("RAN", flush=True)
+    except Exception as error:
+        print("FAILED", type(error).__name__, error, flush=True)
+finally:
+    sbx.kill()
+"""
+
+
+def test_api_url_only_fails_before_sending_anything_elsewhere(server: E2bServer, tmp_path: Path) -> None:
+    """A program with E2B_API_URL but no E2B_SANDBOX_URL: the answer's domain never resolves,
+    so its envd call fails in the client, naming what to set; the system calls of the whole
+    process (strace) show no connection or datagram to anywhere but this server, not even a
+    DNS query."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.interop.e2b_server import without_e2b
+
+    trace = tmp_path / "trace"
+    env = {**without_e2b(os.environ), "E2B_API_URL": server.url, "E2B_API_KEY": server.api_key}
+    done = subprocess.run(["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=connect,sendto,sendmsg,sendmmsg",
+                           sys.executable, "-c", API_URL_ONLY], env=env, capture_output=True, text=True, timeout=120)
+    out = done.stdout
+    assert done.returncode == 0, done.stderr
+    assert "HOST 8000-" in out and ".no-sandbox-domain-set-e2b-sandbox-url-to-the-callbox-url" in out, out
+    assert "FAILED" in out and "no-sandbox-domain-set-e2b-sandbox-url" in out, out
+    _, port = _address(server)
+    lines = trace.read_text().splitlines()
+    assert any(f"htons({port})" in line for line in lines), "strace saw no connection to the server at all"
+    elsewhere = [line for line in lines if ("AF_INET" in line or "AF_INET6" in line) and f"htons({port})" not in line]
+    assert not elsewhere, "\n".join(elsewhere)
+
+
+def test_a_client_that_came_as_api_domain_is_answered_with_that_domain(server: E2bServer) -> None:
+    """E2B_DOMAIN alone makes the SDK call https://api.DOMAIN: the answer names DOMAIN, and
+    envd answers under 49983-SANDBOXID.DOMAIN (the requests sent here as DNS for the name would)."""
+    key = {"X-API-KEY": server.api_key}
+    r = httpx.post(f"{server.url}/sandboxes", headers={"Host": "api.callbox.test", **key},
+                   json={"templateID": "base", "timeout": 60})
+    assert r.status_code == 201, r.text
+    created = r.json()
+    try:
+        assert created["domain"] == "callbox.test"
+        r = httpx.get(f"{server.url}/health", headers={"Host": f"49983-{created['sandboxID']}.callbox.test"})
+        assert r.status_code == 204, r.text
+        r = httpx.get(f"{server.url}/sandboxes/{created['sandboxID']}", headers=key)
+        assert r.json()["domain"].endswith(".invalid")  # reached by address: no name to give
+    finally:
+        httpx.delete(f"{server.url}/sandboxes/{created['sandboxID']}", headers=key)
