@@ -120,6 +120,8 @@ class E2bSandbox:
     env_vars: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     token_digests: tuple[str, ...] = ()
+    traffic_access_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    """What a request to one of its ports carries (``e2b-traffic-access-token``), given only to its owner."""
     """Digests of access tokens handed out before a server restart, still accepted (a client
     holding one goes on without connecting again)."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -317,6 +319,13 @@ class E2bSandboxes:
         """The live sandbox ``sandbox_id`` whoever owns it, or None (for what tells no more
         than whether it runs, like envd's ``/health``)."""
         return self._live(sandbox_id)
+
+    def find_folded(self, sandbox_id: str) -> E2bSandbox | None:
+        """:meth:`find` ignoring case: an id read from a host name, which clients lower-case."""
+        folded = sandbox_id.lower()
+        with self._lock:
+            found = [sid for sid in self._boxes if sid.lower() == folded]
+        return self._live(found[0]) if len(found) == 1 else None
 
     def get(self, client: str, sandbox_id: str) -> E2bSandbox:
         """``client``'s live sandbox ``sandbox_id``; ``not_found`` for anyone else's or none."""
