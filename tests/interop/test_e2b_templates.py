@@ -103,7 +103,7 @@ def test_a_template_built_from_steps_serves_http_and_its_second_build_is_cached(
 
 def test_a_base_image_not_on_the_host_is_refused_naming_it(server: E2bServer, context: Path) -> None:
     template = Template(file_context_path=str(context)).from_image("callbox-test/not-here:1").run_cmd("true")
-    with sdk_environment(server), pytest.raises(BuildException, match="not-here:1.*not on this host"):
+    with sdk_environment(server), pytest.raises(BuildException, match=r"not-here:1.*not on this host"):
         Template.build(template, "missing-base")
 
 

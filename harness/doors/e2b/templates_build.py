@@ -116,11 +116,20 @@ class Builds:
                 raise CallboxError(f"build {build.build_id} was started already; request a new build",
                                    code=ErrorCode.ALREADY_EXISTS)
             build.started = True
+        if not recipe.forced and self._cached(recipe, template.owner):
+            self._run(build, template, recipe)  # no Docker build: done before the SDK's first poll
+            return
         build.add("info", "queued: builds on this server run one at a time")
         try:
             self._worker.submit(self._run, build, template, recipe)
         except RuntimeError:
             raise CallboxError("the server is shutting down", code=ErrorCode.SHUTTING_DOWN) from None
+
+    def _cached(self, recipe: Recipe, owner: str) -> bool:
+        try:
+            return self.builder.cached(recipe, owner) is not None
+        except CallboxError:
+            return False  # the build itself reports why (a base that is not there)
 
     def _run(self, build: Build, template: Template, recipe: Recipe) -> None:
         build.status = "building"
