@@ -60,6 +60,7 @@ from harness.doors.e2b.connect import as_error, connect_error_response, read_hea
 from harness.doors.e2b.errors import E2bError, from_quota
 from harness.doors.e2b.ports import PortProxy, port_target
 from harness.doors.e2b.rpc import EnvdCall, EnvdRoute, HttpRequest, HttpResponse, Method, RestRoute, Service
+from harness.doors.e2b.templates import UPLOAD_PREFIX
 from harness.doors.grpc.tokens import TokenSet
 from harness.doors.quota_ledger import QuotaExceeded
 from harness.engine.cancel import current_scope
@@ -326,14 +327,15 @@ class E2bApp:
             await _http_refusal(exchange, _no_route(exchange, found, "the control plane serves /sandboxes and "
                                                     "/v2/sandboxes; envd requests carry E2b-Sandbox-Id"))
             return
+        route, params = found
         key = exchange.headers.get("x-api-key")
-        client = self.tokens.lookup(key)
+        # A template upload URL carries its own one-time permission (the SDK sends no key there).
+        client = "" if route.template.startswith(UPLOAD_PREFIX) else self.tokens.lookup(key)
         if client is None:
             message = ("this request carries no X-API-KEY header; set E2B_API_KEY to a key of this server "
                        "(a token of its token file)" if not key else "the X-API-KEY is not a key of this server")
             await _http_refusal(exchange, E2bError(ErrorCode.UNAUTHENTICATED, message))
             return
-        route, params = found
         handler = route.handler
         with self._fair(client, counted=route.method == "POST" and route.template in _CREATES) as refusal:
             if refusal is not None:

@@ -48,7 +48,7 @@ import threading
 import time
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.audit.records import arguments_digest
 from harness.audit.store import AuditError
@@ -65,6 +65,9 @@ from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import ClientSession
 from harness.engine.base import LivingSandbox, is_living
 from harness.engine.docker.lifetime import MIN_TTL_S
+
+if TYPE_CHECKING:
+    from harness.doors.e2b.template_boxes import BuiltTemplates
 
 __all__ = ["DEFAULT_TEMPLATE", "DEFAULT_TIMEOUT_S", "DOOR", "E2B_WORKDIR", "ENVD_TOKENS", "MIN_TIMEOUT_S",
            "E2bSandbox", "E2bSandboxes", "Metric", "e2b_errors", "e2b_template", "token_digest"]
@@ -207,6 +210,8 @@ class E2bSandboxes:
         self._profile_bases: dict[int, tuple[Policy, Policy]] = {}
         """id of a client's profile policy -> (it, the ``base`` template made of it)."""
         self._boxes: dict[str, E2bSandbox] = {}
+        self.built: BuiltTemplates | None = None
+        """Templates built through the template API (:mod:`.template_boxes`), if served."""
         self._idempotent: dict[tuple[str, str], tuple[str, str | None]] = {}
         """(client, Idempotency-Key) -> (the request's fingerprint, its sandbox id; None while starting)."""
 
@@ -259,7 +264,11 @@ class E2bSandboxes:
         client's own policy when its profile has one (:mod:`harness.doors.profiles`)."""
         name = template_id or DEFAULT_TEMPLATE
         if name != DEFAULT_TEMPLATE or client is None:
-            return self.templates.get(name)
+            found = self.templates.get(name)
+            if found is None and self.built is not None and client is not None:
+                found = self.built.policy(self.template(DEFAULT_TEMPLATE, client) or self.templates[DEFAULT_TEMPLATE],
+                                          client, name)
+            return found
         policy = self.executor.profiles.of(client)
         if policy is self.executor.policy:
             return self.templates[DEFAULT_TEMPLATE]
@@ -298,6 +307,13 @@ class E2bSandboxes:
             self.audit.update_run_meta(sandbox.sandbox_id, {
                 "template": sandbox.template_id, "metadata": sandbox.metadata, "started_at": sandbox.started_at,
                 ENVD_TOKENS: [token_digest(sandbox.access_token)]})
+        if self.built is not None and sandbox.template_id not in self.templates:
+            try:  # its files, start and ready commands; a sandbox that does not start is removed
+                with e2b_errors(sandbox):
+                    self.built.start(self, sandbox)
+            except BaseException:
+                self.executor.delete_session(session, "template_start_failed")
+                raise
         with self._lock:
             self._boxes[sandbox.sandbox_id] = sandbox
         return sandbox

@@ -127,14 +127,17 @@ class E2bServer(UvicornThread):
         self.stop()
 
 
-def _door_services(sandboxes: E2bSandboxes, domain: str | None = None,
+def _door_services(sandboxes: E2bSandboxes, tls: bool, domain: str | None = None,
                    ) -> tuple[list[Service], list[RestRoute], list[EnvdRoute]]:
     from harness.doors.e2b.envd_files import http_routes
     from harness.doors.e2b.envd_filesystem import filesystem_service
     from harness.doors.e2b.envd_process import process_service
     from harness.doors.e2b.rest import routes
+    from harness.doors.e2b.templates import template_routes
 
-    return ([process_service(sandboxes), filesystem_service(sandboxes)], routes(sandboxes, domain),
+    templates, built = template_routes(sandboxes)
+    templates.scheme = "https" if tls else "http"
+    return ([process_service(sandboxes), filesystem_service(sandboxes)], [*built, *routes(sandboxes, domain)],
             http_routes(sandboxes))
 
 
@@ -215,7 +218,7 @@ def serve_e2b(
     keys = tokens if tokens is not None else sandboxes.executor.tokens
     try:
         if services is None or rest_routes is None or envd_routes is None:
-            own_services, own_rest, own_envd = _door_services(sandboxes, domain)
+            own_services, own_rest, own_envd = _door_services(sandboxes, tls, domain)
             services = own_services if services is None else services
             rest_routes = own_rest if rest_routes is None else rest_routes
             envd_routes = own_envd if envd_routes is None else envd_routes
