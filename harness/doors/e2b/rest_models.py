@@ -11,11 +11,13 @@ field by field (:func:`parse_create`):
   none given: E2B's 300 s, or the limit if that is shorter.
 * ``envVars`` become the sandbox's environment (``SandboxOverrides.env``), ``metadata`` is
   kept with it (both: string to string).
-* ``allow_internet_access``: false is network ``none``; true is refused unless the
-  template's network is ``open`` (a sandbox never gets more network than its policy gives).
-  ``network``: ``denyOut: ["0.0.0.0/0"]`` alone is network ``none``; the options about the
-  sandbox's public URLs (``allowPublicTraffic``, ``maskRequestHost``, ``httpsPorts``) change
-  nothing here (this server publishes no sandbox URLs); egress rules are not supported.
+* ``allow_internet_access`` and ``network.allowOut``/``denyOut`` (:func:`network_request`)
+  narrow the template's network, never widen it (:mod:`harness.core.network_request`: true
+  beyond the policy gets the policy's network and a note, or a refusal with the policy's
+  ``sandbox.on_internet_request = "refuse"``); the info's ``network`` says what the sandbox
+  really has (:func:`network_body`). ``rules``, ``egressProxy`` and ``dnsServers`` are not
+  supported; the options about the sandbox's public URLs (``allowPublicTraffic``,
+  ``maskRequestHost``, ``httpsPorts``) are the ports' (they change no egress).
 * ``secure`` (older SDKs) is accepted: every sandbox here gets an envd access token.
 * Refused as not supported (501), since accepting them would promise behaviour this server
   does not have: ``autoPause`` true (a timeout here removes the sandbox), ``autoResume``
