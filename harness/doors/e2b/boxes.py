@@ -122,6 +122,8 @@ class E2bSandbox:
     metadata: dict[str, str] = field(default_factory=dict)
     env_vars: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
+    network_note: str | None = None
+    """How its network is less than its create request asked (its info says so)."""
     token_digests: tuple[str, ...] = ()
     traffic_access_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     """What a request to one of its ports carries (``e2b-traffic-access-token``), given only to its owner."""
