@@ -44,7 +44,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -58,7 +57,9 @@ from harness.doors.e2b.boxes import DOOR, E2bSandbox, E2bSandboxes
 from harness.doors.e2b.bridge import STOPPED, ClientGone, Done, Exchange, OutputChannel, Receive, Scope, Send
 from harness.doors.e2b.connect import as_error, connect_error_response, read_head, serve_call
 from harness.doors.e2b.errors import E2bError, from_quota
-from harness.doors.e2b.ports import PortProxy, port_target
+from harness.doors.e2b.port_targets import port_target
+from harness.doors.e2b.ports import PortProxy
+from harness.doors.e2b.responses import CutOff, http_refusal, rest_error
 from harness.doors.e2b.rpc import EnvdCall, EnvdRoute, HttpRequest, HttpResponse, Method, RestRoute, Service
 from harness.doors.e2b.templates import UPLOAD_PREFIX
 from harness.doors.grpc.tokens import TokenSet
@@ -145,16 +146,6 @@ def envd_user(headers: Mapping[str, str]) -> str | None:
     return user or None
 
 
-def _rest_error(error: E2bError) -> tuple[int, list[tuple[str, str]], bytes]:
-    body = json.dumps(error.rest_body(), separators=(",", ":")).encode()
-    return error.status, [("content-type", "application/json"), *error.headers()], body
-
-
-class _CutOff(Exception):
-    """A streamed response body failed after its head was sent: the connection must close
-    without the body's end (raised out of the app, uvicorn closes it)."""
-
-
 class E2bApp:
     """The ASGI app; see the module docstring. ``shutdown`` ends every request in flight."""
 
@@ -216,7 +207,7 @@ class E2bApp:
                 self._active.add(exchange)
         try:
             if closing:
-                await exchange.respond(*_rest_error(E2bError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")))
+                await exchange.respond(*rest_error(E2bError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")))
             else:
                 # A span per request while tracing is on; a caller's traceparent header continues its trace.
                 with tracing.request_span("callbox.e2b", exchange.headers, _span_attributes(exchange)):
@@ -237,7 +228,7 @@ class E2bApp:
         try:
             target = port_target(headers)
         except E2bError as error:
-            await _http_refusal(exchange, error)
+            await http_refusal(exchange, error)
             return
         if target is None:
             await self._serve_rest(exchange, segments)
@@ -246,14 +237,14 @@ class E2bApp:
             owner = self.sandboxes.find(target.sandbox_id) or self.sandboxes.find_folded(target.sandbox_id)
             with self._fair(owner.client if owner is not None else "", counted=owner is not None) as refusal:
                 if refusal is not None:
-                    await _http_refusal(exchange, refusal)
+                    await http_refusal(exchange, refusal)
                 else:
                     await self.ports.serve_http(exchange, target)
             return
         sandbox_id = target.sandbox_id
         method = self._connect_method(exchange.method, segments)
         connect_like = method is not None or (len(segments) == 2 and "." in segments[0] and exchange.method == "POST")
-        respond_error = _connect_refusal if connect_like else _http_refusal
+        respond_error = _connect_refusal if connect_like else http_refusal
         found = None if connect_like else self.envd.find(exchange.method, segments)
         if connect_like and method is None:
             await respond_error(exchange, E2bError(ErrorCode.NOT_SUPPORTED, f"envd has no method {exchange.path}; this "
@@ -324,7 +315,7 @@ class E2bApp:
     async def _serve_rest(self, exchange: Exchange, segments: list[str]) -> None:
         found = self.rest.find(exchange.method, segments)
         if isinstance(found, list):
-            await _http_refusal(exchange, _no_route(exchange, found, "the control plane serves /sandboxes and "
+            await http_refusal(exchange, _no_route(exchange, found, "the control plane serves /sandboxes and "
                                                     "/v2/sandboxes; envd requests carry E2b-Sandbox-Id"))
             return
         route, params = found
@@ -334,12 +325,12 @@ class E2bApp:
         if client is None:
             message = ("this request carries no X-API-KEY header; set E2B_API_KEY to a key of this server "
                        "(a token of its token file)" if not key else "the X-API-KEY is not a key of this server")
-            await _http_refusal(exchange, E2bError(ErrorCode.UNAUTHENTICATED, message))
+            await http_refusal(exchange, E2bError(ErrorCode.UNAUTHENTICATED, message))
             return
         handler = route.handler
         with self._fair(client, counted=route.method == "POST" and route.template in _CREATES) as refusal:
             if refusal is not None:
-                await _http_refusal(exchange, refusal)
+                await http_refusal(exchange, refusal)
             else:
                 await self._serve_http(exchange, params, lambda request: handler(request, client), None)
 
@@ -385,7 +376,7 @@ class E2bApp:
         try:
             response = await exchange.run(work)
         except Exception as exc:
-            await _http_refusal(exchange, as_error(exc, where))
+            await http_refusal(exchange, as_error(exc, where))
             return
         if exchange.ended is not None:
             _close(response.body)
@@ -420,9 +411,9 @@ class E2bApp:
             item = await out.get()
             if item is STOPPED:
                 if exchange.ended == "shutdown" and not exchange.started:
-                    await _http_refusal(exchange, E2bError(ErrorCode.SHUTTING_DOWN, "the server is shutting down"))
+                    await http_refusal(exchange, E2bError(ErrorCode.SHUTTING_DOWN, "the server is shutting down"))
                 elif exchange.started:
-                    raise _CutOff(f"{where}: the response body was cut off ({exchange.ended})")
+                    raise CutOff(f"{where}: the response body was cut off ({exchange.ended})")
                 return
             if isinstance(item, Done):
                 if item.error is None:
@@ -432,11 +423,11 @@ class E2bApp:
                     return
                 error = as_error(item.error, where)
                 if not exchange.started:
-                    await _http_refusal(exchange, error)
+                    await http_refusal(exchange, error)
                     return
                 log.warning("%s: the response body failed after %s was sent, closing the connection: %s",
                             where, response.status, error.message)
-                raise _CutOff(f"{where}: the response body failed: {error.message}")
+                raise CutOff(f"{where}: the response body failed: {error.message}")
             assert isinstance(item, bytes)
             if not exchange.started:
                 await exchange.start(response.status, response.headers)
@@ -464,11 +455,6 @@ def _no_route(exchange: Exchange, allowed: list[str], what: str) -> E2bError:
         return E2bError(ErrorCode.NOT_SUPPORTED, f"{exchange.path} does not take {exchange.method}; it takes "
                                          f"{', '.join(sorted(set(allowed)))}", status=405)
     return E2bError(ErrorCode.NOT_FOUND, f"no route {exchange.method} {exchange.path}: {what}")
-
-
-async def _http_refusal(exchange: Exchange, error: E2bError) -> None:
-    if exchange.ended is None and not exchange.started:
-        await exchange.respond(*_rest_error(error))
 
 
 async def _connect_refusal(exchange: Exchange, error: E2bError) -> None:
