@@ -281,7 +281,7 @@ class E2bApp:
             if health and not token:
                 sandbox = self._untokened(sandbox_id)
             else:
-                sandbox = self.sandboxes.for_envd(sandbox_id, token)
+                sandbox = self.sandboxes.for_envd(sandbox_id, token, awake=not health)
         except E2bError as error:
             if error.error is not ErrorCode.NOT_FOUND:
                 raise

@@ -9,9 +9,10 @@ sandboxes only; anyone else's is 404 with the words of one that never existed.
                                            same sandbox
 ``GET /v2/sandboxes``                      list: ``metadata`` (``k=v&...``, url-encoded as the SDK
                                            sends it), ``state`` (running, paused, comma separated),
-                                           ``template``, ``startedAfter``, ``order`` (asc by start,
-                                           or desc), ``limit`` (1 to 100, default 100), paged by
-                                           ``nextToken`` / the ``x-next-token`` header
+                                           ``template``, ``startedAfter``, ``order`` (asc: in the
+                                           order the door began serving them, or desc), ``limit``
+                                           (1 to 100, default 100), paged by ``nextToken`` / the
+                                           ``x-next-token`` header: each sandbox once
 ``GET /sandboxes``                         v1's list: the running ones, unpaged
 ``GET /sandboxes/{id}``                    ``SandboxDetail``
 ``DELETE /sandboxes/{id}``                 204 (the SDK reads 404 as ``False``)
@@ -51,6 +52,7 @@ from typing import Any
 from harness.core.errors import ErrorCode
 from harness.doors.e2b.boxes import DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes
 from harness.doors.e2b.errors import E2bError, invalid
+from harness.doors.e2b.lifecycle import Lifecycle
 from harness.doors.e2b.rest_models import (
     ENVD_VERSION,
     created_body,
@@ -143,14 +145,18 @@ def _started_after(request: HttpRequest) -> float | None:
 
 
 def _cursor(sandbox: E2bSandbox) -> str:
-    raw = json.dumps([sandbox.started_at, sandbox.sandbox_id]).encode()
+    """The next page's token: the place of the page's last sandbox in the door's order (a
+    sandbox that starts meanwhile comes later in it, one that ends leaves no gap)."""
+    raw = json.dumps([sandbox.seq]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _after_cursor(token: str) -> tuple[float, str]:
+def _after_cursor(token: str) -> int:
     try:
-        started, sandbox_id = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        return float(started), str(sandbox_id)
+        (seq,) = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise TypeError(seq)
+        return seq
     except (ValueError, TypeError, binascii.Error):
         raise invalid(f"nextToken: {token!r} is not a token this server gave (x-next-token of a list)") from None
 
@@ -171,9 +177,9 @@ class ControlPlane:
         sandbox = self.sandboxes.create(client, template_id=wanted.template_id, overrides=wanted.overrides,
                                         metadata=wanted.metadata,
                                         idempotency_key=request.headers.get("idempotency-key") or None,
-                                        fingerprint=wanted.fingerprint)
-        log.info("e2b client %s created sandbox %s (template %s, timeout %d s)", client, sandbox.sandbox_id,
-                 sandbox.template_id, wanted.timeout)
+                                        fingerprint=wanted.fingerprint, lifecycle=wanted.lifecycle)
+        log.info("e2b client %s created sandbox %s (template %s, timeout %d s, on timeout %s)", client,
+                 sandbox.sandbox_id, sandbox.template_id, wanted.timeout, sandbox.lifecycle.on_timeout)
         return json_response(201, created_body(sandbox))
 
     def list_v2(self, request: HttpRequest, client: str) -> HttpResponse:
@@ -191,12 +197,11 @@ class ControlPlane:
         after = _started_after(request)
         found = [s for s in self.sandboxes.list(client, metadata=metadata, states=_states(request))
                  if (not template or s.template_id == template) and (after is None or s.started_at >= after)]
-        found.sort(key=lambda s: (s.started_at, s.sandbox_id), reverse=order == "desc")
+        found.sort(key=lambda s: s.seq, reverse=order == "desc")
         token = request.first("nextToken")
         if token:
             mark = _after_cursor(token)
-            found = [s for s in found if ((s.started_at, s.sandbox_id) < mark if order == "desc"
-                                          else (s.started_at, s.sandbox_id) > mark)]
+            found = [s for s in found if (s.seq < mark if order == "desc" else s.seq > mark)]
         page = found[:limit]
         headers = [("x-next-token", _cursor(page[-1]))] if len(found) > limit else []
         return json_response(200, self._listed(page), headers)
@@ -252,8 +257,8 @@ class ControlPlane:
     def resume(self, request: HttpRequest, client: str) -> HttpResponse:
         sandbox = self._sandbox(request, client)
         body = _object(request)
-        if body.get("autoPause") is True:
-            raise unsupported("autoPause: this server removes a sandbox when its timeout passes, it cannot pause it")
+        if body.get("autoPause") is True and not sandbox.lifecycle.pauses:  # v1: pause it at its next timeout
+            self.sandboxes.set_lifecycle(sandbox, Lifecycle("pause", sandbox.lifecycle.auto_resume))
         return self._connect(sandbox, body, must_be_paused=True)
 
     def _connect(self, sandbox: E2bSandbox, body: Mapping[str, Any], *, must_be_paused: bool) -> HttpResponse:

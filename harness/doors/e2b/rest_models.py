@@ -17,10 +17,10 @@ field by field (:func:`parse_create`):
   sandbox's public URLs (``allowPublicTraffic``, ``maskRequestHost``, ``httpsPorts``) change
   nothing here (this server publishes no sandbox URLs); egress rules are not supported.
 * ``secure`` (older SDKs) is accepted: every sandbox here gets an envd access token.
+* ``autoPause``, ``autoPauseMemory`` and ``autoResume`` (the SDK's ``lifecycle``) are the
+  sandbox's :class:`~harness.doors.e2b.lifecycle.Lifecycle` (see that module).
 * Refused as not supported (501), since accepting them would promise behaviour this server
-  does not have: ``autoPause`` true (a timeout here removes the sandbox), ``autoResume``
-  enabled, ``mcp``, ``iam`` tokens, ``volumeMounts``. ``autoPauseMemory`` only qualifies
-  ``autoPause`` and is ignored.
+  does not have: ``mcp``, ``iam`` tokens, ``volumeMounts``.
 * Any other field is refused (400) unless it is empty (null, false, "", [], {}): a newer
   SDK's option this server does not know could change what the sandbox does.
 """
@@ -37,6 +37,7 @@ from harness.core.errors import ErrorCode
 from harness.core.times import iso
 from harness.doors.e2b.boxes import DEFAULT_TEMPLATE, DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes, Metric
 from harness.doors.e2b.errors import E2bError, invalid
+from harness.doors.e2b.lifecycle import Lifecycle, parse_lifecycle
 from harness.doors.grpc.overrides import SandboxOverrides
 
 __all__ = ["ENVD_VERSION", "CreateRequest", "created_body", "detail_body", "listed_body", "metric_body",
@@ -78,6 +79,7 @@ class CreateRequest:
     timeout: int
     overrides: SandboxOverrides
     metadata: dict[str, str]
+    lifecycle: Lifecycle
     fingerprint: str
     """The request as canonical JSON (an Idempotency-Key's repeat must match it)."""
 
@@ -113,13 +115,6 @@ def _network(body: Mapping[str, Any], server_network: str) -> str | None:
 
 
 def _refuse_unimplemented(body: Mapping[str, Any]) -> None:
-    if body.get("autoPause") is True:
-        raise unsupported("autoPause: this server removes a sandbox when its timeout passes, it cannot pause it "
-                          "instead; leave lifecycle.on_timeout unset or 'kill', and pause it yourself with pause()")
-    resume = body.get("autoResume")
-    if isinstance(resume, dict) and resume.get("enabled"):
-        raise unsupported("autoResume: a paused sandbox here resumes only through Sandbox.connect; leave "
-                          "lifecycle.auto_resume unset or false")
     for key, what in (("mcp", "MCP gateways"), ("iam", "workload identity tokens"), ("volumeMounts", "volumes")):
         value = body.get(key)
         if key == "iam" and isinstance(value, dict):
@@ -151,7 +146,7 @@ def parse_create(body: Any, sandboxes: E2bSandboxes, client: str | None = None) 
     overrides = SandboxOverrides(network=_network(body, policy.sandbox.network), ttl_seconds=timeout,
                                  env=string_map(body.get("envVars"), "envVars"))
     return CreateRequest(template_id=template_id, timeout=timeout, overrides=overrides,
-                         metadata=string_map(body.get("metadata"), "metadata"),
+                         metadata=string_map(body.get("metadata"), "metadata"), lifecycle=parse_lifecycle(body),
                          fingerprint=json.dumps(body, sort_keys=True, separators=(",", ":")))
 
 
@@ -199,7 +194,7 @@ def detail_body(sandbox: E2bSandbox, now: float) -> dict[str, Any]:
     """``SandboxDetail``: one sandbox's info, with its access token and lifecycle."""
     body = listed_body(sandbox, now)
     body["envdAccessToken"] = sandbox.access_token
-    body["lifecycle"] = {"autoResume": False, "onTimeout": "kill"}
+    body["lifecycle"] = sandbox.lifecycle.body()
     network = sandbox.box.spec.network
     if network in ("open", "none"):
         body["allowInternetAccess"] = network == "open"
