@@ -16,6 +16,8 @@ How a request is routed (the e2b SDK sends both kinds to the same URL when
   user to act as (:attr:`~harness.doors.e2b.rpc.EnvdCall.user`). Then ``POST
   /SERVICE/METHOD`` of a served service is a Connect call (:mod:`harness.doors.e2b.connect`);
   anything else must match an envd HTTP route (``/files``, ``/health``).
+  A request to a paused sandbox (but ``/health``) resumes it first if its lifecycle says
+  ``auto_resume``, else is refused as E2B's proxy refuses it (:mod:`harness.doors.e2b.lifecycle`).
 * Anything else is 404, with a JSON body naming the method and path.
 
 Each client may have at most ``share`` long requests in flight at once (sandbox creates, envd
@@ -239,9 +241,12 @@ class E2bApp:
             await respond_error(exchange, _no_route(exchange, found, "envd serves /files, /health and the Connect "
                                                     "services " + ", ".join(sorted(self.services))))
             return
+        health = exchange.path == HEALTH_PATH
         try:
-            sandbox = self._envd_sandbox(sandbox_id, headers, health=exchange.path == HEALTH_PATH)
+            sandbox = self._envd_sandbox(sandbox_id, headers, health=health)
             user = envd_user(headers)
+            if not health:  # a paused sandbox: resumed if it auto-resumes (on a worker: it waits for the engine)
+                await exchange.run(lambda: self.sandboxes.awake(sandbox))
         except E2bError as error:
             await respond_error(exchange, error)
             return
@@ -281,7 +286,7 @@ class E2bApp:
             if health and not token:
                 sandbox = self._untokened(sandbox_id)
             else:
-                sandbox = self.sandboxes.for_envd(sandbox_id, token, awake=not health)
+                sandbox = self.sandboxes.for_envd(sandbox_id, token)
         except E2bError as error:
             if error.error is not ErrorCode.NOT_FOUND:
                 raise

@@ -355,19 +355,21 @@ class E2bSandboxes:
             raise not_found("sandbox", sandbox_id)
         return sandbox
 
-    def for_envd(self, sandbox_id: str, access_token: str | None, *, awake: bool = True) -> E2bSandbox:
-        """The sandbox an envd request names, if it carries that sandbox's access token;
-        with ``awake``, a paused one is resumed if it auto-resumes, else refused
-        (:func:`.lifecycle.wake`)."""
+    def for_envd(self, sandbox_id: str, access_token: str | None) -> E2bSandbox:
+        """The sandbox an envd request names, if it carries that sandbox's access token
+        (then :meth:`awake` before the request is served)."""
         sandbox = self._live(sandbox_id)
         if sandbox is None:
             raise not_found("sandbox", sandbox_id)
         if not access_token or not sandbox.accepts(access_token):
             raise E2bError(ErrorCode.UNAUTHENTICATED,
                            f"the X-Access-Token header is missing or not the access token of sandbox {sandbox_id}")
-        if awake:
-            wake(self, sandbox)
         return sandbox
+
+    def awake(self, sandbox: E2bSandbox) -> None:
+        """Before an envd request: a paused ``sandbox`` is resumed if it auto-resumes, else
+        refused (:func:`.lifecycle.wake`); a running one is left alone."""
+        wake(self, sandbox)
 
     def list(self, client: str, *, metadata: Mapping[str, str] | None = None,
              states: Collection[str] | None = None) -> list[E2bSandbox]:
@@ -436,13 +438,14 @@ class E2bSandboxes:
             self.audit.update_run_meta(sandbox.sandbox_id, {"timeout_s": seconds, "timeout_set_at": now})
         return sandbox.end_at(now)
 
-    def pause(self, sandbox: E2bSandbox) -> None:
-        """Freeze ``sandbox`` (the policy's ``pause`` action, op pause); ``already_exists``
-        (409, as E2B answers) if it is paused already."""
+    def pause(self, sandbox: E2bSandbox, *, by: str | None = None) -> None:
+        """Freeze ``sandbox`` (the policy's ``pause`` action, op pause; ``by``: what paused it
+        if not its client, e.g. ``timeout``); ``already_exists`` (409, as E2B answers) if it
+        is paused already."""
         with sandbox.lock:
             if sandbox.state == "paused":
                 raise E2bError(ErrorCode.ALREADY_EXISTS, f"sandbox {sandbox.sandbox_id} is already paused")
-            with self.acting(sandbox, "pause", {"op": "pause"}), e2b_errors(sandbox):
+            with self.acting(sandbox, "pause", {"op": "pause", **({"by": by} if by else {})}), e2b_errors(sandbox):
                 sandbox.box.pause()
                 sandbox.session.mark_paused(time.time())
 

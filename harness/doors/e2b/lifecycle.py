@@ -32,20 +32,18 @@ server restart (:mod:`harness.doors.e2b.restart`) keeps it.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from harness.core.calls import Action
 from harness.core.errors import ErrorCode
 from harness.core.policy import Policy
 from harness.doors.e2b.errors import E2bError, invalid
+from harness.doors.grpc.sessions import ClientSession
 
-if TYPE_CHECKING:
-    from harness.doors.e2b.boxes import E2bSandbox, E2bSandboxes
-
-__all__ = ["KILL", "LIFECYCLE_META", "PAUSE_GRACE_S", "RESUME_TIMEOUT_S", "Lifecycle", "check_allowed",
+__all__ = ["KILL", "LIFECYCLE_META", "PAUSE_GRACE_S", "RESUME_TIMEOUT_S", "Lifecycle", "Sandbox", "Sandboxes",
+           "check_allowed",
            "lifecycle_of_meta", "parse_lifecycle", "pause_at_timeout", "wake"]
 
 log = logging.getLogger("callbox.e2b")
@@ -79,6 +77,31 @@ class Lifecycle:
 
 
 KILL = Lifecycle()
+
+
+class Sandbox(Protocol):
+    """What this module reads of a door's sandbox (:class:`~harness.doors.e2b.boxes.E2bSandbox`)."""
+
+    @property
+    def sandbox_id(self) -> str: ...
+    @property
+    def client(self) -> str: ...
+    @property
+    def template_id(self) -> str: ...
+    @property
+    def lifecycle(self) -> Lifecycle: ...
+    @property
+    def session(self) -> ClientSession: ...
+    @property
+    def state(self) -> str: ...
+
+
+class Sandboxes(Protocol):
+    """What this module does with the door's sandboxes (:class:`~harness.doors.e2b.boxes.E2bSandboxes`)."""
+
+    def pause(self, sandbox: Any, *, by: str | None = None) -> None: ...
+    def connect(self, sandbox: Any, seconds: int) -> bool: ...
+    def timeout_limit(self, template_id: str, client: str | None = None) -> int: ...
 
 
 def parse_lifecycle(body: Mapping[str, Any]) -> Lifecycle:
@@ -127,31 +150,26 @@ def check_allowed(lifecycle: Lifecycle, policy: Policy) -> None:
                        f"person ({decision.rule}: {decision.action.value}); create it without on_timeout 'pause'")
 
 
-def pause_at_timeout(sandboxes: E2bSandboxes, sandbox: E2bSandbox) -> bool:
+def pause_at_timeout(sandboxes: Sandboxes, sandbox: Sandbox) -> bool:
     """Pause ``sandbox`` because its timeout passed (the reaper's ``on_expiry``); whether it
     is paused now (False: the reaper removes it)."""
-    from harness.doors.e2b.boxes import e2b_errors
-
-    with sandbox.lock:
-        if sandbox.closed:
-            return False
-        if sandbox.state == "paused":
+    if sandbox.session.closed:
+        return False
+    try:
+        sandboxes.pause(sandbox, by="timeout")
+    except E2bError as error:
+        if error.error is ErrorCode.ALREADY_EXISTS:  # paused already (by its client, meanwhile)
             return True
-        try:
-            with sandboxes.acting(sandbox, "pause", {"op": "pause", "by": "timeout"}), e2b_errors(sandbox):
-                sandbox.box.pause()
-                sandbox.session.mark_paused(time.time())
-        except E2bError as error:
-            log.warning("sandbox %s: its timeout could not pause it (%s); it is removed", sandbox.sandbox_id,
-                        error.message)
-            return False
+        log.warning("sandbox %s: its timeout could not pause it (%s); it is removed", sandbox.sandbox_id,
+                    error.message)
+        return False
     keep = sandbox.session.policy.sandbox.paused_ttl_seconds
     log.info("sandbox %s of client %s paused at its timeout; kept paused for up to %d s", sandbox.sandbox_id,
              sandbox.client, keep)
     return True
 
 
-def wake(sandboxes: E2bSandboxes, sandbox: E2bSandbox) -> None:
+def wake(sandboxes: Sandboxes, sandbox: Sandbox) -> None:
     """Before an envd request: resume a paused ``sandbox`` that allows it (auto-resume),
     else refuse as E2B's proxy refuses a paused sandbox (see the module docstring)."""
     if sandbox.state != "paused":
