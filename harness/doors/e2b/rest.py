@@ -26,9 +26,11 @@ sandboxes only; anyone else's is 404 with the words of one that never existed.
                                            outside them)
 =========================================  =======================================================
 
-What the SDK can ask on these paths that this server does not do (network updates, forks,
-snapshots, logs, refreshes, the metrics of many sandboxes, snapshot listing and deletion)
-is 501 with a sentence naming it. Errors are ``{"code": STATUS, "message": ...}``; a 429
+Snapshots and forks (``/sandboxes/{id}/snapshots``, ``/sandboxes/{id}/fork``, ``/snapshots``,
+``DELETE /templates/{id}`` of a snapshot, and a create whose ``templateID`` is a snapshot) are
+:mod:`harness.doors.e2b.snapshots`'. What the SDK can ask on these paths that this server
+does not do (network updates, logs, refreshes, the metrics of many sandboxes) is 501 with a
+sentence naming it. Errors are ``{"code": STATUS, "message": ...}``; a 429
 says ``Should-Retry: false`` (a limit of sandboxes per client is not passed by waiting a
 few seconds, which is what the SDK's retries would do).
 
@@ -63,6 +65,7 @@ from harness.doors.e2b.rest_models import (
     unsupported,
 )
 from harness.doors.e2b.rpc import HttpRequest, HttpResponse, RestRoute, json_response
+from harness.doors.e2b.snapshots import E2bSnapshots, snapshot_template
 
 __all__ = ["ENVD_VERSION", "MAX_LIST_LIMIT", "ControlPlane", "routes"]
 
@@ -166,6 +169,7 @@ class ControlPlane:
 
     def __init__(self, sandboxes: E2bSandboxes) -> None:
         self.sandboxes = sandboxes
+        self.snapshots = E2bSnapshots(sandboxes)
 
     def _sandbox(self, request: HttpRequest, client: str) -> E2bSandbox:
         return self.sandboxes.get(client, request.path_params.get("sandboxID", ""))
@@ -173,7 +177,19 @@ class ControlPlane:
     # ---- create, list, get, delete -----------------------------------------------------------------
 
     def create(self, request: HttpRequest, client: str) -> HttpResponse:
-        wanted = parse_create(request.json(), self.sandboxes, client)
+        body = request.json()
+        snapshot = self.snapshots.find(client, body.get("templateID")) if isinstance(body, dict) else None
+        if snapshot is not None:  # a templateID naming one of the client's snapshots
+            template = snapshot_template(self.sandboxes, client, snapshot)
+            wanted = parse_create({**body, "templateID": template}, self.sandboxes, client)
+            name = str(body["templateID"])
+            sandbox = self.snapshots.create_from(client, snapshot, wanted, template_id=template,
+                                                 details={"snapshot": name, "from_snapshot": True},
+                                                 origin={"forked_from_snapshot": name},
+                                                 idempotency_key=request.headers.get("idempotency-key") or None)
+            log.info("e2b client %s created sandbox %s from snapshot %s", client, sandbox.sandbox_id, name)
+            return json_response(201, created_body(sandbox))
+        wanted = parse_create(body, self.sandboxes, client)
         sandbox = self.sandboxes.create(client, template_id=wanted.template_id, overrides=wanted.overrides,
                                         metadata=wanted.metadata,
                                         idempotency_key=request.headers.get("idempotency-key") or None,
@@ -274,6 +290,12 @@ class ControlPlane:
         resumed = self.sandboxes.connect(sandbox, timeout)
         return json_response(201 if resumed else 200, created_body(sandbox))
 
+    def snapshot(self, request: HttpRequest, client: str) -> HttpResponse:
+        return self.snapshots.snapshot(self._sandbox(request, client), _object(request))
+
+    def fork(self, request: HttpRequest, client: str) -> HttpResponse:
+        return self.snapshots.fork(self._sandbox(request, client), _object(request))
+
     def metrics(self, request: HttpRequest, client: str) -> HttpResponse:
         sandbox = self._sandbox(request, client)
         start, end = _int_param(request, "start"), _int_param(request, "end")
@@ -302,12 +324,12 @@ def routes(sandboxes: E2bSandboxes) -> list[RestRoute]:
         ("POST", "/sandboxes/{sandboxID}/resume", api.resume),
         ("GET", "/sandboxes/{sandboxID}/metrics", api.metrics),
         ("PUT", "/sandboxes/{sandboxID}/network", _not_served("changing a sandbox's network (update_network)")),
-        ("POST", "/sandboxes/{sandboxID}/fork", _not_served("forking a sandbox (fork)")),
-        ("POST", "/sandboxes/{sandboxID}/snapshots", _not_served("snapshots of a sandbox (create_snapshot)")),
+        ("POST", "/sandboxes/{sandboxID}/fork", api.fork),
+        ("POST", "/sandboxes/{sandboxID}/snapshots", api.snapshot),
+        ("GET", "/snapshots", api.snapshots.list),
+        ("DELETE", "/templates/{templateID}", api.snapshots.delete),
         ("GET", "/sandboxes/{sandboxID}/logs", _not_served("a sandbox's logs")),
         ("GET", "/v2/sandboxes/{sandboxID}/logs", _not_served("a sandbox's logs")),
         ("POST", "/sandboxes/{sandboxID}/refreshes", _not_served("refreshing a sandbox (use set_timeout)")),
-        ("GET", "/snapshots", _not_served("listing snapshots (list_snapshots)")),
-        ("DELETE", "/templates/{templateID}", _not_served("deleting templates or snapshots (delete_snapshot)")),
     ]
     return [(method, path, _answering(handler)) for method, path, handler in served]
