@@ -143,3 +143,42 @@ def test_paging_lists_each_sandbox_once_while_others_start_and_end(sdk: E2bServe
         assert len(seen) == len(set(seen)), seen
     finally:
         kill_quietly(*made)
+
+
+def test_create_snapshot_create_from_it_list_delete_and_fork_into_three(sdk: E2bServer) -> None:
+    source = Sandbox.create(timeout=300, metadata={"suite": SUITE})
+    made = [source.sandbox_id]
+    snapshot_id = ""
+    try:
+        source.files.write("/home/user/state.txt", "from the source\n")
+        snapshot = source.create_snapshot()
+        snapshot_id = snapshot.snapshot_id
+        assert snapshot.names == [snapshot_id]
+        source.files.write("/home/user/state.txt", "changed after the snapshot\n")
+
+        restored = Sandbox.create(snapshot_id, timeout=120)
+        made.append(restored.sandbox_id)
+        assert restored.files.read("/home/user/state.txt") == "from the source\n"
+
+        listed = [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+        assert snapshot_id in listed
+        bob = sdk.keys["bob"]
+        assert snapshot_id not in [s.snapshot_id for s in Sandbox.list_snapshots(api_key=bob).next_items()]
+        assert Sandbox.delete_snapshot(snapshot_id, api_key=bob) is False  # another key's: not found
+
+        forks = source.fork(count=3)
+        assert len(forks) == 3
+        for fork in forks:
+            assert isinstance(fork, Sandbox), fork
+            made.append(fork.sandbox_id)
+            assert fork.files.read("/home/user/state.txt") == "changed after the snapshot\n"
+        assert len({f.sandbox_id for f in forks} | {source.sandbox_id}) == 4
+
+        assert Sandbox.delete_snapshot(snapshot_id) is True
+        assert Sandbox.delete_snapshot(snapshot_id) is False
+        assert snapshot_id not in [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+        snapshot_id = ""
+    finally:
+        if snapshot_id:
+            Sandbox.delete_snapshot(snapshot_id)
+        kill_quietly(*made)
