@@ -47,12 +47,13 @@ import json
 import logging
 import time
 import urllib.parse
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from harness.core.errors import ErrorCode
 from harness.doors.e2b.boxes import DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes
+from harness.doors.e2b.domains import sandbox_domain
 from harness.doors.e2b.errors import E2bError, invalid
 from harness.doors.e2b.lifecycle import Lifecycle
 from harness.doors.e2b.rest_models import (
@@ -167,9 +168,14 @@ def _after_cursor(token: str) -> int:
 class ControlPlane:
     """The REST handlers over one server's :class:`E2bSandboxes`."""
 
-    def __init__(self, sandboxes: E2bSandboxes) -> None:
+    def __init__(self, sandboxes: E2bSandboxes, domain: str | None = None) -> None:
         self.sandboxes = sandboxes
         self.snapshots = E2bSnapshots(sandboxes)
+        self.domain = domain
+        """The configured sandbox domain (:func:`~harness.doors.e2b.domains.sandbox_domain`)."""
+
+    def _domain(self, request: HttpRequest) -> str:
+        return sandbox_domain(request.headers, self.domain)
 
     def _sandbox(self, request: HttpRequest, client: str) -> E2bSandbox:
         return self.sandboxes.get(client, request.path_params.get("sandboxID", ""))
@@ -188,7 +194,7 @@ class ControlPlane:
                                                  origin={"forked_from_snapshot": name},
                                                  idempotency_key=request.headers.get("idempotency-key") or None)
             log.info("e2b client %s created sandbox %s from snapshot %s", client, sandbox.sandbox_id, name)
-            return json_response(201, created_body(sandbox))
+            return json_response(201, created_body(sandbox, self._domain(request)))
         wanted = parse_create(body, self.sandboxes, client)
         sandbox = self.sandboxes.create(client, template_id=wanted.template_id, overrides=wanted.overrides,
                                         metadata=wanted.metadata,
@@ -196,7 +202,7 @@ class ControlPlane:
                                         fingerprint=wanted.fingerprint, lifecycle=wanted.lifecycle)
         log.info("e2b client %s created sandbox %s (template %s, timeout %d s, on timeout %s)", client,
                  sandbox.sandbox_id, sandbox.template_id, wanted.timeout, sandbox.lifecycle.on_timeout)
-        return json_response(201, created_body(sandbox))
+        return json_response(201, created_body(sandbox, self._domain(request)))
 
     def list_v2(self, request: HttpRequest, client: str) -> HttpResponse:
         text = request.first("metadata")
@@ -240,7 +246,7 @@ class ControlPlane:
 
     def get(self, request: HttpRequest, client: str) -> HttpResponse:
         sandbox = self._sandbox(request, client)
-        return json_response(200, detail_body(sandbox, time.time()))
+        return json_response(200, detail_body(sandbox, time.time(), self._domain(request)))
 
     def kill(self, request: HttpRequest, client: str) -> HttpResponse:
         self.sandboxes.kill(client, request.path_params.get("sandboxID", ""))
@@ -268,16 +274,17 @@ class ControlPlane:
 
     def connect(self, request: HttpRequest, client: str) -> HttpResponse:
         sandbox = self._sandbox(request, client)
-        return self._connect(sandbox, _object(request), must_be_paused=False)
+        return self._connect(sandbox, _object(request), must_be_paused=False, domain=self._domain(request))
 
     def resume(self, request: HttpRequest, client: str) -> HttpResponse:
         sandbox = self._sandbox(request, client)
         body = _object(request)
         if body.get("autoPause") is True and not sandbox.lifecycle.pauses:  # v1: pause it at its next timeout
             self.sandboxes.set_lifecycle(sandbox, Lifecycle("pause", sandbox.lifecycle.auto_resume))
-        return self._connect(sandbox, body, must_be_paused=True)
+        return self._connect(sandbox, body, must_be_paused=True, domain=self._domain(request))
 
-    def _connect(self, sandbox: E2bSandbox, body: Mapping[str, Any], *, must_be_paused: bool) -> HttpResponse:
+    def _connect(self, sandbox: E2bSandbox, body: Mapping[str, Any], *, must_be_paused: bool,
+                 domain: str) -> HttpResponse:
         timeout = body.get("timeout")
         if timeout is None:
             timeout = min(DEFAULT_TIMEOUT_S, self.sandboxes.timeout_limit(sandbox.template_id, sandbox.client))
@@ -288,13 +295,13 @@ class ControlPlane:
             raise unsupported("resuming with a reboot (on_resume 'reboot') is not supported: this server resumes "
                               "the sandbox's frozen processes; connect without on_resume")
         resumed = self.sandboxes.connect(sandbox, timeout)
-        return json_response(201 if resumed else 200, created_body(sandbox))
+        return json_response(201 if resumed else 200, created_body(sandbox, domain))
 
     def snapshot(self, request: HttpRequest, client: str) -> HttpResponse:
         return self.snapshots.snapshot(self._sandbox(request, client), _object(request))
 
     def fork(self, request: HttpRequest, client: str) -> HttpResponse:
-        return self.snapshots.fork(self._sandbox(request, client), _object(request))
+        return self.snapshots.fork(self._sandbox(request, client), _object(request), self._domain(request))
 
     def metrics(self, request: HttpRequest, client: str) -> HttpResponse:
         sandbox = self._sandbox(request, client)
@@ -305,10 +312,12 @@ class ControlPlane:
         return json_response(200, [metric_body(metric)])
 
 
-def routes(sandboxes: E2bSandboxes) -> list[RestRoute]:
+def routes(sandboxes: E2bSandboxes, domain: str | None = None,
+           templates: Iterable[RestRoute] = ()) -> list[RestRoute]:
     """The control plane's routes, in the order to match them (literal segments before
-    ``{sandboxID}``: ``/sandboxes/metrics`` is not a sandbox)."""
-    api = ControlPlane(sandboxes)
+    ``{sandboxID}``: ``/sandboxes/metrics`` is not a sandbox); ``domain``: the configured
+    sandbox domain; ``templates``: the template API's routes, matched before these."""
+    api = ControlPlane(sandboxes, domain)
     served: list[tuple[str, str, Handler]] = [
         ("POST", "/v2/sandboxes", api.create),
         ("GET", "/v2/sandboxes", api.list_v2),
@@ -327,9 +336,14 @@ def routes(sandboxes: E2bSandboxes) -> list[RestRoute]:
         ("POST", "/sandboxes/{sandboxID}/fork", api.fork),
         ("POST", "/sandboxes/{sandboxID}/snapshots", api.snapshot),
         ("GET", "/snapshots", api.snapshots.list),
-        ("DELETE", "/templates/{templateID}", api.snapshots.delete),
         ("GET", "/sandboxes/{sandboxID}/logs", _not_served("a sandbox's logs")),
         ("GET", "/v2/sandboxes/{sandboxID}/logs", _not_served("a sandbox's logs")),
         ("POST", "/sandboxes/{sandboxID}/refreshes", _not_served("refreshing a sandbox (use set_timeout)")),
     ]
-    return [(method, path, _answering(handler)) for method, path, handler in served]
+    own = [(method, path, _answering(handler)) for method, path, handler in served]
+    # DELETE /templates/{id} is the SDK's delete_snapshot and Template.delete both: a
+    # snapshot of the client's first, else the template route (if the template API is served).
+    others = list(templates)
+    template_delete = next((h for m, p, h in others if (m, p) == ("DELETE", "/templates/{templateID}")), None)
+    delete = _answering(functools.partial(api.snapshots.delete, otherwise=template_delete))
+    return [("DELETE", "/templates/{templateID}", delete), *others, *own]

@@ -35,7 +35,7 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from harness.core.errors import CallboxError, ErrorCode
@@ -73,7 +73,7 @@ class E2bSnapshots:
 
     def find(self, client: str, snapshot_id: Any) -> SnapshotInfo | None:
         """``client``'s snapshot ``snapshot_id`` (a create's templateID), if it is one."""
-        if not isinstance(snapshot_id, str) or not snapshot_id or snapshot_id in self.sandboxes.templates:
+        if not isinstance(snapshot_id, str) or not snapshot_id or self.sandboxes.template(snapshot_id, client):
             return None
         try:
             return self._mine(client).get(snapshot_id)
@@ -119,10 +119,15 @@ class E2bSnapshots:
             found.append({"snapshotID": shown, "names": [shown]})
         return json_response(200, found)
 
-    def delete(self, request: HttpRequest, client: str) -> HttpResponse:
+    def delete(self, request: HttpRequest, client: str, *,
+               otherwise: Callable[[HttpRequest, str], HttpResponse] | None = None) -> HttpResponse:
+        """Delete the client's snapshot the path names; one that is none: ``otherwise``
+        (the template API's delete), else ``not_found``."""
         name = request.path_params.get("templateID", "")
         info = self.find(client, name)
         if info is None:
+            if otherwise is not None:
+                return otherwise(request, client)
             raise not_found("snapshot", name)
         self._mine(client).engine.remove_snapshot(info.name)
         return json_response(204, None)
@@ -149,7 +154,7 @@ class E2bSnapshots:
             self.sandboxes.audit.update_run_meta(sandbox.sandbox_id, origin)
         return sandbox
 
-    def fork(self, source: E2bSandbox, body: dict[str, Any]) -> HttpResponse:
+    def fork(self, source: E2bSandbox, body: dict[str, Any], domain: str) -> HttpResponse:
         count = body.get("count", 1)
         if count is None:
             count = 1
@@ -169,7 +174,7 @@ class E2bSnapshots:
                 try:
                     fork = self.create_from(source.client, info, wanted, template_id=source.template_id,
                                             details=None, origin={"forked_from": source.sandbox_id})
-                    results.append({"sandbox": created_body(fork)})
+                    results.append({"sandbox": created_body(fork, domain)})
                 except E2bError as error:
                     results.append({"error": {"code": error.status, "message": error.message}})
         return json_response(201, results)
