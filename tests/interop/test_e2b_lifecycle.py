@@ -10,6 +10,7 @@ with a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -48,10 +49,8 @@ def sdk(server: E2bServer) -> Iterator[E2bServer]:
 
 def kill_quietly(*sandbox_ids: str) -> None:
     for sandbox_id in sandbox_ids:
-        try:
+        with contextlib.suppress(Exception):  # cleanup: gone already is fine
             Sandbox.kill(sandbox_id)
-        except Exception:  # noqa: BLE001 - cleanup: gone already is fine
-            pass
 
 
 def wait_for(what: str, check: Callable[[], bool], deadline_s: float = WAIT_S) -> None:

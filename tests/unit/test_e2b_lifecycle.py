@@ -44,6 +44,6 @@ def test_a_policy_that_does_not_allow_pausing_refuses_pause_on_timeout() -> None
     check_allowed(Lifecycle("pause", True), Policy())
     asking = Policy.model_validate({"actions": {"pause": {"decision": "ask"}}})
     check_allowed(KILL, asking)
-    with pytest.raises(E2bError, match="actions.pause") as raised:
+    with pytest.raises(E2bError, match=r"actions\.pause") as raised:
         check_allowed(Lifecycle("pause", False), asking)
     assert raised.value.error == "permission_denied"
