@@ -162,7 +162,8 @@ def test_refusals_of_create_name_the_fix(api: Api) -> None:
     assert "base, locked" in error["message"]
     api.refused("POST", "/v2/sandboxes", 400, "network.allowOut[0]",
                 body={"templateID": "base", "network": {"allowOut": ["*bad*"]}})
-    api.refused("POST", "/v2/sandboxes", 501, "autoPause", body={"templateID": "base", "autoPause": True})
+    api.refused("POST", "/v2/sandboxes", 501, "autoPauseMemory false",
+                body={"templateID": "base", "autoPause": True, "autoPauseMemory": False})
     api.refused("POST", "/v2/sandboxes", 501, "network.egressProxy",
                 body={"templateID": "base", "network": {"egressProxy": {"address": "proxy.example.com:1080"}}})
     api.refused("POST", "/v2/sandboxes", 501, "mcp", body={"templateID": "base", "mcp": {"x": {}}})
@@ -291,7 +292,7 @@ def test_another_clients_sandbox_is_not_found_everywhere(api: Api, box: dict[str
 
 def test_unsupported_paths_say_so(api: Api, box: dict[str, Any]) -> None:
     sid = box["sandboxID"]
-    api.refused("POST", f"/sandboxes/{sid}/fork", 501, "forking", body={})
+    api.refused("POST", f"/sandboxes/{sid}/fork", 400, "count must be a whole number from 1 to", body={"count": 0})
     api.refused("PUT", f"/sandboxes/{sid}/network", 403, "no network", body={"allowOut": ["example.com"]})
     api.refused("GET", "/sandboxes/metrics", 501, "many sandboxes")
     api.refused("POST", f"/sandboxes/{sid}/pause", 501, "filesystem-only", body={"memory": False})
