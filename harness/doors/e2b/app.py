@@ -55,6 +55,7 @@ from harness.doors.e2b.boxes import DOOR, E2bSandbox, E2bSandboxes
 from harness.doors.e2b.bridge import STOPPED, ClientGone, Done, Exchange, OutputChannel, Receive, Scope, Send
 from harness.doors.e2b.connect import as_error, connect_error_response, read_head, serve_call
 from harness.doors.e2b.errors import E2bError, from_quota
+from harness.doors.e2b.interpreter import JUPYTER_PORT, Interpreter
 from harness.doors.e2b.rpc import EnvdCall, EnvdRoute, HttpRequest, HttpResponse, Method, RestRoute, Service
 from harness.doors.grpc.tokens import TokenSet
 from harness.doors.quota_ledger import QuotaExceeded
@@ -164,6 +165,7 @@ class E2bApp:
         self.rest = _Router(rest_routes)
         self.envd = _Router(envd_routes)
         self.pool = pool
+        self.interpreter = Interpreter(sandboxes)
         self._lock = threading.Lock()
         self._active: set[Exchange] = set()
         self._closing = False
@@ -227,6 +229,9 @@ class E2bApp:
         if sandbox_id is None:
             await self._serve_rest(exchange, segments)
             return
+        if headers.get("e2b-sandbox-port", "").strip() == JUPYTER_PORT:
+            await self._serve_interpreter(exchange, sandbox_id)
+            return
         method = self._connect_method(exchange.method, segments)
         connect_like = method is not None or (len(segments) == 2 and "." in segments[0] and exchange.method == "POST")
         respond_error = _connect_refusal if connect_like else _http_refusal
@@ -267,6 +272,23 @@ class E2bApp:
                 await respond_error(exchange, refusal)
             else:
                 await self._serve_http(exchange, params, lambda request: handler(request, call), call)
+
+    async def _serve_interpreter(self, exchange: Exchange, sandbox_id: str) -> None:
+        """Port 49999 of a code-interpreter sandbox (:mod:`harness.doors.e2b.interpreter`)."""
+        sandbox = self.sandboxes.find(sandbox_id)
+        if sandbox is None or not self.interpreter.serves(sandbox):
+            try:
+                self._envd_sandbox(sandbox_id, exchange.headers, health=True)
+            except E2bError as error:
+                await _http_refusal(exchange, error)
+            return
+        call = EnvdCall(sandbox=sandbox, headers=exchange.headers)
+        interpreter = self.interpreter
+        with self._fair(sandbox.client) as refusal:
+            if refusal is not None:
+                await _http_refusal(exchange, refusal)
+            else:
+                await self._serve_http(exchange, {}, lambda request: interpreter.handle(request, call), call)
 
     def _connect_method(self, http_method: str, segments: list[str]) -> Method | None:
         if len(segments) != 2:

@@ -198,6 +198,9 @@ class E2bSandboxes:
         self.audit = executor.audit
         self.templates: dict[str, Policy] = dict(templates or {})
         self.templates.setdefault(DEFAULT_TEMPLATE, e2b_template(executor.policy))
+        from harness.doors.e2b.interpreter import TEMPLATE, code_interpreter_template  # it builds on this module
+
+        self.templates.setdefault(TEMPLATE, code_interpreter_template(executor.policy))  # e2b_code_interpreter's
         if isinstance(executor.engine_factory, SharedEngine) and executor.policy.pool.size:  # pool E2B's base too
             executor.engine_factory.pool_specs.append(self.templates[DEFAULT_TEMPLATE].sandbox_spec())
         executor.kept_doors.add(DOOR)  # its sandboxes can be adopted after a restart (keep_sandboxes)
