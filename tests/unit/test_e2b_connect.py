@@ -58,9 +58,10 @@ class Boxes:
     """A stand-in for E2bSandboxes: one sandbox, one access token."""
 
     executor = types.SimpleNamespace(quotas=QuotaKeeper())
+    templates: dict[str, object] = {}  # no code-interpreter template: its port is not open
 
     def __init__(self) -> None:
-        self.box = types.SimpleNamespace(sandbox_id=SANDBOX, access_token=TOKEN, client="alice")
+        self.box = types.SimpleNamespace(sandbox_id=SANDBOX, access_token=TOKEN, client="alice", template_id="base")
 
     def for_envd(self, sandbox_id, token):
         if sandbox_id != SANDBOX:
@@ -570,3 +571,10 @@ def test_output_channel_holds_the_producer_back():
         assert channel.put(b"4") is False
     finally:
         loop.close()
+
+
+def test_the_code_interpreter_port_of_a_sandbox_without_it_is_not_open(http):
+    r = http.get("/contexts", headers={**ENVD, "E2b-Sandbox-Port": "49999"})
+    assert r.status_code == 502 and "port 49999 is not open" in r.json()["message"]
+    r = http.post("/execute", json={"code": "1"}, headers={"E2b-Sandbox-Id": "e2b-gone", "E2b-Sandbox-Port": "49999"})
+    assert r.status_code == 502 and "was not found" in r.json()["message"]

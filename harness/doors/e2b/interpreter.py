@@ -27,6 +27,7 @@ and the server interrupts the cell (the kernel and its state stay).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -36,6 +37,7 @@ from typing import Any
 
 from harness.core.errors import AgentCallError, CallboxError, ErrorCode
 from harness.core.policy import Policy
+from harness.core.registry import ToolDefinition
 from harness.core.sandbox_settings import SandboxSettings
 from harness.doors.e2b.boxes import E2B_WORKDIR, E2bSandbox, E2bSandboxes, e2b_errors, e2b_template
 from harness.doors.e2b.errors import E2bError, invalid
@@ -83,10 +85,14 @@ class Interpreter:
 
     def __init__(self, sandboxes: E2bSandboxes) -> None:
         self.sandboxes = sandboxes
-        registered = sandboxes.executor.registry.get(SHELL.name)
-        self.shell = (registered or SHELL).definition
         self._lock = threading.Lock()
         self._servers: dict[str, _Server] = {}
+
+    @functools.cached_property
+    def shell(self) -> ToolDefinition:
+        """The ``shell`` tool whose rules a cell's code meets (the registry's, if it has one)."""
+        registered = self.sandboxes.executor.registry.get(SHELL.name)
+        return (registered or SHELL).definition
 
     def serves(self, sandbox: E2bSandbox) -> bool:
         """Whether ``sandbox`` has the code interpreter (its template's image is the variant)."""
