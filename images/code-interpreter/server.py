@@ -109,21 +109,48 @@ class Context:
             raise ContextError(400, f"cwd {self.cwd!r} is not a directory in the sandbox")
         connection = os.path.join(kernel_env()["JUPYTER_RUNTIME_DIR"], f"kernel-{self.id}.json")
         write_connection_file(connection, ip="127.0.0.1")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "ipykernel_launcher", "-f", connection],
-            cwd=self.cwd, env=kernel_env(), stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
+        log_path = os.path.join(STATE, f"kernel-{self.id}.log")
+        with open(log_path, "wb") as log_file:  # what a kernel that dies at its start said
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "ipykernel_launcher", "-f", connection],
+                cwd=self.cwd, env=kernel_env(), stdin=subprocess.DEVNULL,
+                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            )
         client = BlockingKernelClient(connection_file=connection)
         client.load_connection_file()
         client.start_channels()
         try:
-            client.wait_for_ready(timeout=KERNEL_START_S)
+            self._wait_ready(client)
         except RuntimeError as error:
             client.stop_channels()
             self.stop()
+            with contextlib.suppress(OSError), open(log_path, errors="replace") as said:
+                error = RuntimeError(f"{error}: {said.read()[-800:].strip()}")
             raise ContextError(500, f"the Python kernel did not start: {error}") from None
         self.client = client
+
+    def _wait_ready(self, client: BlockingKernelClient) -> None:
+        """Until the kernel answers kernel_info (jupyter_client's own wait takes a kernel whose
+        first heartbeat is late, as on a busy machine, for a dead one)."""
+        deadline = time.monotonic() + KERNEL_START_S
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the kernel exited with {self.process.returncode}")
+            msg_id = client.kernel_info()
+            try:
+                while True:
+                    reply = client.get_shell_msg(timeout=1.0)
+                    if reply["parent_header"].get("msg_id") == msg_id:
+                        break
+            except queue.Empty:
+                continue
+            while True:  # what the kernel said at its start is not a cell's
+                try:
+                    client.get_iopub_msg(timeout=0.2)
+                except queue.Empty:
+                    return
+        raise RuntimeError(f"the kernel did not answer within {KERNEL_START_S:g} s")
 
     def stop(self) -> None:
         if self.client is not None:
