@@ -115,6 +115,7 @@ class Interpreter:
             return self._execute(sandbox, body, call)
         with e2b_errors(sandbox), current_scope(call.scope):
             tunnel = self._tunnel(sandbox)
+            call.scope.track(_Closing(tunnel))
             return self._forward(tunnel, request.method, request.path, body, outcome=None, stack=None)
 
     def _execute(self, sandbox: E2bSandbox, body: bytes, call: EnvdCall) -> HttpResponse:
@@ -137,6 +138,9 @@ class Interpreter:
             try:
                 with current_scope(call.scope):
                     tunnel = self._tunnel(sandbox)
+                # The client going away (its timeout) closes the tunnel at once, even while the
+                # cell prints nothing: the server reads that as the end and interrupts the cell.
+                call.scope.track(_Closing(tunnel))
                 return self._forward(tunnel, "POST", "/execute", body, outcome=ticket.outcome, stack=stack)
             except BaseException:
                 stack.close()
@@ -223,6 +227,16 @@ class Interpreter:
                 stack.close()
             raise
         return HttpResponse(status, kept, _relay(tunnel, rest, chunks, outcome, stack))
+
+
+class _Closing:
+    """What a call's scope cancels: the tunnel, closed."""
+
+    def __init__(self, tunnel: Tunnel) -> None:
+        self.tunnel = tunnel
+
+    def cancel(self) -> None:
+        self.tunnel.close()
 
 
 def _relay(tunnel: Tunnel, first: bytes, chunks: Iterator[bytes], outcome: dict[str, Any] | None,
