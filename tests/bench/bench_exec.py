@@ -44,7 +44,8 @@ Rows:
 22.-23. the Ray engine on a real three-node cluster the section builds and removes (remote
     create, exec, streaming, sandboxes/s over 2 nodes vs 1, dead-node detection, image
     distribution), and the node's relay against a Ray actor proxy: bench_ray.py, section ``ray``
-    (as root with ray installed; otherwise a row says why they were skipped).
+    (as root with ray installed; otherwise a row says why they were skipped);
+24. a template build through the E2B SDK, cold and from the cache: bench_templates.py, section ``templates``.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ from tests.bench.bench_results import DEFAULT_RESULTS, Row, markdown_table, p50,
 from tests.bench.bench_runtimes import add_runtime_rows, bench_runtimes
 from tests.bench.bench_scale import add_create_rows, add_scale_rows, bench_create, bench_scale
 from tests.bench.bench_telemetry import add_telemetry_rows, bench_telemetry
+from tests.bench.bench_templates import add_template_rows, bench_templates
 
 MIN_SAMPLES = 30
 MIB = 1 << 20
@@ -106,7 +108,7 @@ TARGET_IDLE_MEMORY_MIB = 25.0
 TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
-            "interpreter", "pool", "create", "door", "runtimes", "telemetry", "ray", "scale"]
+            "interpreter", "pool", "create", "door", "runtimes", "telemetry", "ray", "templates", "scale"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
 """``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
 DEFAULT_SCALE_SANDBOXES = 100
@@ -586,6 +588,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
     add_scale_rows(data, add)
     add_telemetry_rows(data, add)
     add_ray_rows(data, add, ray_skipped or {})
+    add_template_rows(data, add)
     if "callbox_health" in data:
         add("5a. floor: gRPC unary Health/Check on the agent socket (interleaved)", "time",
             data["callbox_health"], "—", None, "— (info)")
@@ -750,6 +753,8 @@ def main(argv: list[str] | None = None) -> int:
         ("ray", "ray" in sections,
          lambda: bench_ray(res, spec, kit, data, ray_skipped, samples=args.samples, warmup=args.warmup,
                            quick=args.quick)),
+        ("templates", "templates" in sections,
+         lambda: bench_templates(engine.client, spec.image, args.samples, progress)),
         ("scale", "scale" in sections,
          lambda: bench_scale(res, spec, args.sandboxes, kit,
                              lambda container, hint: memory_reading(engine.client, container, hint))),

@@ -15,6 +15,7 @@ import io
 import json
 import re
 import struct
+import time
 import zipfile
 from collections.abc import Iterator
 from typing import Any
@@ -119,9 +120,13 @@ def test_a_timeout_interrupts_the_cell_and_the_kernel_keeps_its_state(sandbox: S
     sandbox.run_code("survivor = 'still here'")
     with pytest.raises(TimeoutException):
         sandbox.run_code("import time\nfor _ in range(600):\n    time.sleep(0.2)", timeout=3)
-    # Not interrupted, the loop would hold the kernel for two minutes: this one would time out.
+    # Not interrupted, the loop would hold the kernel for two minutes and this cell would wait
+    # for it (the SDK's own timeout does not bound the wait for a response's head).
+    began = time.monotonic()
     after = sandbox.run_code("survivor", timeout=60)
+    waited = time.monotonic() - began
     assert after.text == "'still here'"
+    assert waited < 60, f"the next cell waited {waited:.0f} s: the timed-out cell was not interrupted"
 
 
 def test_two_contexts_stay_apart_and_restart_clears_one(sandbox: Sandbox) -> None:

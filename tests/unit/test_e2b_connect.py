@@ -58,10 +58,9 @@ class Boxes:
     """A stand-in for E2bSandboxes: one sandbox, one access token."""
 
     executor = types.SimpleNamespace(quotas=QuotaKeeper())
-    templates: dict[str, object] = {}  # no code-interpreter template: its port is not open
 
     def __init__(self) -> None:
-        self.box = types.SimpleNamespace(sandbox_id=SANDBOX, access_token=TOKEN, client="alice", template_id="base")
+        self.box = types.SimpleNamespace(sandbox_id=SANDBOX, access_token=TOKEN, client="alice")
 
     def for_envd(self, sandbox_id, token):
         if sandbox_id != SANDBOX:
@@ -359,8 +358,11 @@ def test_unknown_route_rest_auth_and_health(http):
     assert http.get("/health", headers={"E2b-Sandbox-Id": SANDBOX}).status_code == 204
     r = http.get("/health", headers={"E2b-Sandbox-Id": "e2b-gone"})
     assert r.status_code == 502 and "was not found" in r.json()["message"]
-    r = http.get("/health", headers={**ENVD, "E2b-Sandbox-Port": "8080"})
-    assert r.status_code == 502 and "port 8080 is not open" in r.json()["message"]
+    # Another port is a port request (harness.doors.e2b.ports): refused without a credential.
+    r = http.get("/health", headers={"E2b-Sandbox-Id": SANDBOX, "E2b-Sandbox-Port": "8080"})
+    assert r.status_code == 403 and "e2b-traffic-access-token" in r.json()["message"]
+    r = http.get("/health", headers={**ENVD, "E2b-Sandbox-Port": "not-a-port"})
+    assert r.status_code == 400 and "not a TCP port" in r.json()["message"]
     r = http.post("/files", content=b"x", headers={"E2b-Sandbox-Id": SANDBOX})
     assert r.status_code == 401
 
@@ -571,10 +573,3 @@ def test_output_channel_holds_the_producer_back():
         assert channel.put(b"4") is False
     finally:
         loop.close()
-
-
-def test_the_code_interpreter_port_of_a_sandbox_without_it_is_not_open(http):
-    r = http.get("/contexts", headers={**ENVD, "E2b-Sandbox-Port": "49999"})
-    assert r.status_code == 502 and "port 49999 is not open" in r.json()["message"]
-    r = http.post("/execute", json={"code": "1"}, headers={"E2b-Sandbox-Id": "e2b-gone", "E2b-Sandbox-Port": "49999"})
-    assert r.status_code == 502 and "was not found" in r.json()["message"]

@@ -11,11 +11,14 @@ How a request is routed (the e2b SDK sends both kinds to the same URL when
   (:meth:`~harness.doors.e2b.boxes.E2bSandboxes.for_envd`); only ``GET /health`` answers
   without one. A sandbox that does not exist (killed, expired) is answered as E2B's proxy
   answers it, 502 with a message saying it "was not found", so the SDK raises
-  ``SandboxNotRunningException`` and ``is_running()`` is False; an ``E2b-Sandbox-Port`` other
-  than envd's is 502 "port is not open". ``Authorization: Basic base64(USER:)`` names the
+  ``SandboxNotRunningException`` and ``is_running()`` is False. ``Authorization: Basic base64(USER:)`` names the
   user to act as (:attr:`~harness.doors.e2b.rpc.EnvdCall.user`). Then ``POST
   /SERVICE/METHOD`` of a served service is a Connect call (:mod:`harness.doors.e2b.connect`);
   anything else must match an envd HTTP route (``/files``, ``/health``).
+* **A sandbox port**: a request naming a port other than envd's, by ``E2b-Sandbox-Port`` or by
+  a host name ``PORT-SANDBOXID.DOMAIN`` (``get_host(port)``), and every WebSocket upgrade, go
+  to that port in the sandbox (:mod:`harness.doors.e2b.ports`). A host name
+  ``49983-SANDBOXID.DOMAIN`` is envd's, as if it carried ``E2b-Sandbox-Id``.
 * Anything else is 404, with a JSON body naming the method and path.
 
 Each client may have at most ``share`` long requests in flight at once (sandbox creates, envd
@@ -55,8 +58,10 @@ from harness.doors.e2b.boxes import DOOR, E2bSandbox, E2bSandboxes
 from harness.doors.e2b.bridge import STOPPED, ClientGone, Done, Exchange, OutputChannel, Receive, Scope, Send
 from harness.doors.e2b.connect import as_error, connect_error_response, read_head, serve_call
 from harness.doors.e2b.errors import E2bError, from_quota
-from harness.doors.e2b.interpreter import JUPYTER_PORT, Interpreter
+from harness.doors.e2b.interpreter import install as install_interpreter
+from harness.doors.e2b.ports import PortProxy, port_target
 from harness.doors.e2b.rpc import EnvdCall, EnvdRoute, HttpRequest, HttpResponse, Method, RestRoute, Service
+from harness.doors.e2b.templates import UPLOAD_PREFIX
 from harness.doors.grpc.tokens import TokenSet
 from harness.doors.quota_ledger import QuotaExceeded
 from harness.engine.cancel import current_scope
@@ -156,7 +161,7 @@ class E2bApp:
 
     def __init__(self, *, tokens: TokenSet, sandboxes: E2bSandboxes, services: Iterable[Service],
                  rest_routes: Iterable[RestRoute], envd_routes: Iterable[EnvdRoute], pool: Any,
-                 share: int | None = None) -> None:
+                 share: int | None = None, ports: PortProxy | None = None) -> None:
         self.tokens = tokens
         self.share = share
         """How many requests one client may have in flight at once (None: no bound)."""
@@ -165,7 +170,10 @@ class E2bApp:
         self.rest = _Router(rest_routes)
         self.envd = _Router(envd_routes)
         self.pool = pool
-        self.interpreter = Interpreter(sandboxes)
+        self.ports = ports if ports is not None else PortProxy(sandboxes, tokens)
+        if ports is None and isinstance(sandboxes, E2bSandboxes):  # e2b_code_interpreter's template and port 49999
+            install_interpreter(sandboxes, self.ports.filters)
+        """Requests to a sandbox port other than envd's (:mod:`harness.doors.e2b.ports`)."""
         self._lock = threading.Lock()
         self._active: set[Exchange] = set()
         self._closing = False
@@ -197,6 +205,10 @@ class E2bApp:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
+        if scope["type"] == "websocket":
+            if not self._closing:
+                await self.ports.serve_websocket(scope, receive, send, self.pool)
+            return
         if scope["type"] != "http":
             return
         exchange = Exchange(scope, receive, send, self.pool)
@@ -225,13 +237,23 @@ class E2bApp:
     async def _route(self, exchange: Exchange) -> None:
         headers = exchange.headers
         segments = _segments(exchange.raw_path)
-        sandbox_id = headers.get("e2b-sandbox-id")
-        if sandbox_id is None:
+        try:
+            target = port_target(headers)
+        except E2bError as error:
+            await _http_refusal(exchange, error)
+            return
+        if target is None:
             await self._serve_rest(exchange, segments)
             return
-        if headers.get("e2b-sandbox-port", "").strip() == JUPYTER_PORT:
-            await self._serve_interpreter(exchange, sandbox_id)
+        if str(target.port) != ENVD_PORT:
+            owner = self.sandboxes.find(target.sandbox_id) or self.sandboxes.find_folded(target.sandbox_id)
+            with self._fair(owner.client if owner is not None else "", counted=owner is not None) as refusal:
+                if refusal is not None:
+                    await _http_refusal(exchange, refusal)
+                else:
+                    await self.ports.serve_http(exchange, target)
             return
+        sandbox_id = target.sandbox_id
         method = self._connect_method(exchange.method, segments)
         connect_like = method is not None or (len(segments) == 2 and "." in segments[0] and exchange.method == "POST")
         respond_error = _connect_refusal if connect_like else _http_refusal
@@ -273,23 +295,6 @@ class E2bApp:
             else:
                 await self._serve_http(exchange, params, lambda request: handler(request, call), call)
 
-    async def _serve_interpreter(self, exchange: Exchange, sandbox_id: str) -> None:
-        """Port 49999 of a code-interpreter sandbox (:mod:`harness.doors.e2b.interpreter`)."""
-        sandbox = self.sandboxes.find(sandbox_id)
-        if sandbox is None or not self.interpreter.serves(sandbox):
-            try:
-                self._envd_sandbox(sandbox_id, exchange.headers, health=True)
-            except E2bError as error:
-                await _http_refusal(exchange, error)
-            return
-        call = EnvdCall(sandbox=sandbox, headers=exchange.headers)
-        interpreter = self.interpreter
-        with self._fair(sandbox.client) as refusal:
-            if refusal is not None:
-                await _http_refusal(exchange, refusal)
-            else:
-                await self._serve_http(exchange, {}, lambda request: interpreter.handle(request, call), call)
-
     def _connect_method(self, http_method: str, segments: list[str]) -> Method | None:
         if len(segments) != 2:
             return None
@@ -297,7 +302,6 @@ class E2bApp:
         return service.methods.get(segments[1]) if service is not None else None
 
     def _envd_sandbox(self, sandbox_id: str, headers: Mapping[str, str], *, health: bool) -> E2bSandbox:
-        port = headers.get("e2b-sandbox-port", ENVD_PORT).strip()
         token = headers.get("x-access-token")
         try:
             if health and not token:
@@ -310,10 +314,6 @@ class E2bApp:
             raise E2bError(ErrorCode.SANDBOX_UNAVAILABLE,
                 f"sandbox {sandbox_id!r} was not found: it was killed, or its timeout "
                                           "passed", status=502) from None
-        if port != ENVD_PORT:
-            raise E2bError(ErrorCode.SANDBOX_UNAVAILABLE,
-                f"sandbox {sandbox_id!r} is running but port {port} is not open: this "
-                                          f"server serves envd (port {ENVD_PORT}) only", status=502)
         return sandbox
 
     def _untokened(self, sandbox_id: str) -> E2bSandbox:
@@ -330,14 +330,15 @@ class E2bApp:
             await _http_refusal(exchange, _no_route(exchange, found, "the control plane serves /sandboxes and "
                                                     "/v2/sandboxes; envd requests carry E2b-Sandbox-Id"))
             return
+        route, params = found
         key = exchange.headers.get("x-api-key")
-        client = self.tokens.lookup(key)
+        # A template upload URL carries its own one-time permission (the SDK sends no key there).
+        client = "" if route.template.startswith(UPLOAD_PREFIX) else self.tokens.lookup(key)
         if client is None:
             message = ("this request carries no X-API-KEY header; set E2B_API_KEY to a key of this server "
                        "(a token of its token file)" if not key else "the X-API-KEY is not a key of this server")
             await _http_refusal(exchange, E2bError(ErrorCode.UNAUTHENTICATED, message))
             return
-        route, params = found
         handler = route.handler
         with self._fair(client, counted=route.method == "POST" and route.template in _CREATES) as refusal:
             if refusal is not None:

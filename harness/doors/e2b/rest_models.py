@@ -36,6 +36,7 @@ from typing import Any
 from harness.core.errors import ErrorCode
 from harness.core.times import iso
 from harness.doors.e2b.boxes import DEFAULT_TEMPLATE, DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes, Metric
+from harness.doors.e2b.domains import UNROUTABLE
 from harness.doors.e2b.errors import E2bError, invalid
 from harness.doors.grpc.overrides import SandboxOverrides
 
@@ -163,15 +164,18 @@ def rfc3339(unix: float) -> str:
     return iso(unix)
 
 
-def created_body(sandbox: E2bSandbox) -> dict[str, Any]:
-    """``Sandbox``: the answer of create and connect (with the envd access token)."""
+def created_body(sandbox: E2bSandbox, domain: str = UNROUTABLE) -> dict[str, Any]:
+    """``Sandbox``: the answer of create and connect (with the envd access token), ``domain``
+    being where this server serves the sandbox (:mod:`harness.doors.e2b.domains`)."""
     return {
+        "domain": domain,
         "templateID": sandbox.template_id,
         "alias": sandbox.template_id,
         "sandboxID": sandbox.sandbox_id,
         "clientID": sandbox.client,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": sandbox.access_token,
+        "trafficAccessToken": sandbox.traffic_access_token,
     }
 
 
@@ -195,10 +199,11 @@ def listed_body(sandbox: E2bSandbox, now: float) -> dict[str, Any]:
     }
 
 
-def detail_body(sandbox: E2bSandbox, now: float) -> dict[str, Any]:
-    """``SandboxDetail``: one sandbox's info, with its access token and lifecycle."""
+def detail_body(sandbox: E2bSandbox, now: float, domain: str = UNROUTABLE) -> dict[str, Any]:
+    """``SandboxDetail``: one sandbox's info, with its access token, lifecycle and domain."""
     body = listed_body(sandbox, now)
     body["envdAccessToken"] = sandbox.access_token
+    body["domain"] = domain
     body["lifecycle"] = {"autoResume": False, "onTimeout": "kill"}
     network = sandbox.box.spec.network
     if network in ("open", "none"):
