@@ -20,7 +20,9 @@ import zipfile
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
+from e2b import Sandbox as BaseSandbox
 from e2b import SandboxException, TimeoutException
 from e2b_code_interpreter import Sandbox
 
@@ -195,3 +197,16 @@ def test_a_denied_run_code_is_refused_with_the_reason_and_audited(sandbox: Sandb
 
 def _text(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value)
+
+
+def test_a_sandbox_of_another_template_has_no_code_interpreter(server: E2bServer) -> None:
+    with sdk_environment(server):
+        plain = BaseSandbox.create(timeout=60)
+        try:
+            headers = {"E2b-Sandbox-Id": plain.sandbox_id, "E2b-Sandbox-Port": "49999",
+                       "E2B-Traffic-Access-Token": plain.traffic_access_token or ""}
+            answer = httpx.get(f"{server.url}/contexts", headers=headers, timeout=30)
+        finally:
+            plain.kill()
+    assert answer.status_code == 502, answer.text
+    assert "port 49999 is not open" in answer.json()["message"]

@@ -138,29 +138,38 @@ def _shell(sandboxes: E2bSandboxes) -> ToolDefinition:
 
 
 def _ensure_server(sandboxes: E2bSandboxes, sandbox: E2bSandbox) -> None:
-    """Start the sandbox's server unless it runs, and wait until it listens."""
+    """Start the sandbox's server unless one listens (also one an earlier server process of the
+    door started: a kept sandbox adopted after a restart), and wait until it does."""
     box = sandbox.running()
     with _SERVERS_LOCK:
         for gone in [sid for sid in _SERVERS if sandboxes.find(sid) is None]:
             del _SERVERS[gone]
         server = _SERVERS.setdefault(sandbox.sandbox_id, _Server())
     with server.lock:
-        if server.pid is not None and _alive(box, server.pid):
+        if _listening(box):
             return
         server.pid = pid = _start(sandboxes, sandbox, box)
         deadline = time.monotonic() + SERVER_START_S
-        while True:
-            try:
-                box.agent.ports.connect(int(JUPYTER_PORT)).close()
-                return
-            except AgentCallError as error:
-                if error.reason != "CONNECTION_REFUSED" or time.monotonic() > deadline:
-                    raise
+        while not _listening(box):
             if not _alive(box, pid):
                 server.pid = None
                 raise E2bError(ErrorCode.SANDBOX_UNAVAILABLE, "the code interpreter's server exited at its start: "
                                f"{_output(box, pid)}", status=502)
+            if time.monotonic() > deadline:
+                raise E2bError(ErrorCode.SANDBOX_UNAVAILABLE, "the code interpreter's server did not listen within "
+                               f"{SERVER_START_S:g} s of its start", status=502)
             time.sleep(0.05)  # the server binds its port within a second of its start
+
+
+def _listening(box: LivingSandbox) -> bool:
+    """Whether something listens on port 49999 in the sandbox (a connection opened and closed)."""
+    try:
+        box.agent.ports.connect(int(JUPYTER_PORT)).close()
+    except AgentCallError as error:
+        if error.reason == "CONNECTION_REFUSED":
+            return False
+        raise
+    return True
 
 
 def _start(sandboxes: E2bSandboxes, sandbox: E2bSandbox, box: LivingSandbox) -> int:
