@@ -83,11 +83,12 @@ from tests.bench.bench_door import add_door_rows, bench_door
 from tests.bench.bench_e2b import add_e2b_rows, bench_e2b
 from tests.bench.bench_interpreter import add_interpreter_rows, bench_interpreter
 from tests.bench.bench_living import Toolkit, add_living_rows, bench_living
+from tests.bench.bench_network_rules import TARGET_ENFORCED_MS, bench_network_update
 from tests.bench.bench_overhead import bench_overhead
 from tests.bench.bench_pool import add_pool_rows, bench_pool
 from tests.bench.bench_ray import add_ray_rows, bench_ray
 from tests.bench.bench_redaction import bench_redaction
-from tests.bench.bench_results import DEFAULT_RESULTS, Row, markdown_table, p50, write_results
+from tests.bench.bench_results import DEFAULT_RESULTS, Row, markdown_table, p50, p90, write_results
 from tests.bench.bench_runtimes import add_runtime_rows, bench_runtimes
 from tests.bench.bench_scale import add_create_rows, add_scale_rows, bench_create, bench_scale
 from tests.bench.bench_telemetry import add_telemetry_rows, bench_telemetry
@@ -566,6 +567,10 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
             data["start_open"], "the same, network none (interleaved)", data["start_none"], "— (info)")
         add("7b. cold start, network allowlist (+ egress proxy container): create → first result", "time",
             data["start_allowlist"], "the same, network none (interleaved)", data["start_none"], "— (info)")
+    if "network_update_enforced" in data:
+        add("7c. network rules changed (update_network) until enforced: call returned → a request passes them",
+            "time", data["network_update_enforced"], "—", None, f"p90 ≤ {TARGET_ENFORCED_MS:g} ms",
+            lambda r: r.cb(p90) <= TARGET_ENFORCED_MS)
     if "harness_overhead" in data:
         add("6. harness overhead per call: validate + authorize + audit (no sandbox)", "time",
             data["harness_overhead"], "—", None, f"p50 ≤ {TARGET_OVERHEAD_P50_MS:g} ms",
@@ -718,7 +723,10 @@ def main(argv: list[str] | None = None) -> int:
         if problem is not None:
             progress(f"network modes skipped: {problem}")
             return {}
-        return bench_network_start(res, spec, args.samples, slow_warmup)
+        out = bench_network_start(res, spec, args.samples, slow_warmup)
+        out.update(bench_network_update(res.create_sandbox, res.destroy_sandbox, spec, args.samples, args.warmup,
+                                        progress))
+        return out
 
     def overhead_rows() -> dict[str, list[float]]:
         progress("harness overhead per call (no sandbox)")

@@ -15,6 +15,8 @@ How a request is routed (the e2b SDK sends both kinds to the same URL when
   user to act as (:attr:`~harness.doors.e2b.rpc.EnvdCall.user`). Then ``POST
   /SERVICE/METHOD`` of a served service is a Connect call (:mod:`harness.doors.e2b.connect`);
   anything else must match an envd HTTP route (``/files``, ``/health``).
+  A request to a paused sandbox (but ``/health``) resumes it first if its lifecycle says
+  ``auto_resume``, else is refused as E2B's proxy refuses it (:mod:`harness.doors.e2b.lifecycle`).
 * **A sandbox port**: a request naming a port other than envd's, by ``E2b-Sandbox-Port`` or by
   a host name ``PORT-SANDBOXID.DOMAIN`` (``get_host(port)``), and every WebSocket upgrade, go
   to that port in the sandbox (:mod:`harness.doors.e2b.ports`). A host name
@@ -44,7 +46,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -59,7 +60,9 @@ from harness.doors.e2b.bridge import STOPPED, ClientGone, Done, Exchange, Output
 from harness.doors.e2b.connect import as_error, connect_error_response, read_head, serve_call
 from harness.doors.e2b.errors import E2bError, from_quota
 from harness.doors.e2b.interpreter import install as install_interpreter
-from harness.doors.e2b.ports import PortProxy, port_target
+from harness.doors.e2b.port_targets import port_target
+from harness.doors.e2b.ports import PortProxy
+from harness.doors.e2b.responses import CutOff, http_refusal, rest_error
 from harness.doors.e2b.rpc import EnvdCall, EnvdRoute, HttpRequest, HttpResponse, Method, RestRoute, Service
 from harness.doors.e2b.templates import UPLOAD_PREFIX
 from harness.doors.grpc.tokens import TokenSet
@@ -146,16 +149,6 @@ def envd_user(headers: Mapping[str, str]) -> str | None:
     return user or None
 
 
-def _rest_error(error: E2bError) -> tuple[int, list[tuple[str, str]], bytes]:
-    body = json.dumps(error.rest_body(), separators=(",", ":")).encode()
-    return error.status, [("content-type", "application/json"), *error.headers()], body
-
-
-class _CutOff(Exception):
-    """A streamed response body failed after its head was sent: the connection must close
-    without the body's end (raised out of the app, uvicorn closes it)."""
-
-
 class E2bApp:
     """The ASGI app; see the module docstring. ``shutdown`` ends every request in flight."""
 
@@ -219,7 +212,7 @@ class E2bApp:
                 self._active.add(exchange)
         try:
             if closing:
-                await exchange.respond(*_rest_error(E2bError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")))
+                await exchange.respond(*rest_error(E2bError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")))
             else:
                 # A span per request while tracing is on; a caller's traceparent header continues its trace.
                 with tracing.request_span("callbox.e2b", exchange.headers, _span_attributes(exchange)):
@@ -240,7 +233,7 @@ class E2bApp:
         try:
             target = port_target(headers)
         except E2bError as error:
-            await _http_refusal(exchange, error)
+            await http_refusal(exchange, error)
             return
         if target is None:
             await self._serve_rest(exchange, segments)
@@ -249,14 +242,14 @@ class E2bApp:
             owner = self.sandboxes.find(target.sandbox_id) or self.sandboxes.find_folded(target.sandbox_id)
             with self._fair(owner.client if owner is not None else "", counted=owner is not None) as refusal:
                 if refusal is not None:
-                    await _http_refusal(exchange, refusal)
+                    await http_refusal(exchange, refusal)
                 else:
                     await self.ports.serve_http(exchange, target)
             return
         sandbox_id = target.sandbox_id
         method = self._connect_method(exchange.method, segments)
         connect_like = method is not None or (len(segments) == 2 and "." in segments[0] and exchange.method == "POST")
-        respond_error = _connect_refusal if connect_like else _http_refusal
+        respond_error = _connect_refusal if connect_like else http_refusal
         found = None if connect_like else self.envd.find(exchange.method, segments)
         if connect_like and method is None:
             await respond_error(exchange, E2bError(ErrorCode.NOT_SUPPORTED, f"envd has no method {exchange.path}; this "
@@ -266,9 +259,12 @@ class E2bApp:
             await respond_error(exchange, _no_route(exchange, found, "envd serves /files, /health and the Connect "
                                                     "services " + ", ".join(sorted(self.services))))
             return
+        health = exchange.path == HEALTH_PATH
         try:
-            sandbox = self._envd_sandbox(sandbox_id, headers, health=exchange.path == HEALTH_PATH)
+            sandbox = self._envd_sandbox(sandbox_id, headers, health=health)
             user = envd_user(headers)
+            if not health:  # a paused sandbox: resumed if it auto-resumes (on a worker: it waits for the engine)
+                await exchange.run(lambda: self.sandboxes.awake(sandbox))
         except E2bError as error:
             await respond_error(exchange, error)
             return
@@ -327,7 +323,7 @@ class E2bApp:
     async def _serve_rest(self, exchange: Exchange, segments: list[str]) -> None:
         found = self.rest.find(exchange.method, segments)
         if isinstance(found, list):
-            await _http_refusal(exchange, _no_route(exchange, found, "the control plane serves /sandboxes and "
+            await http_refusal(exchange, _no_route(exchange, found, "the control plane serves /sandboxes and "
                                                     "/v2/sandboxes; envd requests carry E2b-Sandbox-Id"))
             return
         route, params = found
@@ -337,12 +333,12 @@ class E2bApp:
         if client is None:
             message = ("this request carries no X-API-KEY header; set E2B_API_KEY to a key of this server "
                        "(a token of its token file)" if not key else "the X-API-KEY is not a key of this server")
-            await _http_refusal(exchange, E2bError(ErrorCode.UNAUTHENTICATED, message))
+            await http_refusal(exchange, E2bError(ErrorCode.UNAUTHENTICATED, message))
             return
         handler = route.handler
         with self._fair(client, counted=route.method == "POST" and route.template in _CREATES) as refusal:
             if refusal is not None:
-                await _http_refusal(exchange, refusal)
+                await http_refusal(exchange, refusal)
             else:
                 await self._serve_http(exchange, params, lambda request: handler(request, client), None)
 
@@ -388,7 +384,7 @@ class E2bApp:
         try:
             response = await exchange.run(work)
         except Exception as exc:
-            await _http_refusal(exchange, as_error(exc, where))
+            await http_refusal(exchange, as_error(exc, where))
             return
         if exchange.ended is not None:
             _close(response.body)
@@ -423,9 +419,9 @@ class E2bApp:
             item = await out.get()
             if item is STOPPED:
                 if exchange.ended == "shutdown" and not exchange.started:
-                    await _http_refusal(exchange, E2bError(ErrorCode.SHUTTING_DOWN, "the server is shutting down"))
+                    await http_refusal(exchange, E2bError(ErrorCode.SHUTTING_DOWN, "the server is shutting down"))
                 elif exchange.started:
-                    raise _CutOff(f"{where}: the response body was cut off ({exchange.ended})")
+                    raise CutOff(f"{where}: the response body was cut off ({exchange.ended})")
                 return
             if isinstance(item, Done):
                 if item.error is None:
@@ -435,11 +431,11 @@ class E2bApp:
                     return
                 error = as_error(item.error, where)
                 if not exchange.started:
-                    await _http_refusal(exchange, error)
+                    await http_refusal(exchange, error)
                     return
                 log.warning("%s: the response body failed after %s was sent, closing the connection: %s",
                             where, response.status, error.message)
-                raise _CutOff(f"{where}: the response body failed: {error.message}")
+                raise CutOff(f"{where}: the response body failed: {error.message}")
             assert isinstance(item, bytes)
             if not exchange.started:
                 await exchange.start(response.status, response.headers)
@@ -467,11 +463,6 @@ def _no_route(exchange: Exchange, allowed: list[str], what: str) -> E2bError:
         return E2bError(ErrorCode.NOT_SUPPORTED, f"{exchange.path} does not take {exchange.method}; it takes "
                                          f"{', '.join(sorted(set(allowed)))}", status=405)
     return E2bError(ErrorCode.NOT_FOUND, f"no route {exchange.method} {exchange.path}: {what}")
-
-
-async def _http_refusal(exchange: Exchange, error: E2bError) -> None:
-    if exchange.ended is None and not exchange.started:
-        await exchange.respond(*_rest_error(error))
 
 
 async def _connect_refusal(exchange: Exchange, error: E2bError) -> None:
