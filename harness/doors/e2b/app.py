@@ -59,6 +59,7 @@ from harness.doors.e2b.boxes import DOOR, E2bSandbox, E2bSandboxes
 from harness.doors.e2b.bridge import STOPPED, ClientGone, Done, Exchange, OutputChannel, Receive, Scope, Send
 from harness.doors.e2b.connect import as_error, connect_error_response, read_head, serve_call
 from harness.doors.e2b.errors import E2bError, from_quota
+from harness.doors.e2b.interpreter import install as install_interpreter
 from harness.doors.e2b.port_targets import port_target
 from harness.doors.e2b.ports import PortProxy
 from harness.doors.e2b.responses import CutOff, http_refusal, rest_error
@@ -163,6 +164,8 @@ class E2bApp:
         self.envd = _Router(envd_routes)
         self.pool = pool
         self.ports = ports if ports is not None else PortProxy(sandboxes, tokens)
+        if ports is None and isinstance(sandboxes, E2bSandboxes):  # e2b_code_interpreter's template and port 49999
+            install_interpreter(sandboxes, self.ports.filters)
         """Requests to a sandbox port other than envd's (:mod:`harness.doors.e2b.ports`)."""
         self._lock = threading.Lock()
         self._active: set[Exchange] = set()

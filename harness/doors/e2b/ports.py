@@ -184,6 +184,8 @@ class PortProxy:
         request_head = (f"{exchange.method} {request_target} HTTP/1.1\r\n"
                         + "".join(f"{k}: {v}\r\n" for k, v in head) + "\r\n").encode("latin-1")
         channel = None if body is not None else exchange.stream_body()
+        if body is not None:  # read whole for a filter: still notice the client leaving (a long-polled response)
+            exchange.watch()
         out = OutputChannel(exchange.loop)
         exchange.on_end(out.stop)
 
