@@ -18,10 +18,11 @@ How a request is routed (the e2b SDK sends both kinds to the same URL when
   anything else must match an envd HTTP route (``/files``, ``/health``).
 * Anything else is 404, with a JSON body naming the method and path.
 
-Each client may have at most ``share`` long requests in flight at once (sandbox creates, envd
-streams and file transfers; a quarter of the workers by default, so one client's streams
-cannot hold every worker); one more is 429 with ``Retry-After``
-(:mod:`harness.doors.quota_ledger`). Quick requests are always served.
+Each client is sure of ``share`` long requests in flight at once (sandbox creates, envd
+streams and file transfers; a quarter of the workers by default); past it, it is served while a
+share of the workers stays free for the others, so one client's streams cannot hold every
+worker; one more is 429 with ``Retry-After`` (:mod:`harness.doors.quota_ledger`). Creates
+beyond what the host starts at once wait in line (:mod:`harness.doors.start_queue`). Quick requests are always served.
 
 Handlers run on a pool of worker threads (:mod:`harness.doors.e2b.bridge` carries bodies and
 streams between them and the event loop with bounded queues). A request body reaches a plain
@@ -155,10 +156,12 @@ class E2bApp:
 
     def __init__(self, *, tokens: TokenSet, sandboxes: E2bSandboxes, services: Iterable[Service],
                  rest_routes: Iterable[RestRoute], envd_routes: Iterable[EnvdRoute], pool: Any,
-                 share: int | None = None) -> None:
+                 share: int | None = None, capacity: int | None = None) -> None:
         self.tokens = tokens
         self.share = share
-        """How many requests one client may have in flight at once (None: no bound)."""
+        """How many requests one client is sure to have in flight at once (None: no bound)."""
+        self.capacity = capacity
+        """The door's workers: past its share, a client is served while a share of them stays free."""
         self.sandboxes = sandboxes
         self.services: dict[str, Service] = {service.name: service for service in services}
         self.rest = _Router(rest_routes)
@@ -334,7 +337,7 @@ class E2bApp:
             return
         quotas = self.sandboxes.executor.quotas
         try:
-            quotas.enter(client, door=DOOR, share=self.share)
+            quotas.enter(client, door=DOOR, share=self.share, capacity=self.capacity)
         except QuotaExceeded as refusal:
             yield from_quota(refusal)
             return

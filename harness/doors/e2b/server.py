@@ -215,7 +215,8 @@ def serve_e2b(
             log.info("E2B door: %s", adopt_e2b(sandboxes).summary())
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="callbox-e2b")
         app = E2bApp(tokens=keys, sandboxes=sandboxes, services=services, rest_routes=rest_routes,
-                     envd_routes=envd_routes, pool=pool, share=fair_share(workers))
+                     envd_routes=envd_routes, pool=pool, share=fair_share(workers),
+                     capacity=workers)
         config = uvicorn.Config(
             app, http="h11", ws="none", lifespan="on", log_level="warning", access_log=False, log_config=None,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

@@ -96,6 +96,7 @@ from harness.doors.grpc.tokens import TokenSet, bearer_token
 from harness.doors.grpc.workers import Workers
 from harness.doors.profiles import ClientPolicies, PolicySource
 from harness.doors.quota_ledger import QuotaExceeded, QuotaKeeper, Reservation
+from harness.doors.start_queue import StartQueue
 from harness.engine.base import Engine
 from harness.engine.cancel import CallScope
 from harness.engine.select import choice_of, engine_connector
@@ -162,6 +163,8 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         self._closing = False
         self._stop_reaper = threading.Event()
         self._reaper: threading.Thread | None = None
+        self.starts = StartQueue(lambda: self.limits.max_starting)
+        """The line every door's sandbox starts wait in beyond what the host starts at once."""
         self._workers = Workers("callbox-call")
         """Run each CallTool's call beside its RPC's thread (threads kept between calls)."""
 
@@ -329,7 +332,12 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             tools = self.registry.exposed_names(policy)
             session = ClientSession(client, harness, policy, tools, policy.sandbox.ttl_seconds, overrides)
             try:
-                harness.sandbox()
+                with self.starts.slot(client, door=door, still_wanted=still_wanted):
+                    harness.sandbox()
+            except QuotaExceeded as refusal:  # the host's start line's bound passed
+                with contextlib.suppress(AuditError):
+                    self.audit.end_run(run_id, "sandbox_start_failed")
+                raise quota_refused(refusal) from None
             except CallboxError as error:
                 with contextlib.suppress(AuditError):
                     self.audit.end_run(run_id, "sandbox_start_failed")

@@ -12,13 +12,14 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness.audit.store import AuditError, AuditStore
 from harness.core.policy import Policy
 from harness.core.session import Session
 from harness.doors.grpc.overrides import SandboxOverrides
 from harness.doors.quota_ledger import Reservation
+from harness.doors.start_queue import default_slots
 from harness.engine.docker.lifetime import PAUSE_LIMIT_FACTOR
 from harness.v1 import executor_pb2
 
@@ -33,9 +34,11 @@ class Limits:
 
     max_sandboxes_per_client: int = 16
     max_sandboxes_total: int = 64
+    max_starting: int = field(default_factory=default_slots)
+    """Sandboxes the host starts at once; more creates wait in line (:mod:`harness.doors.start_queue`)."""
 
     def __post_init__(self) -> None:
-        if self.max_sandboxes_per_client < 1 or self.max_sandboxes_total < 1:
+        if self.max_sandboxes_per_client < 1 or self.max_sandboxes_total < 1 or self.max_starting < 1:
             raise ValueError("sandbox limits must be at least 1")
 
 
