@@ -6,8 +6,9 @@ It points at a server with ``E2B_API_URL``, ``E2B_SANDBOX_URL`` and ``E2B_API_KE
 each step on its own so one failure does not hide the next: ``create`` (the SDK's default
 options), ``commands.run``, files ``write``/``read``/``list``, ``watch_dir``, a ``pty``, and
 ``kill``. When the default create is refused, the rest runs on a sandbox made with
-``allow_internet_access=False`` (older SDKs send ``true`` by default). It prints one JSON object on stdout: the SDK's version and, per step, ``"ok"`` or
-the first line of what went wrong (the exception's type and message).
+``allow_internet_access=False`` (older SDKs send ``true`` by default). It prints one JSON
+object on stdout: the SDK's version and, per step, ``"ok"`` or the first line of what went
+wrong (the exception's type and message).
 """
 
 from __future__ import annotations

@@ -1,0 +1,31 @@
+"""The door against several ``e2b`` SDK versions, each unmodified in its own cached virtualenv
+(:mod:`tests.interop.e2b_versions`): the oldest measured, the one whose defaults differ, and
+the pinned one. The whole matrix runs by hand (``python -m tests.interop.e2b_versions``) and
+is recorded in docs/doors/e2b.md.
+
+SDKs before 2.51 send ``allow_internet_access=true`` by default: what that gets is the server's
+network decision; until it is served, the refusal must name it, and every other step must pass
+on a sandbox created with ``allow_internet_access=False``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.interop.e2b_conformance import FALLBACK, STEPS
+from tests.interop.e2b_server import E2bServer, e2b_server_fixture  # noqa: F401 - the module's server
+from tests.interop.e2b_versions import SUITE_VERSIONS, python_for, run_program
+
+pytestmark = [pytest.mark.interop, pytest.mark.docker]
+
+
+@pytest.mark.parametrize("version", SUITE_VERSIONS)
+def test_an_sdk_version_runs_the_conformance_program(version: str, e2b_server: E2bServer) -> None:
+    report = run_program(python_for(version), e2b_server.child_env())
+    results = report["results"]
+    assert report["version"] == version
+    create = results["create"]
+    if create != "ok":
+        assert "allow_internet_access" in create, results
+        assert results[FALLBACK] == "ok", results
+    assert {step: results[step] for step in STEPS[1:]} == dict.fromkeys(STEPS[1:], "ok"), results
