@@ -11,6 +11,7 @@ The actions (:data:`ACTIONS`), each one name in the policy and the audit store:
 ``snapshot``      save a sandbox's contents as a snapshot
 ``fork``          start a sandbox from another one (or from its snapshot)
 ``pause``         pause or resume a sandbox
+``network``       change a running sandbox's network rules (within its policy's network)
 
 Policy: ``[actions.NAME]`` with ``decision = "allow" | "ask" | "deny"``. ``port_forward``
 is ``deny`` unless the policy says otherwise (off by default: it opens a sandbox service to
@@ -55,7 +56,8 @@ The details a door passes (JSON values): ``sandbox`` (its name or id) and, per a
 ``process``: ``command``, ``tag``, ``pty``; ``attach``: ``pid``, ``mode`` (``logs`` |
 ``attach`` | ``terminal``); ``port_forward``: ``port``, ``host_port``; ``copy_in`` /
 ``copy_out``: ``path`` (in the sandbox), ``host_path``; ``snapshot``: ``name``; ``fork``:
-``name``, ``from_snapshot``; ``pause``: ``op`` (``pause`` | ``resume``). Only ``port``,
+``name``, ``from_snapshot``; ``pause``: ``op`` (``pause`` | ``resume``); ``network``: ``internet``,
+``allow``, ``deny`` (what was asked). Only ``port``,
 ``path`` and ``command`` are read by rules; the rest identify the action in the record.
 """
 
@@ -109,7 +111,7 @@ __all__ = [
     "action_tool",
 ]
 
-ACTIONS = ("process", "attach", "port_forward", "copy_in", "copy_out", "snapshot", "fork", "pause")
+ACTIONS = ("process", "attach", "port_forward", "copy_in", "copy_out", "snapshot", "fork", "pause", "network")
 """Every sandbox action, as named in ``[actions.NAME]`` and in the audit (``sandbox.NAME``)."""
 
 DEFAULT_DECISIONS: dict[str, Action] = {name: Action.ALLOW for name in ACTIONS} | {"port_forward": Action.DENY}
@@ -254,6 +256,9 @@ class ActionsPolicy(BaseModel):
     """Starting a sandbox from another one or from its snapshot; ``allow`` by default, no rules."""
     pause: ActionPolicy = Field(default_factory=ActionPolicy)
     """Pausing or resuming a sandbox; ``allow`` by default, no rules."""
+    network: ActionPolicy = Field(default_factory=ActionPolicy)
+    """Changing a running sandbox's network rules (never beyond its policy's network); ``allow``
+    by default, no rules."""
 
     @field_validator(*ACTIONS)
     @classmethod

@@ -298,7 +298,17 @@ class SandboxFields(BaseModel, Generic[MountT]):
     with outside access; the host, other sandboxes and link-local metadata stay unreachable)."""
     allow_hosts: tuple[str, ...] = ()
     """Egress allowlist for ``network = allowlist``: ``HOST[:PORT]`` entries, ``*.example.com``
-    wildcards (subdomains, not the apex), case-insensitive; without a port, 80 and 443."""
+    wildcards (subdomains, not the apex), IP literals and CIDR networks (``10.1.0.0/16[:PORT]``),
+    case-insensitive; without a port, 80 and 443."""
+    egress_allow: tuple[str, ...] = ()
+    """With ``network = allowlist``: a narrowing within ``allow_hosts`` (what a client asks for,
+    E2B's ``allow_out``; changeable while the sandbox runs), same syntax. A destination one of
+    these names is allowed (if ``allow_hosts`` allows it), else one ``egress_deny`` names is
+    refused, else it is allowed. Both empty: no narrowing."""
+    egress_deny: tuple[str, ...] = ()
+    """With ``network = allowlist``: destinations refused unless ``egress_allow`` names them
+    (E2B's ``deny_out``); same syntax, but an entry without a port denies every port, and
+    ``0.0.0.0/0`` (or ``::/0``) denies everything."""
     mounts: tuple[MountT, ...] = ()
     """Bind mounts, each read-only unless marked rw; one per container path. A mount at a
     scratch place (or a parent of one) replaces its tmpfs; one below it sits on top of it."""
@@ -363,7 +373,7 @@ class SandboxSpec(SandboxFields[Mount]):
             raise ValueError(f"workdir {value!r} must be an absolute path inside the sandbox")
         return os.path.normpath(value)
 
-    @field_validator("allow_hosts")
+    @field_validator("allow_hosts", "egress_allow", "egress_deny")
     @classmethod
     def _allow_hosts_valid(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         from sandbox.egress import Allowlist  # the proxy's own parser: one syntax on both sides
@@ -395,6 +405,11 @@ class SandboxSpec(SandboxFields[Mount]):
             raise ValueError(
                 f"allow_hosts only apply to network 'allowlist', but the network is {self.network!r}; "
                 "set network = 'allowlist' (--network allowlist) or drop the hosts"
+            )
+        if (self.egress_allow or self.egress_deny) and self.network != "allowlist":
+            raise ValueError(
+                f"egress_allow and egress_deny narrow network 'allowlist' (its egress proxy applies them), but "
+                f"the network is {self.network!r}; drop them or use network 'allowlist'"
             )
         for size_name in ("tmp_size", "workspace_size", "home_size"):
             size = getattr(self, size_name)
@@ -547,6 +562,17 @@ class SandboxSpec(SandboxFields[Mount]):
                 f"rw mount {mount.source} (at {mount.target}) is not writable by the tool user uid {uid}, gid {gid} "
                 f"({why}): {_describe(st)}; " + _fixes(mount.source, uid, gid)))
         return uid, gid
+
+    def network_summary(self) -> str:
+        """What the sandbox may reach, in one line: ``none``, ``open``, or ``allowlist (HOSTS)``
+        and its narrowing, if any."""
+        if self.network != "allowlist":
+            return self.network
+        text = f"allowlist ({', '.join(self.allow_hosts)})"
+        if self.egress_allow or self.egress_deny:
+            text += (f" narrowed to allow: {', '.join(self.egress_allow) or 'nothing'}; "
+                     f"deny: {', '.join(self.egress_deny) or 'nothing'}")
+        return text
 
     def loosened(self) -> list[str]:
         """Settings that are looser than the hardened defaults (the engine logs them)."""

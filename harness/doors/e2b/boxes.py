@@ -119,6 +119,8 @@ class E2bSandbox:
     metadata: dict[str, str] = field(default_factory=dict)
     env_vars: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
+    network_note: str | None = None
+    """How its network is less than its create request asked (its info says so)."""
     token_digests: tuple[str, ...] = ()
     """Digests of access tokens handed out before a server restart, still accepted (a client
     holding one goes on without connecting again)."""

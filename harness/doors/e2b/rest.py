@@ -23,9 +23,13 @@ sandboxes only; anyone else's is 404 with the words of one that never existed.
 ``POST /sandboxes/{id}/resume``            v1's resume: as connect, 409 if it is running
 ``GET /sandboxes/{id}/metrics``            one reading now (``start``/``end``: empty if now is
                                            outside them)
+``PUT /sandboxes/{id}/network``            204: its network rules replaced (``allowOut``,
+                                           ``denyOut``, ``allow_internet_access``), within its
+                                           policy's network (:mod:`harness.core.network_request`);
+                                           the policy's ``network`` action, recorded in its run
 =========================================  =======================================================
 
-What the SDK can ask on these paths that this server does not do (network updates, forks,
+What the SDK can ask on these paths that this server does not do (forks,
 snapshots, logs, refreshes, the metrics of many sandboxes, snapshot listing and deletion)
 is 501 with a sentence naming it. Errors are ``{"code": STATUS, "message": ...}``; a 429
 says ``Should-Retry: false`` (a limit of sandboxes per client is not passed by waiting a
@@ -49,7 +53,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from harness.core.errors import ErrorCode
-from harness.doors.e2b.boxes import DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes
+from harness.core.network_request import update_network
+from harness.doors.e2b.boxes import DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes, e2b_errors
 from harness.doors.e2b.errors import E2bError, invalid
 from harness.doors.e2b.rest_models import (
     ENVD_VERSION,
@@ -57,6 +62,7 @@ from harness.doors.e2b.rest_models import (
     detail_body,
     listed_body,
     metric_body,
+    network_request,
     parse_create,
     unsupported,
 )
@@ -172,8 +178,10 @@ class ControlPlane:
                                         metadata=wanted.metadata,
                                         idempotency_key=request.headers.get("idempotency-key") or None,
                                         fingerprint=wanted.fingerprint)
-        log.info("e2b client %s created sandbox %s (template %s, timeout %d s)", client, sandbox.sandbox_id,
-                 sandbox.template_id, wanted.timeout)
+        sandbox.network_note = wanted.network_note
+        log.info("e2b client %s created sandbox %s (template %s, timeout %d s, network %s)%s", client,
+                 sandbox.sandbox_id, sandbox.template_id, wanted.timeout, sandbox.box.spec.network_summary(),
+                 f": {wanted.network_note}" if wanted.network_note else "")
         return json_response(201, created_body(sandbox))
 
     def list_v2(self, request: HttpRequest, client: str) -> HttpResponse:
@@ -269,6 +277,18 @@ class ControlPlane:
         resumed = self.sandboxes.connect(sandbox, timeout)
         return json_response(201 if resumed else 200, created_body(sandbox))
 
+    def update_network(self, request: HttpRequest, client: str) -> HttpResponse:
+        sandbox = self._sandbox(request, client)
+        asked = network_request(_object(request), update=True)
+        details = {"internet": asked.internet, "allow": list(asked.allow), "deny": list(asked.deny)}
+        with self.sandboxes.acting(sandbox, "network", details) as ticket, e2b_errors(sandbox):
+            spec = update_network(sandbox.box, sandbox.box.spec, asked,
+                                  sandbox.session.policy.sandbox.on_internet_request)
+            ticket.outcome["network"] = spec.network_summary()
+        log.info("e2b client %s changed the network of sandbox %s: %s", client, sandbox.sandbox_id,
+                 spec.network_summary())
+        return json_response(204, None)
+
     def metrics(self, request: HttpRequest, client: str) -> HttpResponse:
         sandbox = self._sandbox(request, client)
         start, end = _int_param(request, "start"), _int_param(request, "end")
@@ -296,7 +316,7 @@ def routes(sandboxes: E2bSandboxes) -> list[RestRoute]:
         ("POST", "/sandboxes/{sandboxID}/connect", api.connect),
         ("POST", "/sandboxes/{sandboxID}/resume", api.resume),
         ("GET", "/sandboxes/{sandboxID}/metrics", api.metrics),
-        ("PUT", "/sandboxes/{sandboxID}/network", _not_served("changing a sandbox's network (update_network)")),
+        ("PUT", "/sandboxes/{sandboxID}/network", api.update_network),
         ("POST", "/sandboxes/{sandboxID}/fork", _not_served("forking a sandbox (fork)")),
         ("POST", "/sandboxes/{sandboxID}/snapshots", _not_served("snapshots of a sandbox (create_snapshot)")),
         ("GET", "/sandboxes/{sandboxID}/logs", _not_served("a sandbox's logs")),
