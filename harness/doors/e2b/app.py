@@ -57,6 +57,7 @@ from harness.doors.e2b.bridge import STOPPED, ClientGone, Done, Exchange, Output
 from harness.doors.e2b.connect import as_error, connect_error_response, read_head, serve_call
 from harness.doors.e2b.errors import E2bError, from_quota
 from harness.doors.e2b.rpc import EnvdCall, EnvdRoute, HttpRequest, HttpResponse, Method, RestRoute, Service
+from harness.doors.e2b.signing import signed_sandbox
 from harness.doors.grpc.tokens import TokenSet
 from harness.doors.quota_ledger import QuotaExceeded
 from harness.engine.cancel import current_scope
@@ -69,6 +70,7 @@ log = logging.getLogger("callbox.e2b")
 ENVD_PORT = "49983"
 """The port envd listens on in an E2B sandbox (the SDK's ``E2b-Sandbox-Port``)."""
 HEALTH_PATH = "/health"
+FILES_PATH = "/files"
 _CREATES = frozenset({"/sandboxes", "/v2/sandboxes"})
 """The control plane's routes (POST) that start a sandbox: long requests, counted in a share."""
 
@@ -119,6 +121,12 @@ class _Router(Generic[H]):
 def _segments(raw_path: bytes) -> list[str]:
     """The path's segments, each percent-decoded (an encoded ``/`` stays inside its segment)."""
     return [unquote(part) for part in raw_path.decode("latin-1").split("?")[0].strip("/").split("/")]
+
+
+def _query_only(exchange: Exchange) -> HttpRequest:
+    """The request line and headers of ``exchange`` (its body left unread)."""
+    return HttpRequest(method=exchange.method, path=exchange.path, query=exchange.query, headers=exchange.headers,
+                       body=iter(()))
 
 
 def envd_user(headers: Mapping[str, str]) -> str | None:
@@ -227,6 +235,14 @@ class E2bApp:
         headers = exchange.headers
         segments = _segments(exchange.raw_path)
         sandbox_id = headers.get("e2b-sandbox-id")
+        signed = exchange.path == FILES_PATH and not headers.get("x-access-token")
+        if sandbox_id is None and signed and exchange.query.get("signature"):
+            try:  # a signed file URL from a plain HTTP client: the signature names its sandbox
+                sandbox_id = signed_sandbox(_query_only(exchange), "read" if exchange.method == "GET" else "write",
+                                            self.sandboxes.every()).sandbox_id
+            except E2bError as error:
+                await _http_refusal(exchange, error)
+                return
         if sandbox_id is None:
             await self._serve_rest(exchange, segments)
             return
@@ -243,7 +259,7 @@ class E2bApp:
                                                     "services " + ", ".join(sorted(self.services))))
             return
         try:
-            sandbox = self._envd_sandbox(sandbox_id, headers, health=exchange.path == HEALTH_PATH)
+            sandbox = self._envd_sandbox(sandbox_id, headers, health=exchange.path == HEALTH_PATH, signed=signed)
             user = envd_user(headers)
         except E2bError as error:
             await respond_error(exchange, error)
@@ -263,7 +279,7 @@ class E2bApp:
             return
         assert found is not None
         route, params = found
-        call = EnvdCall(sandbox=sandbox, headers=headers, user=user)
+        call = EnvdCall(sandbox=sandbox, headers=headers, user=user, signed=signed)
         handler = route.handler
         with self._fair(sandbox.client) as refusal:
             if refusal is not None:
@@ -277,11 +293,12 @@ class E2bApp:
         service = self.services.get(segments[0])
         return service.methods.get(segments[1]) if service is not None else None
 
-    def _envd_sandbox(self, sandbox_id: str, headers: Mapping[str, str], *, health: bool) -> E2bSandbox:
+    def _envd_sandbox(self, sandbox_id: str, headers: Mapping[str, str], *, health: bool,
+                      signed: bool = False) -> E2bSandbox:
         port = headers.get("e2b-sandbox-port", ENVD_PORT).strip()
         token = headers.get("x-access-token")
         try:
-            if health and not token:
+            if (health or signed) and not token:  # signed: the /files handler checks the URL's signature
                 sandbox = self._untokened(sandbox_id)
             else:
                 sandbox = self.sandboxes.for_envd(sandbox_id, token)

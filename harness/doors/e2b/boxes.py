@@ -320,6 +320,11 @@ class E2bSandboxes:
         than whether it runs, like envd's ``/health``)."""
         return self._live(sandbox_id)
 
+    def every(self) -> list[E2bSandbox]:
+        """Every live sandbox, whoever owns it (to find the one a signed file URL names)."""
+        with self._lock:
+            return [sandbox for sandbox in self._boxes.values() if not sandbox.closed]
+
     def get(self, client: str, sandbox_id: str) -> E2bSandbox:
         """``client``'s live sandbox ``sandbox_id``; ``not_found`` for anyone else's or none."""
         sandbox = self._live(sandbox_id)

@@ -1,0 +1,96 @@
+"""Behaviours E2B documents for calls the door already serves, through the unmodified ``e2b`` SDK:
+signed file URLs used by a plain HTTP client, the default user named ``user``, watch events of
+every kind, and an upload over the sandbox's space limit. One server and one sandbox for the
+module; every test works in a directory of its own.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from e2b import Sandbox
+
+from tests.interop.e2b_server import E2bServer, e2b_server_fixture, sdk_environment  # noqa: F401
+
+pytestmark = [pytest.mark.docker, pytest.mark.interop]
+
+SANDBOX_TIMEOUT_S = 600
+EVENT_TIMEOUT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def sandbox(e2b_server: E2bServer) -> Iterator[Sandbox]:
+    with sdk_environment(e2b_server):
+        box = Sandbox.create(timeout=SANDBOX_TIMEOUT_S)
+        try:
+            yield box
+        finally:
+            box.kill()
+
+
+@pytest.fixture
+def scratch(sandbox: Sandbox) -> str:
+    path = f"/tmp/documented-{uuid.uuid4().hex[:10]}"
+    sandbox.files.make_dir(path)
+    return path
+
+
+def _with_query(url: str, **changes: str) -> str:
+    """``url`` with query parameters replaced (a tampered URL)."""
+    parts = urllib.parse.urlsplit(url)
+    query = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+    query.update(changes)
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+
+
+# ---- signed upload and download URLs -------------------------------------------------------------
+
+
+def test_signed_urls_work_without_the_access_token_and_refuse_tampering(sandbox: Sandbox, scratch: str) -> None:
+    path = f"{scratch}/signed.txt"
+    upload = sandbox.upload_url(path)
+    download = sandbox.download_url(path)
+    assert "signature=v1_" in upload and "signature=v1_" in download
+    # A plain client: no X-Access-Token, no E2b-Sandbox-Id (the URL is the server's own).
+    with httpx.Client(timeout=30) as plain:
+        answer = plain.post(upload, files={"file": ("signed.txt", b"sent by a plain client")})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()[0]["path"] == path
+        assert sandbox.files.read(path) == "sent by a plain client"
+        fetched = plain.get(download)
+        assert fetched.status_code == 200 and fetched.content == b"sent by a plain client", fetched.text
+
+        # The read URL does not write, another path is not signed, and neither is a missing signature.
+        for url, words in ((_with_query(upload, path=f"{scratch}/other.txt"), "invalid signature"),
+                           (_with_query(download, signature="v1_" + "A" * 43), "invalid signature")):
+            refused = plain.get(url)
+            assert refused.status_code == 401, refused.text
+            assert refused.json()["code"] == 401 and refused.json()["message"].startswith(words), refused.text
+        as_write = plain.post(download, files={"file": ("signed.txt", b"overwritten")})
+        assert as_write.status_code == 401, as_write.text
+        assert sandbox.files.read(path) == "sent by a plain client"
+        unsigned = plain.get(download.split("&signature=")[0], headers={"E2b-Sandbox-Id": sandbox.sandbox_id})
+        assert unsigned.status_code == 401
+        assert unsigned.json()["message"].startswith("missing signature query parameter"), unsigned.text
+
+
+def test_an_expired_signed_url_is_refused(sandbox: Sandbox, scratch: str) -> None:
+    path = f"{scratch}/expiring.txt"
+    sandbox.files.write(path, "soon gone")
+    fresh = sandbox.download_url(path, use_signature_expiration=60)
+    assert "signature_expiration=" in fresh
+    with httpx.Client(timeout=30) as plain:
+        assert plain.get(fresh).content == b"soon gone"
+        # Signed correctly, but for a time already past (what the SDK makes for an expiration of -1 s).
+        expired = sandbox.download_url(path, use_signature_expiration=-1)
+        refused = plain.get(expired)
+        assert refused.status_code == 401, refused.text
+        assert refused.json()["message"].startswith("signature is already expired"), refused.text
+        # Moving the expiration later breaks the signature instead.
+        later = _with_query(expired, signature_expiration=str(int(time.time()) + 3600))
+        assert plain.get(later).json()["message"].startswith("invalid signature")
