@@ -12,7 +12,12 @@ The line is fair between clients and work-conserving:
 * when several clients wait, the slot goes to the one with the fewest starts in progress,
   then the one served least since the line was last empty (round robin), then who came
   first; so one client's burst of fifty creates does not make another client's single
-  create wait behind all fifty: it waits for one start at most.
+  create wait behind all fifty: it waits for one start at most;
+* a client past its share of live sandboxes (``over_share``: the executor's default
+  per-client share, when no hard limit or quota of its own bounds it) is held back only
+  while a client within its share waits: its creates wait behind every such create, and
+  are started as soon as none is waiting. Alone, it may go on up to the host's total.
+  Its sandboxes already running are never touched.
 
 A wait is bounded (``max_wait_s``): a create still in line then is refused with
 :class:`~harness.doors.quota_ledger.QuotaExceeded` (``start_queue``, HTTP 429 with
@@ -62,8 +67,11 @@ class StartQueue:
     ``slots`` is read at each admission, so a new limit applies to the next start."""
 
     def __init__(self, slots: Callable[[], int] = default_slots, *, max_wait_s: float = DEFAULT_MAX_WAIT_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 over_share: Callable[[str, int], bool] = lambda _client, _starting: False) -> None:
         self._slots = slots
+        self._over_share = over_share
+        """(client, its starts in progress) -> whether it is past its share (module docstring)."""
         self.max_wait_s = max_wait_s
         self._clock = clock
         self._cond = threading.Condition()
@@ -145,8 +153,10 @@ class StartQueue:
         slots = max(1, self._slots())
         admitted = False
         while self._waiting and sum(self._starting.values()) < slots:
-            best = min(self._waiting, key=lambda w: (self._starting.get(w.client, 0), self._served.get(w.client, 0),
-                                                     w.order))
+            over = {c: self._over_share(c, self._starting.get(c, 0)) for c in {w.client for w in self._waiting}}
+            within = [w for w in self._waiting if not over[w.client]]
+            best = min(within or self._waiting, key=lambda w: (self._starting.get(w.client, 0),
+                                                               self._served.get(w.client, 0), w.order))
             self._waiting.remove(best)
             best.admitted = True
             self._starting[best.client] = self._starting.get(best.client, 0) + 1

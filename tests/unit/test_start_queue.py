@@ -84,6 +84,50 @@ def test_another_clients_create_is_served_next_not_behind_the_whole_burst() -> N
         assert admitted == ["alice", "bob"] and queue.waiting("alice") == 3
 
 
+def test_a_client_past_its_share_alone_is_never_held_back() -> None:
+    queue = StartQueue(lambda: 2, over_share=lambda client, starting: True)
+    admitted: list[str] = []
+    with starters() as made:
+        made.extend(Starter(queue, "alice", admitted) for _ in range(4))
+        assert queue.wait_until(lambda q: q.starting("alice") == 2 and q.waiting("alice") == 2, WAIT_S)
+        made[0].finish.set()
+        made[1].finish.set()  # both slots free up: with nobody else waiting, alice takes them again
+        assert made[2].entered.wait(WAIT_S) and made[3].entered.wait(WAIT_S)
+    assert admitted == ["alice"] * 4 and all(s.error is None for s in made)
+
+
+def test_a_client_past_its_share_waits_behind_a_client_within_its_share() -> None:
+    over = {"alice"}
+    asked: list[tuple[str, int]] = []
+
+    def over_share(client: str, starting: int) -> bool:
+        asked.append((client, starting))
+        return client in over
+
+    queue = StartQueue(lambda: 2, over_share=over_share)
+    admitted: list[str] = []
+    with starters() as made:
+        made.append(Starter(queue, "bob", admitted))
+        made.append(Starter(queue, "carol", admitted))
+        assert queue.wait_until(lambda q: q.starting() == 2, WAIT_S)
+        alice = Starter(queue, "alice", admitted)
+        made.append(alice)
+        assert queue.wait_until(lambda q: q.waiting("alice") == 1, WAIT_S)
+        bob = Starter(queue, "bob", admitted)
+        made.append(bob)
+        assert queue.wait_until(lambda q: q.waiting("bob") == 1, WAIT_S)
+        # carol's start ends: alice starts nothing now and came first, but she is past her
+        # share and bob is within his, so the slot is bob's; alice waits.
+        made[1].finish.set()
+        assert bob.entered.wait(WAIT_S)
+        assert admitted[2:] == ["bob"] and queue.waiting("alice") == 1
+        # Nobody within a share waits any more: the next free slot is alice's.
+        made[0].finish.set()
+        assert alice.entered.wait(WAIT_S)
+    assert admitted[2:] == ["bob", "alice"]
+    assert ("alice", 0) in asked  # the share is judged with the client's starts in progress
+
+
 def test_a_wait_past_its_bound_is_refused_naming_the_slots_and_the_bound() -> None:
     queue = StartQueue(lambda: 1, max_wait_s=0.2)
     admitted: list[str] = []

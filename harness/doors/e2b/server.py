@@ -146,7 +146,7 @@ def serve_e2b(
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
     announce: Callable[[str], None] | None = announce_token,
-    max_sandboxes_per_client: int = 16,
+    max_sandboxes_per_client: int | None = None,
     max_sandboxes_total: int = 64,
     engine_factory: Callable[[], DockerEngine] | None = None,
     reaper_interval_s: float = 5.0,

@@ -422,7 +422,7 @@ def serve_grpc(
     policy: Policy | None = None,
     audit: AuditStore | None = None,
     registry: ToolRegistry | None = None,
-    max_sandboxes_per_client: int = 16,
+    max_sandboxes_per_client: int | None = None,
     max_sandboxes_total: int = 64,
     approvals_by_clients: bool = True,
     max_workers: int = 128,

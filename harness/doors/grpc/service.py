@@ -163,7 +163,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         self._closing = False
         self._stop_reaper = threading.Event()
         self._reaper: threading.Thread | None = None
-        self.starts = StartQueue(lambda: self.limits.max_starting)
+        self.starts = StartQueue(lambda: self.limits.max_starting, over_share=self._over_share)
         """The line every door's sandbox starts wait in beyond what the host starts at once."""
         self._workers = Workers("callbox-call")
         """Run each CallTool's call beside its RPC's thread (threads kept between calls)."""
@@ -236,11 +236,12 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             mine = sum(1 for s in self._sessions.values() if s.client == client) + self._creating.get(client, 0)
             total = len(self._sessions) + sum(self._creating.values())
             limits = self.limits
-            if self.quotas.limits(client).live_sandboxes is None and mine >= limits.max_sandboxes_per_client:
+            hard = limits.max_sandboxes_per_client
+            if hard is not None and self.quotas.limits(client).live_sandboxes is None and mine >= hard:
                 raise ServiceError(
                     ErrorCode.LIMIT_REACHED,
                     f"client {client!r} already has {mine} live sandboxes, the most one client may have on this "
-                    f"server ({limits.max_sandboxes_per_client}); delete one first (DeleteSandbox, or kill in the "
+                    f"server ({hard}); delete one first (DeleteSandbox, or kill in the "
                     "E2B SDK)",
                 )
             if total >= limits.max_sandboxes_total:
@@ -256,6 +257,16 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                 raise quota_refused(refusal) from None
             self._creating[client] = self._creating.get(client, 0) + 1
             return reservation
+
+    def _over_share(self, client: str, starting: int) -> bool:
+        """Whether ``client``, with ``starting`` sandboxes being started, is at or past its
+        work-conserving share (never when a hard limit or its own quota bounds it instead)."""
+        limits = self.limits
+        if limits.max_sandboxes_per_client is not None or self.quotas.limits(client).live_sandboxes is not None:
+            return False
+        with self._lock:
+            live = sum(1 for s in self._sessions.values() if s.client == client)
+        return live + starting >= limits.client_share
 
     def _unreserve(self, client: str) -> None:
         with self._lock:
