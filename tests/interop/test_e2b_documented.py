@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from e2b import Sandbox
+from e2b import NotEnoughSpaceException, Sandbox
 
 from tests.interop.e2b_server import E2bServer, e2b_server_fixture, sdk_environment  # noqa: F401
 
@@ -94,3 +94,18 @@ def test_an_expired_signed_url_is_refused(sandbox: Sandbox, scratch: str) -> Non
         # Moving the expiration later breaks the signature instead.
         later = _with_query(expired, signature_expiration=str(int(time.time()) + 3600))
         assert plain.get(later).json()["message"].startswith("invalid signature")
+
+
+# ---- an upload over the space limit --------------------------------------------------------------
+
+
+def test_an_upload_over_the_space_limit_names_the_target_and_the_limit(sandbox: Sandbox, scratch: str) -> None:
+    size = int(sandbox.commands.run("df -B1 --output=size /tmp | tail -1").stdout.strip())
+    target = f"{scratch}/too-big.bin"
+    with pytest.raises(NotEnoughSpaceException) as refused:  # envd's 507
+        sandbox.files.write(target, b"\0" * (size + (1 << 20)))
+    message = str(refused.value)
+    assert target in message and ".callbox" not in message, message
+    assert "/tmp is a tmpfs of" in message and "tmp_size" in message, message
+    assert not sandbox.files.exists(target)
+    assert sandbox.commands.run(f"ls -A {scratch}").stdout == ""  # no temporary file left behind

@@ -283,6 +283,15 @@ def write_file(sandboxes: E2bSandboxes, sandbox: E2bSandbox, box: LivingSandbox,
                 written += len(pending)
                 pending.clear()
             box.transfer.move(temp, real, overwrite=True)
+        except AgentCallError as error:
+            if created:
+                with contextlib.suppress(CallboxError):
+                    box.agent.remove(temp)
+            ticket.outcome["bytes"] = written
+            if error.reason == "TOO_LARGE":  # the agent names the temporary file; say what was written where
+                raise E2bError(ErrorCode.TOO_LARGE, f"no space left to write {path} ({written + len(pending)} bytes "
+                               f"sent so far, nothing of it kept): {box.spec.space_for(real)}") from None
+            raise
         except BaseException:
             if created:
                 with contextlib.suppress(CallboxError):
