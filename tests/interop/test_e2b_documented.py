@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from e2b import NotEnoughSpaceException, Sandbox
+from e2b import NotEnoughSpaceException, Sandbox, SandboxException
 
 from tests.interop.e2b_server import E2bServer, e2b_server_fixture, sdk_environment  # noqa: F401
 
@@ -46,6 +46,24 @@ def _with_query(url: str, **changes: str) -> str:
     query = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
     query.update(changes)
     return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+
+
+# ---- the default user ----------------------------------------------------------------------------
+
+
+def test_the_default_user_is_named_user(sandbox: Sandbox, scratch: str) -> None:
+    ran = sandbox.commands.run("whoami; id -u; echo ~; pwd")
+    assert ran.stdout.split() == ["user", "1000", "/home/user", "/home/user"], ran.stdout
+    written = sandbox.files.write(f"{scratch}/mine.txt", "x")
+    info = sandbox.files.get_info(written.path)
+    assert (info.owner, info.group) == ("user", "user")
+    assert {(e.owner, e.group) for e in sandbox.files.list(scratch)} == {("user", "user")}
+    home = sandbox.files.write("~/home-file.txt", "h", user="user")
+    assert home.path == "/home/user/home-file.txt" and sandbox.commands.run("cat ~/home-file.txt").stdout == "h"
+    # The old name still means the same user; any other account is refused, naming the one there is.
+    assert sandbox.commands.run("whoami", user="sandbox").stdout == "user\n"
+    with pytest.raises(SandboxException, match="unprivileged user 'user'"):
+        sandbox.commands.run("whoami", user="root")
 
 
 # ---- signed upload and download URLs -------------------------------------------------------------
