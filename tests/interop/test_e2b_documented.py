@@ -10,10 +10,11 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
-from e2b import NotEnoughSpaceException, Sandbox, SandboxException
+from e2b import FilesystemEventType, NotEnoughSpaceException, Sandbox, SandboxException
 
 from tests.interop.e2b_server import E2bServer, e2b_server_fixture, sdk_environment  # noqa: F401
 
@@ -112,6 +113,38 @@ def test_an_expired_signed_url_is_refused(sandbox: Sandbox, scratch: str) -> Non
         # Moving the expiration later breaks the signature instead.
         later = _with_query(expired, signature_expiration=str(int(time.time()) + 3600))
         assert plain.get(later).json()["message"].startswith("invalid signature")
+
+
+# ---- watch events --------------------------------------------------------------------------------
+
+
+def _events_until(watcher: Any, wanted: set[tuple[str, FilesystemEventType]]) -> list[tuple[str, FilesystemEventType]]:
+    """What the (polled) watcher reports until every (name, type) of ``wanted`` came, in order."""
+    seen: list[tuple[str, FilesystemEventType]] = []
+    deadline = time.monotonic() + EVENT_TIMEOUT_S
+    while not wanted <= set(seen):
+        assert time.monotonic() < deadline, f"events {wanted - set(seen)} within {EVENT_TIMEOUT_S:g} s; saw {seen}"
+        seen += [(e.name, e.type) for e in watcher.get_new_events()]
+        time.sleep(0.05)
+    return seen
+
+
+def test_watch_reports_chmod_rename_halves_and_files_in_new_subdirectories(sandbox: Sandbox, scratch: str) -> None:
+    sandbox.files.write(f"{scratch}/f.txt", "x")
+    watcher = sandbox.files.watch_dir(scratch, recursive=True)
+    try:
+        sandbox.commands.run(f"chmod 600 {scratch}/f.txt")
+        seen = _events_until(watcher, {("f.txt", FilesystemEventType.CHMOD)})
+        assert ("f.txt", FilesystemEventType.WRITE) not in seen, seen  # a chmod is not a write
+        sandbox.commands.run(f"mv {scratch}/f.txt {scratch}/g.txt")  # envd: RENAME of the old name, CREATE of the new
+        _events_until(watcher, {("f.txt", FilesystemEventType.RENAME), ("g.txt", FilesystemEventType.CREATE)})
+        sandbox.commands.run(f"mkdir -p {scratch}/a/b && echo y > {scratch}/a/b/h.txt")
+        _events_until(watcher, {("a", FilesystemEventType.CREATE), ("a/b", FilesystemEventType.CREATE),
+                                ("a/b/h.txt", FilesystemEventType.CREATE)})
+        sandbox.commands.run(f"rm -r {scratch}/a {scratch}/g.txt")
+        _events_until(watcher, {("a/b/h.txt", FilesystemEventType.REMOVE), ("g.txt", FilesystemEventType.REMOVE)})
+    finally:
+        watcher.stop()
 
 
 # ---- an upload over the space limit --------------------------------------------------------------
