@@ -36,6 +36,9 @@ def add_parsers(sub: Any) -> None:
     serve.add_argument("--mcp-http", metavar="ADDR", help="MCP server over streamable HTTP on HOST:PORT")
     serve.add_argument("--e2b", metavar="HOST:PORT",
                        help="the E2B API (control plane and envd) for the e2b SDK on HOST:PORT (port 0: a free one)")
+    serve.add_argument("--e2b-domain", metavar="DOMAIN",
+                       help="the E2B API's sandbox domain: every PORT-SANDBOXID.DOMAIN leads to this server "
+                            "(wildcard DNS and TLS); get_host(port) names it")
     serve.add_argument("--http", metavar="HOST:PORT",
                        help="/metrics, /healthz and the web console on HOST:PORT (port 0: a free one)")
     serve.add_argument("--token-file", type=Path,

@@ -68,13 +68,13 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
 
         if executor is not None:  # one executor for both doors: one set of limits, keys, policy, audit
             e2b_server = serve_e2b(args.e2b, executor=executor, insecure=args.insecure,
-                                   tls_cert=args.tls_cert, tls_key=args.tls_key)
+                                   tls_cert=args.tls_cert, tls_key=args.tls_key, domain=args.e2b_domain)
         else:
             e2b_server = serve_e2b(
                 args.e2b, token_file=args.token_file, insecure=args.insecure, tls_cert=args.tls_cert,
                 tls_key=args.tls_key, policy=policy, registry=registry, audit=AuditStore(args.audit_db),
                 max_sandboxes_per_client=per_client, max_sandboxes_total=args.max_sandboxes,
-                keep_sandboxes=keep, quotas=quotas, policies=policies,
+                keep_sandboxes=keep, quotas=quotas, policies=policies, domain=args.e2b_domain,
             )
             executor = e2b_server.executor
         servers.append(e2b_server)

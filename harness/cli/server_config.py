@@ -297,6 +297,7 @@ def _pattern(key: str) -> str:
 
 SETTINGS = {
     "grpc": "doors.grpc.listen", "mcp_http": "doors.mcp_http.listen", "e2b": "doors.e2b.listen",
+    "e2b_domain": "doors.e2b.domain",
     "tls_cert": "tls.cert", "tls_key": "tls.key", "insecure": "tls.insecure", "token_file": "auth.token_file",
     "policy": "policy.file", "audit_db": "audit.db",
     "max_per_client": "limits.max_per_client", "max_sandboxes": "limits.max_sandboxes",

@@ -47,12 +47,22 @@ class DoorAddress(_Section):
     ``unix:PATH`` or ``""`` (the default unix socket)."""
 
 
+class E2bDoor(DoorAddress):
+    domain: str | None = Field(default=None, min_length=1, max_length=253)
+    """The sandbox domain the E2B API names in its answers (``--e2b-domain``): a name whose
+    every subdomain leads to this server (wildcard DNS, and a TLS certificate for
+    ``*.DOMAIN``), with ``:PORT`` when that is not 443. The e2b SDK then reaches envd at
+    ``https://49983-SANDBOXID.DOMAIN`` and ``get_host(port)`` is ``PORT-SANDBOXID.DOMAIN``.
+    Absent: a client that reached the server as ``api.DOMAIN`` is answered with ``DOMAIN``,
+    any other with a name that never resolves (see the E2B door's page)."""
+
+
 class Doors(_Section):
     grpc: DoorAddress | None = None
     """The ``harness.v1`` gRPC executor (``--grpc``)."""
     mcp_http: DoorAddress | None = None
     """The MCP server over streamable HTTP (``--mcp-http``)."""
-    e2b: DoorAddress | None = None
+    e2b: E2bDoor | None = None
     """The E2B API (control plane and envd) for the e2b SDK (``--e2b``)."""
 
 

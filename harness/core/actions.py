@@ -42,23 +42,19 @@ The gate (:class:`ActionGate`) is what the doors call around each action::
     ...forward...
     gate.finish(ticket, ok=True, detail={"connections": 3})
 
-Each action is recorded in the audit store like a call of the tool ``sandbox.NAME`` with the
-call id ``action-<hex>``, the arguments being the details plus ``actor``; its decision, rule,
-timing and outcome (a result that is an error when it failed) are the call's, so
-``callbox audit --run RUN`` lists it among the run's calls. ``deny`` is recorded as done and
-raises :class:`ActionDenied`; ``ask`` records a pending approval and raises
-:class:`ApprovalPending` (approve with ``callbox approvals approve ID``, then repeat the
-action with the approval: an approval is for one run, action, actor and details, and is used
-once). Sandbox actions are not tool calls: budgets do not apply to them and they do not
-count toward ``budgets.max_tool_calls``.
+Each action is recorded in the audit store like a call of the tool ``sandbox.NAME`` with the call id ``action-<hex>``,
+the arguments being the details plus ``actor``; its decision, rule, timing and outcome (a result that is an error when
+it failed) are the call's, so ``callbox audit --run RUN`` lists it among the run's calls. ``deny`` is recorded as done
+and raises :class:`ActionDenied`; ``ask`` records a pending approval and raises :class:`ApprovalPending` (approve with
+``callbox approvals approve ID``, then repeat the action with the approval: an approval is for one run, action, actor
+and details, and is used once). Sandbox actions are not tool calls: budgets do not apply to them and they do not count
+toward ``budgets.max_tool_calls``.
 
-The details a door passes (JSON values): ``sandbox`` (its name or id) and, per action,
-``process``: ``command``, ``tag``, ``pty``; ``attach``: ``pid``, ``mode`` (``logs`` |
-``attach`` | ``terminal``); ``port_forward``: ``port``, ``host_port``; ``copy_in`` /
-``copy_out``: ``path`` (in the sandbox), ``host_path``; ``snapshot``: ``name``; ``fork``:
-``name``, ``from_snapshot``; ``pause``: ``op`` (``pause`` | ``resume``); ``network``: ``internet``,
-``allow``, ``deny`` (what was asked). Only ``port``,
-``path`` and ``command`` are read by rules; the rest identify the action in the record.
+The details a door passes (JSON values): ``sandbox`` (its name or id) and, per action, ``process``: ``command``,
+``tag``, ``pty``; ``attach``: ``pid``, ``mode`` (``logs`` | ``attach`` | ``terminal``); ``port_forward``: ``port``,
+``host_port``; ``copy_in`` / ``copy_out``: ``path`` (in the sandbox), ``host_path``; ``snapshot``: ``name``; ``fork``:
+``name``, ``from_snapshot``; ``pause``: ``op`` (``pause`` | ``resume``); ``network``: ``internet``, ``allow``,
+``deny``. Only ``port``, ``path`` and ``command`` are read by rules; the rest identify the action in the record.
 """
 
 from __future__ import annotations
@@ -131,6 +127,7 @@ _WHAT = {
     "snapshot": "snapshotting a sandbox",
     "fork": "forking a sandbox",
     "pause": "pausing or resuming a sandbox",
+    "network": "changing a sandbox's network rules",
 }
 _RANK = {Action.ALLOW: 1, Action.ASK: 2, Action.DENY: 3}
 _PORT_RANGE = re.compile(r"\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?", re.ASCII)
@@ -257,8 +254,7 @@ class ActionsPolicy(BaseModel):
     pause: ActionPolicy = Field(default_factory=ActionPolicy)
     """Pausing or resuming a sandbox; ``allow`` by default, no rules."""
     network: ActionPolicy = Field(default_factory=ActionPolicy)
-    """Changing a running sandbox's network rules (never beyond its policy's network); ``allow``
-    by default, no rules."""
+    """Changing a running sandbox's network rules (within its policy's); ``allow`` by default, no rules."""
 
     @field_validator(*ACTIONS)
     @classmethod

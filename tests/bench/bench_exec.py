@@ -43,7 +43,8 @@ Rows:
 22.-23. the Ray engine on a real three-node cluster the section builds and removes (remote
     create, exec, streaming, sandboxes/s over 2 nodes vs 1, dead-node detection, image
     distribution), and the node's relay against a Ray actor proxy: bench_ray.py, section ``ray``
-    (as root with ray installed; otherwise a row says why they were skipped).
+    (as root with ray installed; otherwise a row says why they were skipped);
+24. a template build through the E2B SDK, cold and from the cache: bench_templates.py, section ``templates``.
 """
 
 from __future__ import annotations
@@ -80,14 +81,16 @@ from harness.engine.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
 from tests.bench.bench_door import add_door_rows, bench_door
 from tests.bench.bench_e2b import add_e2b_rows, bench_e2b
 from tests.bench.bench_living import Toolkit, add_living_rows, bench_living
+from tests.bench.bench_network_rules import TARGET_ENFORCED_MS, bench_network_update
 from tests.bench.bench_overhead import bench_overhead
 from tests.bench.bench_pool import add_pool_rows, bench_pool
 from tests.bench.bench_ray import add_ray_rows, bench_ray
 from tests.bench.bench_redaction import bench_redaction
-from tests.bench.bench_results import DEFAULT_RESULTS, Row, markdown_table, p50, write_results
+from tests.bench.bench_results import DEFAULT_RESULTS, Row, markdown_table, p50, p90, write_results
 from tests.bench.bench_runtimes import add_runtime_rows, bench_runtimes
 from tests.bench.bench_scale import add_create_rows, add_scale_rows, bench_create, bench_scale
 from tests.bench.bench_telemetry import add_telemetry_rows, bench_telemetry
+from tests.bench.bench_templates import add_template_rows, bench_templates
 
 MIN_SAMPLES = 30
 MIB = 1 << 20
@@ -104,7 +107,7 @@ TARGET_IDLE_MEMORY_MIB = 25.0
 TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
-            "pool", "create", "door", "runtimes", "telemetry", "ray", "scale"]
+            "pool", "create", "door", "runtimes", "telemetry", "ray", "templates", "scale"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
 """``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
 DEFAULT_SCALE_SANDBOXES = 100
@@ -562,6 +565,10 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
             data["start_open"], "the same, network none (interleaved)", data["start_none"], "— (info)")
         add("7b. cold start, network allowlist (+ egress proxy container): create → first result", "time",
             data["start_allowlist"], "the same, network none (interleaved)", data["start_none"], "— (info)")
+    if "network_update_enforced" in data:
+        add("7c. network rules changed (update_network) until enforced: call returned → a request passes them",
+            "time", data["network_update_enforced"], "—", None, f"p90 ≤ {TARGET_ENFORCED_MS:g} ms",
+            lambda r: r.cb(p90) <= TARGET_ENFORCED_MS)
     if "harness_overhead" in data:
         add("6. harness overhead per call: validate + authorize + audit (no sandbox)", "time",
             data["harness_overhead"], "—", None, f"p50 ≤ {TARGET_OVERHEAD_P50_MS:g} ms",
@@ -583,6 +590,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
     add_scale_rows(data, add)
     add_telemetry_rows(data, add)
     add_ray_rows(data, add, ray_skipped or {})
+    add_template_rows(data, add)
     if "callbox_health" in data:
         add("5a. floor: gRPC unary Health/Check on the agent socket (interleaved)", "time",
             data["callbox_health"], "—", None, "— (info)")
@@ -712,7 +720,10 @@ def main(argv: list[str] | None = None) -> int:
         if problem is not None:
             progress(f"network modes skipped: {problem}")
             return {}
-        return bench_network_start(res, spec, args.samples, slow_warmup)
+        out = bench_network_start(res, spec, args.samples, slow_warmup)
+        out.update(bench_network_update(res.create_sandbox, res.destroy_sandbox, spec, args.samples, args.warmup,
+                                        progress))
+        return out
 
     def overhead_rows() -> dict[str, list[float]]:
         progress("harness overhead per call (no sandbox)")
@@ -745,6 +756,8 @@ def main(argv: list[str] | None = None) -> int:
         ("ray", "ray" in sections,
          lambda: bench_ray(res, spec, kit, data, ray_skipped, samples=args.samples, warmup=args.warmup,
                            quick=args.quick)),
+        ("templates", "templates" in sections,
+         lambda: bench_templates(engine.client, spec.image, args.samples, progress)),
         ("scale", "scale" in sections,
          lambda: bench_scale(res, spec, args.sandboxes, kit,
                              lambda container, hint: memory_reading(engine.client, container, hint))),

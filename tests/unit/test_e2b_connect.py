@@ -358,8 +358,11 @@ def test_unknown_route_rest_auth_and_health(http):
     assert http.get("/health", headers={"E2b-Sandbox-Id": SANDBOX}).status_code == 204
     r = http.get("/health", headers={"E2b-Sandbox-Id": "e2b-gone"})
     assert r.status_code == 502 and "was not found" in r.json()["message"]
-    r = http.get("/health", headers={**ENVD, "E2b-Sandbox-Port": "8080"})
-    assert r.status_code == 502 and "port 8080 is not open" in r.json()["message"]
+    # Another port is a port request (harness.doors.e2b.ports): refused without a credential.
+    r = http.get("/health", headers={"E2b-Sandbox-Id": SANDBOX, "E2b-Sandbox-Port": "8080"})
+    assert r.status_code == 403 and "e2b-traffic-access-token" in r.json()["message"]
+    r = http.get("/health", headers={**ENVD, "E2b-Sandbox-Port": "not-a-port"})
+    assert r.status_code == 400 and "not a TCP port" in r.json()["message"]
     r = http.post("/files", content=b"x", headers={"E2b-Sandbox-Id": SANDBOX})
     assert r.status_code == 401
 

@@ -153,7 +153,7 @@ def test_config_check_prints_the_notes_above_the_configuration(tmp_path: Path,
 
 def serve_args(path: Path, **flags: object) -> argparse.Namespace:
     values: dict[str, object] = {name: None for name in (
-        "grpc", "mcp_http", "e2b", "http", "token_file", "tls_cert", "tls_key", "policy", "audit_db",
+        "grpc", "mcp_http", "e2b", "e2b_domain", "http", "token_file", "tls_cert", "tls_key", "policy", "audit_db",
         "max_per_client", "max_sandboxes", "engine", "ray_address", "ray_token_file")}
     values.update({"insecure": False, "config": path})
     values.update(flags)

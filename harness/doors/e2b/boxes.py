@@ -48,7 +48,7 @@ import threading
 import time
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.audit.records import arguments_digest
 from harness.audit.store import AuditError
@@ -65,6 +65,9 @@ from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import ClientSession
 from harness.engine.base import LivingSandbox, is_living
 from harness.engine.docker.lifetime import MIN_TTL_S
+
+if TYPE_CHECKING:
+    from harness.doors.e2b.template_boxes import BuiltTemplates
 
 __all__ = ["DEFAULT_TEMPLATE", "DEFAULT_TIMEOUT_S", "DOOR", "E2B_WORKDIR", "ENVD_TOKENS", "MIN_TIMEOUT_S",
            "E2bSandbox", "E2bSandboxes", "Metric", "e2b_errors", "e2b_template", "token_digest"]
@@ -122,6 +125,8 @@ class E2bSandbox:
     network_note: str | None = None
     """How its network is less than its create request asked (its info says so)."""
     token_digests: tuple[str, ...] = ()
+    traffic_access_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    """What a request to one of its ports carries (``e2b-traffic-access-token``), given only to its owner."""
     """Digests of access tokens handed out before a server restart, still accepted (a client
     holding one goes on without connecting again)."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -207,6 +212,8 @@ class E2bSandboxes:
         self._profile_bases: dict[int, tuple[Policy, Policy]] = {}
         """id of a client's profile policy -> (it, the ``base`` template made of it)."""
         self._boxes: dict[str, E2bSandbox] = {}
+        self.built: BuiltTemplates | None = None
+        """Templates built through the template API (:mod:`.template_boxes`), if served."""
         self._idempotent: dict[tuple[str, str], tuple[str, str | None]] = {}
         """(client, Idempotency-Key) -> (the request's fingerprint, its sandbox id; None while starting)."""
 
@@ -259,7 +266,11 @@ class E2bSandboxes:
         client's own policy when its profile has one (:mod:`harness.doors.profiles`)."""
         name = template_id or DEFAULT_TEMPLATE
         if name != DEFAULT_TEMPLATE or client is None:
-            return self.templates.get(name)
+            found = self.templates.get(name)
+            if found is None and self.built is not None and client is not None:
+                found = self.built.policy(self.template(DEFAULT_TEMPLATE, client) or self.templates[DEFAULT_TEMPLATE],
+                                          client, name)
+            return found
         policy = self.executor.profiles.of(client)
         if policy is self.executor.policy:
             return self.templates[DEFAULT_TEMPLATE]
@@ -298,6 +309,13 @@ class E2bSandboxes:
             self.audit.update_run_meta(sandbox.sandbox_id, {
                 "template": sandbox.template_id, "metadata": sandbox.metadata, "started_at": sandbox.started_at,
                 ENVD_TOKENS: [token_digest(sandbox.access_token)]})
+        if self.built is not None and sandbox.template_id not in self.templates:
+            try:  # its files, start and ready commands; a sandbox that does not start is removed
+                with e2b_errors(sandbox):
+                    self.built.start(self, sandbox)
+            except BaseException:
+                self.executor.delete_session(session, "template_start_failed")
+                raise
         with self._lock:
             self._boxes[sandbox.sandbox_id] = sandbox
         return sandbox
@@ -324,6 +342,13 @@ class E2bSandboxes:
         """Every live sandbox, whoever owns it (to find the one a signed file URL names)."""
         with self._lock:
             return [sandbox for sandbox in self._boxes.values() if not sandbox.closed]
+
+    def find_folded(self, sandbox_id: str) -> E2bSandbox | None:
+        """:meth:`find` ignoring case: an id read from a host name, which clients lower-case."""
+        folded = sandbox_id.lower()
+        with self._lock:
+            found = [sid for sid in self._boxes if sid.lower() == folded]
+        return self._live(found[0]) if len(found) == 1 else None
 
     def get(self, client: str, sandbox_id: str) -> E2bSandbox:
         """``client``'s live sandbox ``sandbox_id``; ``not_found`` for anyone else's or none."""

@@ -65,7 +65,8 @@ class Exchange:
         self.method: str = scope["method"]
         self.path: str = scope["path"]
         self.raw_path: bytes = scope.get("raw_path") or self.path.encode()
-        query = scope.get("query_string", b"").decode("latin-1")
+        self.query_string: bytes = scope.get("query_string", b"")
+        query = self.query_string.decode("latin-1")
         self.query: dict[str, list[str]] = parse_qs(query, keep_blank_values=True)
         headers: dict[str, str] = {}
         for raw_name, raw_value in scope.get("headers", ()):

@@ -55,6 +55,7 @@ from typing import Any
 from harness.core.errors import ErrorCode
 from harness.core.network_request import update_network
 from harness.doors.e2b.boxes import DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes, e2b_errors
+from harness.doors.e2b.domains import sandbox_domain
 from harness.doors.e2b.errors import E2bError, invalid
 from harness.doors.e2b.rest_models import (
     ENVD_VERSION,
@@ -164,8 +165,13 @@ def _after_cursor(token: str) -> tuple[float, str]:
 class ControlPlane:
     """The REST handlers over one server's :class:`E2bSandboxes`."""
 
-    def __init__(self, sandboxes: E2bSandboxes) -> None:
+    def __init__(self, sandboxes: E2bSandboxes, domain: str | None = None) -> None:
         self.sandboxes = sandboxes
+        self.domain = domain
+        """The configured sandbox domain (:func:`~harness.doors.e2b.domains.sandbox_domain`)."""
+
+    def _domain(self, request: HttpRequest) -> str:
+        return sandbox_domain(request.headers, self.domain)
 
     def _sandbox(self, request: HttpRequest, client: str) -> E2bSandbox:
         return self.sandboxes.get(client, request.path_params.get("sandboxID", ""))
@@ -179,10 +185,12 @@ class ControlPlane:
                                         idempotency_key=request.headers.get("idempotency-key") or None,
                                         fingerprint=wanted.fingerprint)
         sandbox.network_note = wanted.network_note
-        log.info("e2b client %s created sandbox %s (template %s, timeout %d s, network %s)%s", client,
+        # Less network than asked is a warning: the client may not look at the sandbox's info.
+        log.log(logging.WARNING if wanted.network_note else logging.INFO,
+                "e2b client %s created sandbox %s (template %s, timeout %d s, network %s)%s", client,
                  sandbox.sandbox_id, sandbox.template_id, wanted.timeout, sandbox.box.spec.network_summary(),
                  f": {wanted.network_note}" if wanted.network_note else "")
-        return json_response(201, created_body(sandbox))
+        return json_response(201, created_body(sandbox, self._domain(request)))
 
     def list_v2(self, request: HttpRequest, client: str) -> HttpResponse:
         text = request.first("metadata")
@@ -227,7 +235,7 @@ class ControlPlane:
 
     def get(self, request: HttpRequest, client: str) -> HttpResponse:
         sandbox = self._sandbox(request, client)
-        return json_response(200, detail_body(sandbox, time.time()))
+        return json_response(200, detail_body(sandbox, time.time(), self._domain(request)))
 
     def kill(self, request: HttpRequest, client: str) -> HttpResponse:
         self.sandboxes.kill(client, request.path_params.get("sandboxID", ""))
@@ -255,16 +263,17 @@ class ControlPlane:
 
     def connect(self, request: HttpRequest, client: str) -> HttpResponse:
         sandbox = self._sandbox(request, client)
-        return self._connect(sandbox, _object(request), must_be_paused=False)
+        return self._connect(sandbox, _object(request), must_be_paused=False, domain=self._domain(request))
 
     def resume(self, request: HttpRequest, client: str) -> HttpResponse:
         sandbox = self._sandbox(request, client)
         body = _object(request)
         if body.get("autoPause") is True:
             raise unsupported("autoPause: this server removes a sandbox when its timeout passes, it cannot pause it")
-        return self._connect(sandbox, body, must_be_paused=True)
+        return self._connect(sandbox, body, must_be_paused=True, domain=self._domain(request))
 
-    def _connect(self, sandbox: E2bSandbox, body: Mapping[str, Any], *, must_be_paused: bool) -> HttpResponse:
+    def _connect(self, sandbox: E2bSandbox, body: Mapping[str, Any], *, must_be_paused: bool,
+                 domain: str) -> HttpResponse:
         timeout = body.get("timeout")
         if timeout is None:
             timeout = min(DEFAULT_TIMEOUT_S, self.sandboxes.timeout_limit(sandbox.template_id, sandbox.client))
@@ -275,7 +284,7 @@ class ControlPlane:
             raise unsupported("resuming with a reboot (on_resume 'reboot') is not supported: this server resumes "
                               "the sandbox's frozen processes; connect without on_resume")
         resumed = self.sandboxes.connect(sandbox, timeout)
-        return json_response(201 if resumed else 200, created_body(sandbox))
+        return json_response(201 if resumed else 200, created_body(sandbox, domain))
 
     def update_network(self, request: HttpRequest, client: str) -> HttpResponse:
         sandbox = self._sandbox(request, client)
@@ -298,10 +307,11 @@ class ControlPlane:
         return json_response(200, [metric_body(metric)])
 
 
-def routes(sandboxes: E2bSandboxes) -> list[RestRoute]:
+def routes(sandboxes: E2bSandboxes, domain: str | None = None) -> list[RestRoute]:
     """The control plane's routes, in the order to match them (literal segments before
-    ``{sandboxID}``: ``/sandboxes/metrics`` is not a sandbox)."""
-    api = ControlPlane(sandboxes)
+    ``{sandboxID}``: ``/sandboxes/metrics`` is not a sandbox); ``domain``: the configured
+    sandbox domain."""
+    api = ControlPlane(sandboxes, domain)
     served: list[tuple[str, str, Handler]] = [
         ("POST", "/v2/sandboxes", api.create),
         ("GET", "/v2/sandboxes", api.list_v2),

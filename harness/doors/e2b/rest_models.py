@@ -11,11 +11,13 @@ field by field (:func:`parse_create`):
   none given: E2B's 300 s, or the limit if that is shorter.
 * ``envVars`` become the sandbox's environment (``SandboxOverrides.env``), ``metadata`` is
   kept with it (both: string to string).
-* ``allow_internet_access``: false is network ``none``; true is refused unless the
-  template's network is ``open`` (a sandbox never gets more network than its policy gives).
-  ``network``: ``denyOut: ["0.0.0.0/0"]`` alone is network ``none``; the options about the
-  sandbox's public URLs (``allowPublicTraffic``, ``maskRequestHost``, ``httpsPorts``) change
-  nothing here (this server publishes no sandbox URLs); egress rules are not supported.
+* ``allow_internet_access`` and ``network.allowOut``/``denyOut`` (:func:`network_request`)
+  narrow the template's network, never widen it (:mod:`harness.core.network_request`: true
+  beyond the policy gets the policy's network and a note, or a refusal with the policy's
+  ``sandbox.on_internet_request = "refuse"``); the info's ``network`` says what the sandbox
+  really has (:func:`network_body`). ``rules``, ``egressProxy`` and ``dnsServers`` are not
+  supported; the options about the sandbox's public URLs (``allowPublicTraffic``,
+  ``maskRequestHost``, ``httpsPorts``) are the ports' (they change no egress).
 * ``secure`` (older SDKs) is accepted: every sandbox here gets an envd access token.
 * Refused as not supported (501), since accepting them would promise behaviour this server
   does not have: ``autoPause`` true (a timeout here removes the sandbox), ``autoResume``
@@ -37,6 +39,7 @@ from harness.core.errors import CallboxError, ErrorCode
 from harness.core.network_request import NetworkRequest, grant_network
 from harness.core.times import iso
 from harness.doors.e2b.boxes import DEFAULT_TEMPLATE, DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes, Metric
+from harness.doors.e2b.domains import UNROUTABLE
 from harness.doors.e2b.errors import E2bError, invalid
 from harness.doors.grpc.overrides import SandboxOverrides
 from harness.engine.spec import SandboxSpec
@@ -187,15 +190,18 @@ def rfc3339(unix: float) -> str:
     return iso(unix)
 
 
-def created_body(sandbox: E2bSandbox) -> dict[str, Any]:
-    """``Sandbox``: the answer of create and connect (with the envd access token)."""
+def created_body(sandbox: E2bSandbox, domain: str = UNROUTABLE) -> dict[str, Any]:
+    """``Sandbox``: the answer of create and connect (with the envd access token), ``domain``
+    being where this server serves the sandbox (:mod:`harness.doors.e2b.domains`)."""
     return {
+        "domain": domain,
         "templateID": sandbox.template_id,
         "alias": sandbox.template_id,
         "sandboxID": sandbox.sandbox_id,
         "clientID": sandbox.client,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": sandbox.access_token,
+        "trafficAccessToken": sandbox.traffic_access_token,
     }
 
 
@@ -219,10 +225,11 @@ def listed_body(sandbox: E2bSandbox, now: float) -> dict[str, Any]:
     }
 
 
-def detail_body(sandbox: E2bSandbox, now: float) -> dict[str, Any]:
-    """``SandboxDetail``: one sandbox's info, with its access token and lifecycle."""
+def detail_body(sandbox: E2bSandbox, now: float, domain: str = UNROUTABLE) -> dict[str, Any]:
+    """``SandboxDetail``: one sandbox's info, with its access token, lifecycle and domain."""
     body = listed_body(sandbox, now)
     body["envdAccessToken"] = sandbox.access_token
+    body["domain"] = domain
     body["lifecycle"] = {"autoResume": False, "onTimeout": "kill"}
     body.update(network_body(sandbox.box.spec, sandbox.network_note))
     return body

@@ -30,6 +30,10 @@ token file. Decisions:
 * **Shutdown.** ``stop()``: new sandboxes are refused (when the door owns its executor),
   every request in flight ends (its call scope cancelled, a stream ended with
   ``unavailable``), uvicorn stops, then the owned executor destroys its sandboxes.
+* **Sandbox domain.** Create and connect answers name where the sandbox is served
+  (``domain``, :mod:`harness.doors.e2b.domains`): ``domain`` given here (``--e2b-domain``),
+  else what the client's ``api.DOMAIN`` host says, else a name that never resolves, so an
+  SDK without ``E2B_SANDBOX_URL`` fails at once instead of sending anything to E2B's cloud.
 * **Restarts.** With ``keep_sandboxes`` (a shared executor's own setting), the door's
   sandboxes are left running at stop instead, and the next server on the same audit store
   adopts them before it serves: ``Sandbox.connect(id)`` and ``Sandbox.list()`` find them
@@ -123,13 +127,18 @@ class E2bServer(UvicornThread):
         self.stop()
 
 
-def _door_services(sandboxes: E2bSandboxes) -> tuple[list[Service], list[RestRoute], list[EnvdRoute]]:
+def _door_services(sandboxes: E2bSandboxes, tls: bool, domain: str | None = None,
+                   ) -> tuple[list[Service], list[RestRoute], list[EnvdRoute]]:
     from harness.doors.e2b.envd_files import http_routes
     from harness.doors.e2b.envd_filesystem import filesystem_service
     from harness.doors.e2b.envd_process import process_service
     from harness.doors.e2b.rest import routes
+    from harness.doors.e2b.templates import template_routes
 
-    return [process_service(sandboxes), filesystem_service(sandboxes)], routes(sandboxes), http_routes(sandboxes)
+    templates, built = template_routes(sandboxes)
+    templates.scheme = "https" if tls else "http"
+    return ([process_service(sandboxes), filesystem_service(sandboxes)], [*built, *routes(sandboxes, domain)],
+            http_routes(sandboxes))
 
 
 def serve_e2b(
@@ -157,6 +166,7 @@ def serve_e2b(
     quotas: QuotaKeeper | None = None,
     policies: PolicySource | None = None,
     keep_sandboxes: bool = False,
+    domain: str | None = None,
 ) -> E2bServer:
     """Start the E2B door on ``addr`` in the background; see the module docstring.
 
@@ -172,7 +182,8 @@ def serve_e2b(
     at ``stop`` and first adopts those an earlier server on this audit store left (needs the
     Docker engine); a shared executor's own ``keep_sandboxes`` decides instead (it is not
     changed here), and the door adopts its sandboxes when that is on (given ``sandboxes``:
-    their maker adopts, :func:`~harness.doors.e2b.restart.adopt_e2b`). Each client may have a
+    their maker adopts, :func:`~harness.doors.e2b.restart.adopt_e2b`). ``domain``: the sandbox
+    domain its answers name (:mod:`harness.doors.e2b.domains`). Each client may have a
     quarter of the ``workers`` busy at once. Raises
     ServeError (exit code 2) for a refused address, bad TLS files, or a port that cannot be
     bound.
@@ -207,7 +218,7 @@ def serve_e2b(
     keys = tokens if tokens is not None else sandboxes.executor.tokens
     try:
         if services is None or rest_routes is None or envd_routes is None:
-            own_services, own_rest, own_envd = _door_services(sandboxes)
+            own_services, own_rest, own_envd = _door_services(sandboxes, tls, domain)
             services = own_services if services is None else services
             rest_routes = own_rest if rest_routes is None else rest_routes
             envd_routes = own_envd if envd_routes is None else envd_routes
@@ -218,7 +229,9 @@ def serve_e2b(
                      envd_routes=envd_routes, pool=pool, share=fair_share(workers),
                      capacity=workers)
         config = uvicorn.Config(
-            app, http="h11", ws="none", lifespan="on", log_level="warning", access_log=False, log_config=None,
+            # WebSocket upgrades are for sandbox ports (harness.doors.e2b.ports_ws); envd uses none.
+            app, http="h11", ws="websockets-sansio", lifespan="on", log_level="warning", access_log=False,
+            log_config=None,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             ssl_certfile=str(tls_cert) if tls_cert is not None else None,
             ssl_keyfile=str(tls_key) if tls_key is not None else None,

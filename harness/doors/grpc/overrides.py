@@ -68,6 +68,7 @@ class SandboxOverrides:
             env=dict(request.env),
             ttl_seconds=request.ttl_seconds if request.HasField("ttl_seconds") else None,
             allowed_tools=tuple(request.allowed_tools),
+            network_request=NetworkRequest(allow=tuple(request.network_allow), deny=tuple(request.network_deny)),
         )
 
 
@@ -161,7 +162,7 @@ def sandbox_policy(policy: Policy, overrides: SandboxOverrides, exposed: Sequenc
             raise (denied(error.message) if error.code is ErrorCode.PERMISSION_DENIED
                    else ServiceError(error.code, error.message)) from None
         if granted.note:
-            log.warning("a client's sandbox network request: %s", granted.note)
+            log.info("a client's sandbox network request: %s", granted.note)
         updates.update(granted.updates())
     if o.ttl_seconds is not None:
         if o.ttl_seconds > s.ttl_seconds:

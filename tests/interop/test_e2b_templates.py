@@ -1,0 +1,117 @@
+"""The e2b SDK's template builder, unmodified, against ``callbox serve --e2b``: built offline, cached, used.
+
+A template is built from steps as E2B's docs show them (a file copied in, a command run, an
+environment variable, a start command that serves HTTP with its ready check), then a sandbox
+is made from it: the copied file is in its home, what the command made is in the image, the
+start command serves HTTP inside the sandbox. Port requests through the door (``get_host``)
+are not served by this server yet, so the served page is fetched from inside the sandbox.
+The second build of the same template comes from the cache; a base image that is not on the
+host is refused naming it; ``AsyncTemplate`` builds too; a client does not see another
+client's template, and sees the operator's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2b import AsyncTemplate, Sandbox, Template, wait_for_url
+from e2b.exceptions import BuildException
+
+from tests.interop.e2b_server import E2bServer, sdk_environment, serve_e2b
+
+pytestmark = [pytest.mark.docker, pytest.mark.interop]
+
+
+@pytest.fixture(scope="module", name="template_dir")
+def template_dir_fixture(engine: Any) -> Iterator[Path]:
+    """A template store of this module's own; the images its builds made are removed at the end."""
+    directory = Path(tempfile.mkdtemp(prefix="cbx-tpl-", dir="/tmp"))
+    saved = os.environ.get("CALLBOX_TEMPLATE_DIR")
+    os.environ["CALLBOX_TEMPLATE_DIR"] = str(directory)
+    try:
+        yield directory
+    finally:
+        if saved is None:
+            os.environ.pop("CALLBOX_TEMPLATE_DIR", None)
+        else:
+            os.environ["CALLBOX_TEMPLATE_DIR"] = saved
+        for entry in (directory / "cache").glob("*"):
+            if len(entry.name) == 64:
+                for image in engine.client.images.list(filters={"label": f"callbox.template.key={entry.name}"}):
+                    engine.client.images.remove(image.id, force=True)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", name="server")
+def server_fixture(engine: Any, template_dir: Path) -> Iterator[E2bServer]:
+    with serve_e2b(engine) as server:
+        yield server
+
+
+@pytest.fixture(name="context")
+def context_fixture(tmp_path: Path) -> Path:
+    """The template's directory: one file to copy, with content of this run's own."""
+    (tmp_path / "hello.txt").write_text(f"hello from the template {secrets.token_hex(8)}\n")
+    return tmp_path
+
+
+def _template(context: Path) -> Any:
+    return (
+        Template(file_context_path=str(context))
+        .from_base_image()
+        .copy("hello.txt", "/home/user/")
+        .run_cmd("mkdir -p /srv/site && cp /home/user/hello.txt /srv/site/index.html")
+        .set_envs({"GREETING": "hi"})
+        .set_start_cmd("cd /srv/site && python3 -m http.server 8000", wait_for_url("http://localhost:8000/"))
+    )
+
+
+def test_a_template_built_from_steps_serves_http_and_its_second_build_is_cached(server: E2bServer,
+                                                                                 context: Path) -> None:
+    template = _template(context)
+    expected = (context / "hello.txt").read_text()
+    logs: list[str] = []
+    with sdk_environment(server):
+        info = Template.build(template, "web-demo", on_build_logs=lambda entry: logs.append(str(entry.message)))
+        assert info.name == "web-demo"
+        assert any("Step" in line for line in logs), logs
+        assert Template.exists("web-demo")
+        assert not Template.exists("no-such-template")
+
+        again: list[str] = []
+        Template.build(template, "web-demo", on_build_logs=lambda entry: again.append(str(entry.message)))
+        assert any(line.startswith("cached:") for line in again), again
+        assert not any(line.startswith("Step ") for line in again), again
+
+        sandbox = Sandbox.create("web-demo")
+        try:
+            assert sandbox.files.read("/home/user/hello.txt") == expected
+            served = sandbox.commands.run("curl -s http://localhost:8000/index.html")
+            assert served.stdout == expected
+            assert sandbox.commands.run("echo $GREETING").stdout.strip() == "hi"
+        finally:
+            sandbox.kill()
+
+
+def test_a_base_image_not_on_the_host_is_refused_naming_it(server: E2bServer, context: Path) -> None:
+    template = Template(file_context_path=str(context)).from_image("callbox-test/not-here:1").run_cmd("true")
+    with sdk_environment(server), pytest.raises(BuildException, match=r"not-here:1.*not on this host"):
+        Template.build(template, "missing-base")
+
+
+def test_async_template_builds_and_other_clients_do_not_see_it(server: E2bServer, context: Path) -> None:
+    template = (AsyncTemplate(file_context_path=str(context)).from_base_image()
+                .run_cmd("echo built > /opt/built.txt"))
+    with sdk_environment(server):
+        asyncio.run(AsyncTemplate.build(template, "async-demo"))
+        assert asyncio.run(AsyncTemplate.exists("async-demo"))
+    with sdk_environment(server, "bob"):
+        assert not Template.exists("async-demo")
