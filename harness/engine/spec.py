@@ -338,6 +338,10 @@ class SandboxFields(BaseModel, Generic[MountT]):
     """Largest file a process may write, in bytes."""
     ttl_seconds: int = Field(default=3600, ge=10)
     """After this the sandbox is expired and ``callbox gc`` removes it."""
+    paused_ttl_seconds: int = Field(default=86400, ge=10, le=30 * 86400)
+    """How long a paused sandbox is kept, counted from its pause (its ``ttl_seconds`` clock
+    stands still meanwhile); then it is removed. Also how long the E2B door keeps a sandbox
+    its timeout paused (``lifecycle.on_timeout = "pause"``). 24 h by default, at most 30 days."""
     placement: Placement = Field(default_factory=Placement)
     """Where it may run on a multi-node engine (the Ray engine): strategy, node affinity and
     anti-affinity, a group kept apart. A one-node engine (Docker's) ignores it."""

@@ -15,6 +15,8 @@ How a request is routed (the e2b SDK sends both kinds to the same URL when
   user to act as (:attr:`~harness.doors.e2b.rpc.EnvdCall.user`). Then ``POST
   /SERVICE/METHOD`` of a served service is a Connect call (:mod:`harness.doors.e2b.connect`);
   anything else must match an envd HTTP route (``/files``, ``/health``).
+  A request to a paused sandbox (but ``/health``) resumes it first if its lifecycle says
+  ``auto_resume``, else is refused as E2B's proxy refuses it (:mod:`harness.doors.e2b.lifecycle`).
 * **A sandbox port**: a request naming a port other than envd's, by ``E2b-Sandbox-Port`` or by
   a host name ``PORT-SANDBOXID.DOMAIN`` (``get_host(port)``), and every WebSocket upgrade, go
   to that port in the sandbox (:mod:`harness.doors.e2b.ports`). A host name
@@ -276,9 +278,12 @@ class E2bApp:
             await respond_error(exchange, _no_route(exchange, found, "envd serves /files, /health and the Connect "
                                                     "services " + ", ".join(sorted(self.services))))
             return
+        health = exchange.path == HEALTH_PATH
         try:
-            sandbox = self._envd_sandbox(sandbox_id, headers, health=exchange.path == HEALTH_PATH, signed=signed)
+            sandbox = self._envd_sandbox(sandbox_id, headers, health=health, signed=signed)
             user = envd_user(headers)
+            if not health:  # a paused sandbox: resumed if it auto-resumes (on a worker: it waits for the engine)
+                await exchange.run(lambda: self.sandboxes.awake(sandbox))
         except E2bError as error:
             await respond_error(exchange, error)
             return

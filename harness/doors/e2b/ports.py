@@ -153,6 +153,7 @@ class PortProxy:
         return self.sandboxes.acting(sandbox, "port_forward", {"port": target.port, "request": f"{method} {path}"})
 
     def _open(self, sandbox: E2bSandbox, target: PortTarget) -> Tunnel:
+        self.sandboxes.awake(sandbox)  # paused: resumed if it auto-resumes, else refused as envd requests are
         try:
             return sandbox.running().agent.ports.connect(target.port)
         except AgentCallError as error:

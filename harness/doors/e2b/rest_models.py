@@ -19,10 +19,10 @@ field by field (:func:`parse_create`):
   supported; the options about the sandbox's public URLs (``allowPublicTraffic``,
   ``maskRequestHost``, ``httpsPorts``) are the ports' (they change no egress).
 * ``secure`` (older SDKs) is accepted: every sandbox here gets an envd access token.
+* ``autoPause``, ``autoPauseMemory`` and ``autoResume`` (the SDK's ``lifecycle``) are the
+  sandbox's :class:`~harness.doors.e2b.lifecycle.Lifecycle` (see that module).
 * Refused as not supported (501), since accepting them would promise behaviour this server
-  does not have: ``autoPause`` true (a timeout here removes the sandbox), ``autoResume``
-  enabled, ``mcp``, ``iam`` tokens, ``volumeMounts``. ``autoPauseMemory`` only qualifies
-  ``autoPause`` and is ignored.
+  does not have: ``mcp``, ``iam`` tokens, ``volumeMounts``.
 * Any other field is refused (400) unless it is empty (null, false, "", [], {}): a newer
   SDK's option this server does not know could change what the sandbox does.
 """
@@ -41,6 +41,7 @@ from harness.core.times import iso
 from harness.doors.e2b.boxes import DEFAULT_TEMPLATE, DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes, Metric
 from harness.doors.e2b.domains import UNROUTABLE
 from harness.doors.e2b.errors import E2bError, invalid
+from harness.doors.e2b.lifecycle import Lifecycle, parse_lifecycle
 from harness.doors.grpc.overrides import SandboxOverrides
 from harness.engine.spec import SandboxSpec
 from sandbox.egress_policy import Allowlist
@@ -90,6 +91,7 @@ class CreateRequest:
     timeout: int
     overrides: SandboxOverrides
     metadata: dict[str, str]
+    lifecycle: Lifecycle
     fingerprint: str
     """The request as canonical JSON (an Idempotency-Key's repeat must match it)."""
     network_note: str | None = None
@@ -135,13 +137,6 @@ def network_request(body: Mapping[str, Any], *, update: bool = False) -> Network
 
 
 def _refuse_unimplemented(body: Mapping[str, Any]) -> None:
-    if body.get("autoPause") is True:
-        raise unsupported("autoPause: this server removes a sandbox when its timeout passes, it cannot pause it "
-                          "instead; leave lifecycle.on_timeout unset or 'kill', and pause it yourself with pause()")
-    resume = body.get("autoResume")
-    if isinstance(resume, dict) and resume.get("enabled"):
-        raise unsupported("autoResume: a paused sandbox here resumes only through Sandbox.connect; leave "
-                          "lifecycle.auto_resume unset or false")
     for key, what in (("mcp", "MCP gateways"), ("iam", "workload identity tokens"), ("volumeMounts", "volumes")):
         value = body.get(key)
         if key == "iam" and isinstance(value, dict):
@@ -179,6 +174,7 @@ def parse_create(body: Any, sandboxes: E2bSandboxes, client: str | None = None) 
                                  network_request=wanted)
     return CreateRequest(template_id=template_id, timeout=timeout, overrides=overrides,
                          metadata=string_map(body.get("metadata"), "metadata"), network_note=granted.note,
+                         lifecycle=parse_lifecycle(body),
                          fingerprint=json.dumps(body, sort_keys=True, separators=(",", ":")))
 
 
@@ -230,7 +226,7 @@ def detail_body(sandbox: E2bSandbox, now: float, domain: str = UNROUTABLE) -> di
     body = listed_body(sandbox, now)
     body["envdAccessToken"] = sandbox.access_token
     body["domain"] = domain
-    body["lifecycle"] = {"autoResume": False, "onTimeout": "kill"}
+    body["lifecycle"] = sandbox.lifecycle.body()
     body.update(network_body(sandbox.box.spec, sandbox.network_note))
     return body
 

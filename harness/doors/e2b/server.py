@@ -137,7 +137,7 @@ def _door_services(sandboxes: E2bSandboxes, tls: bool, domain: str | None = None
 
     templates, built = template_routes(sandboxes)
     templates.scheme = "https" if tls else "http"
-    return ([process_service(sandboxes), filesystem_service(sandboxes)], [*built, *routes(sandboxes, domain)],
+    return ([process_service(sandboxes), filesystem_service(sandboxes)], routes(sandboxes, domain, built),
             http_routes(sandboxes))
 
 

@@ -556,16 +556,29 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
 
     def reap_expired(self, now: float | None = None) -> list[str]:
         """Destroy the sandboxes whose ttl_seconds have passed (a paused one's clock stands
-        still: see :meth:`ClientSession.due`); their ids."""
+        still: see :meth:`ClientSession.due`), or whose paused TTL has; their ids. A running
+        one with an ``on_expiry`` hook is offered to it first: if the hook pauses it, it stays."""
         moment = time.time() if now is None else now
         with self._lock:
-            expired = [s for s in self._sessions.values() if s.due(moment)]
+            due = [s for s in self._sessions.values() if s.due(moment)]
+        expired = [s for s in due if s.paused or s.on_expiry is None or not self._paused_at_expiry(s)]
+        with self._lock:
             for session in expired:
                 self._sessions.pop(session.sandbox_id, None)
             self._lock.notify_all()
         for session in expired:
-            session.close(self.audit, "expired")
+            session.close(self.audit, "paused_expired" if session.paused else "expired")
         return [s.sandbox_id for s in expired]
+
+    @staticmethod
+    def _paused_at_expiry(session: ClientSession) -> bool:
+        """Whether the session's ``on_expiry`` hook paused it (a failing hook: it did not)."""
+        assert session.on_expiry is not None
+        try:
+            return session.on_expiry(session)
+        except Exception:
+            log.exception("sandbox %s: pausing it at its timeout failed; it is removed", session.sandbox_id)
+            return False
 
     def start_reaper(self, interval_s: float = 5.0) -> None:
         """A daemon thread that runs ``reap_expired`` every ``interval_s`` until ``shutdown``;

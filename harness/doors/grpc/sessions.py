@@ -1,9 +1,11 @@
 """The gRPC door's sessions: one client's sandbox and its run, and the limits.
 
 The expiry clock of a session follows the engine's (:mod:`harness.engine.docker.lifetime`):
-while its sandbox is paused the clock stands still (``reap_expired`` leaves it alone unless
-it has been paused for more than ``PAUSE_LIMIT_FACTOR`` times its TTL, as the engine's gc
-does); a resume or a keep-alive takes the expiry the engine reports.
+while its sandbox is paused the clock stands still (``reap_expired`` leaves it alone until
+it has been paused for longer than its policy's ``sandbox.paused_ttl_seconds``, as the
+engine's gc does); a resume or a keep-alive takes the expiry the engine reports. A session
+with an ``on_expiry`` hook (the E2B door's ``lifecycle.on_timeout = "pause"``) is offered to
+it when its time is up, and is kept if the hook paused it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from harness.audit.store import AuditError, AuditStore
@@ -20,7 +23,6 @@ from harness.core.session import Session
 from harness.doors.grpc.overrides import SandboxOverrides
 from harness.doors.quota_ledger import Reservation
 from harness.doors.start_queue import default_slots
-from harness.engine.docker.lifetime import PAUSE_LIMIT_FACTOR
 from harness.v1 import executor_pb2
 
 __all__ = ["DEFAULT_CLIENT_SHARE", "ClientSession", "Limits"]
@@ -76,6 +78,9 @@ class ClientSession:
         """Its place in its client's quotas, given back when it closes (or is released)."""
         self.kept = False
         """Kept for the next server: a stopping server that keeps sandboxes leaves it running."""
+        self.on_expiry: Callable[[ClientSession], bool] | None = None
+        """Offered the running session when its time is up (``reap_expired``); True: it
+        paused the sandbox, which is then kept (until its paused TTL), False: it is removed."""
 
     # ---- the expiry clock (see the module docstring) -------------------------------------------
 
@@ -90,7 +95,7 @@ class ClientSession:
     def due(self, now: float) -> bool:
         """Whether the reaper destroys it at ``now``."""
         if self.paused_at is not None:
-            return self.paused_at + PAUSE_LIMIT_FACTOR * self.ttl_seconds <= now
+            return self.paused_at + self.policy.sandbox.paused_ttl_seconds <= now
         return self.expires <= now
 
     def mark_paused(self, now: float) -> None:
