@@ -467,6 +467,23 @@ class SandboxSpec(SandboxFields[Mount]):
             places[self.workdir] = self.effective_workspace_size
         return places
 
+    def space_for(self, path: str) -> str:
+        """What bounds the space of absolute ``path`` in the sandbox, and how to get more:
+        for a message when a write there ran out of space (the policy key of its scratch
+        tmpfs, or the mount or filesystem it is on)."""
+        keys = {WORKSPACE: "workspace_size", TMP: "tmp_size", HOME: "home_size"}
+        places = self.scratch_tmpfs()
+        place = max((p for p in places if path == p or path.startswith(p.rstrip("/") + "/")), key=len, default=None)
+        if place is not None:
+            key = keys.get(place, "workspace_size")
+            return (f"{place} is a tmpfs of {format_size(places[place])} in this sandbox (the policy's "
+                    f"[sandbox] {key}): remove files there, write elsewhere, or raise {key}")
+        mount = next((m for m in self.mounts if path == m.target or path.startswith(m.target.rstrip("/") + "/")),
+                     None)
+        if mount is not None:
+            return f"{mount.target} is the host's {mount.source}: free space there"
+        return "the path is on the image's own filesystem, which is read-only; write under /workspace, /tmp or HOME"
+
     def tmpfs_options(self, place: str, uid: int, gid: int) -> str:
         """Docker's tmpfs options for scratch ``place`` (from ``scratch_tmpfs``); ``exec``
         is explicit because Docker's tmpfs default is noexec."""

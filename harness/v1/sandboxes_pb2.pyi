@@ -679,8 +679,8 @@ class WatchEvent(_message.Message):
     PATH_FIELD_NUMBER: _builtins.int
     IS_DIR_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
-    """created, modified, removed, moved_from, moved_to, overflow; "ready"
-    first, once the watches are in place.
+    """created, modified (content), attrib (metadata: a chmod), removed,
+    moved_from, moved_to, overflow; "ready" first, once the watches are in place.
     """
     path: _builtins.str
     is_dir: _builtins.bool

@@ -23,10 +23,11 @@ How a request is routed (the e2b SDK sends both kinds to the same URL when
   ``49983-SANDBOXID.DOMAIN`` is envd's, as if it carried ``E2b-Sandbox-Id``.
 * Anything else is 404, with a JSON body naming the method and path.
 
-Each client may have at most ``share`` long requests in flight at once (sandbox creates, envd
-streams and file transfers; a quarter of the workers by default, so one client's streams
-cannot hold every worker); one more is 429 with ``Retry-After``
-(:mod:`harness.doors.quota_ledger`). Quick requests are always served.
+Each client is sure of ``share`` long requests in flight at once (sandbox creates, envd
+streams and file transfers; a quarter of the workers by default); past it, it is served while a
+share of the workers stays free for the others, so one client's streams cannot hold every
+worker; one more is 429 with ``Retry-After`` (:mod:`harness.doors.quota_ledger`). Creates
+beyond what the host starts at once wait in line (:mod:`harness.doors.start_queue`). Quick requests are always served.
 
 Handlers run on a pool of worker threads (:mod:`harness.doors.e2b.bridge` carries bodies and
 streams between them and the event loop with bounded queues). A request body reaches a plain
@@ -64,6 +65,7 @@ from harness.doors.e2b.port_targets import port_target
 from harness.doors.e2b.ports import PortProxy
 from harness.doors.e2b.responses import CutOff, http_refusal, rest_error
 from harness.doors.e2b.rpc import EnvdCall, EnvdRoute, HttpRequest, HttpResponse, Method, RestRoute, Service
+from harness.doors.e2b.signing import signed_sandbox
 from harness.doors.e2b.templates import UPLOAD_PREFIX
 from harness.doors.grpc.tokens import TokenSet
 from harness.doors.quota_ledger import QuotaExceeded
@@ -77,6 +79,7 @@ log = logging.getLogger("callbox.e2b")
 ENVD_PORT = "49983"
 """The port envd listens on in an E2B sandbox (the SDK's ``E2b-Sandbox-Port``)."""
 HEALTH_PATH = "/health"
+FILES_PATH = "/files"
 _CREATES = frozenset({"/sandboxes", "/v2/sandboxes"})
 """The control plane's routes (POST) that start a sandbox: long requests, counted in a share."""
 
@@ -129,6 +132,12 @@ def _segments(raw_path: bytes) -> list[str]:
     return [unquote(part) for part in raw_path.decode("latin-1").split("?")[0].strip("/").split("/")]
 
 
+def _query_only(exchange: Exchange) -> HttpRequest:
+    """The request line and headers of ``exchange`` (its body left unread)."""
+    return HttpRequest(method=exchange.method, path=exchange.path, query=exchange.query, headers=exchange.headers,
+                       body=iter(()))
+
+
 def envd_user(headers: Mapping[str, str]) -> str | None:
     """The user of ``Authorization: Basic base64(USER:)``, or None (no header, or no user)."""
     value = headers.get("authorization")
@@ -154,10 +163,13 @@ class E2bApp:
 
     def __init__(self, *, tokens: TokenSet, sandboxes: E2bSandboxes, services: Iterable[Service],
                  rest_routes: Iterable[RestRoute], envd_routes: Iterable[EnvdRoute], pool: Any,
-                 share: int | None = None, ports: PortProxy | None = None) -> None:
+                 share: int | None = None, capacity: int | None = None,
+                 ports: PortProxy | None = None) -> None:
         self.tokens = tokens
         self.share = share
-        """How many requests one client may have in flight at once (None: no bound)."""
+        """How many requests one client is sure to have in flight at once (None: no bound)."""
+        self.capacity = capacity
+        """The door's workers: past its share, a client is served while a share of them stays free."""
         self.sandboxes = sandboxes
         self.services: dict[str, Service] = {service.name: service for service in services}
         self.rest = _Router(rest_routes)
@@ -230,15 +242,24 @@ class E2bApp:
     async def _route(self, exchange: Exchange) -> None:
         headers = exchange.headers
         segments = _segments(exchange.raw_path)
+        signed = exchange.path == FILES_PATH and not headers.get("x-access-token")
         try:
             target = port_target(headers)
         except E2bError as error:
             await http_refusal(exchange, error)
             return
-        if target is None:
+        signed_id = None
+        if target is None and signed and exchange.query.get("signature"):
+            try:  # a signed file URL from a plain HTTP client: the signature names its sandbox
+                signed_id = signed_sandbox(_query_only(exchange), "read" if exchange.method == "GET" else "write",
+                                           self.sandboxes.every()).sandbox_id
+            except E2bError as error:
+                await http_refusal(exchange, error)
+                return
+        if target is None and signed_id is None:
             await self._serve_rest(exchange, segments)
             return
-        if str(target.port) != ENVD_PORT:
+        if target is not None and str(target.port) != ENVD_PORT:
             owner = self.sandboxes.find(target.sandbox_id) or self.sandboxes.find_folded(target.sandbox_id)
             with self._fair(owner.client if owner is not None else "", counted=owner is not None) as refusal:
                 if refusal is not None:
@@ -246,7 +267,8 @@ class E2bApp:
                 else:
                     await self.ports.serve_http(exchange, target)
             return
-        sandbox_id = target.sandbox_id
+        sandbox_id = target.sandbox_id if target is not None else signed_id
+        assert sandbox_id is not None
         method = self._connect_method(exchange.method, segments)
         connect_like = method is not None or (len(segments) == 2 and "." in segments[0] and exchange.method == "POST")
         respond_error = _connect_refusal if connect_like else http_refusal
@@ -261,7 +283,7 @@ class E2bApp:
             return
         health = exchange.path == HEALTH_PATH
         try:
-            sandbox = self._envd_sandbox(sandbox_id, headers, health=health)
+            sandbox = self._envd_sandbox(sandbox_id, headers, health=health, signed=signed)
             user = envd_user(headers)
             if not health:  # a paused sandbox: resumed if it auto-resumes (on a worker: it waits for the engine)
                 await exchange.run(lambda: self.sandboxes.awake(sandbox))
@@ -283,7 +305,7 @@ class E2bApp:
             return
         assert found is not None
         route, params = found
-        call = EnvdCall(sandbox=sandbox, headers=headers, user=user)
+        call = EnvdCall(sandbox=sandbox, headers=headers, user=user, signed=signed)
         handler = route.handler
         with self._fair(sandbox.client) as refusal:
             if refusal is not None:
@@ -297,10 +319,11 @@ class E2bApp:
         service = self.services.get(segments[0])
         return service.methods.get(segments[1]) if service is not None else None
 
-    def _envd_sandbox(self, sandbox_id: str, headers: Mapping[str, str], *, health: bool) -> E2bSandbox:
+    def _envd_sandbox(self, sandbox_id: str, headers: Mapping[str, str], *, health: bool,
+                      signed: bool = False) -> E2bSandbox:
         token = headers.get("x-access-token")
         try:
-            if health and not token:
+            if (health or signed) and not token:  # signed: the /files handler checks the URL's signature
                 sandbox = self._untokened(sandbox_id)
             else:
                 sandbox = self.sandboxes.for_envd(sandbox_id, token)
@@ -353,7 +376,7 @@ class E2bApp:
             return
         quotas = self.sandboxes.executor.quotas
         try:
-            quotas.enter(client, door=DOOR, share=self.share)
+            quotas.enter(client, door=DOOR, share=self.share, capacity=self.capacity)
         except QuotaExceeded as refusal:
             yield from_quota(refusal)
             return

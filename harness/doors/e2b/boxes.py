@@ -368,6 +368,11 @@ class E2bSandboxes:
         than whether it runs, like envd's ``/health``)."""
         return self._live(sandbox_id)
 
+    def every(self) -> list[E2bSandbox]:
+        """Every live sandbox, whoever owns it (to find the one a signed file URL names)."""
+        with self._lock:
+            return [sandbox for sandbox in self._boxes.values() if not sandbox.closed]
+
     def find_folded(self, sandbox_id: str) -> E2bSandbox | None:
         """:meth:`find` ignoring case: an id read from a host name, which clients lower-case."""
         folded = sandbox_id.lower()

@@ -155,7 +155,7 @@ def serve_e2b(
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
     announce: Callable[[str], None] | None = announce_token,
-    max_sandboxes_per_client: int = 16,
+    max_sandboxes_per_client: int | None = None,
     max_sandboxes_total: int = 64,
     engine_factory: Callable[[], DockerEngine] | None = None,
     reaper_interval_s: float = 5.0,
@@ -226,7 +226,8 @@ def serve_e2b(
             log.info("E2B door: %s", adopt_e2b(sandboxes).summary())
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="callbox-e2b")
         app = E2bApp(tokens=keys, sandboxes=sandboxes, services=services, rest_routes=rest_routes,
-                     envd_routes=envd_routes, pool=pool, share=fair_share(workers))
+                     envd_routes=envd_routes, pool=pool, share=fair_share(workers),
+                     capacity=workers)
         config = uvicorn.Config(
             # WebSocket upgrades are for sandbox ports (harness.doors.e2b.ports_ws); envd uses none.
             app, http="h11", ws="websockets-sansio", lifespan="on", log_level="warning", access_log=False,

@@ -15,29 +15,43 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness.audit.store import AuditError, AuditStore
 from harness.core.policy import Policy
 from harness.core.session import Session
 from harness.doors.grpc.overrides import SandboxOverrides
 from harness.doors.quota_ledger import Reservation
+from harness.doors.start_queue import default_slots
 from harness.v1 import executor_pb2
 
-__all__ = ["ClientSession", "Limits"]
+__all__ = ["DEFAULT_CLIENT_SHARE", "ClientSession", "Limits"]
 
 log = logging.getLogger("callbox.executor")
+
+
+DEFAULT_CLIENT_SHARE = 16
+"""Live sandboxes a client is sure of when no per-client limit is set (``client_share``)."""
 
 
 @dataclass(frozen=True)
 class Limits:
     """Live sandboxes a client may have, and the server in total."""
 
-    max_sandboxes_per_client: int = 16
+    max_sandboxes_per_client: int | None = None
+    """A hard limit on each client's live sandboxes, set explicitly by the operator
+    (``--max-per-client``, ``limits.max_per_client``); None: only the work-conserving share."""
     max_sandboxes_total: int = 64
+    max_starting: int = field(default_factory=default_slots)
+    """Sandboxes the host starts at once; more creates wait in line (:mod:`harness.doors.start_queue`)."""
+    client_share: int = DEFAULT_CLIENT_SHARE
+    """Without a hard limit (or a ``live_sandboxes`` quota), a client past this many live
+    sandboxes may still create up to ``max_sandboxes_total`` while no other client waits to
+    start one; while another waits, its creates wait behind it (:mod:`harness.doors.start_queue`)."""
 
     def __post_init__(self) -> None:
-        if self.max_sandboxes_per_client < 1 or self.max_sandboxes_total < 1:
+        if min(self.max_sandboxes_per_client or 1, self.max_sandboxes_total, self.max_starting,
+               self.client_share) < 1:
             raise ValueError("sandbox limits must be at least 1")
 
 
