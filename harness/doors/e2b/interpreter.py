@@ -63,8 +63,8 @@ if TYPE_CHECKING:
     from harness.doors.e2b.ports import PortRequest
     from harness.engine.docker.sandbox import Sandbox
 
-__all__ = ["JUPYTER_PORT", "SERVER_ARGV", "TEMPLATE", "code_interpreter_template", "install", "interpreter_filter",
-           "pool_entry", "serves"]
+__all__ = ["JUPYTER_PORT", "SERVER_ARGV", "TEMPLATE", "code_interpreter_template", "install", "install_template",
+           "interpreter_filter", "pool_entry", "serves"]
 
 log = logging.getLogger("callbox.e2b")
 
@@ -91,8 +91,17 @@ def install(sandboxes: E2bSandboxes, filters: dict[int, Any]) -> None:
     """Give ``sandboxes`` the template ``code-interpreter-v1`` (unless they have one) and port
     49999 its filter in ``filters`` (a :class:`~harness.doors.e2b.ports.PortProxy`'s); with
     ``[pool] code_interpreter``, the server's warm pool keeps sandboxes of it ready."""
-    sandboxes.templates.setdefault(TEMPLATE, code_interpreter_template(sandboxes.executor.policy))
+    install_template(sandboxes)
     filters.setdefault(int(JUPYTER_PORT), interpreter_filter)
+
+
+def install_template(sandboxes: E2bSandboxes) -> None:
+    """Give ``sandboxes`` the template ``code-interpreter-v1`` unless they have one (and, with
+    ``[pool] code_interpreter``, pool it). Called before a restarted server adopts its
+    sandboxes, so those of this template are adopted too; again by :func:`install`, a no-op then."""
+    if TEMPLATE in sandboxes.templates:
+        return
+    sandboxes.templates[TEMPLATE] = code_interpreter_template(sandboxes.executor.policy)
     executor = sandboxes.executor
     count = executor.policy.pool.code_interpreter
     if count and isinstance(executor.engine_factory, SharedEngine):
