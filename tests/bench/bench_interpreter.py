@@ -46,10 +46,11 @@ def first_result(opts: dict[str, Any]) -> float:
     return first
 
 
-def wait_pooled(res: Resources, image: str) -> None:
-    """Wait until a warm pool holds a prepared sandbox of ``image`` (its record is written then)."""
+def wait_pooled(res: Resources, image: str, pid: int) -> None:
+    """Wait until the warm pool of server process ``pid`` holds a prepared sandbox of ``image``
+    (its record is written then)."""
     deadline = time.monotonic() + REFILL_WAIT_S
-    while not any(info.owner == POOL_OWNER and info.image == image
+    while not any(info.owner == POOL_OWNER and info.image == image and f"/{pid}/" in info.process
                   for info in res.engine.list_sandboxes(stats=False)):
         if time.monotonic() > deadline:
             raise RuntimeError(f"the warm pool held no code-interpreter sandbox within {REFILL_WAIT_S:g} s")
@@ -99,7 +100,7 @@ def bench_interpreter(res: Resources, samples: int, warmup: int, kit: Toolkit, *
         pooled_opts = pooled_door.opts()
 
         def warm() -> dict[str, float]:
-            wait_pooled(res, image)  # untimed: the refill after the previous sample's claim
+            wait_pooled(res, image, pooled_door.proc.pid)  # untimed: the refill after the previous sample's claim
             return {"ci_warm_first": first_result(pooled_opts)}
 
         data.update(kit.interleaved("interpreter from the warm pool", [warm], max(3, samples // 3),

@@ -1,8 +1,8 @@
 """``e2b_code_interpreter`` (unmodified) on a ``callbox serve --e2b`` whose policy keeps a
 code-interpreter sandbox ready (``[pool] code_interpreter = 1``): ``Sandbox.create()`` claims
 the pooled one, whose server is already running before the first request, and its first
-``run_code`` answers. One server and one claimed sandbox (the pool refills one more, which the
-server destroys at its stop).
+``run_code`` answers; one created with ``envs`` of its own has its kernel see them (the
+pooled server, started with the template's env, is replaced). One server, two claims.
 """
 
 from __future__ import annotations
@@ -26,31 +26,34 @@ FILL_WAIT_S = 180.0
 server and its kernel, on a busy host)."""
 
 
-def pooled(engine: Any) -> list[str]:
-    """The sandboxes of the code-interpreter image held by a warm pool, ready (their lifetime
-    record is written once their server and kernel are up)."""
+def pooled(engine: Any, server: E2bServer) -> list[str]:
+    """The sandboxes of the code-interpreter image held by ``server``'s warm pool, ready (their
+    lifetime record is written once their server and kernel are up)."""
     image = VARIANTS["code-interpreter"].tag
     return [info.sandbox_id for info in engine.list_sandboxes(stats=False)
-            if info.owner == POOL_OWNER and info.image == image]
+            if info.owner == POOL_OWNER and info.image == image and f"/{server.pid}/" in info.process]
+
+
+def wait_pooled(engine: Any, server: E2bServer) -> None:
+    deadline = time.monotonic() + FILL_WAIT_S
+    while not pooled(engine, server):
+        assert time.monotonic() < deadline, "the pool held no code-interpreter sandbox"
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
 def server(engine: Any) -> Iterator[E2bServer]:
     build_variant(engine.client, "code-interpreter", repo_root=default_repo_root(), progress=lambda _line: None)
     with serve_e2b(engine, policy=policy_text("[pool]\ncode_interpreter = 1")) as served:
-        deadline = time.monotonic() + FILL_WAIT_S
-        while not pooled(engine):
-            assert time.monotonic() < deadline, f"the pool held no code-interpreter sandbox:\n{served.log()}"
-            time.sleep(0.2)
+        wait_pooled(engine, served)
         yield served
 
 
 def test_a_pooled_code_interpreter_sandbox_answers_its_first_run_code(server: E2bServer, engine: Any) -> None:
-    ready = pooled(engine)
+    wait_pooled(engine, server)
     with sdk_environment(server):
         sandbox = Sandbox.create(timeout=300)
         try:
-            assert sandbox.sandbox_id not in ready  # the door's id, not the engine's
             # The server was started by the pool, before any request of the claimer's.
             tags = [p.tag for p in sandbox.commands.list()]
             assert any(tag and tag.startswith("code-interpreter@") for tag in tags), tags
@@ -62,3 +65,13 @@ def test_a_pooled_code_interpreter_sandbox_answers_its_first_run_code(server: E2
         finally:
             sandbox.kill()
     assert "the warm pool" not in server.log()  # no warning of the pool's
+
+
+def test_a_claim_with_envs_of_its_own_has_its_kernel_see_them(server: E2bServer, engine: Any) -> None:
+    wait_pooled(engine, server)
+    with sdk_environment(server):
+        sandbox = Sandbox.create(timeout=300, envs={"GREETING": "from the claimer"})
+        try:
+            assert sandbox.run_code("import os; os.environ.get('GREETING')").text == "'from the claimer'"
+        finally:
+            sandbox.kill()
