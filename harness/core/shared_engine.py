@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING
 
 from harness.core.errors import CallboxError
 from harness.core.sandbox_settings import PoolSettings
-from harness.engine.base import Engine
+from harness.engine.base import Engine, PoolEntry
 from harness.engine.default import connect_default_engine
 from harness.engine.select import EngineChoice, engine_connector
 from harness.engine.spec import SandboxSpec
 
 if TYPE_CHECKING:
-    from harness.engine.docker.pool import PoolEntry, WarmPool
+    from harness.engine.docker.pool import WarmPool
 
 __all__ = ["SharedEngine", "close_pooled_engines", "pooled_engine"]
 
@@ -81,8 +81,6 @@ class SharedEngine:
                 pool.add(entry)
 
     def _enable_pool(self, engine: Engine, settings: PoolSettings) -> None:
-        from harness.engine.docker.pool import PoolEntry
-
         def spec(entry: SandboxSpec | PoolEntry) -> SandboxSpec:
             return entry.spec if isinstance(entry, PoolEntry) else entry
 

@@ -27,10 +27,11 @@ from harness.doors.grpc.overrides import SandboxOverrides
 from harness.doors.grpc.server import serve_grpc
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.tokens import TokenSet
+from harness.engine.base import LivingSandbox, PoolEntry
 from harness.engine.docker import labels
 from harness.engine.docker.engine import DockerEngine, Sandbox
 from harness.engine.docker.lifetime import read_record
-from harness.engine.docker.pool import POOL_OWNER, PREPARE_FAILURES, PoolEntry, WarmPool
+from harness.engine.docker.pool import POOL_OWNER, PREPARE_FAILURES, WarmPool
 from harness.engine.spec import SandboxSpec
 from harness.tools import registry_for
 from tests.conftest import IMAGE
@@ -306,11 +307,11 @@ def test_an_entry_added_later_is_prepared_before_it_is_pooled_and_failing_prepar
     prepared: list[str] = []
     failed: list[str] = []
 
-    def prepare(box: Sandbox) -> None:
+    def prepare(box: LivingSandbox) -> None:
         assert read_record(pool_engine.run_root, box.id) is None  # not pooled yet
         prepared.append(box.id)
 
-    def refuse(box: Sandbox) -> None:
+    def refuse(box: LivingSandbox) -> None:
         failed.append(box.id)
         raise RuntimeError("not this one")
 

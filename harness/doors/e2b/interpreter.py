@@ -53,15 +53,13 @@ from harness.core.sandbox_settings import SandboxSettings
 from harness.core.shared_engine import SharedEngine
 from harness.doors.e2b.boxes import E2B_WORKDIR, E2bSandbox, E2bSandboxes, e2b_errors, e2b_template
 from harness.doors.e2b.errors import E2bError, invalid
-from harness.engine.base import LivingSandbox
-from harness.engine.docker.pool import PoolEntry
+from harness.engine.base import LivingSandbox, PoolEntry
 from harness.engine.image.variants import VARIANTS
 from harness.engine.jobs import JobChunk
 from harness.tools.shell import SHELL
 
 if TYPE_CHECKING:
     from harness.doors.e2b.ports import PortRequest
-    from harness.engine.docker.sandbox import Sandbox
 
 __all__ = ["JUPYTER_PORT", "SERVER_ARGV", "TEMPLATE", "code_interpreter_template", "install", "install_template",
            "interpreter_filter", "pool_entry", "serves"]
@@ -117,7 +115,7 @@ def pool_entry(template: Policy, count: int) -> PoolEntry:
     started and its default kernel up (a missing image: one warning, and creates are cold)."""
     spec = template.sandbox_spec()
 
-    def prepare(box: Sandbox) -> None:
+    def prepare(box: LivingSandbox) -> None:
         pid = _start_job(box, spec.env)
         deadline = time.monotonic() + POOLED_READY_S
         while not _kernel_ready(box):

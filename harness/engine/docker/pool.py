@@ -84,6 +84,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from harness.core.errors import CallboxError, ErrorCode
+from harness.engine.base import LivingSandbox, PoolEntry
 from harness.engine.docker import living
 from harness.engine.docker.kept import write_expiry
 from harness.engine.docker.lifetime import release_name, write_record
@@ -121,19 +122,6 @@ def fingerprint(spec: SandboxSpec) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@dataclass(frozen=True)
-class PoolEntry:
-    """A spec pooled with a floor (``size``) and ceiling (``max``) of its own and, optionally,
-    ``prepare``: run in each of its sandboxes once started, before it is pooled (it raises to
-    refuse the sandbox). ``label`` names the entry in the log."""
-
-    spec: SandboxSpec
-    size: int
-    max: int
-    prepare: Callable[[Sandbox], None] | None = None
-    label: str = ""
-
-
 @dataclass
 class _Slot:
     """The pooled sandboxes of one fingerprint and how many the refill thread aims for."""
@@ -146,7 +134,7 @@ class _Slot:
     target: int
     ready: deque[Sandbox] = field(default_factory=deque)
     starting: int = 0
-    prepare: Callable[[Sandbox], None] | None = None
+    prepare: Callable[[LivingSandbox], None] | None = None
     label: str = ""
     failures: int = 0
     """``prepare``'s failures in a row."""
