@@ -96,6 +96,8 @@ SANDBOX_USER = "user"
 """The sandbox's one unprivileged user (uid 1000, images/Dockerfile), named as E2B's default user."""
 DEFAULT_USERS = frozenset({SANDBOX_USER, "sandbox"})
 """Users a request may name and still run as the sandbox's user (``sandbox``: its earlier name)."""
+_USER_VARIABLES = frozenset({"HOME", "USER", "LOGNAME"})
+"""The sandbox's environment variables that name its user: a root command gets root's instead."""
 SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ash", "ksh"})
 _OPTIONS_WITH_VALUE = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
 PAUSED_RETRY_S = 5.0
@@ -275,7 +277,8 @@ class ProcessDoor:
                 if not sandbox.session.policy.sandbox.root_commands:
                     floor = root_refusal()
             with self.sandboxes.acting(sandbox, "process", details, floor=floor) as ticket:
-                env = {**box.spec.env, **sandbox.env_vars, **config.envs}
+                own = {k: v for k, v in box.spec.env.items() if not (as_root and k in _USER_VARIABLES)}
+                env = {**own, **sandbox.env_vars, **config.envs}  # root keeps the agent's HOME, USER, LOGNAME
                 info = box.jobs.start(argv, tag=tag, cwd=cwd, env=env, pty=pty, rows=rows, cols=cols,
                                       stdin=stdin or pty, as_root=as_root)
                 ticket.outcome["pid"] = info.pid
