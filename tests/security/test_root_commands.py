@@ -74,7 +74,8 @@ def test_a_root_command_keeps_only_the_container_caps_and_every_limit(box: Any) 
     marker = Path("/tmp") / f"cbx-host-marker-{uuid.uuid4().hex}"
     marker.write_text("host only\n")
     try:
-        info = box.agent.jobs.start(["bash", "-c", PROBES], env={"HOST_MARKER": str(marker), "FORKS": FORKS}, as_root=True)
+        env = {"HOST_MARKER": str(marker), "FORKS": FORKS}
+        info = box.agent.jobs.start(["bash", "-c", PROBES], env=env, as_root=True)
         events = Follower(box.agent.jobs.attach(info.pid, follow=True), wait_s=120).finish()
     finally:
         marker.unlink()
