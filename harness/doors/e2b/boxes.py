@@ -28,7 +28,9 @@ Lifetime (the E2B ``timeout``): a sandbox's timeout is its session's TTL, at lea
 reaper follows; :meth:`~E2bSandboxes.pause` and :meth:`~E2bSandboxes.resume` are the
 engine's (the clock stands still while paused) and the policy's ``pause`` action;
 :meth:`~E2bSandboxes.connect` resumes a paused sandbox and never shortens a timeout, only
-extends it. :meth:`~E2bSandboxes.metrics` reads the sandbox's cgroup.
+extends it. :meth:`~E2bSandboxes.metrics` reads the sandbox's cgroup. The operator may remove a
+sandbox from the host (``callbox sandbox rm ID``, ID the E2B id): from then on it is
+``not_found``, as a killed one (its run ends ``removed``).
 
 Templates: ``base`` (what the SDK asks for when its caller names none) is the server's
 policy (or the client's profile's) with the sandbox working in ``/home/user``, E2B's home and working directory, where
@@ -326,8 +328,11 @@ class E2bSandboxes:
     def _live(self, sandbox_id: str) -> E2bSandbox | None:
         with self._lock:
             sandbox = self._boxes.get(sandbox_id)
-            if sandbox is not None and sandbox.closed:  # expired, deleted through another door, shut down
-                del self._boxes[sandbox_id]
+        if sandbox is not None and not sandbox.closed:
+            self.executor.end_if_removed(sandbox.session)  # by the operator: ``callbox sandbox rm ID``
+        with self._lock:
+            if sandbox is not None and sandbox.closed:  # expired, deleted through another door, removed, shut down
+                self._boxes.pop(sandbox_id, None)
                 return None
             return sandbox
 
@@ -364,6 +369,10 @@ class E2bSandboxes:
              states: Collection[str] | None = None) -> list[E2bSandbox]:
         """``client``'s live sandboxes, oldest first; with ``metadata``, those whose metadata
         has every one of its pairs; with ``states``, those in one of them (running, paused)."""
+        with self._lock:
+            candidates = [s for s in self._boxes.values() if s.client == client and not s.closed]
+        for sandbox in candidates:
+            self.executor.end_if_removed(sandbox.session)
         with self._lock:
             for sid in [sid for sid, s in self._boxes.items() if s.closed]:
                 del self._boxes[sid]

@@ -111,6 +111,8 @@ log = logging.getLogger("callbox.executor")
 DOOR = "grpc"
 MAX_LIST_RUNS = 1000
 CREATE_WAIT_AT_SHUTDOWN_S = 45.0
+REMOVED = "removed"
+"""How a run ends whose sandbox the operator removed from outside the server (``callbox sandbox rm``)."""
 
 
 class ExecutorService(executor_pb2_grpc.ExecutorServicer):
@@ -176,7 +178,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def _session(self, sandbox_id: str, client: str) -> ClientSession:
         with self._lock:
             session = self._sessions.get(sandbox_id)
-        if session is None or session.client != client or session.closed:
+        if session is None or session.client != client or session.closed or self.end_if_removed(session):
             raise not_found("sandbox", sandbox_id)
         return session
 
@@ -535,18 +537,35 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         # moment's stale count only delays or brings forward one refill.
         return self.limits.max_sandboxes_total - len(self._sessions) - sum(list(self._creating.values()))
 
+    def end_if_removed(self, session: ClientSession) -> bool:
+        """End ``session`` if its sandbox was removed from outside this server (the operator's
+        ``callbox sandbox rm``): its run ends ``removed``, its client's quotas get its place
+        back, and its id is NOT_FOUND from then on, as for a deleted sandbox. Whether it did."""
+        if not session.removed:
+            return False
+        log.warning("sandbox %s of client %s was removed from outside this server; its session ends",
+                    session.sandbox_id, session.client)
+        self.delete_session(session, REMOVED)
+        return True
+
     def reap_expired(self, now: float | None = None) -> list[str]:
         """Destroy the sandboxes whose ttl_seconds have passed (a paused one's clock stands
-        still: see :meth:`ClientSession.due`); their ids."""
+        still: see :meth:`ClientSession.due`), and end those removed from outside (see
+        :meth:`end_if_removed`); their ids."""
         moment = time.time() if now is None else now
         with self._lock:
             expired = [s for s in self._sessions.values() if s.due(moment)]
-            for session in expired:
+            removed = [s for s in self._sessions.values() if s not in expired and s.removed]
+            for session in (*expired, *removed):
                 self._sessions.pop(session.sandbox_id, None)
             self._lock.notify_all()
         for session in expired:
             session.close(self.audit, "expired")
-        return [s.sandbox_id for s in expired]
+        for session in removed:
+            log.warning("sandbox %s of client %s was removed from outside this server; its session ends",
+                        session.sandbox_id, session.client)
+            session.close(self.audit, REMOVED)
+        return [s.sandbox_id for s in (*expired, *removed)]
 
     def start_reaper(self, interval_s: float = 5.0) -> None:
         """A daemon thread that runs ``reap_expired`` every ``interval_s`` until ``shutdown``;

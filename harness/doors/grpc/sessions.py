@@ -19,6 +19,7 @@ from harness.core.policy import Policy
 from harness.core.session import Session
 from harness.doors.grpc.overrides import SandboxOverrides
 from harness.doors.quota_ledger import Reservation
+from harness.engine.base import is_living
 from harness.engine.docker.lifetime import PAUSE_LIMIT_FACTOR
 from harness.v1 import executor_pb2
 
@@ -111,6 +112,14 @@ class ClientSession:
     @property
     def sandbox_id(self) -> str:
         return self.harness.run_id
+
+    @property
+    def removed(self) -> bool:
+        """Whether its sandbox was removed from outside this server (``callbox sandbox rm ID``
+        by the operator, gc of another process) while it is still live here (cheap: a file
+        check). Its server then ends it (:meth:`ExecutorService.end_if_removed`)."""
+        box = self.harness.active_sandbox
+        return not self.closed and is_living(box) and box.removed
 
     def release(self) -> int:
         """Stop serving this session but leave its sandbox running and its run open (a
