@@ -5,9 +5,9 @@ environment variable, a start command that serves HTTP with its ready check), th
 is made from it: the copied file is in its home, what the command made is in the image, the
 start command serves HTTP, fetched through the door as a program written for E2B fetches it:
 the host name ``get_host(port)`` returns, sent to the server with the sandbox's traffic access
-token (the policy allows ``port_forward``). The second build of the same template comes from the cache; a base image that is not on the
-host is refused naming it; ``AsyncTemplate`` builds too; a client does not see another
-client's template, and sees the operator's.
+token (the policy allows ``port_forward``). The second build of the same template comes
+from the cache; a base image that is not on the host is refused naming it; ``AsyncTemplate``
+builds too; a client does not see another client's template, and sees the operator's.
 """
 
 from __future__ import annotations
