@@ -22,7 +22,10 @@ Docker engine; its policy is the server's (or the client's profile's:
   are anchored at it.
 * **Eager start.** ``CreateSandbox`` starts the container (so engine or image problems
   surface there, and the limits count real containers); it is destroyed by
-  ``DeleteSandbox``, when its ``ttl_seconds`` pass (the reaper), or at shutdown.
+  ``DeleteSandbox``, when its ``ttl_seconds`` pass (the reaper), or at shutdown. Its owner
+  is its run (``run:<sandbox id>``), so the operator's ``callbox sandbox`` takes the id; one
+  the operator removes (``callbox sandbox rm ID``) ends its session at the client's next
+  request or the reaper's next round (:meth:`ExecutorService.end_if_removed`).
 * **Limits.** Live sandboxes per client and in total (creations in progress count), and the
   client's quotas (:mod:`harness.doors.quota_ledger`; ``calls_per_minute`` at each CallTool),
   each a RESOURCE_EXHAUSTED with ``retryable`` set and a sentence naming the limit.
@@ -543,8 +546,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         back, and its id is NOT_FOUND from then on, as for a deleted sandbox. Whether it did."""
         if not session.removed:
             return False
-        log.warning("sandbox %s of client %s was removed from outside this server; its session ends",
-                    session.sandbox_id, session.client)
+        _say_removed(session)
         self.delete_session(session, REMOVED)
         return True
 
@@ -562,8 +564,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         for session in expired:
             session.close(self.audit, "expired")
         for session in removed:
-            log.warning("sandbox %s of client %s was removed from outside this server; its session ends",
-                        session.sandbox_id, session.client)
+            _say_removed(session)
             session.close(self.audit, REMOVED)
         return [s.sandbox_id for s in (*expired, *removed)]
 
@@ -584,3 +585,8 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
 
         self._reaper = threading.Thread(target=loop, name="callbox-executor-reaper", daemon=True)
         self._reaper.start()
+
+
+def _say_removed(session: ClientSession) -> None:
+    log.warning("sandbox %s of client %s was removed from outside this server; its session ends",
+                session.sandbox_id, session.client)
