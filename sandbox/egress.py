@@ -2,7 +2,8 @@
 
 The engine runs it in its own container, the only peer the sandbox's internal network reaches::
 
-    python3 -I -S egress.py --listen 0.0.0.0:3128 --sandbox-id ID [--allow HOST[:PORT]]... [--test-allow-network CIDR]
+    python3 -I -S egress.py --listen 0.0.0.0:3128 --sandbox-id ID [--allow HOST[:PORT]]... [--rules-file FILE]
+        [--test-allow-network CIDR]
 
 Besides the standard library it imports only ``sandbox.egress_policy`` (what may be reached; standard
 library only too), never ``harness``. Requests it understands:
@@ -17,7 +18,16 @@ library only too), never ``harness``. Requests it understands:
 Allowlist entries (``--allow``, repeatable): ``host``, ``host:port``, ``*.example.com[:port]``, an IPv4
 literal, ``[v6]:port`` or a bare IPv6 literal. Names are case-insensitive and a trailing dot is ignored.
 ``*.example.com`` matches subdomains at any depth but not ``example.com`` itself. **An entry without a port
-allows ports 80 and 443 only.** An IP literal in a request must be listed exactly.
+allows ports 80 and 443 only.** An IP literal in a request must be listed exactly, or lie in a listed CIDR
+network (``10.1.0.0/16``, ``[2001:db8::/32]:443``); a name matches a CIDR entry when every address it resolves
+to lies in it (so such a name is resolved before it is allowed or refused).
+
+``--rules-file FILE`` narrows the allowlist while the proxy runs: a JSON object ``{"allow": [...], "deny":
+[...]}`` of entries in the same syntax (see ``sandbox.egress_policy.Rules``: allow wins over deny, a destination
+neither names is allowed, a portless deny entry denies every port, ``0.0.0.0/0`` denies everything). The proxy
+looks at the file (one ``stat``) before each request and reads it again when it changed, so a new rule applies
+to the next request; connections already open go on. No file: no narrowing; a file it cannot read or parse
+refuses every request until it is fixed (fail closed).
 
 The proxy resolves names itself; if any resolved address is not globally routable (loopback, private,
 link-local incl. 169.254.169.254, 100.64.0.0/10, multicast, unspecified, reserved; IPv4-mapped IPv6 is
@@ -70,10 +80,12 @@ if not __package__:
 
 from sandbox.egress_policy import (
     DEFAULT_PORTS,
+    UNRESOLVED,
     Allowlist,
     Entry,
     IPAddress,
     IPNetwork,
+    Rules,
     Verdict,
     address_refusal,
     check_address,
@@ -91,6 +103,7 @@ __all__ = [
     "EgressProxy",
     "Entry",
     "Refusal",
+    "Rules",
     "Verdict",
     "address_refusal",
     "check_address",
@@ -101,6 +114,7 @@ __all__ = [
     "normalize_host",
     "parse_args",
     "parse_port",
+    "read_rules",
     "split_host_port",
 ]
 
@@ -143,6 +157,30 @@ class Config:
     expires_file: str | None = None
     """A file holding the Unix time after which the proxy stops on its own (its sandbox's
     expiry, which the engine may move later); missing or unreadable: never."""
+    rules_file: str | None = None
+    """The sandbox's narrowing of ``allowlist`` (JSON ``{"allow": [...], "deny": [...]}``),
+    read again whenever it changes (:func:`read_rules`)."""
+
+
+def read_rules(ceiling: Allowlist, path: str) -> Rules:
+    """The rules of ``ceiling`` narrowed by the JSON file at ``path``: none if it does not
+    exist; ``broken`` (refuse everything) if it cannot be read or parsed."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        return Rules(ceiling)
+    except (OSError, ValueError) as exc:
+        return Rules(ceiling, broken=f"the sandbox's network rules cannot be read ({exc}); everything is refused")
+    try:
+        if not isinstance(data, dict) or set(data) - {"allow", "deny"}:
+            raise ValueError('expected {"allow": [...], "deny": [...]}')
+        lists = [data.get(key) or [] for key in ("allow", "deny")]
+        if not all(isinstance(items, list) and all(isinstance(i, str) for i in items) for items in lists):
+            raise ValueError("allow and deny must be lists of strings")
+        return Rules(ceiling, Allowlist.parse(lists[0]), Allowlist.parse(lists[1]))
+    except ValueError as exc:
+        return Rules(ceiling, broken=f"the sandbox's network rules are invalid ({exc}); everything is refused")
 
 
 @dataclass
@@ -255,6 +293,31 @@ class EgressProxy:
         self._slots = threading.BoundedSemaphore(config.max_clients)
         self._wake_r, self._wake_w = os.pipe()
         self._stopping = False
+        self._rules_lock = threading.Lock()
+        self._rules = Rules(config.allowlist)
+        self._rules_stamp: tuple[int, int, int] | None = (-2, -2, -2)  # not read yet
+
+    def rules(self) -> Rules:
+        """The rules now: the allowlist, narrowed by the rules file as it is now (read again
+        only when its inode, size or modification time changed)."""
+        path = self.config.rules_file
+        if path is None:
+            return self._rules
+        try:
+            st = os.stat(path)
+            stamp: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            stamp = None
+        except OSError:
+            stamp = (-1, -1, -1)
+        with self._rules_lock:
+            if stamp != self._rules_stamp:
+                first = self._rules_stamp == (-2, -2, -2)
+                self._rules, self._rules_stamp = read_rules(self.config.allowlist, path), stamp
+                if not first or self._rules.broken:
+                    print(f"callbox egress proxy: rules now {self._rules.broken or self._rules}",
+                          file=sys.stderr, flush=True)
+            return self._rules
 
     def serve_forever(self) -> None:
         with selectors.DefaultSelector() as sel:
@@ -336,17 +399,21 @@ class EgressProxy:
         head, rest = got
         _parse_head(head, req)
         assert req.host is not None and req.port is not None
-        if why := self.config.allowlist.permits(req.host, req.port):
-            raise Refusal(403, why)
+        rules = self.rules()
         literal = ip_literal(req.host)
-        if literal is not None:
-            addresses = [literal]
-        else:
+        addresses = [literal] if literal is not None else None
+        # Names are resolved only once the rules allow them, or need their addresses to tell.
+        why = rules.refusal(req.host, req.port, addresses)
+        if why is not None and why != UNRESOLVED:
+            raise Refusal(403, why)
+        if addresses is None:
             try:
                 infos = socket.getaddrinfo(req.host, req.port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG)
             except (OSError, UnicodeError) as exc:
                 raise Refusal(502, f"cannot resolve {req.host}: {getattr(exc, 'strerror', None) or exc}") from None
             addresses = list(dict.fromkeys(ipaddress.ip_address(str(info[4][0])) for info in infos))
+        if why == UNRESOLVED and (why := rules.refusal(req.host, req.port, addresses)) is not None:
+            raise Refusal(403, why)
         verdicts = [check_address(addr, self.config.test_network) for addr in addresses]
         for addr, verdict in zip(addresses, verdicts, strict=True):
             if verdict.refusal:
@@ -420,6 +487,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
                         help="allowlist entry, repeatable; without a port: 80 and 443 only")
     parser.add_argument("--test-allow-network", metavar="CIDR", help="TESTS ONLY: exempt CIDR from the address check")
     parser.add_argument("--log", metavar="FILE", help="also append the JSON lines to FILE")
+    parser.add_argument("--rules-file", metavar="FILE",
+                        help='narrow --allow by the JSON {"allow": [...], "deny": [...]} in FILE, read when it changes')
     parser.add_argument("--expires-file", metavar="FILE",
                         help="stop once the Unix time written in FILE has passed (checked every few seconds)")
     args = parser.parse_args(argv)
@@ -437,7 +506,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         except ValueError as exc:
             parser.error(f"bad --test-allow-network {args.test_allow_network!r}: {exc}")
     return Config(listen=(host, int(port_text)), sandbox_id=args.sandbox_id, allowlist=allowlist, test_network=network,
-                  log_file=args.log, expires_file=args.expires_file)
+                  log_file=args.log, expires_file=args.expires_file, rules_file=args.rules_file)
 
 
 def expired(path: str, now: float | None = None) -> bool:
@@ -494,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.expires_file is not None:
         threading.Thread(target=_stop_when_expired, args=(proxy, config.expires_file), daemon=True).start()
     print(f"egress proxy for sandbox {config.sandbox_id} listening on {hostport(*proxy.address)} "
-          f"(allowed: {config.allowlist})", file=sys.stderr, flush=True)
+          f"({proxy.rules()})", file=sys.stderr, flush=True)
     try:
         proxy.serve_forever()
     finally:

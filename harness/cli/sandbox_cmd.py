@@ -9,13 +9,15 @@ The verbs, each with ``--json``:
 * processes (:mod:`harness.cli.sandbox_jobs`): ``exec`` (foreground, or ``--background`` as a
   job), ``ps``, ``logs``, ``kill``;
 * a terminal (:mod:`harness.cli.sandbox_terminal`): ``attach``;
-* files and ports (:mod:`harness.cli.sandbox_files`): ``cp``, ``port``.
+* files and ports (:mod:`harness.cli.sandbox_files`): ``cp``, ``port``;
+* network rules (:mod:`harness.cli.sandbox_network`): ``network``.
 
 Actions the policy governs (``[actions.NAME]``) go through its gate and the audit store (see
 :mod:`harness.cli.sandbox_common`): ``exec --background`` and ``attach -- CMD`` are
 ``process``, ``logs`` and ``attach --pid`` are ``attach``, ``port`` is ``port_forward`` (off
 unless the policy allows it), ``cp`` is ``copy_in`` or ``copy_out``, ``snapshot`` is
-``snapshot``, ``fork`` and ``restore`` are ``fork``, ``pause`` and ``resume`` are ``pause``.
+``snapshot``, ``fork`` and ``restore`` are ``fork``, ``pause`` and ``resume`` are ``pause``,
+``network`` (changing rules) is ``network``.
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from harness.cli import sandbox_files, sandbox_jobs, sandbox_life, sandbox_terminal
+from harness.cli import sandbox_files, sandbox_jobs, sandbox_life, sandbox_network, sandbox_terminal
 from harness.cli.options import engine_options
 from harness.cli.sandbox_common import CommandParser, json_errors
 from harness.core.errors import UsageError
 
 COMMANDS = ("sandbox",)
 
-PARTS = (sandbox_life, sandbox_jobs, sandbox_terminal, sandbox_files)
+PARTS = (sandbox_life, sandbox_jobs, sandbox_terminal, sandbox_files, sandbox_network)
 """The modules of the verbs, in the order ``callbox sandbox --help`` lists them."""
 
 

@@ -49,7 +49,8 @@ def add_parsers(sub: Any) -> None:
     serve.add_argument("--tls-cert", type=Path, help="TLS certificate (PEM) for gRPC over TCP and the E2B API")
     serve.add_argument("--tls-key", type=Path, help="TLS private key (PEM) for gRPC over TCP and the E2B API")
     serve.add_argument("--max-per-client", type=positive_int,
-                       help="live sandboxes per client (default 16)")
+                       help="live sandboxes per client, a hard limit (default: a share of 16 that a "
+                            "client may pass while no other client waits to start one)")
     serve.add_argument("--max-sandboxes", type=positive_int,
                        help="live sandboxes in total (default 64)")
     serve.add_argument("--policy", type=Path, help="policy file (default: the packaged default policy)")

@@ -41,11 +41,12 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
     what could not be judged then (a Ray cluster answering, the tools of a policy's ``mcp``
     servers) is checked here, before the audit store is opened."""
     from harness.audit.store import AuditStore
-    from harness.cli.serve_quotas import door_quotas, profile_policies
+    from harness.cli.serve_quotas import door_quotas, hard_per_client, profile_policies
 
     config = args.server_config
     keep = config is not None and config.service.keep_sandboxes
-    quotas = door_quotas(config, args.max_per_client)
+    per_client = hard_per_client(args)
+    quotas = door_quotas(config, per_client)
     policy, args.engine_choice = door_engine(args)
     registry = _registry(args.checked)
     policies = profile_policies(config, args.engine_choice)
@@ -56,7 +57,7 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
         grpc_server = serve_grpc(
             args.grpc or None, token_file=args.token_file, insecure=args.insecure,
             tls_cert=args.tls_cert, tls_key=args.tls_key, policy=policy, registry=registry,
-            audit=AuditStore(args.audit_db), max_sandboxes_per_client=args.max_per_client,
+            audit=AuditStore(args.audit_db), max_sandboxes_per_client=per_client,
             max_sandboxes_total=args.max_sandboxes, keep_sandboxes=keep, quotas=quotas, policies=policies,
         )
         servers.append(grpc_server)
@@ -72,7 +73,7 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
             e2b_server = serve_e2b(
                 args.e2b, token_file=args.token_file, insecure=args.insecure, tls_cert=args.tls_cert,
                 tls_key=args.tls_key, policy=policy, registry=registry, audit=AuditStore(args.audit_db),
-                max_sandboxes_per_client=args.max_per_client, max_sandboxes_total=args.max_sandboxes,
+                max_sandboxes_per_client=per_client, max_sandboxes_total=args.max_sandboxes,
                 keep_sandboxes=keep, quotas=quotas, policies=policies, domain=args.e2b_domain,
             )
             executor = e2b_server.executor

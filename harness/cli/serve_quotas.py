@@ -27,13 +27,21 @@ from harness.doors.quota_ledger import QuotaKeeper
 from harness.doors.quotas import Quotas
 from harness.engine.select import EngineChoice
 
-__all__ = ["apply_live", "door_quotas", "profile_policies", "quota_source"]
+__all__ = ["apply_live", "door_quotas", "hard_per_client", "profile_policies", "quota_source"]
+
+
+def hard_per_client(args: Any) -> int | None:
+    """The per-client limit of ``callbox serve``'s settings if the operator set it (a hard
+    limit), None when it is the default (a work-conserving share, :class:`~harness.doors.grpc.sessions.Limits`)."""
+    explicit = getattr(args, "max_per_client_explicit", True)
+    return int(args.max_per_client) if explicit and args.max_per_client is not None else None
 
 
 def quota_source(config: ServerConfig | None, max_per_client: int | None = None) -> Callable[[str], Quotas]:
     """Client name -> its quotas: the file's (client over profile over ``[quotas]``), with
     ``live_sandboxes`` falling back to ``max_per_client`` (the flag, which wins over
-    ``limits.max_per_client``) when neither the client nor its profile sets it."""
+    ``limits.max_per_client``; None: the file's, if it sets one) when neither the client nor
+    its profile sets it."""
     if config is None:
         return lambda _client: Quotas()
     if max_per_client is not None:

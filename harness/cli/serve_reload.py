@@ -22,6 +22,7 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
+from harness.cli.serve_quotas import hard_per_client
 from harness.cli.server_config import SETTINGS, apply_config
 
 LIVE = ("max_per_client", "max_sandboxes")
@@ -61,6 +62,7 @@ def reload(command_line: argparse.Namespace, running: argparse.Namespace,
     fresh = copy.copy(command_line)
     apply_config(fresh)
     before_max_per_client = running.max_per_client
+    running.max_per_client_explicit = getattr(fresh, "max_per_client_explicit", True)
     notes: list[str] = []
     for name, key in SETTINGS.items():
         before, after = getattr(running, name), getattr(fresh, name)
@@ -78,8 +80,8 @@ def reload(command_line: argparse.Namespace, running: argparse.Namespace,
             getattr(before_config, key) != getattr(running.server_config, key) for key in QUOTA_SECTIONS)):
         from harness.cli.serve_quotas import apply_live
 
-        apply_live(servers, running.server_config, running.max_per_client, getattr(running, "engine_choice", None))
-    limits = Limits(max_sandboxes_per_client=running.max_per_client, max_sandboxes_total=running.max_sandboxes)
+        apply_live(servers, running.server_config, hard_per_client(running), getattr(running, "engine_choice", None))
+    limits = Limits(max_sandboxes_per_client=hard_per_client(running), max_sandboxes_total=running.max_sandboxes)
     for executor in executors(servers):
         executor.limits = limits  # one reference swap: a create reads it under the executor's lock
     return notes or ["SIGHUP: the configuration file is unchanged"]

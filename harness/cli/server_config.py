@@ -336,6 +336,9 @@ def apply_config(args: argparse.Namespace) -> Checked:
     and ``checked`` (the verdict, also returned)."""
     config = read_config(args.config) if args.config is not None else None
     args.server_config = config
+    # An explicit per-client limit (the flag, or the key in the file) is hard; the default is a share.
+    args.max_per_client_explicit = args.max_per_client is not None or (
+        config is not None and "max_per_client" in config.limits.model_fields_set)
     origins: dict[str, Origin] = {}
     for name, key in SETTINGS.items():
         if config is None or getattr(args, name) not in (None, False):

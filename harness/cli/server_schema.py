@@ -96,7 +96,9 @@ class Limits(_Section):
     max_sandboxes: int = Field(default=DEFAULT_MAX_SANDBOXES, ge=1)
     """Live sandboxes in total, over every client (``--max-sandboxes``)."""
     max_per_client: int = Field(default=DEFAULT_MAX_PER_CLIENT, ge=1)
-    """Live sandboxes per client (``--max-per-client``)."""
+    """Live sandboxes per client (``--max-per-client``): a hard limit when set; left out, a
+    work-conserving share of the same default (a client past it is held back only while
+    another client waits to start a sandbox, up to ``max_sandboxes``)."""
 
 
 class Http(_Section):
@@ -204,13 +206,14 @@ class ServerConfig(_Section):
 
     def client_quotas(self, client: str) -> Quotas:
         """``client``'s quotas: its own over its profile's over ``[quotas]``, and
-        ``limits.max_per_client`` where ``live_sandboxes`` is left unset."""
+        ``limits.max_per_client`` where ``live_sandboxes`` is left unset, if the file sets it
+        (left out, it is the executor's work-conserving share, not a quota)."""
         entry = self.clients.get(client, Client())
         quotas = self.quotas
         if entry.profile is not None:
             quotas = self.profiles[entry.profile].quotas.over(quotas)
         quotas = entry.quotas.over(quotas)
-        if quotas.live_sandboxes is None:
+        if quotas.live_sandboxes is None and "max_per_client" in self.limits.model_fields_set:
             quotas = quotas.model_copy(update={"live_sandboxes": self.limits.max_per_client})
         return quotas
 

@@ -11,6 +11,7 @@ The actions (:data:`ACTIONS`), each one name in the policy and the audit store:
 ``snapshot``      save a sandbox's contents as a snapshot
 ``fork``          start a sandbox from another one (or from its snapshot)
 ``pause``         pause or resume a sandbox
+``network``       change a running sandbox's network rules (within its policy's network)
 
 Policy: ``[actions.NAME]`` with ``decision = "allow" | "ask" | "deny"``. ``port_forward``
 is ``deny`` unless the policy says otherwise (off by default: it opens a sandbox service to
@@ -41,22 +42,19 @@ The gate (:class:`ActionGate`) is what the doors call around each action::
     ...forward...
     gate.finish(ticket, ok=True, detail={"connections": 3})
 
-Each action is recorded in the audit store like a call of the tool ``sandbox.NAME`` with the
-call id ``action-<hex>``, the arguments being the details plus ``actor``; its decision, rule,
-timing and outcome (a result that is an error when it failed) are the call's, so
-``callbox audit --run RUN`` lists it among the run's calls. ``deny`` is recorded as done and
-raises :class:`ActionDenied`; ``ask`` records a pending approval and raises
-:class:`ApprovalPending` (approve with ``callbox approvals approve ID``, then repeat the
-action with the approval: an approval is for one run, action, actor and details, and is used
-once). Sandbox actions are not tool calls: budgets do not apply to them and they do not
-count toward ``budgets.max_tool_calls``.
+Each action is recorded in the audit store like a call of the tool ``sandbox.NAME`` with the call id ``action-<hex>``,
+the arguments being the details plus ``actor``; its decision, rule, timing and outcome (a result that is an error when
+it failed) are the call's, so ``callbox audit --run RUN`` lists it among the run's calls. ``deny`` is recorded as done
+and raises :class:`ActionDenied`; ``ask`` records a pending approval and raises :class:`ApprovalPending` (approve with
+``callbox approvals approve ID``, then repeat the action with the approval: an approval is for one run, action, actor
+and details, and is used once). Sandbox actions are not tool calls: budgets do not apply to them and they do not count
+toward ``budgets.max_tool_calls``.
 
-The details a door passes (JSON values): ``sandbox`` (its name or id) and, per action,
-``process``: ``command``, ``tag``, ``pty``; ``attach``: ``pid``, ``mode`` (``logs`` |
-``attach`` | ``terminal``); ``port_forward``: ``port``, ``host_port``; ``copy_in`` /
-``copy_out``: ``path`` (in the sandbox), ``host_path``; ``snapshot``: ``name``; ``fork``:
-``name``, ``from_snapshot``; ``pause``: ``op`` (``pause`` | ``resume``). Only ``port``,
-``path`` and ``command`` are read by rules; the rest identify the action in the record.
+The details a door passes (JSON values): ``sandbox`` (its name or id) and, per action, ``process``: ``command``,
+``tag``, ``pty``; ``attach``: ``pid``, ``mode`` (``logs`` | ``attach`` | ``terminal``); ``port_forward``: ``port``,
+``host_port``; ``copy_in`` / ``copy_out``: ``path`` (in the sandbox), ``host_path``; ``snapshot``: ``name``; ``fork``:
+``name``, ``from_snapshot``; ``pause``: ``op`` (``pause`` | ``resume``); ``network``: ``internet``, ``allow``,
+``deny``. Only ``port``, ``path`` and ``command`` are read by rules; the rest identify the action in the record.
 """
 
 from __future__ import annotations
@@ -109,7 +107,7 @@ __all__ = [
     "action_tool",
 ]
 
-ACTIONS = ("process", "attach", "port_forward", "copy_in", "copy_out", "snapshot", "fork", "pause")
+ACTIONS = ("process", "attach", "port_forward", "copy_in", "copy_out", "snapshot", "fork", "pause", "network")
 """Every sandbox action, as named in ``[actions.NAME]`` and in the audit (``sandbox.NAME``)."""
 
 DEFAULT_DECISIONS: dict[str, Action] = {name: Action.ALLOW for name in ACTIONS} | {"port_forward": Action.DENY}
@@ -129,6 +127,7 @@ _WHAT = {
     "snapshot": "snapshotting a sandbox",
     "fork": "forking a sandbox",
     "pause": "pausing or resuming a sandbox",
+    "network": "changing a sandbox's network rules",
 }
 _RANK = {Action.ALLOW: 1, Action.ASK: 2, Action.DENY: 3}
 _PORT_RANGE = re.compile(r"\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?", re.ASCII)
@@ -254,6 +253,8 @@ class ActionsPolicy(BaseModel):
     """Starting a sandbox from another one or from its snapshot; ``allow`` by default, no rules."""
     pause: ActionPolicy = Field(default_factory=ActionPolicy)
     """Pausing or resuming a sandbox; ``allow`` by default, no rules."""
+    network: ActionPolicy = Field(default_factory=ActionPolicy)
+    """Changing a running sandbox's network rules (within its policy's); ``allow`` by default, no rules."""
 
     @field_validator(*ACTIONS)
     @classmethod

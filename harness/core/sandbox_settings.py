@@ -83,7 +83,7 @@ else:
         **{name: _unbounded(info) for name, info in SandboxFields[MountSetting].model_fields.items()},
     )
 
-_NOT_COPIED = frozenset({"mounts"})
+_NOT_COPIED = frozenset({"mounts", "on_internet_request"})
 """Settings the spec does not take as written: ``mounts`` (converted by MountSetting.mount).
 A setting only a policy has would be listed here too."""
 
@@ -93,6 +93,13 @@ class SandboxSettings(_SettingsFields):
     fields and their docs are :class:`~harness.engine.spec.SandboxFields`'."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    on_internet_request: Literal["grant-policy", "refuse"] = "grant-policy"
+    """What a client's request for more network than ``network`` gives gets (E2B's
+    ``allow_internet_access = true`` when the network is ``none`` or ``allowlist``, an allowed
+    destination when it is ``none``): ``grant-policy`` creates the sandbox with the policy's
+    network and says so (in the server's log and the sandbox's info); ``refuse`` refuses the
+    request, naming this key (see :mod:`harness.core.network_request`)."""
 
     @field_validator("workdir")
     @classmethod

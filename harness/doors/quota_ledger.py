@@ -28,11 +28,12 @@ Fairness: a door's requests run on a bounded set of threads (the gRPC server's p
 door's workers, the MCP door's call limiter), and a long request (a streamed tool call, a
 sandbox start, an E2B process stream) holds its thread throughout. Unbounded, one client
 sending many at once would take every thread and the others' requests would wait behind
-its. So each client may hold at most a *share* of a door's threads at once (the door's
-``fair_share``: a quarter of them by default, or the client's ``concurrent_calls`` quota when
-lower); one more is refused at once (``concurrent_calls``, frees up when one of them ends)
-instead of queued. Until four clients flood one door together, another client always finds
-a free thread. Only what holds a thread for long counts (the gRPC door's streamed RPCs and
+its. So each client is sure of a *share* of a door's threads (the door's ``fair_share``: a
+quarter of them by default, or the client's ``concurrent_calls`` quota when lower, which is
+then a hard limit); beyond its share a client is still served while the door keeps a share's
+worth of threads free for the others (a client alone is not held back), and refused at once
+past that (``concurrent_calls``, frees up when one of them ends) instead of queued. Another
+client always finds a free thread. Only what holds a thread for long counts (the gRPC door's streamed RPCs and
 its sandbox creates, forks and snapshots; the E2B door's creates, envd streams and file
 transfers; MCP tool calls): quick requests such as deleting a sandbox are always served.
 The other shared things need no share of their own: the executor's call
@@ -313,16 +314,21 @@ class QuotaKeeper:
 
     # ---- fair shares --------------------------------------------------------------------------------
 
-    def enter(self, client: str, *, door: str, share: int) -> None:
-        """One more request of ``client`` in flight at ``door``, which lets one client hold at
-        most ``share`` at once (lower when the client's ``concurrent_calls`` quota says so);
-        QuotaExceeded (``concurrent_calls``) beyond. Pair with :meth:`leave`."""
+    def enter(self, client: str, *, door: str, share: int, capacity: int | None = None) -> None:
+        """One more request of ``client`` in flight at ``door``, which lets one client hold
+        ``share`` at once (lower when the client's ``concurrent_calls`` quota says so);
+        QuotaExceeded (``concurrent_calls``) beyond. With the door's ``capacity`` (its
+        threads), a client without a ``concurrent_calls`` quota may go past its share while
+        the door still has a share's worth free for the others (work-conserving: a client
+        alone is not held back). Pair with :meth:`leave`."""
         with self._lock:
             quota = self._limits_locked(client).concurrent_calls
             limit = share if quota is None else min(share, quota)
             books = self._books_locked(client)
             held = books.in_flight.get(door, 0)
-            if held < limit:
+            spare = (quota is None and capacity is not None
+                     and sum(b.in_flight.get(door, 0) for b in self._books.values()) + share < capacity)
+            if held < limit or spare:
                 books.in_flight[door] = held + 1
                 return
         metrics.record_quota_refusal(client, "concurrent_calls", door)

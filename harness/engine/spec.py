@@ -298,7 +298,17 @@ class SandboxFields(BaseModel, Generic[MountT]):
     with outside access; the host, other sandboxes and link-local metadata stay unreachable)."""
     allow_hosts: tuple[str, ...] = ()
     """Egress allowlist for ``network = allowlist``: ``HOST[:PORT]`` entries, ``*.example.com``
-    wildcards (subdomains, not the apex), case-insensitive; without a port, 80 and 443."""
+    wildcards (subdomains, not the apex), IP literals and CIDR networks (``10.1.0.0/16[:PORT]``),
+    case-insensitive; without a port, 80 and 443."""
+    egress_allow: tuple[str, ...] = ()
+    """With ``network = allowlist``: a narrowing within ``allow_hosts`` (what a client asks for,
+    E2B's ``allow_out``; changeable while the sandbox runs), same syntax. A destination one of
+    these names is allowed (if ``allow_hosts`` allows it), else one ``egress_deny`` names is
+    refused, else it is allowed. Both empty: no narrowing."""
+    egress_deny: tuple[str, ...] = ()
+    """With ``network = allowlist``: destinations refused unless ``egress_allow`` names them
+    (E2B's ``deny_out``); same syntax, but an entry without a port denies every port, and
+    ``0.0.0.0/0`` (or ``::/0``) denies everything."""
     mounts: tuple[MountT, ...] = ()
     """Bind mounts, each read-only unless marked rw; one per container path. A mount at a
     scratch place (or a parent of one) replaces its tmpfs; one below it sits on top of it."""
@@ -328,6 +338,10 @@ class SandboxFields(BaseModel, Generic[MountT]):
     """Largest file a process may write, in bytes."""
     ttl_seconds: int = Field(default=3600, ge=10)
     """After this the sandbox is expired and ``callbox gc`` removes it."""
+    paused_ttl_seconds: int = Field(default=86400, ge=10, le=30 * 86400)
+    """How long a paused sandbox is kept, counted from its pause (its ``ttl_seconds`` clock
+    stands still meanwhile); then it is removed. Also how long the E2B door keeps a sandbox
+    its timeout paused (``lifecycle.on_timeout = "pause"``). 24 h by default, at most 30 days."""
     placement: Placement = Field(default_factory=Placement)
     """Where it may run on a multi-node engine (the Ray engine): strategy, node affinity and
     anti-affinity, a group kept apart. A one-node engine (Docker's) ignores it."""
@@ -363,7 +377,7 @@ class SandboxSpec(SandboxFields[Mount]):
             raise ValueError(f"workdir {value!r} must be an absolute path inside the sandbox")
         return os.path.normpath(value)
 
-    @field_validator("allow_hosts")
+    @field_validator("allow_hosts", "egress_allow", "egress_deny")
     @classmethod
     def _allow_hosts_valid(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         from sandbox.egress import Allowlist  # the proxy's own parser: one syntax on both sides
@@ -395,6 +409,11 @@ class SandboxSpec(SandboxFields[Mount]):
             raise ValueError(
                 f"allow_hosts only apply to network 'allowlist', but the network is {self.network!r}; "
                 "set network = 'allowlist' (--network allowlist) or drop the hosts"
+            )
+        if (self.egress_allow or self.egress_deny) and self.network != "allowlist":
+            raise ValueError(
+                f"egress_allow and egress_deny narrow network 'allowlist' (its egress proxy applies them), but "
+                f"the network is {self.network!r}; drop them or use network 'allowlist'"
             )
         for size_name in ("tmp_size", "workspace_size", "home_size"):
             size = getattr(self, size_name)
@@ -447,6 +466,23 @@ class SandboxSpec(SandboxFields[Mount]):
         if self.workdir not in sizes and not self._covered(self.workdir):
             places[self.workdir] = self.effective_workspace_size
         return places
+
+    def space_for(self, path: str) -> str:
+        """What bounds the space of absolute ``path`` in the sandbox, and how to get more:
+        for a message when a write there ran out of space (the policy key of its scratch
+        tmpfs, or the mount or filesystem it is on)."""
+        keys = {WORKSPACE: "workspace_size", TMP: "tmp_size", HOME: "home_size"}
+        places = self.scratch_tmpfs()
+        place = max((p for p in places if path == p or path.startswith(p.rstrip("/") + "/")), key=len, default=None)
+        if place is not None:
+            key = keys.get(place, "workspace_size")
+            return (f"{place} is a tmpfs of {format_size(places[place])} in this sandbox (the policy's "
+                    f"[sandbox] {key}): remove files there, write elsewhere, or raise {key}")
+        mount = next((m for m in self.mounts if path == m.target or path.startswith(m.target.rstrip("/") + "/")),
+                     None)
+        if mount is not None:
+            return f"{mount.target} is the host's {mount.source}: free space there"
+        return "the path is on the image's own filesystem, which is read-only; write under /workspace, /tmp or HOME"
 
     def tmpfs_options(self, place: str, uid: int, gid: int) -> str:
         """Docker's tmpfs options for scratch ``place`` (from ``scratch_tmpfs``); ``exec``
@@ -547,6 +583,17 @@ class SandboxSpec(SandboxFields[Mount]):
                 f"rw mount {mount.source} (at {mount.target}) is not writable by the tool user uid {uid}, gid {gid} "
                 f"({why}): {_describe(st)}; " + _fixes(mount.source, uid, gid)))
         return uid, gid
+
+    def network_summary(self) -> str:
+        """What the sandbox may reach, in one line: ``none``, ``open``, or ``allowlist (HOSTS)``
+        and its narrowing, if any."""
+        if self.network != "allowlist":
+            return self.network
+        text = f"allowlist ({', '.join(self.allow_hosts)})"
+        if self.egress_allow or self.egress_deny:
+            text += (f" narrowed to allow: {', '.join(self.egress_allow) or 'nothing'}; "
+                     f"deny: {', '.join(self.egress_deny) or 'nothing'}")
+        return text
 
     def loosened(self) -> list[str]:
         """Settings that are looser than the hardened defaults (the engine logs them)."""

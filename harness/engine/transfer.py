@@ -56,6 +56,7 @@ UPLOAD_TIMEOUT_S = 3600.0
 _KINDS = {
     filesystem_pb2.WATCH_EVENT_KIND_CREATED: "created",
     filesystem_pb2.WATCH_EVENT_KIND_MODIFIED: "modified",
+    filesystem_pb2.WATCH_EVENT_KIND_ATTRIB: "attrib",
     filesystem_pb2.WATCH_EVENT_KIND_REMOVED: "removed",
     filesystem_pb2.WATCH_EVENT_KIND_MOVED_FROM: "moved_from",
     filesystem_pb2.WATCH_EVENT_KIND_MOVED_TO: "moved_to",
@@ -81,8 +82,8 @@ class CopyResult:
 
 @dataclass(frozen=True)
 class WatchChange:
-    """One change under a watched directory; ``kind`` is created, modified, removed, moved_from,
-    moved_to or overflow (events were lost: rescan)."""
+    """One change under a watched directory; ``kind`` is created, modified (content), attrib
+    (metadata: a chmod), removed, moved_from, moved_to or overflow (events were lost: rescan)."""
 
     kind: str
     path: str

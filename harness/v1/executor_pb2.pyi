@@ -332,6 +332,8 @@ class CreateSandboxRequest(_message.Message):
     ENV_FIELD_NUMBER: _builtins.int
     TTL_SECONDS_FIELD_NUMBER: _builtins.int
     ALLOWED_TOOLS_FIELD_NUMBER: _builtins.int
+    NETWORK_ALLOW_FIELD_NUMBER: _builtins.int
+    NETWORK_DENY_FIELD_NUMBER: _builtins.int
     memory_bytes: _builtins.int
     """Memory limit in bytes; at most the server's."""
     cpus: _builtins.float
@@ -356,6 +358,15 @@ class CreateSandboxRequest(_message.Message):
     def allowed_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """A subset of the tools the server exposes; empty means all of them."""
 
+    @_builtins.property
+    def network_allow(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """A narrowing of the server's network (allowlist: within its allow_hosts),
+        as in Sandboxes.UpdateNetwork: destinations allowed, destinations refused
+        unless allowed.
+        """
+
+    @_builtins.property
+    def network_deny(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -367,10 +378,12 @@ class CreateSandboxRequest(_message.Message):
         env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         ttl_seconds: _builtins.int | None = ...,
         allowed_tools: _abc.Iterable[_builtins.str] | None = ...,
+        network_allow: _abc.Iterable[_builtins.str] | None = ...,
+        network_deny: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_cpus", b"_cpus", "_memory_bytes", b"_memory_bytes", "_network", b"_network", "_pids", b"_pids", "_ttl_seconds", b"_ttl_seconds", "cpus", b"cpus", "memory_bytes", b"memory_bytes", "network", b"network", "pids", b"pids", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpus", b"_cpus", "_memory_bytes", b"_memory_bytes", "_network", b"_network", "_pids", b"_pids", "_ttl_seconds", b"_ttl_seconds", "allowed_tools", b"allowed_tools", "cpus", b"cpus", "env", b"env", "memory_bytes", b"memory_bytes", "mounts", b"mounts", "network", b"network", "pids", b"pids", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpus", b"_cpus", "_memory_bytes", b"_memory_bytes", "_network", b"_network", "_pids", b"_pids", "_ttl_seconds", b"_ttl_seconds", "allowed_tools", b"allowed_tools", "cpus", b"cpus", "env", b"env", "memory_bytes", b"memory_bytes", "mounts", b"mounts", "network", b"network", "network_allow", b"network_allow", "network_deny", b"network_deny", "pids", b"pids", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpus: _TypeAlias = _typing.Literal["cpus"]  # noqa: Y015
     _WhichOneofArgType__cpus: _TypeAlias = _typing.Literal["_cpus", b"_cpus"]  # noqa: Y015

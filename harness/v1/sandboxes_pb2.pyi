@@ -679,8 +679,8 @@ class WatchEvent(_message.Message):
     PATH_FIELD_NUMBER: _builtins.int
     IS_DIR_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
-    """created, modified, removed, moved_from, moved_to, overflow; "ready"
-    first, once the watches are in place.
+    """created, modified (content), attrib (metadata: a chmod), removed,
+    moved_from, moved_to, overflow; "ready" first, once the watches are in place.
     """
     path: _builtins.str
     is_dir: _builtins.bool
@@ -859,6 +859,95 @@ class SandboxStatus(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SandboxStatus: _TypeAlias = SandboxStatus  # noqa: Y015
+
+@_typing.final
+class UpdateNetworkRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SANDBOX_ID_FIELD_NUMBER: _builtins.int
+    ALLOW_FIELD_NUMBER: _builtins.int
+    DENY_FIELD_NUMBER: _builtins.int
+    INTERNET_FIELD_NUMBER: _builtins.int
+    APPROVAL_ID_FIELD_NUMBER: _builtins.int
+    sandbox_id: _builtins.str
+    internet: _builtins.bool
+    """false: deny everything but `allow`; true: ask for all the policy gives."""
+    approval_id: _builtins.str
+    @_builtins.property
+    def allow(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Destinations allowed even if `deny` names them: HOST[:PORT], *.wildcards,
+        IP literals, CIDR networks (a portless entry allows 80 and 443).
+        """
+
+    @_builtins.property
+    def deny(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Destinations refused unless `allow` names them (a portless entry denies
+        every port; "0.0.0.0/0" denies everything).
+        """
+
+    def __init__(
+        self,
+        *,
+        sandbox_id: _builtins.str = ...,
+        allow: _abc.Iterable[_builtins.str] | None = ...,
+        deny: _abc.Iterable[_builtins.str] | None = ...,
+        internet: _builtins.bool | None = ...,
+        approval_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_internet", b"_internet", "internet", b"internet"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_internet", b"_internet", "allow", b"allow", "approval_id", b"approval_id", "deny", b"deny", "internet", b"internet", "sandbox_id", b"sandbox_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__internet: _TypeAlias = _typing.Literal["internet"]  # noqa: Y015
+    _WhichOneofArgType__internet: _TypeAlias = _typing.Literal["_internet", b"_internet"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__internet) -> _WhichOneofReturnType__internet | None: ...
+
+Global___UpdateNetworkRequest: _TypeAlias = UpdateNetworkRequest  # noqa: Y015
+
+@_typing.final
+class NetworkRules(_message.Message):
+    """The network a sandbox really has."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SANDBOX_ID_FIELD_NUMBER: _builtins.int
+    NETWORK_FIELD_NUMBER: _builtins.int
+    ALLOW_HOSTS_FIELD_NUMBER: _builtins.int
+    ALLOW_FIELD_NUMBER: _builtins.int
+    DENY_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    sandbox_id: _builtins.str
+    network: _builtins.str
+    """none, allowlist or open."""
+    summary: _builtins.str
+    """All of it in one line."""
+    @_builtins.property
+    def allow_hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The policy's allowlist (the ceiling)."""
+
+    @_builtins.property
+    def allow(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The narrowing within it (empty: none)."""
+
+    @_builtins.property
+    def deny(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        sandbox_id: _builtins.str = ...,
+        network: _builtins.str = ...,
+        allow_hosts: _abc.Iterable[_builtins.str] | None = ...,
+        allow: _abc.Iterable[_builtins.str] | None = ...,
+        deny: _abc.Iterable[_builtins.str] | None = ...,
+        summary: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow", b"allow", "allow_hosts", b"allow_hosts", "deny", b"deny", "network", b"network", "sandbox_id", b"sandbox_id", "summary", b"summary"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NetworkRules: _TypeAlias = NetworkRules  # noqa: Y015
 
 @_typing.final
 class SnapshotRequest(_message.Message):

@@ -115,6 +115,11 @@ class SandboxesStub:
                 request_serializer=harness_dot_v1_dot_sandboxes__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=harness_dot_v1_dot_sandboxes__pb2.SandboxStatus.FromString,
                 _registered_method=True)
+        self.UpdateNetwork = channel.unary_unary(
+                '/harness.v1.Sandboxes/UpdateNetwork',
+                request_serializer=harness_dot_v1_dot_sandboxes__pb2.UpdateNetworkRequest.SerializeToString,
+                response_deserializer=harness_dot_v1_dot_sandboxes__pb2.NetworkRules.FromString,
+                _registered_method=True)
         self.Snapshot = channel.unary_unary(
                 '/harness.v1.Sandboxes/Snapshot',
                 request_serializer=harness_dot_v1_dot_sandboxes__pb2.SnapshotRequest.SerializeToString,
@@ -254,6 +259,16 @@ class SandboxesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateNetwork(self, request, context):
+        """Replace the sandbox's network rules, a narrowing within its policy's
+        network (never beyond it), from its next connection on. Only a sandbox
+        with network "allowlist" has rules to change; one with "none" accepts a
+        request for nothing more. The policy's `network` action.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Snapshot(self, request, context):
         """Store the contents of every writable place and the spec on the server.
         """
@@ -362,6 +377,11 @@ def add_SandboxesServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=harness_dot_v1_dot_sandboxes__pb2.GetStatusRequest.FromString,
                     response_serializer=harness_dot_v1_dot_sandboxes__pb2.SandboxStatus.SerializeToString,
+            ),
+            'UpdateNetwork': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateNetwork,
+                    request_deserializer=harness_dot_v1_dot_sandboxes__pb2.UpdateNetworkRequest.FromString,
+                    response_serializer=harness_dot_v1_dot_sandboxes__pb2.NetworkRules.SerializeToString,
             ),
             'Snapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.Snapshot,
@@ -816,6 +836,33 @@ class Sandboxes:
             '/harness.v1.Sandboxes/GetStatus',
             harness_dot_v1_dot_sandboxes__pb2.GetStatusRequest.SerializeToString,
             harness_dot_v1_dot_sandboxes__pb2.SandboxStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateNetwork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/harness.v1.Sandboxes/UpdateNetwork',
+            harness_dot_v1_dot_sandboxes__pb2.UpdateNetworkRequest.SerializeToString,
+            harness_dot_v1_dot_sandboxes__pb2.NetworkRules.FromString,
             options,
             channel_credentials,
             insecure,

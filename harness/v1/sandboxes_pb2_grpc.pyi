@@ -88,6 +88,12 @@ class SandboxesStub:
     """Move the expiry to now + ttl_seconds (at most the server's TTL)."""
     GetStatus: _grpc.UnaryUnaryMultiCallable[_sandboxes_pb2.GetStatusRequest, _sandboxes_pb2.SandboxStatus]
     """State, expiry, CPU and memory use read from the sandbox's cgroup."""
+    UpdateNetwork: _grpc.UnaryUnaryMultiCallable[_sandboxes_pb2.UpdateNetworkRequest, _sandboxes_pb2.NetworkRules]
+    """Replace the sandbox's network rules, a narrowing within its policy's
+    network (never beyond it), from its next connection on. Only a sandbox
+    with network "allowlist" has rules to change; one with "none" accepts a
+    request for nothing more. The policy's `network` action.
+    """
     Snapshot: _grpc.UnaryUnaryMultiCallable[_sandboxes_pb2.SnapshotRequest, _sandboxes_pb2.SnapshotInfo]
     """Store the contents of every writable place and the spec on the server."""
     ListSnapshots: _grpc.UnaryUnaryMultiCallable[_sandboxes_pb2.ListSnapshotsRequest, _sandboxes_pb2.ListSnapshotsResponse]
@@ -138,6 +144,12 @@ class SandboxesAsyncStub(SandboxesStub):
     """Move the expiry to now + ttl_seconds (at most the server's TTL)."""
     GetStatus: _aio.UnaryUnaryMultiCallable[_sandboxes_pb2.GetStatusRequest, _sandboxes_pb2.SandboxStatus]  # type: ignore[assignment]
     """State, expiry, CPU and memory use read from the sandbox's cgroup."""
+    UpdateNetwork: _aio.UnaryUnaryMultiCallable[_sandboxes_pb2.UpdateNetworkRequest, _sandboxes_pb2.NetworkRules]  # type: ignore[assignment]
+    """Replace the sandbox's network rules, a narrowing within its policy's
+    network (never beyond it), from its next connection on. Only a sandbox
+    with network "allowlist" has rules to change; one with "none" accepts a
+    request for nothing more. The policy's `network` action.
+    """
     Snapshot: _aio.UnaryUnaryMultiCallable[_sandboxes_pb2.SnapshotRequest, _sandboxes_pb2.SnapshotInfo]  # type: ignore[assignment]
     """Store the contents of every writable place and the spec on the server."""
     ListSnapshots: _aio.UnaryUnaryMultiCallable[_sandboxes_pb2.ListSnapshotsRequest, _sandboxes_pb2.ListSnapshotsResponse]  # type: ignore[assignment]
@@ -281,6 +293,18 @@ class SandboxesServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_sandboxes_pb2.SandboxStatus, _abc.Awaitable[_sandboxes_pb2.SandboxStatus]]:
         """State, expiry, CPU and memory use read from the sandbox's cgroup."""
+
+    @_abc_1.abstractmethod
+    def UpdateNetwork(
+        self,
+        request: _sandboxes_pb2.UpdateNetworkRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandboxes_pb2.NetworkRules, _abc.Awaitable[_sandboxes_pb2.NetworkRules]]:
+        """Replace the sandbox's network rules, a narrowing within its policy's
+        network (never beyond it), from its next connection on. Only a sandbox
+        with network "allowlist" has rules to change; one with "none" accepts a
+        request for nothing more. The policy's `network` action.
+        """
 
     @_abc_1.abstractmethod
     def Snapshot(

@@ -59,6 +59,8 @@ class _WatchEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WatchE
     WATCH_EVENT_KIND_MOVED_TO: _WatchEventKind.ValueType  # 5
     WATCH_EVENT_KIND_OVERFLOW: _WatchEventKind.ValueType  # 6
     """The kernel's event queue overflowed: events were lost; rescan."""
+    WATCH_EVENT_KIND_ATTRIB: _WatchEventKind.ValueType  # 7
+    """Metadata changed, not the content: permissions (chmod), owner, timestamps, links."""
 
 class WatchEventKind(_WatchEventKind, metaclass=_WatchEventKindEnumTypeWrapper): ...
 
@@ -71,6 +73,8 @@ WATCH_EVENT_KIND_MOVED_FROM: WatchEventKind.ValueType  # 4
 WATCH_EVENT_KIND_MOVED_TO: WatchEventKind.ValueType  # 5
 WATCH_EVENT_KIND_OVERFLOW: WatchEventKind.ValueType  # 6
 """The kernel's event queue overflowed: events were lost; rescan."""
+WATCH_EVENT_KIND_ATTRIB: WatchEventKind.ValueType  # 7
+"""Metadata changed, not the content: permissions (chmod), owner, timestamps, links."""
 Global___WatchEventKind: _TypeAlias = WatchEventKind  # noqa: Y015
 
 @_typing.final

@@ -31,6 +31,7 @@ Rows:
 9.-13. living sandboxes (attach replay, PTY keystroke, cp, pause/resume, snapshot/fork): bench_living.py;
 14. the E2B SDK against ``callbox serve --e2b`` (cold start, ``commands.run`` round trip, file
     write/read throughput), each beside the engine doing the same in process: bench_e2b.py;
+    14f-14g. ``e2b_code_interpreter``'s ``run_code`` round trip and first result: bench_interpreter.py;
 15. (left for the warm pool's rows);
 16.-17. many cold creates (sequential, 4 and 16 concurrent creators, staggered, a burst of 50) and
     destroy latency to the caller: bench_scale.py, section ``create``;
@@ -80,12 +81,14 @@ from harness.engine.exec_result import ExecResult, collect
 from harness.engine.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
 from tests.bench.bench_door import add_door_rows, bench_door
 from tests.bench.bench_e2b import add_e2b_rows, bench_e2b
+from tests.bench.bench_interpreter import add_interpreter_rows, bench_interpreter
 from tests.bench.bench_living import Toolkit, add_living_rows, bench_living
+from tests.bench.bench_network_rules import TARGET_ENFORCED_MS, bench_network_update
 from tests.bench.bench_overhead import bench_overhead
 from tests.bench.bench_pool import add_pool_rows, bench_pool
 from tests.bench.bench_ray import add_ray_rows, bench_ray
 from tests.bench.bench_redaction import bench_redaction
-from tests.bench.bench_results import DEFAULT_RESULTS, Row, markdown_table, p50, write_results
+from tests.bench.bench_results import DEFAULT_RESULTS, Row, markdown_table, p50, p90, write_results
 from tests.bench.bench_runtimes import add_runtime_rows, bench_runtimes
 from tests.bench.bench_scale import add_create_rows, add_scale_rows, bench_create, bench_scale
 from tests.bench.bench_telemetry import add_telemetry_rows, bench_telemetry
@@ -106,7 +109,7 @@ TARGET_IDLE_MEMORY_MIB = 25.0
 TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
-            "pool", "create", "door", "runtimes", "telemetry", "ray", "templates", "scale"]
+            "interpreter", "pool", "create", "door", "runtimes", "telemetry", "ray", "templates", "scale"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
 """``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
 DEFAULT_SCALE_SANDBOXES = 100
@@ -564,6 +567,10 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
             data["start_open"], "the same, network none (interleaved)", data["start_none"], "— (info)")
         add("7b. cold start, network allowlist (+ egress proxy container): create → first result", "time",
             data["start_allowlist"], "the same, network none (interleaved)", data["start_none"], "— (info)")
+    if "network_update_enforced" in data:
+        add("7c. network rules changed (update_network) until enforced: call returned → a request passes them",
+            "time", data["network_update_enforced"], "—", None, f"p90 ≤ {TARGET_ENFORCED_MS:g} ms",
+            lambda r: r.cb(p90) <= TARGET_ENFORCED_MS)
     if "harness_overhead" in data:
         add("6. harness overhead per call: validate + authorize + audit (no sandbox)", "time",
             data["harness_overhead"], "—", None, f"p50 ≤ {TARGET_OVERHEAD_P50_MS:g} ms",
@@ -578,6 +585,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
             f"— (info; 1 MiB: p50 {p50(data['redaction_only_1m']):.2f} ms)")
     add_living_rows(data, add)
     add_e2b_rows(data, add)
+    add_interpreter_rows(data, add)
     add_pool_rows(data, add)
     add_create_rows(data, add)
     add_door_rows(data, add)
@@ -715,7 +723,10 @@ def main(argv: list[str] | None = None) -> int:
         if problem is not None:
             progress(f"network modes skipped: {problem}")
             return {}
-        return bench_network_start(res, spec, args.samples, slow_warmup)
+        out = bench_network_start(res, spec, args.samples, slow_warmup)
+        out.update(bench_network_update(res.create_sandbox, res.destroy_sandbox, spec, args.samples, args.warmup,
+                                        progress))
+        return out
 
     def overhead_rows() -> dict[str, list[float]]:
         progress("harness overhead per call (no sandbox)")
@@ -740,6 +751,8 @@ def main(argv: list[str] | None = None) -> int:
         ("living", "living" in sections,
          lambda: bench_living(res, spec, args.samples, args.warmup, kit, quick=args.quick)),
         ("e2b", "e2b" in sections, lambda: bench_e2b(res, spec, args.samples, args.warmup, kit, quick=args.quick)),
+        ("interpreter", "interpreter" in sections,
+         lambda: bench_interpreter(res, args.samples, args.warmup, kit, quick=args.quick)),
         ("pool", "pool" in sections, lambda: bench_pool(res, args.samples, kit, quick=args.quick)),
         ("create", "create" in sections, lambda: bench_create(res, spec, args.samples, kit, quick=args.quick)),
         ("door", "door" in sections, lambda: bench_door(res, spec, kit, quick=args.quick)),

@@ -241,7 +241,7 @@ def test_list_stat_make_dir_rename_remove(door: Door) -> None:
     assert (entry.name, entry.type, entry.path, entry.size) == ("f.txt", pb.FILE_TYPE_FILE,
                                                                 "/workspace/tree/sub/f.txt", 5)
     assert entry.permissions == "-rw-r--r--" and entry.mode == 0o644
-    assert (entry.owner, entry.group) == ("sandbox", "sandbox")
+    assert (entry.owner, entry.group) == ("user", "user")
     assert abs(entry.modified_time.seconds - time.time()) < 300
 
     one = fs.list_dir(pb.ListDirRequest(path="/workspace/tree", depth=1), call).entries

@@ -200,7 +200,7 @@ def test_foreground_command_both_streams_env_and_cwd(door: Door) -> None:
     script = "echo out; echo err >&2; echo $FROM_CREATE $FROM_REQUEST; pwd; id -un"
     ran = collect(door.process.start(bash(script, FROM_REQUEST="r1"), call_of(door)))
     assert ran.pid > 0 and ran.kinds[0] == "start" and ran.kinds[-1] == "end"
-    assert ran.stdout == b"out\nc1 r1\n/home/user\nsandbox\n"
+    assert ran.stdout == b"out\nc1 r1\n/home/user\nuser\n"
     assert ran.stderr == b"err\n"
     assert ran.end is not None
     assert (ran.end.exit_code, ran.end.exited, ran.end.status) == (0, True, "exit status 0")
@@ -398,9 +398,9 @@ def test_streams_past_the_agents_limit_and_a_cancel_giving_one_back(door: Door) 
 
 def test_users(door: Door) -> None:
     for user in (None, "user", "sandbox"):
-        assert collect(door.process.start(bash("id -un"), call_of(door, user=user))).stdout == b"sandbox\n"
+        assert collect(door.process.start(bash("id -un"), call_of(door, user=user))).stdout == b"user\n"
     denied = refused("permission_denied", door.process.start(bash("id -un"), call_of(door, user="root")))
-    assert "unprivileged user 'sandbox'" in denied.message and "'root'" in denied.message
+    assert "unprivileged user 'user'" in denied.message and "'root'" in denied.message
 
 
 def test_a_shell_rule_denies_with_its_reason_and_is_audited(door: Door) -> None:

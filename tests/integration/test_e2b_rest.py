@@ -160,11 +160,12 @@ def test_refusals_of_create_name_the_fix(api: Api) -> None:
     api.refused("POST", "/v2/sandboxes", 400, "not a whole number", body={"templateID": "base", "timeout": 1.5})
     error = api.refused("POST", "/v2/sandboxes", 404, "template 'nope' not found", body={"templateID": "nope"})
     assert "base, locked" in error["message"]
-    api.refused("POST", "/v2/sandboxes", 403, "sandbox.network = 'none'",
-                body={"templateID": "base", "allow_internet_access": True})
-    api.refused("POST", "/v2/sandboxes", 501, "autoPause", body={"templateID": "base", "autoPause": True})
-    api.refused("POST", "/v2/sandboxes", 501, "allowOut",
-                body={"templateID": "base", "network": {"allowOut": ["example.com"]}})
+    api.refused("POST", "/v2/sandboxes", 400, "network.allowOut[0]",
+                body={"templateID": "base", "network": {"allowOut": ["*bad*"]}})
+    api.refused("POST", "/v2/sandboxes", 501, "autoPauseMemory false",
+                body={"templateID": "base", "autoPause": True, "autoPauseMemory": False})
+    api.refused("POST", "/v2/sandboxes", 501, "network.egressProxy",
+                body={"templateID": "base", "network": {"egressProxy": {"address": "proxy.example.com:1080"}}})
     api.refused("POST", "/v2/sandboxes", 501, "mcp", body={"templateID": "base", "mcp": {"x": {}}})
     api.refused("POST", "/v2/sandboxes", 400, "futureOption", body={"templateID": "base", "futureOption": 1})
     api.refused("POST", "/v2/sandboxes", 400, "envVars['A']", body={"templateID": "base", "envVars": {"A": 1}})
@@ -291,8 +292,8 @@ def test_another_clients_sandbox_is_not_found_everywhere(api: Api, box: dict[str
 
 def test_unsupported_paths_say_so(api: Api, box: dict[str, Any]) -> None:
     sid = box["sandboxID"]
-    api.refused("POST", f"/sandboxes/{sid}/fork", 501, "forking", body={})
-    api.refused("PUT", f"/sandboxes/{sid}/network", 501, "network", body={})
+    api.refused("POST", f"/sandboxes/{sid}/fork", 400, "count must be a whole number from 1 to", body={"count": 0})
+    api.refused("PUT", f"/sandboxes/{sid}/network", 403, "no network", body={"allowOut": ["example.com"]})
     api.refused("GET", "/sandboxes/metrics", 501, "many sandboxes")
     api.refused("POST", f"/sandboxes/{sid}/pause", 501, "filesystem-only", body={"memory": False})
 
@@ -401,8 +402,6 @@ def test_sdk_refusals_and_another_key(api: Api, sdk: str) -> None:
         Sandbox.create(timeout=LIMIT + 1)
     with pytest.raises(SandboxException, match="template 'nope' not found"):
         Sandbox.create(template="nope")
-    with pytest.raises(SandboxException, match="allow_internet_access"):
-        Sandbox.create(allow_internet_access=True)
     mine = Sandbox.create(timeout=60)
     try:
         bob = {"api_key": BOB_KEY}

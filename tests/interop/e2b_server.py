@@ -1,7 +1,7 @@
 """``callbox serve --e2b`` for the E2B SDK's interop tests, started as a user starts it.
 
 :func:`serve_e2b` runs the .venv's ``callbox serve --e2b 127.0.0.1:0`` in a child process
-with its own token file (two API keys, ``alice`` and ``bob``, mode 0600), its own audit
+with its own token file (two API keys, ``alice`` and ``bob``, in E2B's key format, mode 0600), its own audit
 store and a policy on the test image, waits for the line announcing the server's URL (an
 event with a deadline, never a sleep), and on exit stops it with SIGTERM and checks that it
 exited cleanly and left no container behind.
@@ -123,7 +123,8 @@ def serve_e2b(engine: Any, *, policy: str | None = None, args: tuple[str, ...] =
     ``policy`` (TOML; default :func:`policy_text`); ``args`` are added to the command line.
     ``engine`` (the tests' engine fixture) is what checks no container outlives the server."""
     directory = Path(tempfile.mkdtemp(prefix="cbx-e2b-", dir="/tmp"))
-    keys = {name: secrets.token_hex(16) for name in KEY_NAMES}  # 32 characters each
+    # E2B's own key format (``e2b_`` and 40 hex digits): some SDK versions refuse any other.
+    keys = {name: "e2b_" + secrets.token_hex(20) for name in KEY_NAMES}
     tokens = directory / "tokens"
     tokens.write_text("".join(f"{name}:{key}\n" for name, key in keys.items()))
     tokens.chmod(0o600)

@@ -53,7 +53,7 @@ def test_inspector_calls_shell_over_stdio(policy: Path, callbox_env: dict[str, s
     assert proc.returncode == 0, proc
     result = json.loads(proc.stdout)
     assert result["isError"] is False, result
-    assert result["content"][0]["text"].endswith("Output:\nhello from sandbox\n"), result
+    assert result["content"][0]["text"].endswith("Output:\nhello from user\n"), result
     assert result["structuredContent"]["exit_code"] == 0
     assert result["_meta"]["callbox/call_id"] == "mcp-000001"
 

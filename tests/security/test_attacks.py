@@ -407,7 +407,7 @@ def test_no_host_process_is_visible(box):
     assert rows[0][0] == "1" and rows[0][2].startswith("/sbin/docker-init -- "), rows
     agents = [r for r in rows if r[1] == "root" and r[2].startswith("/usr/bin/python3 -I -S /opt/callbox/agent.py")]
     assert len(agents) == 2, rows  # the agent and its spawner
-    commands = [r for r in rows if r[1] == "sandbox"]
+    commands = [r for r in rows if r[1] == "user"]
     assert [r[2] for r in commands] == ["ps -e -o pid=,user=,args="], rows
     assert len(rows) == 4, rows  # nothing else: no host process, no other sandbox's
     init = run(box, "tr '\\0' ' ' < /proc/1/cmdline").stdout.data()

@@ -278,6 +278,8 @@ def test_watch_reports_changes_after_ready(agent: Agent, here: Path) -> None:
         with open(here / "new.txt", "a") as f:
             f.write("more")
         changes.until("modified", here / "new.txt")
+        os.chmod(here / "new.txt", 0o600)  # metadata only: attrib, not modified
+        assert {c.kind for c in changes.until("attrib", here / "new.txt")} <= {"modified", "attrib"}
         os.rename(here / "new.txt", here / "renamed.txt")
         changes.until("moved_from", here / "new.txt")
         changes.until("moved_to", here / "renamed.txt")

@@ -161,7 +161,7 @@ def _argv(draw: st.DrawFn, path: tuple[str, ...]) -> list[str]:
             continue  # a required positional missing
         plausible = st.sampled_from(_VALID.get(action.dest, ["x"]))
         words.append(draw(plausible if draw(st.integers(0, 3)) > 0 else _value))
-    for _ in range(draw(st.integers(0, 5))):
+    for _ in range(draw(st.integers(0, 5 if options else 0))):
         action = draw(st.sampled_from(options))
         flag = draw(st.sampled_from(action.option_strings))
         if action.nargs == 0:
@@ -182,7 +182,7 @@ def _argv(draw: st.DrawFn, path: tuple[str, ...]) -> list[str]:
         words += draw(st.sampled_from([["--grpc"], ["--grpc", "unix:x.sock"], ["--mcp-http", "127.0.0.1:0"]]))
     if path == ("exec",) and draw(st.integers(0, 5)) > 0:
         words += ["--", draw(st.sampled_from(["true", "nosuchcmd", "", "--", "-x"]))]
-    elif draw(st.integers(0, 9)) == 0:
+    elif options and draw(st.integers(0, 9)) == 0:
         words.append(draw(st.sampled_from(options)).option_strings[0])  # an option missing its value
     return words
 

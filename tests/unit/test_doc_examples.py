@@ -34,6 +34,7 @@ from tests.doc_examples import (
     block_with,
     fenced_blocks,
     snippet_in,
+    snippet_language,
 )
 
 BLOCKS = all_blocks()
@@ -130,10 +131,11 @@ def test_the_policy_example_loads_and_decides_as_documented(tmp_path: Path) -> N
 @pytest.mark.parametrize(("name", "test_file"), sorted(SNIPPET_SOURCES.items()))
 def test_the_framework_snippets_are_the_tested_code(name: str, test_file: str) -> None:
     """The pages' agent-framework snippets are copied from the interop tests that run them."""
-    snippet = snippet_in((ROOT / test_file).read_text(), name)
+    language = snippet_language(test_file)
+    snippet = snippet_in((ROOT / test_file).read_text(), name, "//" if language == "javascript" else "#")
     assert len(snippet.splitlines()) >= 8
-    copies = [b.name for b in BLOCKS if b.language == "python" and b.body == snippet]
-    assert copies, f"no page has the {name} snippet of {test_file} as a python block (copy it from there)"
+    copies = [b.name for b in BLOCKS if b.language == language and b.body == snippet]
+    assert copies, f"no page has the {name} snippet of {test_file} as a {language} block (copy it from there)"
 
 
 def test_the_actions_example_loads_and_decides_as_documented(tmp_path: Path) -> None:

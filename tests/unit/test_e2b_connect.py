@@ -72,6 +72,9 @@ class Boxes:
     def find(self, sandbox_id):
         return self.box if sandbox_id == SANDBOX else None
 
+    def awake(self, sandbox):  # never paused
+        pass
+
 
 class Probe:
     """What a blocking handler saw: its scope cancelled, its stream closed, and by which thread."""

@@ -186,6 +186,14 @@ def test_a_paused_sandbox_is_never_reaped_for_its_expiry_only_past_the_hard_limi
     assert judge(state="running", record=paused, kept_until=None, now=later).remove
 
 
+def test_the_paused_ttl_of_the_spec_is_the_hard_limit_of_a_pause() -> None:
+    paused = record(spec=SandboxSpec(paused_ttl_seconds=600).model_dump(mode="json")).paused(NOW)
+    assert not judge(state="paused", record=paused, kept_until=None, now=NOW + 600).remove
+    over = judge(state="paused", record=paused, kept_until=None, now=NOW + 601)
+    assert (over.remove, over.drop_record) == (True, True)
+    assert "paused TTL" in over.why
+
+
 def test_a_keep_and_a_record_the_later_expiry_wins() -> None:
     assert not judge(state="running", record=record(expires=NOW - 5), kept_until=NOW + 5, now=NOW).remove
     assert not judge(state="running", record=record(expires=NOW + 5), kept_until=NOW - 5, now=NOW).remove

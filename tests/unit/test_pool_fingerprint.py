@@ -54,7 +54,7 @@ def test_env_ttl_and_mount_roots_do_not_count() -> None:
 
 
 def test_every_spec_field_is_either_in_the_fingerprint_or_named_as_left_out() -> None:
-    counted = set(CHANGES) | {"network", "allow_hosts", "mounts"}
+    counted = set(CHANGES) | {"network", "allow_hosts", "egress_allow", "egress_deny", "mounts"}
     assert counted | NOT_PART_OF_FINGERPRINT == set(SandboxSpec.model_fields)
     assert not counted & NOT_PART_OF_FINGERPRINT
 

@@ -15,16 +15,19 @@ How a request is routed (the e2b SDK sends both kinds to the same URL when
   user to act as (:attr:`~harness.doors.e2b.rpc.EnvdCall.user`). Then ``POST
   /SERVICE/METHOD`` of a served service is a Connect call (:mod:`harness.doors.e2b.connect`);
   anything else must match an envd HTTP route (``/files``, ``/health``).
+  A request to a paused sandbox (but ``/health``) resumes it first if its lifecycle says
+  ``auto_resume``, else is refused as E2B's proxy refuses it (:mod:`harness.doors.e2b.lifecycle`).
 * **A sandbox port**: a request naming a port other than envd's, by ``E2b-Sandbox-Port`` or by
   a host name ``PORT-SANDBOXID.DOMAIN`` (``get_host(port)``), and every WebSocket upgrade, go
   to that port in the sandbox (:mod:`harness.doors.e2b.ports`). A host name
   ``49983-SANDBOXID.DOMAIN`` is envd's, as if it carried ``E2b-Sandbox-Id``.
 * Anything else is 404, with a JSON body naming the method and path.
 
-Each client may have at most ``share`` long requests in flight at once (sandbox creates, envd
-streams and file transfers; a quarter of the workers by default, so one client's streams
-cannot hold every worker); one more is 429 with ``Retry-After``
-(:mod:`harness.doors.quota_ledger`). Quick requests are always served.
+Each client is sure of ``share`` long requests in flight at once (sandbox creates, envd
+streams and file transfers; a quarter of the workers by default); past it, it is served while a
+share of the workers stays free for the others, so one client's streams cannot hold every
+worker; one more is 429 with ``Retry-After`` (:mod:`harness.doors.quota_ledger`). Creates
+beyond what the host starts at once wait in line (:mod:`harness.doors.start_queue`). Quick requests are always served.
 
 Handlers run on a pool of worker threads (:mod:`harness.doors.e2b.bridge` carries bodies and
 streams between them and the event loop with bounded queues). A request body reaches a plain
@@ -44,7 +47,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -58,8 +60,12 @@ from harness.doors.e2b.boxes import DOOR, E2bSandbox, E2bSandboxes
 from harness.doors.e2b.bridge import STOPPED, ClientGone, Done, Exchange, OutputChannel, Receive, Scope, Send
 from harness.doors.e2b.connect import as_error, connect_error_response, read_head, serve_call
 from harness.doors.e2b.errors import E2bError, from_quota
-from harness.doors.e2b.ports import PortProxy, port_target
+from harness.doors.e2b.interpreter import install as install_interpreter
+from harness.doors.e2b.port_targets import port_target
+from harness.doors.e2b.ports import PortProxy
+from harness.doors.e2b.responses import CutOff, http_refusal, rest_error
 from harness.doors.e2b.rpc import EnvdCall, EnvdRoute, HttpRequest, HttpResponse, Method, RestRoute, Service
+from harness.doors.e2b.signing import signed_sandbox
 from harness.doors.e2b.templates import UPLOAD_PREFIX
 from harness.doors.grpc.tokens import TokenSet
 from harness.doors.quota_ledger import QuotaExceeded
@@ -73,6 +79,7 @@ log = logging.getLogger("callbox.e2b")
 ENVD_PORT = "49983"
 """The port envd listens on in an E2B sandbox (the SDK's ``E2b-Sandbox-Port``)."""
 HEALTH_PATH = "/health"
+FILES_PATH = "/files"
 _CREATES = frozenset({"/sandboxes", "/v2/sandboxes"})
 """The control plane's routes (POST) that start a sandbox: long requests, counted in a share."""
 
@@ -125,6 +132,12 @@ def _segments(raw_path: bytes) -> list[str]:
     return [unquote(part) for part in raw_path.decode("latin-1").split("?")[0].strip("/").split("/")]
 
 
+def _query_only(exchange: Exchange) -> HttpRequest:
+    """The request line and headers of ``exchange`` (its body left unread)."""
+    return HttpRequest(method=exchange.method, path=exchange.path, query=exchange.query, headers=exchange.headers,
+                       body=iter(()))
+
+
 def envd_user(headers: Mapping[str, str]) -> str | None:
     """The user of ``Authorization: Basic base64(USER:)``, or None (no header, or no user)."""
     value = headers.get("authorization")
@@ -145,31 +158,26 @@ def envd_user(headers: Mapping[str, str]) -> str | None:
     return user or None
 
 
-def _rest_error(error: E2bError) -> tuple[int, list[tuple[str, str]], bytes]:
-    body = json.dumps(error.rest_body(), separators=(",", ":")).encode()
-    return error.status, [("content-type", "application/json"), *error.headers()], body
-
-
-class _CutOff(Exception):
-    """A streamed response body failed after its head was sent: the connection must close
-    without the body's end (raised out of the app, uvicorn closes it)."""
-
-
 class E2bApp:
     """The ASGI app; see the module docstring. ``shutdown`` ends every request in flight."""
 
     def __init__(self, *, tokens: TokenSet, sandboxes: E2bSandboxes, services: Iterable[Service],
                  rest_routes: Iterable[RestRoute], envd_routes: Iterable[EnvdRoute], pool: Any,
-                 share: int | None = None, ports: PortProxy | None = None) -> None:
+                 share: int | None = None, capacity: int | None = None,
+                 ports: PortProxy | None = None) -> None:
         self.tokens = tokens
         self.share = share
-        """How many requests one client may have in flight at once (None: no bound)."""
+        """How many requests one client is sure to have in flight at once (None: no bound)."""
+        self.capacity = capacity
+        """The door's workers: past its share, a client is served while a share of them stays free."""
         self.sandboxes = sandboxes
         self.services: dict[str, Service] = {service.name: service for service in services}
         self.rest = _Router(rest_routes)
         self.envd = _Router(envd_routes)
         self.pool = pool
         self.ports = ports if ports is not None else PortProxy(sandboxes, tokens)
+        if ports is None and isinstance(sandboxes, E2bSandboxes):  # e2b_code_interpreter's template and port 49999
+            install_interpreter(sandboxes, self.ports.filters)
         """Requests to a sandbox port other than envd's (:mod:`harness.doors.e2b.ports`)."""
         self._lock = threading.Lock()
         self._active: set[Exchange] = set()
@@ -216,7 +224,7 @@ class E2bApp:
                 self._active.add(exchange)
         try:
             if closing:
-                await exchange.respond(*_rest_error(E2bError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")))
+                await exchange.respond(*rest_error(E2bError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")))
             else:
                 # A span per request while tracing is on; a caller's traceparent header continues its trace.
                 with tracing.request_span("callbox.e2b", exchange.headers, _span_attributes(exchange)):
@@ -234,26 +242,36 @@ class E2bApp:
     async def _route(self, exchange: Exchange) -> None:
         headers = exchange.headers
         segments = _segments(exchange.raw_path)
+        signed = exchange.path == FILES_PATH and not headers.get("x-access-token")
         try:
             target = port_target(headers)
         except E2bError as error:
-            await _http_refusal(exchange, error)
+            await http_refusal(exchange, error)
             return
-        if target is None:
+        signed_id = None
+        if target is None and signed and exchange.query.get("signature"):
+            try:  # a signed file URL from a plain HTTP client: the signature names its sandbox
+                signed_id = signed_sandbox(_query_only(exchange), "read" if exchange.method == "GET" else "write",
+                                           self.sandboxes.every()).sandbox_id
+            except E2bError as error:
+                await http_refusal(exchange, error)
+                return
+        if target is None and signed_id is None:
             await self._serve_rest(exchange, segments)
             return
-        if str(target.port) != ENVD_PORT:
+        if target is not None and str(target.port) != ENVD_PORT:
             owner = self.sandboxes.find(target.sandbox_id) or self.sandboxes.find_folded(target.sandbox_id)
             with self._fair(owner.client if owner is not None else "", counted=owner is not None) as refusal:
                 if refusal is not None:
-                    await _http_refusal(exchange, refusal)
+                    await http_refusal(exchange, refusal)
                 else:
                     await self.ports.serve_http(exchange, target)
             return
-        sandbox_id = target.sandbox_id
+        sandbox_id = target.sandbox_id if target is not None else signed_id
+        assert sandbox_id is not None
         method = self._connect_method(exchange.method, segments)
         connect_like = method is not None or (len(segments) == 2 and "." in segments[0] and exchange.method == "POST")
-        respond_error = _connect_refusal if connect_like else _http_refusal
+        respond_error = _connect_refusal if connect_like else http_refusal
         found = None if connect_like else self.envd.find(exchange.method, segments)
         if connect_like and method is None:
             await respond_error(exchange, E2bError(ErrorCode.NOT_SUPPORTED, f"envd has no method {exchange.path}; this "
@@ -263,9 +281,12 @@ class E2bApp:
             await respond_error(exchange, _no_route(exchange, found, "envd serves /files, /health and the Connect "
                                                     "services " + ", ".join(sorted(self.services))))
             return
+        health = exchange.path == HEALTH_PATH
         try:
-            sandbox = self._envd_sandbox(sandbox_id, headers, health=exchange.path == HEALTH_PATH)
+            sandbox = self._envd_sandbox(sandbox_id, headers, health=health, signed=signed)
             user = envd_user(headers)
+            if not health:  # a paused sandbox: resumed if it auto-resumes (on a worker: it waits for the engine)
+                await exchange.run(lambda: self.sandboxes.awake(sandbox))
         except E2bError as error:
             await respond_error(exchange, error)
             return
@@ -284,7 +305,7 @@ class E2bApp:
             return
         assert found is not None
         route, params = found
-        call = EnvdCall(sandbox=sandbox, headers=headers, user=user)
+        call = EnvdCall(sandbox=sandbox, headers=headers, user=user, signed=signed)
         handler = route.handler
         with self._fair(sandbox.client) as refusal:
             if refusal is not None:
@@ -298,10 +319,11 @@ class E2bApp:
         service = self.services.get(segments[0])
         return service.methods.get(segments[1]) if service is not None else None
 
-    def _envd_sandbox(self, sandbox_id: str, headers: Mapping[str, str], *, health: bool) -> E2bSandbox:
+    def _envd_sandbox(self, sandbox_id: str, headers: Mapping[str, str], *, health: bool,
+                      signed: bool = False) -> E2bSandbox:
         token = headers.get("x-access-token")
         try:
-            if health and not token:
+            if (health or signed) and not token:  # signed: the /files handler checks the URL's signature
                 sandbox = self._untokened(sandbox_id)
             else:
                 sandbox = self.sandboxes.for_envd(sandbox_id, token)
@@ -324,7 +346,7 @@ class E2bApp:
     async def _serve_rest(self, exchange: Exchange, segments: list[str]) -> None:
         found = self.rest.find(exchange.method, segments)
         if isinstance(found, list):
-            await _http_refusal(exchange, _no_route(exchange, found, "the control plane serves /sandboxes and "
+            await http_refusal(exchange, _no_route(exchange, found, "the control plane serves /sandboxes and "
                                                     "/v2/sandboxes; envd requests carry E2b-Sandbox-Id"))
             return
         route, params = found
@@ -334,12 +356,12 @@ class E2bApp:
         if client is None:
             message = ("this request carries no X-API-KEY header; set E2B_API_KEY to a key of this server "
                        "(a token of its token file)" if not key else "the X-API-KEY is not a key of this server")
-            await _http_refusal(exchange, E2bError(ErrorCode.UNAUTHENTICATED, message))
+            await http_refusal(exchange, E2bError(ErrorCode.UNAUTHENTICATED, message))
             return
         handler = route.handler
         with self._fair(client, counted=route.method == "POST" and route.template in _CREATES) as refusal:
             if refusal is not None:
-                await _http_refusal(exchange, refusal)
+                await http_refusal(exchange, refusal)
             else:
                 await self._serve_http(exchange, params, lambda request: handler(request, client), None)
 
@@ -354,7 +376,7 @@ class E2bApp:
             return
         quotas = self.sandboxes.executor.quotas
         try:
-            quotas.enter(client, door=DOOR, share=self.share)
+            quotas.enter(client, door=DOOR, share=self.share, capacity=self.capacity)
         except QuotaExceeded as refusal:
             yield from_quota(refusal)
             return
@@ -385,7 +407,7 @@ class E2bApp:
         try:
             response = await exchange.run(work)
         except Exception as exc:
-            await _http_refusal(exchange, as_error(exc, where))
+            await http_refusal(exchange, as_error(exc, where))
             return
         if exchange.ended is not None:
             _close(response.body)
@@ -420,9 +442,9 @@ class E2bApp:
             item = await out.get()
             if item is STOPPED:
                 if exchange.ended == "shutdown" and not exchange.started:
-                    await _http_refusal(exchange, E2bError(ErrorCode.SHUTTING_DOWN, "the server is shutting down"))
+                    await http_refusal(exchange, E2bError(ErrorCode.SHUTTING_DOWN, "the server is shutting down"))
                 elif exchange.started:
-                    raise _CutOff(f"{where}: the response body was cut off ({exchange.ended})")
+                    raise CutOff(f"{where}: the response body was cut off ({exchange.ended})")
                 return
             if isinstance(item, Done):
                 if item.error is None:
@@ -432,11 +454,11 @@ class E2bApp:
                     return
                 error = as_error(item.error, where)
                 if not exchange.started:
-                    await _http_refusal(exchange, error)
+                    await http_refusal(exchange, error)
                     return
                 log.warning("%s: the response body failed after %s was sent, closing the connection: %s",
                             where, response.status, error.message)
-                raise _CutOff(f"{where}: the response body failed: {error.message}")
+                raise CutOff(f"{where}: the response body failed: {error.message}")
             assert isinstance(item, bytes)
             if not exchange.started:
                 await exchange.start(response.status, response.headers)
@@ -464,11 +486,6 @@ def _no_route(exchange: Exchange, allowed: list[str], what: str) -> E2bError:
         return E2bError(ErrorCode.NOT_SUPPORTED, f"{exchange.path} does not take {exchange.method}; it takes "
                                          f"{', '.join(sorted(set(allowed)))}", status=405)
     return E2bError(ErrorCode.NOT_FOUND, f"no route {exchange.method} {exchange.path}: {what}")
-
-
-async def _http_refusal(exchange: Exchange, error: E2bError) -> None:
-    if exchange.ended is None and not exchange.started:
-        await exchange.respond(*_rest_error(error))
 
 
 async def _connect_refusal(exchange: Exchange, error: E2bError) -> None:

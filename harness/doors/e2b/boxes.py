@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import itertools
 import logging
 import math
 import secrets
@@ -61,6 +62,15 @@ from harness.core.policy import Policy
 from harness.core.sandbox_settings import SandboxSettings
 from harness.core.shared_engine import SharedEngine
 from harness.doors.e2b.errors import E2bError, from_callbox, from_service_error, invalid, not_found
+from harness.doors.e2b.lifecycle import (
+    KILL,
+    LIFECYCLE_META,
+    PAUSE_GRACE_S,
+    Lifecycle,
+    check_allowed,
+    pause_at_timeout,
+    wake,
+)
 from harness.doors.grpc.errors import ServiceError
 from harness.doors.grpc.overrides import SandboxOverrides
 from harness.doors.grpc.service import ExecutorService
@@ -124,11 +134,17 @@ class E2bSandbox:
     metadata: dict[str, str] = field(default_factory=dict)
     env_vars: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
+    network_note: str | None = None
+    """How its network is less than its create request asked (its info says so)."""
     token_digests: tuple[str, ...] = ()
     traffic_access_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     """What a request to one of its ports carries (``e2b-traffic-access-token``), given only to its owner."""
     """Digests of access tokens handed out before a server restart, still accepted (a client
     holding one goes on without connecting again)."""
+    lifecycle: Lifecycle = KILL
+    """What its timeout does, and whether a request resumes it when paused (:mod:`.lifecycle`)."""
+    seq: int = 0
+    """Its place in the order the door began serving its sandboxes (lists are paged by it)."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     """Held by the lifetime operations (pause, resume, connect, timeout), one at a time."""
     _cpu_sample: tuple[float, float] | None = field(default=None, repr=False, compare=False)
@@ -212,6 +228,7 @@ class E2bSandboxes:
         self._profile_bases: dict[int, tuple[Policy, Policy]] = {}
         """id of a client's profile policy -> (it, the ``base`` template made of it)."""
         self._boxes: dict[str, E2bSandbox] = {}
+        self._seq = itertools.count(1)
         self.built: BuiltTemplates | None = None
         """Templates built through the template API (:mod:`.template_boxes`), if served."""
         self._idempotent: dict[tuple[str, str], tuple[str, str | None]] = {}
@@ -221,7 +238,7 @@ class E2bSandboxes:
 
     def create(self, client: str, *, template_id: str = DEFAULT_TEMPLATE, overrides: SandboxOverrides | None = None,
                metadata: Mapping[str, str] | None = None, idempotency_key: str | None = None,
-               fingerprint: str = "") -> E2bSandbox:
+               fingerprint: str = "", lifecycle: Lifecycle = KILL) -> E2bSandbox:
         """Start a sandbox of ``template_id`` for ``client`` (``overrides`` tighten its policy:
         the timeout as ``ttl_seconds``, the envVars as ``env``).
 
@@ -229,9 +246,9 @@ class E2bSandboxes:
         request (``fingerprint``: what identifies it) while its sandbox lives returns that
         sandbox instead of starting another; the key with a different request, or while the
         first is still starting, is ``already_exists`` (409)."""
-        self.check_template(template_id, client)
+        check_allowed(lifecycle, self.check_template(template_id, client))
         if not idempotency_key:
-            return self._create(client, template_id, overrides, metadata)
+            return self._create(client, template_id, overrides, metadata, lifecycle)
         slot = (client, idempotency_key)
         with self._lock:
             for key in [k for k, (_, sid) in self._idempotent.items() if sid is not None and sid not in self._boxes]:
@@ -252,7 +269,7 @@ class E2bSandboxes:
                     return live
             self._idempotent[slot] = (fingerprint, None)
         try:
-            sandbox = self._create(client, template_id, overrides, metadata)
+            sandbox = self._create(client, template_id, overrides, metadata, lifecycle)
         except BaseException:
             with self._lock:
                 self._idempotent.pop(slot, None)
@@ -289,7 +306,7 @@ class E2bSandboxes:
         return base
 
     def _create(self, client: str, template_id: str, overrides: SandboxOverrides | None,
-                metadata: Mapping[str, str] | None) -> E2bSandbox:
+                metadata: Mapping[str, str] | None, lifecycle: Lifecycle = KILL) -> E2bSandbox:
         base = self.check_template(template_id, client)
         wanted = overrides or SandboxOverrides()
         try:
@@ -298,31 +315,46 @@ class E2bSandboxes:
             raise from_service_error(error) from None
         sandbox = E2bSandbox(session=session, template_id=template_id or DEFAULT_TEMPLATE,
                              access_token=secrets.token_urlsafe(24), metadata=dict(metadata or {}),
-                             env_vars=dict(wanted.env))
+                             env_vars=dict(wanted.env), lifecycle=lifecycle)
+        return self.serve_new(sandbox)
+
+    def serve_new(self, sandbox: E2bSandbox) -> E2bSandbox:
+        """Serve ``sandbox``, just started: its timeout counted from now, its run meta written."""
         # The timeout counts from when the sandbox is ready, not from the request: on a busy
         # host a start can take seconds, which a short timeout would otherwise lose.
         try:
-            sandbox.session.mark_kept_alive(sandbox.box.keep_alive(float(session.ttl_seconds)), sandbox.started_at)
+            self._keep_alive(sandbox, sandbox.session.ttl_seconds, sandbox.started_at)
         except (CallboxError, E2bError) as error:
             log.warning("sandbox %s: its timeout counts from the request (%s)", sandbox.sandbox_id, error)
         with contextlib.suppress(AuditError):
             self.audit.update_run_meta(sandbox.sandbox_id, {
                 "template": sandbox.template_id, "metadata": sandbox.metadata, "started_at": sandbox.started_at,
-                ENVD_TOKENS: [token_digest(sandbox.access_token)]})
+                ENVD_TOKENS: [token_digest(sandbox.access_token)], LIFECYCLE_META: sandbox.lifecycle.meta()})
         if self.built is not None and sandbox.template_id not in self.templates:
             try:  # its files, start and ready commands; a sandbox that does not start is removed
                 with e2b_errors(sandbox):
                     self.built.start(self, sandbox)
             except BaseException:
-                self.executor.delete_session(session, "template_start_failed")
+                self.executor.delete_session(sandbox.session, "template_start_failed")
                 raise
-        with self._lock:
-            self._boxes[sandbox.sandbox_id] = sandbox
+        self.add_adopted(sandbox)
         return sandbox
 
+    def set_lifecycle(self, sandbox: E2bSandbox, lifecycle: Lifecycle) -> None:
+        """Give a live ``sandbox`` another lifecycle (v1's resume with ``autoPause``)."""
+        check_allowed(lifecycle, sandbox.session.policy)
+        sandbox.lifecycle = lifecycle
+        sandbox.session.on_expiry = (lambda _session: pause_at_timeout(self, sandbox)) if lifecycle.pauses else None
+        with contextlib.suppress(AuditError):
+            self.audit.update_run_meta(sandbox.sandbox_id, {LIFECYCLE_META: lifecycle.meta()})
+
     def add_adopted(self, sandbox: E2bSandbox) -> None:
-        """Serve ``sandbox``, a session adopted after a server restart (:mod:`.restart`)."""
+        """Serve ``sandbox`` (also one adopted after a server restart: :mod:`.restart`); one
+        whose timeout pauses it is offered to :func:`.lifecycle.pause_at_timeout` by the reaper."""
+        if sandbox.lifecycle.pauses:
+            sandbox.session.on_expiry = lambda _session: pause_at_timeout(self, sandbox)
         with self._lock:
+            sandbox.seq = next(self._seq)
             self._boxes[sandbox.sandbox_id] = sandbox
 
     def _live(self, sandbox_id: str) -> E2bSandbox | None:
@@ -341,6 +373,11 @@ class E2bSandboxes:
         than whether it runs, like envd's ``/health``)."""
         return self._live(sandbox_id)
 
+    def every(self) -> list[E2bSandbox]:
+        """Every live sandbox, whoever owns it (to find the one a signed file URL names)."""
+        with self._lock:
+            return [sandbox for sandbox in self._boxes.values() if not sandbox.closed]
+
     def find_folded(self, sandbox_id: str) -> E2bSandbox | None:
         """:meth:`find` ignoring case: an id read from a host name, which clients lower-case."""
         folded = sandbox_id.lower()
@@ -356,7 +393,8 @@ class E2bSandboxes:
         return sandbox
 
     def for_envd(self, sandbox_id: str, access_token: str | None) -> E2bSandbox:
-        """The sandbox an envd request names, if it carries that sandbox's access token."""
+        """The sandbox an envd request names, if it carries that sandbox's access token
+        (then :meth:`awake` before the request is served)."""
         sandbox = self._live(sandbox_id)
         if sandbox is None:
             raise not_found("sandbox", sandbox_id)
@@ -365,10 +403,16 @@ class E2bSandboxes:
                            f"the X-Access-Token header is missing or not the access token of sandbox {sandbox_id}")
         return sandbox
 
+    def awake(self, sandbox: E2bSandbox) -> None:
+        """Before an envd request: a paused ``sandbox`` is resumed if it auto-resumes, else
+        refused (:func:`.lifecycle.wake`); a running one is left alone."""
+        wake(self, sandbox)
+
     def list(self, client: str, *, metadata: Mapping[str, str] | None = None,
              states: Collection[str] | None = None) -> list[E2bSandbox]:
-        """``client``'s live sandboxes, oldest first; with ``metadata``, those whose metadata
-        has every one of its pairs; with ``states``, those in one of them (running, paused)."""
+        """``client``'s live sandboxes in the order the door began serving them (``seq``);
+        with ``metadata``, those whose metadata has every one of its pairs; with ``states``,
+        those in one of them (running, paused)."""
         with self._lock:
             candidates = [s for s in self._boxes.values() if s.client == client and not s.closed]
         for sandbox in candidates:
@@ -376,7 +420,7 @@ class E2bSandboxes:
         with self._lock:
             for sid in [sid for sid, s in self._boxes.items() if s.closed]:
                 del self._boxes[sid]
-            mine = sorted((s for s in self._boxes.values() if s.client == client), key=lambda s: s.started_at)
+            mine = sorted((s for s in self._boxes.values() if s.client == client), key=lambda s: s.seq)
         wanted = dict(metadata or {})
         return [s for s in mine
                 if all(s.metadata.get(key) == value for key, value in wanted.items())
@@ -421,21 +465,28 @@ class E2bSandboxes:
         with sandbox.lock, e2b_errors(sandbox):
             return self._extend(sandbox, seconds)
 
+    def _keep_alive(self, sandbox: E2bSandbox, seconds: int, now: float) -> None:
+        """End ``sandbox`` ``seconds`` from now; the engine's clock of one its timeout pauses
+        ends ``PAUSE_GRACE_S`` later (its agent must not stop before the reaper pauses it)."""
+        grace = PAUSE_GRACE_S if sandbox.lifecycle.pauses else 0.0
+        expires = sandbox.box.keep_alive(float(seconds) + grace)
+        sandbox.session.mark_kept_alive(expires - grace, now)
+
     def _extend(self, sandbox: E2bSandbox, seconds: int) -> float:
         now = time.time()
-        expires = sandbox.box.keep_alive(float(seconds))
-        sandbox.session.mark_kept_alive(expires, now)
+        self._keep_alive(sandbox, seconds, now)
         with contextlib.suppress(AuditError):
             self.audit.update_run_meta(sandbox.sandbox_id, {"timeout_s": seconds, "timeout_set_at": now})
         return sandbox.end_at(now)
 
-    def pause(self, sandbox: E2bSandbox) -> None:
-        """Freeze ``sandbox`` (the policy's ``pause`` action, op pause); ``already_exists``
-        (409, as E2B answers) if it is paused already."""
+    def pause(self, sandbox: E2bSandbox, *, by: str | None = None) -> None:
+        """Freeze ``sandbox`` (the policy's ``pause`` action, op pause; ``by``: what paused it
+        if not its client, e.g. ``timeout``); ``already_exists`` (409, as E2B answers) if it
+        is paused already."""
         with sandbox.lock:
             if sandbox.state == "paused":
                 raise E2bError(ErrorCode.ALREADY_EXISTS, f"sandbox {sandbox.sandbox_id} is already paused")
-            with self.acting(sandbox, "pause", {"op": "pause"}), e2b_errors(sandbox):
+            with self.acting(sandbox, "pause", {"op": "pause", **({"by": by} if by else {})}), e2b_errors(sandbox):
                 sandbox.box.pause()
                 sandbox.session.mark_paused(time.time())
 

@@ -43,6 +43,7 @@ from harness.doors.e2b.boxes import E2bSandbox, E2bSandboxes
 from harness.doors.e2b.envd_filesystem import MAX_SYMLINK_HOPS, check_user, fs_errors, link_target, sandbox_path
 from harness.doors.e2b.errors import E2bError, invalid
 from harness.doors.e2b.rpc import EnvdCall, EnvdRoute, HttpRequest, HttpResponse, json_response
+from harness.doors.e2b.signing import Operation, check_signed
 from harness.engine.base import LivingSandbox
 from harness.engine.cancel import current_scope
 from harness.engine.tarstream import ChunkReader
@@ -282,6 +283,15 @@ def write_file(sandboxes: E2bSandboxes, sandbox: E2bSandbox, box: LivingSandbox,
                 written += len(pending)
                 pending.clear()
             box.transfer.move(temp, real, overwrite=True)
+        except AgentCallError as error:
+            if created:
+                with contextlib.suppress(CallboxError):
+                    box.agent.remove(temp)
+            ticket.outcome["bytes"] = written
+            if error.reason == "TOO_LARGE":  # the agent names the temporary file; say what was written where
+                raise E2bError(ErrorCode.TOO_LARGE, f"no space left to write {path} ({written + len(pending)} bytes "
+                               f"sent so far, nothing of it kept): {box.spec.space_for(real)}") from None
+            raise
         except BaseException:
             if created:
                 with contextlib.suppress(CallboxError):
@@ -295,7 +305,9 @@ def write_file(sandboxes: E2bSandboxes, sandbox: E2bSandbox, box: LivingSandbox,
 # ---- the routes ----------------------------------------------------------------------------------
 
 
-def _users(request: HttpRequest, call: EnvdCall) -> None:
+def _users(request: HttpRequest, call: EnvdCall, operation: Operation) -> None:
+    if call.signed:
+        check_signed(request, operation, call.sandbox)
     check_user(request.first("username"))
     check_user(call.user)
 
@@ -359,7 +371,7 @@ def http_routes(sandboxes: E2bSandboxes) -> list[EnvdRoute]:
     def get_files(request: HttpRequest, call: EnvdCall) -> HttpResponse:
         record = contextlib.ExitStack()
         try:
-            _users(request, call)
+            _users(request, call, "read")
             box = call.sandbox.running()
             path = sandbox_path(request.first("path") or "", box.spec)
             with fs_errors(call.sandbox):
@@ -392,10 +404,11 @@ def http_routes(sandboxes: E2bSandboxes) -> list[EnvdRoute]:
     def post_files(request: HttpRequest, call: EnvdCall) -> HttpResponse:
         written: list[dict[str, str]] = []
         try:
-            _users(request, call)
-            if any(name.startswith("x-metadata-") for name in request.headers):
-                raise invalid("file metadata (X-Metadata-* headers, stored as extended attributes) is not "
-                              "supported by this server; write the file without metadata")
+            _users(request, call, "write")
+            if keys := sorted(name[len("x-metadata-"):] for name in request.headers if name.startswith("x-metadata-")):
+                raise invalid(f"file metadata ({', '.join(map(repr, keys))}: write(..., metadata=...), sent as "
+                              "X-Metadata-* headers and kept by E2B as user.e2b.* extended attributes) is not "
+                              "supported by this server, so the file was not written; write it without metadata")
             media, params = _media_type(request.headers.get("content-type", ""))
             query_path = request.first("path")
             box = call.sandbox.running()

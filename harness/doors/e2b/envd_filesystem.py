@@ -72,9 +72,10 @@ __all__ = ["HOME", "MAX_PENDING", "MAX_WATCHERS", "USER", "FilesystemHandlers", 
 
 log = logging.getLogger("callbox.e2b")
 
-USER = "sandbox"
-"""The sandbox's one user (uid 1000 in the image); E2B's default user ``user`` means it too."""
-USER_ALIASES = frozenset({USER, "user"})
+USER = "user"
+"""The sandbox's one user (uid 1000 in the image), named as E2B's default user; ``sandbox``,
+its earlier name, means it too."""
+USER_ALIASES = frozenset({USER, "sandbox"})
 MAX_LIST_DEPTH = 64
 """The agent's deepest listing; deeper is refused rather than cut short."""
 LIST_LIMIT = 100_000
@@ -108,8 +109,8 @@ def check_user(user: str | None) -> None:
     if not user or user in USER_ALIASES:
         return
     raise E2bError(ErrorCode.PERMISSION_DENIED,
-                   f"this sandbox runs everything as its one unprivileged user {USER!r} (E2B's default user "
-                   f"'user' is the same user) and cannot act as {user!r}: leave the user unset")
+                   f"this sandbox runs everything as its one unprivileged user {USER!r} (uid 1000, E2B's "
+                   f"default user) and cannot act as {user!r}: leave the user unset")
 
 
 def sandbox_path(path: str, spec: SandboxSpec) -> str:

@@ -87,10 +87,10 @@ __all__ = ["SANDBOX_USER", "ProcessDoor", "end_event", "policy_command", "proces
 
 log = logging.getLogger("callbox.e2b")
 
-SANDBOX_USER = "sandbox"
-"""The sandbox's one unprivileged user (uid 1000, images/Dockerfile)."""
-DEFAULT_USERS = frozenset({SANDBOX_USER, "user"})
-"""Users a request may name and still run as the sandbox's user ("user" is E2B's default user)."""
+SANDBOX_USER = "user"
+"""The sandbox's one unprivileged user (uid 1000, images/Dockerfile), named as E2B's default user."""
+DEFAULT_USERS = frozenset({SANDBOX_USER, "sandbox"})
+"""Users a request may name and still run as the sandbox's user (``sandbox``: its earlier name)."""
 SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ash", "ksh"})
 _OPTIONS_WITH_VALUE = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
 PAUSED_RETRY_S = 5.0

@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -56,6 +55,16 @@ from harness.core.errors import AgentCallError, ErrorCode
 from harness.doors.e2b.boxes import E2bSandbox, E2bSandboxes
 from harness.doors.e2b.bridge import STOPPED, Done, Exchange, OutputChannel, Receive, Scope, Send
 from harness.doors.e2b.errors import E2bError, from_callbox
+from harness.doors.e2b.port_targets import (
+    ENVD_PORT,
+    HOP_BY_HOP_HEADERS,
+    TRAFFIC_TOKEN_HEADER,
+    PortTarget,
+    forwarded_headers,
+    port_target,
+    target_path,
+)
+from harness.doors.e2b.responses import CutOff, http_refusal
 from harness.doors.grpc.tokens import TokenSet
 from harness.engine.ports import Tunnel
 
@@ -64,54 +73,8 @@ __all__ = ["ENVD_PORT", "FILTERED_BODY_LIMIT", "PORT_FILTERS", "TRAFFIC_TOKEN_HE
 
 log = logging.getLogger("callbox.e2b")
 
-ENVD_PORT = 49983
-"""envd's port: requests to it are envd's, never forwarded."""
-TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"  # noqa: S105 - a header name, not a secret
-"""The header of a sandbox's traffic access token on a port request (as E2B names it)."""
 FILTERED_BODY_LIMIT = 16 << 20
 """The largest request body a port filter is given (a larger one is 413)."""
-
-_CREDENTIALS = frozenset({TRAFFIC_TOKEN_HEADER, "x-access-token", "x-api-key"})
-_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer",
-                         "transfer-encoding", "upgrade"})
-_DOOR_HEADERS = frozenset({"e2b-sandbox-id", "e2b-sandbox-port"})
-_WEBSOCKET_HEADERS = frozenset({"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
-                                "sec-websocket-protocol", "sec-websocket-accept", "host"})
-_PORT_HOST = re.compile(r"(\d{1,5})-([A-Za-z0-9][A-Za-z0-9_-]*)(?:\.|:|$)", re.ASCII)
-
-
-@dataclass(frozen=True)
-class PortTarget:
-    """The sandbox and port a request names."""
-
-    sandbox_id: str
-    port: int
-    by_host: bool
-    """Named by its host name (``PORT-ID.DOMAIN``) rather than by the ``E2b-Sandbox-*`` headers."""
-
-
-def _check_port(text: str) -> int:
-    try:
-        port = int(text.strip())
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        raise E2bError(ErrorCode.INVALID_REQUEST, f"E2b-Sandbox-Port: {text.strip()!r} is not a TCP port (1-65535)")
-    return port
-
-
-def port_target(headers: Mapping[str, str]) -> PortTarget | None:
-    """The sandbox and port ``headers`` name: ``E2b-Sandbox-Id`` (and ``E2b-Sandbox-Port``,
-    envd's when absent), else a ``Host`` of the form ``PORT-SANDBOXID.ANYTHING``; None for a
-    control plane request. ``invalid_argument`` for a port that is not one."""
-    sandbox_id = headers.get("e2b-sandbox-id")
-    if sandbox_id is not None:
-        port = headers.get("e2b-sandbox-port")
-        return PortTarget(sandbox_id, ENVD_PORT if port is None else _check_port(port), by_host=False)
-    match = _PORT_HOST.match(headers.get("host", ""))
-    if match is None:
-        return None
-    return PortTarget(match.group(2), _check_port(match.group(1)), by_host=True)
 
 
 @dataclass(frozen=True)
@@ -145,22 +108,11 @@ def register_port_filter(port: int, port_filter: PortFilter) -> None:
     PORT_FILTERS[port] = port_filter
 
 
-def _forwarded(headers: Mapping[str, str], *, drop: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
-    """The request headers the program in the sandbox gets: no credential, no hop-by-hop header."""
-    skip = _CREDENTIALS | _HOP_BY_HOP | _DOOR_HEADERS | drop
-    return [(name, value) for name, value in headers.items() if name not in skip]
-
-
 def _not_open(target: PortTarget, error: AgentCallError) -> E2bError:
     if error.reason == "CONNECTION_REFUSED":
         return E2bError(ErrorCode.SANDBOX_UNAVAILABLE, f"sandbox {target.sandbox_id!r} is running but port "
                         f"{target.port} is not open: nothing listens on it in the sandbox", status=502)
     return from_callbox(error)
-
-
-def _target_path(scope_path: str, raw_path: bytes | None, query: bytes) -> str:
-    path = raw_path.decode("latin-1") if raw_path else scope_path
-    return path + ("?" + query.decode("latin-1") if query else "")
 
 
 class PortProxy:
@@ -196,11 +148,12 @@ class PortProxy:
         port_filter = self.filters.get(target.port)
         if port_filter is not None:
             return port_filter(PortRequest(sandbox=sandbox, sandboxes=self.sandboxes, port=target.port, method=method,
-                                           target=request_target, headers=dict(_forwarded(headers)), body=body))
+                                           target=request_target, headers=dict(forwarded_headers(headers)), body=body))
         path = request_target.split("?", 1)[0]
         return self.sandboxes.acting(sandbox, "port_forward", {"port": target.port, "request": f"{method} {path}"})
 
     def _open(self, sandbox: E2bSandbox, target: PortTarget) -> Tunnel:
+        self.sandboxes.awake(sandbox)  # paused: resumed if it auto-resumes, else refused as envd requests are
         try:
             return sandbox.running().agent.ports.connect(target.port)
         except AgentCallError as error:
@@ -210,7 +163,6 @@ class PortProxy:
 
     async def serve_http(self, exchange: Exchange, target: PortTarget) -> None:
         """Forward one HTTP request to ``target`` and stream its response back."""
-        from harness.doors.e2b.app import _http_refusal  # the door's error response
 
         headers = exchange.headers
         where = f"{exchange.method} port {target.port}"
@@ -218,10 +170,10 @@ class PortProxy:
             sandbox = self.sandbox_for(target, headers)
             body = await exchange.read_all(FILTERED_BODY_LIMIT) if target.port in self.filters else None
         except Exception as error:  # every failure is an answer, never a crash
-            await _http_refusal(exchange, _as_error(error, where))
+            await http_refusal(exchange, _as_error(error, where))
             return
-        request_target = _target_path(exchange.path, exchange.raw_path, exchange.query_string)
-        head = [*_forwarded(headers), ("connection", "close")]
+        request_target = target_path(exchange.path, exchange.raw_path, exchange.query_string)
+        head = [*forwarded_headers(headers), ("connection", "close")]
         chunked = body is None and "content-length" not in headers and exchange.method not in ("GET", "HEAD")
         if body is not None:
             head = [(k, v) for k, v in head if k != "content-length"] + [("content-length", str(len(body)))]
@@ -232,6 +184,8 @@ class PortProxy:
         request_head = (f"{exchange.method} {request_target} HTTP/1.1\r\n"
                         + "".join(f"{k}: {v}\r\n" for k, v in head) + "\r\n").encode("latin-1")
         channel = None if body is not None else exchange.stream_body()
+        if body is not None:  # read whole for a filter: still notice the client leaving (a long-polled response)
+            exchange.watch()
         out = OutputChannel(exchange.loop)
         exchange.on_end(out.stop)
 
@@ -315,7 +269,7 @@ def _relay_response(tunnel: Tunnel, method: str, out: OutputChannel) -> tuple[in
         if isinstance(event, h11.Response):
             status = event.status_code
             response_headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers
-                                if k.decode("latin-1").lower() not in _HOP_BY_HOP]
+                                if k.decode("latin-1").lower() not in HOP_BY_HOP_HEADERS]
             if not out.put(("head", status, response_headers)):
                 return status, size
         elif isinstance(event, h11.Data):
@@ -330,28 +284,27 @@ def _relay_response(tunnel: Tunnel, method: str, out: OutputChannel) -> tuple[in
 
 
 async def _respond(exchange: Exchange, out: OutputChannel, where: str) -> None:
-    from harness.doors.e2b.app import _CutOff, _http_refusal
 
     while True:
         item = await out.get()
         if item is STOPPED:
             if exchange.started:
-                raise _CutOff(f"{where}: the response was cut off ({exchange.ended})")
+                raise CutOff(f"{where}: the response was cut off ({exchange.ended})")
             return
         if isinstance(item, Done):
             if item.error is None:
                 if exchange.started:
                     await exchange.finish()
                 else:
-                    await _http_refusal(exchange, E2bError(ErrorCode.SANDBOX_UNAVAILABLE, "the program in the "
+                    await http_refusal(exchange, E2bError(ErrorCode.SANDBOX_UNAVAILABLE, "the program in the "
                                                            "sandbox sent no response", status=502))
                 return
             error = _as_error(item.error, where)
             if not exchange.started:
-                await _http_refusal(exchange, error)
+                await http_refusal(exchange, error)
                 return
             log.warning("%s: the response failed after its head was sent: %s", where, error.message)
-            raise _CutOff(f"{where}: {error.message}")
+            raise CutOff(f"{where}: {error.message}")
         if isinstance(item, tuple):
             _, status, headers = item
             await exchange.start(status, headers)

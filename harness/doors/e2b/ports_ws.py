@@ -28,6 +28,7 @@ from websockets.uri import parse_uri
 from harness.core.errors import ErrorCode
 from harness.doors.e2b.bridge import STOPPED, Done, OutputChannel, Receive, Scope, Send
 from harness.doors.e2b.errors import E2bError
+from harness.doors.e2b.port_targets import WEBSOCKET_HEADERS, forwarded_headers, port_target, target_path
 
 if TYPE_CHECKING:
     from harness.doors.e2b.ports import PortProxy
@@ -58,8 +59,6 @@ def _headers(scope: Scope) -> dict[str, str]:
 
 async def relay_websocket(proxy: PortProxy, scope: Scope, receive: Receive, send: Send, pool: Any) -> None:
     """Serve one ASGI ``websocket`` scope; see the module docstring."""
-    from harness.doors.e2b.ports import _WEBSOCKET_HEADERS, _forwarded, _target_path, port_target
-
     loop = asyncio.get_running_loop()
     headers = _headers(scope)
     message = await receive()
@@ -75,13 +74,13 @@ async def relay_websocket(proxy: PortProxy, scope: Scope, receive: Receive, send
     except E2bError as error:
         await _refuse(send, error)
         return
-    path = _target_path(scope.get("path", "/"), scope.get("raw_path"), scope.get("query_string", b""))
+    path = target_path(scope.get("path", "/"), scope.get("raw_path"), scope.get("query_string", b""))
     subprotocols = [Subprotocol(p) for p in scope.get("subprotocols", [])]
     protocol = ClientProtocol(parse_uri(f"ws://sandbox{path}"), subprotocols=subprotocols or None,
                               max_size=MAX_MESSAGE_BYTES)
     request = protocol.connect()
     request.headers["Host"] = headers.get("host", "localhost")
-    for name, value in _forwarded(headers, drop=_WEBSOCKET_HEADERS):
+    for name, value in forwarded_headers(headers, drop=WEBSOCKET_HEADERS):
         request.headers[name] = value
     protocol.send_request(request)
     guard = proxy._guard(sandbox, target, "GET", path, headers, b"")

@@ -9,9 +9,10 @@ sandboxes only; anyone else's is 404 with the words of one that never existed.
                                            same sandbox
 ``GET /v2/sandboxes``                      list: ``metadata`` (``k=v&...``, url-encoded as the SDK
                                            sends it), ``state`` (running, paused, comma separated),
-                                           ``template``, ``startedAfter``, ``order`` (asc by start,
-                                           or desc), ``limit`` (1 to 100, default 100), paged by
-                                           ``nextToken`` / the ``x-next-token`` header
+                                           ``template``, ``startedAfter``, ``order`` (asc: in the
+                                           order the door began serving them, or desc), ``limit``
+                                           (1 to 100, default 100), paged by ``nextToken`` / the
+                                           ``x-next-token`` header: each sandbox once
 ``GET /sandboxes``                         v1's list: the running ones, unpaged
 ``GET /sandboxes/{id}``                    ``SandboxDetail``
 ``DELETE /sandboxes/{id}``                 204 (the SDK reads 404 as ``False``)
@@ -23,11 +24,17 @@ sandboxes only; anyone else's is 404 with the words of one that never existed.
 ``POST /sandboxes/{id}/resume``            v1's resume: as connect, 409 if it is running
 ``GET /sandboxes/{id}/metrics``            one reading now (``start``/``end``: empty if now is
                                            outside them)
+``PUT /sandboxes/{id}/network``            204: its network rules replaced (``allowOut``,
+                                           ``denyOut``, ``allow_internet_access``), within its
+                                           policy's network (:mod:`harness.core.network_request`);
+                                           the policy's ``network`` action, recorded in its run
 =========================================  =======================================================
 
-What the SDK can ask on these paths that this server does not do (network updates, forks,
-snapshots, logs, refreshes, the metrics of many sandboxes, snapshot listing and deletion)
-is 501 with a sentence naming it. Errors are ``{"code": STATUS, "message": ...}``; a 429
+Snapshots and forks (``/sandboxes/{id}/snapshots``, ``/sandboxes/{id}/fork``, ``/snapshots``,
+``DELETE /templates/{id}`` of a snapshot, and a create whose ``templateID`` is a snapshot) are
+:mod:`harness.doors.e2b.snapshots`'. What the SDK can ask on these paths that this server
+does not do (logs, refreshes, the metrics of many sandboxes) is 501 with a
+sentence naming it. Errors are ``{"code": STATUS, "message": ...}``; a 429
 says ``Should-Retry: false`` (a limit of sandboxes per client is not passed by waiting a
 few seconds, which is what the SDK's retries would do).
 
@@ -44,24 +51,28 @@ import json
 import logging
 import time
 import urllib.parse
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from harness.core.errors import ErrorCode
-from harness.doors.e2b.boxes import DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes
+from harness.core.network_request import update_network
+from harness.doors.e2b.boxes import DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes, e2b_errors
 from harness.doors.e2b.domains import sandbox_domain
 from harness.doors.e2b.errors import E2bError, invalid
+from harness.doors.e2b.lifecycle import Lifecycle
 from harness.doors.e2b.rest_models import (
     ENVD_VERSION,
     created_body,
     detail_body,
     listed_body,
     metric_body,
+    network_request,
     parse_create,
     unsupported,
 )
 from harness.doors.e2b.rpc import HttpRequest, HttpResponse, RestRoute, json_response
+from harness.doors.e2b.snapshots import E2bSnapshots, snapshot_template
 
 __all__ = ["ENVD_VERSION", "MAX_LIST_LIMIT", "ControlPlane", "routes"]
 
@@ -144,14 +155,18 @@ def _started_after(request: HttpRequest) -> float | None:
 
 
 def _cursor(sandbox: E2bSandbox) -> str:
-    raw = json.dumps([sandbox.started_at, sandbox.sandbox_id]).encode()
+    """The next page's token: the place of the page's last sandbox in the door's order (a
+    sandbox that starts meanwhile comes later in it, one that ends leaves no gap)."""
+    raw = json.dumps([sandbox.seq]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _after_cursor(token: str) -> tuple[float, str]:
+def _after_cursor(token: str) -> int:
     try:
-        started, sandbox_id = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        return float(started), str(sandbox_id)
+        (seq,) = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise TypeError(seq)
+        return seq
     except (ValueError, TypeError, binascii.Error):
         raise invalid(f"nextToken: {token!r} is not a token this server gave (x-next-token of a list)") from None
 
@@ -161,6 +176,7 @@ class ControlPlane:
 
     def __init__(self, sandboxes: E2bSandboxes, domain: str | None = None) -> None:
         self.sandboxes = sandboxes
+        self.snapshots = E2bSnapshots(sandboxes)
         self.domain = domain
         """The configured sandbox domain (:func:`~harness.doors.e2b.domains.sandbox_domain`)."""
 
@@ -173,13 +189,29 @@ class ControlPlane:
     # ---- create, list, get, delete -----------------------------------------------------------------
 
     def create(self, request: HttpRequest, client: str) -> HttpResponse:
-        wanted = parse_create(request.json(), self.sandboxes, client)
+        body = request.json()
+        snapshot = self.snapshots.find(client, body.get("templateID")) if isinstance(body, dict) else None
+        if snapshot is not None:  # a templateID naming one of the client's snapshots
+            template = snapshot_template(self.sandboxes, client, snapshot)
+            wanted = parse_create({**body, "templateID": template}, self.sandboxes, client)
+            name = str(body["templateID"])
+            sandbox = self.snapshots.create_from(client, snapshot, wanted, template_id=template,
+                                                 details={"snapshot": name, "from_snapshot": True},
+                                                 origin={"forked_from_snapshot": name},
+                                                 idempotency_key=request.headers.get("idempotency-key") or None)
+            log.info("e2b client %s created sandbox %s from snapshot %s", client, sandbox.sandbox_id, name)
+            return json_response(201, created_body(sandbox, self._domain(request)))
+        wanted = parse_create(body, self.sandboxes, client)
         sandbox = self.sandboxes.create(client, template_id=wanted.template_id, overrides=wanted.overrides,
                                         metadata=wanted.metadata,
                                         idempotency_key=request.headers.get("idempotency-key") or None,
-                                        fingerprint=wanted.fingerprint)
-        log.info("e2b client %s created sandbox %s (template %s, timeout %d s)", client, sandbox.sandbox_id,
-                 sandbox.template_id, wanted.timeout)
+                                        fingerprint=wanted.fingerprint, lifecycle=wanted.lifecycle)
+        sandbox.network_note = wanted.network_note
+        # Less network than asked is a warning: the client may not look at the sandbox's info.
+        log.log(logging.WARNING if wanted.network_note else logging.INFO,
+                "e2b client %s created sandbox %s (template %s, timeout %d s, on timeout %s, network %s)%s",
+                client, sandbox.sandbox_id, sandbox.template_id, wanted.timeout, sandbox.lifecycle.on_timeout,
+                sandbox.box.spec.network_summary(), f": {wanted.network_note}" if wanted.network_note else "")
         return json_response(201, created_body(sandbox, self._domain(request)))
 
     def list_v2(self, request: HttpRequest, client: str) -> HttpResponse:
@@ -197,12 +229,11 @@ class ControlPlane:
         after = _started_after(request)
         found = [s for s in self.sandboxes.list(client, metadata=metadata, states=_states(request))
                  if (not template or s.template_id == template) and (after is None or s.started_at >= after)]
-        found.sort(key=lambda s: (s.started_at, s.sandbox_id), reverse=order == "desc")
+        found.sort(key=lambda s: s.seq, reverse=order == "desc")
         token = request.first("nextToken")
         if token:
             mark = _after_cursor(token)
-            found = [s for s in found if ((s.started_at, s.sandbox_id) < mark if order == "desc"
-                                          else (s.started_at, s.sandbox_id) > mark)]
+            found = [s for s in found if (s.seq < mark if order == "desc" else s.seq > mark)]
         page = found[:limit]
         headers = [("x-next-token", _cursor(page[-1]))] if len(found) > limit else []
         return json_response(200, self._listed(page), headers)
@@ -258,8 +289,8 @@ class ControlPlane:
     def resume(self, request: HttpRequest, client: str) -> HttpResponse:
         sandbox = self._sandbox(request, client)
         body = _object(request)
-        if body.get("autoPause") is True:
-            raise unsupported("autoPause: this server removes a sandbox when its timeout passes, it cannot pause it")
+        if body.get("autoPause") is True and not sandbox.lifecycle.pauses:  # v1: pause it at its next timeout
+            self.sandboxes.set_lifecycle(sandbox, Lifecycle("pause", sandbox.lifecycle.auto_resume))
         return self._connect(sandbox, body, must_be_paused=True, domain=self._domain(request))
 
     def _connect(self, sandbox: E2bSandbox, body: Mapping[str, Any], *, must_be_paused: bool,
@@ -276,6 +307,24 @@ class ControlPlane:
         resumed = self.sandboxes.connect(sandbox, timeout)
         return json_response(201 if resumed else 200, created_body(sandbox, domain))
 
+    def update_network(self, request: HttpRequest, client: str) -> HttpResponse:
+        sandbox = self._sandbox(request, client)
+        asked = network_request(_object(request), update=True)
+        details = {"internet": asked.internet, "allow": list(asked.allow), "deny": list(asked.deny)}
+        with self.sandboxes.acting(sandbox, "network", details) as ticket, e2b_errors(sandbox):
+            spec = update_network(sandbox.box, sandbox.box.spec, asked,
+                                  sandbox.session.policy.sandbox.on_internet_request)
+            ticket.outcome["network"] = spec.network_summary()
+        log.info("e2b client %s changed the network of sandbox %s: %s", client, sandbox.sandbox_id,
+                 spec.network_summary())
+        return json_response(204, None)
+
+    def snapshot(self, request: HttpRequest, client: str) -> HttpResponse:
+        return self.snapshots.snapshot(self._sandbox(request, client), _object(request))
+
+    def fork(self, request: HttpRequest, client: str) -> HttpResponse:
+        return self.snapshots.fork(self._sandbox(request, client), _object(request), self._domain(request))
+
     def metrics(self, request: HttpRequest, client: str) -> HttpResponse:
         sandbox = self._sandbox(request, client)
         start, end = _int_param(request, "start"), _int_param(request, "end")
@@ -285,10 +334,11 @@ class ControlPlane:
         return json_response(200, [metric_body(metric)])
 
 
-def routes(sandboxes: E2bSandboxes, domain: str | None = None) -> list[RestRoute]:
+def routes(sandboxes: E2bSandboxes, domain: str | None = None,
+           templates: Iterable[RestRoute] = ()) -> list[RestRoute]:
     """The control plane's routes, in the order to match them (literal segments before
     ``{sandboxID}``: ``/sandboxes/metrics`` is not a sandbox); ``domain``: the configured
-    sandbox domain."""
+    sandbox domain; ``templates``: the template API's routes, matched before these."""
     api = ControlPlane(sandboxes, domain)
     served: list[tuple[str, str, Handler]] = [
         ("POST", "/v2/sandboxes", api.create),
@@ -304,13 +354,18 @@ def routes(sandboxes: E2bSandboxes, domain: str | None = None) -> list[RestRoute
         ("POST", "/sandboxes/{sandboxID}/connect", api.connect),
         ("POST", "/sandboxes/{sandboxID}/resume", api.resume),
         ("GET", "/sandboxes/{sandboxID}/metrics", api.metrics),
-        ("PUT", "/sandboxes/{sandboxID}/network", _not_served("changing a sandbox's network (update_network)")),
-        ("POST", "/sandboxes/{sandboxID}/fork", _not_served("forking a sandbox (fork)")),
-        ("POST", "/sandboxes/{sandboxID}/snapshots", _not_served("snapshots of a sandbox (create_snapshot)")),
+        ("PUT", "/sandboxes/{sandboxID}/network", api.update_network),
+        ("POST", "/sandboxes/{sandboxID}/fork", api.fork),
+        ("POST", "/sandboxes/{sandboxID}/snapshots", api.snapshot),
+        ("GET", "/snapshots", api.snapshots.list),
         ("GET", "/sandboxes/{sandboxID}/logs", _not_served("a sandbox's logs")),
         ("GET", "/v2/sandboxes/{sandboxID}/logs", _not_served("a sandbox's logs")),
         ("POST", "/sandboxes/{sandboxID}/refreshes", _not_served("refreshing a sandbox (use set_timeout)")),
-        ("GET", "/snapshots", _not_served("listing snapshots (list_snapshots)")),
-        ("DELETE", "/templates/{templateID}", _not_served("deleting templates or snapshots (delete_snapshot)")),
     ]
-    return [(method, path, _answering(handler)) for method, path, handler in served]
+    own = [(method, path, _answering(handler)) for method, path, handler in served]
+    # DELETE /templates/{id} is the SDK's delete_snapshot and Template.delete both: a
+    # snapshot of the client's first, else the template route (if the template API is served).
+    others = list(templates)
+    template_delete = next((h for m, p, h in others if (m, p) == ("DELETE", "/templates/{templateID}")), None)
+    delete = _answering(functools.partial(api.snapshots.delete, otherwise=template_delete))
+    return [("DELETE", "/templates/{templateID}", delete), *others, *own]

@@ -11,16 +11,18 @@ field by field (:func:`parse_create`):
   none given: E2B's 300 s, or the limit if that is shorter.
 * ``envVars`` become the sandbox's environment (``SandboxOverrides.env``), ``metadata`` is
   kept with it (both: string to string).
-* ``allow_internet_access``: false is network ``none``; true is refused unless the
-  template's network is ``open`` (a sandbox never gets more network than its policy gives).
-  ``network``: ``denyOut: ["0.0.0.0/0"]`` alone is network ``none``; the options about the
-  sandbox's public URLs (``allowPublicTraffic``, ``maskRequestHost``, ``httpsPorts``) change
-  nothing here (this server publishes no sandbox URLs); egress rules are not supported.
+* ``allow_internet_access`` and ``network.allowOut``/``denyOut`` (:func:`network_request`)
+  narrow the template's network, never widen it (:mod:`harness.core.network_request`: true
+  beyond the policy gets the policy's network and a note, or a refusal with the policy's
+  ``sandbox.on_internet_request = "refuse"``); the info's ``network`` says what the sandbox
+  really has (:func:`network_body`). ``rules``, ``egressProxy`` and ``dnsServers`` are not
+  supported; the options about the sandbox's public URLs (``allowPublicTraffic``,
+  ``maskRequestHost``, ``httpsPorts``) are the ports' (they change no egress).
 * ``secure`` (older SDKs) is accepted: every sandbox here gets an envd access token.
+* ``autoPause``, ``autoPauseMemory`` and ``autoResume`` (the SDK's ``lifecycle``) are the
+  sandbox's :class:`~harness.doors.e2b.lifecycle.Lifecycle` (see that module).
 * Refused as not supported (501), since accepting them would promise behaviour this server
-  does not have: ``autoPause`` true (a timeout here removes the sandbox), ``autoResume``
-  enabled, ``mcp``, ``iam`` tokens, ``volumeMounts``. ``autoPauseMemory`` only qualifies
-  ``autoPause`` and is ignored.
+  does not have: ``mcp``, ``iam`` tokens, ``volumeMounts``.
 * Any other field is refused (400) unless it is empty (null, false, "", [], {}): a newer
   SDK's option this server does not know could change what the sandbox does.
 """
@@ -33,15 +35,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from harness.core.errors import ErrorCode
+from harness.core.errors import CallboxError, ErrorCode
+from harness.core.network_request import NetworkRequest, grant_network
 from harness.core.times import iso
 from harness.doors.e2b.boxes import DEFAULT_TEMPLATE, DEFAULT_TIMEOUT_S, E2bSandbox, E2bSandboxes, Metric
 from harness.doors.e2b.domains import UNROUTABLE
 from harness.doors.e2b.errors import E2bError, invalid
+from harness.doors.e2b.lifecycle import Lifecycle, parse_lifecycle
 from harness.doors.grpc.overrides import SandboxOverrides
+from harness.engine.spec import SandboxSpec
+from sandbox.egress_policy import Allowlist
 
 __all__ = ["ENVD_VERSION", "CreateRequest", "created_body", "detail_body", "listed_body", "metric_body",
-           "parse_create", "rfc3339", "string_map", "unsupported"]
+           "network_body", "network_request", "parse_create", "rfc3339", "string_map", "unsupported"]
 
 ENVD_VERSION = "0.6.4"
 """The envd version this server answers as: the features of envd 0.6.4 the door implements."""
@@ -51,6 +57,12 @@ ALL_TRAFFIC = "0.0.0.0/0"
 _CREATE_FIELDS = {"templateID", "timeout", "autoPause", "autoPauseMemory", "autoResume", "allow_internet_access",
                   "network", "metadata", "envVars", "mcp", "iam", "volumeMounts", "secure"}
 _PUBLIC_URL_OPTIONS = {"allowPublicTraffic", "maskRequestHost", "httpsPorts"}
+_NETWORK_UNSUPPORTED = {
+    "rules": "per-host request transforms are not supported (the egress proxy does not rewrite requests)",
+    "egressProxy": "tunnelling through your SOCKS5 proxy is not supported (the sandbox's egress goes through "
+                   "callbox's own proxy)",
+    "dnsServers": "DNS servers cannot be chosen (callbox's egress proxy resolves names itself)",
+}
 
 
 def unsupported(message: str) -> E2bError:
@@ -79,48 +91,52 @@ class CreateRequest:
     timeout: int
     overrides: SandboxOverrides
     metadata: dict[str, str]
+    lifecycle: Lifecycle
     fingerprint: str
     """The request as canonical JSON (an Idempotency-Key's repeat must match it)."""
+    network_note: str | None = None
+    """How the network the sandbox gets differs from what was asked (:class:`NetworkGrant`)."""
 
 
-def _network(body: Mapping[str, Any], server_network: str) -> str | None:
-    """The network the request asks for: None (the template's) or ``none``."""
-    wanted: str | None = None
+def _entries(value: Any, what: str) -> tuple[str, ...]:
+    """A list of egress entries (the proxy's syntax), each checked; ``invalid_argument`` naming it."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise invalid(f"{what} must be a list of strings (hosts, *.wildcards, IPs or CIDR networks)")
+    for index, item in enumerate(value):
+        try:
+            Allowlist.parse([item])
+        except ValueError as exc:
+            raise invalid(f"{what}[{index}]: {exc}") from None
+    return tuple(value)
+
+
+def network_request(body: Mapping[str, Any], *, update: bool = False) -> NetworkRequest:
+    """What a create body (``allow_internet_access``, ``network``) or an update body (the
+    network fields at its top level) asks of the sandbox's network."""
     allow = body.get("allow_internet_access")
-    if allow is not None:
-        if not isinstance(allow, bool):
-            raise invalid(f"allow_internet_access must be true or false, not {allow!r}")
-        if not allow:
-            wanted = "none"
-        elif server_network != "open":
-            detail = ("gives sandboxes no network" if server_network == "none"
-                      else "lets sandboxes reach only the hosts of sandbox.allow_hosts")
-            raise E2bError(ErrorCode.PERMISSION_DENIED,
-                           f"allow_internet_access: this server's policy {detail} (sandbox.network = "
-                           f"{server_network!r}); leave allow_internet_access unset or false")
-    network = body.get("network")
+    if allow is not None and not isinstance(allow, bool):
+        raise invalid(f"allow_internet_access must be true or false, not {allow!r}")
+    network = body if update else body.get("network")
     if _empty(network):
-        return wanted
+        return NetworkRequest(internet=allow)
     if not isinstance(network, dict):
         raise invalid(f"network must be an object, not {type(network).__name__}")
-    rules = {key: value for key, value in network.items() if key not in _PUBLIC_URL_OPTIONS and not _empty(value)}
-    if not rules:
-        return wanted
-    if set(rules) == {"denyOut"} and rules["denyOut"] == [ALL_TRAFFIC]:
-        return "none"
-    raise unsupported(f"network: {', '.join(sorted(rules))} is not supported: this server gives a sandbox its "
-                      f"policy's network ({server_network!r}) or none; ask for none with allow_internet_access "
-                      "false (or denyOut ['0.0.0.0/0'] alone)")
+    where = "" if update else "network."
+    known = {"allowOut", "denyOut", "allow_internet_access"} | (set() if update else _PUBLIC_URL_OPTIONS)
+    for key, value in network.items():
+        if key in known or _empty(value):
+            continue
+        if key in _NETWORK_UNSUPPORTED:
+            raise unsupported(f"{where}{key}: {_NETWORK_UNSUPPORTED[key]}")
+        raise invalid(f"this server does not know the network field {where}{key}; leave it unset "
+                      "(it would not do what it asks)")
+    return NetworkRequest(internet=allow, allow=_entries(network.get("allowOut"), f"{where}allowOut"),
+                          deny=_entries(network.get("denyOut"), f"{where}denyOut"))
 
 
 def _refuse_unimplemented(body: Mapping[str, Any]) -> None:
-    if body.get("autoPause") is True:
-        raise unsupported("autoPause: this server removes a sandbox when its timeout passes, it cannot pause it "
-                          "instead; leave lifecycle.on_timeout unset or 'kill', and pause it yourself with pause()")
-    resume = body.get("autoResume")
-    if isinstance(resume, dict) and resume.get("enabled"):
-        raise unsupported("autoResume: a paused sandbox here resumes only through Sandbox.connect; leave "
-                          "lifecycle.auto_resume unset or false")
     for key, what in (("mcp", "MCP gateways"), ("iam", "workload identity tokens"), ("volumeMounts", "volumes")):
         value = body.get(key)
         if key == "iam" and isinstance(value, dict):
@@ -149,10 +165,16 @@ def parse_create(body: Any, sandboxes: E2bSandboxes, client: str | None = None) 
     secure = body.get("secure")
     if secure is not None and not isinstance(secure, bool):
         raise invalid(f"secure must be true or false, not {secure!r}")
-    overrides = SandboxOverrides(network=_network(body, policy.sandbox.network), ttl_seconds=timeout,
-                                 env=string_map(body.get("envVars"), "envVars"))
+    wanted = network_request(body)
+    try:
+        granted = grant_network(policy.sandbox, wanted, policy.sandbox.on_internet_request)
+    except CallboxError as error:
+        raise E2bError(error.code, error.message) from None
+    overrides = SandboxOverrides(ttl_seconds=timeout, env=string_map(body.get("envVars"), "envVars"),
+                                 network_request=wanted)
     return CreateRequest(template_id=template_id, timeout=timeout, overrides=overrides,
-                         metadata=string_map(body.get("metadata"), "metadata"),
+                         metadata=string_map(body.get("metadata"), "metadata"), network_note=granted.note,
+                         lifecycle=parse_lifecycle(body),
                          fingerprint=json.dumps(body, sort_keys=True, separators=(",", ":")))
 
 
@@ -204,11 +226,33 @@ def detail_body(sandbox: E2bSandbox, now: float, domain: str = UNROUTABLE) -> di
     body = listed_body(sandbox, now)
     body["envdAccessToken"] = sandbox.access_token
     body["domain"] = domain
-    body["lifecycle"] = {"autoResume": False, "onTimeout": "kill"}
-    network = sandbox.box.spec.network
-    if network in ("open", "none"):
-        body["allowInternetAccess"] = network == "open"
+    body["lifecycle"] = sandbox.lifecycle.body()
+    body.update(network_body(sandbox.box.spec, sandbox.network_note))
     return body
+
+
+def network_body(spec: SandboxSpec, note: str | None = None) -> dict[str, Any]:
+    """What a sandbox's info says of the network it really has: ``allowInternetAccess``
+    (true only for ``open``), ``network.allowOut``/``denyOut`` as E2B spells its rules (an
+    allowlist sandbox: its allowlist's entries allowed and all other traffic denied, or, when
+    a client narrowed it, the client's rules, which apply within that allowlist), and
+    ``callboxNetwork`` (the SDK keeps unknown fields): the mode, the policy's allowlist, the
+    client's narrowing and, when the sandbox got less than was asked, why."""
+    mode = spec.network
+    narrowed = bool(spec.egress_allow or spec.egress_deny)
+    if mode == "open":
+        rules: dict[str, Any] = {}
+    elif mode == "none":
+        rules = {"denyOut": [ALL_TRAFFIC]}
+    elif narrowed:
+        rules = {"allowOut": list(spec.egress_allow), "denyOut": list(spec.egress_deny)}
+    else:
+        rules = {"allowOut": list(spec.allow_hosts), "denyOut": [ALL_TRAFFIC]}
+    info: dict[str, Any] = {"mode": mode, "summary": spec.network_summary(), "allowHosts": list(spec.allow_hosts),
+                            "allowOut": list(spec.egress_allow), "denyOut": list(spec.egress_deny)}
+    if note:
+        info["note"] = note
+    return {"allowInternetAccess": mode == "open", "network": rules, "callboxNetwork": info}
 
 
 def metric_body(metric: Metric) -> dict[str, Any]:

@@ -12,9 +12,11 @@ that module's :func:`~harness.doors.grpc.adoption.adopt` and the door's
   the network, the envVars' names with their values read back from the sandbox's spec). A
   template this server no longer has, or a policy that no longer allows those overrides:
   the sandbox is destroyed and its run ends ``policy_changed``.
-* **What the door adds.** The template id, the metadata and the start time (``startedAt``
-  of the listing) come from the run meta; the envVars from the overrides; the timeout from
-  the engine's lifetime records (a paused sandbox stays paused, its clock standing still).
+* **What the door adds.** The template id, the metadata, the lifecycle (a sandbox its
+  timeout paused stays paused, kept until its paused TTL, and resumes as it was created to)
+  and the start time (``startedAt`` of the listing) come from the run meta; the envVars
+  from the overrides; the timeout from the engine's lifetime records (a paused sandbox
+  stays paused, its clock standing still).
 * **The envd access token.** The audit store keeps only the SHA-256 digests of the tokens a
   sandbox was given (:data:`~harness.doors.e2b.boxes.ENVD_TOKENS`), never a token. An
   adopted sandbox gets a new token, which create-style answers (``connect``, the sandbox's
@@ -39,6 +41,7 @@ import secrets
 from harness.audit.store import AuditError, RunRecord
 from harness.core.policy import Policy
 from harness.doors.e2b.boxes import DEFAULT_TEMPLATE, DOOR, ENVD_TOKENS, E2bSandbox, E2bSandboxes, token_digest
+from harness.doors.e2b.lifecycle import lifecycle_of_meta
 from harness.doors.grpc.adoption import Adoption, DoorHooks, adopt
 from harness.doors.grpc.sessions import ClientSession
 
@@ -88,5 +91,5 @@ def _sandbox(sandboxes: E2bSandboxes, session: ClientSession, run: RunRecord) ->
         metadata={str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, dict) else {},
         env_vars=dict(session.overrides.env),
         started_at=float(started) if isinstance(started, int | float) else run.created,
-        token_digests=tuple(digests),
+        token_digests=tuple(digests), lifecycle=lifecycle_of_meta(meta),
     )

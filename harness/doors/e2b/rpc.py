@@ -77,6 +77,9 @@ class EnvdCall:
     """``time.monotonic()`` by which the client wants an answer (``Connect-Timeout-Ms``), or None."""
     user: str | None = None
     """The user the SDK asked to act as (``Authorization: Basic USER:``), or None: the sandbox's own."""
+    signed: bool = False
+    """A ``/files`` request without the access token: its handler must check the URL's
+    signature (:mod:`harness.doors.e2b.signing`) before anything else."""
 
 
 @dataclass

@@ -137,7 +137,7 @@ def _door_services(sandboxes: E2bSandboxes, tls: bool, domain: str | None = None
 
     templates, built = template_routes(sandboxes)
     templates.scheme = "https" if tls else "http"
-    return ([process_service(sandboxes), filesystem_service(sandboxes)], [*built, *routes(sandboxes, domain)],
+    return ([process_service(sandboxes), filesystem_service(sandboxes)], routes(sandboxes, domain, built),
             http_routes(sandboxes))
 
 
@@ -155,7 +155,7 @@ def serve_e2b(
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
     announce: Callable[[str], None] | None = announce_token,
-    max_sandboxes_per_client: int = 16,
+    max_sandboxes_per_client: int | None = None,
     max_sandboxes_total: int = 64,
     engine_factory: Callable[[], DockerEngine] | None = None,
     reaper_interval_s: float = 5.0,
@@ -226,7 +226,8 @@ def serve_e2b(
             log.info("E2B door: %s", adopt_e2b(sandboxes).summary())
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="callbox-e2b")
         app = E2bApp(tokens=keys, sandboxes=sandboxes, services=services, rest_routes=rest_routes,
-                     envd_routes=envd_routes, pool=pool, share=fair_share(workers))
+                     envd_routes=envd_routes, pool=pool, share=fair_share(workers),
+                     capacity=workers)
         config = uvicorn.Config(
             # WebSocket upgrades are for sandbox ports (harness.doors.e2b.ports_ws); envd uses none.
             app, http="h11", ws="websockets-sansio", lifespan="on", log_level="warning", access_log=False,

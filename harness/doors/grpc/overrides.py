@@ -1,7 +1,9 @@
 """What a client may ask of its sandbox, and the server's policy tightened by it.
 
 Overrides only tighten: ``memory_bytes``, ``cpus``, ``pids``, ``ttl_seconds`` at most the
-server's; ``network`` the server's own or ``none``; ``allowed_tools`` a subset of what the
+server's; ``network`` the server's own or ``none``; ``network_request`` (allow and deny
+lists, E2B's internet flag) narrows the server's network as
+:mod:`harness.core.network_request` says; ``allowed_tools`` a subset of what the
 server exposes; ``mounts`` only under the server policy's ``allowed_mount_roots`` (checked
 lexically before the host path is even resolved); ``env`` is added. Looser is
 PERMISSION_DENIED naming the field; out of range is INVALID_ARGUMENT.
@@ -19,6 +21,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from harness.core.errors import CallboxError, ErrorCode
+from harness.core.network_request import NetworkRequest, grant_network
 from harness.core.policy import MountSetting, Policy, PolicyError, SandboxSettings
 from harness.core.problems import describe_validation_error
 from harness.core.units import format_size
@@ -50,6 +54,8 @@ class SandboxOverrides:
     env: Mapping[str, str] = field(default_factory=dict)
     ttl_seconds: int | None = None
     allowed_tools: tuple[str, ...] = ()
+    network_request: NetworkRequest | None = None
+    """Allow and deny lists within the server's network (and E2B's internet flag)."""
 
     @classmethod
     def from_request(cls, request: executor_pb2.CreateSandboxRequest) -> SandboxOverrides:
@@ -62,6 +68,7 @@ class SandboxOverrides:
             env=dict(request.env),
             ttl_seconds=request.ttl_seconds if request.HasField("ttl_seconds") else None,
             allowed_tools=tuple(request.allowed_tools),
+            network_request=NetworkRequest(allow=tuple(request.network_allow), deny=tuple(request.network_deny)),
         )
 
 
@@ -147,6 +154,16 @@ def sandbox_policy(policy: Policy, overrides: SandboxOverrides, exposed: Sequenc
                           f"only {s.network!r} or 'none' may be asked for")
         updates["network"] = "none"
         updates["allow_hosts"] = ()
+        updates["egress_allow"] = updates["egress_deny"] = ()
+    if o.network_request is not None and o.network_request.asked and updates.get("network") != "none":
+        try:
+            granted = grant_network(s, o.network_request, s.on_internet_request)
+        except CallboxError as error:
+            raise (denied(error.message) if error.code is ErrorCode.PERMISSION_DENIED
+                   else ServiceError(error.code, error.message)) from None
+        if granted.note:
+            log.info("a client's sandbox network request: %s", granted.note)
+        updates.update(granted.updates())
     if o.ttl_seconds is not None:
         if o.ttl_seconds > s.ttl_seconds:
             raise _above("ttl_seconds", str(o.ttl_seconds), str(s.ttl_seconds), "ttl_seconds")

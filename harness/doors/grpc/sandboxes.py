@@ -30,6 +30,10 @@ sandbox's own TTL), at most the server's ``sandbox.ttl_seconds`` (more is
 PERMISSION_DENIED, as in CreateSandbox; under 10 s INVALID_ARGUMENT); the door's reaper
 follows the same clock (:class:`~harness.doors.grpc.sessions.ClientSession`). GetStatus
 reads CPU, memory and processes from the sandbox's cgroup (``gone`` once its container is).
+
+UpdateNetwork replaces a sandbox's network rules within its policy's network (the one
+implementation, :func:`harness.core.network_request.update_network`, that the E2B door's
+``update_network`` and ``callbox sandbox network`` use too), as the policy's ``network`` action.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import Any
 
 import grpc
 
+from harness.core.network_request import NetworkRequest, update_network
 from harness.doors.grpc.errors import denied, handle_errors_any, handle_stream_errors, invalid
 from harness.doors.grpc.sandboxes_base import Owned
 from harness.doors.grpc.sandboxes_forks import SnapshotsAndForks
@@ -271,6 +276,20 @@ class SandboxesService(SnapshotsAndForks, sandboxes_pb2_grpc.SandboxesServicer):
         with self._live(owned):
             owned.session.mark_kept_alive(owned.box.keep_alive(float(ttl)), time.time())
         return self._status(owned)
+
+    @handle_errors_any
+    def UpdateNetwork(self, request: sandboxes_pb2.UpdateNetworkRequest, context: grpc.ServicerContext) -> Any:
+        owned = self._owned(request.sandbox_id, context)
+        asked = NetworkRequest(internet=request.internet if request.HasField("internet") else None,
+                               allow=tuple(request.allow), deny=tuple(request.deny))
+        details = {"internet": asked.internet, "allow": list(asked.allow), "deny": list(asked.deny)}
+        gate, ticket = self._gate(owned, "network", details, request.approval_id)
+        with self._acting(gate, ticket, context, owned):
+            spec = update_network(owned.box, owned.box.spec, asked, owned.session.policy.sandbox.on_internet_request)
+            ticket.outcome["network"] = spec.network_summary()
+        return sandboxes_pb2.NetworkRules(sandbox_id=owned.sandbox_id, network=spec.network,
+                                          allow_hosts=spec.allow_hosts, allow=spec.egress_allow,
+                                          deny=spec.egress_deny, summary=spec.network_summary())
 
     @handle_errors_any
     def GetStatus(self, request: sandboxes_pb2.GetStatusRequest, context: grpc.ServicerContext) -> Any:

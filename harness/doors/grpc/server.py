@@ -190,10 +190,13 @@ class _AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     """Lets through only RPCs with a known bearer token (the health service excepted), each
     client at most ``share`` at once (:func:`_fair`)."""
 
-    def __init__(self, tokens: TokenSet, quotas: QuotaKeeper | None = None, share: int = 1 << 30) -> None:
+    def __init__(self, tokens: TokenSet, quotas: QuotaKeeper | None = None, share: int = 1 << 30,
+                 capacity: int | None = None) -> None:
         self.tokens = tokens
         self.quotas = quotas
         self.share = share
+        self.capacity = capacity
+        """The server's threads: past its share, a client is served while a share of them stays free."""
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
         method: str = handler_call_details.method or ""
@@ -207,7 +210,7 @@ class _AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                 return handler
             if not (handler.request_streaming or handler.response_streaming or method in _LONG_UNARY):
                 return handler  # quick: never kept from a client, even one at its share (DeleteSandbox)
-            return _fair(handler, client, self.quotas, self.share)
+            return _fair(handler, client, self.quotas, self.share, self.capacity)
         if token is None:
             message = (f"this request carries no bearer token; send the metadata 'authorization: Bearer TOKEN' with "
                        f"a token of this server (the one `callbox serve --grpc` printed on its first start; "
@@ -225,7 +228,7 @@ class _AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         return grpc.unary_stream_rpc_method_handler(fail)
 
 
-def _fair(handler: Any, client: str, quotas: QuotaKeeper, share: int) -> Any:
+def _fair(handler: Any, client: str, quotas: QuotaKeeper, share: int, capacity: int | None = None) -> Any:
     """``handler`` counted as one of ``client``'s requests in flight from its start until the
     RPC ends (however it ends: the RPC's termination callback); beyond the client's share of
     the server's threads it is RESOURCE_EXHAUSTED at once, leaving the threads to the others
@@ -233,7 +236,7 @@ def _fair(handler: Any, client: str, quotas: QuotaKeeper, share: int) -> Any:
 
     def enter(context: grpc.ServicerContext) -> None:
         try:
-            quotas.enter(client, door="grpc", share=share)
+            quotas.enter(client, door="grpc", share=share, capacity=capacity)
         except QuotaExceeded as refusal:
             abort(context, quota_refused(refusal))
         if not context.add_callback(lambda: quotas.leave(client, door="grpc")):
@@ -419,7 +422,7 @@ def serve_grpc(
     policy: Policy | None = None,
     audit: AuditStore | None = None,
     registry: ToolRegistry | None = None,
-    max_sandboxes_per_client: int = 16,
+    max_sandboxes_per_client: int | None = None,
     max_sandboxes_total: int = 64,
     approvals_by_clients: bool = True,
     max_workers: int = 128,
@@ -476,7 +479,7 @@ def serve_grpc(
             _prepare_socket_path(Path(address.value))
         server = grpc.server(
             ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="callbox-grpc"),
-            interceptors=[_AuthInterceptor(token_set, service.quotas, fair_share(max_workers))],
+            interceptors=[_AuthInterceptor(token_set, service.quotas, fair_share(max_workers), max_workers)],
             options=[
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

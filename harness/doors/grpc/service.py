@@ -99,6 +99,7 @@ from harness.doors.grpc.tokens import TokenSet, bearer_token
 from harness.doors.grpc.workers import Workers
 from harness.doors.profiles import ClientPolicies, PolicySource
 from harness.doors.quota_ledger import QuotaExceeded, QuotaKeeper, Reservation
+from harness.doors.start_queue import StartQueue
 from harness.engine.base import Engine
 from harness.engine.cancel import CallScope
 from harness.engine.select import choice_of, engine_connector
@@ -167,6 +168,8 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         self._closing = False
         self._stop_reaper = threading.Event()
         self._reaper: threading.Thread | None = None
+        self.starts = StartQueue(lambda: self.limits.max_starting, over_share=self._over_share)
+        """The line every door's sandbox starts wait in beyond what the host starts at once."""
         self._workers = Workers("callbox-call")
         """Run each CallTool's call beside its RPC's thread (threads kept between calls)."""
 
@@ -238,11 +241,12 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             mine = sum(1 for s in self._sessions.values() if s.client == client) + self._creating.get(client, 0)
             total = len(self._sessions) + sum(self._creating.values())
             limits = self.limits
-            if self.quotas.limits(client).live_sandboxes is None and mine >= limits.max_sandboxes_per_client:
+            hard = limits.max_sandboxes_per_client
+            if hard is not None and self.quotas.limits(client).live_sandboxes is None and mine >= hard:
                 raise ServiceError(
                     ErrorCode.LIMIT_REACHED,
                     f"client {client!r} already has {mine} live sandboxes, the most one client may have on this "
-                    f"server ({limits.max_sandboxes_per_client}); delete one first (DeleteSandbox, or kill in the "
+                    f"server ({hard}); delete one first (DeleteSandbox, or kill in the "
                     "E2B SDK)",
                 )
             if total >= limits.max_sandboxes_total:
@@ -258,6 +262,16 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                 raise quota_refused(refusal) from None
             self._creating[client] = self._creating.get(client, 0) + 1
             return reservation
+
+    def _over_share(self, client: str, starting: int) -> bool:
+        """Whether ``client``, with ``starting`` sandboxes being started, is at or past its
+        work-conserving share (never when a hard limit or its own quota bounds it instead)."""
+        limits = self.limits
+        if limits.max_sandboxes_per_client is not None or self.quotas.limits(client).live_sandboxes is not None:
+            return False
+        with self._lock:
+            live = sum(1 for s in self._sessions.values() if s.client == client)
+        return live + starting >= limits.client_share
 
     def _unreserve(self, client: str) -> None:
         with self._lock:
@@ -334,7 +348,12 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
             tools = self.registry.exposed_names(policy)
             session = ClientSession(client, harness, policy, tools, policy.sandbox.ttl_seconds, overrides)
             try:
-                harness.sandbox()
+                with self.starts.slot(client, door=door, still_wanted=still_wanted):
+                    harness.sandbox()
+            except QuotaExceeded as refusal:  # the host's start line's bound passed
+                with contextlib.suppress(AuditError):
+                    self.audit.end_run(run_id, "sandbox_start_failed")
+                raise quota_refused(refusal) from None
             except CallboxError as error:
                 with contextlib.suppress(AuditError):
                     self.audit.end_run(run_id, "sandbox_start_failed")
@@ -552,21 +571,37 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
 
     def reap_expired(self, now: float | None = None) -> list[str]:
         """Destroy the sandboxes whose ttl_seconds have passed (a paused one's clock stands
-        still: see :meth:`ClientSession.due`), and end those removed from outside (see
-        :meth:`end_if_removed`); their ids."""
+        still: see :meth:`ClientSession.due`), or whose paused TTL has, and end those removed
+        from outside (see :meth:`end_if_removed`); their ids. A running one with an ``on_expiry``
+        hook is offered to it first: if the hook pauses it, it stays."""
         moment = time.time() if now is None else now
         with self._lock:
-            expired = [s for s in self._sessions.values() if s.due(moment)]
-            removed = [s for s in self._sessions.values() if s not in expired and s.removed]
-            for session in (*expired, *removed):
+            due = [s for s in self._sessions.values() if s.due(moment)]
+            removed = [s for s in self._sessions.values() if s not in due and s.removed]
+            for session in removed:
+                self._sessions.pop(session.sandbox_id, None)
+            self._lock.notify_all()
+        expired = [s for s in due if s.paused or s.on_expiry is None or not self._paused_at_expiry(s)]
+        with self._lock:
+            for session in expired:
                 self._sessions.pop(session.sandbox_id, None)
             self._lock.notify_all()
         for session in expired:
-            session.close(self.audit, "expired")
+            session.close(self.audit, "paused_expired" if session.paused else "expired")
         for session in removed:
             _say_removed(session)
             session.close(self.audit, REMOVED)
         return [s.sandbox_id for s in (*expired, *removed)]
+
+    @staticmethod
+    def _paused_at_expiry(session: ClientSession) -> bool:
+        """Whether the session's ``on_expiry`` hook paused it (a failing hook: it did not)."""
+        assert session.on_expiry is not None
+        try:
+            return session.on_expiry(session)
+        except Exception:
+            log.exception("sandbox %s: pausing it at its timeout failed; it is removed", session.sandbox_id)
+            return False
 
     def start_reaper(self, interval_s: float = 5.0) -> None:
         """A daemon thread that runs ``reap_expired`` every ``interval_s`` until ``shutdown``;

@@ -1,9 +1,11 @@
 """The gRPC door's sessions: one client's sandbox and its run, and the limits.
 
 The expiry clock of a session follows the engine's (:mod:`harness.engine.docker.lifetime`):
-while its sandbox is paused the clock stands still (``reap_expired`` leaves it alone unless
-it has been paused for more than ``PAUSE_LIMIT_FACTOR`` times its TTL, as the engine's gc
-does); a resume or a keep-alive takes the expiry the engine reports.
+while its sandbox is paused the clock stands still (``reap_expired`` leaves it alone until
+it has been paused for longer than its policy's ``sandbox.paused_ttl_seconds``, as the
+engine's gc does); a resume or a keep-alive takes the expiry the engine reports. A session
+with an ``on_expiry`` hook (the E2B door's ``lifecycle.on_timeout = "pause"``) is offered to
+it when its time is up, and is kept if the hook paused it.
 """
 
 from __future__ import annotations
@@ -12,31 +14,45 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from harness.audit.store import AuditError, AuditStore
 from harness.core.policy import Policy
 from harness.core.session import Session
 from harness.doors.grpc.overrides import SandboxOverrides
 from harness.doors.quota_ledger import Reservation
+from harness.doors.start_queue import default_slots
 from harness.engine.base import is_living
-from harness.engine.docker.lifetime import PAUSE_LIMIT_FACTOR
 from harness.v1 import executor_pb2
 
-__all__ = ["ClientSession", "Limits"]
+__all__ = ["DEFAULT_CLIENT_SHARE", "ClientSession", "Limits"]
 
 log = logging.getLogger("callbox.executor")
+
+
+DEFAULT_CLIENT_SHARE = 16
+"""Live sandboxes a client is sure of when no per-client limit is set (``client_share``)."""
 
 
 @dataclass(frozen=True)
 class Limits:
     """Live sandboxes a client may have, and the server in total."""
 
-    max_sandboxes_per_client: int = 16
+    max_sandboxes_per_client: int | None = None
+    """A hard limit on each client's live sandboxes, set explicitly by the operator
+    (``--max-per-client``, ``limits.max_per_client``); None: only the work-conserving share."""
     max_sandboxes_total: int = 64
+    max_starting: int = field(default_factory=default_slots)
+    """Sandboxes the host starts at once; more creates wait in line (:mod:`harness.doors.start_queue`)."""
+    client_share: int = DEFAULT_CLIENT_SHARE
+    """Without a hard limit (or a ``live_sandboxes`` quota), a client past this many live
+    sandboxes may still create up to ``max_sandboxes_total`` while no other client waits to
+    start one; while another waits, its creates wait behind it (:mod:`harness.doors.start_queue`)."""
 
     def __post_init__(self) -> None:
-        if self.max_sandboxes_per_client < 1 or self.max_sandboxes_total < 1:
+        if min(self.max_sandboxes_per_client or 1, self.max_sandboxes_total, self.max_starting,
+               self.client_share) < 1:
             raise ValueError("sandbox limits must be at least 1")
 
 
@@ -63,6 +79,9 @@ class ClientSession:
         """Its place in its client's quotas, given back when it closes (or is released)."""
         self.kept = False
         """Kept for the next server: a stopping server that keeps sandboxes leaves it running."""
+        self.on_expiry: Callable[[ClientSession], bool] | None = None
+        """Offered the running session when its time is up (``reap_expired``); True: it
+        paused the sandbox, which is then kept (until its paused TTL), False: it is removed."""
 
     # ---- the expiry clock (see the module docstring) -------------------------------------------
 
@@ -77,7 +96,7 @@ class ClientSession:
     def due(self, now: float) -> bool:
         """Whether the reaper destroys it at ``now``."""
         if self.paused_at is not None:
-            return self.paused_at + PAUSE_LIMIT_FACTOR * self.ttl_seconds <= now
+            return self.paused_at + self.policy.sandbox.paused_ttl_seconds <= now
         return self.expires <= now
 
     def mark_paused(self, now: float) -> None:

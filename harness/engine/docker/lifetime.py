@@ -19,7 +19,8 @@ is paused (``docker pause``, the cgroup freezer) the clock stands still: the rec
 ``paused_at`` and the time that was left (``paused_remaining_s``); resuming sets the expiry
 to now plus that time, so the expiry moves later by exactly the time spent paused. gc never
 reaps a paused sandbox for its expiry, but a pause has a hard limit: a sandbox paused for
-more than ``PAUSE_LIMIT_FACTOR`` times its TTL (24 h for the default hour) is removed.
+longer than its spec's ``paused_ttl_seconds`` (the policy's ``sandbox.paused_ttl_seconds``,
+24 h by default) is removed.
 
 What gc does with a sandbox (``judge``, pure so it is unit-tested without a container):
 
@@ -62,7 +63,8 @@ NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 MIN_TTL_S = 10.0
 """The shortest time-to-live (the spec's ``ttl_seconds`` has the same floor)."""
 PAUSE_LIMIT_FACTOR = 24
-"""A sandbox paused for more than this many times its TTL is removed by gc."""
+"""A sandbox whose record has no ``paused_ttl_seconds`` (written before specs had it) is removed
+by gc once paused for more than this many times its TTL."""
 STOPPED = ("exited", "dead")
 """Container states whose agent is gone for good."""
 
@@ -156,9 +158,16 @@ class LifetimeRecord:
         return self.expires
 
     @property
+    def pause_limit_s(self) -> float:
+        """How long a pause may last: its spec's ``paused_ttl_seconds`` (a record written
+        before specs had it: ``PAUSE_LIMIT_FACTOR`` times its TTL)."""
+        limit = self.spec.get("paused_ttl_seconds")
+        return float(limit) if isinstance(limit, int | float) else PAUSE_LIMIT_FACTOR * self.ttl_s
+
+    @property
     def pause_deadline(self) -> float | None:
         """While paused: when gc removes it anyway (the hard limit on a pause)."""
-        return None if self.paused_at is None else self.paused_at + PAUSE_LIMIT_FACTOR * self.ttl_s
+        return None if self.paused_at is None else self.paused_at + self.pause_limit_s
 
     def paused(self, now: float) -> LifetimeRecord:
         """This record once a pause begins at ``now``: the clock stops."""
@@ -373,7 +382,7 @@ def judge(*, state: str | None, record: LifetimeRecord | None, kept_until: float
     if state == "paused" and record.paused_at is not None:
         deadline = record.pause_deadline
         if deadline is not None and deadline < now:
-            return Verdict(True, True, f"paused for more than {PAUSE_LIMIT_FACTOR} times its TTL")
+            return Verdict(True, True, f"paused for more than its paused TTL ({record.pause_limit_s:.0f} s)")
         if orphaned and not named and kept_until is None:
             return Verdict(True, True, "its creating process is gone")
         return KEEP

@@ -12,7 +12,10 @@
   addresses. Tool processes get ``HTTP_PROXY``/``HTTPS_PROXY`` pointing at it; a client
   that ignores them reaches nothing, and DNS inside the sandbox resolves no outside name.
   The proxy prints one JSON line per decision; the engine reads them back
-  (``egress_events``) for the log and the audit store.
+  (``egress_events``) for the log and the audit store. The spec's narrowing
+  (``egress_allow``/``egress_deny``) is a rules file beside the proxy's log, which the
+  proxy reads again before the next request whenever it changes: ``set_rules``
+  changes a running sandbox's narrowing, within its ``allow_hosts``.
 
 Everything created here carries the sandbox's labels, so ``gc`` finds what a killed
 harness left behind. Test-only override: ``egress_test_network`` (environment variable
@@ -64,6 +67,8 @@ EVENTS_FILE = "events.jsonl"
 """The proxy appends its JSON lines here (host side: ``<run root>/egress/<sandbox id>/``)."""
 EXPIRY_FILE = "expires"
 """Next to it: when the proxy stops on its own, like its sandbox's agent (``set_expiry``)."""
+RULES_FILE = "rules.json"
+"""And the narrowing of its allowlist, ``{"allow": [...], "deny": [...]}`` (``set_rules``)."""
 PROXY_MEMORY = 128 << 20
 PROXY_PIDS = 512
 """Two threads per open connection (at most 128) and a margin."""
@@ -233,8 +238,10 @@ class SandboxNetworks:
         log_dir.mkdir(mode=0o700, parents=True)  # parents: another detach may just have removed the root
         os.chown(log_dir, PROXY_UID, PROXY_UID)
         self.set_expiry(sandbox_id, float(base_labels[labels.EXPIRES]))
+        self.set_rules(sandbox_id, spec.egress_allow, spec.egress_deny)
         command = ["--listen", f"0.0.0.0:{PROXY_PORT}", "--sandbox-id", sandbox_id,
-                   "--log", f"{PROXY_LOG_DIR}/{EVENTS_FILE}", "--expires-file", f"{PROXY_LOG_DIR}/{EXPIRY_FILE}"]
+                   "--log", f"{PROXY_LOG_DIR}/{EVENTS_FILE}", "--expires-file", f"{PROXY_LOG_DIR}/{EXPIRY_FILE}",
+                   "--rules-file", f"{PROXY_LOG_DIR}/{RULES_FILE}"]
         for entry in spec.allow_hosts:
             command += ["--allow", entry]
         if self.test_network is not None:
@@ -292,6 +299,19 @@ class SandboxNetworks:
         temporary = directory / f".{EXPIRY_FILE}.tmp"
         temporary.write_text(f"{expires:.0f}\n")
         os.replace(temporary, directory / EXPIRY_FILE)
+
+    def set_rules(self, sandbox_id: str, allow: tuple[str, ...], deny: tuple[str, ...]) -> None:
+        """Narrow the sandbox's allowlist to ``allow``/``deny`` (both empty: no narrowing);
+        its proxy applies them from its next request on. Written whole and renamed into place,
+        so the proxy never reads half a file. ``NotFound`` if the sandbox has no proxy."""
+        directory = self.log_root / sandbox_id
+        if not directory.is_dir():
+            raise CallboxError(f"sandbox {sandbox_id} has no egress proxy (its network is not 'allowlist')",
+                               code=ErrorCode.NOT_FOUND)
+        temporary = directory / f".{RULES_FILE}.tmp"
+        temporary.write_text(json.dumps({"allow": list(allow), "deny": list(deny)}) + "\n")
+        temporary.chmod(0o644)
+        os.replace(temporary, directory / RULES_FILE)
 
     # ---- events ----------------------------------------------------------------------------
 

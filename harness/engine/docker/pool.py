@@ -6,15 +6,16 @@ the servers do when the policy's ``[pool]`` asks for one). Without it nothing ch
 **Fingerprint.** Pooled sandboxes are kept per fingerprint (:func:`fingerprint`): every
 field of the ``SandboxSpec`` (as ``for_host`` makes it: canonical mount sources) that a
 running container cannot change: ``image``, ``runtime``, ``memory``, ``cpus``, ``pids``, ``network``,
-``allow_hosts``, ``mounts`` (source, target, read-only, uid, gid), ``workdir``,
+``allow_hosts``, ``egress_allow``, ``egress_deny``, ``mounts`` (source, target, read-only, uid, gid), ``workdir``,
 ``tmp_size``, ``workspace_size``, ``home_size``, ``noexec``, ``nofile``, ``fsize``; and,
 beside it, the tool uid/gid the spec resolves to when the claim is made (a rw mount whose
-owner changed since the pooled container started does not match). Four fields are left
+owner changed since the pooled container started does not match). Five fields are left
 out, each for a reason:
 
 * ``env``: the container never has it; the agent gives it to each tool process it starts
   (``Sandbox.runtime``), so a claimed sandbox simply carries the claimer's spec;
 * ``ttl_seconds``: the clock is set at claim (below);
+* ``paused_ttl_seconds``: read from the lifetime record, written with the claimer's spec at claim;
 * ``allowed_mount_roots``: a check ``for_host`` has already applied to the claimer's spec;
 * ``placement``: which node a sandbox goes to was decided before it reached this node's pool.
 
@@ -91,7 +92,8 @@ log = logging.getLogger("callbox.engine.pool")
 
 POOL_OWNER = "callbox:pool"
 """The owner a pooled, not yet claimed sandbox is listed with."""
-NOT_PART_OF_FINGERPRINT = frozenset({"env", "ttl_seconds", "allowed_mount_roots", "placement"})
+NOT_PART_OF_FINGERPRINT = frozenset({"env", "ttl_seconds", "paused_ttl_seconds", "allowed_mount_roots",
+                                     "placement"})
 """Spec fields a claim does not need to match (see the module docstring)."""
 CLAIM_HEALTH_TIMEOUT_S = 1.0
 EXPIRY_MARGIN = 0.1

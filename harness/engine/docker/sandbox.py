@@ -152,6 +152,13 @@ class Sandbox:
         """CPU seconds so far, memory and processes now, from its cgroup."""
         return self.engine.stats(self)
 
+    def set_network_rules(self, allow: tuple[str, ...], deny: tuple[str, ...]) -> SandboxSpec:
+        """Narrow its allowlist to ``allow``/``deny`` from its next request on; its new spec
+        (see :mod:`harness.engine.docker.network_rules`)."""
+        from harness.engine.docker.network_rules import set_network_rules
+
+        return set_network_rules(self.engine, self, allow, deny)
+
     def snapshot(self, name: str, *, replace: bool = False) -> SnapshotInfo:
         """Store its writable places and spec on the host as snapshot ``name``."""
         return self.engine.snapshot(self, name, replace=replace)

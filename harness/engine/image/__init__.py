@@ -9,8 +9,9 @@ Two layers, no registry needed:
    with ``docker import`` as ``callbox-base:<suite>-<hash12>``. The tag is content-addressed over the
    suite, package list and architecture, so it is reused as long as it exists.
 2. **Agent layer**: ``images/Dockerfile`` (classic builder, works on Docker 20.10) on top of the base:
-   user ``sandbox`` (1000:1000), ``/workspace``, the agent's Python dependencies (the exact grpcio,
-   protobuf and psutil versions installed on the host, so generated gRPC code matches) installed from a
+   user ``user`` (1000:1000; ``sandbox`` a second name of it), ``/workspace``, the agent's Python
+   dependencies (the exact grpcio, protobuf and psutil versions installed on the host, so generated
+   gRPC code matches) installed from a
    host-side wheelhouse into ``/opt/callbox/lib``, the ``sandbox/`` package next to them, and
    ``ENTRYPOINT ["/usr/bin/python3", "-I", "-S", "/opt/callbox/agent.py"]``.
 

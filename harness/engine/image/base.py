@@ -179,7 +179,9 @@ def _run_streaming(cmd: list[str], progress: Progress, label: str, log: deque[st
         proc.stdout.close()
 
 
-def build_base(client: docker.DockerClient, tag: str, suite: str, cache: Path, progress: Progress) -> str:
+def build_base(client: docker.DockerClient, tag: str, suite: str, cache: Path, progress: Progress,
+               packages: tuple[str, ...] = BASE_PACKAGES) -> str:
+    """debootstrap ``suite`` with ``packages`` (and their dependencies), pruned, imported as ``tag``."""
     debootstrap = _debootstrap_binary()
     if os.geteuid() != 0:
         raise ImageBuildError(
@@ -194,7 +196,7 @@ def build_base(client: docker.DockerClient, tag: str, suite: str, cache: Path, p
         cmd = [
             debootstrap,
             "--variant=minbase",
-            f"--include={','.join(BASE_PACKAGES)}",
+            f"--include={','.join(packages)}",
             suite,
             str(rootfs),
         ]

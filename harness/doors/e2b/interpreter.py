@@ -1,0 +1,199 @@
+"""The code interpreter of ``e2b_code_interpreter``: port 49999 of a ``code-interpreter-v1`` sandbox.
+
+The template ``code-interpreter-v1`` (the SDK's default) is the ``base`` template on the
+code-interpreter image variant (``callbox image build --variant code-interpreter``). Its server
+(``images/code-interpreter/server.py``: ``/execute``, ``/contexts``, ``/health``, a Python
+kernel per context) runs in the sandbox as the tool user, a job tagged ``code-interpreter``
+started the first time a request needs it; starting it is the ``process`` action.
+
+Requests reach it as any sandbox port does (:mod:`harness.doors.e2b.ports`: ``E2b-Sandbox-Port:
+49999`` or the host name ``49999-ID.``, the owner's credentials, over the agent's tunnel, so no
+network is needed), but port 49999 has a filter of its own (:func:`interpreter_filter`)
+instead of the ``port_forward`` action:
+
+* a sandbox of another template has no port 49999 (502 "not open");
+* ``POST /execute`` (``run_code``) is authorized like a command: the ``shell`` tool's rules and
+  decision see the code as the command (``default_decision`` and ``allowed_tools`` included)
+  and the ``process`` action's rules see it as ``command``; the more restrictive wins, and it
+  is recorded once, as the ``process`` action with ``kind = "run_code"``, the language and the
+  context (its outcome: the HTTP status and the bytes sent back). A denial is 403 with the
+  policy's reason (the SDK raises ``SandboxException`` with it). A cell counts as a tool call
+  of the client's ``calls_per_minute``;
+* ``/contexts`` (list, create, delete, restart) and ``/health`` run no code of the caller's:
+  they are forwarded once the server runs.
+
+``run_code``'s ``timeout`` is the SDK's: it closes its connection, the door closes the tunnel,
+and the server interrupts the cell (the kernel and its state stay).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from harness.core.actions import ActionTicket
+from harness.core.errors import AgentCallError, CallboxError, ErrorCode
+from harness.core.policy import Policy
+from harness.core.registry import ToolDefinition
+from harness.core.sandbox_settings import SandboxSettings
+from harness.doors.e2b.boxes import E2B_WORKDIR, E2bSandbox, E2bSandboxes, e2b_errors, e2b_template
+from harness.doors.e2b.errors import E2bError, invalid
+from harness.engine.base import LivingSandbox
+from harness.engine.image.variants import VARIANTS
+from harness.engine.jobs import JobChunk
+from harness.tools.shell import SHELL
+
+if TYPE_CHECKING:
+    from harness.doors.e2b.ports import PortRequest
+
+__all__ = ["JUPYTER_PORT", "SERVER_ARGV", "TEMPLATE", "code_interpreter_template", "install", "interpreter_filter",
+           "serves"]
+
+log = logging.getLogger("callbox.e2b")
+
+TEMPLATE = "code-interpreter-v1"
+"""The template ``e2b_code_interpreter`` asks for when its caller names none."""
+JUPYTER_PORT = "49999"
+IMAGE = VARIANTS["code-interpreter"].tag
+SERVER_TAG = "code-interpreter"
+SERVER_ARGV = ("/usr/bin/python3", "/opt/callbox/code-interpreter/server.py")
+SERVER_START_S = 30.0
+"""How long the door waits for the server to listen once started."""
+
+
+def code_interpreter_template(policy: Policy) -> Policy:
+    """``policy`` as E2B's ``base`` template, on the code-interpreter image variant."""
+    base = e2b_template(policy)
+    settings = SandboxSettings.model_validate({**base.sandbox.model_dump(), "image": IMAGE})
+    return base.model_copy(update={"sandbox": settings})
+
+
+def install(sandboxes: E2bSandboxes, filters: dict[int, Any]) -> None:
+    """Give ``sandboxes`` the template ``code-interpreter-v1`` (unless they have one) and port
+    49999 its filter in ``filters`` (a :class:`~harness.doors.e2b.ports.PortProxy`'s)."""
+    sandboxes.templates.setdefault(TEMPLATE, code_interpreter_template(sandboxes.executor.policy))
+    filters.setdefault(int(JUPYTER_PORT), interpreter_filter)
+
+
+class _Server:
+    """The server of one sandbox: started once (under ``lock``), its job's pid."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pid: int | None = None
+
+
+_SERVERS: dict[str, _Server] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+def serves(sandboxes: E2bSandboxes, sandbox: E2bSandbox) -> bool:
+    """Whether ``sandbox`` has the code interpreter (its template's image is the variant)."""
+    template = sandboxes.templates.get(sandbox.template_id)
+    return template is not None and template.sandbox.image == IMAGE
+
+
+@contextlib.contextmanager
+def interpreter_filter(request: PortRequest) -> Iterator[ActionTicket | None]:
+    """The port filter of port 49999 (:func:`~harness.doors.e2b.ports.register_port_filter`):
+    a sandbox without the code interpreter has no such port; ``POST /execute`` is a command
+    to the policy (see the module docstring); the server is started when it is not running."""
+    sandbox, sandboxes = request.sandbox, request.sandboxes
+    if not serves(sandboxes, sandbox):
+        raise E2bError(ErrorCode.SANDBOX_UNAVAILABLE, f"sandbox {sandbox.sandbox_id!r} is running but port "
+                       f"{JUPYTER_PORT} is not open: only sandboxes of the template {TEMPLATE} have the code "
+                       "interpreter", status=502)
+    if request.method != "POST" or request.target.split("?", 1)[0].rstrip("/") != "/execute":
+        with e2b_errors(sandbox):
+            _ensure_server(sandboxes, sandbox)
+        yield None
+        return
+    try:
+        doc = json.loads(request.body or b"{}")
+    except ValueError as error:
+        raise invalid(f"the /execute body is not JSON: {error}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("code"), str):
+        raise invalid('/execute takes {"code": STRING, "context_id", "language", "env_vars"}')
+    code: str = doc["code"]
+    details = {"command": code, "kind": "run_code", "language": doc.get("language") or "python",
+               "context_id": doc.get("context_id")}
+    with e2b_errors(sandbox):
+        sandboxes.executor.quotas.start_call(sandbox.client, door="e2b")  # a cell is a tool call
+        box = sandbox.running()
+        floor = sandbox.session.policy.decide(_shell(sandboxes), {"command": code, "workdir": box.spec.workdir})
+        with sandboxes.acting(sandbox, "process", details, floor=floor) as ticket:
+            _ensure_server(sandboxes, sandbox)
+            yield ticket
+
+
+def _shell(sandboxes: E2bSandboxes) -> ToolDefinition:
+    """The ``shell`` tool whose rules a cell's code meets (the registry's, if it has one)."""
+    registered = sandboxes.executor.registry.get(SHELL.name)
+    return (registered or SHELL).definition
+
+
+def _ensure_server(sandboxes: E2bSandboxes, sandbox: E2bSandbox) -> None:
+    """Start the sandbox's server unless one listens (also one an earlier server process of the
+    door started: a kept sandbox adopted after a restart), and wait until it does."""
+    box = sandbox.running()
+    with _SERVERS_LOCK:
+        for gone in [sid for sid in _SERVERS if sandboxes.find(sid) is None]:
+            del _SERVERS[gone]
+        server = _SERVERS.setdefault(sandbox.sandbox_id, _Server())
+    with server.lock:
+        if _listening(box):
+            return
+        server.pid = pid = _start(sandboxes, sandbox, box)
+        deadline = time.monotonic() + SERVER_START_S
+        while not _listening(box):
+            if not _alive(box, pid):
+                server.pid = None
+                raise E2bError(ErrorCode.SANDBOX_UNAVAILABLE, "the code interpreter's server exited at its start: "
+                               f"{_output(box, pid)}", status=502)
+            if time.monotonic() > deadline:
+                raise E2bError(ErrorCode.SANDBOX_UNAVAILABLE, "the code interpreter's server did not listen within "
+                               f"{SERVER_START_S:g} s of its start", status=502)
+            time.sleep(0.05)  # the server binds its port within a second of its start
+
+
+def _listening(box: LivingSandbox) -> bool:
+    """Whether something listens on port 49999 in the sandbox (a connection opened and closed)."""
+    try:
+        box.agent.ports.connect(int(JUPYTER_PORT)).close()
+    except AgentCallError as error:
+        if error.reason == "CONNECTION_REFUSED":
+            return False
+        raise
+    return True
+
+
+def _start(sandboxes: E2bSandboxes, sandbox: E2bSandbox, box: LivingSandbox) -> int:
+    argv = list(SERVER_ARGV)
+    workdir = box.spec.workdir or E2B_WORKDIR
+    with sandboxes.acting(sandbox, "process", {"command": argv, "tag": SERVER_TAG, "pty": False}) as ticket:
+        env = {**box.spec.env, **sandbox.env_vars, "CALLBOX_CI_PORT": JUPYTER_PORT, "CALLBOX_CI_CWD": workdir}
+        info = box.jobs.start(argv, tag=SERVER_TAG, cwd=workdir, env=env)
+        ticket.outcome["pid"] = info.pid
+    log.info("sandbox %s: the code interpreter's server started (pid %d)", sandbox.sandbox_id, info.pid)
+    return info.pid
+
+
+def _alive(box: LivingSandbox, pid: int) -> bool:
+    try:
+        return box.jobs.get(pid).state == "running"
+    except CallboxError:
+        return False
+
+
+def _output(box: LivingSandbox, pid: int) -> str:
+    with contextlib.suppress(CallboxError):
+        text = "".join(event.data.decode(errors="replace") for event in box.jobs.attach(pid, follow=False)
+                       if isinstance(event, JobChunk))
+        return text.strip()[-500:] or "no output"
+    return "its output could not be read"
+

@@ -1,0 +1,90 @@
+"""``make bench`` section ``interpreter``: ``e2b_code_interpreter`` (unmodified) against
+``callbox serve --e2b``, on the code-interpreter image variant (built first when missing).
+
+Rows:
+
+14f. ``run_code("1+1")`` round trip in a live sandbox (its default context's kernel started by
+     a first, untimed cell), vs ``commands.run("python3 -c 'print(1+1)'")`` in the same sandbox
+     through the same door (a plain exec: a new interpreter each time, no state);
+14g. ``Sandbox.create()`` → the first ``run_code("1+1")`` result: the container, the server's
+     start and the default context's kernel. The template ``code-interpreter-v1`` has no warm
+     pool of its own yet, so this is a cold start; the kill is untimed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from e2b_code_interpreter import Sandbox
+
+from harness.engine.image.build import default_repo_root
+from harness.engine.image.variants import build_variant
+from tests.bench.bench_e2b import e2b_door, ms_since, p99
+from tests.bench.bench_living import Resources, Toolkit
+
+ROUND_TRIP_MIN_SAMPLES = 100
+
+
+def bench_interpreter(res: Resources, samples: int, warmup: int, kit: Toolkit, *,
+                      quick: bool = False) -> dict[str, list[float]]:
+    """Rows 14f-14g; the server and every sandbox started here are gone when it returns."""
+    kit.progress("interpreter: the code-interpreter image variant (built when missing)")
+    image = build_variant(res.engine.client, "code-interpreter", repo_root=default_repo_root(),
+                          progress=kit.progress).tag
+    data: dict[str, list[float]] = {}
+    with e2b_door(image) as door:
+        opts = door.opts()
+
+        def cold() -> dict[str, float]:
+            t0 = time.perf_counter_ns()
+            sandbox = Sandbox.create(**opts)
+            try:
+                result = sandbox.run_code("1+1")
+                first = ms_since(t0)
+            finally:
+                sandbox.kill()  # untimed
+            if result.text != "2":
+                raise RuntimeError(f"first run_code('1+1'): {result}")
+            return {"ci_cold_first": first}
+
+        data.update(kit.interleaved("interpreter cold start", [cold], max(3, samples // 3), min(warmup, 1), every=5))
+        sandbox = Sandbox.create(timeout=600, **opts)
+        try:
+            sandbox.run_code("1+1")  # the default context's kernel
+
+            def cell() -> dict[str, float]:
+                t0 = time.perf_counter_ns()
+                result = sandbox.run_code("1+1")
+                elapsed = ms_since(t0)
+                if result.text != "2":
+                    raise RuntimeError(f"run_code('1+1'): {result}")
+                return {"ci_run_code": elapsed}
+
+            def plain() -> dict[str, float]:
+                t0 = time.perf_counter_ns()
+                result = sandbox.commands.run("python3 -c 'print(1+1)'")
+                elapsed = ms_since(t0)
+                if result.stdout.strip() != "2":
+                    raise RuntimeError(f"python3 -c: {result}")
+                return {"ci_python_c": elapsed}
+
+            rounds = samples if quick else max(samples, ROUND_TRIP_MIN_SAMPLES)
+            data.update(kit.interleaved("interpreter run_code('1+1')", [cell, plain], rounds, warmup, every=25))
+        finally:
+            sandbox.kill()
+    return data
+
+
+def add_interpreter_rows(data: dict[str, list[float]], add: Callable[..., Any]) -> None:
+    """Rows 14f-14g of the report (``add`` takes ``Row``'s arguments)."""
+    if "ci_run_code" not in data:
+        return
+    cells = data["ci_run_code"]
+    add(f"14f. e2b_code_interpreter: `run_code('1+1')` round trip, live kernel ({len(cells)} samples)", "time",
+        cells, "`commands.run(\"python3 -c 'print(1+1)'\")`, same sandbox and door", data["ci_python_c"],
+        f"— (info; p99 {p99(cells):.1f} ms, baseline p99 {p99(data['ci_python_c']):.1f} ms)")
+    add(f"14g. e2b_code_interpreter: `Sandbox.create()` → first `run_code('1+1')` result, cold "
+        f"({len(data['ci_cold_first'])} samples)", "time", data["ci_cold_first"],
+        "— (no baseline: server and kernel start included)", None, "— (info)")

@@ -1,0 +1,212 @@
+"""``e2b_code_interpreter`` (from PyPI, unmodified) against ``callbox serve --e2b``.
+
+As a program written for E2B's code interpreter uses it: ``Sandbox.create()`` with the SDK's
+own default template (``code-interpreter-v1``), then ``run_code``, contexts and files. The
+code-interpreter image variant is built first when it is missing (cached afterwards; see
+``harness/engine/image/variants.py``). One server and one sandbox for the module: kernels are
+slow to start, and each test uses names of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import re
+import struct
+import time
+import zipfile
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from e2b import Sandbox as BaseSandbox
+from e2b import SandboxException, TimeoutException
+from e2b_code_interpreter import Sandbox
+
+from harness.audit.store import AuditStore
+from harness.engine.image.build import default_repo_root
+from harness.engine.image.variants import build_variant
+from tests.interop.e2b_server import E2bServer, policy_text, sdk_environment, serve_e2b
+
+pytestmark = [pytest.mark.docker, pytest.mark.interop]
+
+DENIED_REASON = "the interpreter removes no trees"
+POLICY = policy_text(f"""
+[tools.shell]
+[[tools.shell.rules]]
+action = "deny"
+command = "*shutil.rmtree*"
+reason = "{DENIED_REASON}"
+""")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def server(engine: Any) -> Iterator[E2bServer]:
+    build_variant(engine.client, "code-interpreter", repo_root=default_repo_root(), progress=lambda _line: None)
+    with serve_e2b(engine, policy=POLICY) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def sandbox(server: E2bServer) -> Iterator[Sandbox]:
+    with sdk_environment(server):
+        sbx = Sandbox.create(timeout=600)
+        try:
+            yield sbx
+        finally:
+            sbx.kill()
+
+
+def test_the_sdk_default_template_is_the_code_interpreter(sandbox: Sandbox, server: E2bServer) -> None:
+    with sdk_environment(server):
+        info = sandbox.get_info()
+    assert info.template_id == "code-interpreter-v1"
+
+
+def test_state_is_kept_across_cells(sandbox: Sandbox) -> None:
+    first = sandbox.run_code("kept = 41\nprint('set')")
+    assert first.error is None, first.error
+    assert first.logs.stdout == ["set\n"]
+    second = sandbox.run_code("kept + 1")
+    assert second.text == "42"
+    assert second.results[0].is_main_result
+    assert first.execution_count is not None and second.execution_count == first.execution_count + 1
+    magic = sandbox.run_code("%pwd")  # IPython's magics work as in Jupyter
+    assert magic.text == "'/home/user'"
+
+
+def test_a_matplotlib_chart_arrives_as_png(sandbox: Sandbox) -> None:
+    execution = sandbox.run_code(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.title('callbox')\nplt.show()")
+    assert execution.error is None, execution.error
+    pngs = [r.png for r in execution.results if r.png]
+    assert len(pngs) == 1, execution.results
+    data = base64.b64decode(pngs[0])
+    assert data.startswith(PNG_SIGNATURE)
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width > 100 and height > 100, (width, height)
+
+
+def test_a_dataframe_arrives_as_html(sandbox: Sandbox) -> None:
+    execution = sandbox.run_code("import pandas as pd\npd.DataFrame({'name': ['a', 'b'], 'n': [1, 2]})")
+    assert execution.error is None, execution.error
+    main = [r for r in execution.results if r.is_main_result]
+    assert len(main) == 1
+    assert main[0].html is not None and "<table" in main[0].html and "<td>b</td>" in main[0].html
+    assert main[0].text is not None and "name" in main[0].text
+
+
+def test_an_exception_arrives_as_an_error(sandbox: Sandbox) -> None:
+    execution = sandbox.run_code("def broken():\n    return 1 / 0\nbroken()")
+    assert execution.error is not None
+    assert execution.error.name == "ZeroDivisionError"
+    assert execution.error.value == "division by zero"
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", execution.error.traceback)  # colored, as Jupyter's (and E2B's)
+    assert "broken()" in plain and "return 1 / 0" in plain and "ZeroDivisionError" in plain, plain
+    assert execution.results == []
+
+
+def test_env_vars_hold_for_one_cell(sandbox: Sandbox) -> None:
+    inside = sandbox.run_code("import os\nos.environ.get('CALLBOX_ONE')", envs={"CALLBOX_ONE": "one"})
+    assert inside.text == "'one'"
+    after = sandbox.run_code("os.environ.get('CALLBOX_ONE', 'gone')")
+    assert after.text == "'gone'"
+
+
+def test_a_timeout_interrupts_the_cell_and_the_kernel_keeps_its_state(sandbox: Sandbox) -> None:
+    sandbox.run_code("survivor = 'still here'")
+    with pytest.raises(TimeoutException):
+        sandbox.run_code("import time\nfor _ in range(600):\n    time.sleep(0.2)", timeout=3)
+    # Not interrupted, the loop would hold the kernel for two minutes and this cell would wait
+    # for it (the SDK's own timeout does not bound the wait for a response's head).
+    began = time.monotonic()
+    after = sandbox.run_code("survivor", timeout=60)
+    waited = time.monotonic() - began
+    assert after.text == "'still here'"
+    assert waited < 60, f"the next cell waited {waited:.0f} s: the timed-out cell was not interrupted"
+
+
+def test_two_contexts_stay_apart_and_restart_clears_one(sandbox: Sandbox) -> None:
+    one = sandbox.create_code_context()
+    two = sandbox.create_code_context(cwd="/tmp")
+    try:
+        assert one.language == "python" and two.cwd == "/tmp"
+        sandbox.run_code("where = 'one'", context=one)
+        sandbox.run_code("where = 'two'", context=two)
+        assert sandbox.run_code("where", context=one).text == "'one'"
+        assert sandbox.run_code("import os\nos.getcwd()", context=two).text == "'/tmp'"
+        assert {one.id, two.id} <= {c.id for c in sandbox.list_code_contexts()}
+        sandbox.restart_code_context(one)
+        cleared = sandbox.run_code("where", context=one)
+        assert cleared.error is not None and cleared.error.name == "NameError"
+        assert sandbox.run_code("where", context=two).text == "'two'"
+    finally:
+        sandbox.remove_code_context(one)
+        sandbox.remove_code_context(two.id)
+    assert {one.id, two.id}.isdisjoint({c.id for c in sandbox.list_code_contexts()})
+
+
+def _tiny_wheel() -> tuple[str, bytes]:
+    """A pure-Python wheel of the package ``callbox_tiny`` (made here: no index, no network)."""
+    name = "callbox_tiny-0.1-py3-none-any.whl"
+    files = {
+        "callbox_tiny/__init__.py": b"VALUE = 'from the wheel'\n",
+        "callbox_tiny-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: callbox-tiny\nVersion: 0.1\n",
+        "callbox_tiny-0.1.dist-info/WHEEL": (b"Wheel-Version: 1.0\nGenerator: callbox-tests\n"
+                                             b"Root-Is-Purelib: true\nTag: py3-none-any\n"),
+    }
+    record = "".join(
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+        for path, data in files.items()) + "callbox_tiny-0.1.dist-info/RECORD,,\n"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+        archive.writestr("callbox_tiny-0.1.dist-info/RECORD", record)
+    return name, buf.getvalue()
+
+
+def test_pip_install_of_a_local_wheel(sandbox: Sandbox) -> None:
+    name, data = _tiny_wheel()
+    sandbox.files.write(f"/home/user/{name}", data)
+    installed = sandbox.run_code(f"!pip install --no-index --no-deps /home/user/{name}")
+    assert installed.error is None, installed.error
+    assert any("Successfully installed callbox-tiny-0.1" in line for line in installed.logs.stdout), installed.logs
+    imported = sandbox.run_code("import callbox_tiny\ncallbox_tiny.VALUE")
+    assert imported.text == "'from the wheel'", imported
+
+
+def test_a_denied_run_code_is_refused_with_the_reason_and_audited(sandbox: Sandbox, server: E2bServer) -> None:
+    with pytest.raises(SandboxException) as caught:
+        sandbox.run_code("import shutil\nshutil.rmtree('/home/user/nothing')")
+    assert DENIED_REASON in str(caught.value)
+    allowed = sandbox.run_code("'audited too'")
+    assert allowed.text == "'audited too'"
+    with AuditStore(server.directory / "audit.sqlite3") as audit:
+        calls = audit.calls_for_run(sandbox.sandbox_id)
+    cells = [c for c in calls if c["tool"] == "sandbox.process" and "run_code" in _text(c["arguments"])]
+    denied = [c for c in cells if "shutil.rmtree" in _text(c["arguments"])]
+    assert denied and denied[-1]["decision"] == "deny" and DENIED_REASON in denied[-1]["reason"], denied
+    assert any("audited too" in _text(c["arguments"]) and c["decision"] == "allow" for c in cells)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def test_a_sandbox_of_another_template_has_no_code_interpreter(server: E2bServer) -> None:
+    with sdk_environment(server):
+        plain = BaseSandbox.create(timeout=60)
+        try:
+            headers = {"E2b-Sandbox-Id": plain.sandbox_id, "E2b-Sandbox-Port": "49999",
+                       "E2B-Traffic-Access-Token": plain.traffic_access_token or ""}
+            answer = httpx.get(f"{server.url}/contexts", headers=headers, timeout=30)
+        finally:
+            plain.kill()
+    assert answer.status_code == 502, answer.text
+    assert "port 49999 is not open" in answer.json()["message"]
