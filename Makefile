@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CALLBOX := $(VENV)/bin/callbox
 
-.PHONY: setup npm-tools browser engine image runsc test test-runsc unit demo tour bench bench-scale bench-docs proto proto-check lint docs docs-serve
+.PHONY: setup npm-tools browser engine image image-code-interpreter runsc test test-runsc unit demo tour bench bench-scale bench-docs proto proto-check lint docs docs-serve
 
 setup:
 	@scripts/setup-python.sh
@@ -25,6 +25,11 @@ engine:
 
 image: setup engine
 	@$(CALLBOX) image build
+
+# The code interpreter's image variant (the E2B door's code-interpreter-v1 template); its own
+# debootstrap base is cached, so a rebuild takes seconds.
+image-code-interpreter: setup engine image
+	@$(CALLBOX) image build --variant code-interpreter
 
 # gVisor as the Docker runtime "runsc" (sandboxes with runtime = "runsc"); needs root.
 runsc: engine
@@ -46,7 +51,7 @@ lint: setup
 unit: setup
 	@$(VENV)/bin/pytest tests/unit -q
 
-test: setup npm-tools browser proto-check lint engine image runsc
+test: setup npm-tools browser proto-check lint engine image image-code-interpreter runsc
 	@echo "callbox: running the test suite (unit, integration, security, interop) on the real engine"
 	@scripts/run-tests.sh
 

@@ -21,12 +21,9 @@ holds at ``sandbox/``, possibly nothing). A mount below a scratch place
 
 from __future__ import annotations
 
-import grp
 import math
 import os
-import pwd
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
@@ -35,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from harness.core.errors import CallboxError, ErrorCode
 from harness.core.units import ByteSize, format_size
+from harness.engine.host_files import can_write, describe_owner, mount_fixes
 from harness.engine.placement import Placement
 
 DEFAULT_IMAGE = "callbox-sandbox:latest"
@@ -234,37 +232,6 @@ class HostLimits:
 
 def _gib(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n >> 20} MiB"
-
-
-def _name(lookup: str, number: int) -> str:
-    try:
-        return pwd.getpwuid(number).pw_name if lookup == "user" else grp.getgrgid(number).gr_name
-    except KeyError:
-        return str(number)
-
-
-def can_write(st: os.stat_result, uid: int, gid: int) -> bool:
-    """Whether uid/gid (no supplementary groups, as tool processes run) may write this
-    file, or create files in this directory, by its mode bits."""
-    need = 0o3 if stat.S_ISDIR(st.st_mode) else 0o2
-    if st.st_uid == uid:
-        bits = st.st_mode >> 6
-    elif st.st_gid == gid:
-        bits = st.st_mode >> 3
-    else:
-        bits = st.st_mode
-    return bits & need == need
-
-
-def _describe(st: os.stat_result) -> str:
-    return (f"owner {_name('user', st.st_uid)} (uid {st.st_uid}), group {_name('group', st.st_gid)} "
-            f"(gid {st.st_gid}), mode {stat.S_IMODE(st.st_mode):04o}")
-
-
-def _fixes(source: Path, uid: int, gid: int) -> str:
-    return (f"chown it to a non-root user (`chown -R {uid}:{gid} {source}`), make it writable for uid {uid}, "
-            "pick the tool uid/gid that can write it (--mount HOST:CONTAINER:rw,uid=N,gid=N, or uid and gid "
-            "on its [[sandbox.mounts]] entry), or mount it :ro")
 
 
 MountT = TypeVar("MountT", bound=BaseModel)
@@ -575,13 +542,13 @@ class SandboxSpec(SandboxFields[Mount]):
                 raise SpecError(f"mounts[{index}].source", (
                     f"rw mounts {first} and {mount.source} have different owners (uid {uid} and uid {st.st_uid}); "
                     f"tool processes run as one user, the owner of {first} (uid {uid}, gid {gid}), which "
-                    f"cannot write {mount.source} ({_describe(st)}); " + _fixes(mount.source, uid, gid)))
+                    f"cannot write {mount.source} ({describe_owner(st)}); " + mount_fixes(mount.source, uid, gid)))
             why = (f"asked for by {self.mounts[chosen_by].source}" if asked and chosen_by is not None
                    else f"the owner of {self.mounts[chosen_by].source}" if chosen_by is not None
                    else "the sandbox user; no rw mount is owned by a non-root user")
             raise SpecError(f"mounts[{index}].source", (
                 f"rw mount {mount.source} (at {mount.target}) is not writable by the tool user uid {uid}, gid {gid} "
-                f"({why}): {_describe(st)}; " + _fixes(mount.source, uid, gid)))
+                f"({why}): {describe_owner(st)}; " + mount_fixes(mount.source, uid, gid)))
         return uid, gid
 
     def network_summary(self) -> str:

@@ -527,6 +527,8 @@ def test_another_client_gets_not_found_for_every_rpc(door: Door, box: str) -> No
             "DeleteSnapshot": lambda: door.stub.DeleteSnapshot(s.DeleteSnapshotRequest(name="mine"), metadata=B),
             "Fork": lambda: door.stub.Fork(s.ForkRequest(sandbox_id=box), metadata=B),
             "Fork(snapshot)": lambda: door.stub.Fork(s.ForkRequest(snapshot="mine"), metadata=B),
+            "UpdateNetwork": lambda: door.stub.UpdateNetwork(s.UpdateNetworkRequest(sandbox_id=box, deny=["0.0.0.0/0"]),
+                                                             metadata=B),
         }
         served = {m.name for m in s.DESCRIPTOR.services_by_name["Sandboxes"].methods}
         assert served - {name.split("(")[0] for name in calls} == {"ListSnapshots"}

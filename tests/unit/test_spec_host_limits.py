@@ -13,7 +13,8 @@ import pytest
 
 from harness.cli.main import main
 from harness.core.errors import CallboxError
-from harness.engine.spec import HostLimits, Mount, SandboxSpec, SpecError, can_write
+from harness.engine.host_files import can_write
+from harness.engine.spec import HostLimits, Mount, SandboxSpec, SpecError
 
 GiB = 1 << 30
 ROOT = os.geteuid() == 0

@@ -65,7 +65,7 @@ from harness.doors.e2b.port_targets import port_target
 from harness.doors.e2b.ports import PortProxy
 from harness.doors.e2b.responses import CutOff, http_refusal, rest_error
 from harness.doors.e2b.rpc import EnvdCall, EnvdRoute, HttpRequest, HttpResponse, Method, RestRoute, Service
-from harness.doors.e2b.signing import signed_sandbox
+from harness.doors.e2b.signing import check_signed, signed_sandbox
 from harness.doors.e2b.templates import UPLOAD_PREFIX
 from harness.doors.grpc.tokens import TokenSet
 from harness.doors.quota_ledger import QuotaExceeded
@@ -284,6 +284,8 @@ class E2bApp:
         health = exchange.path == HEALTH_PATH
         try:
             sandbox = self._envd_sandbox(sandbox_id, headers, health=health, signed=signed)
+            if signed:  # no access token: the URL's signature must be the sandbox's, before any handler runs
+                check_signed(_query_only(exchange), "read" if exchange.method == "GET" else "write", sandbox)
             user = envd_user(headers)
             if not health:  # a paused sandbox: resumed if it auto-resumes (on a worker: it waits for the engine)
                 await exchange.run(lambda: self.sandboxes.awake(sandbox))
@@ -323,7 +325,7 @@ class E2bApp:
                       signed: bool = False) -> E2bSandbox:
         token = headers.get("x-access-token")
         try:
-            if (health or signed) and not token:  # signed: the /files handler checks the URL's signature
+            if (health or signed) and not token:  # signed: the caller checks the URL's signature
                 sandbox = self._untokened(sandbox_id)
             else:
                 sandbox = self.sandboxes.for_envd(sandbox_id, token)
