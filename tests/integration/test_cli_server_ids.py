@@ -1,8 +1,8 @@
 """The operator's ``callbox sandbox`` on a gRPC server's sandboxes, by their sandbox id (the
 run id the server's clients know), and what the server does when the operator removes one:
-the session ends (run ``removed``, the client's quota given back) on the client's next
-request, or at the reaper's next round when none comes. One in-process executor on the real
-engine; the CLI is the installed script, on the same host and audit store."""
+NOT_FOUND at once, and the reaper's next round ends the session (run ``removed``). One
+in-process executor on the real engine; the CLI is the installed script, on the same host
+and audit store."""
 
 from __future__ import annotations
 
@@ -58,27 +58,19 @@ def callbox(executor: ExecutorService, *args: str) -> subprocess.CompletedProces
 def test_exec_reaches_a_grpc_sandbox_by_its_id_and_rm_ends_its_session(executor: ExecutorService) -> None:
     session = executor.create_session("alice", SandboxOverrides())
     sid = session.sandbox_id
-    proc = callbox(executor, "sandbox", "exec", sid, "--", "echo", "hi")
-    assert (proc.returncode, proc.stdout) == (0, b"hi\n"), proc.stderr
-    assert executor.session_of(sid, "alice") is session
-
-    proc = callbox(executor, "sandbox", "rm", sid)
-    assert proc.returncode == 0, proc.stderr
-    with pytest.raises(ServiceError) as refused:
-        executor.session_of(sid, "alice")
-    assert refused.value.error is ErrorCode.NOT_FOUND
-    assert session.closed and sid not in executor.live_sandboxes()
-    assert executor.audit.get_run(sid).end_reason == "removed"
-
-
-def test_the_reaper_ends_a_removed_sandboxs_session_without_a_request(executor: ExecutorService) -> None:
-    session = executor.create_session("alice", SandboxOverrides())
-    sid = session.sandbox_id
     try:
+        proc = callbox(executor, "sandbox", "exec", sid, "--", "echo", "hi")
+        assert (proc.returncode, proc.stdout) == (0, b"hi\n"), proc.stderr
+        assert executor.session_of(sid, "alice") is session
         assert executor.reap_expired() == []
+
         proc = callbox(executor, "sandbox", "rm", sid)
         assert proc.returncode == 0, proc.stderr
-        assert executor.reap_expired() == [sid]
+        with pytest.raises(ServiceError) as refused:  # at once, as for a deleted sandbox
+            executor.session_of(sid, "alice")
+        assert refused.value.error is ErrorCode.NOT_FOUND
+        assert executor.reap_expired() == [sid]  # the reaper's next round ends the session
         assert session.closed and sid not in executor.live_sandboxes()
+        assert executor.audit.get_run(sid).end_reason == "removed"
     finally:
         executor.delete_session(session)

@@ -22,10 +22,8 @@ Docker engine; its policy is the server's (or the client's profile's:
   are anchored at it.
 * **Eager start.** ``CreateSandbox`` starts the container (so engine or image problems
   surface there, and the limits count real containers); it is destroyed by
-  ``DeleteSandbox``, when its ``ttl_seconds`` pass (the reaper), or at shutdown. Its owner
-  is its run (``run:<sandbox id>``), so the operator's ``callbox sandbox`` takes the id; one
-  the operator removes (``callbox sandbox rm ID``) ends its session at the client's next
-  request or the reaper's next round (:meth:`ExecutorService.end_if_removed`).
+  ``DeleteSandbox``, when its ``ttl_seconds`` pass (the reaper), at shutdown, or once the
+  operator removed it (:attr:`ClientSession.removed`: NOT_FOUND at once, ended by the reaper).
 * **Limits.** Live sandboxes per client and in total (creations in progress count), and the
   client's quotas (:mod:`harness.doors.quota_ledger`; ``calls_per_minute`` at each CallTool),
   each a RESOURCE_EXHAUSTED with ``retryable`` set and a sentence naming the limit.
@@ -94,7 +92,7 @@ from harness.doors.grpc.messages import (
     result_message,
 )
 from harness.doors.grpc.overrides import SandboxOverrides, sandbox_policy
-from harness.doors.grpc.sessions import ClientSession, Limits
+from harness.doors.grpc.sessions import REMOVED, ClientSession, Limits
 from harness.doors.grpc.tokens import TokenSet, bearer_token
 from harness.doors.grpc.workers import Workers
 from harness.doors.profiles import ClientPolicies, PolicySource
@@ -115,8 +113,6 @@ log = logging.getLogger("callbox.executor")
 DOOR = "grpc"
 MAX_LIST_RUNS = 1000
 CREATE_WAIT_AT_SHUTDOWN_S = 45.0
-REMOVED = "removed"
-"""How a run ends whose sandbox the operator removed from outside the server (``callbox sandbox rm``)."""
 
 
 class ExecutorService(executor_pb2_grpc.ExecutorServicer):
@@ -184,7 +180,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def _session(self, sandbox_id: str, client: str) -> ClientSession:
         with self._lock:
             session = self._sessions.get(sandbox_id)
-        if session is None or session.client != client or session.closed or self.end_if_removed(session):
+        if session is None or session.client != client or session.closed or session.removed:
             raise not_found("sandbox", sandbox_id)
         return session
 
@@ -559,39 +555,21 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         # moment's stale count only delays or brings forward one refill.
         return self.limits.max_sandboxes_total - len(self._sessions) - sum(list(self._creating.values()))
 
-    def end_if_removed(self, session: ClientSession) -> bool:
-        """End ``session`` if its sandbox was removed from outside this server (the operator's
-        ``callbox sandbox rm``): its run ends ``removed``, its client's quotas get its place
-        back, and its id is NOT_FOUND from then on, as for a deleted sandbox. Whether it did."""
-        if not session.removed:
-            return False
-        _say_removed(session)
-        self.delete_session(session, REMOVED)
-        return True
-
     def reap_expired(self, now: float | None = None) -> list[str]:
-        """Destroy the sandboxes whose ttl_seconds have passed (a paused one's clock stands
-        still: see :meth:`ClientSession.due`), or whose paused TTL has, and end those removed
-        from outside (see :meth:`end_if_removed`); their ids. A running one with an ``on_expiry``
-        hook is offered to it first: if the hook pauses it, it stays."""
+        """Destroy the sandboxes whose ttl_seconds (a paused one's clock stands still: see
+        :meth:`ClientSession.due`) or paused TTL have passed, or that the operator removed; their
+        ids. A running one with an ``on_expiry`` hook is offered to it first: if it pauses it, it stays."""
         moment = time.time() if now is None else now
         with self._lock:
-            due = [s for s in self._sessions.values() if s.due(moment)]
-            removed = [s for s in self._sessions.values() if s not in due and s.removed]
-            for session in removed:
-                self._sessions.pop(session.sandbox_id, None)
-            self._lock.notify_all()
-        expired = [s for s in due if s.paused or s.on_expiry is None or not self._paused_at_expiry(s)]
+            due = [s for s in self._sessions.values() if s.removed or s.due(moment)]
+        expired = [s for s in due if s.removed or s.paused or s.on_expiry is None or not self._paused_at_expiry(s)]
         with self._lock:
             for session in expired:
                 self._sessions.pop(session.sandbox_id, None)
             self._lock.notify_all()
         for session in expired:
-            session.close(self.audit, "paused_expired" if session.paused else "expired")
-        for session in removed:
-            _say_removed(session)
-            session.close(self.audit, REMOVED)
-        return [s.sandbox_id for s in (*expired, *removed)]
+            session.close(self.audit, REMOVED if session.removed else "paused_expired" if session.paused else "expired")
+        return [s.sandbox_id for s in expired]
 
     @staticmethod
     def _paused_at_expiry(session: ClientSession) -> bool:
@@ -620,8 +598,3 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
 
         self._reaper = threading.Thread(target=loop, name="callbox-executor-reaper", daemon=True)
         self._reaper.start()
-
-
-def _say_removed(session: ClientSession) -> None:
-    log.warning("sandbox %s of client %s was removed from outside this server; its session ends",
-                session.sandbox_id, session.client)

@@ -26,7 +26,10 @@ from harness.doors.start_queue import default_slots
 from harness.engine.base import is_living
 from harness.v1 import executor_pb2
 
-__all__ = ["DEFAULT_CLIENT_SHARE", "ClientSession", "Limits"]
+__all__ = ["DEFAULT_CLIENT_SHARE", "REMOVED", "ClientSession", "Limits"]
+
+REMOVED = "removed"
+"""How a run ends whose sandbox the operator removed from outside its server (``callbox sandbox rm``)."""
 
 log = logging.getLogger("callbox.executor")
 
@@ -136,7 +139,8 @@ class ClientSession:
     def removed(self) -> bool:
         """Whether its sandbox was removed from outside this server (``callbox sandbox rm ID``
         by the operator, gc of another process) while it is still live here (cheap: a file
-        check). Its server then ends it (:meth:`ExecutorService.end_if_removed`)."""
+        check). Its doors then answer NOT_FOUND for it, and the reaper's next round ends it
+        (run ``removed``, its client's quotas get its place back)."""
         box = self.harness.active_sandbox
         return not self.closed and is_living(box) and box.removed
 
