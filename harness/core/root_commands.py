@@ -19,9 +19,11 @@ ROOT_COMMANDS_LOOSENED = (f"{ROOT_COMMANDS_KEY} = true: clients may run commands
                           "container's capabilities) in their sandboxes (the default is false)")
 
 
-def root_refusal() -> Decision:
-    """The decision for a command asked to run as root under a policy that does not allow it."""
+def root_refusal(tool_user: str) -> Decision:
+    """The decision for a command asked to run as root under a policy that does not allow it
+    (``tool_user``: the sandbox's user as the caller names it)."""
     return Decision(Action.DENY, f"{ROOT_COMMANDS_KEY} = false",
-                    f"denied by policy: commands run as the sandbox's unprivileged user, not as root "
+                    f"denied by policy: commands run as the sandbox's unprivileged user {tool_user!r}, not as "
+                    f"{ROOT_USER!r} "
                     f"({ROOT_COMMANDS_KEY} = false, the default); leave the user unset, or set "
                     f"[sandbox] root_commands = true in the policy to allow root commands")

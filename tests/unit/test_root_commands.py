@@ -40,10 +40,11 @@ def test_a_root_commands_value_that_is_not_a_boolean_is_refused() -> None:
 
 
 def test_the_refusal_is_a_denial_naming_the_key_and_the_fix() -> None:
-    decision = root_refusal()
+    decision = root_refusal("user")
     assert decision.action is Action.DENY
     assert decision.rule == f"{ROOT_COMMANDS_KEY} = false"
     assert "[sandbox] root_commands = true" in decision.reason and "leave the user unset" in decision.reason
+    assert "unprivileged user 'user', not as 'root'" in decision.reason
 
 
 @pytest.mark.parametrize("user", [None, "user", "sandbox"])

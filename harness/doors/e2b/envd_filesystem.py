@@ -110,9 +110,9 @@ def check_user(user: str | None) -> None:
         return
     if user == "root":
         raise E2bError(ErrorCode.PERMISSION_DENIED,
-                       f"file operations act as the sandbox's user {USER!r} (uid 1000), never as root, even where "
-                       f"the policy allows root commands (sandbox.root_commands): leave the user unset (a root "
-                       f"command reads what {USER!r} writes)")
+                       f"file operations act as the sandbox's unprivileged user {USER!r} (uid 1000), never as "
+                       f"root, even where the policy allows root commands (sandbox.root_commands): leave the user "
+                       f"unset (a root command reads what {USER!r} writes)")
     raise E2bError(ErrorCode.PERMISSION_DENIED,
                    f"this sandbox runs everything as its one unprivileged user {USER!r} (uid 1000, E2B's "
                    f"default user) and cannot act as {user!r}: leave the user unset")

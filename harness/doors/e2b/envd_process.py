@@ -275,7 +275,7 @@ class ProcessDoor:
             if as_root:
                 details["user"] = ROOT_USER
                 if not sandbox.session.policy.sandbox.root_commands:
-                    floor = root_refusal()
+                    floor = root_refusal(SANDBOX_USER)
             with self.sandboxes.acting(sandbox, "process", details, floor=floor) as ticket:
                 own = {k: v for k, v in box.spec.env.items() if not (as_root and k in _USER_VARIABLES)}
                 env = {**own, **sandbox.env_vars, **config.envs}  # root keeps the agent's HOME, USER, LOGNAME
