@@ -1,6 +1,7 @@
 """Background jobs: detached processes with a replayable output ring buffer (sandbox.v1.Jobs).
 
-A job starts like an Exec command (as the tool user, in its own session, through the same
+A job starts like an Exec command (as the tool user, or as root when the request says
+``as_root``; in its own session, through the same
 ``ToolStarter`` and launcher) with a marker group of its own, so Signal and Kill reach
 every process it started however it forked. It is detached from the RPC that started it:
 it runs until its leader exits (what it left behind is then killed, as for an Exec), it
@@ -107,9 +108,11 @@ class JobManager:
                 master, slave = self._open_pty()
                 fcntl.ioctl(master, termios.TIOCSWINSZ, window)
                 env.setdefault("TERM", PTY_TERM)
-                child = self.starter.start(argv, cwd, env, marker, with_stdin=True, terminal=slave)
+                child = self.starter.start(argv, cwd, env, marker, with_stdin=True, terminal=slave,
+                                           as_root=request.as_root)
             else:
-                child = self.starter.start(argv, cwd, env, marker, with_stdin=request.stdin)
+                child = self.starter.start(argv, cwd, env, marker, with_stdin=request.stdin,
+                                           as_root=request.as_root)
         except BaseException:
             if master is not None:
                 os.close(master)

@@ -5,6 +5,13 @@ supplementary groups replaced by the tool user's group plus a marker group (see
 ``proctree``), with the tool environment plus the request's variables, through the
 configured ``Launcher``. A process that cannot start is an ``AgentError`` worded as a
 shell would say it.
+
+A job the harness asks to run as root (``as_root``: only when its policy allows root
+commands) starts with the agent's own ids, uid 0 and gid 0, with the marker group as its
+only supplementary group and ``HOME=/root``. It keeps no capability the agent has not: the
+container's bounding set (CAP_SETUID, CAP_SETGID, CAP_KILL) and no-new-privileges bound
+what an exec as uid 0 regains. Without CAP_DAC_OVERRIDE, file permissions apply to it like
+to any other uid.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from sandbox.errors import (
     INTERNAL,
     INVALID_ARGUMENT,
     NO_SUCH_FILE,
+    PERMISSION_DENIED,
     SPAWN_FAILED,
     AgentError,
 )
@@ -28,6 +36,7 @@ from sandbox.spawner import SpawnerDied
 
 DEFAULT_TIMEOUT_MS = 30_000
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
+ROOT_HOME = "/root"
 
 
 def checked_timeout_ms(requested: int) -> int:
@@ -54,9 +63,18 @@ class ToolStarter:
         # Not root (tests on a host): no marker, so only the process group is killed.
         return Identity(None, None, None)
 
-    def environment(self, extra: Mapping[str, str]) -> dict[str, str]:
-        """The tool environment with ``extra`` added."""
+    def root_identity(self, marker: int) -> Identity:
+        """Root (the agent's own uid and gid) with only the marker group; PERMISSION_DENIED
+        when the agent does not run as root (tests on a host)."""
+        if os.geteuid() != 0:
+            raise AgentError(PERMISSION_DENIED, "cannot run a command as root: the agent itself does not run as root")
+        return Identity(None, None, [0, marker])
+
+    def environment(self, extra: Mapping[str, str], *, as_root: bool = False) -> dict[str, str]:
+        """The tool environment (root's, with ``as_root``) with ``extra`` added."""
         env = self.user.environment() if self.user else dict(BASE_ENV)
+        if as_root:
+            env.update(HOME=ROOT_HOME, USER="root", LOGNAME="root")
         env.update(extra)
         return env
 
@@ -70,16 +88,18 @@ class ToolStarter:
         with_stdin: bool,
         blame_cwd: bool = True,
         terminal: int | None = None,
+        as_root: bool = False,
     ) -> Child:
         """Start ``argv`` in ``cwd``; AgentError if it cannot start. ``blame_cwd`` False words
         every failure as the program's, even one entering ``cwd``. ``terminal``: the slave side
-        of a pseudo-terminal, the child's stdio and controlling terminal (see ``launch``)."""
-        env = self.environment(extra_env)
+        of a pseudo-terminal, the child's stdio and controlling terminal (see ``launch``).
+        ``as_root``: run as root instead of the tool user (see the module docstring)."""
+        env = self.environment(extra_env, as_root=as_root)
+        identity = self.root_identity(marker) if as_root else self.identity(marker)
         try:
             if terminal is not None:
-                return self.launcher.launch(list(argv), cwd, env, self.identity(marker),
-                                            with_stdin=True, terminal=terminal)
-            return self.launcher.launch(list(argv), cwd, env, self.identity(marker), with_stdin=with_stdin)
+                return self.launcher.launch(list(argv), cwd, env, identity, with_stdin=True, terminal=terminal)
+            return self.launcher.launch(list(argv), cwd, env, identity, with_stdin=with_stdin)
         except SpawnerDied as exc:
             raise AgentError(INTERNAL, f"cannot start {argv[0]}: {exc}") from None
         except OSError as exc:

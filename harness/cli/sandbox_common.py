@@ -5,7 +5,8 @@ Policy and audit. Each action the policy knows (:mod:`harness.core.actions`) goe
 :class:`~harness.core.actions.ActionGate` built from ``--policy`` (default: the packaged
 policy) and ``--audit-db`` (default ``$CALLBOX_AUDIT_DB`` or the state directory). The run
 an action is recorded under is the id of the sandbox it is about (``callbox audit --run ID``
-lists a sandbox's actions; a name reused later is another sandbox, another run), the actor
+lists a sandbox's actions; a name reused later is another sandbox, another run), or, for a
+server's sandbox, the run it serves (its E2B or gRPC id: :func:`run_of`), the actor
 ``user:<uid>``. A denial ends the command with 1 and the policy's reason; ``ask`` ends it with
 1 and the approval's id, to approve with ``callbox approvals approve ID`` and repeat the same
 command with ``--approval ID``. With ``--json`` either also prints one object on stdout:
@@ -50,6 +51,7 @@ __all__ = [
     "new_name",
     "opened",
     "print_json",
+    "run_of",
     "sandbox_json",
     "say_sandbox",
     "size",
@@ -101,6 +103,14 @@ def load_gate_policy(args: argparse.Namespace) -> Any:
     from harness.core.policy import load_policy
 
     return load_policy(args.policy)
+
+
+def run_of(sandbox: Sandbox) -> str:
+    """The run the actions on ``sandbox`` are recorded under: the run it serves (a server's
+    sandbox, owner ``run:<run id>``: its E2B or gRPC id), else its own id."""
+    from harness.engine.base import owner_run
+
+    return owner_run(sandbox.owner) or sandbox.id
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import posixpath
+import re
 import signal
 import sys
 import threading
@@ -28,7 +29,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from harness.cli.sandbox_common import connect, gate_options, guarded, load_gate_policy, opened, print_json, size
+from harness.cli.sandbox_common import (
+    connect,
+    gate_options,
+    guarded,
+    load_gate_policy,
+    opened,
+    print_json,
+    run_of,
+    size,
+)
 from harness.core.errors import UsageError
 
 if TYPE_CHECKING:
@@ -47,7 +57,7 @@ def add_verbs(verbs: Any) -> None:
     gate_options(cp)
 
     port = verbs.add_parser("port", help="forward a host loopback port to a sandbox port until Ctrl-C")
-    port.add_argument("name", help="sandbox name or id")
+    port.add_argument("name", help="sandbox name or id (a server's sandbox: also its E2B or run id)")
     port.add_argument("port", type=_port_number(1), help="the port in the sandbox (its loopback)")
     port.add_argument("--host-port", type=_port_number(0), default=0, metavar="P",
                       help="the host port on 127.0.0.1 (default 0: a free one)")
@@ -72,13 +82,17 @@ def _port_number(lowest: int) -> Callable[[str], int]:
     return port
 
 
+SERVER_RUN_ID = re.compile(r"[a-z0-9]+-[0-9]{8}T[0-9]{6}-[0-9a-f]{12}")
+"""The id a server gives its sandbox's run, which its clients know it by (``e2b-20250102T030405-0123456789ab``)."""
+
+
 def split_endpoint(text: str) -> tuple[str, str] | None:
     """``("web", "/workspace/x")`` for ``web:/workspace/x``; None for a host path. The part
-    before the first colon must be a sandbox name or id (no ``/``)."""
+    before the first colon must be a sandbox name or id (no ``/``), or a server's run id."""
     from harness.engine.docker.lifetime import NAME_PATTERN
 
     head, colon, path = text.partition(":")
-    if not colon or not NAME_PATTERN.fullmatch(head):
+    if not colon or not (NAME_PATTERN.fullmatch(head) or SERVER_RUN_ID.fullmatch(head)):
         return None
     return head, path
 
@@ -116,7 +130,7 @@ def _cp(args: argparse.Namespace) -> int:
         transfer = sandbox.transfer
         details = {"sandbox": name, "path": path, "host_path": str(host_path.absolute())}
         action = "copy_in" if direction == "in" else "copy_out"
-        with guarded(args, policy, sandbox.id, action, details, workdir=sandbox.spec.workdir) as ticket:
+        with guarded(args, policy, run_of(sandbox), action, details, workdir=sandbox.spec.workdir) as ticket:
             if direction == "in":
                 result = transfer.copy_in(host_path, path, overwrite=True)
             else:
@@ -171,7 +185,7 @@ def _port(args: argparse.Namespace) -> int:
     forward: PortForward | None = None
     with opened(engine, args.name) as sandbox:
         details = {"sandbox": args.name, "port": args.port, "host_port": args.host_port}
-        with guarded(args, policy, sandbox.id, "port_forward", details, workdir=sandbox.spec.workdir) as ticket:
+        with guarded(args, policy, run_of(sandbox), "port_forward", details, workdir=sandbox.spec.workdir) as ticket:
             sandbox.require_running()
             previous = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
             try:

@@ -33,6 +33,7 @@ from harness.cli.sandbox_common import (
     load_gate_policy,
     opened,
     print_json,
+    run_of,
 )
 from harness.core.errors import CallboxError, ErrorCode, UsageError
 from harness.core.units import format_size
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
 def add_verbs(verbs: Any) -> None:
     ex = verbs.add_parser("exec", help="run a command in a living sandbox (or start it as a background job)")
-    ex.add_argument("name", help="sandbox name or id")
+    ex.add_argument("name", help="sandbox name or id (a server's sandbox: also its E2B or run id)")
     ex.add_argument("--background", action="store_true",
                     help="start CMD as a background job and print its pid (see `logs`, `ps`, `kill`)")
     ex.add_argument("--tag", default="", help="a label for the background job, shown by `ps`")
@@ -53,13 +54,13 @@ def add_verbs(verbs: Any) -> None:
     gate_options(ex)
 
     ps = verbs.add_parser("ps", help="the jobs of a sandbox (of every living sandbox without NAME)")
-    ps.add_argument("name", nargs="?", help="sandbox name or id")
+    ps.add_argument("name", nargs="?", help="sandbox name or id (a server's sandbox: also its E2B or run id)")
     ps.add_argument("--json", action="store_true",
                     help="print a JSON list of {sandbox, sandbox_id, pid, tag, command, state, exit_code, signal, "
                          "pty, started_at, duration_s, next_seq, output_bytes, dropped_bytes, oom_killed}")
 
     logs = verbs.add_parser("logs", help="a job's output: the held part, then live with --follow")
-    logs.add_argument("name", help="sandbox name or id")
+    logs.add_argument("name", help="sandbox name or id (a server's sandbox: also its E2B or run id)")
     logs.add_argument("pid", metavar="PID|TAG", help="the job's pid, or the tag of its newest job (see `ps`)")
     logs.add_argument("--from-seq", type=_seq, default=0, metavar="N",
                       help="start at output chunk N (default 0: the oldest still held)")
@@ -71,7 +72,7 @@ def add_verbs(verbs: Any) -> None:
     gate_options(logs)
 
     kill = verbs.add_parser("kill", help="end a job (SIGKILL to each of its processes) or signal it")
-    kill.add_argument("name", help="sandbox name or id")
+    kill.add_argument("name", help="sandbox name or id (a server's sandbox: also its E2B or run id)")
     kill.add_argument("pid", metavar="PID|TAG", help="the job's pid, or the tag of its newest job (see `ps`)")
     kill.add_argument("--signal", "-s", type=_signal, metavar="SIG",
                       help="send this signal (TERM, SIGINT, 15, ...) instead of killing")
@@ -147,7 +148,7 @@ def _background(args: argparse.Namespace, cmd: list[str]) -> int:
     engine = connect(args)
     with opened(engine, args.name) as sandbox:
         details = {"sandbox": args.name, "command": cmd, "tag": args.tag, "pty": False}
-        with guarded(args, policy, sandbox.id, "process", details, workdir=sandbox.spec.workdir) as ticket:
+        with guarded(args, policy, run_of(sandbox), "process", details, workdir=sandbox.spec.workdir) as ticket:
             info = sandbox.jobs.start(cmd, tag=args.tag, cwd=sandbox.spec.workdir, env=sandbox.spec.env)
             ticket.outcome.update(pid=info.pid)
     if args.json:
@@ -207,7 +208,7 @@ def _logs(args: argparse.Namespace) -> int:
         with known_job(sandbox, pid):
             jobs = sandbox.jobs
             details = {"sandbox": args.name, "pid": pid, "mode": "logs"}
-            with guarded(args, policy, sandbox.id, "attach", details, workdir=sandbox.spec.workdir) as ticket:
+            with guarded(args, policy, run_of(sandbox), "attach", details, workdir=sandbox.spec.workdir) as ticket:
                 jobs.get(pid)  # an unknown pid is NO_SUCH_PROCESS before anything is printed
                 ended = _print_events(jobs.attach(pid, from_seq=args.from_seq, follow=args.follow), args.json)
                 ticket.outcome.update(pid=pid, follow=args.follow)

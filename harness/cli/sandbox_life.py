@@ -33,6 +33,7 @@ from harness.cli.sandbox_common import (
     new_name,
     opened,
     print_json,
+    run_of,
     sandbox_json,
     say_sandbox,
     size,
@@ -68,29 +69,29 @@ def add_verbs(verbs: Any) -> None:
     _json(new, "print {name, sandbox_id, owner, created_at, expires_at, expires_in_s, image, network, workdir}")
 
     ls = verbs.add_parser("ls", help="list sandboxes: name, owner, age, expiry, state, CPU, memory")
-    _json(ls, "print a JSON list of {name, sandbox_id, owner, state, created_at, age_s, expires_at, "
+    _json(ls, "print a JSON list of {name, sandbox_id, owner, run_id, state, created_at, age_s, expires_at, "
               "expires_in_s, cpu_usage_s, memory_bytes, pids, image}")
 
     for verb, what in (("pause", "freeze a sandbox (its expiry clock stops)"),
                        ("resume", "thaw a paused sandbox (its expiry moves later by the paused time)")):
         p = verbs.add_parser(verb, help=what)
-        p.add_argument("name", help="sandbox name or id")
+        p.add_argument("name", help="sandbox name or id (a server's sandbox: also its E2B or run id)")
         gate_options(p)
         _json(p, "print {name, sandbox_id, state, expires_at}")
 
     keep = verbs.add_parser("keep-alive", help="push a sandbox's expiry")
-    keep.add_argument("name", help="sandbox name or id")
+    keep.add_argument("name", help="sandbox name or id (a server's sandbox: also its E2B or run id)")
     keep.add_argument("--ttl", type=ttl_seconds, help="seconds from now (default: its time-to-live)")
     _json(keep, "print {name, sandbox_id, expires_at, expires_in_s}")
 
     rm = verbs.add_parser("rm", help="remove a sandbox (running, paused or gone) and free its name")
-    rm.add_argument("name", help="sandbox name or id")
+    rm.add_argument("name", help="sandbox name or id (a server's sandbox: also its E2B or run id)")
     rm.add_argument("--audit-db", type=Path,
                     help="audit store whose run of the sandbox it ends (default $CALLBOX_AUDIT_DB or the state dir)")
     _json(rm, "print {removed: sandbox id, name, run_ended}")
 
     snap = verbs.add_parser("snapshot", help="store a sandbox's files (its writable places) on the host")
-    snap.add_argument("name", help="sandbox name or id")
+    snap.add_argument("name", help="sandbox name or id (a server's sandbox: also its E2B or run id)")
     snap.add_argument("snapshot", help="the snapshot's name")
     snap.add_argument("--replace", action="store_true", help="replace a snapshot of that name")
     gate_options(snap)
@@ -105,7 +106,7 @@ def add_verbs(verbs: Any) -> None:
 
     fork = verbs.add_parser("fork", help="a new sandbox with the files of a live sandbox or of a snapshot")
     source = fork.add_mutually_exclusive_group(required=True)
-    source.add_argument("source", nargs="?", help="the sandbox to fork (name or id)")
+    source.add_argument("source", nargs="?", help="the sandbox to fork (name, id, or a server sandbox's E2B or run id)")
     source.add_argument("--from-snapshot", metavar="SNAP", help="fork a stored snapshot instead")
     fork.add_argument("--name", help="the new sandbox's name (default sb-XXXXXX)")
     fork.add_argument("--ttl", type=ttl_seconds, help="its time-to-live in seconds (default the source's spec)")
@@ -161,8 +162,11 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _info_json(info: SandboxInfo, now: float) -> dict[str, Any]:
+    from harness.engine.base import owner_run
+
     return {
-        "name": info.name, "sandbox_id": info.sandbox_id, "owner": info.owner, "state": info.state,
+        "name": info.name, "sandbox_id": info.sandbox_id, "owner": info.owner, "run_id": owner_run(info.owner),
+        "state": info.state,
         "created_at": round(info.created, 3), "age_s": round(now - info.created),
         "expires_at": round(info.expires, 3), "expires_in_s": round(info.expires - now),
         "cpu_usage_s": None if info.cpu_usage_s is None else round(info.cpu_usage_s, 3),
@@ -175,7 +179,7 @@ def _pause_or_resume(args: argparse.Namespace) -> int:
     policy = load_gate_policy(args)
     engine = connect(args)
     with opened(engine, args.name) as sandbox, \
-            guarded(args, policy, sandbox.id, "pause", {"sandbox": args.name, "op": op},
+            guarded(args, policy, run_of(sandbox), "pause", {"sandbox": args.name, "op": op},
                     workdir=sandbox.spec.workdir):
         if op == "pause":
             sandbox.pause()
@@ -207,14 +211,27 @@ def _keep_alive(args: argparse.Namespace) -> int:
 
 def _rm(args: argparse.Namespace) -> int:
     engine = connect(args)
+    run = _served_run(engine, args.name)
     sandbox_id = engine.remove(args.name)
-    ended = end_sandbox_run(args.audit_db, sandbox_id)
+    ended = end_sandbox_run(args.audit_db, run or sandbox_id)
     if args.json:
         print_json({"removed": sandbox_id, "name": None if args.name == sandbox_id else args.name,
                     "run_ended": ended})
     else:
         print(f"removed sandbox {args.name}" + ("" if args.name == sandbox_id else f" (id {sandbox_id})"))
     return 0
+
+
+def _served_run(engine: DockerEngine, name_or_id: str) -> str | None:
+    """The run the sandbox ``name_or_id`` serves (a server's sandbox: its E2B or gRPC id), if
+    it is one: its run, not a run of the sandbox's own id, is the one ``rm`` ends."""
+    from harness.engine.base import owner_run
+
+    for info in engine.list_sandboxes(stats=False):
+        run = owner_run(info.owner)
+        if run is not None and name_or_id in (info.name, info.sandbox_id, run, info.owner):
+            return run
+    return None
 
 
 def _snapshot(args: argparse.Namespace) -> int:
@@ -225,7 +242,7 @@ def _snapshot(args: argparse.Namespace) -> int:
     policy = load_gate_policy(args)
     engine = connect(args)
     with opened(engine, args.name) as sandbox, \
-            guarded(args, policy, sandbox.id, "snapshot", {"sandbox": args.name, "name": args.snapshot},
+            guarded(args, policy, run_of(sandbox), "snapshot", {"sandbox": args.name, "name": args.snapshot},
                     workdir=sandbox.spec.workdir) as ticket:
         try:
             info = sandbox.snapshot(args.snapshot, replace=args.replace)
@@ -337,7 +354,7 @@ def _fork(args: argparse.Namespace) -> int:
         details["sandbox"] = args.source
         engine = connect(args)
         with opened(engine, args.source) as source, \
-                guarded(args, policy, source.id, "fork", details, workdir=source.spec.workdir) as ticket:
+                guarded(args, policy, run_of(source), "fork", details, workdir=source.spec.workdir) as ticket:
             forked = engine.fork(source, name=name, owner=actor(), ttl_s=args.ttl)
             ticket.outcome.update(sandbox_id=forked.id, forked_name=forked.name)
     forked.agent.close()

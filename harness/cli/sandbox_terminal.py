@@ -36,6 +36,7 @@ from harness.cli.sandbox_common import (
     load_gate_policy,
     opened,
     print_json,
+    run_of,
 )
 from harness.cli.sandbox_jobs import job_exit_code
 from harness.core.errors import AgentCallError, UsageError
@@ -53,7 +54,7 @@ READ_BYTES = 4096
 def add_verbs(verbs: Any) -> None:
     attach = verbs.add_parser("attach", help="an interactive terminal: start CMD on a PTY, or join job --pid",
                               description="Ctrl-] detaches (the job keeps running); the end of the job ends it.")
-    attach.add_argument("name", help="sandbox name or id")
+    attach.add_argument("name", help="sandbox name or id (a server's sandbox: also its E2B or run id)")
     attach.add_argument("--pid", type=int, help="join this running job instead of starting CMD")
     attach.add_argument("--json", action="store_true",
                         help="print {sandbox, sandbox_id, pid, detached, state, exit_code, signal} at the end")
@@ -78,7 +79,7 @@ def _attach(args: argparse.Namespace) -> int:
         else:
             details = {"sandbox": args.name, "pid": args.pid, "mode": "terminal"}
             action = "attach"
-        with guarded(args, policy, sandbox.id, action, details, workdir=sandbox.spec.workdir) as ticket:
+        with guarded(args, policy, run_of(sandbox), action, details, workdir=sandbox.spec.workdir) as ticket:
             if args.pid is None:
                 env = {**sandbox.spec.env, "TERM": local.term_name()}
                 pid = jobs.start(command, tag="terminal", cwd=sandbox.spec.workdir, env=env, pty=True,

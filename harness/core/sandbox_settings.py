@@ -83,7 +83,7 @@ else:
         **{name: _unbounded(info) for name, info in SandboxFields[MountSetting].model_fields.items()},
     )
 
-_NOT_COPIED = frozenset({"mounts", "on_internet_request"})
+_NOT_COPIED = frozenset({"mounts", "on_internet_request", "root_commands"})
 """Settings the spec does not take as written: ``mounts`` (converted by MountSetting.mount).
 A setting only a policy has would be listed here too."""
 
@@ -100,6 +100,18 @@ class SandboxSettings(_SettingsFields):
     destination when it is ``none``): ``grant-policy`` creates the sandbox with the policy's
     network and says so (in the server's log and the sandbox's info); ``refuse`` refuses the
     request, naming this key (see :mod:`harness.core.network_request`)."""
+    root_commands: bool = False
+    """Whether a client may start a command as ``root`` (E2B's ``user="root"``, which Harbor
+    sends for every command) instead of the sandbox's unprivileged tool user; ``false`` (the
+    default) refuses it naming this key, ``true`` is a logged loosening. Root here is uid 0
+    with only the container's capabilities (CAP_SETUID, CAP_SETGID, CAP_KILL: no
+    CAP_DAC_OVERRIDE, so file permissions apply to it as to any uid): the read-only root
+    filesystem, the network mode, the memory, CPU and pids limits and the container's
+    isolation from the host stay as they are. What it loosens is inside the sandbox: a root
+    command can become any uid, kill or (where the kernel's ptrace rules let it) trace the
+    sandbox's own agent, and leave its job's process group, so that sandbox's replies
+    (output, exit codes, files) are only as trustworthy as the commands run in it. File
+    operations always act as the tool user (see docs/security.md)."""
 
     @field_validator("workdir")
     @classmethod

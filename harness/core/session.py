@@ -45,7 +45,7 @@ from harness.core.redaction import Redactor
 from harness.core.registry import Tool, ToolRegistry
 from harness.core.shared_engine import pooled_engine
 from harness.core.validation import CallRejected, check_call_id
-from harness.engine.base import Engine, Sandbox
+from harness.engine.base import Engine, Sandbox, run_owner
 from harness.engine.cancel import CallScope, current_scope
 from harness.engine.select import choice_of, engine_connector
 from harness.engine.spec import SandboxSpec
@@ -116,7 +116,9 @@ class Session:
 
     def sandbox(self) -> Sandbox:
         """The run's sandbox, started on first use; SessionClosed once the session has ended
-        (a sandbox that finishes starting after that is destroyed at once)."""
+        (a sandbox that finishes starting after that is destroyed at once). Its owner is this
+        run (``run:<run id>``), so an operator finds a server's sandbox by the id its client
+        knows (``callbox sandbox ls``, ``callbox sandbox exec RUN_ID``)."""
         with self._sandbox_lock:
             self._refuse_if_closed()
             if self._sandbox is None:
@@ -125,7 +127,7 @@ class Session:
                     retry=tenacity.retry_if_exception_type(SandboxStartError),
                     stop=tenacity.stop_after_attempt(2),
                     reraise=True,
-                )(engine.create, self.spec)
+                )(engine.create, self.spec, owner=run_owner(self.run_id))
                 if self._closed:
                     sandbox.destroy()
                     self._refuse_if_closed()

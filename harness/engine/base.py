@@ -21,8 +21,24 @@ if TYPE_CHECKING:
     from harness.engine.ports import PortForward
     from harness.engine.transfer import TransferClient
 
-__all__ = ["EgressRecord", "Engine", "LivingSandbox", "PoolEntry", "Sandbox", "SandboxRuntime", "SnapshotKeeper",
-           "is_living", "keeps_snapshots"]
+__all__ = ["RUN_OWNER", "EgressRecord", "Engine", "LivingSandbox", "PoolEntry", "Sandbox", "SandboxRuntime",
+           "SnapshotKeeper", "is_living", "keeps_snapshots", "owner_run", "run_owner"]
+
+RUN_OWNER = "run:"
+"""How a sandbox's owner names the run it serves: ``run:<run id>`` (a server's sandbox, whose
+run id is the id its clients know, e.g. an E2B ``sandbox_id``; a paused run's kept sandbox)."""
+
+
+def run_owner(run_id: str) -> str:
+    """The owner of a sandbox that serves run ``run_id``."""
+    return f"{RUN_OWNER}{run_id}"
+
+
+def owner_run(owner: str | None) -> str | None:
+    """The run an owner string names (``run:<run id>``), None for any other owner."""
+    if owner is None or not owner.startswith(RUN_OWNER) or len(owner) == len(RUN_OWNER):
+        return None
+    return owner[len(RUN_OWNER):]
 
 
 class EgressRecord(Protocol):
@@ -78,7 +94,11 @@ class Sandbox(Protocol):
 class Engine(Protocol):
     """Starts sandboxes (and, for runs paused with their sandbox kept, finds them again)."""
 
-    def create(self, spec: SandboxSpec) -> Sandbox: ...
+    def create(self, spec: SandboxSpec, *, owner: str | None = None) -> Sandbox:
+        """Start a sandbox for ``spec``. ``owner``: who it belongs to (``run:<run id>`` for a
+        run's sandbox, :func:`run_owner`), which the engine keeps with it so an operator finds
+        it by that run's id (``callbox sandbox ls``, ``callbox sandbox exec RUN_ID``)."""
+        ...
 
     def attach(self, sandbox_id: str) -> Sandbox: ...
 
@@ -97,6 +117,12 @@ class LivingSandbox(Protocol):
 
     @property
     def paused(self) -> bool: ...
+
+    @property
+    def removed(self) -> bool:
+        """Whether it was removed from outside this process (``callbox sandbox rm``, gc of
+        another process): cheap, no engine call; False when that cannot be told cheaply."""
+        ...
 
     @property
     def jobs(self) -> JobsClient: ...

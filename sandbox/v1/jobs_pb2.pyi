@@ -87,6 +87,7 @@ class JobStartRequest(_message.Message):
     COLS_FIELD_NUMBER: _builtins.int
     BUFFER_BYTES_FIELD_NUMBER: _builtins.int
     STDIN_FIELD_NUMBER: _builtins.int
+    AS_ROOT_FIELD_NUMBER: _builtins.int
     shell: _builtins.str
     """Run as `bash -c <shell>` (for a PTY job: `bash -c` too)."""
     cwd: _builtins.str
@@ -106,6 +107,11 @@ class JobStartRequest(_message.Message):
     """Keep stdin open for WriteInput (always true for a PTY job); otherwise
     stdin is /dev/null.
     """
+    as_root: _builtins.bool
+    """Run as uid 0 (gid 0) instead of the tool user: root with only the
+    container's capabilities, HOME=/root. The harness asks for it only when
+    its policy allows root commands (sandbox.root_commands).
+    """
     @_builtins.property
     def argv(self) -> _process_pb2.Argv: ...
     @_builtins.property
@@ -123,10 +129,11 @@ class JobStartRequest(_message.Message):
         cols: _builtins.int = ...,
         buffer_bytes: _builtins.int = ...,
         stdin: _builtins.bool = ...,
+        as_root: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "command", b"command", "shell", b"shell"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "buffer_bytes", b"buffer_bytes", "cols", b"cols", "command", b"command", "cwd", b"cwd", "env", b"env", "pty", b"pty", "rows", b"rows", "shell", b"shell", "stdin", b"stdin", "tag", b"tag"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "as_root", b"as_root", "buffer_bytes", b"buffer_bytes", "cols", b"cols", "command", b"command", "cwd", b"cwd", "env", b"env", "pty", b"pty", "rows", b"rows", "shell", b"shell", "stdin", b"stdin", "tag", b"tag"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["argv", "shell"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015

@@ -54,7 +54,7 @@ class Gate:
 def _mine(engine) -> set[str]:  # type: ignore[no-untyped-def]
     """Sandbox ids of the containers this test process owns (the in-process server's)."""
     me = labels.Owner.current().label()
-    return {s.sandbox_id for s in engine.list_sandboxes() if s.owner == me}
+    return {s.sandbox_id for s in engine.list_sandboxes() if s.process == me}
 
 
 @pytest.fixture

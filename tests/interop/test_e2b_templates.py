@@ -3,11 +3,11 @@
 A template is built from steps as E2B's docs show them (a file copied in, a command run, an
 environment variable, a start command that serves HTTP with its ready check), then a sandbox
 is made from it: the copied file is in its home, what the command made is in the image, the
-start command serves HTTP inside the sandbox. Port requests through the door (``get_host``)
-are not served by this server yet, so the served page is fetched from inside the sandbox.
-The second build of the same template comes from the cache; a base image that is not on the
-host is refused naming it; ``AsyncTemplate`` builds too; a client does not see another
-client's template, and sees the operator's.
+start command serves HTTP, fetched through the door as a program written for E2B fetches it:
+the host name ``get_host(port)`` returns, sent to the server with the sandbox's traffic access
+token (the policy allows ``port_forward``). The second build of the same template comes
+from the cache; a base image that is not on the host is refused naming it; ``AsyncTemplate``
+builds too; a client does not see another client's template, and sees the operator's.
 """
 
 from __future__ import annotations
@@ -21,13 +21,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from e2b import AsyncTemplate, Sandbox, Template, wait_for_url
 from e2b.exceptions import BuildException
 
-from tests.interop.e2b_server import E2bServer, sdk_environment, serve_e2b
+from tests.interop.e2b_server import E2bServer, policy_text, sdk_environment, serve_e2b
 
 pytestmark = [pytest.mark.docker, pytest.mark.interop]
+
+PORT = 8000
+POLICY = policy_text('[actions.port_forward]\ndecision = "allow"\n')
+"""The test image, and sandbox ports reachable through the door (``get_host``)."""
+TRAFFIC = "e2b-traffic-access-token"
 
 
 @pytest.fixture(scope="module", name="template_dir")
@@ -52,7 +58,7 @@ def template_dir_fixture(engine: Any) -> Iterator[Path]:
 
 @pytest.fixture(scope="module", name="server")
 def server_fixture(engine: Any, template_dir: Path) -> Iterator[E2bServer]:
-    with serve_e2b(engine) as server:
+    with serve_e2b(engine, policy=POLICY) as server:
         yield server
 
 
@@ -70,7 +76,7 @@ def _template(context: Path) -> Any:
         .copy("hello.txt", "/home/user/")
         .run_cmd("mkdir -p /srv/site && cp /home/user/hello.txt /srv/site/index.html")
         .set_envs({"GREETING": "hi"})
-        .set_start_cmd("cd /srv/site && python3 -m http.server 8000", wait_for_url("http://localhost:8000/"))
+        .set_start_cmd(f"cd /srv/site && python3 -m http.server {PORT}", wait_for_url(f"http://localhost:{PORT}/"))
     )
 
 
@@ -94,8 +100,9 @@ def test_a_template_built_from_steps_serves_http_and_its_second_build_is_cached(
         sandbox = Sandbox.create("web-demo")
         try:
             assert sandbox.files.read("/home/user/hello.txt") == expected
-            served = sandbox.commands.run("curl -s http://localhost:8000/index.html")
-            assert served.stdout == expected
+            served = httpx.get(f"{server.url}/index.html", timeout=30,
+                               headers={"Host": sandbox.get_host(PORT), TRAFFIC: sandbox.traffic_access_token or ""})
+            assert (served.status_code, served.text) == (200, expected)
             assert sandbox.commands.run("echo $GREETING").stdout.strip() == "hi"
         finally:
             sandbox.kill()

@@ -41,7 +41,7 @@ class Engine:
     def __init__(self) -> None:
         self.stop_next: BaseException | None = None
 
-    def create(self, _spec: Any) -> FakeSandbox:
+    def create(self, _spec: Any, **_options: Any) -> FakeSandbox:
         stop, self.stop_next = self.stop_next, None
         if stop is not None:
             raise stop

@@ -37,7 +37,7 @@ def sandboxes(tmp_path: Path) -> Iterator[E2bSandboxes]:
 
 
 def _session(run_id: str, env: dict[str, str] | None = None) -> ClientSession:
-    harness: Any = types.SimpleNamespace(run_id=run_id)
+    harness: Any = types.SimpleNamespace(run_id=run_id, active_sandbox=None)
     return ClientSession("alice", harness, parse_policy(""), [], 300, SandboxOverrides(env=env or {}))
 
 

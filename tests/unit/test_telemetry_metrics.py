@@ -280,5 +280,5 @@ class FakeEgressEngine:
     def __init__(self, sandbox: EgressSandbox) -> None:
         self.sandbox = sandbox
 
-    def create(self, _spec: Any) -> EgressSandbox:
+    def create(self, _spec: Any, **_options: Any) -> EgressSandbox:
         return self.sandbox

@@ -47,7 +47,7 @@ class FakeEngine:
     def __init__(self) -> None:
         self.created = 0
 
-    def create(self, _spec: Any) -> FakeSandbox:
+    def create(self, _spec: Any, **_options: Any) -> FakeSandbox:
         self.created += 1
         tracing.annotate("callbox.sandbox.source", "cold")  # as the Docker engine does
         return FakeSandbox()

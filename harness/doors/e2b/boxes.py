@@ -28,7 +28,8 @@ Lifetime (the E2B ``timeout``): a sandbox's timeout is its session's TTL, at lea
 reaper follows; :meth:`~E2bSandboxes.pause` and :meth:`~E2bSandboxes.resume` are the
 engine's (the clock stands still while paused) and the policy's ``pause`` action;
 :meth:`~E2bSandboxes.connect` resumes a paused sandbox and never shortens a timeout, only
-extends it. :meth:`~E2bSandboxes.metrics` reads the sandbox's cgroup.
+extends it. :meth:`~E2bSandboxes.metrics` reads the sandbox's cgroup. One the operator removed
+(``callbox sandbox rm ID``) is ``not_found`` at once, as a killed one; the executor's reaper ends it.
 
 Templates: ``base`` (what the SDK asks for when its caller names none) is the server's
 policy (or the client's profile's) with the sandbox working in ``/home/user``, E2B's home and working directory, where
@@ -361,7 +362,7 @@ class E2bSandboxes:
             if sandbox is not None and sandbox.closed:  # expired, deleted through another door, shut down
                 del self._boxes[sandbox_id]
                 return None
-            return sandbox
+            return None if sandbox is not None and sandbox.session.removed else sandbox
 
     def find(self, sandbox_id: str) -> E2bSandbox | None:
         """The live sandbox ``sandbox_id`` whoever owns it, or None (for what tells no more
@@ -411,7 +412,8 @@ class E2bSandboxes:
         with self._lock:
             for sid in [sid for sid, s in self._boxes.items() if s.closed]:
                 del self._boxes[sid]
-            mine = sorted((s for s in self._boxes.values() if s.client == client), key=lambda s: s.seq)
+            mine = sorted((s for s in self._boxes.values() if s.client == client and not s.session.removed),
+                          key=lambda s: s.seq)
         wanted = dict(metadata or {})
         return [s for s in mine
                 if all(s.metadata.get(key) == value for key, value in wanted.items())

@@ -108,6 +108,11 @@ def check_user(user: str | None) -> None:
     """Refuse any user but the sandbox's own (``None``, ``""``, ``sandbox`` or E2B's ``user``)."""
     if not user or user in USER_ALIASES:
         return
+    if user == "root":
+        raise E2bError(ErrorCode.PERMISSION_DENIED,
+                       f"file operations act as the sandbox's unprivileged user {USER!r} (uid 1000), never as "
+                       f"root, even where the policy allows root commands (sandbox.root_commands): leave the user "
+                       f"unset (a root command reads what {USER!r} writes)")
     raise E2bError(ErrorCode.PERMISSION_DENIED,
                    f"this sandbox runs everything as its one unprivileged user {USER!r} (uid 1000, E2B's "
                    f"default user) and cannot act as {user!r}: leave the user unset")

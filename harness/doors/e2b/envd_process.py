@@ -51,9 +51,13 @@ it); ``ask`` is ``failed_precondition`` naming the approval: once a person appro
 What is typed into a terminal or written to stdin later is not seen by the policy. Input,
 signals, resizes and listings are not actions of the policy.
 
-Users: the sandbox runs commands as its one unprivileged user (``sandbox``, uid 1000). A
-request as that user, as ``user`` (E2B's name for the default user) or as nobody in
-particular runs as it; any other user (``root``) is ``permission_denied``.
+Users: the sandbox runs commands as its one unprivileged user (``user``, uid 1000). A
+request as that user (or ``sandbox``, its earlier name) or as nobody in particular runs as
+it. A request as ``root`` (``commands.run(..., user="root")``, ``pty.create`` likewise) runs
+as root when the policy sets ``[sandbox] root_commands = true`` (see
+:mod:`harness.core.root_commands`), and its record says ``"user": "root"``; under the default
+policy it is ``permission_denied`` naming that key, and recorded as refused. Any other user
+is ``permission_denied``.
 
 Agent streams are made under ``call.scope`` (:func:`~harness.engine.cancel.current_scope`):
 a client that goes away, or a deadline that passes, ends them.
@@ -74,6 +78,7 @@ from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from harness.core.errors import AgentCallError, CallboxError, ErrorCode, short_reason
+from harness.core.root_commands import ROOT_COMMANDS_KEY, ROOT_USER, root_refusal
 from harness.doors.e2b.boxes import DOOR, E2bSandbox, E2bSandboxes, e2b_errors
 from harness.doors.e2b.envd import process_pb2 as pb
 from harness.doors.e2b.errors import E2bError, invalid
@@ -91,6 +96,8 @@ SANDBOX_USER = "user"
 """The sandbox's one unprivileged user (uid 1000, images/Dockerfile), named as E2B's default user."""
 DEFAULT_USERS = frozenset({SANDBOX_USER, "sandbox"})
 """Users a request may name and still run as the sandbox's user (``sandbox``: its earlier name)."""
+_USER_VARIABLES = frozenset({"HOME", "USER", "LOGNAME"})
+"""The sandbox's environment variables that name its user: a root command gets root's instead."""
 SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ash", "ksh"})
 _OPTIONS_WITH_VALUE = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
 PAUSED_RETRY_S = 5.0
@@ -247,7 +254,7 @@ class ProcessDoor:
 
     def start(self, request: pb.StartRequest, call: EnvdCall) -> Generator[pb.StartResponse, None, None]:
         sandbox = call.sandbox
-        _check_user(call.user)
+        as_root = _as_root(call.user)
         config = request.process
         if not config.cmd:
             raise invalid("StartRequest.process.cmd is empty; name the program to run (the SDK sends /bin/bash)")
@@ -264,11 +271,16 @@ class ProcessDoor:
             cwd = config.cwd if config.HasField("cwd") and config.cwd else box.spec.workdir
             script = shell_script(argv)
             floor = sandbox.session.policy.decide(self.shell, {"command": policy_command(argv), "workdir": cwd})
-            details = {"command": argv if script is None else script, "tag": tag, "pty": pty}
+            details: dict[str, object] = {"command": argv if script is None else script, "tag": tag, "pty": pty}
+            if as_root:
+                details["user"] = ROOT_USER
+                if not sandbox.session.policy.sandbox.root_commands:
+                    floor = root_refusal(SANDBOX_USER)
             with self.sandboxes.acting(sandbox, "process", details, floor=floor) as ticket:
-                env = {**box.spec.env, **sandbox.env_vars, **config.envs}
+                own = {k: v for k, v in box.spec.env.items() if not (as_root and k in _USER_VARIABLES)}
+                env = {**own, **sandbox.env_vars, **config.envs}  # root keeps the agent's HOME, USER, LOGNAME
                 info = box.jobs.start(argv, tag=tag, cwd=cwd, env=env, pty=pty, rows=rows, cols=cols,
-                                      stdin=stdin or pty)
+                                      stdin=stdin or pty, as_root=as_root)
                 ticket.outcome["pid"] = info.pid
                 self._remember(sandbox, info, config, tag, pty, cwd)
                 if call.deadline is not None:
@@ -459,11 +471,16 @@ class ProcessDoor:
                 del self._started[(sandbox.sandbox_id, pid)]
 
 
-def _check_user(user: str | None) -> None:
+def _as_root(user: str | None) -> bool:
+    """Whether the request asks for root; ``permission_denied`` for a user that is neither
+    root nor the sandbox's own (whether root may run is the policy's: see ``start``)."""
     if user is None or user in DEFAULT_USERS:
-        return
-    raise E2bError(ErrorCode.PERMISSION_DENIED, f"this sandbox runs every command as its one unprivileged user "
-                   f"{SANDBOX_USER!r} (uid 1000); user {user!r} is not available here: leave user unset "
+        return False
+    if user == ROOT_USER:
+        return True
+    raise E2bError(ErrorCode.PERMISSION_DENIED, f"this sandbox runs commands as its one unprivileged user "
+                   f"{SANDBOX_USER!r} (uid 1000), or as {ROOT_USER!r} where the policy allows it "
+                   f"({ROOT_COMMANDS_KEY}); user {user!r} is not available here: leave user unset "
                    f"(or pass {SANDBOX_USER!r})")
 
 

@@ -40,7 +40,7 @@ from harness.doors.grpc.sandboxes_snapshots import (
     write_sidecar,
 )
 from harness.doors.grpc.sessions import ClientSession
-from harness.engine.base import SnapshotKeeper, keeps_snapshots
+from harness.engine.base import SnapshotKeeper, keeps_snapshots, run_owner
 from harness.engine.docker.snapshots import SnapshotExists, SnapshotInfo
 from harness.v1 import executor_pb2, sandboxes_pb2
 
@@ -112,7 +112,7 @@ class SnapshotsAndForks(SandboxesBase):
                 harness = Session(self.executor.registry, source.policy, self.audit, run_id=run_id,
                                   engine_factory=self.executor.engine_factory)
                 try:
-                    forked = engine.fork(owned.box, owner=owner(owned.client))
+                    forked = engine.fork(owned.box, owner=run_owner(run_id))  # its run, as a created one
                 except BaseException:
                     self._end_run(run_id, "sandbox_start_failed")
                     raise

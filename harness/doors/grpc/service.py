@@ -22,7 +22,8 @@ Docker engine; its policy is the server's (or the client's profile's:
   are anchored at it.
 * **Eager start.** ``CreateSandbox`` starts the container (so engine or image problems
   surface there, and the limits count real containers); it is destroyed by
-  ``DeleteSandbox``, when its ``ttl_seconds`` pass (the reaper), or at shutdown.
+  ``DeleteSandbox``, when its ``ttl_seconds`` pass (the reaper), at shutdown, or once the
+  operator removed it (:attr:`ClientSession.removed`: NOT_FOUND at once, ended by the reaper).
 * **Limits.** Live sandboxes per client and in total (creations in progress count), and the
   client's quotas (:mod:`harness.doors.quota_ledger`; ``calls_per_minute`` at each CallTool),
   each a RESOURCE_EXHAUSTED with ``retryable`` set and a sentence naming the limit.
@@ -91,7 +92,7 @@ from harness.doors.grpc.messages import (
     result_message,
 )
 from harness.doors.grpc.overrides import SandboxOverrides, sandbox_policy
-from harness.doors.grpc.sessions import ClientSession, Limits
+from harness.doors.grpc.sessions import REMOVED, ClientSession, Limits
 from harness.doors.grpc.tokens import TokenSet, bearer_token
 from harness.doors.grpc.workers import Workers
 from harness.doors.profiles import ClientPolicies, PolicySource
@@ -179,7 +180,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def _session(self, sandbox_id: str, client: str) -> ClientSession:
         with self._lock:
             session = self._sessions.get(sandbox_id)
-        if session is None or session.client != client or session.closed:
+        if session is None or session.client != client or session.closed or session.removed:
             raise not_found("sandbox", sandbox_id)
         return session
 
@@ -555,19 +556,19 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         return self.limits.max_sandboxes_total - len(self._sessions) - sum(list(self._creating.values()))
 
     def reap_expired(self, now: float | None = None) -> list[str]:
-        """Destroy the sandboxes whose ttl_seconds have passed (a paused one's clock stands
-        still: see :meth:`ClientSession.due`), or whose paused TTL has; their ids. A running
-        one with an ``on_expiry`` hook is offered to it first: if the hook pauses it, it stays."""
+        """Destroy the sandboxes whose ttl_seconds (a paused one's clock stands still: see
+        :meth:`ClientSession.due`) or paused TTL have passed, or that the operator removed; their
+        ids. A running one with an ``on_expiry`` hook is offered to it first: if it pauses it, it stays."""
         moment = time.time() if now is None else now
         with self._lock:
-            due = [s for s in self._sessions.values() if s.due(moment)]
-        expired = [s for s in due if s.paused or s.on_expiry is None or not self._paused_at_expiry(s)]
+            due = [s for s in self._sessions.values() if s.removed or s.due(moment)]
+        expired = [s for s in due if s.removed or s.paused or s.on_expiry is None or not self._paused_at_expiry(s)]
         with self._lock:
             for session in expired:
                 self._sessions.pop(session.sandbox_id, None)
             self._lock.notify_all()
         for session in expired:
-            session.close(self.audit, "paused_expired" if session.paused else "expired")
+            session.close(self.audit, REMOVED if session.removed else "paused_expired" if session.paused else "expired")
         return [s.sandbox_id for s in expired]
 
     @staticmethod

@@ -23,9 +23,13 @@ from harness.core.session import Session
 from harness.doors.grpc.overrides import SandboxOverrides
 from harness.doors.quota_ledger import Reservation
 from harness.doors.start_queue import default_slots
+from harness.engine.base import is_living
 from harness.v1 import executor_pb2
 
-__all__ = ["DEFAULT_CLIENT_SHARE", "ClientSession", "Limits"]
+__all__ = ["DEFAULT_CLIENT_SHARE", "REMOVED", "ClientSession", "Limits"]
+
+REMOVED = "removed"
+"""How a run ends whose sandbox the operator removed from outside its server (``callbox sandbox rm``)."""
 
 log = logging.getLogger("callbox.executor")
 
@@ -130,6 +134,15 @@ class ClientSession:
     @property
     def sandbox_id(self) -> str:
         return self.harness.run_id
+
+    @property
+    def removed(self) -> bool:
+        """Whether its sandbox was removed from outside this server (``callbox sandbox rm ID``
+        by the operator, gc of another process) while it is still live here (cheap: a file
+        check). Its doors then answer NOT_FOUND for it, and the reaper's next round ends it
+        (run ``removed``, its client's quotas get its place back)."""
+        box = self.harness.active_sandbox
+        return not self.closed and is_living(box) and box.removed
 
     def release(self) -> int:
         """Stop serving this session but leave its sandbox running and its run open (a

@@ -272,6 +272,7 @@ class DockerEngine:
             if record:
                 write_lifetime(self.run_root, living.new_record(sandbox, ttl_s=ttl, owner=owner,
                                                                 process=self.owner.label()))
+                sandbox.recorded = True
         except BaseException:
             sandbox.destroy()
             raise
@@ -473,6 +474,10 @@ class DockerEngine:
     def is_paused(self, sandbox: Sandbox) -> bool:
         """Whether ``sandbox`` is paused, as far as this process or its record knows (cheap)."""
         return living.is_paused(self, sandbox)
+
+    def is_removed(self, sandbox: Sandbox) -> bool:
+        """Whether ``sandbox``'s lifetime and keep records are gone (cheap: it was removed)."""
+        return living.is_removed(self, sandbox)
 
     @engine_calls
     def pause(self, sandbox: Sandbox) -> None:

@@ -11,6 +11,7 @@ reconnect (container id, socket directory, spec, tool uid/gid). gc consults it (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from typing import Any
 
 from harness.core.errors import CallboxError, ErrorCode
 from harness.core.times import stamp
+from harness.engine.base import run_owner
 from harness.engine.docker import labels
 
 log = logging.getLogger("callbox.engine")
@@ -63,7 +65,7 @@ class KeptSandbox:
 
     @property
     def owner(self) -> str:
-        return f"run:{self.run_id}"
+        return run_owner(self.run_id)
 
     def to_json(self) -> str:
         return json.dumps({
@@ -102,6 +104,20 @@ def read_record(run_root: Path, sandbox_id: str) -> KeptSandbox | None:
     except UNREADABLE as exc:
         log.warning("ignoring unreadable keep record of sandbox %s: %s", sandbox_id, exc)
         return None
+
+
+def kept_sandbox_of_run(run_root: Path, run_id: str) -> str | None:
+    """The sandbox kept for run ``run_id`` under ``run_root`` (the latest kept), if any."""
+    found: list[KeptSandbox] = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in (run_root / KEPT_DIR).glob("*.json"):
+            try:
+                record = _load(entry)
+            except UNREADABLE:
+                continue  # not ours to read, or not a record: gc and ``ls`` say so
+            if record is not None and record.run_id == run_id:
+                found.append(record)
+    return max(found, key=lambda r: r.kept_at).sandbox_id if found else None
 
 
 def record_for_container(lab: dict[str, str]) -> KeptSandbox | None:

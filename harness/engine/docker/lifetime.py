@@ -50,7 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.errors import CallboxError, ErrorCode, UsageError
-from harness.engine.docker.kept import STALE_AFTER_S, UNREADABLE, SandboxExpired
+from harness.engine.base import owner_run, run_owner
+from harness.engine.docker.kept import STALE_AFTER_S, UNREADABLE, SandboxExpired, kept_sandbox_of_run
 
 log = logging.getLogger("callbox.engine")
 
@@ -258,6 +259,17 @@ def all_records(run_root: Path) -> list[LifetimeRecord]:
             except UNREADABLE as exc:
                 log.warning("ignoring unreadable lifetime record %s: %s", entry, exc)
     return records
+
+
+def sandbox_of_run(run_root: Path, run: str) -> str | None:
+    """The id of the sandbox that serves run ``run`` (a run id, or its owner string
+    ``run:<run id>``): the newest recorded one whose owner is that run (a server's sandbox, whose
+    run id is the id its clients know), else a paused run's kept one; None if none."""
+    owner = run if owner_run(run) is not None else run_owner(run)
+    serving = sorted((r for r in all_records(run_root) if r.owner == owner), key=lambda r: r.created_at)
+    if serving:
+        return serving[-1].sandbox_id
+    return kept_sandbox_of_run(run_root, owner_run(owner) or run)
 
 
 def remove_record(run_root: Path, sandbox_id: str) -> None:

@@ -46,6 +46,7 @@ from harness.engine.docker.cgroup_stats import CgroupReader, SandboxStats, stats
 from harness.engine.docker.kept import (
     STALE_AFTER_S,
     UNREADABLE,
+    kept_path,
     record_for_container,
     when,
     write_expiry,
@@ -72,6 +73,7 @@ from harness.engine.docker.lifetime import (
     record_path,
     release_name,
     remove_record,
+    sandbox_of_run,
     validate_name,
     write_record,
 )
@@ -186,21 +188,26 @@ def _ensure_record(engine: DockerEngine, sandbox: Sandbox) -> LifetimeRecord:
             record = replace(record, created_at=labels.time_label(found, labels.CREATED),
                              expires=labels.time_label(found, labels.EXPIRES))
         write_record(engine.run_root, record)
+    sandbox.recorded = True
     return record
 
 
 def resolve(engine: DockerEngine, name_or_id: str) -> str:
-    """The sandbox id a name or id stands for (a name first); ``SandboxNotFound`` if neither."""
+    """The sandbox id a name or id stands for (a name first, then a sandbox id, then the id
+    of the run it serves: a server's sandbox by the id its client knows, ``e2b-...``);
+    ``SandboxNotFound`` if none."""
     with contextlib.suppress(CallboxError):
         holder = name_holder(engine.run_root, validate_name(name_or_id))
         if holder is not None:
             return holder
-    if not SANDBOX_ID.fullmatch(name_or_id):
-        raise SandboxNotFound(name_or_id)
-    if record_path(engine.run_root, name_or_id).exists() or read_kept(engine.run_root, name_or_id) is not None:
-        return name_or_id
-    if engine.client.api.containers(all=True, filters={"name": f"^/callbox-{name_or_id}$"}):
-        return name_or_id
+    if SANDBOX_ID.fullmatch(name_or_id):
+        if record_path(engine.run_root, name_or_id).exists() or read_kept(engine.run_root, name_or_id) is not None:
+            return name_or_id
+        if engine.client.api.containers(all=True, filters={"name": f"^/callbox-{name_or_id}$"}):
+            return name_or_id
+    serving = sandbox_of_run(engine.run_root, name_or_id)
+    if serving is not None:
+        return serving
     raise SandboxNotFound(name_or_id)
 
 
@@ -235,6 +242,7 @@ def from_record(engine: DockerEngine, record: LifetimeRecord) -> Sandbox:
                       created_at=record.created_at, expires=record.expires_at(time.time()))
     sandbox.proxy_url = spec.env.get("HTTP_PROXY") if spec.network == "allowlist" else None
     sandbox.new_egress_events()  # decisions before this process opened it belong to the earlier one
+    sandbox.recorded = True
     return sandbox
 
 
@@ -271,6 +279,12 @@ def is_paused(engine: DockerEngine, sandbox: Sandbox) -> bool:
     through it), else what this process saw (a container paused by ``docker pause``)."""
     record = read_record(engine.run_root, sandbox.id)
     return record.is_paused if record is not None else sandbox.paused_here
+
+
+def is_removed(engine: DockerEngine, sandbox: Sandbox) -> bool:
+    """Whether neither a lifetime record nor a keep record of ``sandbox`` is left: whoever
+    removes a sandbox (``destroy`` in any process, gc) removes both first."""
+    return not record_path(engine.run_root, sandbox.id).exists() and not kept_path(engine.run_root, sandbox.id).exists()
 
 
 # ---- the clock --------------------------------------------------------------------------------

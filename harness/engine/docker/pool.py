@@ -261,6 +261,7 @@ class WarmPool:
             write_expiry(sandbox.socket_dir, sandbox.expires)
             write_record(engine.run_root, living.new_record(sandbox, ttl_s=ttl, owner=owner,
                                                             process=engine.owner.label()))
+            sandbox.recorded = True
         except BaseException:
             if name is not None:
                 release_name(engine.run_root, name, sandbox.id)

@@ -68,6 +68,9 @@ class Sandbox:
         """When gc removes it (Unix time), as this process last set or read it."""
         self.paused_here = False
         """This process paused it (or found it paused) and has not resumed it."""
+        self.recorded = False
+        """It has a lifetime record (written or read by this process): its removal by another
+        process is then seen in the record's absence (``removed``)."""
         self.agent.explain_gone = self.why_gone
 
     def why_gone(self) -> str | None:
@@ -104,6 +107,12 @@ class Sandbox:
     def paused(self) -> bool:
         """Whether it is paused (this process's knowledge, else its lifetime record)."""
         return self.engine.is_paused(self)
+
+    @property
+    def removed(self) -> bool:
+        """Whether another process removed it (``callbox sandbox rm``, gc): its lifetime record
+        is gone (one file check; always False for a sandbox that never had one)."""
+        return self.recorded and self.engine.is_removed(self)
 
     def require_running(self) -> None:
         """``SandboxPaused`` if it is paused (cheap: no engine call)."""

@@ -90,6 +90,12 @@ class RaySandbox:
         another process, shows once this one asks the node, through ``engine.is_paused``)."""
         return self.paused_here
 
+    @property
+    def removed(self) -> bool:
+        """Never known cheaply here (its records are on its node): a removal shows when its
+        agent stops answering."""
+        return False
+
     def require_running(self) -> None:
         if self.paused_here:
             raise SandboxPaused(self.label)
