@@ -415,14 +415,14 @@ def _served(path: Path | None, config: ServerConfig | None, engine: EngineChoice
 def _pool(args: argparse.Namespace, policy: Policy, policy_origin: Origin, judge: _Judge) -> None:
     """The warm pool fits in the total limit, which the gRPC and E2B doors count it in."""
     pool = policy.pool
-    if not pool.size or (args.grpc is None and args.e2b is None):
+    if not pool.enabled or (args.grpc is None and args.e2b is None):
         return
     limit, limit_origin = args.max_sandboxes, judge.origin("max_sandboxes")
     config = args.server_config
     in_file = config is not None and config.pool is not None
     where = "" if in_file else f" of {policy_origin.show(args.policy)}"
     origin = Origin("[pool] size", "key" if in_file else "default")
-    for key, value in (("size", pool.size), ("max", pool.max)):
+    for key, value in (("size", pool.size), ("max", pool.max), ("code_interpreter", pool.code_interpreter)):
         if value is None or value <= limit:
             continue
         raise_it = f"raise {limit_origin.label}" if limit_origin.in_file else f"pass a larger {limit_origin.label}"

@@ -139,10 +139,19 @@ class PoolSettings(BaseModel):
     """The ceiling: creates that find the pool empty raise its target up to this (default: ``size``)."""
     pause_s: float = Field(default=0.05, ge=0.0, le=60.0)
     """Seconds the refill waits between two starts, and after a claim, before the next start."""
+    code_interpreter: int = Field(default=0, ge=0, le=1000)
+    """The E2B door only: how many ``code-interpreter-v1`` sandboxes are kept ready, their code
+    interpreter's server and kernel started (0: none). Needs the code-interpreter image variant;
+    without it the door says so once and creates them cold."""
 
     @property
     def ceiling(self) -> int:
         return self.size if self.max is None else self.max
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any sandbox is pooled (``size`` or ``code_interpreter`` above 0)."""
+        return self.size > 0 or self.code_interpreter > 0
 
     def model_post_init(self, context: Any, /) -> None:
         if self.ceiling < self.size:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from harness.core.errors import CallboxError
 from harness.core.sandbox_settings import PoolSettings
-from harness.engine.base import Engine
+from harness.engine.base import Engine, PoolEntry
 from harness.engine.default import connect_default_engine
 from harness.engine.select import EngineChoice, engine_connector
 from harness.engine.spec import SandboxSpec
@@ -51,9 +51,9 @@ class SharedEngine:
         self._connect = connect
         self._engine: Engine | None = None
         self._lock = threading.Lock()
-        self._pool = pool if pool is not None and pool.size > 0 else None
-        self.pool_specs = list(pool_specs or [])
-        """The specs pooled (a door may add its own before the first connect)."""
+        self._pool = pool if pool is not None and pool.enabled else None
+        self.pool_specs: list[SandboxSpec | PoolEntry] = list(pool_specs or [])
+        """The specs pooled (a door adds its own with :meth:`add_pool_entry`)."""
         self._room = room
         self._closed = False
 
@@ -65,12 +65,32 @@ class SharedEngine:
                     self._enable_pool(self._engine, self._pool)
             return self._engine
 
+    def add_pool_entry(self, entry: PoolEntry) -> None:
+        """Pool ``entry`` too (its own size; e.g. a door's template), when this engine has a
+        pool: at the first connect, or now if that was earlier."""
+        with self._lock:
+            if self._pool is None or self._closed:
+                return
+            self.pool_specs.append(entry)
+            if self._engine is None:
+                return
+            pool = self.pool
+            if pool is None:
+                self._enable_pool(self._engine, self._pool)
+            elif entry.spec.network == "none":
+                pool.add(entry)
+
     def _enable_pool(self, engine: Engine, settings: PoolSettings) -> None:
-        pooled = [spec for spec in self.pool_specs if spec.network == "none"]
+        def spec(entry: SandboxSpec | PoolEntry) -> SandboxSpec:
+            return entry.spec if isinstance(entry, PoolEntry) else entry
+
+        pooled = [entry for entry in self.pool_specs if spec(entry).network == "none"]
         if len(pooled) < len(self.pool_specs):
             log.warning("the warm pool holds network = \"none\" sandboxes only; other creates start cold")
         # An engine that can keep a pool (Docker's) has enable_pool; any other creates cold.
         enable_pool = getattr(engine, "enable_pool", None)
+        if not hasattr(engine, "pool"):  # a pool elsewhere (Ray's hosts) takes specs, not entries
+            pooled = [entry for entry in pooled if not isinstance(entry, PoolEntry)]
         if enable_pool is None or not pooled:
             return
         try:

@@ -8,7 +8,7 @@ plugs in through a session's ``engine_factory``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from harness.engine.ports import PortForward
     from harness.engine.transfer import TransferClient
 
-__all__ = ["RUN_OWNER", "EgressRecord", "Engine", "LivingSandbox", "Sandbox", "SandboxRuntime", "SnapshotKeeper",
-           "is_living", "keeps_snapshots", "owner_run", "run_owner"]
+__all__ = ["RUN_OWNER", "EgressRecord", "Engine", "LivingSandbox", "PoolEntry", "Sandbox", "SandboxRuntime",
+           "SnapshotKeeper", "is_living", "keeps_snapshots", "owner_run", "run_owner"]
 
 RUN_OWNER = "run:"
 """How a sandbox's owner names the run it serves: ``run:<run id>`` (a server's sandbox, whose
@@ -178,3 +178,17 @@ class SnapshotKeeper(Protocol):
 def keeps_snapshots(engine: object) -> TypeGuard[SnapshotKeeper]:
     """Whether ``engine`` is a :class:`SnapshotKeeper` (its class says so with ``keeps_snapshots``)."""
     return bool(getattr(type(engine), "keeps_snapshots", False))
+
+
+@dataclass(frozen=True)
+class PoolEntry:
+    """A spec an engine's warm pool keeps (:mod:`harness.engine.docker.pool`) with a floor
+    (``size``) and ceiling (``max``) of its own and, optionally, ``prepare``: run in each of its
+    sandboxes once started, before it is pooled (it raises to refuse the sandbox). ``label``
+    names the entry in the log."""
+
+    spec: SandboxSpec
+    size: int
+    max: int
+    prepare: Callable[[LivingSandbox], None] | None = None
+    label: str = ""

@@ -83,15 +83,15 @@ def p99(values: list[float]) -> float:
 
 class E2bDoor:
     """``callbox serve --e2b 127.0.0.1:0`` in a child process with its own token file, policy
-    and audit store; ``url`` is the address it announces on stderr."""
+    (``image``, then ``policy_extra``) and audit store; ``url`` is the address it announces on stderr."""
 
-    def __init__(self, image: str) -> None:
+    def __init__(self, image: str, policy_extra: str = "") -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="callbox-bench-e2b-"))
         tokens = self.dir / "tokens"
         tokens.write_text(f"bench:{API_KEY}\n")
         tokens.chmod(0o600)
         policy = self.dir / "policy.toml"
-        policy.write_text(f'[sandbox]\nimage = "{image}"\n')
+        policy.write_text(f'[sandbox]\nimage = "{image}"\n' + policy_extra)
         args = ["serve", "--e2b", "127.0.0.1:0", "--token-file", str(tokens), "--policy", str(policy),
                 "--audit-db", str(self.dir / "audit.sqlite3")]
         self.proc = subprocess.Popen([CALLBOX, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -132,8 +132,9 @@ class E2bDoor:
 
 
 @contextlib.contextmanager
-def e2b_door(image: str) -> Iterator[E2bDoor]:
-    door = E2bDoor(image)
+def e2b_door(image: str, policy_extra: str = "") -> Iterator[E2bDoor]:
+    """:class:`E2bDoor` on ``image``, its policy followed by ``policy_extra`` (TOML)."""
+    door = E2bDoor(image, policy_extra)
     try:
         yield door
     finally:

@@ -27,10 +27,11 @@ from harness.doors.grpc.overrides import SandboxOverrides
 from harness.doors.grpc.server import serve_grpc
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.tokens import TokenSet
+from harness.engine.base import LivingSandbox, PoolEntry
 from harness.engine.docker import labels
 from harness.engine.docker.engine import DockerEngine, Sandbox
 from harness.engine.docker.lifetime import read_record
-from harness.engine.docker.pool import POOL_OWNER, WarmPool
+from harness.engine.docker.pool import POOL_OWNER, PREPARE_FAILURES, WarmPool
 from harness.engine.spec import SandboxSpec
 from harness.tools import registry_for
 from tests.conftest import IMAGE
@@ -286,3 +287,42 @@ def test_the_e2b_door_claims_its_base_template_with_a_timeout_and_envs() -> None
         audit.close()
         shutil.rmtree(short, ignore_errors=True)
     assert engine is not None and not any(container_exists(engine, i) for i in pooled)
+
+
+def test_an_entry_whose_image_is_missing_is_dropped_with_one_warning(pool_engine: DockerEngine,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    missing = SPEC.model_copy(update={"image": "callbox-test/not-on-this-host:none"})
+    with caplog.at_level("WARNING", logger="callbox.engine.pool"):
+        pool = pool_engine.enable_pool([PoolEntry(missing, 1, 1, label="missing-image")], size=0)
+        assert pool.wait_settled(FILL_TIMEOUT_S)  # settled: nothing more to start, so no more warnings
+    warnings = [r.getMessage() for r in caplog.records if r.name == "callbox.engine.pool"]
+    assert len(warnings) == 1, warnings
+    assert "no longer keeps missing-image sandboxes" in warnings[0]
+    assert "callbox-test/not-on-this-host:none" in warnings[0]
+    assert pool.pooled() == 0
+
+
+def test_an_entry_added_later_is_prepared_before_it_is_pooled_and_failing_prepares_drop_it(
+        pool_engine: DockerEngine) -> None:
+    prepared: list[str] = []
+    failed: list[str] = []
+
+    def prepare(box: LivingSandbox) -> None:
+        assert read_record(pool_engine.run_root, box.id) is None  # not pooled yet
+        prepared.append(box.id)
+
+    def refuse(box: LivingSandbox) -> None:
+        failed.append(box.id)
+        raise RuntimeError("not this one")
+
+    pool = pool_engine.enable_pool([], size=0)
+    assert pool.add(PoolEntry(SPEC, 1, 1, prepare=prepare, label="prepared"))
+    assert not pool.add(PoolEntry(SPEC, 2, 2, label="again"))  # that fingerprint is pooled already
+    assert pool.wait_filled(FILL_TIMEOUT_S)
+    assert pool.pooled_ids() == prepared
+    assert pool.add(PoolEntry(SPEC.model_copy(update={"memory": 96 << 20}), 1, 1, prepare=refuse, label="refused"))
+    assert pool.wait_settled(FILL_TIMEOUT_S)
+    assert len(failed) == PREPARE_FAILURES  # then dropped: no fourth try
+    assert pool.pooled_ids() == prepared
+    assert pool_engine.drain(60)
+    assert not any(container_exists(pool_engine, i) for i in failed)

@@ -118,26 +118,36 @@ def owned_containers(engine: Any, pid: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def serve_e2b(engine: Any, *, policy: str | None = None, args: tuple[str, ...] = ()) -> Iterator[E2bServer]:
+def serve_e2b(engine: Any, *, policy: str | None = None, args: tuple[str, ...] = (),
+              after: E2bServer | None = None) -> Iterator[E2bServer]:
     """``callbox serve --e2b 127.0.0.1:0`` with two API keys, its own audit store and
     ``policy`` (TOML; default :func:`policy_text`); ``args`` are added to the command line.
-    ``engine`` (the tests' engine fixture) is what checks no container outlives the server."""
-    directory = Path(tempfile.mkdtemp(prefix="cbx-e2b-", dir="/tmp"))
-    # E2B's own key format (``e2b_`` and 40 hex digits): some SDK versions refuse any other.
-    keys = {name: "e2b_" + secrets.token_hex(20) for name in KEY_NAMES}
+    ``engine`` (the tests' engine fixture) is what checks no container outlives the server.
+
+    With ``after`` (a stopped server of :func:`keeping`), the server restarts it: the same
+    address, keys, policy and audit store, so it adopts the sandboxes that one left."""
+    if after is not None:
+        directory, keys, port = after.directory, after.keys, after.url.rsplit(":", 1)[1]
+    else:
+        directory = Path(tempfile.mkdtemp(prefix="cbx-e2b-", dir="/tmp"))
+        # E2B's own key format (``e2b_`` and 40 hex digits): some SDK versions refuse any other.
+        keys = {name: "e2b_" + secrets.token_hex(20) for name in KEY_NAMES}
+        port = "0"
     tokens = directory / "tokens"
     tokens.write_text("".join(f"{name}:{key}\n" for name, key in keys.items()))
     tokens.chmod(0o600)
     policy_file = directory / "policy.toml"
-    policy_file.write_text(policy if policy is not None else policy_text())
-    command = ["serve", "--e2b", "127.0.0.1:0", "--token-file", str(tokens), "--policy", str(policy_file),
+    if after is None or policy is not None:
+        policy_file.write_text(policy if policy is not None else policy_text())
+    command = ["serve", "--e2b", f"127.0.0.1:{port}", "--token-file", str(tokens), "--policy", str(policy_file),
                "--audit-db", str(directory / "audit.sqlite3"), *args]
     served = Served(command, without_e2b(os.environ))
     try:
         url = served.wait_for(URL_LINE)[1]
     except BaseException:  # it never started: the failure says why (its stderr), nothing to check
         served.stop()
-        shutil.rmtree(directory, ignore_errors=True)
+        if after is None:
+            shutil.rmtree(directory, ignore_errors=True)
         raise
     server = E2bServer(url=url, keys=keys, served=served, directory=directory)
     try:
@@ -147,9 +157,38 @@ def serve_e2b(engine: Any, *, policy: str | None = None, args: tuple[str, ...] =
         code = served.proc.returncode
         left = owned_containers(engine, served.proc.pid)
         log = server.log()
-        shutil.rmtree(directory, ignore_errors=True)
+        if after is None:
+            shutil.rmtree(directory, ignore_errors=True)
         assert not left, f"callbox serve --e2b left containers behind: {left}\n{log}"
         assert code == 0, f"callbox serve --e2b exited with {code} on SIGTERM:\n{log}"
+
+
+@contextlib.contextmanager
+def keeping(policy: str | None = None) -> Iterator[E2bServer]:
+    """``callbox serve --e2b --config FILE`` whose ``[service] keep_sandboxes`` is on, as a
+    service runs it: its sandboxes stay running at its stop for the next server on the same
+    audit store (:func:`serve_e2b` ``after=`` it). The directory (tokens, policy, audit store)
+    outlives it, removed when the block ends; the sandboxes are the test's to remove."""
+    directory = Path(tempfile.mkdtemp(prefix="cbx-e2b-", dir="/tmp"))
+    keys = {name: "e2b_" + secrets.token_hex(20) for name in KEY_NAMES}
+    tokens = directory / "tokens"
+    tokens.write_text("".join(f"{name}:{key}\n" for name, key in keys.items()))
+    tokens.chmod(0o600)
+    (directory / "policy.toml").write_text(policy if policy is not None else policy_text())
+    config = directory / "callbox.toml"
+    config.write_text("[service]\nkeep_sandboxes = true\n")
+    command = ["serve", "--config", str(config), "--e2b", "127.0.0.1:0", "--token-file", str(tokens),
+               "--policy", str(directory / "policy.toml"), "--audit-db", str(directory / "audit.sqlite3")]
+    served = Served(command, without_e2b(os.environ))
+    try:
+        try:
+            url = served.wait_for(URL_LINE)[1]
+        except BaseException:
+            served.stop()
+            raise
+        yield E2bServer(url=url, keys=keys, served=served, directory=directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 DENIED_COMMAND_REASON = "pushing changes leaves the sandbox"

@@ -22,6 +22,14 @@ instead of the ``port_forward`` action:
 * ``/contexts`` (list, create, delete, restart) and ``/health`` run no code of the caller's:
   they are forwarded once the server runs.
 
+**Warm pool.** With ``[pool] code_interpreter = N`` the server keeps N sandboxes of the
+template ready (:func:`pool_entry`), each with its server started and its default context's
+kernel up, so a claimer's first ``run_code`` runs at once. Such a server is tagged with a
+digest of the environment it was started with; a sandbox created with other ``envs`` (or
+whose policy's env differs) has it replaced by one with its own at its first request, as a
+cold sandbox would have had. Starting a pooled server is not a client's action, so it is not
+audited; every cell still is.
+
 ``run_code``'s ``timeout`` is the SDK's: it closes its connection, the door closes the tunnel,
 and the server interrupts the cell (the kernel and its state stay).
 """
@@ -29,11 +37,12 @@ and the server interrupts the cell (the kernel and its state stay).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from harness.core.actions import ActionTicket
@@ -41,9 +50,10 @@ from harness.core.errors import AgentCallError, CallboxError, ErrorCode
 from harness.core.policy import Policy
 from harness.core.registry import ToolDefinition
 from harness.core.sandbox_settings import SandboxSettings
+from harness.core.shared_engine import SharedEngine
 from harness.doors.e2b.boxes import E2B_WORKDIR, E2bSandbox, E2bSandboxes, e2b_errors, e2b_template
 from harness.doors.e2b.errors import E2bError, invalid
-from harness.engine.base import LivingSandbox
+from harness.engine.base import LivingSandbox, PoolEntry
 from harness.engine.image.variants import VARIANTS
 from harness.engine.jobs import JobChunk
 from harness.tools.shell import SHELL
@@ -51,8 +61,8 @@ from harness.tools.shell import SHELL
 if TYPE_CHECKING:
     from harness.doors.e2b.ports import PortRequest
 
-__all__ = ["JUPYTER_PORT", "SERVER_ARGV", "TEMPLATE", "code_interpreter_template", "install", "interpreter_filter",
-           "serves"]
+__all__ = ["JUPYTER_PORT", "SERVER_ARGV", "TEMPLATE", "code_interpreter_template", "install", "install_template",
+           "interpreter_filter", "pool_entry", "serves"]
 
 log = logging.getLogger("callbox.e2b")
 
@@ -64,6 +74,8 @@ SERVER_TAG = "code-interpreter"
 SERVER_ARGV = ("/usr/bin/python3", "/opt/callbox/code-interpreter/server.py")
 SERVER_START_S = 30.0
 """How long the door waits for the server to listen once started."""
+POOLED_READY_S = 120.0
+"""How long preparing a pooled sandbox waits for its server's default kernel."""
 
 
 def code_interpreter_template(policy: Policy) -> Policy:
@@ -75,17 +87,98 @@ def code_interpreter_template(policy: Policy) -> Policy:
 
 def install(sandboxes: E2bSandboxes, filters: dict[int, Any]) -> None:
     """Give ``sandboxes`` the template ``code-interpreter-v1`` (unless they have one) and port
-    49999 its filter in ``filters`` (a :class:`~harness.doors.e2b.ports.PortProxy`'s)."""
-    sandboxes.templates.setdefault(TEMPLATE, code_interpreter_template(sandboxes.executor.policy))
+    49999 its filter in ``filters`` (a :class:`~harness.doors.e2b.ports.PortProxy`'s); with
+    ``[pool] code_interpreter``, the server's warm pool keeps sandboxes of it ready."""
+    install_template(sandboxes)
     filters.setdefault(int(JUPYTER_PORT), interpreter_filter)
 
 
+def install_template(sandboxes: E2bSandboxes) -> None:
+    """Give ``sandboxes`` the template ``code-interpreter-v1`` unless they have one (and, with
+    ``[pool] code_interpreter``, pool it). Called before a restarted server adopts its
+    sandboxes, so those of this template are adopted too; again by :func:`install`, a no-op then."""
+    if TEMPLATE in sandboxes.templates:
+        return
+    sandboxes.templates[TEMPLATE] = code_interpreter_template(sandboxes.executor.policy)
+    executor = sandboxes.executor
+    count = executor.policy.pool.code_interpreter
+    if count and isinstance(executor.engine_factory, SharedEngine):
+        template = sandboxes.templates[TEMPLATE]
+        if template.sandbox.image != IMAGE:
+            log.warning("[pool] code_interpreter: the template %s is not the code interpreter's; not pooled", TEMPLATE)
+            return
+        executor.engine_factory.add_pool_entry(pool_entry(template, count))
+
+
+def pool_entry(template: Policy, count: int) -> PoolEntry:
+    """``count`` pooled sandboxes of ``template`` (the code interpreter's), each with its server
+    started and its default kernel up (a missing image: one warning, and creates are cold)."""
+    spec = template.sandbox_spec()
+
+    def prepare(box: LivingSandbox) -> None:
+        pid = _start_job(box, spec.env)
+        deadline = time.monotonic() + POOLED_READY_S
+        while not _kernel_ready(box):
+            if not _alive(box, pid):
+                raise CallboxError(f"the code interpreter's server exited at its start: {_output(box, pid)}")
+            if time.monotonic() > deadline:
+                raise CallboxError(f"the code interpreter's kernel was not ready within {POOLED_READY_S:g} s")
+            time.sleep(0.1)  # a kernel starts within seconds; nothing to wait on but the port
+
+    return PoolEntry(spec, count, count, prepare=prepare, label=TEMPLATE)
+
+
+def _kernel_ready(box: LivingSandbox) -> bool:
+    """Whether the server lists a context (the default one is listed once its kernel answers)."""
+    try:
+        tunnel = box.agent.ports.connect(int(JUPYTER_PORT))
+    except AgentCallError as error:
+        if error.reason == "CONNECTION_REFUSED":
+            return False
+        raise
+    with tunnel:
+        tunnel.send(b"GET /contexts HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        answer = b"".join(tunnel.recv())
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split()
+    if len(status) < 2 or status[1] != b"200":
+        return False
+    try:
+        return bool(json.loads(body))
+    except ValueError:
+        return False
+
+
+def _env_digest(env: Mapping[str, str]) -> str:
+    return hashlib.sha256(json.dumps(dict(env), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _start_job(box: LivingSandbox, env: Mapping[str, str]) -> int:
+    """Start the server in ``box`` with ``env`` (and its own settings), tagged with the env's digest."""
+    workdir = box.spec.workdir or E2B_WORKDIR
+    full = {**env, "CALLBOX_CI_PORT": JUPYTER_PORT, "CALLBOX_CI_CWD": workdir}
+    return box.jobs.start(list(SERVER_ARGV), tag=f"{SERVER_TAG}@{_env_digest(env)}", cwd=workdir, env=full).pid
+
+
+def _stop_foreign(box: LivingSandbox, env: Mapping[str, str]) -> bool:
+    """Kill a running server started (by the pool) with another env than ``env``; whether one was."""
+    mine = f"{SERVER_TAG}@{_env_digest(env)}"
+    foreign = [job for job in box.jobs.list()
+               if job.state == "running" and job.tag.startswith(f"{SERVER_TAG}@") and job.tag != mine]
+    for job in foreign:
+        with contextlib.suppress(CallboxError):
+            box.jobs.kill(job.pid)
+    return bool(foreign)
+
+
 class _Server:
-    """The server of one sandbox: started once (under ``lock``), its job's pid."""
+    """The server of one sandbox: started once (under ``lock``), its job's pid, and whether a
+    pooled server's env was checked."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.pid: int | None = None
+        self.checked = False
 
 
 _SERVERS: dict[str, _Server] = {}
@@ -146,6 +239,14 @@ def _ensure_server(sandboxes: E2bSandboxes, sandbox: E2bSandbox) -> None:
             del _SERVERS[gone]
         server = _SERVERS.setdefault(sandbox.sandbox_id, _Server())
     with server.lock:
+        if not server.checked:
+            server.checked = True
+            if _stop_foreign(box, {**box.spec.env, **sandbox.env_vars}):
+                log.info("sandbox %s: the pooled code interpreter's server had another env; restarting it",
+                         sandbox.sandbox_id)
+                deadline = time.monotonic() + SERVER_START_S
+                while _listening(box) and time.monotonic() < deadline:
+                    time.sleep(0.05)  # the killed server's port closes with it
         if _listening(box):
             return
         server.pid = pid = _start(sandboxes, sandbox, box)
@@ -173,14 +274,12 @@ def _listening(box: LivingSandbox) -> bool:
 
 
 def _start(sandboxes: E2bSandboxes, sandbox: E2bSandbox, box: LivingSandbox) -> int:
-    argv = list(SERVER_ARGV)
-    workdir = box.spec.workdir or E2B_WORKDIR
-    with sandboxes.acting(sandbox, "process", {"command": argv, "tag": SERVER_TAG, "pty": False}) as ticket:
-        env = {**box.spec.env, **sandbox.env_vars, "CALLBOX_CI_PORT": JUPYTER_PORT, "CALLBOX_CI_CWD": workdir}
-        info = box.jobs.start(argv, tag=SERVER_TAG, cwd=workdir, env=env)
-        ticket.outcome["pid"] = info.pid
-    log.info("sandbox %s: the code interpreter's server started (pid %d)", sandbox.sandbox_id, info.pid)
-    return info.pid
+    with sandboxes.acting(sandbox, "process", {"command": list(SERVER_ARGV), "tag": SERVER_TAG,
+                                               "pty": False}) as ticket:
+        pid = _start_job(box, {**box.spec.env, **sandbox.env_vars})
+        ticket.outcome["pid"] = pid
+    log.info("sandbox %s: the code interpreter's server started (pid %d)", sandbox.sandbox_id, pid)
+    return pid
 
 
 def _alive(box: LivingSandbox, pid: int) -> bool:

@@ -55,6 +55,7 @@ from harness.core.policy import Policy, load_policy
 from harness.core.registry import ToolRegistry
 from harness.doors.e2b.app import E2bApp
 from harness.doors.e2b.boxes import E2bSandboxes
+from harness.doors.e2b.interpreter import install_template
 from harness.doors.e2b.restart import adopt_e2b
 from harness.doors.e2b.rpc import EnvdRoute, RestRoute, Service
 from harness.doors.grpc.server import announce_token
@@ -215,6 +216,7 @@ def serve_e2b(
                 raise
             owns = True
         sandboxes = E2bSandboxes(executor)
+        install_template(sandboxes)  # before adoption: its sandboxes are adopted too
     keys = tokens if tokens is not None else sandboxes.executor.tokens
     try:
         if services is None or rest_routes is None or envd_routes is None:

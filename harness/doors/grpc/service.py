@@ -586,7 +586,7 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         with a warm pool in the policy, the engine is connected now so the pool fills ahead."""
         if self._reaper is not None:
             return
-        if self.policy.pool.size and isinstance(self.engine_factory, SharedEngine):
+        if self.policy.pool.enabled and isinstance(self.engine_factory, SharedEngine):
             self.engine_factory.warm_in_background()
 
         def loop() -> None:

@@ -39,6 +39,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,7 @@ from harness.engine.docker.lifetime import (
 from harness.engine.docker.living import SandboxInfo
 from harness.engine.docker.netfilter import PacketFilter, lock_path_for
 from harness.engine.docker.networks import Attachment, EgressEvent, SandboxNetworks, engine_is_local
-from harness.engine.docker.pool import WarmPool
+from harness.engine.docker.pool import PoolEntry, WarmPool
 from harness.engine.docker.sandbox import AGENT_SOCKET_NAME, Sandbox
 from harness.engine.docker.snapshots import SnapshotInfo, SnapshotStore
 from harness.engine.spec import HOME as _HOME
@@ -173,7 +174,7 @@ class DockerEngine:
         """Connect to the engine named by DOCKER_HOST (default socket); fail closed if unreachable."""
         return cls(connect_client(), **kwargs)
 
-    def enable_pool(self, specs: list[SandboxSpec], **settings: Any) -> WarmPool:
+    def enable_pool(self, specs: Sequence[SandboxSpec | PoolEntry], **settings: Any) -> WarmPool:
         """Keep pre-started sandboxes of ``specs`` (:class:`WarmPool`'s settings: ``size``, ``max``,
         ...) that matching creates, named ones too, claim; the refill thread is started."""
         if self.pool is None:

@@ -27,7 +27,7 @@ modes have a per-sandbox network and egress proxy with an expiry of their own, s
 
 **Claim.** Under the pool's lock the entry is taken out of the pool before anything else
 is done with it, so no sandbox is handed out twice; the claimer is the first and only user
-(the pool never runs anything in it). Its agent must answer a health check
+(the pool runs nothing in it but an entry's ``prepare``). Its agent must answer a health check
 (``CLAIM_HEALTH_TIMEOUT_S``); one that does not is destroyed and the create goes cold. While
 that check's round trip runs, the claimer's clock, owner and name are written where gc,
 ``list_sandboxes`` and ``callbox ps`` read them (a sandbox that then does not answer is
@@ -56,6 +56,14 @@ creates, and it waits while a claim is in progress or was made in the last ``pau
 finds its fingerprint empty raises that fingerprint's target by one, up to the ceiling
 (``max``), and each pooled sandbox that expires unclaimed lowers it by one, down to the floor.
 
+**Entries of their own.** A spec may come as a :class:`PoolEntry`: its own floor and ceiling
+(instead of the pool's ``size`` and ``max``) and a ``prepare`` step, run in each of its
+sandboxes once started and before it is pooled (the E2B door starts the code interpreter's
+server there, so a claimer's first cell finds its kernel warm); a sandbox whose ``prepare``
+fails is destroyed. Entries may also be added to a running pool (:meth:`WarmPool.add`).
+An entry whose image is not on the host is dropped at its first start, with one warning;
+one whose ``prepare`` fails ``PREPARE_FAILURES`` times in a row is dropped likewise.
+
 **Shutdown** (``close``) stops the thread and destroys every pooled sandbox, returning once
 their containers are gone (``CLOSE_DRAIN_S`` at most: gc removes what is left).
 """
@@ -69,13 +77,14 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import grpc
 
 from harness.core.errors import CallboxError, ErrorCode
+from harness.engine.base import LivingSandbox, PoolEntry
 from harness.engine.docker import living
 from harness.engine.docker.kept import write_expiry
 from harness.engine.docker.lifetime import release_name, write_record
@@ -86,7 +95,7 @@ if TYPE_CHECKING:
     from harness.engine.docker.engine import DockerEngine
     from harness.engine.docker.sandbox import Sandbox
 
-__all__ = ["POOL_OWNER", "WarmPool", "fingerprint"]
+__all__ = ["POOL_OWNER", "PoolEntry", "WarmPool", "fingerprint"]
 
 log = logging.getLogger("callbox.engine.pool")
 
@@ -102,6 +111,8 @@ CLOSE_DRAIN_S = 60.0
 """How long ``close`` waits for its sandboxes' containers to be removed."""
 IDLE_WAKE_S = 5.0
 """How often an idle refill thread looks for pooled sandboxes close to their expiry."""
+PREPARE_FAILURES = 3
+"""An entry whose ``prepare`` fails this many times in a row is no longer pooled."""
 
 
 def fingerprint(spec: SandboxSpec) -> str:
@@ -123,13 +134,23 @@ class _Slot:
     target: int
     ready: deque[Sandbox] = field(default_factory=deque)
     starting: int = 0
+    prepare: Callable[[LivingSandbox], None] | None = None
+    label: str = ""
+    failures: int = 0
+    """``prepare``'s failures in a row."""
+
+    def drop(self, why: str) -> None:
+        """(Under the lock.) Keep no more sandboxes of this fingerprint, saying ``why`` once."""
+        log.warning("the warm pool no longer keeps %s sandboxes: %s", self.label or "these", why)
+        self.size = self.max = self.target = 0
 
 
 class WarmPool:
     """Pre-started sandboxes for the ``specs`` given, ``size`` (floor) to ``max`` (ceiling)
     of each; see the module docstring. Start the refill thread with ``start``."""
 
-    def __init__(self, engine: DockerEngine, specs: list[SandboxSpec], *, size: int, max: int | None = None,
+    def __init__(self, engine: DockerEngine, specs: Sequence[SandboxSpec | PoolEntry], *, size: int,
+                 max: int | None = None,
                  max_total: int | None = None, pause_s: float = 0.05,
                  room: Callable[[], int] | None = None) -> None:
         ceiling = size if max is None else max
@@ -138,16 +159,13 @@ class WarmPool:
                                code=ErrorCode.INVALID_CONFIG)
         self.engine = engine
         self.pause_s = pause_s
-        self.max_total = max_total if max_total is not None else ceiling * len(specs)
+        entries = [raw if isinstance(raw, PoolEntry) else PoolEntry(raw, size, ceiling) for raw in specs]
+        self.max_total = max_total if max_total is not None else sum(entry.max for entry in entries)
         self.room = room
         self._slots: dict[str, _Slot] = {}
-        for raw in specs:
-            if raw.network != "none":
-                raise CallboxError(f"only network = \"none\" sandboxes are pooled, not {raw.network!r}",
-                                   code=ErrorCode.INVALID_CONFIG)
-            spec = raw.for_host(engine.host_limits())
-            uid, gid = spec.tool_identity()
-            self._slots[_key(spec, uid, gid)] = _Slot(spec, uid, gid, size, ceiling, size)
+        for entry in entries:
+            key, slot = self._slot(entry)
+            self._slots[key] = slot
         self._lock = threading.Condition()
         self._claiming = 0
         self._last_claim = 0.0
@@ -157,6 +175,30 @@ class WarmPool:
         """Claims served from the pool (a counter for tests and benchmarks)."""
         self.misses = 0
         """Creates of a pooled fingerprint that found it empty (and went cold)."""
+
+    def _slot(self, entry: PoolEntry) -> tuple[str, _Slot]:
+        if entry.spec.network != "none":
+            raise CallboxError(f"only network = \"none\" sandboxes are pooled, not {entry.spec.network!r}",
+                               code=ErrorCode.INVALID_CONFIG)
+        if entry.size < 0 or entry.max < entry.size:
+            raise CallboxError(f"a pool needs 0 <= size <= max, not size {entry.size} and max {entry.max}",
+                               code=ErrorCode.INVALID_CONFIG)
+        spec = entry.spec.for_host(self.engine.host_limits())
+        uid, gid = spec.tool_identity()
+        return _key(spec, uid, gid), _Slot(spec, uid, gid, entry.size, entry.max, entry.size,
+                                           prepare=entry.prepare, label=entry.label)
+
+    def add(self, entry: PoolEntry) -> bool:
+        """Pool ``entry`` too (``max_total`` grows by its ``max``); False if its fingerprint
+        is pooled already (the entry is then ignored)."""
+        key, slot = self._slot(entry)
+        with self._lock:
+            if key in self._slots or self._closed:
+                return False
+            self._slots[key] = slot
+            self.max_total += entry.max
+            self._lock.notify_all()
+        return True
 
     # ---- claims ----------------------------------------------------------------------------------
 
@@ -339,9 +381,14 @@ class WarmPool:
                                     name=None, owner=None, ttl=ttl, record=False,
                                     ready_timeout=30.0)
         except Exception as exc:
-            log.warning("the warm pool could not start a sandbox: %s", exc)
-            with self._lock:  # do not spin on a broken engine
-                self._lock.wait_for(lambda: self._closed, max(1.0, self.pause_s))
+            with self._lock:
+                if isinstance(exc, CallboxError) and exc.code is ErrorCode.IMAGE_NOT_FOUND:
+                    slot.drop(str(exc))  # said once: a missing image does not come back by itself
+                    return
+                log.warning("the warm pool could not start a sandbox: %s", exc)
+                self._lock.wait_for(lambda: self._closed, max(1.0, self.pause_s))  # do not spin on a broken engine
+            return
+        if slot.prepare is not None and not self._prepare(slot, sandbox):
             return
         try:
             write_record(engine.run_root, living.new_record(sandbox, ttl_s=ttl, owner=POOL_OWNER,
@@ -354,6 +401,24 @@ class WarmPool:
                 slot.ready.append(sandbox)
                 return
         sandbox.destroy()  # closed meanwhile
+
+    def _prepare(self, slot: _Slot, sandbox: Sandbox) -> bool:
+        """Run ``slot``'s prepare in ``sandbox``; whether it succeeded (else the sandbox is gone)."""
+        assert slot.prepare is not None
+        try:
+            slot.prepare(sandbox)
+        except Exception as exc:
+            self._discard(sandbox)
+            with self._lock:
+                slot.failures += 1
+                if slot.failures >= PREPARE_FAILURES:
+                    slot.drop(f"preparing one failed {slot.failures} times in a row, last: {exc}")
+                else:
+                    log.warning("the warm pool could not prepare a %s sandbox: %s", slot.label or "pooled", exc)
+                    self._lock.wait_for(lambda: self._closed, max(1.0, self.pause_s))
+            return False
+        slot.failures = 0
+        return True
 
     # ---- shutdown --------------------------------------------------------------------------------
 
