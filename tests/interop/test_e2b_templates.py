@@ -117,8 +117,20 @@ def test_a_base_image_not_on_the_host_is_refused_naming_it(server: E2bServer, co
 def test_async_template_builds_and_other_clients_do_not_see_it(server: E2bServer, context: Path) -> None:
     template = (AsyncTemplate(file_context_path=str(context)).from_base_image()
                 .run_cmd("echo built > /opt/built.txt"))
+    logs: list[str] = []
     with sdk_environment(server):
-        asyncio.run(AsyncTemplate.build(template, "async-demo"))
+        # The sizes a build asks are its sandboxes', within the policy's (1 CPU, 512 MiB here).
+        asyncio.run(AsyncTemplate.build(template, "async-demo", cpu_count=4, memory_mb=256,
+                                        on_build_logs=lambda entry: logs.append(str(entry.message))))
         assert asyncio.run(AsyncTemplate.exists("async-demo"))
+        assert "cpu_count 4: this template's sandboxes get 1 CPU (the policy's sandbox.cpus is 1)" in logs, logs
+        assert "memory_mb 256: this template's sandboxes get 256 MiB" in logs, logs
+        sandbox = Sandbox.create("async-demo")
+        try:
+            info = sandbox.get_info()
+            assert (info.cpu_count, info.memory_mb) == (1, 256)
+            assert sandbox.commands.run("cat /opt/built.txt").stdout.strip() == "built"
+        finally:
+            sandbox.kill()
     with sdk_environment(server, "bob"):
         assert not Template.exists("async-demo")

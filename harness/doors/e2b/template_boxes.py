@@ -5,9 +5,11 @@ template id that is not one of the server's own (``base``): the template the cli
 that id or name in the :class:`~harness.engine.templates.store.TemplateStore`.
 
 * **Policy.** The client's ``base`` policy with the template's image, its ENV steps' values
-  under the policy's own ``env`` (the policy's win) and its workdir (else ``/home/user``).
-  Every other setting (limits, network, mounts, TTL, tool rules) is the policy's; a client's
-  create options tighten it as for ``base``.
+  under the policy's own ``env`` (the policy's win), its workdir (else ``/home/user``) and
+  the CPUs and memory its build asked (``cpu_count``, ``memory_mb``), never beyond the
+  policy's (the build's log says what its sandboxes get). Every other setting (limits,
+  network, mounts, TTL, tool rules) is the policy's; a client's create options tighten it
+  as for ``base``.
 * **Start.** When the sandbox is up, the files the image holds in places the sandbox covers
   with scratch tmpfs are put back (:mod:`harness.engine.templates.build`'s seeds), then the
   start command starts as a background job (``/bin/sh -c CMD`` in the workdir), and the
@@ -67,11 +69,16 @@ class BuiltTemplates:
         found = self.find(client, ident)
         if found is None:
             return None
-        _, built = found
+        template, built = found
         sandbox = base.sandbox
+        sized: dict[str, object] = {}
+        if template.cpu_count is not None:  # what the build asked, never beyond the policy
+            sized["cpus"] = min(float(template.cpu_count), sandbox.cpus)
+        if template.memory_mb is not None:
+            sized["memory"] = max(32 << 20, min(template.memory_mb << 20, int(sandbox.memory)))
         settings = SandboxSettings.model_validate({**sandbox.model_dump(), "image": built.image,
                                                    "env": {**built.env, **sandbox.env},
-                                                   "workdir": built.workdir or sandbox.workdir})
+                                                   "workdir": built.workdir or sandbox.workdir, **sized})
         return base.model_copy(update={"sandbox": settings})
 
     def start(self, sandboxes: E2bSandboxes, sandbox: E2bSandbox) -> None:

@@ -130,15 +130,32 @@ class TemplateApi:
         if name == DEFAULT_TEMPLATE or name in self.sandboxes.templates:
             raise E2bError(ErrorCode.ALREADY_EXISTS, f"template name {name!r} is one of this server's own "
                                                      "templates; build under another name")
-        memory = body.get("memoryMB")
-        memory_mb = memory if isinstance(memory, int) and not isinstance(memory, bool) and memory > 0 else None
+        cpu_count, memory_mb = _size(body, "cpuCount"), _size(body, "memoryMB")
         template = self.store.claim(client, name)
+        template.cpu_count, template.memory_mb = cpu_count, memory_mb
+        self.store.save(template)
         build = self.builds.new(template, memory_mb)
+        for note in self._sized(client, cpu_count, memory_mb):
+            build.add("info", note)
         tags = [t for t in (body.get("tags") or []) if isinstance(t, str)] or [tag or "default"]
         log.info("e2b client %s requested build %s of template %s (%s)", client, build.build_id, name,
                  template.template_id)
         return json_response(202, {"templateID": template.template_id, "buildID": build.build_id, "public": False,
                                    "names": [name], "tags": tags, "aliases": [name]})
+
+    def _sized(self, client: str, cpu_count: int | None, memory_mb: int | None) -> list[str]:
+        """What the template's sandboxes will get of the CPUs and memory asked, said in its build log."""
+        policy = self.sandboxes.check_template(DEFAULT_TEMPLATE, client).sandbox
+        notes = []
+        if cpu_count is not None:
+            got = min(float(cpu_count), policy.cpus)
+            notes.append(f"cpu_count {cpu_count}: this template's sandboxes get {got:g} CPU"
+                         + ("" if got == cpu_count else f" (the policy's sandbox.cpus is {policy.cpus:g})"))
+        if memory_mb is not None:
+            got_mb = min(memory_mb, int(policy.memory) >> 20)
+            notes.append(f"memory_mb {memory_mb}: this template's sandboxes get {got_mb} MiB"
+                         + ("" if got_mb == memory_mb else f" (the policy's sandbox.memory is {got_mb} MiB)"))
+        return notes
 
     def start_build(self, request: HttpRequest, client: str) -> HttpResponse:
         template = self._own(request, client)
@@ -265,3 +282,13 @@ def template_routes(sandboxes: E2bSandboxes, store: TemplateStore | None = None,
         ("GET", "/templates/{templateID}/tags", _not_served("listing a template's tags (Template.get_tags)")),
     ]
     return api, [(method, path, _answering(handler)) for method, path, handler in served]
+
+
+def _size(body: dict[str, Any], key: str) -> int | None:
+    """A positive whole number the build request gives for ``key`` (``cpuCount``, ``memoryMB``), or None."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise invalid(f"{key} must be a positive whole number, not {value!r}")
+    return value
