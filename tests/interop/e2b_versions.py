@@ -10,7 +10,7 @@ whole matrix, every version from :data:`OLDEST` on as PyPI lists them, runs by h
 prints the table docs/doors/e2b.md records::
 
     .venv/bin/python -m tests.interop.e2b_versions            # every version >= OLDEST
-    .venv/bin/python -m tests.interop.e2b_versions 2.45.0     # just these
+    .venv/bin/python -m tests.interop.e2b_versions 2.31.0     # just these
 
 ``e2b_code_interpreter`` is measured the same way, each version with the ``e2b`` it is used
 with (a venv of both pins), on the code interpreter's steps::
@@ -34,15 +34,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "e2b-sdks"
 PROGRAM = Path(__file__).with_name("e2b_conformance.py")
-OLDEST = "2.40.0"
+OLDEST = "2.7.0"
 """The oldest SDK version the door is measured against."""
 PINNED = "2.63.0"
 """pyproject.toml's pin (the .venv's SDK): measured in the .venv itself."""
 PINNED_INTERPRETER = "2.11.5"
 """pyproject.toml's pin of ``e2b-code-interpreter`` (in the .venv too)."""
-SUITE_VERSIONS = (OLDEST, "2.45.0", PINNED)
-"""What ``make test`` measures: the oldest, the one whose defaults differ (it sends
-``allow_internet_access=true``), and the pinned one (the newest when it was pinned)."""
+AGENTS_SDK_PINS = ("2.31.0", "2.8.1")
+"""The ``e2b`` and ``e2b-code-interpreter`` the OpenAI Agents SDK's ``e2b`` extra pins."""
+SUITE_VERSIONS = (OLDEST, AGENTS_SDK_PINS[0], PINNED)
+"""What ``make test`` measures: the oldest, the OpenAI Agents SDK's pin (like every SDK before
+2.51 it sends ``allow_internet_access=true`` by default, and like those before 2.46 it checks
+the key's form), and the pinned one (the newest when it was pinned)."""
 INSTALL_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 300
 
