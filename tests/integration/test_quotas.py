@@ -6,7 +6,8 @@ trailer, E2B 429 with ``Retry-After``, an MCP result with ``isError``) while the
 creates and calls go through at the same time; a client flooding the gRPC door from many
 threads with long calls may go past its share of the server's threads only while a share
 stays free (work-conserving), so another client's calls all complete; a client mapped to a
-profile that denies ``shell`` is served that policy. The MCP door over HTTP asks for a bearer token when the server has tokens (401).
+profile that denies ``shell`` is served that policy. The MCP door over HTTP asks for a
+bearer token when the server has tokens (401).
 """
 
 from __future__ import annotations
