@@ -46,6 +46,7 @@ from harness.engine.exec_result import collect
 from harness.engine.spec import SandboxSpec
 from harness.tools import builtin_registry
 from tests.conftest import IMAGE, unavailable
+from tests.support.run_root import leftovers
 
 pytestmark = pytest.mark.docker
 
@@ -207,7 +208,7 @@ def test_daemon_restart_during_calls(engine, run_root: Path, tmp_path: Path) -> 
                 if (c.get("Labels") or {}).get(labels.SANDBOX_ID) in dead
                 or str((c.get("Labels") or {}).get(labels.SOCKET_DIR, "")).startswith(f"{run_root}/")]
         assert left == []
-        assert [p.name for p in run_root.iterdir() if p.is_dir()] == []
+        assert leftovers(run_root) == []
     finally:
         if stopped or not _answers(client):
             _wait_until("dockerd exiting", lambda: not _alive(pid), STOP_DEADLINE_S)
@@ -260,4 +261,4 @@ def test_docker_stop_during_a_call(engine, run_root: Path, tmp_path: Path) -> No
                                "The command had started and may have had effects before it went away.")
         assert result.structured is not None and result.structured["command_started"] is True
         assert harness_box.id in mine.gc()  # stopped: gc reaps it although its owner lives
-    assert [p.name for p in run_root.iterdir() if p.is_dir()] == []
+    assert leftovers(run_root) == []

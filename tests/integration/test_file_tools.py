@@ -226,7 +226,7 @@ def test_write_creates_parents_and_reports_bytes(sandbox):
     assert bytes(sandbox.agent.read_file("a/b/c.txt").data) == "héllo\n".encode()
     again = write(sandbox, path="/workspace/a/b/c.txt", content="bye\n")
     assert again.text == "Wrote 4 bytes to /workspace/a/b/c.txt (replaced the previous content)."
-    assert _sh(sandbox, "cat a/b/c.txt; stat -c %U a/b/c.txt") == "bye\nsandbox\n"
+    assert _sh(sandbox, "cat a/b/c.txt; stat -c %U a/b/c.txt") == "bye\nuser\n"
 
 
 def test_create_only_refuses_an_existing_file(sandbox):

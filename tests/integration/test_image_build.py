@@ -84,8 +84,10 @@ def test_image_metadata(client, built):
 
 
 def test_sandbox_user_and_workspace(client, built):
-    assert run(client, "id sandbox").strip() == "uid=1000(sandbox) gid=1000(sandbox) groups=1000(sandbox)"
-    assert run(client, "getent passwd sandbox").strip() == "sandbox:x:1000:1000::/home/sandbox:/bin/bash"
+    # The tool user is named `user` (E2B's name); `sandbox`, its earlier name, is the same uid.
+    assert run(client, "id user").strip() == "uid=1000(user) gid=1000(user) groups=1000(user)"
+    assert run(client, "id -u sandbox").strip() == "1000"
+    assert run(client, "getent passwd user").strip() == "user:x:1000:1000::/home/sandbox:/bin/bash"
     assert run(client, "stat -c '%u:%g %a' /workspace").strip() == "1000:1000 755"
     assert run(client, "pwd").strip() == "/workspace"
 

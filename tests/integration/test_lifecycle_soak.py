@@ -61,6 +61,7 @@ from harness.engine.exec_result import collect
 from harness.engine.spec import SandboxSpec
 from tests.conftest import IMAGE
 from tests.integration.helpers import callbox
+from tests.support.run_root import leftovers
 
 pytestmark = pytest.mark.docker
 
@@ -296,7 +297,7 @@ def test_lifecycle_soak(soak_engine: DockerEngine, capsys: pytest.CaptureFixture
                 or any(sandbox_id in n.get("Name", "") for sandbox_id in mine)]
     assert networks == [], f"leaked networks: {[n['Name'] for n in networks]}"
     assert _egress_network_gone_or_in_use(api), "the shared egress network outlived its last proxy"
-    left = sorted(p.name for p in engine.run_root.iterdir() if p.is_dir()) if engine.run_root.exists() else []
+    left = leftovers(engine.run_root)
     assert left == [], f"leaked socket directories (or keep records) under {engine.run_root}: {left[:10]}"
     mounts = [line for line in _mountinfo().splitlines()
               if str(engine.run_root) in line or any(sandbox_id in line for sandbox_id in mine)]
