@@ -4,7 +4,9 @@ Commands run as the sandbox's unprivileged tool user. A client may ask for ``roo
 (E2B's ``user="root"``); that runs only when the policy sets ``root_commands = true`` (see
 :class:`~harness.core.sandbox_settings.SandboxSettings` for what root means in a sandbox).
 Otherwise the request is refused with :func:`root_refusal`, a policy decision that names the
-key and the fix, recorded in the audit like any other refused action.
+key and the fix, recorded in the audit like any other refused action. File operations asked
+for as root (E2B's ``files.*(user="root")``) follow the same key, and are served as the tool
+user's: never with root's rights.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ __all__ = ["ROOT_COMMANDS_KEY", "ROOT_COMMANDS_LOOSENED", "ROOT_USER", "root_ref
 ROOT_USER = "root"
 ROOT_COMMANDS_KEY = "sandbox.root_commands"
 ROOT_COMMANDS_LOOSENED = (f"{ROOT_COMMANDS_KEY} = true: clients may run commands as root (uid 0 with the "
-                          "container's capabilities) in their sandboxes (the default is false)")
+                          "container's capabilities) in their sandboxes, and file operations asked for as root are "
+                          "served as the tool user's (the default is false)")
 
 
 def root_refusal(tool_user: str) -> Decision:

@@ -111,7 +111,8 @@ class SandboxSettings(_SettingsFields):
     command can become any uid, kill or (where the kernel's ptrace rules let it) trace the
     sandbox's own agent, and leave its job's process group, so that sandbox's replies
     (output, exit codes, files) are only as trustworthy as the commands run in it. File
-    operations always act as the tool user (see docs/security.md)."""
+    operations always act as the tool user: where this is true, one asked for as root is
+    served as the tool user's (see docs/security.md)."""
 
     @field_validator("workdir")
     @classmethod

@@ -4,7 +4,10 @@ Root commands run only where the policy sets ``[sandbox] root_commands = true``:
 server ``id -u`` as root prints 0 (and without a user 1000), a terminal as root is root too,
 the server announced the loosening at start, and the audit record says the user. Under the
 default policy the same call is refused naming the key and the fix. File operations as root
-are refused either way, saying they act as the sandbox's user. One sandbox per server.
+(what Inspect's ``inspect-sandboxes`` sends for every one) are served there as the sandbox's
+user's, in its places and with its permissions, their audit records saying root; where that
+user may not go the refusal says whose rights they had. Under the default policy they are
+refused naming the key. One sandbox per server.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2b import CommandExitException, PtySize, Sandbox, SandboxException
+from e2b import CommandExitException, FileType, PtySize, Sandbox, SandboxException
 
 from harness.audit.store import AuditStore
 from tests.interop.e2b_server import E2bServer, policy_text, sdk_environment, serve_e2b
@@ -72,11 +75,29 @@ def test_a_terminal_as_root_is_root(root_server: E2bServer, root_sandbox: Sandbo
     assert b"root@" in screen and b"\r0\r\nlogout" in screen, screen
 
 
-def test_files_as_root_are_refused_saying_they_act_as_the_sandbox_user(root_server: E2bServer,
-                                                                         root_sandbox: Sandbox) -> None:
-    with sdk_environment(root_server), pytest.raises(SandboxException) as caught:
-        root_sandbox.files.write("/tmp/as-root.txt", "x", user="root")
-    assert "never as root" in str(caught.value) and KEY in str(caught.value)
+def test_files_as_root_are_served_as_the_sandbox_user_where_root_commands_are_allowed(
+        root_server: E2bServer, root_sandbox: Sandbox) -> None:
+    with sdk_environment(root_server):  # Inspect's read_file/write_file and its stdin file, as root
+        root_sandbox.files.write("/tmp/inspect-stdin", "from inspect\n", user="root")
+        root_sandbox.files.write("notes/as-root.txt", b"bytes\n", user="root")  # relative: the home directory
+        info = root_sandbox.files.get_info("/tmp/inspect-stdin", user="root")
+        assert (info.type, info.owner) == (FileType.FILE, "user"), info  # written with the sandbox user's rights
+        assert root_sandbox.files.read("/tmp/inspect-stdin", user="root") == "from inspect\n"
+        assert root_sandbox.files.read("/home/user/notes/as-root.txt", format="bytes", user="root") == b"bytes\n"
+        assert root_sandbox.commands.run("cat /tmp/inspect-stdin", user="root").stdout == "from inspect\n"
+        root_sandbox.commands.run("umask 077; echo secret > /tmp/root-only", user="root")
+        with pytest.raises(SandboxException) as private:  # root's own file: uid 1000 may not read it
+            root_sandbox.files.read("/tmp/root-only", user="root")
+        with pytest.raises(SandboxException) as outside:  # not one of the sandbox user's places
+            root_sandbox.files.write("/etc/planted", "x", user="root")
+    for refusal in (private.value, outside.value):
+        assert "served as the sandbox's user 'user'" in str(refusal), refusal
+    with AuditStore(root_server.directory / "audit.sqlite3") as audit:
+        calls = audit.calls_for_run(root_sandbox.sandbox_id)
+    copies = [(c["tool"], args.get("path"), args.get("user")) for c in calls if c["tool"].startswith("sandbox.copy")
+              for args in [json.loads(c["arguments"]) if isinstance(c["arguments"], str) else c["arguments"]]]
+    assert ("sandbox.copy_in", "/tmp/inspect-stdin", "root") in copies, copies  # the record says who asked
+    assert ("sandbox.copy_out", "/tmp/inspect-stdin", "root") in copies, copies
 
 
 def test_a_command_as_root_is_refused_by_default_naming_the_key(engine: Any) -> None:
@@ -87,6 +108,9 @@ def test_a_command_as_root_is_refused_by_default_naming_the_key(engine: Any) -> 
                 sandbox.commands.run("id -u", user="root")
             assert f"{KEY} = false" in str(caught.value) and "root_commands = true" in str(caught.value)
             assert sandbox.commands.run("id -u").stdout == "1000\n"
+            with pytest.raises(SandboxException) as files:
+                sandbox.files.write("/tmp/as-root.txt", "x", user="root")
+            assert f"{KEY} = false" in str(files.value) and not sandbox.files.exists("/tmp/as-root.txt")
         finally:
             sandbox.kill()
 

@@ -59,12 +59,15 @@ def test_root_is_asked_for_and_any_other_user_is_refused_naming_the_key() -> Non
     assert ROOT_COMMANDS_KEY in str(caught.value)
 
 
-def test_files_as_root_are_refused_saying_they_act_as_the_sandbox_user() -> None:
-    check_user(None)
-    check_user("user")
-    with pytest.raises(E2bError, match="never as root") as caught:
+def test_files_as_root_are_refused_naming_the_key_unless_root_commands_are_allowed() -> None:
+    assert check_user(None) is False and check_user("user") is False
+    assert check_user("user", root_allowed=True) is False
+    with pytest.raises(E2bError, match="served \\(as 'user'\\) only where the policy allows root") as caught:
         check_user("root")
-    assert ROOT_COMMANDS_KEY in str(caught.value)
+    assert f"{ROOT_COMMANDS_KEY} = false" in str(caught.value) and "root_commands = true" in str(caught.value)
+    assert check_user("root", root_allowed=True) is True  # then served as the sandbox's user
+    with pytest.raises(E2bError, match="cannot act as 'alice'"):
+        check_user("alice", root_allowed=True)
 
 
 def test_a_root_command_gets_roots_environment_over_the_tool_users() -> None:

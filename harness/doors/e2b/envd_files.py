@@ -23,7 +23,8 @@ Everything streams; no file is ever held whole here:
   File metadata (``X-Metadata-*``, extended attributes) is refused rather than dropped.
 * **Health**: 204, no access token needed (the SDK probes it after a failed request).
 
-Users and relative paths are resolved as in :mod:`harness.doors.e2b.envd_filesystem`.
+Users and relative paths are resolved as in :mod:`harness.doors.e2b.envd_filesystem`; a
+copy asked for as root (where the policy allows it) is recorded with ``"user": "root"``.
 """
 
 from __future__ import annotations
@@ -39,8 +40,18 @@ from itertools import chain
 from typing import Any
 
 from harness.core.errors import AgentCallError, CallboxError, ErrorCode
+from harness.core.root_commands import ROOT_USER
 from harness.doors.e2b.boxes import E2bSandbox, E2bSandboxes
-from harness.doors.e2b.envd_filesystem import MAX_SYMLINK_HOPS, check_user, fs_errors, link_target, sandbox_path
+from harness.doors.e2b.envd_filesystem import (
+    MAX_SYMLINK_HOPS,
+    ROOT_FILES,
+    USER,
+    check_user,
+    fs_errors,
+    link_target,
+    root_allowed,
+    sandbox_path,
+)
 from harness.doors.e2b.errors import E2bError, invalid
 from harness.doors.e2b.rpc import EnvdCall, EnvdRoute, HttpRequest, HttpResponse, json_response
 from harness.doors.e2b.signing import Operation
@@ -258,10 +269,19 @@ def _final(box: LivingSandbox, path: str) -> tuple[str, agent_pb.FileInfo | None
     raise E2bError(ErrorCode.CONFLICT, f"{path} is a chain of more than {MAX_SYMLINK_HOPS} symlinks (a loop?)")
 
 
+def _readable(info: agent_pb.FileInfo, box: LivingSandbox) -> bool:
+    """Whether the sandbox's user may read a file of ``info`` by its owner, group and mode bits."""
+    if info.uid == box.tool_uid:
+        return bool(info.mode & 0o400)
+    return bool(info.mode & (0o040 if info.gid == box.tool_gid else 0o004))
+
+
 def write_file(sandboxes: E2bSandboxes, sandbox: E2bSandbox, box: LivingSandbox, path: str,
-               data: Iterator[bytes]) -> int:
-    """Stream ``data`` into the file ``path`` (the ``copy_in`` action): whole, or not at all."""
-    with sandboxes.acting(sandbox, "copy_in", {"path": path}) as ticket, fs_errors(sandbox):
+               data: Iterator[bytes], *, as_root: bool = False) -> int:
+    """Stream ``data`` into the file ``path`` (the ``copy_in`` action): whole, or not at all
+    (``as_root``: asked for as root, served as the sandbox's user and recorded so)."""
+    with sandboxes.acting(sandbox, "copy_in", _arguments(path, as_root)) as ticket, \
+            fs_errors(sandbox, as_root=as_root):
         real, existing = _final(box, path)
         if existing is not None and existing.type == agent_pb.FILE_TYPE_DIRECTORY:
             raise invalid(f"path {path!r} is a directory; a file cannot be written over it")
@@ -305,10 +325,17 @@ def write_file(sandboxes: E2bSandboxes, sandbox: E2bSandbox, box: LivingSandbox,
 # ---- the routes ----------------------------------------------------------------------------------
 
 
-def _users(request: HttpRequest, call: EnvdCall, operation: Operation) -> None:
+def _users(request: HttpRequest, call: EnvdCall, operation: Operation) -> bool:
+    """Whether the request is root's (see ``check_user``); any user but these is refused."""
     # A request without the access token had its URL's signature checked by the door's router.
-    check_user(request.first("username"))
-    check_user(call.user)
+    allowed = root_allowed(call.sandbox)
+    named = check_user(request.first("username"), root_allowed=allowed)
+    return check_user(call.user, root_allowed=allowed) or named
+
+
+def _arguments(path: str, as_root: bool) -> dict[str, str]:
+    """A copy's recorded arguments: its path, and the user when it was asked for as root."""
+    return {"path": path, "user": ROOT_USER} if as_root else {"path": path}
 
 
 class _FileBody:
@@ -370,10 +397,10 @@ def http_routes(sandboxes: E2bSandboxes) -> list[EnvdRoute]:
     def get_files(request: HttpRequest, call: EnvdCall) -> HttpResponse:
         record = contextlib.ExitStack()
         try:
-            _users(request, call, "read")
+            as_root = _users(request, call, "read")
             box = call.sandbox.running()
             path = sandbox_path(request.first("path") or "", box.spec)
-            with fs_errors(call.sandbox):
+            with fs_errors(call.sandbox, as_root=as_root):
                 real, info = _final(box, path)
                 if info is None:
                     raise E2bError(ErrorCode.NOT_FOUND, f"path {path!r} does not exist")
@@ -381,13 +408,16 @@ def http_routes(sandboxes: E2bSandboxes) -> list[EnvdRoute]:
                     raise invalid(f"path {path!r} is a directory; read the files in it one by one")
                 if info.type != agent_pb.FILE_TYPE_FILE:
                     raise invalid(f"path {path!r} is not a regular file; only files can be read")
-                ticket = record.enter_context(sandboxes.acting(call.sandbox, "copy_out", {"path": path}))
-                with current_scope(call.scope), fs_errors(call.sandbox):
+                ticket = record.enter_context(sandboxes.acting(call.sandbox, "copy_out", _arguments(path, as_root)))
+                with current_scope(call.scope), fs_errors(call.sandbox, as_root=as_root):
                     chunks = box.transfer.download(real)
                     reader = ChunkReader(chunks)
                     tar = tarfile.open(  # type: ignore[call-overload]  # noqa: SIM115 - read by the body
                         fileobj=reader, mode="r|", bufsize=READ_BYTES)
                     member = tar.next()
+                if member is None and not _readable(info, box):  # the agent skips what its user cannot read
+                    raise E2bError(ErrorCode.PERMISSION_DENIED, f"permission denied for {path}: the sandbox's user "
+                                   f"{USER!r} cannot read it" + (f" {ROOT_FILES}" if as_root else ""))
                 if member is None or not member.isfile():
                     raise E2bError(ErrorCode.CONFLICT, f"{path} changed while it was being read; read it again")
                 body = _FileBody(record, chunks, tar, member, reader, ticket.outcome)
@@ -403,7 +433,7 @@ def http_routes(sandboxes: E2bSandboxes) -> list[EnvdRoute]:
     def post_files(request: HttpRequest, call: EnvdCall) -> HttpResponse:
         written: list[dict[str, str]] = []
         try:
-            _users(request, call, "write")
+            as_root = _users(request, call, "write")
             if keys := sorted(name[len("x-metadata-"):] for name in request.headers if name.startswith("x-metadata-")):
                 raise invalid(f"file metadata ({', '.join(map(repr, keys))}: write(..., metadata=...), sent as "
                               "X-Metadata-* headers and kept by E2B as user.e2b.* extended attributes) is not "
@@ -415,7 +445,7 @@ def http_routes(sandboxes: E2bSandboxes) -> list[EnvdRoute]:
                 if not query_path:
                     raise invalid("an application/octet-stream upload needs the path query parameter")
                 path = sandbox_path(query_path, box.spec)
-                write_file(sandboxes, call.sandbox, box, path, _body(request))
+                write_file(sandboxes, call.sandbox, box, path, _body(request), as_root=as_root)
                 written.append(_written(path))
             elif media.startswith("multipart/"):
                 if not params.get("boundary"):
@@ -430,7 +460,7 @@ def http_routes(sandboxes: E2bSandboxes) -> list[EnvdRoute]:
                     path = sandbox_path(given, box.spec)
                     if any(entry["path"] == path for entry in written):
                         raise invalid(f"you cannot upload several files to the same path {path!r} in one request")
-                    write_file(sandboxes, call.sandbox, box, path, part.data)
+                    write_file(sandboxes, call.sandbox, box, path, part.data, as_root=as_root)
                     written.append(_written(path))
             else:
                 raise invalid(f"unsupported content type {media or 'none'!r}; send multipart/form-data or "

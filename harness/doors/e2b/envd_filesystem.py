@@ -6,8 +6,12 @@ a path outside the sandbox's allowed places (the workdir, ``/tmp``, the home dir
 the mounts) is ``permission_denied`` naming them.
 
 Users and paths: the sandbox has one unprivileged user (``sandbox``); E2B's default user
-``user`` means that user too, no user means it, and any other user (``root``) is
-``permission_denied``, never silently ignored. ``~`` and ``~/...`` expand to its ``HOME``
+``user`` means that user too, no user means it, and any other user is ``permission_denied``,
+never silently ignored. ``root`` is refused too, unless the policy allows root commands
+(``sandbox.root_commands = true``): then a file operation as root is served exactly as the
+sandbox's user's (its places, its permissions, files it writes owned by it), and where
+that user may not go the refusal says so (:data:`ROOT_FILES`). Root's own rights on
+files (uid 0, without CAP_DAC_OVERRIDE) are for root commands. ``~`` and ``~/...`` expand to its ``HOME``
 (``/home/user`` in the E2B door's templates, as in E2B); an empty or relative path is taken
 from the sandbox's workdir (``/home/user`` too), the directory commands start in
 (:mod:`harness.doors.e2b.envd_process`), so ``files.write("a.txt")`` and ``commands.run("cat
@@ -57,6 +61,7 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from harness.core.errors import AgentCallError, CallboxError, ErrorCode
+from harness.core.root_commands import ROOT_COMMANDS_KEY, ROOT_USER
 from harness.doors.e2b.boxes import E2bSandbox, E2bSandboxes
 from harness.doors.e2b.envd import filesystem_pb2 as pb
 from harness.doors.e2b.errors import E2bError, from_callbox, invalid, not_found
@@ -67,7 +72,8 @@ from harness.engine.spec import HOME, SandboxSpec
 from harness.engine.transfer import Watch, WatchChange
 from sandbox.v1 import filesystem_pb2 as agent_pb
 
-__all__ = ["HOME", "MAX_PENDING", "MAX_WATCHERS", "USER", "FilesystemHandlers", "check_user", "entry_info",
+__all__ = ["HOME", "MAX_PENDING", "MAX_WATCHERS", "ROOT_FILES", "USER", "FilesystemHandlers", "check_user",
+           "entry_info",
            "filesystem_service", "fs_errors", "sandbox_path"]
 
 log = logging.getLogger("callbox.e2b")
@@ -104,18 +110,33 @@ _FILE_TYPES = {
 # ---- users, paths, errors ------------------------------------------------------------------------
 
 
-def check_user(user: str | None) -> None:
-    """Refuse any user but the sandbox's own (``None``, ``""``, ``sandbox`` or E2B's ``user``)."""
+ROOT_FILES = (f"(a file operation as {ROOT_USER!r} is served as the sandbox's user {USER!r}, uid 1000: in its "
+              f"places and with its permissions only; run a command as root for the rest)")
+"""What a refusal of a file operation asked for as root adds: whose rights it had."""
+
+
+def check_user(user: str | None, *, root_allowed: bool = False) -> bool:
+    """Refuse any user but the sandbox's own (``None``, ``""``, ``sandbox`` or E2B's ``user``),
+    and ``root`` unless ``root_allowed`` (the policy's ``sandbox.root_commands``). True when
+    the request is root's, which is then served as the sandbox's user's."""
     if not user or user in USER_ALIASES:
-        return
-    if user == "root":
+        return False
+    if user == ROOT_USER:
+        if root_allowed:
+            return True
         raise E2bError(ErrorCode.PERMISSION_DENIED,
-                       f"file operations act as the sandbox's unprivileged user {USER!r} (uid 1000), never as "
-                       f"root, even where the policy allows root commands (sandbox.root_commands): leave the user "
-                       f"unset (a root command reads what {USER!r} writes)")
+                       f"file operations act as the sandbox's unprivileged user {USER!r} (uid 1000); as "
+                       f"{ROOT_USER!r} they are served (as {USER!r}) only where the policy allows root commands "
+                       f"({ROOT_COMMANDS_KEY} = false here, the default): leave the user unset, or set [sandbox] "
+                       f"root_commands = true in the policy")
     raise E2bError(ErrorCode.PERMISSION_DENIED,
                    f"this sandbox runs everything as its one unprivileged user {USER!r} (uid 1000, E2B's "
                    f"default user) and cannot act as {user!r}: leave the user unset")
+
+
+def root_allowed(sandbox: E2bSandbox) -> bool:
+    """Whether ``sandbox``'s policy allows root commands (and so file operations asked as root)."""
+    return sandbox.session.policy.sandbox.root_commands
 
 
 def sandbox_path(path: str, spec: SandboxSpec) -> str:
@@ -134,9 +155,10 @@ def sandbox_path(path: str, spec: SandboxSpec) -> str:
 
 
 @contextlib.contextmanager
-def fs_errors(sandbox: E2bSandbox) -> Iterator[None]:
+def fs_errors(sandbox: E2bSandbox, *, as_root: bool = False) -> Iterator[None]:
     """callbox errors as E2bError, with envd's codes for the agent's file refusals: a wrong type
-    is ``invalid_argument`` (envd: "path is not a directory"), a full disk ``resource_exhausted``."""
+    is ``invalid_argument`` (envd: "path is not a directory"), a full disk ``resource_exhausted``;
+    a refused path of a request asked ``as_root`` says whose rights it had (:data:`ROOT_FILES`)."""
     try:
         yield
     except E2bError:
@@ -144,6 +166,8 @@ def fs_errors(sandbox: E2bSandbox) -> Iterator[None]:
     except AgentCallError as error:
         if sandbox.closed:
             raise not_found("sandbox", sandbox.sandbox_id) from None
+        if as_root and error.reason in ("PERMISSION_DENIED", "PATH_ESCAPE"):
+            raise E2bError(error.code, f"{error.message} {ROOT_FILES}") from None
         if error.reason == "WRONG_TYPE":
             raise E2bError(ErrorCode.INVALID_REQUEST, error.message) from None
         if error.reason == "TOO_LARGE":
@@ -340,9 +364,9 @@ class FilesystemHandlers:
     def _agent(call: EnvdCall) -> Iterator[LivingSandbox]:
         """The running engine sandbox, with the user checked, its errors as E2bError and the
         agent calls made in the request's scope (they end with it)."""
-        check_user(call.user)
+        as_root = check_user(call.user, root_allowed=root_allowed(call.sandbox))
         box = call.sandbox.running()
-        with fs_errors(call.sandbox), current_scope(call.scope):
+        with fs_errors(call.sandbox, as_root=as_root), current_scope(call.scope):
             yield box
 
     def stat(self, request: pb.StatRequest, call: EnvdCall) -> pb.StatResponse:
@@ -455,7 +479,7 @@ class FilesystemHandlers:
         return watcher
 
     def _watcher(self, call: EnvdCall, watcher_id: str) -> PolledWatcher:
-        check_user(call.user)
+        check_user(call.user, root_allowed=root_allowed(call.sandbox))
         with self._lock:
             watcher = self._watchers.get(call.sandbox.sandbox_id, {}).get(watcher_id)
         if watcher is None:
