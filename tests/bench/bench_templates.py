@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import secrets
-import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,28 +32,10 @@ from e2b import Template
 
 from tests.bench.bench_e2b import E2bDoor, heavy_samples, ms_since
 from tests.bench.bench_results import p50
+from tests.support.template_store import template_store
 
 TARGET_CACHED_MS = 2000.0
 STEPS_RUN = ("mkdir -p /srv/site && cp /home/user/hello.txt /srv/site/index.html", "echo built > /opt/built.txt")
-
-
-@contextlib.contextmanager
-def template_dir(client: docker.DockerClient) -> Iterator[Path]:
-    directory = Path(tempfile.mkdtemp(prefix="callbox-bench-tpl-"))
-    saved = os.environ.get("CALLBOX_TEMPLATE_DIR")
-    os.environ["CALLBOX_TEMPLATE_DIR"] = str(directory)
-    try:
-        yield directory
-    finally:
-        if saved is None:
-            os.environ.pop("CALLBOX_TEMPLATE_DIR", None)
-        else:
-            os.environ["CALLBOX_TEMPLATE_DIR"] = saved
-        for entry in (directory / "cache").glob("*"):
-            for image in client.images.list(filters={"label": f"callbox.template.key={entry.name}"}):
-                with contextlib.suppress(docker.errors.DockerException):
-                    client.images.remove(image.id, force=True)
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _template(context: Path) -> Any:
@@ -92,7 +72,8 @@ def bench_templates(client: docker.DockerClient, image: str, samples: int,
                     progress: Callable[[str], None]) -> dict[str, list[float]]:
     data: dict[str, list[float]] = {"tpl_cold": [], "tpl_cold_docker": [], "tpl_cached": []}
     heavy = heavy_samples(samples)
-    with template_dir(client), tempfile.TemporaryDirectory(prefix="callbox-bench-ctx-") as ctx:
+    with (template_store(client, prefix="callbox-bench-tpl-"),
+          tempfile.TemporaryDirectory(prefix="callbox-bench-ctx-") as ctx):
         context = Path(ctx)
         (context / "hello.txt").write_text(f"hello {secrets.token_hex(8)}\n")
         template = _template(context)

@@ -13,10 +13,7 @@ builds too; a client does not see another client's template, and sees the operat
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +24,7 @@ from e2b import AsyncTemplate, Sandbox, Template, wait_for_url
 from e2b.exceptions import BuildException
 
 from tests.interop.e2b_server import E2bServer, policy_text, sdk_environment, serve_e2b
+from tests.support.template_store import template_store
 
 pytestmark = [pytest.mark.docker, pytest.mark.interop]
 
@@ -39,21 +37,8 @@ TRAFFIC = "e2b-traffic-access-token"
 @pytest.fixture(scope="module", name="template_dir")
 def template_dir_fixture(engine: Any) -> Iterator[Path]:
     """A template store of this module's own; the images its builds made are removed at the end."""
-    directory = Path(tempfile.mkdtemp(prefix="cbx-tpl-", dir="/tmp"))
-    saved = os.environ.get("CALLBOX_TEMPLATE_DIR")
-    os.environ["CALLBOX_TEMPLATE_DIR"] = str(directory)
-    try:
+    with template_store(engine.client) as directory:
         yield directory
-    finally:
-        if saved is None:
-            os.environ.pop("CALLBOX_TEMPLATE_DIR", None)
-        else:
-            os.environ["CALLBOX_TEMPLATE_DIR"] = saved
-        for entry in (directory / "cache").glob("*"):
-            if len(entry.name) == 64:
-                for image in engine.client.images.list(filters={"label": f"callbox.template.key={entry.name}"}):
-                    engine.client.images.remove(image.id, force=True)
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="module", name="server")
