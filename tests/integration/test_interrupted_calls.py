@@ -49,9 +49,17 @@ def env(tmp_path: Path) -> dict[str, str]:
     return {"CALLBOX_AUDIT_DB": str(tmp_path / "audit.sqlite3")}
 
 
+def _default_sigint() -> None:
+    # A shell without job control starts background commands with SIGINT ignored, and an
+    # ignored signal stays ignored across exec: a suite started that way (`.ci/run &`) would
+    # test the parent's disposition instead of callbox's handling of Ctrl-C.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(*args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "harness.cli.main", *args], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env})
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env},
+                            preexec_fn=_default_sigint)
 
 
 def _wait_until(what: Callable[[], bool], proc: subprocess.Popen[bytes], timeout: float = 90) -> None:
