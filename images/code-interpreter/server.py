@@ -2,26 +2,30 @@
 
 Runs as the sandbox's tool user, started by the E2B door when a sandbox of the template
 ``code-interpreter-v1`` first needs it, and listens on 127.0.0.1:49999 (``CALLBOX_CI_PORT``);
-the door reaches it over the agent's tunnel, never over a network. Each context is a Python
-kernel (Debian's ipykernel, driven with jupyter_client), started in the context's cwd:
+the door reaches it over the agent's tunnel, never over a network. Each context, started in its
+cwd, is one of three languages: ``python`` (Debian's ipykernel, driven with jupyter_client),
+``bash`` (an interactive bash process, :mod:`bash_context`) or ``javascript`` (``js``; a node
+process, :mod:`node_context`); any other language is refused, naming the served ones:
 
 ``GET /health``                     ``OK``
 ``GET /contexts``                   ``[{"id", "language", "cwd"}]``
 ``POST /contexts``                  ``{"language", "cwd"}`` -> the new context
-``DELETE /contexts/ID``             stops its kernel
-``POST /contexts/ID/restart``       a fresh kernel in the same cwd (its state is gone)
+``DELETE /contexts/ID``             stops its kernel or process
+``POST /contexts/ID/restart``       a fresh kernel or process in the same cwd (its state is gone)
 ``POST /execute``                   ``{"code", "context_id", "language", "env_vars"}`` -> NDJSON lines:
                                     ``stdout``/``stderr`` (``text``, ``timestamp`` in ns), ``result``
                                     (``text``, ``html``, ``png``, ... and ``is_main_result``),
                                     ``error`` (``name``, ``value``, ``traceback``),
                                     ``number_of_executions``, ``end_of_execution``
 
-A context runs one cell at a time (the next waits). ``env_vars`` hold for that cell only. A
-client that goes away mid-cell (the SDK's ``timeout``) interrupts it (SIGINT, as Jupyter does);
-the kernel and what it holds stay. Every response closes its connection (``Connection: close``):
-a streamed body ends when the cell has ended.
+``/execute`` without a ``context_id`` runs in the default context of its ``language`` (python
+when none), made at its first use (the Python one at this server's start). A context runs one
+cell at a time (the next waits). ``env_vars`` hold for that cell only. A client that goes away
+mid-cell (the SDK's ``timeout``) interrupts it (SIGINT, as Jupyter does; for bash and node, to
+the process's group); the kernel or process and what it holds stay. Every response closes its
+connection (``Connection: close``): a streamed body ends when the cell has ended.
 
-Only Python contexts: Debian's archive has no bash or JavaScript Jupyter kernel. Matplotlib's
+Debian's archive has no bash or JavaScript Jupyter kernel, hence the processes of our own. Matplotlib's
 and IPython's writable directories are under ``$TMPDIR`` (the root filesystem is read-only),
 and the user site directory exists before a kernel starts, so ``!pip install`` (a user install
 under ``$HOME``) can be imported at once.
@@ -46,8 +50,11 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from bash_context import BashContext
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
+from node_context import NodeContext
+from process_context import ContextStartError, ProcessContext
 
 PORT = int(os.environ.get("CALLBOX_CI_PORT", "49999"))
 HOME = os.environ.get("HOME") or "/home/user"
@@ -55,6 +62,9 @@ DEFAULT_CWD = os.environ.get("CALLBOX_CI_CWD") or HOME
 STATE = os.path.join(os.environ.get("TMPDIR") or tempfile.gettempdir(), ".callbox-code-interpreter")
 KERNEL_START_S = 60.0
 POLL_S = 0.1
+LANGUAGES = {"python": "python", "bash": "bash", "javascript": "javascript", "js": "javascript"}
+"""The languages a context may be of, by the names a client may give (E2B's ``js`` included)."""
+PROCESS_CONTEXTS: dict[str, type[ProcessContext]] = {"bash": BashContext, "javascript": NodeContext}
 MIME_FIELDS = {
     "text/plain": "text",
     "text/html": "html",
@@ -88,6 +98,17 @@ class ContextError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def served_language(name: Any) -> str:
+    """The language of a context asked for as ``name`` (None: python), or a refusal naming the served ones."""
+    if name is None or name == "":
+        return "python"
+    language = LANGUAGES.get(str(name).strip().lower())
+    if language is None:
+        raise ContextError(400, f"language {name!r} is not available: this code interpreter runs python, bash "
+                           "and javascript (js) only")
+    return language
 
 
 class Context:
@@ -178,50 +199,63 @@ class Context:
                 return
 
 
+AnyContext = Context | ProcessContext
+
+
+def start_process(context: ProcessContext) -> None:
+    try:
+        context.start()
+    except ContextStartError as error:
+        raise ContextError(500, f"the {context.language} context did not start: {error}") from None
+
+
 class Contexts:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.all: dict[str, Context] = {}
-        self.default: Context | None = None
+        self.all: dict[str, AnyContext] = {}
+        self.defaults: dict[str, AnyContext] = {}
 
-    def create(self, language: str | None, cwd: str | None) -> Context:
-        language = (language or "python").lower()
-        if language != "python":
-            raise ContextError(400, f"language {language!r} is not available: this sandbox has a Python kernel only "
-                               "(Debian's archive has no bash or JavaScript Jupyter kernel)")
-        context = Context(language, cwd or DEFAULT_CWD)
-        context.start()
+    def create(self, language: str | None, cwd: str | None) -> AnyContext:
+        language = served_language(language)
+        context: AnyContext
+        if language == "python":
+            context = Context(language, cwd or DEFAULT_CWD)
+            context.start()
+        else:
+            context = PROCESS_CONTEXTS[language](cwd or DEFAULT_CWD, kernel_env(), STATE)
+            if not os.path.isdir(context.cwd):
+                raise ContextError(400, f"cwd {context.cwd!r} is not a directory in the sandbox")
+            start_process(context)
         with self.lock:
             self.all[context.id] = context
         return context
 
-    def find(self, context_id: str | None, language: str | None) -> Context:
+    def find(self, context_id: str | None, language: str | None) -> AnyContext:
         if context_id:
             with self.lock:
                 found = self.all.get(context_id)
             if found is None:
                 raise ContextError(404, f"context {context_id!r} not found")
             return found
-        if (language or "python").lower() != "python":
-            raise ContextError(400, f"language {language!r} is not available: this sandbox has a Python kernel only "
-                               "(Debian's archive has no bash or JavaScript Jupyter kernel)")
+        language = served_language(language)
         with self.lock:
-            if self.default is not None:
-                return self.default
-        default = self.create("python", None)
+            if language in self.defaults:
+                return self.defaults[language]
+        default = self.create(language, None)
         with self.lock:
-            if self.default is None:
-                self.default = default
+            if language not in self.defaults:
+                self.defaults[language] = default
                 return default
-            keep = self.default
+            keep = self.defaults[language]
         self.remove(default.id)
         return keep
 
     def remove(self, context_id: str) -> None:
         with self.lock:
             context = self.all.pop(context_id, None)
-            if context is not None and context is self.default:
-                self.default = None
+            for language, default in list(self.defaults.items()):
+                if default is context:
+                    del self.defaults[language]
         if context is None:
             raise ContextError(404, f"context {context_id!r} not found")
         with context.lock:
@@ -231,7 +265,10 @@ class Contexts:
         context = self.find(context_id, None)
         with context.lock:
             context.stop()
-            context.start()
+            if isinstance(context, ProcessContext):
+                start_process(context)
+            else:
+                context.start()
 
 
 CONTEXTS = Contexts()
@@ -317,6 +354,21 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             return True
 
+    def _stream_head(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+
+    def _emit(self, doc: dict[str, Any]) -> bool:
+        """One line to the client; False when it has gone."""
+        try:
+            self._line(doc)
+        except Gone:
+            return False
+        return True
+
     def _line(self, doc: dict[str, Any]) -> None:
         try:
             self.wfile.write(json.dumps(doc).encode() + b"\n")
@@ -371,14 +423,19 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(env_vars, dict) or not all(isinstance(v, str) for v in env_vars.values()):
             raise ContextError(400, "env_vars must map names to strings")
         context = CONTEXTS.find(body.get("context_id"), body.get("language"))
+        if isinstance(context, ProcessContext):
+            try:
+                context.check(env_vars)
+            except ValueError as error:
+                raise ContextError(400, str(error)) from None
+            with context.lock:
+                self._stream_head()
+                context.run(code, env_vars, self._emit, self._gone)
+            return
         with context.lock:
             if context.client is None:
                 raise ContextError(500, f"context {context.id} has no kernel; restart it")
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-ndjson")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True
+            self._stream_head()
             restore = None
             if env_vars:
                 setup, restore = _env_code(env_vars)

@@ -9,8 +9,9 @@ A variant is built like the default image, offline from Debian's archive and ide
    ``/opt/callbox/<name>/`` and precompiled, by ``images/<name>/Dockerfile``; labelled with a
    content hash over the agent image and those files, so an unchanged variant is only re-tagged.
 
-``code-interpreter`` is the one variant: the E2B code interpreter's server and the Python
-kernel it drives (python3-ipykernel, jupyter-client, matplotlib, pandas, numpy).
+``code-interpreter`` is the one variant: the E2B code interpreter's server, the Python kernel it
+drives (python3-ipykernel, jupyter-client, matplotlib, pandas, numpy), and nodejs for its
+JavaScript contexts (bash is in every base).
 """
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ class Variant:
 VARIANTS: dict[str, Variant] = {
     "code-interpreter": Variant(
         name="code-interpreter",
-        # Debian has no bash or JavaScript Jupyter kernel (bookworm): Python contexts only. debootstrap
-        # does not resolve virtual packages: the last two are what provides python3-zmq's
-        # python3-cffi-backend-api-* and gdb's libboost-regex1.74.0-icu72.
+        # Debian has no bash or JavaScript Jupyter kernel (bookworm): bash contexts are a bash process
+        # and JavaScript ones a node process (nodejs 18), each driven by a module of the server's own.
+        # debootstrap does not resolve virtual packages: python3-cffi-backend and libboost-regex1.74.0
+        # are what provides python3-zmq's python3-cffi-backend-api-* and gdb's libboost-regex1.74.0-icu72.
         packages=("python3-ipykernel", "python3-jupyter-client", "python3-matplotlib", "python3-pandas",
-                  "python3-numpy", "python3-cffi-backend", "libboost-regex1.74.0"),
+                  "python3-numpy", "python3-cffi-backend", "libboost-regex1.74.0", "nodejs"),
         tag="callbox-sandbox-code-interpreter:latest",
     ),
 }
