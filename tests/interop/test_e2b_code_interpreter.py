@@ -151,6 +151,65 @@ def test_two_contexts_stay_apart_and_restart_clears_one(sandbox: Sandbox) -> Non
     assert {one.id, two.id}.isdisjoint({c.id for c in sandbox.list_code_contexts()})
 
 
+def test_a_bash_context_keeps_its_state_and_reports_a_failing_command(sandbox: Sandbox) -> None:
+    shell = sandbox.create_code_context(language="bash", cwd="/home/user")
+    try:
+        assert shell.language == "bash"
+        first = sandbox.run_code("kept=41\ncd /tmp\necho set\necho careful >&2", context=shell)
+        assert first.error is None, first.error
+        assert first.logs.stdout == ["set\n"] and first.logs.stderr == ["careful\n"], first.logs
+        second = sandbox.run_code("echo $((kept + 1)) $PWD", context=shell)
+        assert second.logs.stdout == ["42 /tmp\n"], second.logs
+        inside = sandbox.run_code("echo $CALLBOX_ONE", context=shell, envs={"CALLBOX_ONE": "one"})
+        assert inside.logs.stdout == ["one\n"]
+        assert sandbox.run_code("echo ${CALLBOX_ONE:-gone}", context=shell).logs.stdout == ["gone\n"]
+        failed = sandbox.run_code("ls /callbox-nothing-here", context=shell)
+        assert failed.error is not None, failed
+        assert (failed.error.name, failed.error.value) == ("ExitStatus", "2")
+        assert any("callbox-nothing-here" in line for line in failed.logs.stderr), failed.logs
+    finally:
+        sandbox.remove_code_context(shell)
+
+
+def test_a_bash_timeout_interrupts_the_cell_and_the_shell_keeps_its_state(sandbox: Sandbox) -> None:
+    set_up = sandbox.run_code("survivor='still here'; cd /tmp", language="bash")
+    assert set_up.error is None, set_up.error
+    with pytest.raises(TimeoutException):
+        sandbox.run_code("sleep 600; echo too late", language="bash", timeout=3)
+    began = time.monotonic()
+    after = sandbox.run_code("echo $survivor $PWD", language="bash", timeout=60)
+    waited = time.monotonic() - began
+    assert after.logs.stdout == ["still here /tmp\n"], after.logs
+    assert waited < 60, f"the next cell waited {waited:.0f} s: the timed-out sleep was not interrupted"
+
+
+def test_a_javascript_context_keeps_its_state_and_returns_the_last_value(sandbox: Sandbox) -> None:
+    first = sandbox.run_code("const base = 40; console.log('hello'); console.error('careful')", language="js")
+    assert first.error is None, first.error
+    assert first.logs.stdout == ["hello\n"] and first.logs.stderr == ["careful\n"], first.logs
+    assert first.results == []
+    second = sandbox.run_code("base + 2", language="javascript")
+    assert second.text == "42" and second.results[0].is_main_result
+    env = sandbox.run_code("process.env.CALLBOX_ONE", language="js", envs={"CALLBOX_ONE": "one"})
+    assert env.text == "one"
+    assert sandbox.run_code("process.env.CALLBOX_ONE || 'gone'", language="js").text == "gone"
+    assert any(c.language == "javascript" for c in sandbox.list_code_contexts())
+
+
+def test_a_javascript_exception_arrives_as_an_error(sandbox: Sandbox) -> None:
+    execution = sandbox.run_code("function broken() {\n  throw new TypeError('no good')\n}\nbroken()", language="js")
+    assert execution.error is not None, execution
+    assert (execution.error.name, execution.error.value) == ("TypeError", "no good")
+    assert "at broken" in execution.error.traceback, execution.error.traceback
+    assert execution.results == []
+
+
+def test_a_language_not_served_is_refused_naming_the_served_ones(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxException) as caught:
+        sandbox.run_code("1 + 1", language="r")
+    assert "'r' is not available" in str(caught.value) and "bash" in str(caught.value), caught.value
+
+
 def _tiny_wheel() -> tuple[str, bytes]:
     """A pure-Python wheel of the package ``callbox_tiny`` (made here: no index, no network)."""
     name = "callbox_tiny-0.1-py3-none-any.whl"

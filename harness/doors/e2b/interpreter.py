@@ -3,7 +3,7 @@
 The template ``code-interpreter-v1`` (the SDK's default) is the ``base`` template on the
 code-interpreter image variant (``callbox image build --variant code-interpreter``). Its server
 (``images/code-interpreter/server.py``: ``/execute``, ``/contexts``, ``/health``, a Python
-kernel per context) runs in the sandbox as the tool user, a job tagged ``code-interpreter``
+kernel, a bash process or a node process per context) runs in the sandbox as the tool user, a job tagged ``code-interpreter``
 started the first time a request needs it; starting it is the ``process`` action.
 
 Requests reach it as any sandbox port does (:mod:`harness.doors.e2b.ports`: ``E2b-Sandbox-Port:
