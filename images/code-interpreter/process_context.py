@@ -34,8 +34,8 @@ START_S = 30.0
 POLL_S = 0.1
 DRAIN_READS = 64
 RESEND_S = 1.0
-"""After an interrupt, how long before a cell's end is asked for again (the interrupt may have
-reached the process between cells and discarded the request for it)."""
+"""After an interrupt, how long before a cell's end is asked for once more (the interrupt may
+have reached the process as it read that request, and discarded it)."""
 
 
 class ContextStartError(Exception):
@@ -109,11 +109,11 @@ class ProcessContext:
             raise ContextStartError(f"{self.name} did not start: {error}") from None
         for fd in child_fds:
             os.close(fd)
-        self.started(child_fds)
         self.kept = kept
         self.control_fd = kept[0]
         self._control_buffer = b""
         self.seq = 0
+        self.started(child_fds)
         deadline = time.monotonic() + START_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -131,9 +131,8 @@ class ProcessContext:
     def stop(self) -> None:
         process, self.process = self.process, None
         if process is not None:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # what a cell left running in the background too
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             for pipe in (process.stdin, process.stdout, process.stderr):
                 if pipe is not None:
@@ -168,6 +167,7 @@ class ProcessContext:
         decoders = {name: codecs.getincrementaldecoder("utf-8")(errors="replace") for name in ("stdout", "stderr")}
         listening = True
         interrupted_at: float | None = None
+        asked_again = False
 
         def hang_up() -> None:
             nonlocal listening, interrupted_at
@@ -217,8 +217,8 @@ class ProcessContext:
                 with contextlib.suppress(ContextStartError):
                     self.start()
                 return
-            if interrupted_at is not None and time.monotonic() - interrupted_at > RESEND_S:
-                interrupted_at = time.monotonic()
+            if interrupted_at is not None and not asked_again and time.monotonic() - interrupted_at > RESEND_S:
+                asked_again = True
                 self.ask_end()
 
     def ask_end(self) -> None:
