@@ -33,6 +33,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
+import sys
 from typing import Any
 
 CHART_MIME = "e2b/chart"
@@ -43,18 +44,26 @@ ROUND_DIGITS = 4  # a wedge's angle: matplotlib computes it in float32 (60.00000
 # ---- the IPython side ---------------------------------------------------------------------------
 
 def load_ipython_extension(shell: Any) -> None:
-    """Register the ``e2b/chart`` formatter for matplotlib figures (without importing matplotlib)."""
+    """Register the ``e2b/chart`` formatter in ``shell``."""
     from IPython.core.formatters import BaseFormatter
     from traitlets import ObjectName, Unicode
 
     class ChartFormatter(BaseFormatter):
+        """Asks the object itself (``_repr_e2b_chart_``), or reads a matplotlib figure. Not by type
+        (``for_type``): IPython forgets every formatter's Figure printer when pyplot starts the
+        inline backend (``select_figure_formats``)."""
+
         format_type = Unicode(CHART_MIME)
         print_method = ObjectName("_repr_e2b_chart_")
         _return_type = (dict,)
 
-    formatter = ChartFormatter(parent=shell.display_formatter)
-    formatter.for_type_by_name("matplotlib.figure", "Figure", figure_chart)
-    shell.display_formatter.formatters[CHART_MIME] = formatter
+        def __call__(self, obj: Any) -> Any:
+            figure_module = sys.modules.get("matplotlib.figure")  # no figure before matplotlib is loaded
+            if self.enabled and figure_module is not None and isinstance(obj, figure_module.Figure):
+                return figure_chart(obj)
+            return super().__call__(obj)
+
+    shell.display_formatter.formatters[CHART_MIME] = ChartFormatter(parent=shell.display_formatter)
 
 
 def figure_chart(figure: Any) -> dict[str, Any] | None:
