@@ -31,9 +31,11 @@ comes back.
 from __future__ import annotations
 
 import datetime
+import itertools
 import math
 import re
 import sys
+import warnings
 from typing import Any
 
 CHART_MIME = "e2b/chart"
@@ -48,7 +50,7 @@ def load_ipython_extension(shell: Any) -> None:
     from IPython.core.formatters import BaseFormatter
     from traitlets import ObjectName, Unicode
 
-    class ChartFormatter(BaseFormatter):
+    class ChartFormatter(BaseFormatter):  # type: ignore[misc]
         """Asks the object itself (``_repr_e2b_chart_``), or reads a matplotlib figure. Not by type
         (``for_type``): IPython forgets every formatter's Figure printer when pyplot starts the
         inline backend (``select_figure_formats``)."""
@@ -68,6 +70,12 @@ def load_ipython_extension(shell: Any) -> None:
 
 def figure_chart(figure: Any) -> dict[str, Any] | None:
     """The chart of ``figure``, or None when it has no data or cannot be read."""
+    with warnings.catch_warnings():  # a warning would be the cell's stderr
+        warnings.simplefilter("ignore")
+        return _figure_chart(figure)
+
+
+def _figure_chart(figure: Any) -> dict[str, Any] | None:
     try:
         axes = [ax for ax in figure.get_axes() if ax.get_visible()]
         if not any(ax.has_data() for ax in axes):
@@ -119,17 +127,19 @@ def _unknown(ax: Any, _lines: list[Any]) -> dict[str, Any]:
 
 
 def _line(ax: Any, lines: list[Any]) -> dict[str, Any]:
-    elements = [{"label": _label(line, "Line"),
-                 "points": [[_value(x), _value(y)] for x, y in zip(line.get_xdata(), line.get_ydata())]}
+    elements = [{"label": _label(line, "Line"), "points": _points(line.get_xdata(), line.get_ydata())}
                 for line in lines]
     return {"type": "line", **_planar(ax), "elements": elements}
 
 
 def _scatter(ax: Any, _lines: list[Any]) -> dict[str, Any]:
-    elements = [{"label": _label(collection, "Series"),
-                 "points": [[_axis_value(ax.xaxis, x), _axis_value(ax.yaxis, y)]
-                            for x, y in collection.get_offsets()]}
-                for collection in ax.collections]
+    numbers = _converter_kind(ax.xaxis) is None and _converter_kind(ax.yaxis) is None
+    elements = []
+    for collection in ax.collections:
+        offsets = collection.get_offsets()
+        points = (_points(offsets[:, 0], offsets[:, 1]) if numbers else
+                  [[_axis_value(ax.xaxis, x), _axis_value(ax.yaxis, y)] for x, y in offsets])
+        elements.append({"label": _label(collection, "Series"), "points": points})
     return {"type": "scatter", **_planar(ax), "elements": elements}
 
 
@@ -184,9 +194,11 @@ def _boxes(ax: Any, lines: list[Any]) -> tuple[bool, list[dict[str, Any]]] | Non
     """(horizontal, the boxes' elements) when ``ax`` holds a box plot (matplotlib's ``boxplot``:
     per box a closed rectangle, as a patch or a line, a median line across it, whiskers from its
     ends along its middle, and outliers as markers), or None."""
+    if not ax.patches and not any(len(line.get_xdata()) == 5 for line in lines):
+        return None  # no box (a plain line chart, not worth reading point by point)
     try:
         shapes = [_vertices(patch.get_path().vertices) for patch in ax.patches]
-        segments = [(line, _vertices(zip(line.get_xdata(), line.get_ydata()))) for line in lines]
+        segments = [(line, _vertices(zip(line.get_xdata(), line.get_ydata(), strict=True))) for line in lines]
     except (TypeError, ValueError):  # not numbers on both axes (categories, dates): no box plot
         return None
     if not shapes:  # boxes drawn as lines (boxplot's default): closed rectangles
@@ -293,7 +305,11 @@ def _converter_kind(axis: Any) -> str | None:
 
 def _axis_value(axis: Any, number: Any) -> Any:
     """A position on ``axis`` as the user gave it: a date, a category's name, else the number."""
+    import numpy
+
     kind = _converter_kind(axis)
+    if numpy.ma.is_masked(number) or not math.isfinite(number):  # what matplotlib does not draw
+        return None
     if kind == "datetime":
         from matplotlib.dates import num2date
         return num2date(float(number)).isoformat()
@@ -313,16 +329,33 @@ def _category(axis: Any, position: float) -> str:
         named = [(float(index), str(name)) for name, index in mapping.items()]
     elif isinstance(axis.get_major_formatter(), (FixedFormatter, FuncFormatter)):
         named = [(float(tick), str(label.get_text()))
-                 for tick, label in zip(axis.get_ticklocs(), axis.get_ticklabels()) if label.get_text()]
+                 for tick, label in zip(axis.get_ticklocs(), axis.get_ticklabels(), strict=False) if label.get_text()]
     else:
         named = []
     if named:
         spots = sorted(spot for spot, _ in named)
-        reach = min((b - a for a, b in zip(spots, spots[1:])), default=math.inf) / 2
+        reach = min((b - a for a, b in itertools.pairwise(spots)), default=math.inf) / 2
         spot, name = min(named, key=lambda item: abs(item[0] - position))
         if abs(spot - position) <= reach:
             return name
     return f"{position:g}"
+
+
+def _points(xs: Any, ys: Any) -> list[list[Any]]:
+    """``[[x, y], ...]`` as JSON; numbers in bulk (a line of a million points is common)."""
+    import numpy
+
+    x, y = numpy.ma.asarray(xs), numpy.ma.asarray(ys)
+    if x.ndim == y.ndim == 1 and len(x) == len(y) and x.dtype.kind in "iuf" and y.dtype.kind in "iuf":
+        pairs = numpy.ma.column_stack([x, y]).astype(float).filled(numpy.nan)  # masked: NaN, then null
+        if numpy.isfinite(pairs).all():
+            return pairs.tolist()  # type: ignore[no-any-return]
+        return [[_value(a), _value(b)] for a, b in pairs.tolist()]
+    if x.ndim == 1 and x.dtype.kind in "iuf":
+        xs = x.astype(float).filled(numpy.nan)
+    if y.ndim == 1 and y.dtype.kind in "iuf":
+        ys = y.astype(float).filled(numpy.nan)
+    return [[_value(a), _value(b)] for a, b in zip(xs, ys, strict=False)]
 
 
 def _value(value: Any) -> Any:
