@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from e2b import Sandbox
+from e2b import Sandbox, SandboxState
 from websockets.sync.client import connect as ws_connect
 
 from tests.interop.e2b_server import E2bServer, policy_text, sdk_environment, serve_e2b
@@ -49,7 +49,8 @@ def server(engine: Any) -> Iterator[E2bServer]:
 @pytest.fixture(scope="module")
 def sandbox(server: E2bServer) -> Iterator[Sandbox]:
     with sdk_environment(server):
-        sbx = Sandbox.create()
+        # Auto-resuming, as the Agents SDK creates them: the last test pauses it.
+        sbx = Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": True})
         try:
             sbx.files.write("/home/user/port_program.py", PROGRAM.read_text())
             for port in (PORT, 9000):
@@ -161,7 +162,7 @@ def test_a_port_nothing_listens_on_is_502(server: E2bServer, sandbox: Sandbox) -
 
 API_URL_ONLY = """
 import sys
-from e2b import Sandbox
+from e2b import Sandbox, SandboxState
 sbx = Sandbox.create()
 try:
     print("HOST", sbx.get_host(8000), flush=True)
@@ -217,3 +218,22 @@ def test_a_client_that_came_as_api_domain_is_answered_with_that_domain(server: E
         assert r.json()["domain"].endswith(".invalid")  # reached by address: no name to give
     finally:
         httpx.delete(f"{server.url}/sandboxes/{created['sandboxID']}", headers=key)
+
+
+def test_a_port_request_resumes_a_paused_sandbox(server: E2bServer, sandbox: Sandbox) -> None:
+    """Last in the module: it pauses the shared sandbox. A WebSocket, then an HTTP request, to its
+    port each wake it (it auto-resumes), and the program that listened before the pause answers."""
+    host = sandbox.get_host(PORT)
+    token = {TRAFFIC: sandbox.traffic_access_token or ""}
+    assert sandbox.pause() is True
+    assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.PAUSED
+    sock = socket.create_connection(_address(server))
+    with ws_connect(f"ws://{host}/chat", sock=sock, additional_headers=token) as ws:
+        ws.send("after the pause")
+        assert ws.recv() == "after the pause"
+    assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.RUNNING
+    assert sandbox.pause() is True
+    r = httpx.get(f"{server.url}/again", headers={"Host": host, **token}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["path"] == "/again"
+    assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.RUNNING
