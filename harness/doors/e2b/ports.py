@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
@@ -135,7 +134,7 @@ class PortProxy:
         traffic = headers.get(TRAFFIC_TOKEN_HEADER)
         access = headers.get("x-access-token")
         key = headers.get("x-api-key")
-        if ((traffic and hmac.compare_digest(traffic.encode(), sandbox.traffic_access_token.encode()))
+        if ((traffic and sandbox.accepts_traffic(traffic))
                 or (access and sandbox.accepts(access))
                 or (key and self.tokens.lookup(key) == sandbox.client)):
             return sandbox
