@@ -30,6 +30,8 @@ pytestmark = [pytest.mark.interop, pytest.mark.docker]
 PORT = 8000
 PROGRAM = Path(__file__).with_name("port_program.py")
 POLICY = policy_text("""
+public_ports = true
+
 [actions.port_forward]
 decision = "allow"
 [[actions.port_forward.rules]]
@@ -49,8 +51,10 @@ def server(engine: Any) -> Iterator[E2bServer]:
 @pytest.fixture(scope="module")
 def sandbox(server: E2bServer) -> Iterator[Sandbox]:
     with sdk_environment(server):
-        # Auto-resuming, as the Agents SDK creates them: the last test pauses it.
-        sbx = Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": True})
+        # Auto-resuming, as the Agents SDK creates them: the last test pauses it. Its ports stay
+        # private although the policy allows public ones.
+        sbx = Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": True},
+                             network={"allow_public_traffic": False})
         try:
             sbx.files.write("/home/user/port_program.py", PROGRAM.read_text())
             for port in (PORT, 9000):
@@ -139,6 +143,27 @@ def test_without_the_token_or_with_another_key_the_port_is_refused(server: E2bSe
             ws_connect(f"ws://{host}/", sock=sock, additional_headers={TRAFFIC: other.traffic_access_token or ""})
     finally:
         other.kill()
+
+
+def test_public_ports_need_no_credential_where_the_policy_allows_them(server: E2bServer, sandbox: Sandbox) -> None:
+    """Under ``sandbox.public_ports = true`` a sandbox created with E2B's defaults serves its
+    ports to a client with no credential; the module's sandbox, which asked for private
+    ports, still refuses one (the test above)."""
+    assert sandbox.get_info().network is not None
+    assert sandbox.get_info().network["allow_public_traffic"] is False
+    with sdk_environment(server):
+        public = Sandbox.create()
+    try:
+        assert public.get_info().network is not None
+        assert public.get_info().network["allow_public_traffic"] is True
+        public.files.write("/home/user/port_program.py", PROGRAM.read_text())
+        public.commands.run(f"python3 /home/user/port_program.py {PORT}", background=True)
+        public.commands.run(f"for i in $(seq 200); do [ -e /tmp/ready-{PORT} ] && exit 0; sleep 0.05; done; exit 1")
+        r = httpx.get(f"{server.url}/open", headers={"Host": public.get_host(PORT)})
+        assert r.status_code == 200, r.text
+        assert r.json()["path"] == "/open"
+    finally:
+        public.kill()
 
 
 def test_the_policy_decides_each_port_and_records_it(server: E2bServer, sandbox: Sandbox) -> None:

@@ -131,6 +131,8 @@ class E2bSandbox:
     """What a request to one of its ports carries (``e2b-traffic-access-token``), given only to its owner."""
     traffic_digests: tuple[str, ...] = ()
     """Digests of traffic access tokens handed out before a server restart, still accepted."""
+    public_ports: bool = False
+    """Whether its ports are served without a credential (the policy's ``sandbox.public_ports``)."""
     lifecycle: Lifecycle = KILL
     """What its timeout does, and whether a request resumes it when paused (:mod:`.lifecycle`)."""
     seq: int = 0
@@ -229,7 +231,7 @@ class E2bSandboxes:
 
     def create(self, client: str, *, template_id: str = DEFAULT_TEMPLATE, overrides: SandboxOverrides | None = None,
                metadata: Mapping[str, str] | None = None, idempotency_key: str | None = None,
-               fingerprint: str = "", lifecycle: Lifecycle = KILL) -> E2bSandbox:
+               fingerprint: str = "", lifecycle: Lifecycle = KILL, public_ports: bool = False) -> E2bSandbox:
         """Start a sandbox of ``template_id`` for ``client`` (``overrides`` tighten its policy:
         the timeout as ``ttl_seconds``, the envVars as ``env``).
 
@@ -239,7 +241,7 @@ class E2bSandboxes:
         first is still starting, is ``already_exists`` (409)."""
         check_allowed(lifecycle, self.check_template(template_id, client))
         if not idempotency_key:
-            return self._create(client, template_id, overrides, metadata, lifecycle)
+            return self._create(client, template_id, overrides, metadata, lifecycle, public_ports)
         slot = (client, idempotency_key)
         with self._lock:
             for key in [k for k, (_, sid) in self._idempotent.items() if sid is not None and sid not in self._boxes]:
@@ -260,7 +262,7 @@ class E2bSandboxes:
                     return live
             self._idempotent[slot] = (fingerprint, None)
         try:
-            sandbox = self._create(client, template_id, overrides, metadata, lifecycle)
+            sandbox = self._create(client, template_id, overrides, metadata, lifecycle, public_ports)
         except BaseException:
             with self._lock:
                 self._idempotent.pop(slot, None)
@@ -297,7 +299,8 @@ class E2bSandboxes:
         return base
 
     def _create(self, client: str, template_id: str, overrides: SandboxOverrides | None,
-                metadata: Mapping[str, str] | None, lifecycle: Lifecycle = KILL) -> E2bSandbox:
+                metadata: Mapping[str, str] | None, lifecycle: Lifecycle = KILL,
+                public_ports: bool = False) -> E2bSandbox:
         base = self.check_template(template_id, client)
         wanted = overrides or SandboxOverrides()
         try:
@@ -306,7 +309,7 @@ class E2bSandboxes:
             raise from_service_error(error) from None
         sandbox = E2bSandbox(session=session, template_id=template_id or DEFAULT_TEMPLATE,
                              access_token=secrets.token_urlsafe(24), metadata=dict(metadata or {}),
-                             env_vars=dict(wanted.env), lifecycle=lifecycle)
+                             env_vars=dict(wanted.env), lifecycle=lifecycle, public_ports=public_ports)
         return self.serve_new(sandbox)
 
     def serve_new(self, sandbox: E2bSandbox) -> E2bSandbox:
@@ -321,7 +324,7 @@ class E2bSandboxes:
             self.audit.update_run_meta(sandbox.sandbox_id, {
                 "template": sandbox.template_id, "metadata": sandbox.metadata, "started_at": sandbox.started_at,
                 ENVD_TOKENS: [token_digest(sandbox.access_token)], LIFECYCLE_META: sandbox.lifecycle.meta(),
-                TRAFFIC_TOKENS: [token_digest(sandbox.traffic_access_token)]})
+                TRAFFIC_TOKENS: [token_digest(sandbox.traffic_access_token)], "public_ports": sandbox.public_ports})
         if self.built is not None and sandbox.template_id not in self.templates:
             try:  # its files, start and ready commands; a sandbox that does not start is removed
                 with e2b_errors(sandbox):

@@ -103,6 +103,7 @@ def _sandbox(sandboxes: E2bSandboxes, session: ClientSession, run: RunRecord) ->
         started_at=float(started) if isinstance(started, int | float) else run.created,
         token_digests=tuple(digests), lifecycle=lifecycle_of_meta(meta),
         traffic_access_token=traffic, traffic_digests=tuple(traffic_digests),
+        public_ports=meta.get("public_ports") is True,
     )
 
 
