@@ -115,6 +115,11 @@ def test_a_matplotlib_chart_arrives_as_png_and_as_its_data(sandbox: Sandbox) -> 
     assert chart.x_scale == ScaleType.LINEAR and 2.0 in chart.x_ticks and "2.00" in chart.x_tick_labels
     assert [(e.label, e.points) for e in chart.elements] == [
         ("fuel", [(1.0, 3.0), (2.0, 1.0), (3.0, 2.0)]), ("Line 1", [(1.0, 0.5), (3.0, 4.5)])]
+    last = sandbox.run_code("fig, ax = plt.subplots()\nax.plot([0, 1], [2, 3])\nplt.close(fig)\nfig")
+    assert last.error is None, last.error
+    assert [(r.is_main_result, r.formats()) for r in last.results] == [(True, ["text", "png", "chart"])]
+    assert isinstance(last.results[0].chart, LineChart)
+    assert last.results[0].chart.elements[0].points == [(0.0, 2.0), (1.0, 3.0)]
 
 
 def test_bars_a_pie_and_a_figure_of_two_axes_arrive_as_charts(sandbox: Sandbox) -> None:
