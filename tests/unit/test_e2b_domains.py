@@ -32,7 +32,7 @@ def test_a_domain_with_an_optional_port_is_kept(given: str, kept: str) -> None:
     ("e2b.test:443x", "is not a TCP port"),
 ])
 def test_anything_else_is_refused_naming_the_form(given: str, problem: str) -> None:
-    with pytest.raises(ValueError, match="PORT-SANDBOXID.DOMAIN") as refused:
+    with pytest.raises(ValueError, match=r"PORT-SANDBOXID\.DOMAIN") as refused:
         checked_domain(given)
     assert problem in str(refused.value)
 
