@@ -10,7 +10,8 @@ real domain; the port because the test cannot bind 443) with ``--tls-cert``/``--
 certificate for ``e2b.test`` and ``*.e2b.test`` signed by a CA, both made here with the same
 ``openssl`` commands as the operator's recipe in docs/doors/e2b.md. The client sets only what
 that page says such a client sets (``E2B_DOMAIN`` or ``E2B_API_URL``, never
-``E2B_SANDBOX_URL``) and trusts the CA by ``SSL_CERT_FILE``.
+``E2B_SANDBOX_URL``) and trusts the CA by ``SSL_CERT_FILE``. The pinned SDK is run the same
+way, as a client of the recipe that never sets ``E2B_SANDBOX_URL``.
 
 The wildcard DNS record is played by ``/etc/hosts`` in a mount namespace of the client's own
 (``unshare``; as a normal user with a user namespace, skipped where those are not allowed): a
@@ -36,8 +37,16 @@ import pytest
 from harness.engine.image.variants import VARIANTS
 from tests.conftest import unavailable
 from tests.interop.e2b_server import INTEROP_POLICY, E2bServer, serve_e2b, without_e2b
-from tests.interop.e2b_versions import AGENTS_SDK_PINS, ROOT, python_for
-from tests.interop.tls_domain_program import CODE_INTERPRETER, COMMANDS, SERVER_ADDRESS, STEPS
+from tests.interop.e2b_versions import AGENTS_SDK_PINS, PINNED, ROOT, python_for
+from tests.interop.tls_domain_program import (
+    CODE_INTERPRETER,
+    COMMANDS,
+    CONNECT,
+    CREATE,
+    SERVER_ADDRESS,
+    STEPS,
+    host_line,
+)
 
 pytestmark = [pytest.mark.interop, pytest.mark.docker]
 
@@ -111,11 +120,18 @@ def domain_server(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield DomainServer(server, domain, certificates / "ca.crt")
 
 
+def hosts_file(directory: Path) -> Path:
+    """The client's ``/etc/hosts``: the API's name leads to the server (the sandboxes' names
+    are added as they are made)."""
+    hosts = directory / "hosts"
+    hosts.write_text(f"127.0.0.1 localhost\n{SERVER_ADDRESS} api.{DOMAIN_NAME}\n")
+    return hosts
+
+
 def run_isolated(python: Path, mode: str, served: DomainServer, client_env: dict[str, str],
                  hosts: Path) -> dict[str, Any]:
-    """The program in its own mount namespace with ``hosts`` as its ``/etc/hosts`` (the API's
-    name in it), with only ``client_env`` of the E2B variables and the CA trusted; its report."""
-    hosts.write_text(f"127.0.0.1 localhost\n{SERVER_ADDRESS} api.{DOMAIN_NAME}\n")
+    """The program in its own mount namespace with ``hosts`` as its ``/etc/hosts``, with only
+    ``client_env`` of the E2B variables and the CA trusted; its report."""
     env = {**without_e2b(os.environ), **client_env, "E2B_API_KEY": served.server.api_key,
            "SSL_CERT_FILE": str(served.ca), "CALLBOX_TEST_DOMAIN": served.domain, "CALLBOX_TEST_HOSTS": str(hosts)}
     done = subprocess.run([*own_hosts_prefix(), str(python), str(PROGRAM), mode], env=env, capture_output=True,
@@ -137,7 +153,7 @@ def test_an_old_code_interpreter_runs_code_by_the_sandbox_domain_over_tls(engine
     e2b, interpreter = AGENTS_SDK_PINS
     # Only E2B_DOMAIN: the API is https://api.e2b.test:PORT, the kernel https://49999-ID.e2b.test:PORT.
     report = run_isolated(python_for(e2b, interpreter), CODE_INTERPRETER, domain_server,
-                          {"E2B_DOMAIN": domain_server.domain}, tmp_path / "hosts")
+                          {"E2B_DOMAIN": domain_server.domain}, hosts_file(tmp_path))
     assert (report["e2b"], report["code_interpreter"]) == AGENTS_SDK_PINS
     assert report["results"] == dict.fromkeys(STEPS[CODE_INTERPRETER], "ok"), report["results"]
 
@@ -147,6 +163,20 @@ def test_an_sdk_without_e2b_sandbox_url_runs_a_command_by_the_sandbox_domain_ove
     # Only E2B_API_URL: envd's calls go to https://49983-ID.e2b.test:PORT, named by the create's answer.
     api_url = f"https://api.{domain_server.domain}"
     report = run_isolated(python_for(OLDEST_HOST_ONLY_E2B), COMMANDS, domain_server, {"E2B_API_URL": api_url},
-                          tmp_path / "hosts")
+                          hosts_file(tmp_path))
     assert report["e2b"] == OLDEST_HOST_ONLY_E2B
     assert report["results"] == dict.fromkeys(STEPS[COMMANDS], "ok"), report["results"]
+
+
+def test_the_pinned_sdk_runs_a_command_by_the_sandbox_domain_over_tls(domain_server: DomainServer,
+                                                                      tmp_path: Path) -> None:
+    # Its envd client (pyqwest) reads /etc/hosts once, at start, as it would read real DNS at
+    # each lookup: the sandbox is made in one run, and reached with the names known in another.
+    hosts, env = hosts_file(tmp_path), {"E2B_DOMAIN": domain_server.domain}
+    created = run_isolated(python_for(PINNED), CREATE, domain_server, env, hosts)
+    with hosts.open("a", encoding="ascii") as names:
+        names.write(host_line(created["sandbox_id"], DOMAIN_NAME))
+    report = run_isolated(python_for(PINNED), CONNECT, domain_server,
+                          {**env, "CALLBOX_TEST_SANDBOX": created["sandbox_id"]}, hosts)
+    assert report["e2b"] == PINNED
+    assert report["results"] == dict.fromkeys(STEPS[CONNECT], "ok"), report["results"]
