@@ -54,6 +54,25 @@ sys.stdin.read()  # runs until the test closes our stdin
 """
 
 
+NAMESPACE_PREFIX = "callbox-test-"
+"""A destination's namespace is ``callbox-test-PID-TAG``: PID is the test process that made it."""
+
+
+def remove_stale_destinations() -> None:
+    """Remove the namespaces of destinations whose test process is gone (a run killed before its
+    clean-up): they hold this module's fixed addresses, so a new destination could not route.
+    Removing a namespace removes the veth pair that joins it to the host."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30, check=False)
+    for line in listing.stdout.splitlines():
+        name = line.split(" ", 1)[0]
+        if not name.startswith(NAMESPACE_PREFIX):
+            continue
+        pid, _, _ = name[len(NAMESPACE_PREFIX):].partition("-")
+        if pid.isdigit() and os.path.exists(f"/proc/{pid}"):
+            continue  # a live run's (names without a PID are from older runs: stale too)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30, check=False)
+
+
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
@@ -67,7 +86,7 @@ class Destination:
 
     def __init__(self) -> None:
         tag = secrets.token_hex(3)
-        self.namespace = f"callbox-test-{tag}"
+        self.namespace = f"{NAMESPACE_PREFIX}{os.getpid()}-{tag}"
         self.host_if = f"cbt{tag}"  # not cbx…: callbox's own filter must not match it
         self.peer_if = f"cbp{tag}"
         self._server: subprocess.Popen[str] | None = None
@@ -75,6 +94,7 @@ class Destination:
     def __enter__(self) -> Destination:
         if os.geteuid() != 0:
             raise RuntimeError("the test destination needs root (network namespaces)")
+        remove_stale_destinations()
         try:
             self._create()
         except BaseException:

@@ -25,6 +25,7 @@ from typing import Self, TypeVar
 from harness.audit.errors import AuditError
 from harness.audit.schema import add_columns, ensure_call_counts, migrate
 from harness.core.errors import ErrorCode
+from harness.core.state_dirs import state_dir
 from harness.engine.docker.labels import Owner
 
 __all__ = ["BUSY_TIMEOUT_S", "DEFAULT_WHERE", "ENSURE_RUN", "Database", "default_audit_path", "missing_database"]
@@ -55,9 +56,7 @@ def default_audit_path() -> Path:
     override = os.environ.get("CALLBOX_AUDIT_DB")
     if override:
         return Path(override).expanduser()
-    xdg = os.environ.get("XDG_STATE_HOME")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "state"
-    return base / "callbox" / "audit.sqlite3"
+    return state_dir() / "audit.sqlite3"
 
 
 def missing_database(path: Path, *, given: bool) -> AuditError:

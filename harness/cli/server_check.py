@@ -13,6 +13,7 @@ flag, ``--grpc``; or an environment variable) and saying the fix. It checks that
 
 * a door is served, and each door's address parses; a gRPC unix socket's path fits in 107
   bytes, is not another kind of file, and its directory can be made;
+* the E2B API's sandbox domain is a DNS name with an optional ``:PORT``;
 * gRPC over TCP, and the E2B API or the HTTP endpoint off loopback, have TLS or
   ``insecure``; MCP over HTTP off loopback has ``insecure`` (that door has no TLS);
 * ``[tls] cert`` and ``key`` go together, are files, and load as a certificate and its key;
@@ -247,6 +248,7 @@ def _addresses(args: argparse.Namespace, judge: _Judge, *, tls: bool) -> None:
             judge.refuse(f"{origin.show(args.e2b)}: refusing to serve the E2B API on {host}:{port} without TLS: "
                          "API keys and access tokens would cross the network in clear text; "
                          f"{origin.fix_tls()} (e.g. on a trusted network)", origin)
+        _e2b_domain(args, judge)
     if args.mcp_http is not None:
         origin = judge.origin("mcp_http")
         host, _port = _tcp_address(args.mcp_http, origin, judge)
@@ -264,6 +266,17 @@ def _addresses(args: argparse.Namespace, judge: _Judge, *, tls: bool) -> None:
             judge.refuse(f"{origin.show(args.http)}: refusing to serve the console on {host}:{port} without TLS: "
                          "tokens and the login cookie would cross the network in clear text; "
                          f"{origin.fix_tls()} (e.g. on a trusted network)", origin)
+
+
+def _e2b_domain(args: argparse.Namespace, judge: _Judge) -> None:
+    from harness.doors.e2b.domains import checked_domain
+
+    if getattr(args, "e2b_domain", None) is not None:
+        origin = judge.origin("e2b_domain")
+        try:
+            checked_domain(args.e2b_domain)
+        except ValueError as exc:
+            judge.refuse(f"{origin.show(args.e2b_domain)}: {exc}", origin)
 
 
 def _grpc_address(text: str, origin: Origin, judge: _Judge, *, tls: bool, insecure: bool) -> None:

@@ -127,7 +127,6 @@ from harness.core.calls import TOOL_NAME_PATTERN, Action, Decision
 from harness.core.declared import DeclaredTool
 from harness.core.errors import CallboxError, ErrorCode
 from harness.core.redaction import RedactionSettings
-from harness.core.root_commands import ROOT_COMMANDS_LOOSENED
 from harness.core.rules import (
     PolicyTarget,
     Rule,
@@ -459,8 +458,7 @@ class Policy(BaseModel):
             value, default = getattr(s, key), _spec_default(key)
             if value > default:
                 notes.append(f"sandbox.{key} = {show(value)} is above the default {show(default)}")
-        if s.root_commands:
-            notes.append(ROOT_COMMANDS_LOOSENED)
+        notes.extend(s.opt_ins())
         if not self.redaction.builtin_patterns:
             notes.append("redaction.builtin_patterns = false: tool results keep cloud keys, tokens, private keys "
                          "and JWTs (the default is true)")

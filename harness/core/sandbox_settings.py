@@ -27,6 +27,7 @@ import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from pydantic.fields import FieldInfo
 
+from harness.core.root_commands import ROOT_COMMANDS_LOOSENED
 from harness.engine.spec import Mount, SandboxFields, SandboxSpec
 
 __all__ = ["MountSetting", "PoolSettings", "SandboxSettings"]
@@ -83,7 +84,7 @@ else:
         **{name: _unbounded(info) for name, info in SandboxFields[MountSetting].model_fields.items()},
     )
 
-_NOT_COPIED = frozenset({"mounts", "on_internet_request", "root_commands"})
+_NOT_COPIED = frozenset({"mounts", "on_internet_request", "public_ports", "root_commands"})
 """Settings the spec does not take as written: ``mounts`` (converted by MountSetting.mount).
 A setting only a policy has would be listed here too."""
 
@@ -100,6 +101,14 @@ class SandboxSettings(_SettingsFields):
     destination when it is ``none``): ``grant-policy`` creates the sandbox with the policy's
     network and says so (in the server's log and the sandbox's info); ``refuse`` refuses the
     request, naming this key (see :mod:`harness.core.network_request`)."""
+    public_ports: bool = False
+    """Whether a sandbox's ports may be public: served through the E2B door to any client that
+    reaches the server and names the sandbox and port, without its traffic access token (E2B's
+    ``allow_public_traffic``, which E2B grants by default and the OpenAI Agents SDK asks for
+    its exposed ports). ``false`` (the default) serves every port to its sandbox's owner only,
+    whatever the client asks; ``true`` is a logged loosening, and a client may still keep its
+    ports private (``allow_public_traffic = false``). Either way each request is the policy's
+    ``port_forward`` action, authorized and audited."""
     root_commands: bool = False
     """Whether a client may start a command as ``root`` (E2B's ``user="root"``, which Harbor
     sends for every command) instead of the sandbox's unprivileged tool user; ``false`` (the
@@ -113,6 +122,17 @@ class SandboxSettings(_SettingsFields):
     (output, exit codes, files) are only as trustworthy as the commands run in it. File
     operations always act as the tool user: where this is true, one asked for as root is
     served as the tool user's (see docs/security.md)."""
+
+    def opt_ins(self) -> list[str]:
+        """The logged loosenings among the settings only a policy has, one note each."""
+        notes = []
+        if self.root_commands:
+            notes.append(ROOT_COMMANDS_LOOSENED)
+        if self.public_ports:
+            notes.append("sandbox.public_ports = true: a sandbox's ports are served through the E2B door to any "
+                         "client that names them, without its traffic access token, unless its creator keeps them "
+                         "private (the default is false: the owner only)")
+        return notes
 
     @field_validator("workdir")
     @classmethod

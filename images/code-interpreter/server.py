@@ -3,9 +3,10 @@
 Runs as the sandbox's tool user, started by the E2B door when a sandbox of the template
 ``code-interpreter-v1`` first needs it, and listens on 127.0.0.1:49999 (``CALLBOX_CI_PORT``);
 the door reaches it over the agent's tunnel, never over a network. Each context, started in its
-cwd, is one of three languages: ``python`` (Debian's ipykernel, driven with jupyter_client),
-``bash`` (an interactive bash process, :mod:`bash_context`) or ``javascript`` (``js``; a node
-process, :mod:`node_context`); any other language is refused, naming the served ones:
+cwd, is one of three languages: ``python`` (Debian's ipykernel, driven with jupyter_client, with
+charts.py as an IPython extension: the ``chart`` of a matplotlib figure), ``bash`` (an
+interactive bash process, :mod:`bash_context`) or ``javascript`` (``js``; a node process,
+:mod:`node_context`); any other language is refused, naming the served ones:
 
 ``GET /health``                     ``OK``
 ``GET /contexts``                   ``[{"id", "language", "cwd"}]``
@@ -14,7 +15,8 @@ process, :mod:`node_context`); any other language is refused, naming the served 
 ``POST /contexts/ID/restart``       a fresh kernel or process in the same cwd (its state is gone)
 ``POST /execute``                   ``{"code", "context_id", "language", "env_vars"}`` -> NDJSON lines:
                                     ``stdout``/``stderr`` (``text``, ``timestamp`` in ns), ``result``
-                                    (``text``, ``html``, ``png``, ... and ``is_main_result``),
+                                    (``text``, ``html``, ``png``, ... and ``is_main_result``;
+                                    beside a matplotlib figure's ``png``, its ``chart``),
                                     ``error`` (``name``, ``value``, ``traceback``),
                                     ``number_of_executions``, ``end_of_execution``
 
@@ -76,7 +78,30 @@ MIME_FIELDS = {
     "text/latex": "latex",
     "application/json": "json",
     "application/javascript": "javascript",
+    "e2b/chart": "chart",  # charts.py's formatter: the data of a matplotlib figure
 }
+
+
+CHARTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "charts.py")
+# A kernel: ipykernel's, with charts.py (beside this file) loaded as an IPython extension under a
+# private name, so that a user's own ``charts`` module neither shadows it nor is shadowed. A chart
+# is a bonus: a kernel whose charts.py fails to load starts without it.
+KERNEL_MAIN = f"""
+import importlib.util, sys
+if sys.path and sys.path[0] == "":
+    del sys.path[0]  # as ipykernel_launcher does: the cwd's modules must not shadow the kernel's
+extensions = []
+try:
+    spec = importlib.util.spec_from_file_location("_callbox_charts", {CHARTS!r})
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[spec.name] = module
+    extensions.append(spec.name)
+except Exception as error:
+    print("callbox: no charts in this kernel:", repr(error), file=sys.stderr)
+from ipykernel.kernelapp import IPKernelApp
+IPKernelApp.launch_instance(extensions=extensions)
+"""
 
 
 def kernel_env() -> dict[str, str]:
@@ -133,7 +158,7 @@ class Context:
         log_path = os.path.join(STATE, f"kernel-{self.id}.log")
         with open(log_path, "wb") as log_file:  # what a kernel that dies at its start said
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "ipykernel_launcher", "-f", connection],
+                [sys.executable, "-c", KERNEL_MAIN, "-f", connection],
                 cwd=self.cwd, env=kernel_env(), stdin=subprocess.DEVNULL,
                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
             )
@@ -285,8 +310,6 @@ def _result(data: dict[str, Any], main: bool) -> dict[str, Any]:
         field = MIME_FIELDS.get(mime)
         if field is not None:
             out[field] = value
-        elif mime == "application/vnd.e2b.chart+json" or mime.startswith("application/vnd."):
-            extra[mime] = value
         else:
             extra[mime] = value
     if extra:

@@ -25,7 +25,7 @@ from e2b import Sandbox, SandboxInfo, SandboxNotFoundException, SandboxQuery
 from harness.audit.store import AuditStore
 from harness.client import ExecutorClient
 from harness.core.policy import parse_policy
-from harness.doors.e2b.boxes import ENVD_TOKENS, token_digest
+from harness.doors.e2b.access_tokens import ENVD_TOKENS, token_digest
 from harness.doors.e2b.server import E2bServer, serve_e2b
 from harness.doors.grpc.server import GrpcServer, serve_grpc
 from harness.doors.grpc.tokens import TokenSet

@@ -119,27 +119,28 @@ def owned_containers(engine: Any, pid: int) -> list[str]:
 
 @contextlib.contextmanager
 def serve_e2b(engine: Any, *, policy: str | None = None, args: tuple[str, ...] = (),
-              after: E2bServer | None = None) -> Iterator[E2bServer]:
-    """``callbox serve --e2b 127.0.0.1:0`` with two API keys, its own audit store and
-    ``policy`` (TOML; default :func:`policy_text`); ``args`` are added to the command line.
-    ``engine`` (the tests' engine fixture) is what checks no container outlives the server.
+              after: E2bServer | None = None, port: int = 0) -> Iterator[E2bServer]:
+    """``callbox serve --e2b 127.0.0.1:PORT`` (``port``, 0: a free one) with two API keys, its
+    own audit store and ``policy`` (TOML; default :func:`policy_text`); ``args`` are added to
+    the command line. ``engine`` (the tests' engine fixture) is what checks no container
+    outlives the server.
 
     With ``after`` (a stopped server of :func:`keeping`), the server restarts it: the same
     address, keys, policy and audit store, so it adopts the sandboxes that one left."""
     if after is not None:
-        directory, keys, port = after.directory, after.keys, after.url.rsplit(":", 1)[1]
+        directory, keys, listen = after.directory, after.keys, after.url.rsplit(":", 1)[1]
     else:
         directory = Path(tempfile.mkdtemp(prefix="cbx-e2b-", dir="/tmp"))
         # E2B's own key format (``e2b_`` and 40 hex digits): some SDK versions refuse any other.
         keys = {name: "e2b_" + secrets.token_hex(20) for name in KEY_NAMES}
-        port = "0"
+        listen = str(port)
     tokens = directory / "tokens"
     tokens.write_text("".join(f"{name}:{key}\n" for name, key in keys.items()))
     tokens.chmod(0o600)
     policy_file = directory / "policy.toml"
     if after is None or policy is not None:
         policy_file.write_text(policy if policy is not None else policy_text())
-    command = ["serve", "--e2b", f"127.0.0.1:{port}", "--token-file", str(tokens), "--policy", str(policy_file),
+    command = ["serve", "--e2b", f"127.0.0.1:{listen}", "--token-file", str(tokens), "--policy", str(policy_file),
                "--audit-db", str(directory / "audit.sqlite3"), *args]
     served = Served(command, without_e2b(os.environ))
     try:

@@ -25,6 +25,16 @@ import pytest
 from e2b import Sandbox as BaseSandbox
 from e2b import SandboxException, TimeoutException
 from e2b_code_interpreter import Sandbox
+from e2b_code_interpreter.charts import (
+    BarChart,
+    BoxAndWhiskerChart,
+    ChartType,
+    LineChart,
+    PieChart,
+    ScaleType,
+    ScatterChart,
+    SuperChart,
+)
 
 from harness.audit.store import AuditStore
 from harness.engine.image.build import default_repo_root
@@ -79,17 +89,81 @@ def test_state_is_kept_across_cells(sandbox: Sandbox) -> None:
     assert magic.text == "'/home/user'"
 
 
-def test_a_matplotlib_chart_arrives_as_png(sandbox: Sandbox) -> None:
-    execution = sandbox.run_code(
-        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.title('callbox')\nplt.show()")
-    assert execution.error is None, execution.error
-    pngs = [r.png for r in execution.results if r.png]
-    assert len(pngs) == 1, execution.results
-    data = base64.b64decode(pngs[0])
+def _decoded_png(encoded: str | None) -> tuple[int, int]:
+    """The width and height of a base64 PNG (it decodes and has a PNG's header)."""
+    assert encoded
+    data = base64.b64decode(encoded)
     assert data.startswith(PNG_SIGNATURE)
     assert data[12:16] == b"IHDR"
     width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_a_matplotlib_chart_arrives_as_png_and_as_its_data(sandbox: Sandbox) -> None:
+    execution = sandbox.run_code(
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2, 3], [3, 1, 2], label='fuel')\nplt.plot([1, 3], [0.5, 4.5])\n"
+        "plt.title('callbox')\nplt.xlabel('time (s)')\nplt.ylabel('level [l]')\nplt.show()")
+    assert execution.error is None, execution.error
+    assert [r.formats() for r in execution.results] == [["text", "png", "chart"]], execution.results
+    width, height = _decoded_png(execution.results[0].png)
     assert width > 100 and height > 100, (width, height)
+    chart = execution.results[0].chart
+    assert isinstance(chart, LineChart), chart
+    assert chart.type == ChartType.LINE and chart.title == "callbox"
+    assert (chart.x_label, chart.x_unit, chart.y_label, chart.y_unit) == ("time (s)", "s", "level [l]", "l")
+    assert chart.x_scale == ScaleType.LINEAR and 2.0 in chart.x_ticks and "2.00" in chart.x_tick_labels
+    assert [(e.label, e.points) for e in chart.elements] == [
+        ("fuel", [(1.0, 3.0), (2.0, 1.0), (3.0, 2.0)]), ("Line 1", [(1.0, 0.5), (3.0, 4.5)])]
+    last = sandbox.run_code("fig, ax = plt.subplots()\nax.plot([0, 1], [2, 3])\nplt.close(fig)\nfig")
+    assert last.error is None, last.error
+    assert [(r.is_main_result, r.formats()) for r in last.results] == [(True, ["text", "png", "chart"])]
+    assert isinstance(last.results[0].chart, LineChart)
+    assert last.results[0].chart.elements[0].points == [(0.0, 2.0), (1.0, 3.0)]
+
+
+def test_bars_a_pie_and_a_figure_of_two_axes_arrive_as_charts(sandbox: Sandbox) -> None:
+    execution = sandbox.run_code(
+        "import matplotlib.pyplot as plt, numpy as np\n"
+        "fig, ax = plt.subplots()\nax.bar(['cpu', 'ram'], [3, 5], label='2025')\n"
+        "ax.bar(['cpu', 'ram'], [1, 2], bottom=[3, 5], label='2026')\nax.set_xlabel('resource')\n"
+        "fig, ax = plt.subplots()\nax.pie([1, 2, 3], labels=['a', 'b', 'c'])\nax.set_title('share')\n"
+        "fig, (left, right) = plt.subplots(1, 2)\nfig.suptitle('both')\n"
+        "left.scatter([1, 2], [4, 5])\nright.boxplot([[1, 2, 3, 4, 50]], labels=['load'])\n"
+        "fig, ax = plt.subplots()\nax.imshow(np.eye(3))\n"
+        "plt.show()")
+    assert execution.error is None, execution.error
+    assert len(execution.results) == 4, execution.results
+    for result in execution.results:  # every figure's PNG beside its chart
+        _decoded_png(result.png)
+    bars, pie, both, image = (r.chart for r in execution.results)
+    assert isinstance(bars, BarChart) and bars.x_label == "resource"
+    assert [(e.label, e.value, e.group) for e in bars.elements] == [
+        ("cpu", 3.0, "2025"), ("ram", 5.0, "2025"), ("cpu", 1.0, "2026"), ("ram", 2.0, "2026")]
+    assert isinstance(pie, PieChart) and pie.title == "share"
+    assert [(e.label, e.angle, e.radius) for e in pie.elements] == [("a", 60.0, 1.0), ("b", 120.0, 1.0),
+                                                                   ("c", 180.0, 1.0)]
+    assert isinstance(both, SuperChart) and both.title == "both"
+    scatter, box = both.elements
+    assert isinstance(scatter, ScatterChart) and scatter.elements[0].points == [(1.0, 4.0), (2.0, 5.0)]
+    assert isinstance(box, BoxAndWhiskerChart)
+    assert [(e.label, e.min, e.first_quartile, e.median, e.third_quartile, e.max, e.outliers)
+            for e in box.elements] == [("load", 1.0, 2.0, 3.0, 4.0, 4.0, [50.0])]
+    assert image is not None and image.type == ChartType.UNKNOWN
+
+
+def test_a_figure_whose_chart_fails_still_arrives_as_png(sandbox: Sandbox) -> None:
+    # The extension is no name in the user's namespace; broken on purpose here, for this cell only.
+    execution = sandbox.run_code(
+        "import sys, matplotlib.pyplot as plt\n"
+        "print(sorted({'extensions', 'spec', 'module', 'IPKernelApp', 'charts'} & set(globals())))\n"
+        "charts = sys.modules['_callbox_charts']\nkept_reader = charts.axes_chart\n"
+        "charts.axes_chart = lambda ax: 1 / 0\n"
+        "try:\n    plt.plot([1, 2])\n    plt.show()\nfinally:\n    charts.axes_chart = kept_reader")
+    assert execution.error is None, execution.error
+    assert execution.logs.stdout == ["[]\n"] and execution.logs.stderr == [], execution.logs
+    assert [r.formats() for r in execution.results] == [["text", "png"]], execution.results
+    _decoded_png(execution.results[0].png)
 
 
 def test_a_dataframe_arrives_as_html(sandbox: Sandbox) -> None:

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from e2b import Sandbox
+from e2b import Sandbox, SandboxState
 from websockets.sync.client import connect as ws_connect
 
 from tests.interop.e2b_server import E2bServer, policy_text, sdk_environment, serve_e2b
@@ -30,6 +30,8 @@ pytestmark = [pytest.mark.interop, pytest.mark.docker]
 PORT = 8000
 PROGRAM = Path(__file__).with_name("port_program.py")
 POLICY = policy_text("""
+public_ports = true
+
 [actions.port_forward]
 decision = "allow"
 [[actions.port_forward.rules]]
@@ -49,7 +51,10 @@ def server(engine: Any) -> Iterator[E2bServer]:
 @pytest.fixture(scope="module")
 def sandbox(server: E2bServer) -> Iterator[Sandbox]:
     with sdk_environment(server):
-        sbx = Sandbox.create()
+        # Auto-resuming, as the Agents SDK creates them: the last test pauses it. Its ports stay
+        # private although the policy allows public ones.
+        sbx = Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": True},
+                             network={"allow_public_traffic": False})
         try:
             sbx.files.write("/home/user/port_program.py", PROGRAM.read_text())
             for port in (PORT, 9000):
@@ -140,6 +145,27 @@ def test_without_the_token_or_with_another_key_the_port_is_refused(server: E2bSe
         other.kill()
 
 
+def test_public_ports_need_no_credential_where_the_policy_allows_them(server: E2bServer, sandbox: Sandbox) -> None:
+    """Under ``sandbox.public_ports = true`` a sandbox created with E2B's defaults serves its
+    ports to a client with no credential; the module's sandbox, which asked for private
+    ports, still refuses one (the test above)."""
+    assert sandbox.get_info().network is not None
+    assert sandbox.get_info().network["allow_public_traffic"] is False
+    with sdk_environment(server):
+        public = Sandbox.create()
+    try:
+        assert public.get_info().network is not None
+        assert public.get_info().network["allow_public_traffic"] is True
+        public.files.write("/home/user/port_program.py", PROGRAM.read_text())
+        public.commands.run(f"python3 /home/user/port_program.py {PORT}", background=True)
+        public.commands.run(f"for i in $(seq 200); do [ -e /tmp/ready-{PORT} ] && exit 0; sleep 0.05; done; exit 1")
+        r = httpx.get(f"{server.url}/open", headers={"Host": public.get_host(PORT)})
+        assert r.status_code == 200, r.text
+        assert r.json()["path"] == "/open"
+    finally:
+        public.kill()
+
+
 def test_the_policy_decides_each_port_and_records_it(server: E2bServer, sandbox: Sandbox) -> None:
     token = {TRAFFIC: sandbox.traffic_access_token or ""}
     r = httpx.get(f"{server.url}/", headers={"Host": sandbox.get_host(9000), **token})
@@ -161,7 +187,7 @@ def test_a_port_nothing_listens_on_is_502(server: E2bServer, sandbox: Sandbox) -
 
 API_URL_ONLY = """
 import sys
-from e2b import Sandbox
+from e2b import Sandbox, SandboxState
 sbx = Sandbox.create()
 try:
     print("HOST", sbx.get_host(8000), flush=True)
@@ -211,9 +237,29 @@ def test_a_client_that_came_as_api_domain_is_answered_with_that_domain(server: E
     created = r.json()
     try:
         assert created["domain"] == "callbox.test"
-        r = httpx.get(f"{server.url}/health", headers={"Host": f"49983-{created['sandboxID']}.callbox.test"})
+        # lower-cased, as a client's URL parser writes a host name
+        r = httpx.get(f"{server.url}/health", headers={"Host": f"49983-{created['sandboxID'].lower()}.callbox.test"})
         assert r.status_code == 204, r.text
         r = httpx.get(f"{server.url}/sandboxes/{created['sandboxID']}", headers=key)
         assert r.json()["domain"].endswith(".invalid")  # reached by address: no name to give
     finally:
         httpx.delete(f"{server.url}/sandboxes/{created['sandboxID']}", headers=key)
+
+
+def test_a_port_request_resumes_a_paused_sandbox(server: E2bServer, sandbox: Sandbox) -> None:
+    """Last in the module: it pauses the shared sandbox. A WebSocket, then an HTTP request, to its
+    port each wake it (it auto-resumes), and the program that listened before the pause answers."""
+    host = sandbox.get_host(PORT)
+    token = {TRAFFIC: sandbox.traffic_access_token or ""}
+    assert sandbox.pause() is True
+    assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.PAUSED
+    sock = socket.create_connection(_address(server))
+    with ws_connect(f"ws://{host}/chat", sock=sock, additional_headers=token) as ws:
+        ws.send("after the pause")
+        assert ws.recv() == "after the pause"
+    assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.RUNNING
+    assert sandbox.pause() is True
+    r = httpx.get(f"{server.url}/again", headers={"Host": host, **token}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["path"] == "/again"
+    assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.RUNNING

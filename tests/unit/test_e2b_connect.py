@@ -60,7 +60,7 @@ class Boxes:
     executor = types.SimpleNamespace(quotas=QuotaKeeper())
 
     def __init__(self) -> None:
-        self.box = types.SimpleNamespace(sandbox_id=SANDBOX, access_token=TOKEN, client="alice")
+        self.box = types.SimpleNamespace(sandbox_id=SANDBOX, access_token=TOKEN, client="alice", public_ports=False)
 
     def for_envd(self, sandbox_id, token):
         if sandbox_id != SANDBOX:

@@ -15,7 +15,8 @@ import pytest
 from harness.audit.store import AuditStore
 from harness.core.policy import parse_policy
 from harness.doors.e2b import restart
-from harness.doors.e2b.boxes import DEFAULT_TEMPLATE, ENVD_TOKENS, E2bSandbox, E2bSandboxes, token_digest
+from harness.doors.e2b.access_tokens import ENVD_TOKENS, TRAFFIC_TOKENS, token_digest
+from harness.doors.e2b.boxes import DEFAULT_TEMPLATE, E2bSandbox, E2bSandboxes
 from harness.doors.grpc.overrides import SandboxOverrides
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import ClientSession
@@ -53,7 +54,8 @@ def test_an_adopted_sandbox_gets_a_new_token_its_door_state_and_a_bounded_digest
     run_id = sandboxes.audit.start_run("e2b-x", meta={"door": "e2b", "client": "alice"})
     old = [token_digest(f"t{i}") for i in range(restart.MAX_TOKENS)]
     sandboxes.audit.update_run_meta(run_id, {"template": "base", "metadata": {"suite": "s"}, "started_at": 123.5,
-                                             ENVD_TOKENS: old})
+                                             ENVD_TOKENS: old, TRAFFIC_TOKENS: [token_digest("port-token")],
+                                             "public_ports": True})
     run = sandboxes.audit.get_run(run_id)
     session = _session(run_id, {"GREETING": "hi"})
     restart.e2b_hooks(sandboxes).adopted(session, run)
@@ -65,6 +67,13 @@ def test_an_adopted_sandbox_gets_a_new_token_its_door_state_and_a_bounded_digest
     assert recorded == [*old[1:], token_digest(sandbox.access_token)]  # the oldest dropped
     assert sandbox.access_token not in json.dumps(sandboxes.audit.get_run(run_id).meta)
     assert sandbox.accepts("t1") and not sandbox.accepts("t0")
+    # The ports' traffic token too: a new one, and the one a client got before still works.
+    meta = sandboxes.audit.get_run(run_id).meta
+    assert meta[TRAFFIC_TOKENS] == [token_digest("port-token"), token_digest(sandbox.traffic_access_token)]
+    assert sandbox.traffic_access_token not in json.dumps(meta)
+    assert sandbox.accepts_traffic("port-token") and sandbox.accepts_traffic(sandbox.traffic_access_token)
+    assert not sandbox.accepts_traffic("t1") and not sandbox.accepts_traffic(token_digest("port-token"))
+    assert sandbox.public_ports  # as it was created
 
 
 def test_a_run_without_door_state_gets_defaults_and_an_unknown_template_no_policy(sandboxes: E2bSandboxes) -> None:
@@ -77,5 +86,6 @@ def test_a_run_without_door_state_gets_defaults_and_an_unknown_template_no_polic
     sandbox = sandboxes.find(run_id)
     assert sandbox is not None
     assert (sandbox.template_id, sandbox.metadata, sandbox.started_at) == (DEFAULT_TEMPLATE, {}, run.created)
+    assert not sandbox.public_ports
     sandboxes.audit.update_run_meta(run_id, {"template": "gone"})
     assert hooks.base_policy(sandboxes.audit.get_run(run_id)) is None  # destroyed, run ends policy_changed

@@ -167,7 +167,7 @@ def test_load_from_a_file_names_the_file(tmp_path: Path) -> None:
                                      "pids, network, allow_hosts, egress_allow, egress_deny, mounts, "
                                      "allowed_mount_roots, workdir, env, tmp_size, workspace_size, home_size, "
                                      "noexec, nofile, fsize, ttl_seconds, paused_ttl_seconds, placement, "
-                                     "on_internet_request, root_commands)"),
+                                     "on_internet_request, public_ports, root_commands)"),
         ('[[sandbox.mounts]]\nsource = "/srv"\ntarget = "/data"\nreadonly = true',
          "unexpected key 'sandbox.mounts[0].readonly' (allowed: source, target, mode, uid, gid)"),
         ('[tools.shell]\nallow = true', "unexpected key 'tools.shell.allow' (allowed: decision, rules)"),
@@ -269,7 +269,7 @@ def test_loosening_is_logged_naming_each_key(tmp_path: Path, caplog: pytest.LogC
     project = writable_dir(tmp_path / "x")
     path = tmp_path / "loose.toml"
     path.write_text(
-        '[sandbox]\nmemory = "2g"\ncpus = 4\npids = 1024\nnofile = 4096\nfsize = "4g"\n'
+        '[sandbox]\nmemory = "2g"\ncpus = 4\npids = 1024\nnofile = 4096\nfsize = "4g"\npublic_ports = true\n'
         f'[[sandbox.mounts]]\nsource = "{project}"\ntarget = "/workspace"\nmode = "rw"\n'
     )
     with caplog.at_level(logging.WARNING, logger="callbox.policy"):
@@ -281,6 +281,9 @@ def test_loosening_is_logged_naming_each_key(tmp_path: Path, caplog: pytest.LogC
         "sandbox.pids = 1024 is above the default 256",
         "sandbox.nofile = 4096 is above the default 1024",
         "sandbox.fsize = 4g is above the default 1g",
+        "sandbox.public_ports = true: a sandbox's ports are served through the E2B door to any client that names "
+        "them, without its traffic access token, unless its creator keeps them private (the default is false: the "
+        "owner only)",
     ]
     assert loaded.loosened() == notes
     records = [r for r in caplog.records if r.name == "callbox.policy"]

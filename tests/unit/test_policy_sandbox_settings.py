@@ -13,7 +13,7 @@ from harness.engine.spec import Mount, SandboxSpec
 
 def test_the_settings_are_the_specs_fields_with_its_defaults() -> None:
     # what a client's request beyond the policy gets, whether it may ask for root: no sandbox's settings
-    policy_only = ["on_internet_request", "root_commands"]
+    policy_only = ["on_internet_request", "public_ports", "root_commands"]
     assert list(SandboxSettings.model_fields) == list(SandboxSpec.model_fields) + policy_only
     settings, spec = SandboxSettings(), SandboxSpec()
     for name in SandboxSpec.model_fields:

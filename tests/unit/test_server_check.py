@@ -111,6 +111,9 @@ FILE_REFUSALS = [
     pytest.param('[doors.e2b]\nlisten = "127.0.0.1:99999"\n',
                  r"\[doors\.e2b\] listen = '127\.0\.0\.1:99999': bad address '127\.0\.0\.1:99999': write HOST:PORT",
                  id="e2b-bad-port"),
+    pytest.param('[doors.e2b]\nlisten = "127.0.0.1:0"\ndomain = "https://e2b.example.com"\n',
+                 r"\[doors\.e2b\] domain = 'https://e2b\.example\.com': sandbox domain .*: it is a URL, "
+                 r"not a host name", id="e2b-domain-url"),
     pytest.param(GRPC_UNIX + '[audit]\ndb = "adir"\n',
                  r"\[audit\] db = '.*/adir': .*/adir is a directory, not a file; fix the path",
                  id="audit-db-directory"),
@@ -188,6 +191,9 @@ def serve_args(*argv: str) -> argparse.Namespace:
     (["--grpc", "unix:{dir}/x.sock", "--policy", "{dir}/nope.toml"],
      r"^--policy .*/nope\.toml is not a file; fix the path, or leave --policy out"),
     (["--grpc", "unix:{dir}/x.sock", "--audit-db", "{dir}/adir"], r"^--audit-db .*/adir: .*/adir is a directory"),
+    (["--e2b", "127.0.0.1:0", "--e2b-domain", "10.0.0.5"],
+     r"^--e2b-domain 10\.0\.0\.5: sandbox domain '10\.0\.0\.5': an IP address cannot have subdomains; give the name "
+     r"whose every subdomain leads to this server, with :PORT"),
     ([], r"^give --grpc \[ADDR\], --mcp-http HOST:PORT and/or --e2b HOST:PORT, or --config FILE$"),
 ])
 def test_flags_are_refused_naming_the_flag(tmp_path: Path, argv: list[str], refusal: str) -> None:

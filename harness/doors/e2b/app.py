@@ -269,6 +269,10 @@ class E2bApp:
             return
         sandbox_id = target.sandbox_id if target is not None else signed_id
         assert sandbox_id is not None
+        if target is not None and target.by_host and self.sandboxes.find(sandbox_id) is None:
+            # https://49983-ID.DOMAIN: the client lower-cased the id with the host name
+            folded = self.sandboxes.find_folded(sandbox_id)
+            sandbox_id = folded.sandbox_id if folded is not None else sandbox_id
         method = self._connect_method(exchange.method, segments)
         connect_like = method is not None or (len(segments) == 2 and "." in segments[0] and exchange.method == "POST")
         respond_error = _connect_refusal if connect_like else http_refusal

@@ -40,8 +40,6 @@ relative paths, the policy's relative path rules included, are anchored there).
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import itertools
 import logging
 import math
@@ -60,6 +58,7 @@ from harness.core.errors import CallboxError, ErrorCode, short_reason
 from harness.core.policy import Policy
 from harness.core.sandbox_settings import SandboxSettings
 from harness.core.shared_engine import SharedEngine
+from harness.doors.e2b.access_tokens import ENVD_TOKENS, TRAFFIC_TOKENS, known_token, token_digest
 from harness.doors.e2b.errors import E2bError, from_callbox, from_service_error, invalid, not_found
 from harness.doors.e2b.lifecycle import (
     KILL,
@@ -80,8 +79,8 @@ from harness.engine.docker.lifetime import MIN_TTL_S
 if TYPE_CHECKING:
     from harness.doors.e2b.template_boxes import BuiltTemplates
 
-__all__ = ["DEFAULT_TEMPLATE", "DEFAULT_TIMEOUT_S", "DOOR", "E2B_WORKDIR", "ENVD_TOKENS", "MIN_TIMEOUT_S",
-           "E2bSandbox", "E2bSandboxes", "Metric", "e2b_errors", "e2b_template", "token_digest"]
+__all__ = ["DEFAULT_TEMPLATE", "DEFAULT_TIMEOUT_S", "DOOR", "E2B_WORKDIR", "MIN_TIMEOUT_S",
+           "E2bSandbox", "E2bSandboxes", "Metric", "e2b_errors", "e2b_template"]
 
 log = logging.getLogger("callbox.e2b")
 
@@ -95,16 +94,6 @@ DEFAULT_TIMEOUT_S = 300
 MIN_TIMEOUT_S = int(MIN_TTL_S)
 """The shortest timeout the engine keeps a sandbox for."""
 MIB = 1 << 20
-ENVD_TOKENS = "envd_token_sha256"
-"""The run meta key of the digests of the access tokens a sandbox accepts (:func:`token_digest`)."""
-
-
-def token_digest(token: str) -> str:
-    """What the audit store keeps of an envd access token: its SHA-256, hex. A token is 192
-    random bits, so its digest tells nothing a guess could use (a keyed HMAC would add only a
-    key to keep beside the store)."""
-    return hashlib.sha256(token.encode()).hexdigest()
-
 
 @dataclass(frozen=True)
 class Metric:
@@ -136,10 +125,14 @@ class E2bSandbox:
     network_note: str | None = None
     """How its network is less than its create request asked (its info says so)."""
     token_digests: tuple[str, ...] = ()
-    traffic_access_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    """What a request to one of its ports carries (``e2b-traffic-access-token``), given only to its owner."""
     """Digests of access tokens handed out before a server restart, still accepted (a client
     holding one goes on without connecting again)."""
+    traffic_access_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    """What a request to one of its ports carries (``e2b-traffic-access-token``), given only to its owner."""
+    traffic_digests: tuple[str, ...] = ()
+    """Digests of traffic access tokens handed out before a server restart, still accepted."""
+    public_ports: bool = False
+    """Whether its ports are served without a credential (the policy's ``sandbox.public_ports``)."""
     lifecycle: Lifecycle = KILL
     """What its timeout does, and whether a request resumes it when paused (:mod:`.lifecycle`)."""
     seq: int = 0
@@ -160,10 +153,11 @@ class E2bSandbox:
     def accepts(self, token: str) -> bool:
         """Whether ``token`` is an access token of this sandbox (the current one or, by its
         digest, one handed out before a restart)."""
-        if hmac.compare_digest(token.encode(), self.access_token.encode()):
-            return True
-        digest = token_digest(token).encode()
-        return any(hmac.compare_digest(digest, known.encode()) for known in self.token_digests)
+        return known_token(token, self.access_token, self.token_digests)
+
+    def accepts_traffic(self, token: str) -> bool:
+        """Whether ``token`` is a traffic access token of this sandbox (as :meth:`accepts`)."""
+        return known_token(token, self.traffic_access_token, self.traffic_digests)
 
     @property
     def closed(self) -> bool:
@@ -237,7 +231,7 @@ class E2bSandboxes:
 
     def create(self, client: str, *, template_id: str = DEFAULT_TEMPLATE, overrides: SandboxOverrides | None = None,
                metadata: Mapping[str, str] | None = None, idempotency_key: str | None = None,
-               fingerprint: str = "", lifecycle: Lifecycle = KILL) -> E2bSandbox:
+               fingerprint: str = "", lifecycle: Lifecycle = KILL, public_ports: bool = False) -> E2bSandbox:
         """Start a sandbox of ``template_id`` for ``client`` (``overrides`` tighten its policy:
         the timeout as ``ttl_seconds``, the envVars as ``env``).
 
@@ -247,7 +241,7 @@ class E2bSandboxes:
         first is still starting, is ``already_exists`` (409)."""
         check_allowed(lifecycle, self.check_template(template_id, client))
         if not idempotency_key:
-            return self._create(client, template_id, overrides, metadata, lifecycle)
+            return self._create(client, template_id, overrides, metadata, lifecycle, public_ports)
         slot = (client, idempotency_key)
         with self._lock:
             for key in [k for k, (_, sid) in self._idempotent.items() if sid is not None and sid not in self._boxes]:
@@ -268,7 +262,7 @@ class E2bSandboxes:
                     return live
             self._idempotent[slot] = (fingerprint, None)
         try:
-            sandbox = self._create(client, template_id, overrides, metadata, lifecycle)
+            sandbox = self._create(client, template_id, overrides, metadata, lifecycle, public_ports)
         except BaseException:
             with self._lock:
                 self._idempotent.pop(slot, None)
@@ -305,7 +299,8 @@ class E2bSandboxes:
         return base
 
     def _create(self, client: str, template_id: str, overrides: SandboxOverrides | None,
-                metadata: Mapping[str, str] | None, lifecycle: Lifecycle = KILL) -> E2bSandbox:
+                metadata: Mapping[str, str] | None, lifecycle: Lifecycle = KILL,
+                public_ports: bool = False) -> E2bSandbox:
         base = self.check_template(template_id, client)
         wanted = overrides or SandboxOverrides()
         try:
@@ -314,7 +309,7 @@ class E2bSandboxes:
             raise from_service_error(error) from None
         sandbox = E2bSandbox(session=session, template_id=template_id or DEFAULT_TEMPLATE,
                              access_token=secrets.token_urlsafe(24), metadata=dict(metadata or {}),
-                             env_vars=dict(wanted.env), lifecycle=lifecycle)
+                             env_vars=dict(wanted.env), lifecycle=lifecycle, public_ports=public_ports)
         return self.serve_new(sandbox)
 
     def serve_new(self, sandbox: E2bSandbox) -> E2bSandbox:
@@ -328,7 +323,8 @@ class E2bSandboxes:
         with contextlib.suppress(AuditError):
             self.audit.update_run_meta(sandbox.sandbox_id, {
                 "template": sandbox.template_id, "metadata": sandbox.metadata, "started_at": sandbox.started_at,
-                ENVD_TOKENS: [token_digest(sandbox.access_token)], LIFECYCLE_META: sandbox.lifecycle.meta()})
+                ENVD_TOKENS: [token_digest(sandbox.access_token)], LIFECYCLE_META: sandbox.lifecycle.meta(),
+                TRAFFIC_TOKENS: [token_digest(sandbox.traffic_access_token)], "public_ports": sandbox.public_ports})
         if self.built is not None and sandbox.template_id not in self.templates:
             try:  # its files, start and ready commands; a sandbox that does not start is removed
                 with e2b_errors(sandbox):

@@ -14,7 +14,9 @@ request goes to that port on the sandbox's own loopback through the agent's Port
   the envd access token (``X-Access-Token``), or the owner's API key (``X-API-KEY``).
   Without one it is 403; a sandbox that does not run (or is anyone's but the key's owner's)
   is 502 "not found", as for envd. These headers are removed before the request reaches
-  the sandbox: no credential enters it.
+  the sandbox: no credential enters it. A sandbox with public ports (the policy's
+  ``sandbox.public_ports = true``, and its creator did not set ``allow_public_traffic`` to
+  false) needs none of them: whoever names it and its port is served, as in E2B.
 * **The policy.** Each request is the sandbox's ``port_forward`` action (details ``port``
   and ``request``, the method and path without its query), authorized and recorded in its
   run like every action. It is ``deny`` unless the policy allows it (``[actions.port_forward]``,
@@ -42,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
@@ -132,16 +133,19 @@ class PortProxy:
         if sandbox is None:
             raise E2bError(ErrorCode.SANDBOX_UNAVAILABLE, f"sandbox {target.sandbox_id!r} was not found: it was "
                            "killed, or its timeout passed", status=502)
+        if sandbox.public_ports:
+            return sandbox
         traffic = headers.get(TRAFFIC_TOKEN_HEADER)
         access = headers.get("x-access-token")
         key = headers.get("x-api-key")
-        if ((traffic and hmac.compare_digest(traffic.encode(), sandbox.traffic_access_token.encode()))
+        if ((traffic and sandbox.accepts_traffic(traffic))
                 or (access and sandbox.accepts(access))
                 or (key and self.tokens.lookup(key) == sandbox.client)):
             return sandbox
         raise E2bError(ErrorCode.PERMISSION_DENIED, f"port {target.port} of sandbox {target.sandbox_id} is served "
                        f"to its owner only: send its traffic access token in the {TRAFFIC_TOKEN_HEADER} header "
-                       "(sandbox.traffic_access_token in the SDK)", status=403)
+                       "(sandbox.traffic_access_token in the SDK); an operator can make ports public with the "
+                       "policy's sandbox.public_ports = true", status=403)
 
     def _guard(self, sandbox: E2bSandbox, target: PortTarget, method: str, request_target: str,
                headers: Mapping[str, str], body: bytes) -> AbstractContextManager[Any]:

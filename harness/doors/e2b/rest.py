@@ -205,7 +205,8 @@ class ControlPlane:
         sandbox = self.sandboxes.create(client, template_id=wanted.template_id, overrides=wanted.overrides,
                                         metadata=wanted.metadata,
                                         idempotency_key=request.headers.get("idempotency-key") or None,
-                                        fingerprint=wanted.fingerprint, lifecycle=wanted.lifecycle)
+                                        fingerprint=wanted.fingerprint, lifecycle=wanted.lifecycle,
+                                        public_ports=wanted.public_ports)
         sandbox.network_note = wanted.network_note
         # Less network than asked is a warning: the client may not look at the sandbox's info.
         log.log(logging.WARNING if wanted.network_note else logging.INFO,

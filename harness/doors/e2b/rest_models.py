@@ -47,7 +47,7 @@ from harness.engine.spec import SandboxSpec
 from sandbox.egress_policy import Allowlist
 
 __all__ = ["ENVD_VERSION", "CreateRequest", "created_body", "detail_body", "listed_body", "metric_body",
-           "network_body", "network_request", "parse_create", "rfc3339", "string_map", "unsupported"]
+           "network_body", "network_request", "parse_create", "public_ports", "rfc3339", "string_map", "unsupported"]
 
 ENVD_VERSION = "0.6.4"
 """The envd version this server answers as: the features of envd 0.6.4 the door implements."""
@@ -95,7 +95,10 @@ class CreateRequest:
     fingerprint: str
     """The request as canonical JSON (an Idempotency-Key's repeat must match it)."""
     network_note: str | None = None
-    """How the network the sandbox gets differs from what was asked (:class:`NetworkGrant`)."""
+    """How the network the sandbox gets differs from what was asked (:class:`NetworkGrant`), and
+    its ports from ``allowPublicTraffic``."""
+    public_ports: bool = False
+    """Whether its ports are served without the traffic access token (:func:`public_ports`)."""
 
 
 def _entries(value: Any, what: str) -> tuple[str, ...]:
@@ -172,10 +175,30 @@ def parse_create(body: Any, sandboxes: E2bSandboxes, client: str | None = None) 
         raise E2bError(error.code, error.message) from None
     overrides = SandboxOverrides(ttl_seconds=timeout, env=string_map(body.get("envVars"), "envVars"),
                                  network_request=wanted)
+    public, ports_note = public_ports(body, policy.sandbox.public_ports)
+    note = "; ".join(n for n in (granted.note, ports_note) if n) or None
     return CreateRequest(template_id=template_id, timeout=timeout, overrides=overrides,
-                         metadata=string_map(body.get("metadata"), "metadata"), network_note=granted.note,
+                         metadata=string_map(body.get("metadata"), "metadata"), network_note=note,
+                         public_ports=public,
                          lifecycle=parse_lifecycle(body),
                          fingerprint=json.dumps(body, sort_keys=True, separators=(",", ":")))
+
+
+def public_ports(body: Mapping[str, Any], allowed: bool) -> tuple[bool, str | None]:
+    """Whether a create ``body`` gets public ports where the policy's ``sandbox.public_ports`` is
+    ``allowed``, and a note when it asked for them and does not: ``allowPublicTraffic`` unset
+    means E2B's default, public; under a policy that does not allow it, the owner only."""
+    network = body.get("network")
+    asked = network.get("allowPublicTraffic") if isinstance(network, dict) else None
+    if asked is not None and not isinstance(asked, bool):
+        raise invalid(f"network.allowPublicTraffic must be true or false, not {asked!r}")
+    if asked is False:
+        return False, None
+    if allowed:
+        return True, None
+    note = ("its ports are served to its owner only (with the traffic access token): the policy's "
+            "sandbox.public_ports is false") if asked else None
+    return False, note
 
 
 # ---- response bodies --------------------------------------------------------------------------------
@@ -228,6 +251,7 @@ def detail_body(sandbox: E2bSandbox, now: float, domain: str = UNROUTABLE) -> di
     body["domain"] = domain
     body["lifecycle"] = sandbox.lifecycle.body()
     body.update(network_body(sandbox.box.spec, sandbox.network_note))
+    body["network"]["allowPublicTraffic"] = sandbox.public_ports
     return body
 
 

@@ -18,13 +18,14 @@ that module's :func:`~harness.doors.grpc.adoption.adopt` and the door's
   from the overrides; the timeout from the engine's lifetime records (a paused sandbox
   stays paused, its clock standing still).
 * **The envd access token.** The audit store keeps only the SHA-256 digests of the tokens a
-  sandbox was given (:data:`~harness.doors.e2b.boxes.ENVD_TOKENS`), never a token. An
+  sandbox was given (:data:`~harness.doors.e2b.access_tokens.ENVD_TOKENS`), never a token. An
   adopted sandbox gets a new token, which create-style answers (``connect``, the sandbox's
   details) hand out: ``Sandbox.connect(id)`` in the SDK takes it from there. The tokens
   handed out before stay valid, checked against their digests, so a client that still
   holds its ``Sandbox`` object goes on without connecting again (the SDK's instance
   ``connect()`` keeps the token it has). The new token's digest joins the record (the last
-  :data:`MAX_TOKENS`), so it outlives the next restart too.
+  :data:`MAX_TOKENS`), so it outlives the next restart too. The traffic access token of its
+  ports is carried over the same way (:data:`~harness.doors.e2b.access_tokens.TRAFFIC_TOKENS`).
 
 What is not carried over: the door's memory of Idempotency-Keys (a repeated create after a
 restart starts a new sandbox), and the envd requests in flight at the stop (a stopping
@@ -37,10 +38,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+from collections.abc import Mapping
+from typing import Any
 
 from harness.audit.store import AuditError, RunRecord
 from harness.core.policy import Policy
-from harness.doors.e2b.boxes import DEFAULT_TEMPLATE, DOOR, ENVD_TOKENS, E2bSandbox, E2bSandboxes, token_digest
+from harness.doors.e2b.access_tokens import ENVD_TOKENS, TRAFFIC_TOKENS, token_digest
+from harness.doors.e2b.boxes import (
+    DEFAULT_TEMPLATE,
+    DOOR,
+    E2bSandbox,
+    E2bSandboxes,
+)
 from harness.doors.e2b.lifecycle import lifecycle_of_meta
 from harness.doors.grpc.adoption import Adoption, DoorHooks, adopt
 from harness.doors.grpc.sessions import ClientSession
@@ -78,12 +87,13 @@ def _template_of(run: RunRecord) -> str:
 def _sandbox(sandboxes: E2bSandboxes, session: ClientSession, run: RunRecord) -> E2bSandbox:
     """The door's sandbox of an adopted ``session`` of ``run``, with a new access token."""
     meta = run.meta
-    recorded = meta.get(ENVD_TOKENS)
-    digests = [d for d in recorded if isinstance(d, str)] if isinstance(recorded, list) else []
+    digests = _digests(meta, ENVD_TOKENS)
     token = secrets.token_urlsafe(24)
     digests = [*digests, token_digest(token)][-MAX_TOKENS:]
+    traffic = secrets.token_urlsafe(24)
+    traffic_digests = [*_digests(meta, TRAFFIC_TOKENS), token_digest(traffic)][-MAX_TOKENS:]
     with contextlib.suppress(AuditError):
-        sandboxes.audit.update_run_meta(run.id, {ENVD_TOKENS: digests})
+        sandboxes.audit.update_run_meta(run.id, {ENVD_TOKENS: digests, TRAFFIC_TOKENS: traffic_digests})
     metadata = meta.get("metadata")
     started = meta.get("started_at")
     return E2bSandbox(
@@ -92,4 +102,11 @@ def _sandbox(sandboxes: E2bSandboxes, session: ClientSession, run: RunRecord) ->
         env_vars=dict(session.overrides.env),
         started_at=float(started) if isinstance(started, int | float) else run.created,
         token_digests=tuple(digests), lifecycle=lifecycle_of_meta(meta),
+        traffic_access_token=traffic, traffic_digests=tuple(traffic_digests),
+        public_ports=meta.get("public_ports") is True,
     )
+
+
+def _digests(meta: Mapping[str, Any], key: str) -> list[str]:
+    recorded = meta.get(key)
+    return [d for d in recorded if isinstance(d, str)] if isinstance(recorded, list) else []

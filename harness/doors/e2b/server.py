@@ -55,10 +55,11 @@ from harness.core.policy import Policy, load_policy
 from harness.core.registry import ToolRegistry
 from harness.doors.e2b.app import E2bApp
 from harness.doors.e2b.boxes import E2bSandboxes
+from harness.doors.e2b.domains import checked_domain
 from harness.doors.e2b.interpreter import install_template
 from harness.doors.e2b.restart import adopt_e2b
 from harness.doors.e2b.rpc import EnvdRoute, RestRoute, Service
-from harness.doors.grpc.server import announce_token
+from harness.doors.grpc.server import ServeError, announce_token
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import Limits
 from harness.doors.grpc.tokens import TokenSet, server_tokens
@@ -142,6 +143,21 @@ def _door_services(sandboxes: E2bSandboxes, tls: bool, domain: str | None = None
             http_routes(sandboxes))
 
 
+def _sandbox_domain(domain: str | None, tls: bool) -> str | None:
+    """The configured sandbox domain, checked (ServeError naming what is wrong)."""
+    if domain is None:
+        return None
+    try:
+        domain = checked_domain(domain)
+    except ValueError as exc:
+        raise ServeError(f"--e2b-domain: {exc}") from None
+    if not tls:  # a TLS-terminating proxy may front it; said, since without one such clients cannot connect
+        log.warning("the E2B API serves sandbox domain %s without TLS: SDKs without E2B_SANDBOX_URL reach "
+                    "https://49983-SANDBOXID.%s, so a TLS proxy for *.%s must front this server (or pass "
+                    "--tls-cert and --tls-key with a certificate for it)", domain, domain, domain.split(":")[0])
+    return domain
+
+
 def serve_e2b(
     addr: str = "127.0.0.1:0",
     *,
@@ -192,6 +208,7 @@ def serve_e2b(
     host, port = parse_addr(addr)
     tls = check_tls(host, port, tls_cert=tls_cert, tls_key=tls_key, insecure=insecure, what="the E2B API",
                     secrets="API keys and access tokens", log=log)
+    domain = _sandbox_domain(domain, tls)
     owned_audit: AuditStore | None = None
     owns = False
     made = sandboxes is None  # given sandboxes are adopted into by whoever made them (adopt_e2b)

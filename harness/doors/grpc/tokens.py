@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from harness.core.errors import CallboxError, ErrorCode
+from harness.core.state_dirs import state_dir
 
 __all__ = [
     "CLIENT_TOKEN_HELP",
@@ -107,9 +108,7 @@ class TokenSet:
 
 def default_state_dir() -> Path:
     """``$XDG_STATE_HOME/callbox`` (absolute only, as the XDG spec requires), else ``~/.local/state/callbox``."""
-    xdg = os.environ.get("XDG_STATE_HOME")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "state"
-    return base / "callbox"
+    return state_dir()
 
 
 def default_token_file() -> Path:

@@ -44,6 +44,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 from harness.core.errors import CallboxError, ErrorCode
+from harness.core.state_dirs import state_dir
 from harness.engine.docker.lifetime import validate_name
 from harness.engine.spec import TMP, SandboxSpec
 
@@ -89,9 +90,7 @@ def default_snapshot_dir() -> Path:
     else ``~/.local/state/callbox/snapshots``."""
     if chosen := os.environ.get("CALLBOX_SNAPSHOT_DIR"):
         return Path(chosen)
-    xdg = os.environ.get("XDG_STATE_HOME", "")
-    base = Path(xdg) if xdg.startswith("/") else Path.home() / ".local" / "state"
-    return base / "callbox" / "snapshots"
+    return state_dir() / "snapshots"
 
 
 @dataclass(frozen=True)

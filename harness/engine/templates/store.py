@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness.core.errors import CallboxError, ErrorCode
+from harness.core.state_dirs import state_dir
 
 __all__ = ["OPERATOR", "Built", "Template", "TemplateStore", "default_template_dir", "valid_name"]
 
@@ -54,9 +55,7 @@ def default_template_dir() -> Path:
     else ``~/.local/state/callbox/templates``."""
     if chosen := os.environ.get("CALLBOX_TEMPLATE_DIR"):
         return Path(chosen)
-    xdg = os.environ.get("XDG_STATE_HOME", "")
-    base = Path(xdg) if xdg.startswith("/") else Path.home() / ".local" / "state"
-    return base / "callbox" / "templates"
+    return state_dir() / "templates"
 
 
 def valid_name(name: str) -> str:
