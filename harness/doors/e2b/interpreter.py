@@ -3,8 +3,9 @@
 The template ``code-interpreter-v1`` (the SDK's default) is the ``base`` template on the
 code-interpreter image variant (``callbox image build --variant code-interpreter``). Its server
 (``images/code-interpreter/server.py``: ``/execute``, ``/contexts``, ``/health``, a Python
-kernel, a bash process or a node process per context) runs in the sandbox as the tool user, a job tagged ``code-interpreter``
-started the first time a request needs it; starting it is the ``process`` action.
+kernel, a bash process or a node process per context) runs in the sandbox as the tool user, a
+job tagged ``code-interpreter`` started the first time a request needs it; starting it is the
+``process`` action.
 
 Requests reach it as any sandbox port does (:mod:`harness.doors.e2b.ports`: ``E2b-Sandbox-Port:
 49999`` or the host name ``49999-ID.``, the owner's credentials, over the agent's tunnel, so no
