@@ -320,12 +320,30 @@ def test_a_denied_run_code_is_refused_with_the_reason_and_audited(sandbox: Sandb
     assert DENIED_REASON in str(caught.value)
     allowed = sandbox.run_code("'audited too'")
     assert allowed.text == "'audited too'"
+    assert sandbox.run_code("echo asked for bash", language="bash").error is None
+    shell = sandbox.create_code_context(language="bash")
+    try:
+        assert sandbox.run_code("echo in a bash context", context=shell).error is None
+    finally:
+        sandbox.remove_code_context(shell)
     with AuditStore(server.directory / "audit.sqlite3") as audit:
         calls = audit.calls_for_run(sandbox.sandbox_id)
     cells = [c for c in calls if c["tool"] == "sandbox.process" and "run_code" in _text(c["arguments"])]
     denied = [c for c in cells if "shutil.rmtree" in _text(c["arguments"])]
     assert denied and denied[-1]["decision"] == "deny" and DENIED_REASON in denied[-1]["reason"], denied
     assert any("audited too" in _text(c["arguments"]) and c["decision"] == "allow" for c in cells)
+    # A cell records its language as asked; one that names a context and no language runs in
+    # the context's, which the record does not guess.
+    def recorded(code: str) -> dict[str, object]:
+        found = [c["arguments"] for c in cells if code in _text(c["arguments"])]
+        assert found, (code, cells)
+        arguments = json.loads(found[-1]) if isinstance(found[-1], str) else found[-1]
+        assert isinstance(arguments, dict)
+        return arguments
+    assert recorded("'audited too'")["language"] == "python"
+    assert recorded("echo asked for bash")["language"] == "bash"
+    in_context = recorded("echo in a bash context")
+    assert in_context["language"] is None and in_context["context_id"], in_context
 
 
 def _text(value: object) -> str:

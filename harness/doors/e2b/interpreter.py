@@ -16,10 +16,11 @@ instead of the ``port_forward`` action:
 * ``POST /execute`` (``run_code``) is authorized like a command: the ``shell`` tool's rules and
   decision see the code as the command (``default_decision`` and ``allowed_tools`` included)
   and the ``process`` action's rules see it as ``command``; the more restrictive wins, and it
-  is recorded once, as the ``process`` action with ``kind = "run_code"``, the language and the
-  context (its outcome: the HTTP status and the bytes sent back). A denial is 403 with the
-  policy's reason (the SDK raises ``SandboxException`` with it). A cell counts as a tool call
-  of the client's ``calls_per_minute``;
+  is recorded once, as the ``process`` action with ``kind = "run_code"``, the language (none
+  when the cell names a context and no language: the context's own) and the context (its
+  outcome: the HTTP status and the bytes sent back). A denial is 403 with the policy's reason
+  (the SDK raises ``SandboxException`` with it). A cell counts as a tool call of the client's
+  ``calls_per_minute``;
 * ``/contexts`` (list, create, delete, restart) and ``/health`` run no code of the caller's:
   they are forwarded once the server runs.
 
@@ -214,8 +215,9 @@ def interpreter_filter(request: PortRequest) -> Iterator[ActionTicket | None]:
     if not isinstance(doc, dict) or not isinstance(doc.get("code"), str):
         raise invalid('/execute takes {"code": STRING, "context_id", "language", "env_vars"}')
     code: str = doc["code"]
-    details = {"command": code, "kind": "run_code", "language": doc.get("language") or "python",
-               "context_id": doc.get("context_id")}
+    # A cell that names a context runs in that context's language, which only the server knows.
+    language = doc.get("language") or (None if doc.get("context_id") else "python")
+    details = {"command": code, "kind": "run_code", "language": language, "context_id": doc.get("context_id")}
     with e2b_errors(sandbox):
         sandboxes.executor.quotas.start_call(sandbox.client, door="e2b")  # a cell is a tool call
         box = sandbox.running()
