@@ -5,6 +5,9 @@ control pipe with the cell's ``result`` (the last expression's value, as ``text`
 result), its ``error`` (the thrown error's name, message and stack) and its end. ``console``
 output is the process's stdout and stderr. ``env_vars`` are set in ``process.env`` for the cell
 (and its promise) and put back after it.
+
+A TypeScript context is the same process with the driver told so: it transpiles each cell
+(types stripped, not checked) and runs the JavaScript in its one vm context.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ class NodeContext(ProcessContext):
         return (request_read, control_write), (control_read, request_write)
 
     def command(self, child_fds: tuple[int, ...]) -> list[str]:
-        return [NODE, DRIVER, str(child_fds[0]), str(child_fds[1])]
+        return [NODE, DRIVER, str(child_fds[0]), str(child_fds[1]), self.language]
 
     def submit(self, code: str, env_vars: dict[str, str]) -> None:
         line = json.dumps({"seq": self.seq, "code": code, "env": env_vars}).encode() + b"\n"
@@ -55,3 +58,10 @@ class NodeContext(ProcessContext):
             emit({"type": "error", "name": doc.get("name", ""), "value": doc.get("value", ""),
                   "traceback": doc.get("traceback", "")})
         return kind == "done"
+
+
+class TypeScriptContext(NodeContext):
+    """A node process whose driver transpiles each cell (Debian's node-typescript) before it runs."""
+
+    language = "typescript"
+    name = "node (typescript)"

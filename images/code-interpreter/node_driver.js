@@ -1,4 +1,5 @@
-// The JavaScript context's process: node running this driver (node_context.py starts it).
+// The JavaScript context's process: node running this driver (node_context.py starts it); with
+// "typescript" in argv[4], the TypeScript context's, which transpiles each cell first.
 //
 // Cells arrive as JSON lines on the fd in argv[2] ({seq, code, env}); what is not output goes
 // back as JSON lines on the fd in argv[3]: {seq: 0, type: "ready"} once, then per cell
@@ -10,6 +11,12 @@
 // stderr, which the server streams (pipes are synchronous on Linux, so a cell's output is on its
 // pipe before the cell's result or end is on the control fd). SIGINT stops a running cell (vm's
 // breakOnSigint, or the wait for its promise) and never this process.
+//
+// A TypeScript cell is transpiled (Debian's node-typescript, ts.transpileModule: types are
+// stripped, never checked) to the JavaScript that then runs as a JavaScript cell does. A script
+// stays a script: no "use strict" prologue and no module wrapper unless the cell itself imports or
+// exports, so its last expression is still the value of the cell. A syntax error the transpiler
+// reports is the cell's error, a SyntaxError, and nothing of the cell runs.
 'use strict';
 
 const fs = require('fs');
@@ -22,7 +29,19 @@ const { createRequire } = require('module');
 
 const requestFd = Number(process.argv[2]);
 const replyFd = Number(process.argv[3]);
+const typescript = process.argv[4] === 'typescript' ? require('typescript') : null;
 const stringify = JSON.stringify;
+// ES2022 is what node 18 runs as it is (let, classes, async); CommonJS turns an import into a
+// require of the context's own; no type check, no helpers from a tslib the sandbox does not have.
+const TRANSPILE_OPTIONS = {
+  target: 'ES2022',
+  module: 'CommonJS',
+  esModuleInterop: true,
+  importHelpers: false,
+  alwaysStrict: false,
+  sourceMap: false,
+  removeComments: false,
+};
 
 function reply(doc) {
   fs.writeSync(replyFd, stringify(doc) + '\n');
@@ -82,6 +101,34 @@ function settle(value) {
   });
 }
 
+// A cell's TypeScript as JavaScript, or the SyntaxError of its first diagnostic.
+function transpile(seq, code) {
+  const fileName = `cell-${seq}.ts`;
+  const out = typescript.transpileModule(code, {
+    compilerOptions: typescript.convertCompilerOptionsFromJson(TRANSPILE_OPTIONS, '').options,
+    fileName,
+    reportDiagnostics: true,
+  });
+  const diagnostics = (out.diagnostics || []).filter(
+    (d) => d.category === typescript.DiagnosticCategory.Error);
+  if (diagnostics.length === 0) {
+    return { js: out.outputText };
+  }
+  const first = diagnostics[0];
+  const message = typescript.flattenDiagnosticMessageText(first.messageText, '\n');
+  const lines = diagnostics.map((d) => {
+    let where = fileName;
+    if (d.file && d.start !== undefined) {
+      const { line, character } = d.file.getLineAndCharacterOfPosition(d.start);
+      where = `${fileName}:${line + 1}:${character + 1}`;
+    }
+    return `${where} - error TS${d.code}: ${typescript.flattenDiagnosticMessageText(d.messageText, '\n')}`;
+  });
+  return {
+    error: { seq, type: 'error', name: 'SyntaxError', value: message, traceback: lines.join('\n') },
+  };
+}
+
 async function runCell(request) {
   const { seq, code } = request;
   const env = request.env || {};
@@ -91,7 +138,16 @@ async function runCell(request) {
     process.env[name] = env[name];
   }
   try {
-    const script = new vm.Script(code, { filename: `cell-${seq}` });
+    let source = code;
+    if (typescript !== null) {
+      const transpiled = transpile(seq, code);
+      if (transpiled.error) {
+        reply(transpiled.error);
+        return;
+      }
+      source = transpiled.js;
+    }
+    const script = new vm.Script(source, { filename: `cell-${seq}` });
     let value = script.runInContext(context, { breakOnSigint: true, displayErrors: false });
     if (value !== null && typeof value === 'object' && typeof value.then === 'function') {
       value = await settle(value);

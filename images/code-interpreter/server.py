@@ -3,10 +3,12 @@
 Runs as the sandbox's tool user, started by the E2B door when a sandbox of the template
 ``code-interpreter-v1`` first needs it, and listens on 127.0.0.1:49999 (``CALLBOX_CI_PORT``);
 the door reaches it over the agent's tunnel, never over a network. Each context, started in its
-cwd, is one of three languages: ``python`` (Debian's ipykernel, driven with jupyter_client, with
+cwd, is one of four languages: ``python`` (Debian's ipykernel, driven with jupyter_client, with
 charts.py as an IPython extension: the ``chart`` of a matplotlib figure), ``bash`` (an
-interactive bash process, :mod:`bash_context`) or ``javascript`` (``js``; a node process,
-:mod:`node_context`); any other language is refused, naming the served ones:
+interactive bash process, :mod:`bash_context`), ``javascript`` (``js``; a node process,
+:mod:`node_context`) or ``typescript`` (``ts``; a node process that transpiles each cell with
+Debian's node-typescript: types are stripped, not checked); any other language is refused,
+naming the served ones:
 
 ``GET /health``                     ``OK``
 ``GET /contexts``                   ``[{"id", "language", "cwd"}]``
@@ -27,7 +29,7 @@ mid-cell (the SDK's ``timeout``) interrupts it (SIGINT, as Jupyter does; for bas
 the process's group); the kernel or process and what it holds stay. Every response closes its
 connection (``Connection: close``): a streamed body ends when the cell has ended.
 
-Debian's archive has no bash or JavaScript Jupyter kernel, hence the processes of our own. Matplotlib's
+Debian's archive has no bash, JavaScript or TypeScript Jupyter kernel, hence the processes of our own. Matplotlib's
 and IPython's writable directories are under ``$TMPDIR`` (the root filesystem is read-only),
 and the user site directory exists before a kernel starts, so ``!pip install`` (a user install
 under ``$HOME``) can be imported at once.
@@ -55,7 +57,7 @@ from typing import Any
 from bash_context import BashContext
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
-from node_context import NodeContext
+from node_context import NodeContext, TypeScriptContext
 from process_context import ContextStartError, ProcessContext
 
 PORT = int(os.environ.get("CALLBOX_CI_PORT", "49999"))
@@ -64,9 +66,11 @@ DEFAULT_CWD = os.environ.get("CALLBOX_CI_CWD") or HOME
 STATE = os.path.join(os.environ.get("TMPDIR") or tempfile.gettempdir(), ".callbox-code-interpreter")
 KERNEL_START_S = 60.0
 POLL_S = 0.1
-LANGUAGES = {"python": "python", "bash": "bash", "javascript": "javascript", "js": "javascript"}
-"""The languages a context may be of, by the names a client may give (E2B's ``js`` included)."""
-PROCESS_CONTEXTS: dict[str, type[ProcessContext]] = {"bash": BashContext, "javascript": NodeContext}
+LANGUAGES = {"python": "python", "bash": "bash", "javascript": "javascript", "js": "javascript",
+             "typescript": "typescript", "ts": "typescript"}
+"""The languages a context may be of, by the names a client may give (E2B's ``js`` and ``ts`` included)."""
+PROCESS_CONTEXTS: dict[str, type[ProcessContext]] = {"bash": BashContext, "javascript": NodeContext,
+                                                     "typescript": TypeScriptContext}
 MIME_FIELDS = {
     "text/plain": "text",
     "text/html": "html",
@@ -131,8 +135,8 @@ def served_language(name: Any) -> str:
         return "python"
     language = LANGUAGES.get(str(name).strip().lower())
     if language is None:
-        raise ContextError(400, f"language {name!r} is not available: this code interpreter runs python, bash "
-                           "and javascript (js) only")
+        raise ContextError(400, f"language {name!r} is not available: this code interpreter runs python, bash, "
+                           "javascript (js) and typescript (ts) only")
     return language
 
 

@@ -278,6 +278,37 @@ def test_a_javascript_exception_arrives_as_an_error(sandbox: Sandbox) -> None:
     assert execution.results == []
 
 
+def test_a_typescript_context_keeps_its_state_and_returns_the_last_value(sandbox: Sandbox) -> None:
+    context = sandbox.create_code_context(language="typescript")
+    assert context.language == "typescript"
+    declared = sandbox.run_code(
+        "interface Point { x: number; y: number }\n"
+        "function size(p: Point): number { return Math.abs(p.x) + Math.abs(p.y) }\n"
+        "const corner: Point = { x: 3, y: -4 }\nlet label: string = 'size'\nconsole.log('declared')",
+        context=context)
+    assert declared.error is None, declared.error
+    assert declared.logs.stdout == ["declared\n"] and declared.results == [], declared
+    used = sandbox.run_code("const twice = (n: number): number => n * 2\n`${label}=${twice(size(corner))}`",
+                            context=context)
+    assert used.error is None, used.error
+    assert used.text == "size=14" and used.results[0].is_main_result, used
+    # Without a context, "ts" is the default TypeScript context: another one, made at its first use.
+    assert sandbox.run_code("const seen: Array<number> = [1, 2]; typeof corner + seen.length", language="ts").text \
+        == "undefined2"
+    assert sandbox.run_code("seen.length", language="typescript").text == "2"
+
+
+def test_typescript_types_are_stripped_not_checked_and_a_syntax_error_is_an_error(sandbox: Sandbox) -> None:
+    unchecked = sandbox.run_code("const wrong: number = 'not a number'; wrong", language="ts")
+    assert unchecked.error is None and unchecked.text == "not a number", unchecked
+    broken = sandbox.run_code("console.log('never')\nlet half: = 1", language="ts")
+    assert broken.error is not None, broken
+    assert broken.error.name == "SyntaxError" and broken.error.value == "Type expected.", broken.error
+    assert "cell-" in broken.error.traceback and ".ts:2:" in broken.error.traceback, broken.error.traceback
+    assert broken.logs.stdout == [], "a cell that does not transpile must not run at all"
+    assert sandbox.run_code("wrong.length", language="ts").text == "12"
+
+
 def test_a_language_not_served_is_refused_naming_the_served_ones(sandbox: Sandbox) -> None:
     with pytest.raises(SandboxException) as caught:
         sandbox.run_code("1 + 1", language="r")

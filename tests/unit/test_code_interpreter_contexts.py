@@ -1,14 +1,16 @@
-"""The code interpreter's bash and JavaScript contexts (images/code-interpreter/), on this host.
+"""The code interpreter's bash, JavaScript and TypeScript contexts (images/code-interpreter/), on this host.
 
 They are stdlib-only modules of the image variant; here they drive the host's own bash (and
-node, when the host has one) as they drive the sandbox's: state across cells, the cell's end
-and status, ``env_vars`` for one cell, an interrupt that ends the cell and keeps the process,
-and a process that exits replaced by a fresh one.
+node, when the host has one; for TypeScript, a node with the typescript module) as they drive
+the sandbox's: state across cells, the cell's end and status, ``env_vars`` for one cell, an
+interrupt that ends the cell and keeps the process, and a process that exits replaced by a
+fresh one.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "images" / "code-interpreter"))
 
 from bash_context import BashContext, cell_lines, check_env
-from node_context import NodeContext
+from node_context import NodeContext, TypeScriptContext
 from process_context import ProcessContext
 
 
@@ -105,5 +107,33 @@ def test_node_keeps_its_state_and_reports_values_and_errors(tmp_path: Path, monk
         assert kinds(run(context, "new Promise(() => {})", gone_after=0.5)) == []
         assert time.monotonic() - began < 15
         assert kinds(run(context, "base")) == [("result", "40")]
+    finally:
+        context.stop()
+
+
+def _node_with_typescript() -> bool:
+    node = shutil.which("node")
+    if node is None:
+        return False
+    found = subprocess.run([node, "-e", "require('typescript')"], capture_output=True, timeout=30, check=False)
+    return found.returncode == 0
+
+
+@pytest.mark.skipif(not _node_with_typescript(),
+                    reason="no node with the typescript module on this host (the sandbox's is tested in interop)")
+def test_typescript_is_transpiled_keeps_its_state_and_reports_syntax_errors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import node_context
+
+    monkeypatch.setattr(node_context, "NODE", shutil.which("node"))
+    context = TypeScriptContext(str(tmp_path), {"PATH": "/usr/bin:/bin"}, str(tmp_path))
+    context.start()
+    try:
+        assert kinds(run(context, "interface P { x: number }\nconst p: P = { x: 40 }")) == []
+        assert kinds(run(context, "const add = (n: number): number => p.x + n\nadd(2)")) == [("result", "42")]
+        assert kinds(run(context, "const s: number = 'unchecked'; s")) == [("result", "unchecked")]
+        broken = run(context, "console.log('never')\nlet half: = 1")
+        assert [(e["name"], e["value"]) for e in broken if e["type"] == "error"] == [("SyntaxError", "Type expected.")]
+        assert kinds(broken) == [("error", "Type expected.")]
     finally:
         context.stop()

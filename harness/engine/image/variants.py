@@ -11,7 +11,7 @@ A variant is built like the default image, offline from Debian's archive and ide
 
 ``code-interpreter`` is the one variant: the E2B code interpreter's server, the Python kernel it
 drives (python3-ipykernel, jupyter-client, matplotlib, pandas, numpy), and nodejs for its
-JavaScript contexts (bash is in every base).
+JavaScript contexts with node-typescript for its TypeScript ones (bash is in every base).
 """
 
 from __future__ import annotations
@@ -58,11 +58,13 @@ VARIANTS: dict[str, Variant] = {
     "code-interpreter": Variant(
         name="code-interpreter",
         # Debian has no bash or JavaScript Jupyter kernel (bookworm): bash contexts are a bash process
-        # and JavaScript ones a node process (nodejs 18), each driven by a module of the server's own.
+        # and JavaScript ones a node process (nodejs 18), each driven by a module of the server's own;
+        # TypeScript contexts are node processes too, transpiling each cell with node-typescript (4.8).
         # debootstrap does not resolve virtual packages: python3-cffi-backend and libboost-regex1.74.0
         # are what provides python3-zmq's python3-cffi-backend-api-* and gdb's libboost-regex1.74.0-icu72.
         packages=("python3-ipykernel", "python3-jupyter-client", "python3-matplotlib", "python3-pandas",
-                  "python3-numpy", "python3-cffi-backend", "libboost-regex1.74.0", "nodejs"),
+                  "python3-numpy", "python3-cffi-backend", "libboost-regex1.74.0", "nodejs",
+                  "node-typescript"),
         tag="callbox-sandbox-code-interpreter:latest",
     ),
 }
