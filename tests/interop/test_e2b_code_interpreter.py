@@ -288,7 +288,7 @@ def test_a_typescript_context_keeps_its_state_and_returns_the_last_value(sandbox
         context=context)
     assert declared.error is None, declared.error
     assert declared.logs.stdout == ["declared\n"] and declared.results == [], declared
-    used = sandbox.run_code("const twice = (n: number): number => n * 2\n`${label}=${twice(size(corner))}`",
+    used = sandbox.run_code("const twice = (n: number): number => n * 2;\n`${label}=${twice(size(corner))}`",
                             context=context)
     assert used.error is None, used.error
     assert used.text == "size=14" and used.results[0].is_main_result, used
