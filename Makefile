@@ -44,7 +44,7 @@ proto-check: setup
 
 lint: setup
 	@echo "callbox: ruff + mypy --strict"
-	@$(VENV)/bin/ruff check harness sandbox tests docs/hooks
+	@$(VENV)/bin/ruff check harness sandbox tests docs/hooks images
 	@$(VENV)/bin/mypy harness sandbox
 	@$(VENV)/bin/mypy -p docs.hooks  # a package (docs/ is no package of its own), so a run of its own
 
