@@ -18,7 +18,8 @@ its sandbox's policy gives, never widen it. What the policy gives is the ceiling
   ``allowlist`` with those entries as its allowlist (HTTP and HTTPS through the proxy, on the
   entries' ports: a portless entry is 80 and 443). Denying particular destinations while
   allowing the rest cannot be done without the proxy, whose protocols are narrower than
-  ``open``: ``not_supported``, saying so.
+  ``open``: ``not_supported``, saying so. A running ``open`` sandbox's rules cannot change
+  (it has no proxy); an update that denies nothing leaves it as it is.
 
 A request for more than the ceiling (``internet`` true when the policy is not ``open``, or an
 allow entry when it is ``none``) is granted what the policy gives, and the grant's
@@ -146,7 +147,8 @@ def live_rules(spec: SandboxSpec, request: NetworkRequest,
     update replaces the whole narrowing, as E2B's does). ``permission_denied`` for more
     than its network gives (a sandbox without network asked for a destination, or the
     internet under ``on_internet_request = "refuse"``); ``not_supported`` when its network
-    has no proxy to apply rules (``open``, or ``none`` asked for nothing: nothing to do)."""
+    has no proxy to apply rules (``open`` asked to deny something). Nothing to do: ``none``
+    asked for nothing, ``open`` asked to deny nothing (Harbor's ``update_network({})``)."""
     if spec.network == "none":
         if request.wants_more:
             raise CallboxError(f"{_asked_for(request)}: this sandbox has no network (it was created with network "
@@ -154,6 +156,8 @@ def live_rules(spec: SandboxSpec, request: NetworkRequest,
                                code=ErrorCode.PERMISSION_DENIED)
         return (), ()
     if spec.network == "open":
+        if not request.deny and request.internet is not False:
+            return (), ()  # denies nothing: everything stays reachable, as it is
         raise CallboxError("this sandbox has network 'open' (a bridge of its own, without the egress proxy that "
                            "applies rules): its rules cannot change while it runs; create it with network rules "
                            "(allow_out with deny_out 0.0.0.0/0) to change them later", code=ErrorCode.NOT_SUPPORTED)
@@ -178,8 +182,8 @@ def update_network(box: object, spec: SandboxSpec, request: NetworkRequest,
     ``UpdateNetwork``, ``callbox sandbox network``); each door authorizes and records it as
     the sandbox action ``network``."""
     allow, deny = live_rules(spec, request, mode)
-    if spec.network == "none":
-        return spec  # asked for nothing more than the nothing it has
+    if spec.network in ("none", "open"):
+        return spec  # asked for nothing more than the nothing it has, or to deny nothing of everything
     setter = getattr(box, "set_network_rules", None)
     if setter is None:
         raise CallboxError("this engine cannot change a sandbox's network while it runs (only the Docker engine's "

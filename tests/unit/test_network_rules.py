@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.core.errors import CallboxError, ErrorCode
-from harness.core.network_request import NetworkRequest, grant_network, live_rules
+from harness.core.network_request import NetworkRequest, grant_network, live_rules, update_network
 from harness.core.policy import SandboxSettings
 from harness.engine.spec import SandboxSpec
 from sandbox.egress import Config, EgressProxy, read_rules
@@ -106,6 +106,13 @@ def test_a_running_sandbox_is_never_widened() -> None:
     assert live_rules(SandboxSpec(), NetworkRequest(internet=False)) == ((), ())
     with pytest.raises(CallboxError, match="network 'open'"):
         live_rules(SandboxSpec(network="open"), NetworkRequest(internet=False))
+    with pytest.raises(CallboxError, match="network 'open'"):
+        live_rules(SandboxSpec(network="open"), NetworkRequest(deny=("10.0.0.0/8",)))
+    # An open sandbox asked to deny nothing (Harbor's update_network({}) between its phases)
+    # stays as it is: nothing to change, nothing refused.
+    for request in (NetworkRequest(), NetworkRequest(internet=True), NetworkRequest(allow=("example.com",))):
+        assert live_rules(SandboxSpec(network="open"), request) == ((), ())
+        assert update_network(object(), SandboxSpec(network="open"), request) == SandboxSpec(network="open")
     spec = SandboxSpec(network="allowlist", allow_hosts=("*.callbox.test:8080",))
     assert live_rules(spec, NetworkRequest(allow=("a.callbox.test:8080",), internet=False)) == (
         ("a.callbox.test:8080",), ("0.0.0.0/0",))
