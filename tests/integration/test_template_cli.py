@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from harness.engine.image.engine import image_with_hash
 from tests.conftest import IMAGE
 from tests.integration.helpers import callbox
 
@@ -26,7 +27,7 @@ def store_fixture(tmp_path: Path, engine: Any) -> Iterator[dict[str, str]]:
                 engine.client.images.remove(image.id, force=True)
 
 
-def test_build_ls_rm_an_operators_template(tmp_path: Path, store: dict[str, str]) -> None:
+def test_build_ls_rm_an_operators_template(tmp_path: Path, store: dict[str, str], engine: Any) -> None:
     site = tmp_path / "site"
     site.mkdir()
     (site / "index.html").write_text(f"page {secrets.token_hex(6)}\n")
@@ -38,6 +39,12 @@ def test_build_ls_rm_an_operators_template(tmp_path: Path, store: dict[str, str]
     name, template_id, image = built.stdout.decode().split()
     assert name == "web" and image.startswith("callbox-template:")
     assert b"Step " in built.stderr
+    # Built on callbox's image, it still starts callbox's agent, but it is never taken for the
+    # image build whose content hash it inherited (that once tagged a template as the sandbox image).
+    base_hash = engine.client.images.get(IMAGE).labels["callbox.image.hash"]
+    template_hash = engine.client.images.get(image).labels["callbox.image.hash"]
+    assert template_hash == f"{base_hash}+template"
+    assert image_with_hash(engine.client, base_hash) == engine.client.images.get(IMAGE).id
 
     again = callbox(*args, env=store)
     assert again.returncode == 0, again.stderr.decode()

@@ -56,6 +56,13 @@ def test_the_dockerfile_writes_each_step_with_nothing_left_to_the_shell_of_docke
     assert lines[-1] == 'LABEL "callbox.template.key"="k"'
 
 
+def test_labels_replacing_the_bases_come_first_so_every_image_of_the_build_has_them() -> None:
+    lines = dockerfile_lines(parse_recipe(_body()), "img", {"callbox.template.key": "k"},
+                             {"callbox.image.hash": "h+template"})
+    assert lines[:2] == [("FROM img", "base"), ('LABEL "callbox.image.hash"="h+template"', "base")]
+    assert lines[-1] == ('LABEL "callbox.template.key"="k"', "finalize")
+
+
 def test_each_dockerfile_line_names_the_step_the_sdk_reports_a_failure_at() -> None:
     lines = dockerfile_lines(parse_recipe(_body()), "img")
     assert [step for _, step in lines] == ["base", "base", "0", "1", "2", "3", "4", "finalize"]

@@ -26,9 +26,11 @@ def find_image(client: docker.DockerClient, tag: str = DEFAULT_TAG) -> str | Non
 
 
 def image_with_hash(client: docker.DockerClient, digest: str) -> str | None:
+    """The tagged image built for ``digest``: an untagged one (a layer a failed build on top of
+    it left, say, which inherits its labels) is never taken for it."""
     images = client.images.list(filters={"label": f"{LABEL_HASH}={digest}"})
     for image in images:
-        if image.labels.get(LABEL_HASH) == digest:
+        if image.labels.get(LABEL_HASH) == digest and image.tags:
             return str(image.id)
     return None
 

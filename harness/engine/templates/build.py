@@ -48,6 +48,7 @@ import docker.errors
 
 from harness.core.errors import CallboxError, ErrorCode, short_reason
 from harness.engine.docker.client import connect_client
+from harness.engine.image.common import LABEL_HASH
 from harness.engine.spec import DEFAULT_IMAGE, HOME, WORKSPACE
 from harness.engine.templates.steps import Recipe, dockerfile_lines, step_dir
 from harness.engine.templates.store import OPERATOR, Built, Template, TemplateStore
@@ -141,6 +142,19 @@ class TemplateBuilder:
                               step="base", code=ErrorCode.ENGINE_UNAVAILABLE) from None
         return _Base(ref, str(image.id), {}, None)
 
+    def _hash_label(self, base: _Base) -> dict[str, str]:
+        """A template image inherits its base's labels. On callbox's own image that includes the
+        content hash the image builder finds its build by, which would then find the template
+        (and tag it as the sandbox image), or an image a failed build left. So every image of
+        the build gets a hash of its own from its first instruction on: still a callbox agent's
+        image (started without the agent bundle), never that build."""
+        try:
+            inherited = (self.client.images.get(base.ref).labels or {}).get(LABEL_HASH)
+        except docker.errors.DockerException as exc:
+            raise BuildFailed(f"the Docker engine could not look up {base.ref!r}: {short_reason(exc)}",
+                              step="base", code=ErrorCode.ENGINE_UNAVAILABLE) from None
+        return {LABEL_HASH: f"{inherited.split('+', 1)[0]}+template"} if inherited else {}
+
     def _pull(self, ref: str) -> Any:
         log.info("pulling %s for a template build (pulls are allowed for this build)", ref)
         try:
@@ -196,7 +210,7 @@ class TemplateBuilder:
                on_log: BuildLog) -> Built:
         started = time.monotonic()
         tag = f"{IMAGE_REPO}:{key[:24]}"
-        lines = dockerfile_lines(recipe, base.ref, {LABEL_KEY: key})
+        lines = dockerfile_lines(recipe, base.ref, {LABEL_KEY: key}, self._hash_label(base))
         text = "\n".join(line for line, _ in lines) + "\n"
         line_steps = {number: step for number, (_, step) in enumerate(lines, start=1)}
         memory = min(BUILD_MEMORY, memory_mb << 20) if memory_mb else BUILD_MEMORY

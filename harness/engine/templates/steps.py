@@ -236,16 +236,22 @@ class _Writer:
         self.lines.append((line, self.step))
 
 
-def dockerfile(recipe: Recipe, base: str, labels: Mapping[str, str] | None = None) -> str:
+def dockerfile(recipe: Recipe, base: str, labels: Mapping[str, str] | None = None,
+               base_labels: Mapping[str, str] | None = None) -> str:
     """The Dockerfile of ``recipe`` built on the local image ``base`` (its id or name)."""
-    return "\n".join(line for line, _ in dockerfile_lines(recipe, base, labels)) + "\n"
+    return "\n".join(line for line, _ in dockerfile_lines(recipe, base, labels, base_labels)) + "\n"
 
 
-def dockerfile_lines(recipe: Recipe, base: str, labels: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+def dockerfile_lines(recipe: Recipe, base: str, labels: Mapping[str, str] | None = None,
+                     base_labels: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """The Dockerfile's instructions, one a line, each with the recipe step it comes from
-    (``base``, the step's index, ``finalize``): Docker's ``Step N/M`` is line N."""
+    (``base``, the step's index, ``finalize``): Docker's ``Step N/M`` is line N. ``labels``
+    go on the last image; ``base_labels`` replace the base's on every image of the build, the
+    intermediate ones (left behind by a failed build) included."""
     out = _Writer()
     out.add(f"FROM {base}")
+    for key, value in sorted((base_labels or {}).items()):
+        out.add(f"LABEL {json.dumps(key)}={json.dumps(value)}")
     out.add("USER root")
     for index, step in enumerate(recipe.steps):
         out.step = str(index)
