@@ -151,7 +151,10 @@ def test_background_job_keeps_running_between_calls(sandbox):
     pid = _ok(sandbox, "sleep 30 & echo $!")
     assert time.monotonic() - started < 5  # the call did not wait for the job
     assert "Running" in _ok(sandbox, "jobs")
-    assert _ok(sandbox, f"ps -o args= -p {pid}") == "sleep 30"
+    # $! is the forked shell until it has exec'd sleep, which a loaded machine may not have
+    # scheduled yet: wait (bounded) for the exec, then look.
+    exec_done = f'for i in $(seq 200); do [ "$(ps -o args= -p {pid})" = "sleep 30" ] && break; sleep 0.05; done'
+    assert _ok(sandbox, f"{exec_done}; ps -o args= -p {pid}") == "sleep 30"
     _bash(sandbox, restart=True)
     assert run(sandbox, f"ps -o args= -p {pid} || echo gone").stdout.data() == b"gone\n"
 
