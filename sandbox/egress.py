@@ -3,7 +3,7 @@
 The engine runs it in its own container, the only peer the sandbox's internal network reaches::
 
     python3 -I -S egress.py --listen 0.0.0.0:3128 --sandbox-id ID [--allow HOST[:PORT]]... [--rules-file FILE]
-        [--test-allow-network CIDR]
+        [--test-allow-network CIDR] [--secrets-file FILE [--test-extra-ca FILE]]
 
 Besides the standard library it imports only ``sandbox.egress_policy`` (what may be reached; standard
 library only too), never ``harness``. Requests it understands:
@@ -48,6 +48,12 @@ let the connected address through::
     {"ts": 2.0, "event": "close", "sandbox_id": "...", "method": ..., "host": ..., "port": ..., "address": ...,
      "client": ..., "bytes_up": 10, "bytes_down": 20, "duration_s": 1.0}
 
+``--secrets-file FILE`` gives the proxy the sandbox's secrets, read and removed at start; requests to
+their hosts get them in place of their placeholders (CONNECT to them is TLS terminated with the
+sandbox's own CA: ``sandbox.egress_secrets``, ``sandbox.egress_tls``). ``--test-extra-ca FILE`` makes
+the proxy trust one more CA for the real hosts (and adds it to the sandbox's bundle): for tests only,
+announced on stderr.
+
 With ``--log FILE`` the same lines are also appended to FILE (flushed before the client gets its answer).
 
 Exit codes: 0 on SIGTERM/SIGINT, 1 when the listen address cannot be bound or the log cannot be opened,
@@ -64,6 +70,7 @@ import re
 import selectors
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -95,6 +102,9 @@ from sandbox.egress_policy import (
     parse_port,
     split_host_port,
 )
+from sandbox.egress_secrets import SecretRules, rewrite_headers
+from sandbox.egress_secrets import load as load_secrets
+from sandbox.egress_tls import intercept
 
 __all__ = [
     "DEFAULT_PORTS",
@@ -160,6 +170,8 @@ class Config:
     rules_file: str | None = None
     """The sandbox's narrowing of ``allowlist`` (JSON ``{"allow": [...], "deny": [...]}``),
     read again whenever it changes (:func:`read_rules`)."""
+    secrets_file: str | None = None
+    test_extra_ca: str | None = None
 
 
 def read_rules(ceiling: Allowlist, path: str) -> Rules:
@@ -284,8 +296,8 @@ def _respond(conn: socket.socket, status: int, body: str, drain: bool = True) ->
 class EgressProxy:
     """Listens on ``config.listen``; ``serve_forever()`` until ``stop()`` (thread- and signal-safe)."""
 
-    def __init__(self, config: Config, log: LogSink | None = None) -> None:
-        self.config, self.log = config, log or json_lines(sys.stdout)
+    def __init__(self, config: Config, log: LogSink | None = None, secrets: SecretRules | None = None) -> None:
+        self.config, self.log, self.secrets = config, log or json_lines(sys.stdout), secrets
         host = config.listen[0].strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, config.listen[1]), family=family, backlog=128)
@@ -383,7 +395,13 @@ class EgressProxy:
             self._record("decision", req, decision="allow", status=200, reason=None, test_override=override)
             started = time.monotonic()
             with upstream:
-                self._splice(conn, upstream, req, rest)
+                assert req.host is not None and req.port is not None
+                if self.secrets is not None and req.method == "CONNECT" and self.secrets.intercepts(req.host, req.port):
+                    intercept(conn, upstream, req.host, req.port, self.secrets, req.counts, self.config.idle_timeout)
+                else:
+                    if self.secrets is not None and req.method != "CONNECT":
+                        req.head = rewrite_headers(req.head, self.secrets.for_host(req.host, req.port))[0]
+                    self._splice(conn, upstream, req, rest)
             spliced_s = time.monotonic() - started
         finally:
             conn.close()
@@ -491,6 +509,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
                         help='narrow --allow by the JSON {"allow": [...], "deny": [...]} in FILE, read when it changes')
     parser.add_argument("--expires-file", metavar="FILE",
                         help="stop once the Unix time written in FILE has passed (checked every few seconds)")
+    parser.add_argument("--secrets-file", metavar="FILE", help="the sandbox's secrets (JSON), removed once read")
+    parser.add_argument("--test-extra-ca", metavar="FILE", help="TESTS ONLY: also trust this CA for real hosts")
     args = parser.parse_args(argv)
     try:
         allowlist = Allowlist.parse(args.allow)
@@ -506,7 +526,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         except ValueError as exc:
             parser.error(f"bad --test-allow-network {args.test_allow_network!r}: {exc}")
     return Config(listen=(host, int(port_text)), sandbox_id=args.sandbox_id, allowlist=allowlist, test_network=network,
-                  log_file=args.log, expires_file=args.expires_file, rules_file=args.rules_file)
+                  log_file=args.log, expires_file=args.expires_file, rules_file=args.rules_file,
+                  secrets_file=args.secrets_file, test_extra_ca=args.test_extra_ca)
 
 
 def expired(path: str, now: float | None = None) -> bool:
@@ -534,6 +555,17 @@ def main(argv: list[str] | None = None) -> int:
     if config.test_network is not None:
         print(f"WARNING: --test-allow-network {config.test_network}: destinations in it bypass the private/loopback "
               "address check. This is for tests only and must never be used for real sandboxes.", file=sys.stderr)
+    if config.test_extra_ca is not None:
+        print(f"WARNING: --test-extra-ca {config.test_extra_ca}: the proxy trusts this CA for real hosts. This is "
+              "for tests only and must never be used for real sandboxes.", file=sys.stderr)
+    secrets = None
+    if config.secrets_file is not None:
+        try:
+            secrets = load_secrets(config.secrets_file, config.test_extra_ca)
+        except (OSError, ValueError, KeyError, ssl.SSLError) as exc:
+            print(f"callbox egress proxy: cannot load the sandbox's secrets: {type(exc).__name__}: "
+                  f"{getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+            return 1
     for entry in config.allowlist.entries:
         literal = ip_literal(entry.host)
         if literal is not None and (why := check_address(literal, config.test_network).refusal):
@@ -552,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
             sink(record)
 
     try:
-        proxy = EgressProxy(config, log)
+        proxy = EgressProxy(config, log, secrets)
     except OSError as exc:
         print(f"callbox egress proxy: cannot listen on {hostport(*config.listen)}: {exc.strerror or exc}",
               file=sys.stderr)

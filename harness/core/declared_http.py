@@ -15,8 +15,11 @@ A ``kind = "http"`` table (its handler is :mod:`harness.tools.declared.http`) ta
   repeats the parameter once per item.
 * ``headers``: literal values, or ``{ env = "NAME" }`` (with an optional ``prefix``, e.g.
   ``"Bearer "``) whose value is read from the environment of the harness process (the host)
-  by name each time the tool is called; it is never an argument, so neither the model nor
-  the audit store sees it. A variable that is not set is an error result naming it, and no
+  when the sandbox starts and given to its egress proxy only, as an optional ``[[secret]]``
+  for the URL's host (:func:`implied_secrets`): the request leaves the sandbox with the
+  sandbox's placeholder in that header, and the proxy puts the value in. It is never an
+  argument, so neither the model, the sandbox nor the audit store sees it. A variable that
+  is not set when the sandbox starts is an error result of each call naming it, and no
   request is made. ``Host``, ``Content-Length``, ``Transfer-Encoding``, ``Connection`` and
   ``Proxy-*`` are not settable.
 * ``body``: ``{ json = { KEY = "{arg}", ... } }`` (an object template: a string that is exactly
@@ -39,8 +42,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["FIXED_HEADERS", "HEADER_NAME", "PLACEHOLDER_LIKE", "HttpBody", "HttpMethod", "SecretHeader", "UrlParts",
-           "check_header_value", "split_url"]
+from harness.engine.secrets import SecretSpec
+
+__all__ = [
+    "FIXED_HEADERS",
+    "HEADER_NAME",
+    "PLACEHOLDER_LIKE",
+    "HttpBody",
+    "HttpMethod",
+    "SecretHeader",
+    "UrlParts",
+    "check_header_value",
+    "implied_secret_name",
+    "implied_secrets",
+    "split_url",
+]
 
 HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"]
 _URL = re.compile(r"(?P<scheme>https?)://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::(?P<port>[0-9]{1,5}))?"
@@ -120,3 +136,24 @@ def split_url(url: str) -> UrlParts:
 def check_header_value(value: str, where: str) -> None:
     if any(c in value for c in "\r\n\0"):
         raise ValueError(f"{where} contains a line break or NUL; a header value is one line")
+
+
+def implied_secret_name(tool: str, header: str) -> str:
+    """The sandbox variable holding the placeholder of ``tool``'s secret ``header``."""
+    return "CALLBOX_HTTP_" + re.sub(r"[^A-Za-z0-9]", "_", f"{tool}_{header}").upper()
+
+
+def implied_secrets(declared: Any) -> list[SecretSpec]:
+    """The optional secrets a ``kind = "http"`` tool's ``{ env = ... }`` headers stand for:
+    each for the URL's host and port, put in that header as ``PREFIX{value}``."""
+    headers: dict[str, Any] = declared.headers or {}
+    if not declared.url or not any(isinstance(v, SecretHeader) for v in headers.values()):
+        return []
+    parts = split_url(declared.url)
+    if re.fullmatch(r"[0-9.]+|.*:.*", parts.host):
+        return []  # a secret goes to names only (its certificate names them): the call says it has none
+    host = parts.host
+    return [SecretSpec(name=implied_secret_name(declared.name, name), env=value.env, hosts=(f"{host}:{parts.port}",),
+                       header=f"{name}: {value.prefix}{{value}}",
+                       optional=True)
+            for name, value in headers.items() if isinstance(value, SecretHeader)]

@@ -140,6 +140,7 @@ from harness.core.rules import (
 from harness.core.sandbox_settings import MountSetting, PoolSettings, SandboxSettings
 from harness.core.units import format_size
 from harness.core.validation import describe_validation_error, parse_toml_model, render_path
+from harness.engine.secrets import SecretSpec
 from harness.engine.select import EngineName, RayTable
 from harness.engine.spec import HostLimits, Mount, SandboxSpec, SpecError
 
@@ -227,6 +228,9 @@ class Policy(BaseModel):
     """``[redaction]``: the secrets taken out of every tool result."""
     tool: tuple[DeclaredTool, ...] = ()
     """``[[tool]]``: the tools this policy declares (see :mod:`harness.core.declared`)."""
+    secret: tuple[SecretSpec, ...] = ()
+    """``[[secret]]``: secrets the egress proxy carries, the sandbox holding placeholders
+    (:mod:`harness.engine.secrets`)."""
     actions: ActionsPolicy = Field(default_factory=ActionsPolicy)
     """``[actions.NAME]``: what may be done with a living sandbox (see :mod:`harness.core.actions`)."""
     pool: PoolSettings = Field(default_factory=PoolSettings)
@@ -394,11 +398,33 @@ class Policy(BaseModel):
             except ValidationError as exc:
                 raise _spec_error(exc, Mount, key) from None
         try:
-            spec = self.sandbox.spec(tuple(mounts))
+            spec = self.sandbox.spec(tuple(mounts), self.sandbox_secrets())
         except ValidationError as exc:
             raise _spec_error(exc, SandboxSpec, "sandbox") from None
         self.check_runtime(spec.runtime, spec.network)
         return spec
+
+    def sandbox_secrets(self) -> tuple[SecretSpec, ...]:
+        """``[[secret]]`` and the secret headers of the declared http tools this run exposes
+        (optional: a missing variable is their call's error), when the network is an allowlist."""
+        from harness.core.declared_http import implied_secrets
+        from sandbox.egress_policy import Allowlist, split_host_port
+
+        if self.sandbox.network != "allowlist":
+            return self.secret
+        allowlist = Allowlist.parse(self.sandbox.allow_hosts)
+        implied = [s for t in self.tool if t.kind == "http" and self.tool_allowed(t.name)
+                   for s in implied_secrets(t)
+                   if all(allowlist.permits(host, port or 443) is None for host, port in map(split_host_port, s.hosts))]
+        return (*self.secret, *implied)
+
+    def check_secrets(self) -> None:
+        """Read each ``[[secret]]``'s value now: a PolicyError naming the fix if one cannot be."""
+        for index, secret in enumerate(self.secret):
+            try:
+                secret.read()
+            except CallboxError as exc:
+                raise PolicyError(f"key 'secret[{index}]': {exc}") from None
 
     def host_checked_spec(self, host: HostLimits | None = None) -> SandboxSpec:
         """:meth:`sandbox_spec` checked against ``host`` (default this machine): mounts exist,

@@ -20,6 +20,9 @@ finds with ``[redacted: KIND]``:
   process's environment when the session starts, and from the sandbox's own ``env`` (the
   spec's) under the same name. Values shorter than 8 characters are ignored (with a
   warning naming the variable, never the value): they would match ordinary words.
+* ``secret:NAME`` and ``secret:NAME:placeholder``: the value of each ``[[secret]]`` (and each
+  declared http tool's secret header), read when the session starts, and the placeholder
+  the sandbox holds for it, known once the sandbox starts (:meth:`Redactor.add_literals`).
 * ``pattern:N``: the ``N``-th regular expression of ``patterns`` (from 0). The whole match
   is redacted, or only its group named ``secret`` when it has one. A pattern that does
   not compile, or that matches the empty string, is a policy error naming the entry.
@@ -312,6 +315,16 @@ class Redactor:
                     continue
                 secrets.append((f"env:{name}", value))
         return cls(builtin_patterns=settings.builtin_patterns, secrets=secrets, patterns=settings.patterns)
+
+    def add_literals(self, secrets: Iterable[tuple[str, str]]) -> None:
+        """Also redact these ``(kind, value)`` pairs from now on (a sandbox's secrets and
+        their placeholders, known once it starts); the tuple is replaced whole, so a
+        ``redact`` running meanwhile sees the old or the new list."""
+        literals = dict(self._literals)
+        for kind, value in secrets:
+            if len(value) >= MIN_SECRET_LENGTH and value not in literals:
+                literals[value] = kind
+        self._literals = tuple(sorted(literals.items(), key=lambda item: -len(item[0])))
 
     @property
     def builtin(self) -> bool:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from pydantic.fields import FieldInfo
 
 from harness.core.root_commands import ROOT_COMMANDS_LOOSENED
+from harness.engine.secrets import SecretSpec
 from harness.engine.spec import Mount, SandboxFields, SandboxSpec
 
 __all__ = ["MountSetting", "PoolSettings", "SandboxSettings"]
@@ -141,11 +142,12 @@ class SandboxSettings(_SettingsFields):
             raise ValueError(f"workdir {value!r} must be an absolute path inside the sandbox")
         return "/" + posixpath.normpath(value).lstrip("/")
 
-    def spec(self, mounts: tuple[Mount, ...]) -> SandboxSpec:
+    def spec(self, mounts: tuple[Mount, ...], secrets: tuple[SecretSpec, ...] = ()) -> SandboxSpec:
         """The SandboxSpec of these settings with ``mounts`` (these settings' mounts, each
-        made by :meth:`MountSetting.mount`); a value the spec refuses is a ``ValidationError``."""
+        made by :meth:`MountSetting.mount`) and ``secrets``; a value the spec refuses is a
+        ``ValidationError``."""
         values = {name: getattr(self, name) for name in type(self).model_fields if name not in _NOT_COPIED}
-        return SandboxSpec(**values, mounts=mounts)
+        return SandboxSpec(**values, mounts=mounts, secrets=secrets)
 
 
 class PoolSettings(BaseModel):

@@ -47,6 +47,7 @@ from harness.core.shared_engine import pooled_engine
 from harness.core.validation import CallRejected, check_call_id
 from harness.engine.base import Engine, Sandbox, run_owner
 from harness.engine.cancel import CallScope, current_scope
+from harness.engine.secrets import redaction_pairs
 from harness.engine.select import choice_of, engine_connector
 from harness.engine.spec import SandboxSpec
 from harness.telemetry import metrics
@@ -81,6 +82,7 @@ class Session:
         self.spec = spec if spec is not None else policy.sandbox_spec()
         self.redactor = Redactor.for_policy(policy.redaction, os.environ, self.spec.env)
         """Takes the policy's secrets out of every result (built once: the env values are read now)."""
+        self.redactor.add_literals(redaction_pairs(self.spec.secrets))  # a secret that cannot be read fails here
         self._engine_factory = engine_factory if engine_factory is not None else self._default_engine()
         self._sandbox: Sandbox | None = None
         self._sandbox_lock = threading.Lock()
@@ -132,6 +134,7 @@ class Session:
                     sandbox.destroy()
                     self._refuse_if_closed()
                 self._sandbox = sandbox
+                self.redactor.add_literals(redaction_pairs(sandbox.spec.secrets, sandbox.spec.env))
             return self._sandbox
 
     @property
@@ -151,6 +154,7 @@ class Session:
             if self._sandbox is not None and self._sandbox is not sandbox:
                 raise RuntimeError(f"run {self.run_id} already has sandbox {self._sandbox.id}")
             self._sandbox = sandbox
+            self.redactor.add_literals(redaction_pairs(sandbox.spec.secrets, sandbox.spec.env))
 
     def detach(self) -> Sandbox | None:
         """Stop using the run's sandbox without destroying it (a paused run keeps it);

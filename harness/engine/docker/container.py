@@ -96,7 +96,8 @@ def run_container(
         command.append("--gvisor")
     launch = agent_launch(client, spec.image)
     command += launch.args
-    mounts = [DockerMount(AGENT_DIR, str(socket_dir), type="bind", propagation="rprivate"), *launch.mounts]
+    mounts = [DockerMount(AGENT_DIR, str(socket_dir), type="bind", propagation="rprivate"), *launch.mounts,
+              *attachment.mounts]
     mounts += [
         DockerMount(m.target, str(m.source), type="bind", read_only=m.read_only, propagation="rprivate")
         for m in spec.mounts

@@ -138,7 +138,7 @@ class DockerEngine:
     def __init__(self, client: docker.DockerClient, *, run_root: Path | None = None,
                  reap_on_start: bool = True, egress_test_network: str | None = None,
                  egress_test_hosts: dict[str, str] | None = None, snapshot_dir: Path | None = None,
-                 extra_labels: dict[str, str] | None = None) -> None:
+                 extra_labels: dict[str, str] | None = None, egress_test_ca: str | None = None) -> None:
         self.client = client
         self.extra_labels = dict(extra_labels or {})
         """Labels every container of this engine carries besides callbox's own (a Ray node's
@@ -159,6 +159,7 @@ class DockerEngine:
         self.networks = SandboxNetworks(
             client, PacketFilter(lock_path_for(self.run_root)), self.run_root / "egress",
             test_network=egress_test_network, test_hosts=egress_test_hosts,
+            test_ca=egress_test_ca or os.environ.get("CALLBOX_EGRESS_TEST_CA") or None,
         )
         self._host: HostLimits | None = None
         self.pool: WarmPool | None = None

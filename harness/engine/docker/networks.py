@@ -46,7 +46,7 @@ import docker.errors
 from docker.types import Mount as DockerMount
 
 from harness.core.errors import CallboxError, ErrorCode, ImageNotFound, SandboxStartError, short_reason
-from harness.engine.docker import labels
+from harness.engine.docker import egress_secrets, labels
 from harness.engine.docker.client import remove_container
 from harness.engine.docker.netfilter import BRIDGE_PREFIX, PacketFilter, PacketFilterUnavailable
 from harness.engine.spec import SandboxSpec
@@ -94,6 +94,8 @@ class Attachment:
     """``none`` or the name of the sandbox's own network."""
     proxied: bool = False
     """An egress proxy is starting for it (``SandboxNetworks.finish_proxy``)."""
+    mounts: tuple[DockerMount, ...] = ()
+    """What the sandbox mounts besides its own (the trust of a proxy that carries secrets)."""
 
 
 @dataclass(frozen=True)
@@ -130,13 +132,17 @@ class SandboxNetworks:
     """Creates and removes the networks and egress proxies of networked sandboxes."""
 
     def __init__(self, client: docker.DockerClient, packet_filter: PacketFilter, log_root: Path, *,
-                 test_network: str | None = None, test_hosts: Mapping[str, str] | None = None) -> None:
+                 test_network: str | None = None, test_hosts: Mapping[str, str] | None = None,
+                 test_ca: str | None = None) -> None:
         self.client = client
         self.log_root = log_root
         """One directory per proxy, mounted into it for its event log."""
         self.packet_filter = packet_filter
         self.test_network = _check_test_override(test_network, test_hosts or {})
         self.test_hosts = dict(test_hosts or {})
+        self.test_ca = None if test_ca is None else Path(test_ca)
+        """TESTS ONLY: one more CA the proxies of sandboxes with secrets trust (and their sandboxes)."""
+        self._secrets: dict[str, egress_secrets.SecretMaterial] = {}
         self._starting: dict[str, concurrent.futures.Future[str]] = {}
         self._lock = threading.Lock()
 
@@ -155,6 +161,10 @@ class SandboxNetworks:
                 f"is remote ({self.client.api.base_url}); run the harness on the engine's host or use --network none"
             )
         net_labels = {**base_labels, ROLE: "sandbox-network"}
+        material = egress_secrets.make(sandbox_id, spec.secrets) if spec.secrets else None
+        if material is not None:
+            with self._lock:
+                self._secrets[sandbox_id] = material
         # Under the lock: the filter is in place before the network exists (gc removes it
         # only when no network is left), and the shared egress network cannot be removed
         # between its check and the proxy joining it.
@@ -178,18 +188,22 @@ class SandboxNetworks:
         with self._lock:
             self._starting[sandbox_id] = starting
         threading.Thread(target=start, name=f"callbox-egress-{sandbox_id}", daemon=True).start()
-        return Attachment(network_name(sandbox_id), proxied=True)
+        mounts = (egress_secrets.sandbox_mount(self.log_root / sandbox_id),) if material is not None else ()
+        return Attachment(network_name(sandbox_id), proxied=True, mounts=mounts)
 
     def finish_proxy(self, sandbox_id: str, timeout: float = PROXY_READY_TIMEOUT_S) -> tuple[str, dict[str, str]]:
         """Wait for the proxy ``attach`` started to listen; its URL and the environment that
         points tool processes at it."""
         with self._lock:
             starting = self._starting.pop(sandbox_id)
+            material = self._secrets.pop(sandbox_id, None)
         address = starting.result()
         self.wait_proxy_ready(sandbox_id, timeout)
         url = f"http://{address}:{PROXY_PORT}"
         env = {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
                "NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY}
+        if material is not None:
+            env.update(egress_secrets.sandbox_env(material))
         return url, env
 
     def wait_proxy_ready(self, sandbox_id: str, timeout: float = PROXY_READY_TIMEOUT_S) -> None:
@@ -244,6 +258,12 @@ class SandboxNetworks:
                    "--rules-file", f"{PROXY_LOG_DIR}/{RULES_FILE}"]
         for entry in spec.allow_hosts:
             command += ["--allow", entry]
+        with self._lock:
+            material = self._secrets.get(sandbox_id)
+        if material is not None:
+            if self.test_ca is not None:
+                log.warning("TEST-ONLY egress CA: the proxy of sandbox %s trusts %s", sandbox_id, self.test_ca)
+            command += egress_secrets.install(material, log_dir, PROXY_LOG_DIR, PROXY_UID, self.test_ca)
         if self.test_network is not None:
             log.warning("TEST-ONLY egress override: the proxy of sandbox %s may reach %s (hosts %s)",
                         sandbox_id, self.test_network, self.test_hosts)
@@ -346,6 +366,7 @@ class SandboxNetworks:
         decision twice."""
         with self._lock:
             starting = self._starting.pop(sandbox_id, None)
+            self._secrets.pop(sandbox_id, None)
         if starting is not None:
             concurrent.futures.wait([starting])  # never remove a container while it is being started
         events, _ = self.egress_events(sandbox_id)

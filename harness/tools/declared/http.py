@@ -14,12 +14,14 @@ a proxy (network ``none`` or ``open``) is an error result: the request is never 
 the egress policy. Redirects are not followed (a ``3xx`` is the result, its ``Location``
 shown), so a secret header never goes on to another host.
 
-Secrets: a ``{ env = "VAR" }`` header's value is read from the harness's environment when
-the call runs and reaches the sandbox on the runner's stdin only (never its argv or
-environment, never the audit store: it is not an argument). Wherever the value appears in
-the response (a server echoing the header), it is replaced by ``[redacted: env:VAR]``
-before the result leaves this handler; the session's redaction then applies as to every
-tool.
+Secrets: a ``{ env = "VAR" }`` header's value never enters the sandbox. The policy gives
+the sandbox's egress proxy the value as an optional secret for the URL's host
+(:func:`harness.core.declared_http.implied_secrets`); the runner sends the sandbox's
+placeholder in that header, and the proxy puts ``PREFIX`` and the value in its place. A
+variable not set (when the call runs, or when the sandbox started) is an error result
+naming it, and no request is made. Wherever the value or the placeholder appears in the
+response (a server echoing the header), it is replaced by ``[redacted: env:VAR]`` before
+the result leaves this handler; the session's redaction then applies as to every tool.
 
 Results: ``HTTP STATUS REASON``, the selected response headers (:data:`SHOWN_HEADERS`) and
 the body text; structured ``{status, headers, json}`` when the body is JSON, else
@@ -40,7 +42,7 @@ from pydantic import BaseModel
 from harness.core.calls import ErrorCode, ToolOutput
 from harness.core.context import ToolContext
 from harness.core.declared import DeclaredTool, Placeholder, parse_template
-from harness.core.declared_http import SecretHeader, split_url
+from harness.core.declared_http import SecretHeader, implied_secret_name, split_url
 from harness.core.redaction import replacement
 from harness.core.registry import Tool
 from harness.engine.exec_result import ExecResult
@@ -188,10 +190,31 @@ def _headers(declared: DeclaredTool, environ: Mapping[str, str]) -> tuple[list[t
                 raise RequestProblem(f"the environment variable {value.env} (header {name}) holds a line break "
                                      "or NUL; a header value is one line", ErrorCode.TOOL_FAILED)
             secrets[secret] = f"env:{value.env}"
-            headers.append((name, value.prefix + secret))
+            headers.append((name, value.prefix + secret))  # the placeholder replaces it: _placeholders
         else:
             headers.append((name, value))
     return headers, secrets
+
+
+def _placeholders(declared: DeclaredTool, headers: list[tuple[str, str]], secrets: dict[str, str],
+                  sandbox_env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``headers`` with each secret header holding the sandbox's placeholder instead of the
+    value (the egress proxy puts the value back); each placeholder is added to ``secrets``."""
+    out: list[tuple[str, str]] = []
+    for name, text in headers:
+        value = (declared.headers or {}).get(name)
+        if not isinstance(value, SecretHeader):
+            out.append((name, text))
+            continue
+        placeholder = sandbox_env.get(implied_secret_name(declared.name, name))
+        if not placeholder:
+            raise RequestProblem(f"header {name} takes its value from the environment variable {value.env} of the "
+                                 "harness, which was not set when the sandbox started (or the sandbox was started "
+                                 "without the policy's secrets); set it and start a new sandbox",
+                                 ErrorCode.TOOL_FAILED)
+        secrets[placeholder] = f"env:{value.env}"
+        out.append((name, placeholder))
+    return out
 
 
 def _redact(value: Any, secrets: Mapping[str, str], count: list[int]) -> Any:
@@ -226,6 +249,10 @@ def http_tool(declared: DeclaredTool) -> Tool:
         if body is not None and not any(k.lower() == "content-type" for k, _ in headers):
             headers.append(("Content-Type", body[1]))
         runtime = ctx.runtime()
+        try:
+            headers = _placeholders(declared, headers, secrets, runtime.env)
+        except RequestProblem as problem:
+            return ToolOutput(text=str(problem), is_error=True, error=problem.code)
         proxy = runtime.env.get("HTTP_PROXY")
         if not proxy:
             return ToolOutput(text=f"{declared.name} makes its request through the sandbox's egress proxy, and this "

@@ -1,0 +1,259 @@
+"""TLS interception for the hosts a sandbox's secrets go to (standard library only).
+
+``sandbox/egress.py`` hands a CONNECT here when :meth:`SecretRules.intercepts` says so: the
+proxy answers ``200``, completes a TLS handshake with the sandbox using the leaf its CA
+signed (ALPN ``http/1.1`` only), opens TLS to the real host verified against the system's
+CAs (``ssl.create_default_context``), then forwards the sandbox's requests one by one,
+filling each secret in where its header holds its placeholder
+(:func:`sandbox.egress_secrets.rewrite_headers`). Responses flow back unchanged. A request
+is framed by its ``Content-Length`` or chunked ``Transfer-Encoding`` (else no body); after
+a request with ``Upgrade`` (a WebSocket) the rest flows both ways unread. A host whose
+certificate does not verify gets no request: the sandbox gets ``502`` naming why.
+
+OpenSSL allows one thread at a time on a connection, so each side is an ``SSLObject`` over
+memory buffers, used under a lock, and the sockets are read and written outside it; the
+responses go back on their own thread while the requests are forwarded on this one.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from contextlib import suppress
+
+from sandbox.egress_secrets import SecretRules, rewrite_headers
+
+__all__ = ["HEAD_LIMIT", "TlsEnd", "intercept"]
+
+HEAD_LIMIT = 64 * 1024
+_LINE_LIMIT = 8 * 1024
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+
+
+class TlsEnd:
+    """One TLS connection over a socket: ``recv``/``sendall`` safe from two threads at once."""
+
+    def __init__(self, sock: socket.socket, obj: ssl.SSLObject, incoming: ssl.MemoryBIO,
+                 outgoing: ssl.MemoryBIO) -> None:
+        self.sock, self._obj, self._in, self._out = sock, obj, incoming, outgoing
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+
+    @classmethod
+    def open(cls, sock: socket.socket, context: ssl.SSLContext, *, server_side: bool,
+             hostname: str | None = None) -> TlsEnd:
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        obj = context.wrap_bio(incoming, outgoing, server_side=server_side, server_hostname=hostname)
+        end = cls(sock, obj, incoming, outgoing)
+        while True:
+            try:
+                with end._lock:
+                    obj.do_handshake()
+                end._flush()
+                return end
+            except ssl.SSLWantReadError:
+                end._flush()
+                if not end._feed():
+                    raise ConnectionError("the peer closed the connection during the TLS handshake") from None
+
+    def _flush(self) -> None:
+        with self._send_lock:
+            with self._lock:
+                data = self._out.read()
+            if data:
+                self.sock.sendall(data)
+
+    def _feed(self) -> bool:
+        data = self.sock.recv(65536)
+        with self._lock:
+            if data:
+                self._in.write(data)
+            else:
+                self._in.write_eof()
+        return bool(data)
+
+    def recv(self, size: int = 65536) -> bytes:
+        """Up to ``size`` bytes; b"" at the end (a close_notify, or the socket's end without one)."""
+        while True:
+            try:
+                with self._lock:
+                    data = self._obj.read(size)
+                self._flush()
+                return data
+            except ssl.SSLWantReadError:
+                self._flush()
+                if not self._feed():
+                    continue  # the next read raises the end as SSLZeroReturnError or SSLEOFError
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                return b""
+
+    def sendall(self, data: bytes) -> None:
+        with self._lock:
+            self._obj.write(data)
+        self._flush()
+
+    def close_write(self) -> None:
+        """Send close_notify and end the socket's sending side (reading goes on)."""
+        with suppress(ssl.SSLError, ValueError), self._lock:
+            self._obj.unwrap()
+        with suppress(OSError):
+            self._flush()
+            self.sock.shutdown(socket.SHUT_WR)
+
+
+class _Reader:
+    """Buffered reads of heads, lines and counted bytes from one side."""
+
+    def __init__(self, end: TlsEnd, idle: Callable[[], bool]) -> None:
+        self.end, self.buf, self._idle = end, b"", idle
+
+    def more(self) -> bool:
+        while True:
+            try:
+                data = self.end.recv()
+            except TimeoutError:
+                if self._idle():
+                    raise
+                continue
+            self.buf += data
+            return bool(data)
+
+    def head(self) -> bytes | None:
+        while not (match := _HEAD_END.search(self.buf)):
+            if len(self.buf) > HEAD_LIMIT:
+                raise ValueError(f"request head larger than {HEAD_LIMIT} bytes")
+            if not self.more():
+                if self.buf.strip():
+                    raise ValueError("connection closed before the request head was complete")
+                return None
+        head, self.buf = self.buf[:match.end()], self.buf[match.end():]
+        return head
+
+    def line(self) -> bytes:
+        while (end := self.buf.find(b"\n")) < 0:
+            if len(self.buf) > _LINE_LIMIT or not self.more():
+                raise ValueError("bad chunked request body")
+        line, self.buf = self.buf[:end + 1], self.buf[end + 1:]
+        return line
+
+    def copy(self, count: int, send: Callable[[bytes], None]) -> None:
+        while count > 0:
+            if not self.buf and not self.more():
+                raise ValueError("connection closed inside a request body")
+            piece, self.buf = self.buf[:count], self.buf[count:]
+            send(piece)
+            count -= len(piece)
+
+
+def _framing(head: bytes) -> tuple[str, int]:
+    """("chunked", 0), ("length", N), ("upgrade", 0) or ("none", 0) from a request head."""
+    fields: dict[str, str] = {}
+    for raw in head.split(b"\n")[1:]:
+        name, sep, value = raw.decode("latin-1").partition(":")
+        if sep:
+            fields[name.strip().lower()] = value.strip()
+    if "upgrade" in fields:
+        return "upgrade", 0
+    if "chunked" in fields.get("transfer-encoding", "").lower():
+        return "chunked", 0
+    length = fields.get("content-length", "0") or "0"
+    if not length.isdigit():
+        raise ValueError("bad Content-Length")
+    return ("length", int(length)) if int(length) else ("none", 0)
+
+
+def _bad_gateway(client: TlsEnd, why: str) -> None:
+    body = f"callbox egress proxy could not reach the host over TLS: {why}\n".encode("ascii", "backslashreplace")
+    with suppress(OSError, ssl.SSLError):
+        client.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nContent-Length: "
+                       + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        client.close_write()
+
+
+def intercept(conn: socket.socket, upstream: socket.socket, host: str, port: int, rules: SecretRules,
+              counts: list[int], idle_timeout: float) -> None:
+    """Serve one CONNECT to ``host:port`` whose TLS this proxy terminates (after its 200)."""
+    assert rules.server is not None and rules.client is not None
+    secrets = rules.for_host(host, port)
+    last = [time.monotonic()]
+    for sock in (conn, upstream):
+        sock.settimeout(idle_timeout)
+
+    def idle() -> bool:
+        return time.monotonic() - last[0] >= idle_timeout
+
+    try:
+        conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        client = TlsEnd.open(conn, rules.server, server_side=True)
+    except (OSError, ssl.SSLError):
+        return  # the sandbox's program did not accept the CA (it says so itself) or went away
+    try:
+        server = TlsEnd.open(upstream, rules.client, server_side=False, hostname=host)
+    except ssl.SSLCertVerificationError as exc:
+        return _bad_gateway(client, f"{host}'s certificate does not verify ({exc.verify_message})")
+    except (OSError, ssl.SSLError) as exc:
+        return _bad_gateway(client, f"TLS with {host} failed ({exc})")
+
+    def abort() -> None:
+        for sock in (conn, upstream):
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def down() -> None:
+        try:
+            while True:
+                try:
+                    data = server.recv()
+                except TimeoutError:
+                    if idle():
+                        return abort()
+                    continue
+                if not data:
+                    client.close_write()
+                    return None
+                last[0] = time.monotonic()
+                client.sendall(data)
+                counts[1] += len(data)
+        except (OSError, ssl.SSLError):
+            return abort()
+
+    def up(data: bytes) -> None:
+        last[0] = time.monotonic()
+        server.sendall(data)
+        counts[0] += len(data)
+
+    responses = threading.Thread(target=down, daemon=True)
+    responses.start()
+    reader = _Reader(client, idle)
+    try:
+        while (head := reader.head()) is not None:
+            kind, length = _framing(head)
+            up(rewrite_headers(head, secrets)[0])
+            if kind == "length":
+                reader.copy(length, up)
+            elif kind == "chunked":
+                while True:
+                    line = reader.line()
+                    up(line)
+                    size = int(line.split(b";")[0].strip() or b"x", 16)
+                    if size == 0:
+                        while (trailer := reader.line()).strip():
+                            up(trailer)
+                        up(trailer)
+                        break
+                    reader.copy(size + 2, up)
+            elif kind == "upgrade":
+                if reader.buf:
+                    up(reader.buf)
+                while reader.more():
+                    up(reader.buf)
+                    reader.buf = b""
+                break
+        server.close_write()
+    except (ValueError, OSError, ssl.SSLError):
+        abort()
+    responses.join()
