@@ -547,7 +547,8 @@ def _default_policy_where() -> str:
 
 def load_policy(path: Path | None = None, *, host: HostLimits | None = None) -> Policy:
     """Read and validate a policy file (None: the packaged default), check its sandbox
-    against ``host`` (default this machine) and log its loosenings."""
+    against ``host`` (default this machine) and that its secrets can be read, and log its
+    loosenings."""
     if path is None:
         data = resources.files("harness").joinpath(DEFAULT_POLICY_RESOURCE).read_bytes()
         label, base_dir = f"default policy {_default_policy_where()}", None
@@ -567,6 +568,10 @@ def load_policy(path: Path | None = None, *, host: HostLimits | None = None) -> 
             raise PolicyError(f"{label} cannot be read: {exc.strerror or exc}") from None
         base_dir = path.parent
     policy = parse_policy(data, source=label, base_dir=base_dir, host=host)
+    try:
+        policy.check_secrets()  # each [[secret]]'s value can be read: fail now, not at the first call
+    except PolicyError as exc:
+        raise PolicyError(_problems_message(label, [str(exc)])) from None
     for note in policy.loosened():
         log.warning("%s loosens a hardened default: %s", label, note)
     return policy

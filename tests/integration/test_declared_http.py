@@ -25,7 +25,7 @@ from harness.core.calls import ErrorCode, ToolCall
 from harness.core.policy import parse_policy
 from harness.core.session import Session
 from harness.engine.docker.engine import DockerEngine
-from harness.engine.spec import HostLimits, SandboxSpec
+from harness.engine.spec import HostLimits
 from harness.tools import registry_for
 from tests.conftest import IMAGE
 
@@ -127,7 +127,7 @@ def test_an_http_tool_sends_the_secret_header_and_never_shows_it(
 ) -> None:
     policy = parse_policy(POLICY, source="test.toml", base_dir=tmp_path, host=HostLimits(cpus=None, memory=None))
     # The sandbox this run gets allows only dest.callbox.test (as `--allow-host` narrows a policy).
-    spec = SandboxSpec(image=IMAGE, network="allowlist", allow_hosts=(f"dest.callbox.test:{PORT}",))
+    spec = policy.sandbox_spec().model_copy(update={"image": IMAGE, "allow_hosts": (f"dest.callbox.test:{PORT}",)})
     audit_path = tmp_path / "audit.sqlite3"
     with AuditStore(audit_path) as audit:
         with Session(registry_for(policy), policy, audit, spec=spec, engine_factory=lambda: net_engine) as harness:

@@ -34,8 +34,8 @@ from harness.core.policy import parse_policy
 from harness.core.session import Session
 from harness.engine.docker.engine import DockerEngine
 from harness.engine.docker.networks import proxy_name
-from harness.engine.spec import HostLimits
 from harness.engine.secrets import PLACEHOLDER_PREFIX
+from harness.engine.spec import HostLimits
 from harness.tools import registry_for
 from tests.conftest import DEST_HOSTS, IMAGE
 from tests.integration.helpers import run
@@ -86,8 +86,9 @@ def _openssl(*args: str, cwd: Path) -> None:
 def _test_ca(directory: Path) -> tuple[Path, Path, Path]:
     """A test CA (what a public CA is to a real host) and the server's certificate from it."""
     curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
-    _openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=callbox test CA",
-             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign", cwd=directory)
+    _openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+             "-subj", "/CN=callbox test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign", cwd=directory)
     (directory / "ext").write_text("subjectAltName=" + ",".join(f"DNS:{h}" for h in DEST_HOSTS) + "\n")
     _openssl("req", "-new", *curve, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=dest.callbox.test",
              cwd=directory)
@@ -109,8 +110,8 @@ def _site(root: Path) -> None:
     package = root / "simple" / "callbox-probe"
     package.mkdir(parents=True)
     (package / "callbox_probe-1.0-py3-none-any.whl").write_bytes(wheel.getvalue())
-    (package / "index.html").write_text('<a href="callbox_probe-1.0-py3-none-any.whl">callbox_probe-1.0-py3-none-any.whl'
-                                        "</a>\n")
+    name = "callbox_probe-1.0-py3-none-any.whl"
+    (package / "index.html").write_text(f'<a href="{name}">{name}</a>\n')
     work = root / "work"
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(work)]
     subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True, timeout=60)
@@ -229,7 +230,8 @@ def test_the_secrets_host_gets_the_real_value_and_the_sandbox_a_placeholder(worl
     placeholder = box.spec.env["API_TOKEN"]
     assert placeholder.startswith(PLACEHOLDER_PREFIX + "API_TOKEN_") and token not in placeholder
     # curl verifies the proxy's certificate with the sandbox's bundle (SSL_CERT_FILE and friends)
-    out = sh(world, f'curl -sS --fail https://dest.callbox.test:{PORT}/echo/bearer -H "Authorization: Bearer $API_TOKEN"')
+    out = sh(world, f"curl -sS --fail https://dest.callbox.test:{PORT}/echo/bearer "
+                    '-H "Authorization: Bearer $API_TOKEN"')
     assert json.loads(out)["auth_sha256"] == sha(f"Bearer {token}")
     assert server.last("/echo/bearer")["authorization"] == f"Bearer {token}"
     # basic auth from URL userinfo: the file's value, as the policy's user

@@ -14,9 +14,11 @@ from harness.engine.spec import Mount, SandboxSpec
 def test_the_settings_are_the_specs_fields_with_its_defaults() -> None:
     # what a client's request beyond the policy gets, whether it may ask for root: no sandbox's settings
     policy_only = ["on_internet_request", "public_ports", "root_commands"]
-    assert list(SandboxSettings.model_fields) == list(SandboxSpec.model_fields) + policy_only
+    # secrets: the policy's [[secret]] tables, not a [sandbox] key
+    spec_fields = [name for name in SandboxSpec.model_fields if name != "secrets"]
+    assert list(SandboxSettings.model_fields) == spec_fields + policy_only
     settings, spec = SandboxSettings(), SandboxSpec()
-    for name in SandboxSpec.model_fields:
+    for name in spec_fields:
         if name != "mounts":
             assert getattr(settings, name) == getattr(spec, name), name
     assert SandboxSettings.model_fields["mounts"].annotation == tuple[MountSetting, ...]
@@ -36,7 +38,7 @@ def test_the_spec_is_built_from_every_setting() -> None:
                                mounts=(MountSetting(source=Path("/srv"), target="/data"),))
     spec = Policy(sandbox=settings).sandbox_spec()
     for name in SandboxSpec.model_fields:
-        if name != "mounts":
+        if name not in ("mounts", "secrets"):
             assert getattr(spec, name) == getattr(settings, name), name
     assert spec.mounts == (Mount(source=Path("/srv"), target="/data"),)
     assert spec.env is not settings.env

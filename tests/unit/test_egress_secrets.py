@@ -1,0 +1,117 @@
+"""``[[secret]]`` definitions, their checks, and how the proxy fills a request's headers."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from harness.core.errors import CallboxError
+from harness.core.policy import PolicyError, parse_policy
+from harness.engine.secrets import PLACEHOLDER_PREFIX, SecretSpec, new_placeholder, redaction_pairs
+from harness.engine.spec import HostLimits, SandboxSpec
+from sandbox.egress_policy import Entry
+from sandbox.egress_secrets import Secret, SecretRules, rewrite_headers
+
+BEARER = dict(name="API_TOKEN", env="HOST_TOKEN", hosts=("api.example.com",), header="Authorization: Bearer {value}")
+
+
+def secret(**fields: object) -> Secret:
+    values: dict[str, object] = dict(name="API_TOKEN", hosts=(Entry.parse("api.example.com"),),
+                                     header="Authorization", template="Bearer {value}", basic_user=None,
+                                     placeholder="PH_123", value="real-value")
+    values.update(fields)
+    return Secret(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("fields", "problem"), [
+    ({"env": None}, "give exactly one source"),
+    ({"file": "/run/key"}, "give exactly one source"),
+    ({"header": None}, "give exactly one of header"),
+    ({"header": "Authorization Bearer {value}"}, 'is not "NAME: TEMPLATE"'),
+    ({"header": "Authorization: Bearer"}, "must hold {value} exactly once"),
+    ({"header": "Host: {value}"}, "cannot carry a secret in Host"),
+    ({"hosts": ()}, "hosts is empty"),
+    ({"hosts": ("10.0.0.1",)}, "host names only"),
+    ({"hosts": ("10.0.0.0/8",)}, "host names only"),
+    ({"name": "API-TOKEN"}, "not an environment variable name"),
+])
+def test_a_bad_secret_is_refused_naming_the_fix(fields: dict[str, object], problem: str) -> None:
+    with pytest.raises(ValidationError, match=problem):
+        SecretSpec.model_validate({**BEARER, **fields})
+
+
+def test_a_value_that_cannot_be_read_names_its_source_never_a_value(tmp_path: Path) -> None:
+    spec = SecretSpec.model_validate(BEARER)
+    with pytest.raises(CallboxError, match="environment variable HOST_TOKEN of the harness, which is not set"):
+        spec.read({})
+    assert spec.read({"HOST_TOKEN": "v" * 12}) == "v" * 12
+    missing = SecretSpec(name="K", file=tmp_path / "nope", hosts=("a.example",), basic_auth="u")
+    with pytest.raises(CallboxError, match=r"cannot be read \(No such file or directory\); create it"):
+        missing.read()
+    (tmp_path / "key").write_text("from-a-file\n")
+    assert SecretSpec(name="K", file=tmp_path / "key", hosts=("a.example",), basic_auth="u").read() == "from-a-file"
+
+
+def test_a_spec_carries_secrets_only_to_allowed_hosts_of_an_allowlist() -> None:
+    secret_spec = SecretSpec.model_validate(BEARER)
+    SandboxSpec(network="allowlist", allow_hosts=("api.example.com",), secrets=(secret_spec,))
+    with pytest.raises(ValidationError, match="which allow_hosts does not allow"):
+        SandboxSpec(network="allowlist", allow_hosts=("other.example.com",), secrets=(secret_spec,))
+    with pytest.raises(ValidationError, match="secrets go out through the egress proxy of network 'allowlist'"):
+        SandboxSpec(network="none", secrets=(secret_spec,))
+    with pytest.raises(ValidationError, match="the name is taken"):
+        SandboxSpec(network="allowlist", allow_hosts=("api.example.com",), env={"API_TOKEN": "x"},
+                    secrets=(secret_spec,))
+
+
+def test_a_policy_secret_that_cannot_be_read_fails_before_the_first_call(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HOST_TOKEN", raising=False)
+    policy = parse_policy('[sandbox]\nnetwork = "allowlist"\nallow_hosts = ["api.example.com"]\n[[secret]]\n'
+                          'name = "API_TOKEN"\nenv = "HOST_TOKEN"\nhosts = ["api.example.com"]\n'
+                          'header = "Authorization: Bearer {value}"\n', source="p.toml", base_dir=tmp_path,
+                          host=HostLimits(cpus=None, memory=None))
+    assert [s.name for s in policy.sandbox_spec().secrets] == ["API_TOKEN"]
+    with pytest.raises(PolicyError, match=r"key 'secret\[0\]': secret API_TOKEN takes its value from the "
+                                          "environment variable HOST_TOKEN"):
+        policy.check_secrets()
+    with pytest.raises(CallboxError, match="HOST_TOKEN of the harness, which is not set"):
+        redaction_pairs(policy.sandbox_spec().secrets)
+    monkeypatch.setenv("HOST_TOKEN", "the-real-value")
+    placeholder = new_placeholder("API_TOKEN")
+    assert placeholder.startswith(PLACEHOLDER_PREFIX + "API_TOKEN_")
+    assert redaction_pairs(policy.sandbox_spec().secrets, {"API_TOKEN": placeholder}) == [
+        ("secret:API_TOKEN", "the-real-value"), ("secret:API_TOKEN:placeholder", placeholder)]
+
+
+def test_the_placeholder_is_filled_only_in_the_secrets_header() -> None:
+    head = (b"GET / HTTP/1.1\r\nHost: api.example.com\r\nauthorization: token PH_123\r\nX-Note: PH_123\r\n\r\n")
+    out, used = rewrite_headers(head, [secret()])
+    assert used == ["API_TOKEN"]
+    assert out == (b"GET / HTTP/1.1\r\nHost: api.example.com\r\nauthorization: Bearer real-value\r\n"
+                   b"X-Note: PH_123\r\n\r\n")
+    # no placeholder in it: the header is the client's own and goes unchanged
+    own = b"GET / HTTP/1.1\r\nAuthorization: Bearer mine\r\n\r\n"
+    assert rewrite_headers(own, [secret()]) == (own, [])
+
+
+def test_basic_auth_fills_the_password_as_the_policys_user() -> None:
+    sent = base64.b64encode(b"me:PH_123").decode()
+    head = f"GET / HTTP/1.1\r\nAuthorization: Basic {sent}\r\n\r\n".encode()
+    out, _ = rewrite_headers(head, [secret(template=None, basic_user="x-access-token")])
+    value = out.split(b"Basic ")[1].split(b"\r\n")[0]
+    assert base64.b64decode(value) == b"x-access-token:real-value"
+    out, _ = rewrite_headers(head, [secret(template=None, basic_user="")])
+    assert base64.b64decode(out.split(b"Basic ")[1].split(b"\r\n")[0]) == b"me:real-value"
+
+
+def test_secrets_apply_to_their_hosts_and_ports_only() -> None:
+    rules = SecretRules([secret(hosts=(Entry.parse("api.example.com"), Entry.parse("*.corp.example:8443")))])
+    assert rules.for_host("API.example.com.", 443) and rules.for_host("api.example.com", 80)
+    assert not rules.for_host("api.example.com", 8443) and not rules.for_host("example.com", 443)
+    assert rules.for_host("git.corp.example", 8443) and not rules.for_host("corp.example", 8443)
+    assert not rules.intercepts("api.example.com", 443)  # no TLS context: nothing is opened
+    assert "real-value" not in repr(rules)
