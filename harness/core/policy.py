@@ -419,7 +419,14 @@ class Policy(BaseModel):
         return (*self.secret, *implied)
 
     def check_secrets(self) -> None:
-        """Read each ``[[secret]]``'s value now: a PolicyError naming the fix if one cannot be."""
+        """Read each ``[[secret]]``'s value now, and find the ``openssl`` command the proxy's
+        certificates are made with: a PolicyError naming the fix if either fails."""
+        import shutil
+
+        if self.sandbox_secrets() and shutil.which("openssl") is None:
+            raise PolicyError("this policy's secrets ([[secret]], or a declared http tool's secret header) need the "
+                              "openssl command where callbox runs, to make each sandbox's certificate authority; "
+                              "install it (Debian: apt-get install openssl)")
         for index, secret in enumerate(self.secret):
             try:
                 secret.read()
