@@ -81,6 +81,7 @@ from harness.engine.exec_result import ExecResult, collect
 from harness.engine.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
 from tests.bench.bench_door import add_door_rows, bench_door
 from tests.bench.bench_e2b import add_e2b_rows, bench_e2b
+from tests.bench.bench_egress_tls import add_egress_tls_rows, bench_egress_tls
 from tests.bench.bench_interpreter import add_interpreter_rows, bench_interpreter
 from tests.bench.bench_living import Toolkit, add_living_rows, bench_living
 from tests.bench.bench_network_rules import TARGET_ENFORCED_MS, bench_network_update
@@ -571,6 +572,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
         add("7c. network rules changed (update_network) until enforced: call returned → a request passes them",
             "time", data["network_update_enforced"], "—", None, f"p90 ≤ {TARGET_ENFORCED_MS:g} ms",
             lambda r: r.cb(p90) <= TARGET_ENFORCED_MS)
+    add_egress_tls_rows(data, add)
     if "harness_overhead" in data:
         add("6. harness overhead per call: validate + authorize + audit (no sandbox)", "time",
             data["harness_overhead"], "—", None, f"p50 ≤ {TARGET_OVERHEAD_P50_MS:g} ms",
@@ -726,6 +728,7 @@ def main(argv: list[str] | None = None) -> int:
         out = bench_network_start(res, spec, args.samples, slow_warmup)
         out.update(bench_network_update(res.create_sandbox, res.destroy_sandbox, spec, args.samples, args.warmup,
                                         progress))
+        out.update(bench_egress_tls(engine, spec, args.samples, progress))
         return out
 
     def overhead_rows() -> dict[str, list[float]]:
