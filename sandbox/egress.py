@@ -70,7 +70,6 @@ import re
 import selectors
 import signal
 import socket
-import ssl
 import sys
 import threading
 import time
@@ -102,8 +101,7 @@ from sandbox.egress_policy import (
     parse_port,
     split_host_port,
 )
-from sandbox.egress_secrets import SecretRules, rewrite_headers
-from sandbox.egress_secrets import load as load_secrets
+from sandbox.egress_secrets import SecretRules, load_secrets, rewrite_headers
 from sandbox.egress_tls import intercept
 
 __all__ = [
@@ -555,17 +553,11 @@ def main(argv: list[str] | None = None) -> int:
     if config.test_network is not None:
         print(f"WARNING: --test-allow-network {config.test_network}: destinations in it bypass the private/loopback "
               "address check. This is for tests only and must never be used for real sandboxes.", file=sys.stderr)
-    if config.test_extra_ca is not None:
-        print(f"WARNING: --test-extra-ca {config.test_extra_ca}: the proxy trusts this CA for real hosts. This is "
-              "for tests only and must never be used for real sandboxes.", file=sys.stderr)
-    secrets = None
-    if config.secrets_file is not None:
-        try:
-            secrets = load_secrets(config.secrets_file, config.test_extra_ca)
-        except (OSError, ValueError, KeyError, ssl.SSLError) as exc:
-            print(f"callbox egress proxy: cannot load the sandbox's secrets: {type(exc).__name__}: "
-                  f"{getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
-            return 1
+    try:
+        secrets = load_secrets(config.secrets_file, config.test_extra_ca)  # announces a test CA on stderr
+    except ValueError as exc:
+        print(f"callbox egress proxy: cannot load the sandbox's secrets: {exc}", file=sys.stderr)
+        return 1
     for entry in config.allowlist.entries:
         literal = ip_literal(entry.host)
         if literal is not None and (why := check_address(literal, config.test_network).refusal):

@@ -31,13 +31,14 @@ import json
 import os
 import re
 import ssl
+import sys
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 
 from sandbox.egress_policy import Entry, normalize_host
 
-__all__ = ["SYSTEM_BUNDLE", "Secret", "SecretRules", "load", "rewrite_headers"]
+__all__ = ["SYSTEM_BUNDLE", "Secret", "SecretRules", "load", "load_secrets", "rewrite_headers"]
 
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 _HEADER_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*(.*?)[ \t]*")
@@ -190,3 +191,17 @@ def load(path: str, test_extra_ca: str | None = None, system_bundle: str = SYSTE
     os.chmod(temporary, 0o644)
     os.replace(temporary, bundle)
     return SecretRules(secrets, server, client)
+
+
+def load_secrets(path: str | None, test_extra_ca: str | None = None) -> SecretRules | None:
+    """:func:`load` for the proxy's ``main``: None without a secrets file; a test CA is
+    announced on stderr; any failure is a ValueError saying what failed (never a value)."""
+    if test_extra_ca is not None:
+        print(f"WARNING: --test-extra-ca {test_extra_ca}: the proxy trusts this CA for real hosts. This is for "
+              "tests only and must never be used for real sandboxes.", file=sys.stderr)
+    if path is None:
+        return None
+    try:
+        return load(path, test_extra_ca)
+    except (OSError, KeyError, ssl.SSLError) as exc:
+        raise ValueError(f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}") from None

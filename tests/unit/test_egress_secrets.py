@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import base64
+import http.client
+import http.server
+import ipaddress
+import os
+import socket
+import ssl
+import subprocess
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -13,7 +22,7 @@ from harness.core.policy import PolicyError, parse_policy
 from harness.engine.secrets import PLACEHOLDER_PREFIX, SecretSpec, new_placeholder, redaction_pairs
 from harness.engine.spec import HostLimits, SandboxSpec
 from sandbox.egress_policy import Entry
-from sandbox.egress_secrets import Secret, SecretRules, rewrite_headers
+from sandbox.egress_secrets import Secret, SecretRules, load_secrets, rewrite_headers
 
 BEARER = dict(name="API_TOKEN", env="HOST_TOKEN", hosts=("api.example.com",), header="Authorization: Bearer {value}")
 
@@ -115,3 +124,106 @@ def test_secrets_apply_to_their_hosts_and_ports_only() -> None:
     assert rules.for_host("git.corp.example", 8443) and not rules.for_host("corp.example", 8443)
     assert not rules.intercepts("api.example.com", 443)  # no TLS context: nothing is opened
     assert "real-value" not in repr(rules)
+
+
+SECRET_HOST = "secret.test"
+
+
+def _tls_server(directory: Path) -> tuple[Path, Any, list[dict[str, Any]]]:
+    """A local TLS server for ``secret.test`` (its own test CA), recording each request."""
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=60)
+
+    openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=unit CA",
+            "-addext", "basicConstraints=critical,CA:TRUE")
+    (directory / "ext").write_text(f"subjectAltName=DNS:{SECRET_HOST}\n")
+    openssl("req", "-new", *curve, "-keyout", "server.key", "-out", "server.csr", "-subj", f"/CN={SECRET_HOST}")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1",
+            "-extfile", "ext", "-out", "server.crt")
+    seen: list[dict[str, Any]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = b""
+            if "chunked" in self.headers.get("Transfer-Encoding", ""):
+                while size := int(self.rfile.readline().split(b";")[0], 16):
+                    body += self.rfile.read(size)
+                    self.rfile.readline()
+                self.rfile.readline()
+            else:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append({"auth": self.headers.get("Authorization"), "body": body})
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(directory / "server.crt", directory / "server.key")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return directory / "ca.crt", server, seen
+
+
+def test_the_proxy_fills_the_secret_over_its_own_tls_on_every_request_of_a_connection(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.engine.docker import egress_secrets as material_of
+    from sandbox.egress import Config, EgressProxy
+    from sandbox.egress_policy import Allowlist
+
+    test_ca, server, seen = _tls_server(tmp_path)
+    port = server.server_address[1]
+    monkeypatch.setenv("UNIT_TOKEN", "the-real-value-42")
+    spec = SecretSpec(name="API_TOKEN", env="UNIT_TOKEN", hosts=(f"{SECRET_HOST}:{port}",),
+                      header="Authorization: Bearer {value}")
+    material = material_of.make("unit", (spec,))
+    proxy_dir = tmp_path / "proxy"
+    proxy_dir.mkdir()
+    args = material_of.install(material, proxy_dir, str(proxy_dir), os.getuid(), test_ca)
+    rules = load_secrets(args[1], str(test_ca))
+    assert rules is not None and not (proxy_dir / "secrets.json").exists() and not (proxy_dir / "leaf.key").exists()
+    real_getaddrinfo = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: real_getaddrinfo(
+        "127.0.0.1" if host == SECRET_HOST else host, *a, **k))
+    config = Config(listen=("127.0.0.1", 0), sandbox_id="unit", allowlist=Allowlist.parse([f"{SECRET_HOST}:{port}"]),
+                    test_network=ipaddress.ip_network("127.0.0.0/8"))
+    proxy = EgressProxy(config, lambda record: None, rules)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        placeholder = material.placeholders[0]
+        client = http.client.HTTPSConnection(*proxy.address, timeout=10, context=ssl.create_default_context(
+            cafile=str(proxy_dir / "trust" / "ca-bundle.pem")))
+        client.set_tunnel(SECRET_HOST, port)
+        for body in (iter([b"one ", b"chunked ", b"body"]), b"second, with a length"):
+            client.request("POST", "/x", body=body, headers={"Authorization": f"Bearer {placeholder}"})
+            response = client.getresponse()
+            assert (response.status, response.read()) == (200, b"ok")
+        client.close()
+        # a host whose certificate the proxy cannot verify (no test CA now) gets nothing: the client a 502
+        unverified_dir = tmp_path / "unverified"
+        unverified_dir.mkdir()
+        unverified = load_secrets(material_of.install(material, unverified_dir, str(unverified_dir), os.getuid(),
+                                                      None)[1])
+        strict = EgressProxy(config, lambda record: None, unverified)
+        threading.Thread(target=strict.serve_forever, daemon=True).start()
+        client = http.client.HTTPSConnection(*strict.address, timeout=10, context=ssl.create_default_context(
+            cafile=str(unverified_dir / "trust" / "ca-bundle.pem")))
+        client.set_tunnel(SECRET_HOST, port)
+        client.request("POST", "/x", body=b"never sent", headers={"Authorization": f"Bearer {placeholder}"})
+        response = client.getresponse()
+        assert response.status == 502
+        assert f"{SECRET_HOST}'s certificate does not verify" in response.read().decode()
+        strict.stop()
+    finally:
+        proxy.stop()
+        server.shutdown()
+    assert seen == [{"auth": "Bearer the-real-value-42", "body": b"one chunked body"},
+                    {"auth": "Bearer the-real-value-42", "body": b"second, with a length"}]
