@@ -173,13 +173,15 @@ def load(path: str, test_extra_ca: str | None = None, system_bundle: str = SYSTE
     finally:
         with suppress(OSError):
             os.unlink(key_path)
-    client = ssl.create_default_context()
+    if not os.path.isfile(system_bundle):
+        raise ValueError(f"the image has no system CA bundle at {system_bundle}, so neither the proxy nor the "
+                         "sandbox could verify a real host; install Debian's ca-certificates in the image")
+    client = ssl.create_default_context(cafile=system_bundle)
     client.set_alpn_protocols(["http/1.1"])
     if test_extra_ca is not None:
         client.load_verify_locations(cafile=test_extra_ca)
-    parts: list[bytes] = []
-    with suppress(FileNotFoundError), open(system_bundle, "rb") as handle:
-        parts.append(handle.read())
+    with open(system_bundle, "rb") as handle:
+        parts = [handle.read()]
     for extra in (str(data["ca"]), test_extra_ca):
         if extra is not None:
             with open(extra, "rb") as handle:

@@ -227,3 +227,16 @@ def test_the_proxy_fills_the_secret_over_its_own_tls_on_every_request_of_a_conne
         server.shutdown()
     assert seen == [{"auth": "Bearer the-real-value-42", "body": b"one chunked body"},
                     {"auth": "Bearer the-real-value-42", "body": b"second, with a length"}]
+
+
+def test_an_image_without_system_cas_stops_the_proxy_naming_the_fix(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.engine.docker import egress_secrets as material_of
+    from sandbox.egress_secrets import load
+
+    monkeypatch.setenv("HOST_TOKEN", "the-real-value")
+    material = material_of.make("unit", (SecretSpec.model_validate(BEARER),))
+    args = material_of.install(material, tmp_path, str(tmp_path), os.getuid(), None)
+    with pytest.raises(ValueError, match="no system CA bundle at /nowhere.*install Debian's ca-certificates"):
+        load(args[1], system_bundle="/nowhere")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["leaf.crt", "trust"]  # the secrets and the key gone anyway
