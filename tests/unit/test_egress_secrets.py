@@ -237,6 +237,6 @@ def test_an_image_without_system_cas_stops_the_proxy_naming_the_fix(tmp_path: Pa
     monkeypatch.setenv("HOST_TOKEN", "the-real-value")
     material = material_of.make("unit", (SecretSpec.model_validate(BEARER),))
     args = material_of.install(material, tmp_path, str(tmp_path), os.getuid(), None)
-    with pytest.raises(ValueError, match="no system CA bundle at /nowhere.*install Debian's ca-certificates"):
+    with pytest.raises(ValueError, match=r"no system CA bundle at /nowhere.*install Debian's ca-certificates"):
         load(args[1], system_bundle="/nowhere")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["leaf.crt", "trust"]  # the secrets and the key gone anyway
