@@ -52,7 +52,7 @@ let the connected address through::
 their hosts get them in place of their placeholders (CONNECT to them is TLS terminated with the
 sandbox's own CA: ``sandbox.egress_secrets``, ``sandbox.egress_tls``). ``--test-extra-ca FILE`` makes
 the proxy trust one more CA for the real hosts (and adds it to the sandbox's bundle): for tests only,
-announced on stderr.
+announced on stderr. An allowed connection to their hosts has ``"secrets": [NAME, ...]`` in its decision.
 
 With ``--log FILE`` the same lines are also appended to FILE (flushed before the client gets its answer).
 
@@ -101,7 +101,7 @@ from sandbox.egress_policy import (
     parse_port,
     split_host_port,
 )
-from sandbox.egress_secrets import SecretRules, load_secrets, rewrite_headers
+from sandbox.egress_secrets import SecretRules, carried, load_secrets, rewrite_headers
 from sandbox.egress_tls import intercept
 
 __all__ = [
@@ -390,10 +390,11 @@ class EgressProxy:
                 return self._deny(conn, req, Refusal(502, "internal proxy error"))
             if upstream is None:
                 return None
-            self._record("decision", req, decision="allow", status=200, reason=None, test_override=override)
+            assert req.host is not None and req.port is not None
+            self._record("decision", req, decision="allow", status=200, reason=None, test_override=override,
+                         **carried(self.secrets, req.host, req.port))
             started = time.monotonic()
             with upstream:
-                assert req.host is not None and req.port is not None
                 if self.secrets is not None and req.method == "CONNECT" and self.secrets.intercepts(req.host, req.port):
                     intercept(conn, upstream, req.host, req.port, self.secrets, req.counts, self.config.idle_timeout)
                 else:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from sandbox.egress_policy import Entry, normalize_host
 
-__all__ = ["SYSTEM_BUNDLE", "Secret", "SecretRules", "load", "load_secrets", "rewrite_headers"]
+__all__ = ["SYSTEM_BUNDLE", "Secret", "SecretRules", "carried", "load", "load_secrets", "rewrite_headers"]
 
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 _HEADER_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*(.*?)[ \t]*")
@@ -108,6 +108,13 @@ class SecretRules:
     def intercepts(self, host: str, port: int) -> bool:
         """Whether a CONNECT to ``host:port`` is opened here (TLS terminated) rather than tunnelled."""
         return self.server is not None and bool(self.for_host(host, port))
+
+
+def carried(rules: SecretRules | None, host: str, port: int) -> dict[str, object]:
+    """What a decision record says of the secrets a connection to ``host:port`` may carry:
+    ``{"secrets": [NAME, ...]}``, or nothing when none applies."""
+    names = [s.name for s in rules.for_host(host, port)] if rules is not None else []
+    return {"secrets": names} if names else {}
 
 
 def rewrite_headers(head: bytes, secrets: Sequence[Secret]) -> tuple[bytes, list[str]]:

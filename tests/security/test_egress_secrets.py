@@ -18,6 +18,7 @@ import json
 import os
 import queue
 import secrets
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -250,6 +251,12 @@ def test_the_secrets_host_gets_the_real_value_and_the_sandbox_a_placeholder(worl
     assert not result.is_error, result.text
     assert result.structured["json"]["auth_sha256"] == sha(f"token {token}")
     assert server.last("/echo/tool")["authorization"] == f"token {token}"
+    # the audit store says which connections could carry which secrets (names only)
+    with sqlite3.connect(world["audit"]) as db:
+        records = [json.loads(row[0]) for row in db.execute("SELECT record FROM egress ORDER BY ts")]
+    carried = {r["host"]: r.get("secrets") for r in records if r["decision"] == "allow"}
+    assert carried == {"dest.callbox.test": ["API_TOKEN", "GIT_TOKEN", "CALLBOX_HTTP_WHOAMI_AUTHORIZATION"],
+                       "api.callbox.test": None}
 
 
 def test_pip_and_git_over_https_work_through_the_proxy(world: dict[str, Any]) -> None:
