@@ -138,9 +138,9 @@ from harness.core.rules import (
     tool_decision,
 )
 from harness.core.sandbox_settings import MountSetting, PoolSettings, SandboxSettings
+from harness.core.secrets import SecretSpec, sandbox_secrets, secret_problems
 from harness.core.units import format_size
 from harness.core.validation import describe_validation_error, parse_toml_model, render_path
-from harness.engine.secrets import SecretSpec
 from harness.engine.select import EngineName, RayTable
 from harness.engine.spec import HostLimits, Mount, SandboxSpec, SpecError
 
@@ -229,8 +229,7 @@ class Policy(BaseModel):
     tool: tuple[DeclaredTool, ...] = ()
     """``[[tool]]``: the tools this policy declares (see :mod:`harness.core.declared`)."""
     secret: tuple[SecretSpec, ...] = ()
-    """``[[secret]]``: secrets the egress proxy carries, the sandbox holding placeholders
-    (:mod:`harness.engine.secrets`)."""
+    """``[[secret]]``: carried by the egress proxy, the sandbox holding placeholders (:mod:`harness.engine.secrets`)."""
     actions: ActionsPolicy = Field(default_factory=ActionsPolicy)
     """``[actions.NAME]``: what may be done with a living sandbox (see :mod:`harness.core.actions`)."""
     pool: PoolSettings = Field(default_factory=PoolSettings)
@@ -398,40 +397,11 @@ class Policy(BaseModel):
             except ValidationError as exc:
                 raise _spec_error(exc, Mount, key) from None
         try:
-            spec = self.sandbox.spec(tuple(mounts), self.sandbox_secrets())
+            spec = self.sandbox.spec(tuple(mounts), sandbox_secrets(self))
         except ValidationError as exc:
             raise _spec_error(exc, SandboxSpec, "sandbox") from None
         self.check_runtime(spec.runtime, spec.network)
         return spec
-
-    def sandbox_secrets(self) -> tuple[SecretSpec, ...]:
-        """``[[secret]]`` and the secret headers of the declared http tools this run exposes
-        (optional: a missing variable is their call's error), when the network is an allowlist."""
-        from harness.core.declared_http import implied_secrets
-        from sandbox.egress_policy import Allowlist, split_host_port
-
-        if self.sandbox.network != "allowlist":
-            return self.secret
-        allowlist = Allowlist.parse(self.sandbox.allow_hosts)
-        implied = [s for t in self.tool if t.kind == "http" and self.tool_allowed(t.name)
-                   for s in implied_secrets(t)
-                   if all(allowlist.permits(host, port or 443) is None for host, port in map(split_host_port, s.hosts))]
-        return (*self.secret, *implied)
-
-    def check_secrets(self) -> None:
-        """Read each ``[[secret]]``'s value now, and find the ``openssl`` command the proxy's
-        certificates are made with: a PolicyError naming the fix if either fails."""
-        import shutil
-
-        if self.sandbox_secrets() and shutil.which("openssl") is None:
-            raise PolicyError("this policy's secrets ([[secret]], or a declared http tool's secret header) need the "
-                              "openssl command where callbox runs, to make each sandbox's certificate authority; "
-                              "install it (Debian: apt-get install openssl)")
-        for index, secret in enumerate(self.secret):
-            try:
-                secret.read()
-            except CallboxError as exc:
-                raise PolicyError(f"key 'secret[{index}]': {exc}") from None
 
     def host_checked_spec(self, host: HostLimits | None = None) -> SandboxSpec:
         """:meth:`sandbox_spec` checked against ``host`` (default this machine): mounts exist,
@@ -481,13 +451,8 @@ class Policy(BaseModel):
         ]
         if s.network != "none":
             notes.append(f'sandbox.network = "{s.network}" (the default is "none")')
-        for key, show in (
-            ("memory", format_size),
-            ("cpus", _plain),
-            ("pids", _plain),
-            ("nofile", _plain),
-            ("fsize", format_size),
-        ):
+        for key, show in (("memory", format_size), ("cpus", _plain), ("pids", _plain), ("nofile", _plain),
+                          ("fsize", format_size)):
             value, default = getattr(s, key), _spec_default(key)
             if value > default:
                 notes.append(f"sandbox.{key} = {show(value)} is above the default {show(default)}")
@@ -554,8 +519,7 @@ def _default_policy_where() -> str:
 
 def load_policy(path: Path | None = None, *, host: HostLimits | None = None) -> Policy:
     """Read and validate a policy file (None: the packaged default), check its sandbox
-    against ``host`` (default this machine) and that its secrets can be read, and log its
-    loosenings."""
+    against ``host`` (default this machine) and its secrets, and log its loosenings."""
     if path is None:
         data = resources.files("harness").joinpath(DEFAULT_POLICY_RESOURCE).read_bytes()
         label, base_dir = f"default policy {_default_policy_where()}", None
@@ -575,10 +539,8 @@ def load_policy(path: Path | None = None, *, host: HostLimits | None = None) -> 
             raise PolicyError(f"{label} cannot be read: {exc.strerror or exc}") from None
         base_dir = path.parent
     policy = parse_policy(data, source=label, base_dir=base_dir, host=host)
-    try:
-        policy.check_secrets()  # each [[secret]]'s value can be read: fail now, not at the first call
-    except PolicyError as exc:
-        raise PolicyError(_problems_message(label, [str(exc)])) from None
+    if (problem := secret_problems(policy)) is not None:  # a value that cannot be read fails now, not at a call
+        raise PolicyError(_problems_message(label, [problem]))
     for note in policy.loosened():
         log.warning("%s loosens a hardened default: %s", label, note)
     return policy

@@ -134,8 +134,14 @@ class Session:
                     sandbox.destroy()
                     self._refuse_if_closed()
                 self._sandbox = sandbox
-                self.redactor.add_literals(redaction_pairs(sandbox.spec.secrets, sandbox.spec.env))
+                self._redact_placeholders(sandbox)
             return self._sandbox
+
+    def _redact_placeholders(self, sandbox: Sandbox) -> None:
+        """Add the placeholders the sandbox holds for its secrets (and their values, read
+        again) to what is redacted."""
+        if self.spec.secrets:
+            self.redactor.add_literals(redaction_pairs(self.spec.secrets, sandbox.spec.env))
 
     @property
     def active_sandbox(self) -> Sandbox | None:
@@ -154,7 +160,7 @@ class Session:
             if self._sandbox is not None and self._sandbox is not sandbox:
                 raise RuntimeError(f"run {self.run_id} already has sandbox {self._sandbox.id}")
             self._sandbox = sandbox
-            self.redactor.add_literals(redaction_pairs(sandbox.spec.secrets, sandbox.spec.env))
+            self._redact_placeholders(sandbox)
 
     def detach(self) -> Sandbox | None:
         """Stop using the run's sandbox without destroying it (a paused run keeps it);

@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from harness.core.errors import CallboxError, ErrorCode
 
-__all__ = ["PLACEHOLDER_PREFIX", "SecretSpec", "SecretUnavailable", "new_placeholder"]
+__all__ = ["PLACEHOLDER_PREFIX", "SecretSpec", "SecretUnavailable", "new_placeholder", "redaction_pairs",
+           "secrets_problem"]
 
 PLACEHOLDER_PREFIX = "CALLBOX_PLACEHOLDER_"
 """Every placeholder starts so: ``CALLBOX_PLACEHOLDER_<name>_<24 random hex digits>``."""
@@ -167,3 +168,27 @@ def redaction_pairs(specs: tuple[SecretSpec, ...],
         if placeholder.startswith(PLACEHOLDER_PREFIX):
             pairs.append((f"secret:{spec.name}:placeholder", placeholder))
     return pairs
+
+
+def secrets_problem(secrets: tuple[SecretSpec, ...], network: str, allow_hosts: tuple[str, ...],
+                    env: Mapping[str, str]) -> str | None:
+    """Why a spec cannot carry ``secrets`` (its network is not an allowlist, a secret's host
+    is not in ``allow_hosts``, a name is taken twice or by ``env``), or None."""
+    from sandbox.egress_policy import Allowlist, Entry
+
+    if network != "allowlist":
+        return (f"secrets go out through the egress proxy of network 'allowlist', but the network is {network!r}; "
+                "set network = 'allowlist' and list the secrets' hosts in allow_hosts")
+    allowlist, names = Allowlist.parse(allow_hosts), set()
+    for secret in secrets:
+        if secret.name in names or secret.name in env:
+            return (f"secret {secret.name}: the name is taken by another secret or by env; "
+                    "a variable holds one placeholder")
+        names.add(secret.name)
+        for text in secret.hosts:
+            entry = Entry.parse(text)
+            host = f"x.{entry.host}" if entry.wildcard else entry.host
+            if any(allowlist.permits(host, port) is not None for port in ([entry.port] if entry.port else [443])):
+                return (f"secret {secret.name} may go to {text}, which allow_hosts does not allow "
+                        f"(allowed: {allowlist}); add it to allow_hosts")
+    return None

@@ -34,7 +34,7 @@ from harness.core.errors import CallboxError, ErrorCode
 from harness.core.units import ByteSize, format_size
 from harness.engine.host_files import can_write, describe_owner, mount_fixes
 from harness.engine.placement import Placement
-from harness.engine.secrets import SecretSpec
+from harness.engine.secrets import SecretSpec, secrets_problem
 
 DEFAULT_IMAGE = "callbox-sandbox:latest"
 AGENT_DIR = "/run/callbox"
@@ -357,27 +357,6 @@ class SandboxSpec(SandboxFields[Mount]):
         Allowlist.parse(value)
         return value
 
-    def _secrets_consistent(self) -> None:
-        from sandbox.egress import Allowlist, Entry
-
-        if not self.secrets:
-            return
-        if self.network != "allowlist":
-            raise ValueError(f"secrets go out through the egress proxy of network 'allowlist', but the network is "
-                             f"{self.network!r}; set network = 'allowlist' and list the secrets' hosts in allow_hosts")
-        allowlist, names = Allowlist.parse(self.allow_hosts), set()
-        for secret in self.secrets:
-            if secret.name in names or secret.name in self.env:
-                raise ValueError(f"secret {secret.name}: the name is taken by another secret or by env; "
-                                 "a variable holds one placeholder")
-            names.add(secret.name)
-            for text in secret.hosts:
-                entry = Entry.parse(text)
-                host = f"x.{entry.host}" if entry.wildcard else entry.host
-                if any(allowlist.permits(host, port) is not None for port in ([entry.port] if entry.port else [443])):
-                    raise ValueError(f"secret {secret.name} may go to {text}, which allow_hosts does not allow "
-                                     f"(allowed: {allowlist}); add it to allow_hosts")
-
     @field_validator("mounts")
     @classmethod
     def _one_mount_per_target(cls, value: tuple[Mount, ...]) -> tuple[Mount, ...]:
@@ -408,7 +387,8 @@ class SandboxSpec(SandboxFields[Mount]):
                 f"egress_allow and egress_deny narrow network 'allowlist' (its egress proxy applies them), but "
                 f"the network is {self.network!r}; drop them or use network 'allowlist'"
             )
-        self._secrets_consistent()
+        if self.secrets and (problem := secrets_problem(self.secrets, self.network, self.allow_hosts, self.env)):
+            raise ValueError(problem)
         for size_name in ("tmp_size", "workspace_size", "home_size"):
             size = getattr(self, size_name)
             if size is not None and size >= self.memory:

@@ -18,7 +18,8 @@ import pytest
 from pydantic import ValidationError
 
 from harness.core.errors import CallboxError
-from harness.core.policy import PolicyError, parse_policy
+from harness.core.policy import PolicyError, load_policy, parse_policy
+from harness.core.secrets import secret_problems
 from harness.engine.secrets import PLACEHOLDER_PREFIX, SecretSpec, new_placeholder, redaction_pairs
 from harness.engine.spec import HostLimits, SandboxSpec
 from sandbox.egress_policy import Entry
@@ -79,14 +80,19 @@ def test_a_spec_carries_secrets_only_to_allowed_hosts_of_an_allowlist() -> None:
 def test_a_policy_secret_that_cannot_be_read_fails_before_the_first_call(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HOST_TOKEN", raising=False)
-    policy = parse_policy('[sandbox]\nnetwork = "allowlist"\nallow_hosts = ["api.example.com"]\n[[secret]]\n'
-                          'name = "API_TOKEN"\nenv = "HOST_TOKEN"\nhosts = ["api.example.com"]\n'
-                          'header = "Authorization: Bearer {value}"\n', source="p.toml", base_dir=tmp_path,
-                          host=HostLimits(cpus=None, memory=None))
+    policy_text = ('[sandbox]\nnetwork = "allowlist"\nallow_hosts = ["api.example.com"]\n[[secret]]\n'
+                   'name = "API_TOKEN"\nenv = "HOST_TOKEN"\nhosts = ["api.example.com"]\n'
+                   'header = "Authorization: Bearer {value}"\n')
+    policy = parse_policy(policy_text, source="p.toml", base_dir=tmp_path, host=HostLimits(cpus=None, memory=None))
     assert [s.name for s in policy.sandbox_spec().secrets] == ["API_TOKEN"]
-    with pytest.raises(PolicyError, match=r"key 'secret\[0\]': secret API_TOKEN takes its value from the "
-                                          "environment variable HOST_TOKEN"):
-        policy.check_secrets()
+    problem = secret_problems(policy)
+    assert problem is not None
+    assert problem.startswith("key 'secret[0]': secret API_TOKEN takes its value from the environment variable "
+                              "HOST_TOKEN of the harness, which is not set; set it where callbox runs")
+    path = tmp_path / "p.toml"
+    path.write_text(policy_text)
+    with pytest.raises(PolicyError, match=r"p.toml: key 'secret\[0\]': secret API_TOKEN takes its value"):
+        load_policy(path)
     with pytest.raises(CallboxError, match="HOST_TOKEN of the harness, which is not set"):
         redaction_pairs(policy.sandbox_spec().secrets)
     monkeypatch.setenv("HOST_TOKEN", "the-real-value")

@@ -41,6 +41,14 @@ def test_network_and_allow_list_change_the_fingerprint() -> None:
     assert fingerprint(allowlist) != fingerprint(SandboxSpec(network="allowlist", allow_hosts=("example.org",)))
 
 
+def test_secrets_change_the_fingerprint() -> None:
+    from harness.engine.secrets import SecretSpec
+
+    allowlist = SandboxSpec(network="allowlist", allow_hosts=("example.com",))
+    secret = SecretSpec(name="T", env="T", hosts=("example.com",), header="Authorization: Bearer {value}")
+    assert fingerprint(allowlist.model_copy(update={"secrets": (secret,)})) != fingerprint(allowlist)
+
+
 def test_mounts_change_the_fingerprint(tmp_path: Path) -> None:
     ro = BASE.model_copy(update={"mounts": (Mount(source=tmp_path, target="/data"),)})
     rw = BASE.model_copy(update={"mounts": (Mount(source=tmp_path, target="/data", read_only=False),)})
@@ -54,7 +62,7 @@ def test_env_ttl_and_mount_roots_do_not_count() -> None:
 
 
 def test_every_spec_field_is_either_in_the_fingerprint_or_named_as_left_out() -> None:
-    counted = set(CHANGES) | {"network", "allow_hosts", "egress_allow", "egress_deny", "mounts"}
+    counted = set(CHANGES) | {"network", "allow_hosts", "egress_allow", "egress_deny", "mounts", "secrets"}
     assert counted | NOT_PART_OF_FINGERPRINT == set(SandboxSpec.model_fields)
     assert not counted & NOT_PART_OF_FINGERPRINT
 
