@@ -6,7 +6,8 @@ signed (ALPN ``http/1.1`` only), opens TLS to the real host verified against the
 CAs (``ssl.create_default_context``), then forwards the sandbox's requests one by one,
 filling each secret in where its header holds its placeholder
 (:func:`sandbox.egress_secrets.rewrite_headers`). Responses flow back unchanged. A request
-is framed by its ``Content-Length`` or chunked ``Transfer-Encoding`` (else no body); after
+is framed by its ``Content-Length`` or chunked ``Transfer-Encoding`` (else no body; both, or
+either twice, ends the connection: the server could read its end elsewhere); after
 a request with ``Upgrade`` (a WebSocket) the rest flows both ways unread. A host whose
 certificate does not verify gets no request: the sandbox gets ``502`` naming why.
 
@@ -154,8 +155,13 @@ def _framing(head: bytes) -> tuple[str, int]:
     fields: dict[str, str] = {}
     for raw in head.split(b"\n")[1:]:
         name, sep, value = raw.decode("latin-1").partition(":")
+        key = name.strip().lower()
+        if sep and key in fields and key in ("content-length", "transfer-encoding"):
+            raise ValueError(f"more than one {name.strip()} header")
         if sep:
-            fields[name.strip().lower()] = value.strip()
+            fields[key] = value.strip()
+    if "content-length" in fields and "transfer-encoding" in fields:
+        raise ValueError("both Content-Length and Transfer-Encoding: the request's end is ambiguous")
     if "upgrade" in fields:
         return "upgrade", 0
     if "chunked" in fields.get("transfer-encoding", "").lower():

@@ -246,3 +246,13 @@ def test_an_image_without_system_cas_stops_the_proxy_naming_the_fix(tmp_path: Pa
     with pytest.raises(ValueError, match=r"no system CA bundle at /nowhere.*install Debian's ca-certificates"):
         load(args[1], system_bundle="/nowhere")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["leaf.crt", "trust"]  # the secrets and the key gone anyway
+
+
+@pytest.mark.parametrize("headers", [b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n",
+                                     b"Content-Length: 4\r\nContent-Length: 40\r\n"])
+def test_a_request_whose_end_is_ambiguous_is_not_forwarded(headers: bytes) -> None:
+    from sandbox.egress_tls import _framing
+
+    with pytest.raises(ValueError, match=r"ambiguous|more than one"):
+        _framing(b"POST / HTTP/1.1\r\nHost: a\r\n" + headers + b"\r\n")
+    assert _framing(b"POST / HTTP/1.1\r\nContent-Length: 4\r\n\r\n") == ("length", 4)
