@@ -48,11 +48,10 @@ let the connected address through::
     {"ts": 2.0, "event": "close", "sandbox_id": "...", "method": ..., "host": ..., "port": ..., "address": ...,
      "client": ..., "bytes_up": 10, "bytes_down": 20, "duration_s": 1.0}
 
-``--secrets-file FILE`` gives the proxy the sandbox's secrets, read and removed at start; requests to
-their hosts get them in place of their placeholders (CONNECT to them is TLS terminated with the
-sandbox's own CA: ``sandbox.egress_secrets``, ``sandbox.egress_tls``). ``--test-extra-ca FILE`` makes
-the proxy trust one more CA for the real hosts (and adds it to the sandbox's bundle): for tests only,
-announced on stderr. An allowed connection to their hosts has ``"secrets": [NAME, ...]`` in its decision.
+``--secrets-file FILE``: the sandbox's secrets, read and removed at start, put in for their placeholders on
+requests to their hosts, whose TLS the proxy terminates (``sandbox.egress_secrets``, ``sandbox.egress_tls``);
+their decisions say ``"secrets": [NAME, ...]``. ``--test-extra-ca FILE``: one more CA trusted for the real
+hosts (and in the sandbox's bundle), for tests only, announced on stderr.
 
 With ``--log FILE`` the same lines are also appended to FILE (flushed before the client gets its answer).
 
@@ -396,7 +395,8 @@ class EgressProxy:
             started = time.monotonic()
             with upstream:
                 if self.secrets is not None and req.method == "CONNECT" and self.secrets.intercepts(req.host, req.port):
-                    intercept(conn, upstream, req.host, req.port, self.secrets, req.counts, self.config.idle_timeout)
+                    intercept(conn, upstream, req.host, req.port, self.secrets, req.counts, self.config.idle_timeout,
+                              rest)
                 else:
                     if self.secrets is not None and req.method != "CONNECT":
                         req.head = rewrite_headers(req.head, self.secrets.for_host(req.host, req.port))[0]

@@ -46,8 +46,10 @@ class TlsEnd:
 
     @classmethod
     def open(cls, sock: socket.socket, context: ssl.SSLContext, *, server_side: bool,
-             hostname: str | None = None) -> TlsEnd:
+             hostname: str | None = None, early: bytes = b"") -> TlsEnd:
+        """Complete the handshake; ``early``: bytes of it already read from ``sock``."""
         incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        incoming.write(early)
         obj = context.wrap_bio(incoming, outgoing, server_side=server_side, server_hostname=hostname)
         end = cls(sock, obj, incoming, outgoing)
         while True:
@@ -181,8 +183,9 @@ def _bad_gateway(client: TlsEnd, why: str) -> None:
 
 
 def intercept(conn: socket.socket, upstream: socket.socket, host: str, port: int, rules: SecretRules,
-              counts: list[int], idle_timeout: float) -> None:
-    """Serve one CONNECT to ``host:port`` whose TLS this proxy terminates (after its 200)."""
+              counts: list[int], idle_timeout: float, early: bytes = b"") -> None:
+    """Serve one CONNECT to ``host:port`` whose TLS this proxy terminates (after its 200);
+    ``early``: what the client sent after the CONNECT's head without waiting for the 200."""
     assert rules.server is not None and rules.client is not None
     secrets = rules.for_host(host, port)
     last = [time.monotonic()]
@@ -194,7 +197,7 @@ def intercept(conn: socket.socket, upstream: socket.socket, host: str, port: int
 
     try:
         conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        client = TlsEnd.open(conn, rules.server, server_side=True)
+        client = TlsEnd.open(conn, rules.server, server_side=True, early=early)
     except (OSError, ssl.SSLError):
         return  # the sandbox's program did not accept the CA (it says so itself) or went away
     try:

@@ -24,6 +24,7 @@ from harness.engine.secrets import PLACEHOLDER_PREFIX, SecretSpec, new_placehold
 from harness.engine.spec import HostLimits, SandboxSpec
 from sandbox.egress_policy import Entry
 from sandbox.egress_secrets import Secret, SecretRules, load_secrets, rewrite_headers
+from sandbox.egress_tls import TlsEnd
 
 BEARER = dict(name="API_TOKEN", env="HOST_TOKEN", hosts=("api.example.com",), header="Authorization: Bearer {value}")
 
@@ -213,6 +214,35 @@ def test_the_proxy_fills_the_secret_over_its_own_tls_on_every_request_of_a_conne
             response = client.getresponse()
             assert (response.status, response.read()) == (200, b"ok")
         client.close()
+        # a client that sends its TLS hello with the CONNECT, before the proxy's 200
+        bundle = ssl.create_default_context(cafile=str(proxy_dir / "trust" / "ca-bundle.pem"))
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        hello = bundle.wrap_bio(incoming, outgoing, server_hostname=SECRET_HOST)
+        with pytest.raises(ssl.SSLWantReadError):
+            hello.do_handshake()
+        raw = socket.create_connection(proxy.address, timeout=10)
+        raw.sendall(f"CONNECT {SECRET_HOST}:{port} HTTP/1.1\r\n\r\n".encode() + outgoing.read())
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += raw.recv(65536)
+        head, _, rest = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        incoming.write(rest)
+        early = TlsEnd(raw, hello, incoming, outgoing)
+        while True:
+            try:
+                hello.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                early._flush()
+                assert early._feed()
+        early.sendall(f"POST /x HTTP/1.1\r\nHost: {SECRET_HOST}\r\nAuthorization: {placeholder}\r\n"
+                      "Content-Length: 5\r\nConnection: close\r\n\r\nearly".encode())
+        reply = b""
+        while chunk := early.recv():
+            reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"ok")
+        raw.close()
         # a host whose certificate the proxy cannot verify (no test CA now) gets nothing: the client a 502
         unverified_dir = tmp_path / "unverified"
         unverified_dir.mkdir()
@@ -232,7 +262,8 @@ def test_the_proxy_fills_the_secret_over_its_own_tls_on_every_request_of_a_conne
         proxy.stop()
         server.shutdown()
     assert seen == [{"auth": "Bearer the-real-value-42", "body": b"one chunked body"},
-                    {"auth": "Bearer the-real-value-42", "body": b"second, with a length"}]
+                    {"auth": "Bearer the-real-value-42", "body": b"second, with a length"},
+                    {"auth": "Bearer the-real-value-42", "body": b"early"}]
 
 
 def test_an_image_without_system_cas_stops_the_proxy_naming_the_fix(tmp_path: Path,
