@@ -175,11 +175,19 @@ def _framing(head: bytes) -> tuple[str, int]:
 
 
 def _bad_gateway(client: TlsEnd, why: str) -> None:
+    """Answer the client's first request (read, never sent on) with 502 naming ``why``, then
+    drain what it still sends for a moment: closing on unread data would reset the
+    connection and could lose the answer."""
     body = f"callbox egress proxy could not reach the host over TLS: {why}\n".encode("ascii", "backslashreplace")
-    with suppress(OSError, ssl.SSLError):
+    with suppress(OSError, ssl.SSLError, ValueError):
+        client.sock.settimeout(10.0)
+        _Reader(client, lambda: True).head()
         client.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nContent-Length: "
                        + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
         client.close_write()
+        client.sock.settimeout(2.0)
+        while client.recv():
+            pass
 
 
 def intercept(conn: socket.socket, upstream: socket.socket, host: str, port: int, rules: SecretRules,
