@@ -92,8 +92,8 @@ def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, *,
 
     The runtime is checked, never raised: ``--runtime`` weaker than ``base``'s (the policy's
     ``sandbox.runtime``, which meets its ``[runtime]`` requirements) or than what ``policy``
-    requires is refused, and so is runsc with a network."""
-    from harness.core.policy import runtime_network_check, weaker_runtime
+    requires is refused."""
+    from harness.core.policy import weaker_runtime
     from harness.core.problems import describe_validation_error
     from harness.engine.spec import Mount, SandboxSpec, SpecError
 
@@ -144,8 +144,6 @@ def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, *,
                          f"never a weaker one: pass --runtime {base.runtime} or leave it out")
     if policy is not None:
         policy.check_runtime(spec.runtime, spec.network, asked_by="--runtime")
-    else:
-        runtime_network_check(spec.runtime, spec.network, asked_by="--runtime")
     return spec
 
 

@@ -34,6 +34,7 @@ from harness.core.errors import CallboxError, ErrorCode
 from harness.core.units import ByteSize, format_size
 from harness.engine.host_files import can_write, describe_owner, mount_fixes
 from harness.engine.placement import Placement
+from harness.engine.runsc_network import networked_refusal
 
 DEFAULT_IMAGE = "callbox-sandbox:latest"
 AGENT_DIR = "/run/callbox"
@@ -219,6 +220,9 @@ class HostLimits:
     """How messages name the host."""
     engine_paths: tuple[str, ...] = ()
     """Container-engine directories no mount may expose (e.g. the engine's data root)."""
+    runsc_network: str | None = None
+    """The network stack of the engine's gVisor runtime (``runsc_network.network_stack``;
+    None: unknown, not checked)."""
 
     @classmethod
     def local(cls) -> HostLimits:
@@ -250,7 +254,8 @@ class SandboxFields(BaseModel, Generic[MountT]):
     runtime: Literal["runc", "runsc"] = "runc"
     """OCI runtime of the container: ``runc`` (Linux namespaces, cgroups and seccomp on the
     host kernel) or ``runsc`` (gVisor: the tools' system calls go to a user-space kernel,
-    which must be installed as a Docker runtime, ``make runsc``)."""
+    which must be installed as a Docker runtime, ``make runsc``; every network mode works
+    there, on gVisor's own network stack)."""
     memory: ByteSize = Field(default=512 << 20, ge=32 << 20)
     """Memory limit in bytes; swap is set equal to it (no swap). ``for_host`` refuses more
     than the host has."""
@@ -472,11 +477,12 @@ class SandboxSpec(SandboxFields[Mount]):
         with canonical mount sources; raises ``SpecError`` naming the setting. Run it before
         any container starts."""
         host = host if host is not None else HostLimits.local()
-        if self.runtime == "runsc" and self.network != "none":
-            # gVisor is set up without its network stack (make runsc): such a sandbox would
-            # silently have only lo.
-            raise SpecError("runtime", f"runtime 'runsc' runs sandboxes without a network, but network is "
-                                       f"{self.network!r}; use network 'none' with runsc, or runtime 'runc'")
+        if self.runtime == "runsc" and host.runsc_network is not None:
+            # an older registration (make runsc before gVisor's netstack): such a sandbox
+            # would silently have only lo
+            refusal = networked_refusal(self.network, host.runsc_network)
+            if refusal is not None:
+                raise SpecError("runtime", refusal)
         if host.cpus is not None and self.cpus > host.cpus:
             raise SpecError("cpus", f"cpus {self.cpus:g} is more than the {host.cpus} CPU(s) of {host.where}; "
                                     f"use at most {host.cpus}")
