@@ -28,6 +28,7 @@ import pytest
 from harness.engine.docker.engine import DockerEngine
 from harness.engine.docker.netfilter import FORWARD_CHAIN, INPUT_CHAIN
 from harness.engine.docker.networks import network_name
+from harness.engine.docker.runsc_dns import host_nameservers
 from harness.engine.spec import SandboxSpec
 from tests.conftest import IMAGE, RUNTIME
 from tests.integration.helpers import run
@@ -120,8 +121,18 @@ def test_the_metadata_address_is_unreachable(boxes, mode, destination):
 
 
 def test_open_mode_is_a_real_network(boxes, destination):
-    """The control for the tests above: an open sandbox does reach the outside."""
+    """The control for the tests above: an open sandbox does reach the outside, and the
+    allowlist sandbox its allowed host through its proxy."""
     assert connect_from(boxes["open"], destination.address, HTTP_PORT) == "connected"
+    box = boxes["allowlist"]
+    allowed = run(box, ["curl", "-sS", "-m", "10", "-w", "%{http_code}", "-o", "/dev/null",
+                        f"http://{ALLOW[0]}/"], env=box.spec.env, timeout_ms=30_000)
+    assert allowed.stdout.data().decode() == "200", allowed.stderr.data()
+    if RUNTIME == "runsc":
+        # gVisor's network stack cannot reach Docker's DNS server at 127.0.0.11: the sandbox
+        # names the host's resolvers instead (read, not asked: no lookup leaves this test)
+        resolv = run(boxes["open"], ["cat", "/etc/resolv.conf"]).stdout.data().decode()
+        assert resolv == "".join(f"nameserver {server}\n" for server in host_nameservers()), resolv
 
 
 @pytest.fixture(scope="module")
