@@ -47,3 +47,17 @@ def test_an_older_registration_refuses_a_networked_runsc_sandbox(network: str) -
 def test_network_none_runs_under_any_registration() -> None:
     assert SandboxSpec(runtime="runsc").for_host(HostLimits(runsc_network="none")).network == "none"
     assert SandboxSpec(network="open").for_host(HostLimits(runsc_network="none")).runtime == "runc"
+
+
+@pytest.mark.parametrize(("entry", "status", "says"), [
+    (NEW, "PASS", "--network=sandbox"),
+    (OLD, "WARN", "make runsc"),
+    ({"path": "/usr/bin/runsc", "runtimeArgs": ["--network=host", "--oci-seccomp"]}, "WARN", "host kernel"),
+])
+def test_the_doctor_says_which_network_stack_runsc_has(entry: dict[str, object], status: str, says: str) -> None:
+    from harness.doctor.runtimes import check_runsc_network, runtime_checks
+
+    result = check_runsc_network({"Runtimes": {"runsc": entry}})
+    assert result.status == status and says in result.reason, result
+    assert check_runsc_network({"Runtimes": {"runc": {"path": "runc"}}}).status == "SKIP"
+    assert [r.id for r in runtime_checks({"Runtimes": {"runsc": entry}})][-1] == "daemon.runsc_network"
