@@ -94,9 +94,9 @@ from harness.engine.docker.networks import Attachment, EgressEvent, SandboxNetwo
 from harness.engine.docker.pool import PoolEntry, WarmPool
 from harness.engine.docker.sandbox import AGENT_SOCKET_NAME, Sandbox
 from harness.engine.docker.snapshots import SnapshotInfo, SnapshotStore
+from harness.engine.runsc_network import engine_runsc_stack
 from harness.engine.spec import HOME as _HOME
 from harness.engine.spec import HostLimits, SandboxSpec
-from harness.engine.runsc_network import engine_runsc_stack
 from harness.telemetry import metrics, tracing
 from harness.wire import default_run_root
 from sandbox.health import SERVING
