@@ -62,7 +62,8 @@ def sandbox_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -
     group.add_argument("--runtime", choices=["runc", "runsc"], default=d("runc"),
                        help="OCI runtime: runc (default: namespaces and seccomp on the host's kernel) or runsc "
                             "(gVisor's user-space kernel between the tools and the host's; `make runsc` installs "
-                            "it; network none only). Never weaker than the policy's sandbox.runtime or [runtime]")
+                            "it; every network mode, on gVisor's own network stack). Never weaker than the "
+                            "policy's sandbox.runtime or [runtime]")
     group.add_argument("--memory", default=d("512m"), help="memory limit, swap equal to it (default 512m)")
     group.add_argument("--cpus", type=float, default=d(1.0), help="CPU quota in cores (default 1)")
     group.add_argument("--pids", type=int, default=d(256), help="process limit for tools (default 256)")

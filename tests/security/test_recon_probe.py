@@ -57,7 +57,7 @@ def test_recon_probe_finds_no_route_out(sandbox):
     # what it saw
     assert facts["network"]["interfaces"] == ["lo"]
     assert facts["network"]["routes"] == []
-    # gVisor with no network stack answers EHOSTUNREACH where the host's kernel says ENETUNREACH
+    # gVisor's network stack with only lo answers EHOSTUNREACH where the host's kernel says ENETUNREACH
     assert facts["network"]["probes"]["169.254.169.254:80"]["tcp"].startswith(
         "EHOSTUNREACH" if GVISOR else "ENETUNREACH")
     assert facts["network"]["vsock"] in ("EPERM", "EAFNOSUPPORT", "AF_VSOCK unknown to this python")
