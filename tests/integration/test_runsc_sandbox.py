@@ -68,7 +68,7 @@ def test_an_image_without_python_runs_under_runsc(busybox_image: str) -> None:
     assert result.stdout == b"hi\n"
 
 
-def test_an_older_runsc_registration_refuses_a_networked_sandbox_before_any_container(engine) -> None:  # type: ignore[no-untyped-def]
+def test_an_older_runsc_registration_refuses_a_networked_sandbox_before_any_container(engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Registered with --network=none (callbox's earlier make runsc), runsc would give an open
     sandbox only lo: the engine refuses it, naming the upgrade, and starts nothing."""
     from dataclasses import replace
@@ -76,13 +76,9 @@ def test_an_older_runsc_registration_refuses_a_networked_sandbox_before_any_cont
     from harness.engine.spec import SandboxSpec, SpecError
 
     before = {c.id for c in engine.client.containers.list(all=True)}
-    real = engine.host_limits()
-    engine._host = replace(real, runsc_network="none")
-    try:
-        with pytest.raises(SpecError, match=r"--network=none .*make runsc") as refused:
-            engine.create(SandboxSpec(runtime="runsc", network="open"))
-    finally:
-        engine._host = real
+    monkeypatch.setattr(engine, "_host", replace(engine.host_limits(), runsc_network="none"))
+    with pytest.raises(SpecError, match=r"--network=none .*make runsc") as refused:
+        engine.create(SandboxSpec(runtime="runsc", network="open"))
     assert refused.value.key == "runtime"
     assert {c.id for c in engine.client.containers.list(all=True)} <= before
 
