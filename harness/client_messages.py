@@ -278,8 +278,9 @@ def create_sandbox_rpc(
     return Rpc("CreateSandbox", request, SandboxInfo.from_proto)
 
 
-def resolve_approval_rpc(approval_id: str, approve: bool, reason: str) -> Rpc[ApprovalInfo]:
-    request = executor_pb2.ResolveApprovalRequest(approval_id=approval_id, approve=approve, reason=reason)
+def resolve_approval_rpc(approval_id: str, approve: bool, reason: str, scope: str = "") -> Rpc[ApprovalInfo]:
+    request = executor_pb2.ResolveApprovalRequest(approval_id=approval_id, approve=approve, reason=reason,
+                                                  scope=scope)
     return Rpc("ResolveApproval", request, ApprovalInfo.from_proto)
 
 

@@ -22,8 +22,11 @@ is the proxy's directory (mounted from the host; the harness writes, the proxy r
 3. the proxy takes the answer (and removes the file), logs an ``answer`` line and lets the
    connection proceed or refuses it (403, naming the approval and the decision).
 
-No answer within ``timeout_s`` (the policy's ``ask_timeout``; the harness answers earlier
-when the running call's own timeout is nearer): refused. A client that closes its connection
+No answer within ``timeout_s`` (the policy's ``ask_timeout``): the harness refuses it,
+naming the approval (earlier when the call it came during ends first). The proxy's own clock
+is the fallback when no harness answers (no call was running): it refuses a little later
+(:data:`GRACE_SHARE` of the timeout, at most ``GRACE_MAX_S``), so the harness's refusal,
+which is audited, is normally the one given. A client that closes its connection
 while it waits ends the hold (``abandoned``).
 """
 
@@ -47,6 +50,8 @@ ANSWER_PREFIX = "answer-"
 _HOLD_ID = re.compile(r"h[0-9a-f]{16}")
 
 LogSink = Callable[[dict[str, object]], None]
+GRACE_SHARE = 0.1
+GRACE_MAX_S = 2.0
 
 
 def answer_path(directory: str, hold: str) -> str:
@@ -100,7 +105,7 @@ class Holds:
                 "client": client}
         self.log({"ts": time.time(), "event": "hold", **base, "timeout_s": self.timeout})
         path = answer_path(self.directory, hold)
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self.timeout + min(GRACE_MAX_S, self.timeout * GRACE_SHARE)
         watch_client = True
         while True:
             answer = _read_answer(path)
