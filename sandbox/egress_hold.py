@@ -75,7 +75,7 @@ class Holds:
     refused at once (said in the refusal)."""
 
     def __init__(self, directory: str | None, log: LogSink, sandbox_id: str, timeout: float,
-                 poll_s: float = 0.02) -> None:
+                 poll_s: float = 0.01) -> None:
         self.directory, self.log, self.sandbox_id = directory, log, sandbox_id
         self.timeout, self.poll_s = timeout, poll_s
 

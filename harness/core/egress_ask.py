@@ -131,7 +131,7 @@ class EgressAskWatch:
         return None if sandbox is None else ask_channel(sandbox)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        while not self._stop.wait(self.poll_s / 5 if self._waiting else self.poll_s):  # quicker while one waits
             try:
                 channel = self._channel()
                 if channel is not None:
