@@ -29,6 +29,12 @@ looks at the file (one ``stat``) before each request and reads it again when it 
 to the next request; connections already open go on. No file: no narrowing; a file it cannot read or parse
 refuses every request until it is fixed (fail closed).
 
+An entry may carry an action (``ask *.example.com``, ``deny 10.0.0.0/8``; then the first entry that matches
+decides, see ``sandbox.egress_policy``). A connection an ``ask`` entry names is held, once its addresses passed
+the check below, until the harness answers through files beside the rules file (``sandbox.egress_hold``:
+``hold`` and ``answer`` lines in the log, ``--ask-timeout`` seconds at most); refused, it gets a 403 naming the
+approval and who answered.
+
 The proxy resolves names itself; if any resolved address is not globally routable (loopback, private,
 link-local incl. 169.254.169.254, 100.64.0.0/10, multicast, unspecified, reserved; IPv4-mapped IPv6 is
 unwrapped) the request is refused, listed literals included. It connects only to the addresses it checked.

@@ -64,8 +64,7 @@ from typing import Any
 import grpc
 from google.protobuf import struct_pb2
 
-from harness.audit.records import Approval
-from harness.audit.store import AuditError, AuditStore, RunRecord
+from harness.audit.store import Approval, AuditError, AuditStore, RunRecord
 from harness.core.calls import ToolCall
 from harness.core.errors import CallboxError, ErrorCode
 from harness.core.formats import tool_definitions
@@ -445,35 +444,26 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     @handle_errors
     def ResolveApproval(self, request: executor_pb2.ResolveApprovalRequest, context: grpc.ServicerContext) -> Any:
         client = self._client(context)
+        approval = self._approval_for_resolver(request.approval_id, client)
         try:
-            approval = self.audit.get_approval(request.approval_id)
-        except AuditError:
-            raise not_found("approval", request.approval_id) from None
-        self._check_resolver(approval, client)
-        try:
-            resolved = self.audit.resolve_approval(
-                approval.id, request.approve, by=f"{DOOR}:{client}", reason=request.reason or None,
-                scope=request.scope or None,
-            )
-        except AuditError as error:
-            code = error.code if error.code is ErrorCode.INVALID_REQUEST else ErrorCode.ALREADY_RESOLVED
-            raise ServiceError(code, error.message) from None
+            resolved = self.audit.resolve_approval(approval.id, request.approve, by=f"{DOOR}:{client}",
+                                                   reason=request.reason or None, scope=request.scope or None)
+        except AuditError as error:  # already answered (already_resolved), or a scope that does not fit it
+            raise ServiceError(error.code, error.message) from None
         return approval_message(resolved)
 
-    def _check_resolver(self, approval: Approval, client: str) -> None:
-        """Refuse ``client`` an answer to ``approval`` (a call's, or an egress connection's):
-        the one place that decides who may resolve approvals through this door. Today: a
-        client that owns the approval's run, unless the server reserves approvals for its
-        operator (``approvals_by_clients=False``); a role check (operators only) goes here."""
+    def _approval_for_resolver(self, approval_id: str, client: str) -> Approval:
+        """The approval (a call's or an egress connection's) ``client`` may answer through this
+        door: its run's owner's, unless ``approvals_by_clients`` is off (a role check goes here)."""
         try:
+            approval = self.audit.get_approval(approval_id)
             self._owned_run(approval.run_id, client)
-        except ServiceError:
-            raise not_found("approval", approval.id) from None
+        except (AuditError, ServiceError):
+            raise not_found("approval", approval_id) from None
         if not self.approvals_by_clients:
-            raise denied(
-                "approvals are resolved by this server's operator, not by clients "
-                f"(`callbox approvals approve {approval.id}` on the server)"
-            )
+            raise denied("approvals are resolved by this server's operator, not by clients "
+                         f"(`callbox approvals approve {approval.id}` on the server)")
+        return approval
 
     @handle_errors
     def GetRun(self, request: executor_pb2.GetRunRequest, context: grpc.ServicerContext) -> Any:
