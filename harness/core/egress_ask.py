@@ -213,7 +213,7 @@ def watch_egress(session: SessionLike, call: ToolCall, notify: OutputSink | None
     """Watch the session's sandbox's holds while the body (the call's handler) runs, when
     its spec has an ``ask`` entry; otherwise nothing (no thread)."""
     sandbox = session.active_sandbox
-    if not asks_egress(session.spec if sandbox is None else sandbox.spec):
+    if not asks_egress(getattr(sandbox, "spec", None) or session.spec):
         yield
         return
     timeout = float(session.policy.budgets.call_timeout_ceiling_s)

@@ -120,7 +120,7 @@ def test_a_person_answers_held_egress(door: tuple[ExecutorClient, Path, str], de
     curl = Curl(client, sid, API)
     destination_seen, first = curl.held()
     assert destination_seen == API
-    client.resolve_approval(first, True)
+    assert client.resolve_approval(first, True).scope == "once"
     result = curl.done()
     assert result.text.strip().endswith(f"{BANNER} /x connection=close"), result.text
     [egress] = result.meta["egress"]
