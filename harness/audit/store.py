@@ -310,10 +310,12 @@ class AuditStore(Approvals, Checkpoints, Egress):
             raise unknown_run(run_id)
         return _run_from_row(row)
 
-    def list_runs(self, limit: int = 50) -> list[RunRecord]:
-        """Newest first."""
+    def list_runs(self, limit: int = 50, *, client: str | None = None) -> list[RunRecord]:
+        """Newest first; with ``client``, only the runs whose ``meta.client`` it is."""
+        where, params = ("WHERE json_extract(r.meta, '$.client') = ? ", (client,)) if client is not None else ("", ())
         rows = self._read(
-            lambda c: c.execute(f"{_RUN_SELECT} ORDER BY r.created DESC, r.rowid DESC LIMIT ?", (limit,)).fetchall()
+            lambda c: c.execute(f"{_RUN_SELECT} {where}ORDER BY r.created DESC, r.rowid DESC LIMIT ?",
+                                (*params, limit)).fetchall()
         )
         return [_run_from_row(r) for r in rows]
 

@@ -180,10 +180,13 @@ def _serve(args: argparse.Namespace) -> int:
 def _reload(command_line: argparse.Namespace, running: argparse.Namespace, servers: list[Any]) -> None:
     """SIGHUP: re-read the configuration file (see :mod:`harness.cli.serve_reload`)."""
     from harness.cli.sd_notify import reloading
+    from harness.cli.serve_doors import reload_tokens
     from harness.cli.serve_reload import reload
     from harness.core.errors import CallboxError
 
     notify(*reloading())
+    for note in reload_tokens(getattr(running, "token_sets", ())):
+        log.info("%s", note)
     try:
         notes = reload(command_line, running, servers)
     except CallboxError as exc:

@@ -9,7 +9,9 @@ Order and sharing:
 * the MCP door asks for a bearer token whenever the server has tokens: those of the gRPC or
   E2B door, or the token file's; with none of them it stays open on loopback, as before;
 * the HTTP endpoint (``/metrics``, ``/healthz``, the console) last, on the doors' executor
-  when there is one. It is stopped first, since the servers stop in reverse order.
+  when there is one. It is stopped first, since the servers stop in reverse order;
+* every token set the doors use is kept in ``args.token_sets``: a start whose tokens name no
+  operator says so, and SIGHUP reads them again (:func:`reload_tokens`).
 
 One engine for every door and profile (:func:`door_engine`): ``--engine`` and ``--ray-*``
 over the file's ``engine`` and ``[ray]``, else over the served policy's; every served policy
@@ -21,8 +23,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from harness.doors.grpc.tokens import TokenError, TokenSet, operator_note
 
 if TYPE_CHECKING:
     from harness.cli.server_check import Checked
@@ -30,7 +35,7 @@ if TYPE_CHECKING:
     from harness.core.registry import ToolRegistry
     from harness.engine.select import EngineChoice
 
-__all__ = ["start_servers"]
+__all__ = ["reload_tokens", "start_servers"]
 
 log = logging.getLogger("callbox.serve")
 
@@ -51,6 +56,7 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
     registry = _registry(args.checked)
     policies = profile_policies(config, args.engine_choice)
     executor = None
+    token_sets: list[TokenSet] = []
     if args.grpc is not None:
         from harness.doors.grpc.server import serve_grpc
 
@@ -62,6 +68,7 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
         )
         servers.append(grpc_server)
         executor = grpc_server.service
+        token_sets.append(executor.tokens)
         log.info("gRPC executor listening on %s", grpc_server.target)
     if args.e2b is not None:
         from harness.doors.e2b.server import serve_e2b
@@ -77,6 +84,7 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
                 keep_sandboxes=keep, quotas=quotas, policies=policies, domain=args.e2b_domain,
             )
             executor = e2b_server.executor
+            token_sets.append(executor.tokens)
         servers.append(e2b_server)
         log.info("E2B API on %s", e2b_server.url)
     if args.mcp_http is not None:
@@ -103,8 +111,27 @@ def start_servers(args: argparse.Namespace, servers: list[Any]) -> None:
         servers.append(mcp_server)
         log.info("MCP server (streamable HTTP) on %s%s", mcp_server.url,
                  "" if tokens is not None else " (no token: loopback only)")
+        if tokens is not None:
+            token_sets.append(tokens)
     if args.http is not None:
-        servers.append(_serve_http(args, executor))
+        servers.append(_serve_http(args, executor, token_sets))
+    args.token_sets = list({id(tokens): tokens for tokens in token_sets}.values())
+    for tokens in args.token_sets:
+        note = operator_note(tokens)
+        if note is not None:
+            log.warning("%s", note)
+
+
+def reload_tokens(token_sets: Iterable[TokenSet]) -> list[str]:
+    """SIGHUP: every token set the doors use read again from its file, one line each (a file
+    with a problem keeps the running tokens)."""
+    notes: list[str] = []
+    for tokens in token_sets:
+        try:
+            notes.append(tokens.reload())
+        except TokenError as error:
+            notes.append(f"tokens not reloaded, the running ones stay: {error.message}")
+    return notes
 
 
 def door_engine(args: argparse.Namespace) -> tuple[Policy, EngineChoice]:
@@ -134,12 +161,13 @@ def _registry(checked: Checked) -> ToolRegistry:
     return registry
 
 
-def _serve_http(args: argparse.Namespace, executor: Any) -> Any:
+def _serve_http(args: argparse.Namespace, executor: Any, token_sets: list[TokenSet]) -> Any:
     from harness.doors.http import serve_http
 
     if executor is not None:  # the doors' tokens, audit store and live sandboxes
         server = serve_http(args.http, tokens=executor.tokens, executor=executor, audit=executor.audit,
                             insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key)
+        token_sets.append(executor.tokens)
     else:  # metrics, health, and the runs, approvals and egress of the audit store
         from harness.audit.store import AuditStore
         from harness.doors.grpc.server import announce_token
@@ -148,8 +176,9 @@ def _serve_http(args: argparse.Namespace, executor: Any) -> Any:
 
         audit = AuditStore(args.audit_db)
         metrics.watch_approvals(str(audit.path), audit)
-        server = serve_http(args.http, tokens=server_tokens(args.token_file, announce=announce_token),
-                            executor=None, audit=audit, close_audit=True,
+        tokens = server_tokens(args.token_file, announce=announce_token)
+        server = serve_http(args.http, tokens=tokens, executor=None, audit=audit, close_audit=True,
                             insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key)
+        token_sets.append(tokens)
     log.info("HTTP endpoint (/metrics, /healthz, console) on %s", server.url)
     return server

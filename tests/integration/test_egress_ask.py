@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from harness.audit.store import AuditStore
@@ -35,6 +36,7 @@ from tests.netdest import BANNER, HTTP_PORT
 pytestmark = pytest.mark.docker
 
 TOKEN = "token-of-egress-ask-0123456789"
+OPS_TOKEN = "operator-token-of-egress-ask-0123"
 API = f"api.callbox.test:{HTTP_PORT}"
 DEST = f"dest.callbox.test:{HTTP_PORT}"
 ASK_TIMEOUT_S = 5
@@ -50,19 +52,21 @@ WAITING = re.compile(r"callbox: waiting for a person: egress to (\S+) \(GET\) is
 
 
 @pytest.fixture(scope="module")
-def door(net_engine: DockerEngine) -> Iterator[tuple[ExecutorClient, Path, str]]:
+def door(net_engine: DockerEngine) -> Iterator[tuple[ExecutorClient, ExecutorClient, Path, str]]:
     state = Path(tempfile.mkdtemp(prefix="cbx-ask-"))
     short = Path(tempfile.mkdtemp(prefix="cbx-", dir="/tmp"))
     audit = AuditStore(state / "audit.sqlite3")
     server = serve_grpc(str(short / "x.sock"), policy=parse_policy(POLICY), audit=audit,
-                        tokens=TokenSet({"alice": TOKEN}, source="test tokens"), announce=None,
-                        engine_factory=lambda: net_engine)
+                        tokens=TokenSet({"alice": TOKEN, "ops": OPS_TOKEN}, source="test tokens", operators=["ops"]),
+                        announce=None, engine_factory=lambda: net_engine)
     client = ExecutorClient(server.target, TOKEN)
+    operator = ExecutorClient(server.target, OPS_TOKEN)
     sandbox_id = client.create_sandbox()
     try:
-        yield client, state / "audit.sqlite3", sandbox_id
+        yield client, operator, state / "audit.sqlite3", sandbox_id
     finally:
         client.delete_sandbox(sandbox_id)
+        operator.close()
         client.close()
         server.stop(grace=1)
         audit.close()
@@ -113,20 +117,24 @@ def cli(audit_db: Path, *args: str) -> str:
     return done.stdout
 
 
-def test_a_person_answers_held_egress(door: tuple[ExecutorClient, Path, str], destination: Any) -> None:
-    client, audit_db, sid = door
+def test_a_person_answers_held_egress(door: tuple[ExecutorClient, ExecutorClient, Path, str],
+                                      destination: Any) -> None:
+    client, operator, audit_db, sid = door
 
-    # Allow once, from the gRPC door: that request goes through.
+    # Allow once, by an operator from the gRPC door (the sandbox's client may not): that request goes through.
     curl = Curl(client, sid, API)
     destination_seen, first = curl.held()
     assert destination_seen == API
-    assert client.resolve_approval(first, True).scope == "once"
+    with pytest.raises(grpc.RpcError) as refused_client:
+        client.resolve_approval(first, True)
+    assert refused_client.value.code() == grpc.StatusCode.PERMISSION_DENIED  # type: ignore[attr-defined]
+    assert operator.resolve_approval(first, True).scope == "once"
     result = curl.done()
     assert result.text.strip().endswith(f"{BANNER} /x connection=close"), result.text
     [egress] = result.meta["egress"]
     assert egress["decision"] == "allow" and egress["host"] == "api.callbox.test"
-    assert egress["reason"] == f"approval {first}: allowed once by grpc:alice", egress
-    assert f"approval {first}: egress to {API} allowed once by grpc:alice" in curl.stderr.decode()
+    assert egress["reason"] == f"approval {first}: allowed once by grpc:ops", egress
+    assert f"approval {first}: egress to {API} allowed once by grpc:ops" in curl.stderr.decode()
 
     # The next one waits again; denied from the CLI, curl gets a 403 naming the approval.
     curl = Curl(client, sid, API)
@@ -154,7 +162,7 @@ def test_a_person_answers_held_egress(door: tuple[ExecutorClient, Path, str], de
 
     with AuditStore(audit_db, create=False) as audit:
         answers = {a.id: (a.state, a.resolved_by, a.scope) for a in audit.list_approvals(None, run_id=sid)}
-        assert answers[first] == ("consumed", "grpc:alice", "once")
+        assert answers[first] == ("consumed", "grpc:ops", "once")
         assert answers[second][:2] == ("denied", "ann")
         assert answers[third] == ("consumed", "ann", "sandbox")
         assert answers[fourth][:2] == ("denied", "callbox")

@@ -38,7 +38,9 @@ pytestmark = pytest.mark.docker
 TOKEN_A = "token-of-client-a-0123456789"
 TOKEN_B = "token-of-client-b-0123456789"
 TOKEN_C = "token-of-client-c-0123456789"
-TOKENS = TokenSet({"alice": TOKEN_A, "bob": TOKEN_B, "carol": TOKEN_C}, source="test tokens")
+TOKEN_OPS = "token-of-operator-0123456789"
+TOKENS = TokenSet({"alice": TOKEN_A, "bob": TOKEN_B, "carol": TOKEN_C, "ops": TOKEN_OPS}, source="test tokens",
+                  operators=["ops"])
 PROCS = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done"
 
 
@@ -389,45 +391,34 @@ def test_limits_per_client_and_in_total(engine, short_dir, tmp_path, share):
 # --- approvals ----------------------------------------------------------------------------------------------
 
 
-def test_approval_is_resolved_by_the_owner_and_the_call_then_runs_once(server):
-    with _client(server, TOKEN_A) as alice, _client(server, TOKEN_B) as bob:
+def test_only_an_operator_resolves_an_approval_and_the_call_then_runs_once(server):
+    with _client(server, TOKEN_A) as alice, _client(server, TOKEN_B) as bob, _client(server, TOKEN_OPS) as ops:
         box = alice.create_sandbox()
         args = {"command": "echo approve-me ran"}
         pending = alice.call(box, "shell", args, call_id="ask-1")
         assert pending.is_error and pending.error_code == "approval_pending" and pending.retryable
         assert pending.approval_id and pending.approval_id in pending.text
-        with pytest.raises(ExecutorError) as other:
-            bob.resolve_approval(pending.approval_id, True)
-        assert other.value.code == grpc.StatusCode.NOT_FOUND
-        approved = alice.resolve_approval(pending.approval_id, True, "looks fine")
-        assert approved.state == "approved" and approved.resolved_by == "grpc:alice"
+        for client in (alice, bob):  # a client resolves none, not even its own call's
+            with pytest.raises(ExecutorError) as refused:
+                client.resolve_approval(pending.approval_id, True)
+            assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+            assert f"callbox approvals approve {pending.approval_id}" in refused.value.message
+        assert server.service.audit.get_approval(pending.approval_id).state == "pending"
+        approved = ops.resolve_approval(pending.approval_id, True, "looks fine")
+        assert approved.state == "approved" and approved.resolved_by == "grpc:ops"
         with pytest.raises(ExecutorError) as twice:
-            alice.resolve_approval(pending.approval_id, False)
+            ops.resolve_approval(pending.approval_id, False)
         assert twice.value.code == grpc.StatusCode.FAILED_PRECONDITION and twice.value.reason == "ALREADY_RESOLVED"
         ran = alice.call(box, "shell", args, call_id="ask-1")
         assert not ran.is_error and "approve-me ran" in ran.text
         assert alice.call(box, "shell", args, call_id="ask-1") == ran  # once
         run = alice.get_run(box)
         assert [a.state for a in run.approvals] == ["consumed"]
+        assert ops.get_run(box).run_id == run.run_id  # an operator reads any client's run; bob none
+        with pytest.raises(ExecutorError) as hidden:
+            bob.get_run(box)
+        assert hidden.value.code == grpc.StatusCode.NOT_FOUND
         alice.delete_sandbox(box)
-
-
-def test_approvals_can_be_reserved_for_the_operator(engine, short_dir, tmp_path, share):
-    server = _start(short_dir, tmp_path, share, approvals_by_clients=False)
-    try:
-        with _client(server) as client:
-            box = client.create_sandbox()
-            pending = client.call(box, "shell", {"command": "echo approve-me"}, call_id="op-1")
-            assert pending.approval_id
-            with pytest.raises(ExecutorError) as info:
-                client.resolve_approval(pending.approval_id, True)
-            assert info.value.code == grpc.StatusCode.PERMISSION_DENIED
-            assert f"callbox approvals approve {pending.approval_id}" in info.value.message
-            # the operator approves through the audit store (as `callbox approvals approve` does)
-            server.service.audit.resolve_approval(pending.approval_id, True, by="operator", reason=None)
-            assert "approve-me" in client.call(box, "shell", {"command": "echo approve-me"}, call_id="op-1").text
-    finally:
-        server.stop(grace=1)
 
 
 def test_a_missing_image_is_a_clear_failed_precondition(engine, short_dir, tmp_path, share):

@@ -96,7 +96,8 @@ def place(tmp_path: Path) -> Iterator[Path]:
 
 def _serve(place: Path, audit: AuditStore, keep: bool = True) -> GrpcServer:
     return serve_grpc(str(place / "x.sock"), policy=parse_policy(POLICY), audit=audit,
-                      tokens=TokenSet({"alice": TOKEN, "bob": TOKEN_B}, source="test tokens"), announce=None,
+                      tokens=TokenSet({"alice": TOKEN, "bob": TOKEN_B}, source="test tokens", operators=["alice"]),
+                      announce=None,
                       reaper_interval_s=3600, keep_sandboxes=keep)
 
 
@@ -260,7 +261,7 @@ class Served:
 
 def test_callbox_serve_restarted_by_sigterm_and_killed_mid_call(engine, tmp_path, place):
     sock = place / "x.sock"
-    (tmp_path / "tokens").write_text(f"alice:{TOKEN}\n")
+    (tmp_path / "tokens").write_text(f"alice:{TOKEN} operator\n")  # an operator: it resolves approvals
     (tmp_path / "tokens").chmod(0o600)
     (tmp_path / "policy.toml").write_text(POLICY)
     config = tmp_path / "callbox.toml"

@@ -119,7 +119,7 @@ def door(engine: Any) -> Iterator[Door]:
     short = Path(tempfile.mkdtemp(prefix="cbx-", dir="/tmp"))
     docker_engine = DockerEngine(engine.client, reap_on_start=False, snapshot_dir=state / "snapshots")
     audit = AuditStore(state / "audit.sqlite3")
-    tokens = TokenSet({"alice": TOKEN_A, "bob": TOKEN_B, "carol": TOKEN_C}, source="test tokens")
+    tokens = TokenSet({"alice": TOKEN_A, "bob": TOKEN_B, "carol": TOKEN_C}, source="test tokens", operators=["carol"])
     server = serve_grpc(str(short / "x.sock"), policy=parse_policy(POLICY), audit=audit, tokens=tokens,
                         announce=None, engine_factory=lambda: docker_engine, max_sandboxes_per_client=2)
     alice, bob = ExecutorClient(server.target, TOKEN_A), ExecutorClient(server.target, TOKEN_B)
@@ -300,10 +300,12 @@ def test_an_ask_rule_on_port_forward_is_resolved_through_resolve_approval(door: 
     pending = refused(lambda: exchange(door, box, ECHO_PORT, b"ping"), grpc.StatusCode.FAILED_PRECONDITION,
                       executor_pb2.ERROR_REASON_APPROVAL_PENDING)
     assert pending.approval_id and "actions.port_forward.rules[0]" in pending.message
-    with pytest.raises(ExecutorError) as foreign:
-        door.bob.resolve_approval(pending.approval_id, True)
-    assert foreign.value.code == grpc.StatusCode.NOT_FOUND
-    approval = door.alice.resolve_approval(pending.approval_id, True, "the echo server is fine")
+    for client in (door.bob, door.alice):  # clients, the sandbox's owner included, resolve nothing
+        with pytest.raises(ExecutorError) as refusal:
+            client.resolve_approval(pending.approval_id, True)
+        assert refusal.value.code == grpc.StatusCode.PERMISSION_DENIED
+    with ExecutorClient(door.server.target, TOKEN_C) as operator:
+        approval = operator.resolve_approval(pending.approval_id, True, "the echo server is fine")
     assert (approval.tool, approval.sandbox_id, approval.state) == ("sandbox.port_forward", box, "approved")
     assert exchange(door, box, ECHO_PORT, b"ping", approval_id=pending.approval_id) == b"ping"
     used = refused(lambda: exchange(door, box, ECHO_PORT, b"ping", approval_id=pending.approval_id),
@@ -454,8 +456,8 @@ def test_a_fork_of_a_snapshot_asked_for_gets_the_sandbox_id_its_approval_names(d
     door.stub.Snapshot(sandboxes_pb2.SnapshotRequest(sandbox_id=box, name="asked"), metadata=A)
     short = Path(tempfile.mkdtemp(prefix="cbx-", dir="/tmp"))
     asking = serve_grpc(str(short / "x.sock"), policy=parse_policy(POLICY + '\n[actions.fork]\ndecision = "ask"\n'),
-                        audit=door.audit, tokens=TokenSet({"alice": TOKEN_A}, source="test tokens"), announce=None,
-                        engine_factory=lambda: door.engine)
+                        audit=door.audit, announce=None, engine_factory=lambda: door.engine,
+                        tokens=TokenSet({"alice": TOKEN_A}, source="test tokens", operators=["alice"]))
     try:
         with ExecutorClient(asking.target, TOKEN_A) as alice:
             stub = sandboxes_pb2_grpc.SandboxesStub(alice.channel)

@@ -32,7 +32,9 @@ pytestmark = pytest.mark.docker
 
 TOKEN = "console-operator-token-0123456789"
 AGENT_TOKEN = "console-agent-token-0123456789ab"
-TOKENS = TokenSet({"operator": TOKEN, "agent": AGENT_TOKEN}, source="test tokens")
+OTHER_TOKEN = "console-other-client-token-0123456"
+TOKENS = TokenSet({"operator": TOKEN, "agent": AGENT_TOKEN, "other": OTHER_TOKEN}, source="test tokens",
+                  operators=["operator"])
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
@@ -63,10 +65,10 @@ def _pending(audit: AuditStore, arguments: object = None) -> str:
     return approval.id
 
 
-def _logged_in(server: HttpServer) -> tuple[httpx.Client, str]:
+def _logged_in(server: HttpServer, token: str = TOKEN) -> tuple[httpx.Client, str]:
     """A browser-like client logged in through the form, and the CSRF token of its pages."""
     client = httpx.Client(base_url=server.url)
-    response = client.post("/login", data={"token": TOKEN, "next": "/"}, headers={"origin": server.url})
+    response = client.post("/login", data={"token": token, "next": "/"}, headers={"origin": server.url})
     assert response.status_code == 303, response.text
     page = client.get("/")
     assert page.status_code == 200
@@ -198,14 +200,37 @@ def test_login_itself_is_refused_cross_site(http):
     assert "set-cookie" not in response.headers
 
 
-def test_a_bearer_token_denies_with_a_reason_without_a_csrf_token(http, audit):
+def test_a_client_token_resolves_no_approval_by_any_route_and_sees_only_its_own_work(http, audit):
+    approval = _pending(audit)  # a call of client "agent"
+    for token in (AGENT_TOKEN, OTHER_TOKEN):  # its own client, and another one
+        bearer = httpx.post(f"{http.url}/approvals/{approval}/resolve", data={"decision": "approve"},
+                            headers={"authorization": f"Bearer {token}"})
+        assert bearer.status_code == 403, bearer.text
+        assert "operator" in bearer.text and "client token" in bearer.text
+        browser, csrf = _logged_in(http, token)
+        try:
+            form = browser.post(f"/approvals/{approval}/resolve", data={"decision": "approve", "csrf": csrf},
+                                headers={"origin": http.url})
+            assert form.status_code == 303  # back to the page, with the refusal as its note
+            page = browser.get("/")
+            assert "client token" in page.text and "client (read-only)" in page.text
+            assert 'action="/approvals/' not in page.text  # no resolve form for a client
+            assert (approval in page.text) == (token == AGENT_TOKEN)  # its own approval only
+            runs = browser.get("/runs").text
+            assert ("grpc-test-" in runs) == (token == AGENT_TOKEN)
+        finally:
+            browser.close()
+    assert audit.get_approval(approval).state == "pending"
+
+
+def test_an_operator_bearer_token_denies_with_a_reason_without_a_csrf_token(http, audit):
     approval = _pending(audit)
     response = httpx.post(f"{http.url}/approvals/{approval}/resolve", data={"decision": "deny", "reason": "not today"},
-                          headers={"authorization": f"Bearer {AGENT_TOKEN}"})
+                          headers={"authorization": f"Bearer {TOKEN}"})
     assert response.status_code == 200, response.text
     assert f"approval {approval} denied" in response.text
     resolved = audit.get_approval(approval)
-    assert (resolved.state, resolved.resolved_by, resolved.resolution_reason) == ("denied", "console:agent",
+    assert (resolved.state, resolved.resolved_by, resolved.resolution_reason) == ("denied", "console:operator",
                                                                                   "not today")
     again = httpx.post(f"{http.url}/approvals/{approval}/resolve", data={"decision": "approve"},
                        headers={"authorization": f"Bearer {TOKEN}"})
@@ -288,6 +313,13 @@ def test_sandboxes_page_shows_owner_and_resources_and_kill_destroys_the_containe
             assert "<td>agent</td>" in cells and "<td>running</td>" in cells
             assert re.search(r"\d+\.\d MiB of 256\.0 MiB", cells), cells
             assert re.search(r"\d+\.\d% of 1, \d+\.\d\d s in all", cells), cells
+            own = httpx.get(f"{server.url}/sandboxes", headers={"authorization": f"Bearer {AGENT_TOKEN}"})
+            assert sandbox_id in own.text and "/kill" not in own.text  # its own, read-only
+            assert sandbox_id not in httpx.get(f"{server.url}/sandboxes",
+                                               headers={"authorization": f"Bearer {OTHER_TOKEN}"}).text
+            refused = httpx.post(f"{server.url}/sandboxes/{sandbox_id}/kill",
+                                 headers={"authorization": f"Bearer {AGENT_TOKEN}"})
+            assert refused.status_code == 403 and sandbox_id in grpc_door.service.live_sandboxes()
             killed = httpx.post(f"{server.url}/sandboxes/{sandbox_id}/kill", headers=bearer)
             assert killed.status_code == 200, killed.text
             assert f"sandbox {sandbox_id} of client agent killed" in killed.text

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from harness.client import ExecutorClient
+from harness.client import ExecutorClient, ExecutorError
 
 pytestmark = pytest.mark.docker
 
@@ -124,8 +124,8 @@ def _line_with(stream, text: str) -> str:
     return line
 
 
-def test_sighup_reloads_the_config_keeping_sandboxes_and_systemd_hears_each_step(engine, tmp_path):
-    _token_file(tmp_path, "c" * 32)
+def test_sighup_reloads_the_config_and_the_tokens_keeping_sandboxes_and_systemd_hears_each_step(engine, tmp_path):
+    tokens = _token_file(tmp_path, "c" * 32)
     sock = tmp_path / "executor.sock"
     config = tmp_path / "callbox.toml"
 
@@ -139,15 +139,22 @@ def test_sighup_reloads_the_config_keeping_sandboxes_and_systemd_hears_each_step
     try:
         assert proc.stderr is not None
         assert "gRPC executor listening" in _line_with(proc.stderr, "listening")
+        assert "no operator token in token file" in _line_with(proc.stderr, "operator")  # an older file: all clients
         assert notify.recv(4096).decode().split("\n") == ["READY=1", "STATUS=serving"]
-        with ExecutorClient(f"unix:{sock}", token="c" * 32) as client:
+        with ExecutorClient(f"unix:{sock}", token="c" * 32) as client, \
+                ExecutorClient(f"unix:{sock}", token="o" * 32) as ops:
             first = client.create_sandbox()
             with pytest.raises(Exception, match=r"has 1 live sandbox, its quota live_sandboxes \(1\)"):
                 client.create_sandbox()
             # a live change (the limit) and one that waits for a restart (the audit store)
             write(2, audit="elsewhere.sqlite3")
+            tokens.write_text(f"alice:{'c' * 32}\nops:{'o' * 32} operator\n")  # a person's token, added live
+            with pytest.raises(ExecutorError, match="not valid"):
+                ops.list_runs()
             proc.send_signal(signal.SIGHUP)
             assert notify.recv(4096).decode().startswith("RELOADING=1\nMONOTONIC_USEC=")
+            reread = _line_with(proc.stderr, "re-read")
+            assert "2 token(s), 1 operator(s); added: ops" in reread and "o" * 32 not in reread
             notes = [_line_with(proc.stderr, "audit.db"), _line_with(proc.stderr, "limits.max_per_client")]
             assert notify.recv(4096).decode().split("\n") == ["READY=1", "STATUS=serving"]
             assert any("limits.max_per_client: 1 -> 2, applied" in line for line in notes), notes
@@ -155,14 +162,19 @@ def test_sighup_reloads_the_config_keeping_sandboxes_and_systemd_hears_each_step
             second = client.create_sandbox()  # the raised limit applies at once ...
             result = client.call(first, "shell", '{"command": "echo kept"}', call_id="c1")
             assert "kept" in result.text and not result.is_error  # ... and the first sandbox lived through it
-            # a broken file is refused whole: nothing of it applies, the server goes on
+            assert ops.get_run(first).run_id == first  # an operator reads any client's run
+            # a broken file is refused whole: nothing of it applies, the server goes on; a removed
+            # token stops working (a leaked key revoked without a restart)
             write(1, extra="[limits.typo]\n")
+            tokens.write_text(f"alice:{'c' * 32}\n")
             proc.send_signal(signal.SIGHUP)
             assert notify.recv(4096).decode().startswith("RELOADING=1")
             refused = _line_with(proc.stderr, "reload refused")
             assert "reload refused, the running configuration stays" in refused and "limits.typo" in refused
             assert notify.recv(4096).decode().startswith("READY=1")
             assert not client.call(second, "shell", '{"command": "true"}', call_id="c2").is_error
+            with pytest.raises(ExecutorError, match="not valid"):
+                ops.list_runs()
         assert not (tmp_path / "elsewhere.sqlite3").exists()  # not applied: it waits for a restart
         proc.send_signal(signal.SIGTERM)
         assert notify.recv(4096) == b"STOPPING=1"

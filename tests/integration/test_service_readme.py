@@ -13,21 +13,24 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.audit.store import AuditStore
-from harness.client import ExecutorClient
+from harness.client import ExecutorClient, ExecutorError
 from harness.engine.docker.engine import DockerEngine
 from tests.doc_examples import block_between
 
@@ -42,6 +45,14 @@ OPS_TOKEN = "ops-token-of-the-readme-service-0123"
 def readme_config() -> str:
     """The TOML block between the service-config markers, on whichever page holds them."""
     return block_between(START, END)
+
+
+def readme_token_lines() -> str:
+    """The token file the README's ``printf`` line writes, with the test's two tokens."""
+    text = (ROOT / "docs" / "service.md").read_text()
+    match = re.search(r"^printf '(ci:%s\\nops:%s[^']*)' ", text, re.M)
+    assert match is not None, "the README no longer writes the ci and ops tokens with printf; update this test"
+    return match[1].replace("\\n", "\n") % (CI_TOKEN, OPS_TOKEN)
 
 
 def moved(config: str, tmp_path: Path) -> str:
@@ -62,9 +73,11 @@ def moved(config: str, tmp_path: Path) -> str:
 def etc(tmp_path: Path) -> Path:
     """/etc/callbox as the README's steps leave it (tokens 0600, the packaged policy copied)."""
     tokens = tmp_path / "tokens"
-    tokens.write_text(f"ci:{CI_TOKEN}\nops:{OPS_TOKEN}\n")
+    tokens.write_text(readme_token_lines())
     tokens.chmod(0o600)
-    (tmp_path / "policy.toml").write_text((ROOT / "harness" / "data" / "default-policy.toml").read_text())
+    asks = ('\n[tools.shell]\n[[tools.shell.rules]]\naction = "ask"\ncommand = "*deploy*"\n'
+            'reason = "deploys ask a person"\n')
+    (tmp_path / "policy.toml").write_text((ROOT / "harness" / "data" / "default-policy.toml").read_text() + asks)
     (tmp_path / "callbox.toml").write_text(moved(readme_config(), tmp_path))
     return tmp_path
 
@@ -141,6 +154,16 @@ def get(url: str, token: str | None = None) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
+def post(url: str, token: str, form: dict[str, str]) -> tuple[int, str]:
+    data = urllib.parse.urlencode(form).encode()
+    request = urllib.request.Request(url, data=data, method="POST", headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
 def calls_counted(metrics_text: str, tool: str) -> float:
     for family in text_string_to_metric_families(metrics_text):
         if family.name == "callbox_calls":
@@ -177,6 +200,18 @@ def test_the_readme_service_serves_restarts_and_keeps_the_clients_sandbox(etc: P
             assert get(f"{first.http}/")[0] == 401  # the console needs a token ...
             status, page = get(f"{first.http}/", OPS_TOKEN)  # ... and the operator's opens it
             assert status == 200 and "approval" in page.lower()
+            # the agent's own token approves no call of its own, by any route; the operator's does
+            with ExecutorClient(target, token=CI_TOKEN) as client:
+                pending = client.call(box, "shell", {"command": "echo make deploy"}, call_id="readme-ask")
+                assert pending.approval_id, pending.text
+                resolve = f"{first.http}/approvals/{pending.approval_id}/resolve"
+                assert post(resolve, CI_TOKEN, {"decision": "approve"})[0] == 403
+                with pytest.raises(ExecutorError) as refused:
+                    client.resolve_approval(pending.approval_id, True)
+                assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+                assert post(resolve, OPS_TOKEN, {"decision": "approve"})[0] == 200
+                assert "make deploy" in client.call(box, "shell", {"command": "echo make deploy"},
+                                                    call_id="readme-ask").text
             last = first.stop()
         assert any("stay for the next start" in message for message in last), last
         with served(etc) as second:  # systemctl restart callbox

@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.interop, pytest.mark.docker]
 
 OPERATOR_TOKEN = "console-operator-token-0123456789"
 AGENT_TOKEN = "console-agent-token-0123456789ab"
-TOKENS = TokenSet({"operator": OPERATOR_TOKEN, "agent": AGENT_TOKEN}, source="test tokens")
+TOKENS = TokenSet({"operator": OPERATOR_TOKEN, "agent": AGENT_TOKEN}, source="test tokens", operators=["operator"])
 WAIT_S = 60.0
 PAGE_TIMEOUT_MS = 30_000
 

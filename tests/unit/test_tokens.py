@@ -16,6 +16,7 @@ from harness.doors.grpc.tokens import (
     client_token,
     default_token_file,
     load_token_file,
+    operator_note,
     parse_tokens,
     server_tokens,
 )
@@ -52,6 +53,8 @@ def test_a_bare_token_line_is_the_default_client():
         (f"al ice:{A}\n", "not valid"),
         ("# nothing\n", "holds no token"),
         (f"alice:{'x' * 10} {'y' * 10}\n", "without spaces"),
+        (f"alice:{A} operater\n", "only its role, 'operator' or 'client'"),
+        (f"alice:{A} operator extra\n", "without spaces"),
     ],
 )
 def test_bad_token_files_name_the_line(text, words):
@@ -82,7 +85,7 @@ def test_bearer_metadata():
     assert bearer_token([]) is None and bearer_token(None) is None
 
 
-def test_first_start_generates_saves_and_announces_a_token_once(tmp_path, monkeypatch):
+def test_first_start_writes_a_client_and_an_operator_token_and_prints_neither(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     env: dict[str, str] = {}
     said: list[str] = []
@@ -91,11 +94,42 @@ def test_first_start_generates_saves_and_announces_a_token_once(tmp_path, monkey
     assert path == tmp_path / "state" / "callbox" / "grpc-tokens"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert first.names == ["default", "operator"] and first.operators == ["operator"]
+    assert first.role("default") == "client"
     token = first.token("default")
-    assert len(said) == 1 and token in said[0] and str(path) in said[0]
+    assert len(said) == 1 and str(path) in said[0]
+    assert token not in said[0] and first.token("operator") not in said[0]  # no log holds a token
     again = server_tokens(env=env, announce=said.append)
     assert again.token("default") == token and len(said) == 1
-    assert client_token(env=env) == token
+    assert client_token(env=env) == token  # a client on this machine takes the client's line, not the operator's
+
+
+def test_roles_an_older_file_is_all_clients_and_the_env_token_is_a_client(tmp_path):
+    older = load_token_file(_file(tmp_path, f"alice:{A}\nbob:{B}\n"))
+    assert older.operators == [] and older.role("alice") == "client"
+    assert operator_note(older) is not None and "NAME:TOKEN operator" in str(operator_note(older))
+    roles = parse_tokens(f"alice:{A} client\n bob : {B}   operator\n", source="x")
+    assert roles.names == ["alice", "bob"] and roles.operators == ["bob"] and roles.lookup(B) == "bob"
+    assert operator_note(roles) is None
+    assert roles.role("nobody") == "client" and roles.role(None) == "client"
+    assert server_tokens(env={"CALLBOX_TOKEN": "c" * 20}).operators == []
+
+
+def test_reload_takes_a_new_file_whole_or_keeps_the_running_tokens(tmp_path):
+    path = _file(tmp_path, f"alice:{A}\nbob:{B} operator\n")
+    tokens = load_token_file(path)
+    path.write_text(f"alice:{A} operator\ncarol:{'c' * 24}\n")
+    said = tokens.reload()
+    assert "removed: bob" in said and "added: carol" in said and "alice is now operator" in said
+    assert A not in said and "c" * 24 not in said
+    assert tokens.lookup(B) is None and tokens.lookup("c" * 24) == "carol"
+    assert tokens.operators == ["alice"] and not tokens.is_operator("bob")
+    path.write_text("alice:short\n")
+    with pytest.raises(TokenError, match="too short"):
+        tokens.reload()
+    assert tokens.lookup(A) == "alice"  # the running tokens stay
+    with pytest.raises(TokenError, match="cannot be reloaded"):
+        TokenSet({"x": A}, source="$CALLBOX_TOKEN").reload()
 
 
 def test_token_sources_in_order(tmp_path, monkeypatch):
@@ -149,9 +183,9 @@ def test_a_client_without_a_token_is_told_how_to_give_one(tmp_path, monkeypatch)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.delenv("CALLBOX_TOKEN", raising=False)
     monkeypatch.delenv("CALLBOX_TOKEN_FILE", raising=False)
-    how = ("no token for the callbox server: pass token=... to the client, or set CALLBOX_TOKEN to the token "
-           "`callbox serve --grpc` printed on its first start (or CALLBOX_TOKEN_FILE to a file of NAME:TOKEN lines "
-           "holding it); ")
+    how = ("no token for the callbox server: pass token=... to the client, or set CALLBOX_TOKEN to a token of the "
+           "server's token file (a first `callbox serve` writes one and says where), or CALLBOX_TOKEN_FILE to a file "
+           "of NAME:TOKEN lines holding it; ")
     with pytest.raises(TokenError) as default:
         client_token(env={})
     assert default.value.message == (

@@ -424,7 +424,6 @@ def serve_grpc(
     registry: ToolRegistry | None = None,
     max_sandboxes_per_client: int | None = None,
     max_sandboxes_total: int = 64,
-    approvals_by_clients: bool = True,
     max_workers: int = 128,
     engine_factory: Callable[[], DockerEngine] | None = None,
     announce: Callable[[str], None] | None = announce_token,
@@ -470,7 +469,7 @@ def serve_grpc(
         service = ExecutorService(
             registry=registry or registry_for(served), policy=served, audit=store,
             tokens=token_set, limits=limits, engine_factory=engine_factory,
-            approvals_by_clients=approvals_by_clients, keep_sandboxes=keep_sandboxes,
+            keep_sandboxes=keep_sandboxes,
             quotas=quotas, policies=policies,
         )
         if keep_sandboxes:

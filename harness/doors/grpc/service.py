@@ -39,10 +39,10 @@ Docker engine; its policy is the server's (or the client's profile's:
   audit store with what it got, so a retry of the same call_id returns that record rather
   than running again (a failure from before the command started, such as an unreachable
   engine, is the one record a retry runs past).
-* **Approvals.** A client may resolve the approvals of its own runs (``by = grpc:NAME``)
-  unless the server is started with ``approvals_by_clients=False``, which reserves them
-  to the operator (``callbox approvals``); those of sandbox actions (the Sandboxes
-  service records them in the sandbox's run) too.
+* **Approvals and roles.** Only an operator's token (:mod:`~harness.doors.grpc.tokens`)
+  resolves approvals (``by = grpc:NAME``), of any run: a client never resolves one, not
+  even of its own calls, so an approval always means a person. An operator also acts on
+  any client's sandbox and reads any run of this door; a client only its own.
 * **Sandboxes.** The ``harness.v1.Sandboxes`` service (:mod:`harness.doors.grpc.sandboxes`)
   works on these sessions (``client_of``, ``session_of``); a fork becomes a session of the
   same client through ``reserved`` and ``register``, like a created sandbox. A paused
@@ -64,7 +64,7 @@ from typing import Any
 import grpc
 from google.protobuf import struct_pb2
 
-from harness.audit.store import Approval, AuditError, AuditStore, RunRecord
+from harness.audit.store import AuditError, AuditStore
 from harness.core.calls import ToolCall
 from harness.core.errors import CallboxError, ErrorCode
 from harness.core.formats import tool_definitions
@@ -77,7 +77,6 @@ from harness.doors.grpc.errors import (
     ServiceError,
     abort,
     creation_failure,
-    denied,
     handle_errors,
     not_found,
     paused,
@@ -85,13 +84,12 @@ from harness.doors.grpc.errors import (
 )
 from harness.doors.grpc.messages import (
     FORMAT_ENUM,
-    approval_message,
-    call_message,
     json_text,
     parse_format,
     result_message,
 )
 from harness.doors.grpc.overrides import SandboxOverrides, sandbox_policy
+from harness.doors.grpc.run_records import DOOR, RunRecordRpcs
 from harness.doors.grpc.sessions import REMOVED, ClientSession, Limits
 from harness.doors.grpc.tokens import TokenSet, bearer_token
 from harness.doors.grpc.workers import Workers
@@ -110,12 +108,10 @@ __all__ = ["ExecutorService"]
 log = logging.getLogger("callbox.executor")
 
 
-DOOR = "grpc"
-MAX_LIST_RUNS = 1000
 CREATE_WAIT_AT_SHUTDOWN_S = 45.0
 
 
-class ExecutorService(executor_pb2_grpc.ExecutorServicer):
+class ExecutorService(RunRecordRpcs, executor_pb2_grpc.ExecutorServicer):
     """Sessions of every client of one server; see the module docstring."""
 
     def __init__(
@@ -127,7 +123,6 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         tokens: TokenSet,
         limits: Limits | None = None,
         engine_factory: Callable[[], Engine] | None = None,
-        approvals_by_clients: bool = True,
         keep_sandboxes: bool = False,
         quotas: QuotaKeeper | None = None,
         policies: PolicySource | None = None,
@@ -144,7 +139,6 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
         self.engine_factory = engine_factory or SharedEngine(
             engine_connector(choice_of(policy.engine, policy.ray), retry=False), pool=policy.pool,
             pool_specs=[policy.sandbox_spec()] if policy.pool.size else [], room=self._pool_room)
-        self.approvals_by_clients = approvals_by_clients
         self.keep_sandboxes = keep_sandboxes
         """Leave the sandboxes of the ``kept_doors`` running at shutdown for the next server (:mod:`.adoption`)."""
         self.kept_doors: set[str] = {DOOR}
@@ -180,9 +174,13 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def _session(self, sandbox_id: str, client: str) -> ClientSession:
         with self._lock:
             session = self._sessions.get(sandbox_id)
-        if session is None or session.client != client or session.closed or session.removed:
+        if session is None or session.closed or session.removed or not self._may_act_for(client, session.client):
             raise not_found("sandbox", sandbox_id)
         return session
+
+    def _may_act_for(self, client: str, owner: str) -> bool:
+        """Whether ``client`` may act on what ``owner`` made: its own, or anyone's for an operator."""
+        return client == owner or self.tokens.is_operator(client)
 
     def client_of(self, context: grpc.ServicerContext) -> str:
         """The client name of the request's bearer token (the Sandboxes service asks too)."""
@@ -191,27 +189,6 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
     def session_of(self, sandbox_id: str, client: str) -> ClientSession:
         """``client``'s live session of ``sandbox_id``; NOT_FOUND for anyone else's or none."""
         return self._session(sandbox_id, client)
-
-    def owns_run(self, run_id: str, client: str) -> bool:
-        """Whether ``run_id`` is a run of ``client`` (live or not)."""
-        try:
-            self._owned_run(run_id, client)
-        except ServiceError:
-            return False
-        return True
-
-    def _owned_run(self, run_id: str, client: str) -> RunRecord:
-        try:
-            run = self.audit.get_run(run_id)
-        except AuditError:
-            raise not_found("run", run_id) from None
-        if not self._owns(run, client):
-            raise not_found("run", run_id)
-        return run
-
-    @staticmethod
-    def _owns(run: RunRecord, client: str) -> bool:
-        return run.meta.get("door") == DOOR and run.meta.get("client") == client
 
     # ---- ListTools ---------------------------------------------------------------------------
 
@@ -438,64 +415,6 @@ class ExecutorService(executor_pb2_grpc.ExecutorServicer):
                 abort(context, ServiceError(ErrorCode.INTERNAL,
                                             f"the call failed inside the server (a bug or a broken audit store): "
                                             f"{type(first).__name__}; the error is in the server log"))
-
-    # ---- approvals and the audit store -------------------------------------------------------
-
-    @handle_errors
-    def ResolveApproval(self, request: executor_pb2.ResolveApprovalRequest, context: grpc.ServicerContext) -> Any:
-        client = self._client(context)
-        approval = self._approval_for_resolver(request.approval_id, client)
-        try:
-            resolved = self.audit.resolve_approval(approval.id, request.approve, by=f"{DOOR}:{client}",
-                                                   reason=request.reason or None, scope=request.scope or None)
-        except AuditError as error:  # already answered (already_resolved), or a scope that does not fit it
-            raise ServiceError(error.code, error.message) from None
-        return approval_message(resolved)
-
-    def _approval_for_resolver(self, approval_id: str, client: str) -> Approval:
-        """The approval (a call's or an egress connection's) ``client`` may answer through this
-        door: its run's owner's, unless ``approvals_by_clients`` is off (a role check goes here)."""
-        try:
-            approval = self.audit.get_approval(approval_id)
-            self._owned_run(approval.run_id, client)
-        except (AuditError, ServiceError):
-            raise not_found("approval", approval_id) from None
-        if not self.approvals_by_clients:
-            raise denied("approvals are resolved by this server's operator, not by clients "
-                         f"(`callbox approvals approve {approval.id}` on the server)")
-        return approval
-
-    @handle_errors
-    def GetRun(self, request: executor_pb2.GetRunRequest, context: grpc.ServicerContext) -> Any:
-        client = self._client(context)
-        run = self._owned_run(request.run_id, client)
-        message = self._run_message(run)
-        for call in self.audit.calls_for_run(run.id):
-            message.calls.append(call_message(call))
-        for approval in self.audit.list_approvals(None, run_id=run.id):
-            message.approvals.append(approval_message(approval))
-        return message
-
-    @handle_errors
-    def ListRuns(self, request: executor_pb2.ListRunsRequest, context: grpc.ServicerContext) -> Any:
-        client = self._client(context)
-        limit = min(request.limit or 50, MAX_LIST_RUNS)
-        fetch = max(4 * limit, 200)
-        while True:
-            runs = self.audit.list_runs(fetch)
-            mine = [r for r in runs if self._owns(r, client)]
-            if len(mine) >= limit or len(runs) < fetch or fetch >= 64 * MAX_LIST_RUNS:
-                break
-            fetch *= 4
-        return executor_pb2.ListRunsResponse(runs=[self._run_message(r) for r in mine[:limit]])
-
-    def _run_message(self, run: RunRecord) -> executor_pb2.Run:
-        with self._lock:
-            live = run.id in self._sessions
-        return executor_pb2.Run(
-            run_id=run.id, created_unix=run.created, ended_unix=run.ended or 0.0, end_reason=run.end_reason or "",
-            live=live, call_count=run.calls,
-        )
 
     # ---- lifetime ------------------------------------------------------------------------------
 

@@ -15,14 +15,13 @@ Prometheus metrics, a health check, and the web console for operators.
   - ``/runs`` and ``/runs/RUN``: recent runs, and a run's calls in order with their results;
   - ``/egress``: what the egress proxies allowed and refused.
 
-**Who may use the console.** The console is for the server's operators: any token of the
-server's token file (the tokens of the gRPC and E2B doors) logs in, and every holder sees
-every client's runs, approvals and sandboxes, and may approve, deny and kill. callbox has no
-notion of an administrator client, so this is the one rule; give operators a line of their
-own in the token file (for example ``operator:TOKEN``) rather than sharing an agent's token,
-so what they do is recorded under their name (``console:operator``). A server whose agents'
-tokens must not reach the console should not serve ``[http]`` on an address those agents can
-reach. See :mod:`harness.doors.http.auth` for the login, the cookie and the cross-site rules.
+**Who may use the console.** Any token of the server's token file logs in; its role (see
+:mod:`harness.doors.grpc.tokens`) says what it sees. An **operator** sees every client's
+runs, approvals, sandboxes and egress, and approves, denies and kills (recorded as
+``console:NAME``). A **client** sees its own runs, approvals, sandboxes and egress, read-only:
+every action, resolving an approval of its own calls included, is 403 for it, by the form or
+by a bearer ``POST``, so an approval always means a person. See :mod:`harness.doors.http.auth`
+for the login, the cookie and the cross-site rules.
 
 Modules: :mod:`~harness.doors.http.server` (binding, TLS, the thread), :mod:`~.app` (routes),
 :mod:`~.auth` (tokens, sessions, CSRF), :mod:`~.console` (what the pages show and the actions),

@@ -215,29 +215,30 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
             notes = caller.session.take_notes() if caller.session is not None else []
             csrf = caller.session.csrf if caller.session is not None else None
             html = pages.page(title if status == 200 else "Not available", body, active=key, client=caller.client,
-                              csrf=csrf, notes=notes)
+                              csrf=csrf, notes=notes, operator=caller.operator)
             return HTMLResponse(html, status_code=status)
 
         return endpoint
 
     def approvals(_request: Request, caller: Caller) -> pages.Html:
-        items, total = console.pending()
-        return pages.approvals_page(items, total, csrf=_csrf(caller))
+        items, total = console.pending(viewer=caller.viewer)
+        return pages.approvals_page(items, total, csrf=_csrf(caller), actions=caller.operator)
 
     def sandboxes(_request: Request, caller: Caller) -> pages.Html:
-        return pages.sandboxes_page(console.sandboxes(), csrf=_csrf(caller))
+        return pages.sandboxes_page(console.sandboxes(viewer=caller.viewer), csrf=_csrf(caller),
+                                    actions=caller.operator)
 
-    def runs(_request: Request, _caller: Caller) -> pages.Html:
-        return pages.runs_page(console.runs(), console.live())
+    def runs(_request: Request, caller: Caller) -> pages.Html:
+        return pages.runs_page(console.runs(viewer=caller.viewer), console.live())
 
-    def run(request: Request, _caller: Caller) -> pages.Html:
+    def run(request: Request, caller: Caller) -> pages.Html:
         run_id = request.path_params["run_id"]
-        record, calls, approvals_of_run = console.run(run_id)
+        record, calls, approvals_of_run = console.run(run_id, viewer=caller.viewer)
         title = pages.fill(Template('<p class="run-id"><code>$id</code></p>\n'), id=record.id)
         return pages.join([title, pages.run_page(record, calls, approvals_of_run, live=record.id in console.live())])
 
-    def egress(_request: Request, _caller: Caller) -> pages.Html:
-        return pages.egress_page(console.egress())
+    def egress(_request: Request, caller: Caller) -> pages.Html:
+        return pages.egress_page(console.egress(viewer=caller.viewer))
 
     # ---- actions ---------------------------------------------------------------------------------------
 
@@ -261,6 +262,13 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
                 headers = {"www-authenticate": WWW_AUTHENTICATE} if refused.status == 401 else None
                 return PlainTextResponse(refused.text, status_code=refused.status, headers=headers)
             try:
+                if not caller.operator:
+                    log.warning("console: client %s was refused an operator's action (%s %s)", caller.client,
+                                request.method, request.url.path)
+                    raise _Refused(403, f"this action is an operator's, and {caller.client!r} is a client token: a "
+                                        "client sees its own work here read-only and resolves no approval, not "
+                                        "even of its own calls; a person logs in with a token-file line ending "
+                                        "in ' operator'")
                 done = await run_in_threadpool(do, request, caller, form)
             except (ConsoleError, _Refused) as error:
                 status = error.status

@@ -80,10 +80,18 @@ class LoginSession:
 
 @dataclass(frozen=True)
 class Caller:
-    """An authenticated request: the client name, and its login session (None: a bearer token)."""
+    """An authenticated request: the client name, its login session (None: a bearer token),
+    and whether its token is an operator's (read from the token set at each request, so a
+    reload that takes the role away takes it at once)."""
 
     client: str
     session: LoginSession | None = None
+    operator: bool = False
+
+    @property
+    def viewer(self) -> str | None:
+        """Whose work the console shows: None (everyone's) for an operator, else its own."""
+        return None if self.operator else self.client
 
 
 class Sessions:
@@ -138,9 +146,11 @@ def caller_of(request: Request, sessions: Sessions) -> Caller | None:
     header = request.headers.get("authorization")
     if header is not None:
         client = sessions.tokens.lookup(bearer_token([("authorization", header)]))
-        return Caller(client) if client is not None else None
+        return Caller(client, operator=sessions.tokens.is_operator(client)) if client is not None else None
     session = sessions.get(request.cookies.get(COOKIE))
-    return Caller(session.client, session) if session is not None else None
+    if session is None:
+        return None
+    return Caller(session.client, session, operator=sessions.tokens.is_operator(session.client))
 
 
 def cross_site_refusal(request: Request) -> str | None:

@@ -2,6 +2,11 @@
 sandboxes with their resources, runs and their calls, and the egress log, read from the
 audit store and the executor; approving, denying and killing.
 
+**Who sees what.** Each method takes ``viewer``: None for an operator, who sees every
+client's work; a client's name for a client, who sees only its own runs (``meta.client``),
+their approvals, calls and egress, and its own sandboxes. The actions are the operator's
+(:mod:`harness.doors.http.app` refuses a client before calling them).
+
 Every action goes the way the other doors take: an approval is resolved with the audit
 store's ``resolve_approval`` (as ``callbox approvals`` and the gRPC ``ResolveApproval`` do),
 ``by = "console:CLIENT"``, so the waiting client's re-sent call runs once (or gets the
@@ -18,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from harness.audit.errors import unknown_run
 from harness.audit.records import ACTION_TOOL_PREFIX, EGRESS_TOOL, Approval, RunRecord
 from harness.audit.store import AuditError, AuditStore
 from harness.core.errors import ERRORS, CallboxError, ErrorCode
@@ -105,12 +111,15 @@ class Console:
 
     # ---- approvals -------------------------------------------------------------------------------
 
-    def pending(self, limit: int = PENDING_SHOWN) -> tuple[list[PendingApproval], int]:
+    def pending(self, limit: int = PENDING_SHOWN, *, viewer: str | None = None
+                ) -> tuple[list[PendingApproval], int]:
         """The oldest ``limit`` pending approvals, each with its run and the calls before it,
         and how many are pending in all."""
         found: list[PendingApproval] = []
         runs: dict[str, tuple[RunRecord | None, list[dict[str, Any]]]] = {}
         waiting = self.audit.list_approvals("pending")
+        if viewer is not None:
+            waiting = [a for a in waiting if self._run_of(a.run_id, viewer) is not None]
         for approval in waiting[:limit]:
             if approval.run_id not in runs:
                 try:
@@ -151,7 +160,7 @@ class Console:
 
     # ---- live sandboxes --------------------------------------------------------------------------
 
-    def sandboxes(self) -> list[LiveSandbox] | None:
+    def sandboxes(self, *, viewer: str | None = None) -> list[LiveSandbox] | None:
         """The executor's live sandboxes, oldest first, with CPU and memory from their
         cgroups; None when this server runs no executor."""
         if self.executor is None:
@@ -160,6 +169,8 @@ class Console:
         found = []
         live = self.executor.live_sandboxes()
         for sandbox_id, client in live.items():
+            if viewer is not None and client != viewer:
+                continue
             try:
                 session = self.executor.session_of(sandbox_id, client)
             except ServiceError:
@@ -228,23 +239,42 @@ class Console:
 
     # ---- runs, calls, egress ---------------------------------------------------------------------
 
-    def runs(self, limit: int = 100) -> list[RunRecord]:
+    def runs(self, limit: int = 100, *, viewer: str | None = None) -> list[RunRecord]:
         """The latest runs, newest first."""
-        return self.audit.list_runs(limit)
+        return self.audit.list_runs(limit, client=viewer)
 
-    def run(self, run_id: str) -> tuple[RunRecord, list[dict[str, Any]], list[Approval]]:
-        """A run, its calls in order (with the decision that stands) and its approvals; ConsoleError 404."""
+    def run(self, run_id: str, *, viewer: str | None = None) -> tuple[RunRecord, list[dict[str, Any]], list[Approval]]:
+        """A run, its calls in order (with the decision that stands) and its approvals;
+        ConsoleError 404 (another client's run is unknown to a client, as at the other doors)."""
         try:
             run = self.audit.get_run(run_id)
+            if viewer is not None and run.meta.get("client") != viewer:
+                raise unknown_run(run_id)
             calls = self.audit.calls_for_run(run_id)
         except AuditError as error:
             raise ConsoleError(error.message, error.code) from None
         return run, calls, self.audit.list_approvals(None, run_id=run_id)
 
+    def _run_of(self, run_id: str, viewer: str) -> RunRecord | None:
+        """``run_id``'s record when it is ``viewer``'s, else None."""
+        try:
+            run = self.audit.get_run(run_id)
+        except AuditError:
+            return None
+        return run if run.meta.get("client") == viewer else None
+
     def live(self) -> set[str]:
         """The ids of the executor's live sandboxes (each is its run's id)."""
         return set(self.executor.live_sandboxes()) if self.executor is not None else set()
 
-    def egress(self, limit: int = 200) -> list[dict[str, Any]]:
+    def egress(self, limit: int = 200, *, viewer: str | None = None) -> list[dict[str, Any]]:
         """The latest egress proxy decisions across runs, newest first."""
-        return self.audit.recent_egress(limit)
+        records = self.audit.recent_egress(limit)
+        if viewer is None:
+            return records
+        mine: dict[str, bool] = {}
+        for record in records:
+            run_id = str(record["run_id"])
+            if run_id not in mine:
+                mine[run_id] = self._run_of(run_id, viewer) is not None
+        return [record for record in records if mine[str(record["run_id"])]]

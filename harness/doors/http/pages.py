@@ -137,13 +137,13 @@ _NAV = (("approvals", "/", "Approvals"), ("sandboxes", "/sandboxes", "Sandboxes"
         ("egress", "/egress", "Egress"))
 _WHO_SESSION = Template("""<form class="who" method="post" action="/logout">
 <input type="hidden" name="csrf" value="$csrf">
-<span>operator: $client</span> <button type="submit">Log out</button>
+<span>$role: $client</span> <button type="submit">Log out</button>
 </form>""")
-_WHO_BEARER = Template('<span class="who">operator: $client (bearer token)</span>')
+_WHO_BEARER = Template('<span class="who">$role: $client (bearer token)</span>')
 
 
 def page(title: str, body: Html, *, active: str, client: str, csrf: str | None,
-         notes: Iterable[tuple[str, str]] = ()) -> Html:
+         notes: Iterable[tuple[str, str]] = (), operator: bool = True) -> Html:
     """A console page: navigation, who is logged in (a log-out form for a browser session),
     the messages left for it, and ``body``."""
     nav = join(
@@ -151,7 +151,9 @@ def page(title: str, body: Html, *, active: str, client: str, csrf: str | None,
              current=Html(' aria-current="page"') if key == active else Html(""))
         for key, href, label in _NAV
     )
-    who = fill(_WHO_SESSION, csrf=csrf, client=client) if csrf is not None else fill(_WHO_BEARER, client=client)
+    role = "operator" if operator else "client (read-only)"
+    who = (fill(_WHO_SESSION, csrf=csrf, client=client, role=role) if csrf is not None
+           else fill(_WHO_BEARER, client=client, role=role))
     shown = join(fill(Template('<p class="note $kind" role="status">$text</p>\n'), kind=kind, text=text)
                  for kind, text in notes)
     return fill(_LAYOUT, title=title, nav=nav, who=who, notes=shown, body=body)
@@ -182,8 +184,9 @@ $error<form method="post" action="/login">
 <input id="token" name="token" type="password" autocomplete="current-password" required autofocus>
 <button type="submit">Log in</button>
 </form>
-<p class="muted">A token of this server's token file (one <code>NAME:TOKEN</code> line per client). Every
-token's holder may operate the console.</p>
+<p class="muted">A token of this server's token file (one <code>NAME:TOKEN</code> line per client). An
+operator's token (a line ending in <code>operator</code>) sees every client's work and acts on it; a client's
+token sees its own, read-only.</p>
 </main>
 </body>
 </html>
@@ -209,14 +212,16 @@ _APPROVAL = Template("""<section class="approval" id="approval-$id" aria-label="
 <pre class="arguments">$arguments</pre>
 <h3>Earlier calls of this run ($earlier_total)</h3>
 $earlier
-<form class="resolve" method="post" action="/approvals/$id/resolve">
+$resolve</section>
+""")
+_RESOLVE = Template("""<form class="resolve" method="post" action="/approvals/$id/resolve">
 $csrf
 <label for="reason-$id">Reason (shown to the model when denied)</label>
 <input id="reason-$id" name="reason" maxlength="2000">
 $buttons
 </form>
-</section>
 """)
+_READ_ONLY = Html('<p class="muted">An operator resolves this approval.</p>\n')
 
 
 def _call_rows(calls: Iterable[Mapping[str, Any]]) -> Html:
@@ -239,7 +244,7 @@ _EGRESS_BUTTONS = Html("""<button type="submit" name="decision" value="approve">
 """A held egress connection's answers: this connection, the destination for the sandbox, or no."""
 
 
-def _approval(item: PendingApproval, csrf: str | None, now: float) -> Html:
+def _approval(item: PendingApproval, csrf: str | None, now: float, actions: bool) -> Html:
     a = item.approval
     earlier = _call_rows(item.earlier) if item.earlier else Html('<p class="muted">none: this is its first call</p>')
     return fill(
@@ -247,17 +252,19 @@ def _approval(item: PendingApproval, csrf: str | None, now: float) -> Html:
         door=item.door, client=item.client, call_id=a.call_id, created=when(a.created), waiting=span(now - a.created),
         cut=" (cut at 64 KiB when stored)" if a.arguments_truncated else "",
         arguments=clip(pretty_arguments(a.arguments), ARGUMENTS_SHOWN), earlier_total=item.earlier_total,
-        earlier=earlier, csrf=_csrf_field(csrf), buttons=_EGRESS_BUTTONS if a.tool == EGRESS_TOOL else _CALL_BUTTONS,
+        earlier=earlier, resolve=fill(_RESOLVE, id=a.id, csrf=_csrf_field(csrf),
+                                      buttons=_EGRESS_BUTTONS if a.tool == EGRESS_TOOL else _CALL_BUTTONS)
+        if actions else _READ_ONLY,
     )
 
 
-def approvals_page(items: list[PendingApproval], total: int, *, csrf: str | None) -> Html:
+def approvals_page(items: list[PendingApproval], total: int, *, csrf: str | None, actions: bool = True) -> Html:
     if not items:
         return Html('<p class="empty">No call is waiting for approval.</p>')
     now = time.time()
     shown = f"{total} pending, oldest first" + (f"; the first {len(items)} shown" if total > len(items) else "")
     count = fill(Template('<p class="muted">$shown.</p>\n'), shown=shown)
-    return join([count, *(_approval(item, csrf, now) for item in items)])
+    return join([count, *(_approval(item, csrf, now, actions) for item in items)])
 
 
 # ---- sandboxes -----------------------------------------------------------------------------------------
@@ -265,10 +272,11 @@ def approvals_page(items: list[PendingApproval], total: int, *, csrf: str | None
 _SANDBOX_ROW = Template("""<tr id="sandbox-$id">
 <td><code>$id</code><br><span class="muted">$container</span></td><td>$client</td><td>$state</td><td>$age</td>
 <td>$expires</td><td>$cpu</td><td>$memory</td><td>$pids</td>
-<td><form method="post" action="/sandboxes/$href/kill">$csrf<button type="submit" class="danger"
-aria-label="Kill $id">Kill</button></form></td>
+<td>$kill</td>
 </tr>
 """)
+_KILL = Template("""<form method="post" action="/sandboxes/$href/kill">$csrf<button type="submit" class="danger"
+aria-label="Kill $id">Kill</button></form>""")
 
 
 def _cpu(box: LiveSandbox) -> str:
@@ -278,7 +286,7 @@ def _cpu(box: LiveSandbox) -> str:
     return f"{percent}{box.cpu_seconds:.2f} s in all"
 
 
-def sandboxes_page(boxes: list[LiveSandbox] | None, *, csrf: str | None) -> Html:
+def sandboxes_page(boxes: list[LiveSandbox] | None, *, csrf: str | None, actions: bool = True) -> Html:
     if boxes is None:
         return Html('<p class="empty">This server runs no gRPC or E2B door, so it holds no live sandboxes; '
                     "runs, approvals and egress come from the audit store.</p>")
@@ -290,7 +298,9 @@ def sandboxes_page(boxes: list[LiveSandbox] | None, *, csrf: str | None) -> Html
              client=b.client, state=b.state, age=span(now - b.created),
              expires=f"in {span(b.expires - now)}" if b.expires > now else "now",
              cpu=_cpu(b), memory=f"{size(b.memory_bytes)} of {size(b.memory_limit)}" if b.memory_bytes is not None
-             else "", pids=_s(b.pids), csrf=_csrf_field(csrf))
+             else "", pids=_s(b.pids),
+             kill=fill(_KILL, href=quote(b.sandbox_id, safe=""), id=b.sandbox_id, csrf=_csrf_field(csrf)) if actions
+             else Html(""))
         for b in boxes
     )
     return fill(Template("""<table class="sandboxes"><thead><tr><th>Sandbox</th><th>Owner (client)</th><th>State</th>
