@@ -64,6 +64,8 @@ def test_only_an_allowlist_with_an_ask_entry_is_watched() -> None:
     assert asks_egress(SandboxSpec(network="allowlist", allow_hosts=("ask a.com", "b.com")))
     assert not asks_egress(SandboxSpec(network="allowlist", allow_hosts=("a.com",)))
     assert not asks_egress(SandboxSpec())
+    with pytest.raises(ValueError, match="only allow_hosts entries take an action"):
+        SandboxSpec(network="allowlist", allow_hosts=("a.com",), egress_allow=("ask a.com",))
 
 
 def test_holds_become_approvals_and_answers_reach_the_proxy(tmp_path: Path) -> None:
