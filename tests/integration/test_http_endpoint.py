@@ -312,7 +312,7 @@ def test_the_overview_draws_well_formed_charts_of_the_callers_own_work_and_reloa
     assert "2 connections through the egress proxies" in client
     assert "your live sandboxes" in client and "pooled (warm)" not in client
     other = _get(http, "/overview", OTHER_TOKEN).text
-    assert "1 calls in the last hour" in other and re.search(r"<b>0</b> approvals waiting", other)
+    assert "1 call in the last hour, 0 refused" in other and re.search(r"<b>0</b> approvals waiting", other)
     # the navigation counts the approvals waiting on every page; only the overview reloads itself
     for path in ("/", "/history", "/runs", "/egress", "/sandboxes"):
         page = _get(http, path).text

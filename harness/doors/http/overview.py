@@ -38,6 +38,10 @@ REFUSALS = frozenset({"denied", "approval_denied", "tool_not_allowed", "unknown_
 _X_LABELS = ("-60 min", "-45", "-30", "-15", "now")
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _bucket(ts: float, start: float) -> int:
     return min(max(int((ts - start) // 60), 0), MINUTES - 1)
 
@@ -59,7 +63,7 @@ def _calls_chart(calls: Sequence[CallPoint], start: float) -> Html:
               Series("refused", "series-bad", kinds["refused"]),
               Series("waiting for a person", "series-ask", kinds["asked"])]
     return bar_chart("chart-calls", "Calls and refusals per minute", series, x_labels=_X_LABELS,
-                     caption=f"{len(calls)} calls in the last hour, {refused} refused.")
+                     caption=f"{_count(len(calls), 'call')} in the last hour, {refused} refused.")
 
 
 def _latency_chart(calls: Sequence[CallPoint], start: float) -> Html:
@@ -81,7 +85,7 @@ def _latency_chart(calls: Sequence[CallPoint], start: float) -> Html:
                       [Series("median", "series-ok", points=median), Series("95th percentile", "series-warn",
                                                                             points=p95)],
                       start=start, end=start + 60 * MINUTES, x_labels=_X_LABELS,
-                      caption=f"{timed} calls with a duration (the whole call, as the audit store records it).")
+                      caption=f"{_count(timed, 'call')} with a duration (the whole call, as the audit store records it).")
 
 
 def _sandboxes_chart(samples: Sequence[GaugeSample], start: float, viewer: str | None) -> Html:
@@ -91,12 +95,13 @@ def _sandboxes_chart(samples: Sequence[GaugeSample], start: float, viewer: str |
                   Series("paused", "series-ask", points=[(s.ts, s.paused) for s in kept if s.paused is not None]),
                   Series("pooled (warm)", "series-pool",
                          points=[(s.ts, s.pooled) for s in kept if s.pooled is not None])]
-        caption = "The engine's sandboxes (every door's), sampled from the metrics' gauges."
+        caption = ("The Docker engine's callbox sandboxes (every door's, and other servers' on the same engine), "
+                   "sampled from the metrics' gauges.")
     else:
         series = [Series("your live sandboxes", "series-ok",
                          points=[(s.ts, float(s.live_by_client.get(viewer, 0))) for s in kept])]
         caption = "Your live sandboxes on this server's doors, sampled."
-    caption += f" {len(kept)} samples since this server started or in the last hour."
+    caption += f" {_count(len(kept), 'sample')} in the last hour (since this server started, if later)."
     return line_chart("chart-sandboxes", "Live and pooled sandboxes", series, start=start,
                       end=start + 60 * MINUTES, x_labels=_X_LABELS, caption=caption)
 
@@ -110,7 +115,7 @@ def _egress_chart(records: Sequence[EgressPoint], start: float) -> Html:
     if any(other):
         series.append(Series("other", "series-ask", other))
     return bar_chart("chart-egress", "Egress decisions per minute", series, x_labels=_X_LABELS,
-                     caption=f"{len(records)} connections through the egress proxies in the last hour, "
+                     caption=f"{_count(len(records), 'connection')} through the egress proxies in the last hour, "
                              f"{int(sum(deny))} refused.")
 
 

@@ -256,8 +256,9 @@ def _call_rows(calls: Iterable[Mapping[str, Any]]) -> Html:
              exit=c.get("exit_code"), args=clip(_s(c.get("arguments")), CELL_SHOWN))
         for c in calls
     )
-    return fill(Template("<table><thead><tr><th>Call</th><th>Tool</th><th>Decision</th><th>State</th><th>Exit</th>"
-                         "<th>Arguments</th></tr></thead>\n<tbody>\n$rows</tbody></table>"), rows=rows)
+    return fill(Template('<div class="scroll"><table><thead><tr><th>Call</th><th>Tool</th><th>Decision</th>'
+                         "<th>State</th><th>Exit</th><th>Arguments</th></tr></thead>\n<tbody>\n$rows</tbody></table>"
+                         "</div>"), rows=rows)
 
 
 def _approval(item: PendingApproval, csrf: str | None, now: float, actions: bool) -> Html:
