@@ -39,7 +39,7 @@ class Filters:
     """Runs: one of :data:`RUN_STATES`; approvals: ``approved`` or ``denied``; egress: the decision."""
     host: str | None = None
     by: str | None = None
-    """Approvals: who resolved them (``console:ops``, ``cli:...``)."""
+    """Approvals: who resolved them (``console:ops``, ``grpc:ops``, a CLI user's name)."""
 
 
 @dataclass(frozen=True)
