@@ -85,7 +85,8 @@ def _latency_chart(calls: Sequence[CallPoint], start: float) -> Html:
                       [Series("median", "series-ok", points=median), Series("95th percentile", "series-warn",
                                                                             points=p95)],
                       start=start, end=start + 60 * MINUTES, x_labels=_X_LABELS,
-                      caption=f"{_count(timed, 'call')} with a duration (the whole call, as the audit store records it).")
+                      caption=f"{_count(timed, 'call')} with a duration (the whole call, as the audit store "
+                              "records it).")
 
 
 def _sandboxes_chart(samples: Sequence[GaugeSample], start: float, viewer: str | None) -> Html:
