@@ -73,7 +73,8 @@ class GaugeSampler:
         self._thread: threading.Thread | None = None
 
     def start(self) -> GaugeSampler:
-        self.sample()
+        """Sample now and every ``interval_s`` on a daemon thread (the first sample too: reading
+        the engine's gauges asks Docker, which a server's start does not wait for)."""
         self._thread = threading.Thread(target=self._loop, name="callbox-gauge-sampler", daemon=True)
         self._thread.start()
         return self
@@ -108,5 +109,6 @@ class GaugeSampler:
             return list(self._buffer)
 
     def _loop(self) -> None:
+        self.sample()
         while not self._stop.wait(self._interval_s):
             self.sample()

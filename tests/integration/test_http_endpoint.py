@@ -363,6 +363,9 @@ def test_runs_are_filtered_by_client_tool_and_state_and_paged_past_100(http, aud
     assert '<a rel="next" href="/runs?state=open&amp;page=2">' in _get(http, "/runs?state=open").text  # kept
     own = _get(http, "/runs?client=bulk", OTHER_TOKEN).text
     assert "of 1," in own and seeded.runs["other"][0] in own and "bulk" not in own
+    for wrong in ("/runs?state=finished", "/runs?page=two", "/history?state=consumed"):  # said, not ignored
+        refused = httpx.get(f"{http.url}{wrong}", headers={"authorization": f"Bearer {TOKEN}"})
+        assert refused.status_code == 400 and ("use one of" in refused.text or "a number" in refused.text), wrong
 
 
 def test_egress_is_filtered_by_host_decision_and_client(http, audit):

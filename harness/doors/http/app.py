@@ -248,13 +248,13 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
         return sandbox_pages.kill_confirm_page(box, csrf=_csrf(caller))
 
     def runs(request: Request, caller: Caller) -> pages.Html:
-        filters, number = browse_pages.filters_of(request.query_params)
+        filters, number = browse_pages.filters_of(request.query_params, states=browse_pages.RUN_STATES)
         found, total = console.runs(filters, number, viewer=caller.viewer)
         listing = browse_pages.Listing(total, number, PAGE_SIZE, filters)
         return browse_pages.runs_page(found, listing, console.live(), operator_view=caller.viewer is None)
 
     def history(request: Request, caller: Caller) -> pages.Html:
-        filters, number = browse_pages.filters_of(request.query_params)
+        filters, number = browse_pages.filters_of(request.query_params, states=browse_pages.DECISIONS)
         found, total = console.history(filters, number, viewer=caller.viewer)
         listing = browse_pages.Listing(total, number, PAGE_SIZE, filters)
         return browse_pages.history_page(found, listing, operator_view=caller.viewer is None)

@@ -16,13 +16,18 @@ from urllib.parse import urlencode
 
 from harness.audit.browse import RUN_STATES, Filters
 from harness.audit.records import Approval, RunRecord
+from harness.core.errors import ErrorCode
+from harness.doors.http.console import ConsoleError
 from harness.doors.http.pages import CELL_SHOWN, Html, clip, esc, fill, join, run_link, text, when
 
-__all__ = ["Listing", "egress_page", "filters_of", "history_page", "runs_page"]
+__all__ = ["DECISIONS", "RUN_STATES", "Listing", "egress_page", "filters_of", "history_page", "runs_page"]
 
 FIELD_MAX = 200
 """A filter's value is cut at this many characters."""
 EGRESS_DECISIONS = ("allow", "deny")
+"""The egress decisions offered in the filter (any other the store holds can be asked for by address)."""
+DECISIONS = ("approved", "denied")
+"""The resolved approvals' decisions to filter by."""
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,10 @@ class Listing:
         return "?" + urlencode(fields) if fields else "?"
 
 
-def filters_of(query: Mapping[str, str]) -> tuple[Filters, int]:
-    """The filters and the page number in a list's query (unknown fields are left out)."""
+def filters_of(query: Mapping[str, str], *, states: Sequence[str] | None = None) -> tuple[Filters, int]:
+    """The filters and the page number in a list's query (fields the list has no filter for
+    are left out). ConsoleError 400 for a ``state`` not in ``states`` or a page that is no
+    number, rather than a list that silently ignores what was asked."""
 
     def value(name: str) -> str | None:
         found = (query.get(name) or "").strip()[:FIELD_MAX]
@@ -52,9 +59,13 @@ def filters_of(query: Mapping[str, str]) -> tuple[Filters, int]:
     try:
         page = max(1, min(int(query.get("page") or 1), 1_000_000))
     except ValueError:
-        page = 1
-    return Filters(client=value("client"), tool=value("tool"), state=value("state"), host=value("host"),
-                   by=value("by")), page
+        raise ConsoleError(f"page must be a number from 1, not {query.get('page')!r}", ErrorCode.INVALID_REQUEST
+                           ) from None
+    state = value("state")
+    if state is not None and states is not None and state not in states:
+        raise ConsoleError(f"no state {state!r} to filter by here; use one of {', '.join(states)}",
+                           ErrorCode.INVALID_REQUEST)
+    return Filters(client=value("client"), tool=value("tool"), state=state, host=value("host"), by=value("by")), page
 
 
 # ---- the filter form and the pager ---------------------------------------------------------------------
@@ -140,7 +151,7 @@ def history_page(items: list[tuple[Approval, str]], listing: Listing, *, operato
     form = _filter_form("/history", [
         *([_text_field("client", "Client", f.client)] if operator_view else []),
         _text_field("tool", "Tool", f.tool),
-        _select("state", "Decision", ("approved", "denied"), f.state),
+        _select("state", "Decision", DECISIONS, f.state),
         _text_field("by", "By", f.by),
     ])
     pager = _pager("/history", listing, len(items), "resolved approvals")
@@ -170,7 +181,8 @@ def egress_page(records: list[dict[str, Any]], listing: Listing, *, operator_vie
     form = _filter_form("/egress", [
         *([_text_field("client", "Client", f.client)] if operator_view else []),
         _text_field("host", "Host contains", f.host),
-        _select("state", "Decision", EGRESS_DECISIONS, f.state),
+        _select("state", "Decision", (*EGRESS_DECISIONS, *([f.state] if f.state and f.state not in EGRESS_DECISIONS
+                                                           else [])), f.state),
     ])
     pager = _pager("/egress", listing, len(records), "egress decisions")
     if not records:
