@@ -451,6 +451,7 @@ def test_sandboxes_page_shows_owner_and_resources_and_kill_destroys_the_containe
             assert re.search(r"<td>\d+ of 256</td>", cells), cells  # processes, of the pids limit
             own = httpx.get(f"{server.url}/sandboxes", headers={"authorization": f"Bearer {AGENT_TOKEN}"})
             assert sandbox_id in own.text and "/kill" not in own.text  # its own, read-only
+            assert "Warm pool" not in own.text and "Quota use per client" in own.text  # the server's pool: not its
             assert sandbox_id not in httpx.get(f"{server.url}/sandboxes",
                                                headers={"authorization": f"Bearer {OTHER_TOKEN}"}).text
             assert "Quota use per client" in page.text and "Warm pool: none" in page.text

@@ -74,6 +74,8 @@ $rows</tbody></table></div>
 
 def sandboxes_page(boxes: list[LiveSandbox] | None, *, pool: PoolStatus | None, quotas: list[ClientQuota],
                    actions: bool = True) -> Html:
+    """The live sandboxes, the warm pool (an operator's page: ``actions``; the pool is the
+    server's, not a client's) and the quota use of ``quotas``' clients."""
     if boxes is None:
         return Html('<p class="empty">This server runs no gRPC or E2B door, so it holds no live sandboxes; '
                     "runs, approvals and egress come from the audit store.</p>")
@@ -96,7 +98,7 @@ $rows</tbody></table></div>
 <p class="muted">Processes: processes and threads in the sandbox, of its <code>pids</code> limit, which counts both.
 A paused sandbox's expiry clock stands still.</p>
 """), rows=rows) if boxes else Html('<p class="empty">No live sandbox.</p>\n')
-    return join([_pool(pool), table, _quotas(quotas)])
+    return join([_pool(pool) if actions else Html(""), table, _quotas(quotas)])
 
 
 _CONFIRM = Template("""<section class="confirm" aria-label="kill $id">
