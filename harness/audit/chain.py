@@ -182,9 +182,11 @@ class TableShape:
     def read(self, conn: sqlite3.Connection, rid: int | None, key: str) -> tuple[Any, ...] | None:
         """The row of rowid ``rid`` (or, without one, of key ``key``), None when it is gone."""
         if self.rowid and rid is not None:
-            return conn.execute(f"SELECT * FROM {_quote(self.name)} WHERE rowid = ?", (rid,)).fetchone()  # noqa: S608
-        where = " AND ".join(f"{_quote(k)} = ?" for k in self.key)
-        return conn.execute(f"SELECT * FROM {_quote(self.name)} WHERE {where}", json.loads(key)).fetchone()  # noqa: S608
+            found = conn.execute(f"SELECT * FROM {_quote(self.name)} WHERE rowid = ?", (rid,)).fetchone()  # noqa: S608
+        else:
+            where = " AND ".join(f"{_quote(k)} = ?" for k in self.key)
+            found = conn.execute(f"SELECT * FROM {_quote(self.name)} WHERE {where}", json.loads(key)).fetchone()  # noqa: S608
+        return None if found is None else tuple(found)
 
     def row(self, values: Sequence[Any]) -> dict[str, Any]:
         return dict(zip(self.columns, values, strict=True))
@@ -200,17 +202,22 @@ def _triggers(shape: TableShape) -> list[str]:
     for op, row in (("insert", "NEW"), ("update", "NEW"), ("delete", "OLD")):
         run = f"{row}.{_quote(shape.run)}" if shape.run is not None else "NULL"
         rid = f"{row}.rowid" if shape.rowid else "NULL"
-        out.append(
-            f"CREATE TEMP TRIGGER IF NOT EXISTS {_quote('audit_chain_' + op + '_' + shape.name)} "
-            f"AFTER {op.upper()} ON main.{_quote(shape.name)} BEGIN "
-            f"INSERT INTO audit_chain_pending (tbl, rid, key, op, run_id) "
-            f"VALUES ('{shape.name.replace(chr(39), chr(39) * 2)}', {rid}, {shape.key_sql(row)}, '{op}', {run}); END")
+        literal = "'" + shape.name.replace("'", "''") + "'"
+        values = f"VALUES ({literal}, {rid}, {shape.key_sql(row)}, '{op}', {run})"
+        out.append(f"CREATE TEMP TRIGGER IF NOT EXISTS {_quote('audit_chain_' + op + '_' + shape.name)} "
+                   f"AFTER {op.upper()} ON main.{_quote(shape.name)} BEGIN "
+                   f"INSERT INTO audit_chain_pending (tbl, rid, key, op, run_id) {values}; END")
     return out
 
 
 def _chained_tables(conn: sqlite3.Connection) -> list[str]:
     rows = conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table' ORDER BY name").fetchall()
     return [str(r[0]) for r in rows if is_chained_table(str(r[0]))]
+
+
+def _differs_from(latest: dict[str, str | None]) -> Callable[[str, str], bool]:
+    """Whether a row (key, digest) is not as ``latest`` (key -> digest) has it."""
+    return lambda key, digest: latest.get(key) != digest
 
 
 def _made_name(statement: str) -> str:
@@ -259,10 +266,7 @@ class Chain:
         names = _chained_tables(conn)
         if any(_made_name(statement) not in names for statement in self._tables):
             return True
-        for name in names:
-            if known.get(name) != json.dumps(TableShape.of(conn, name).columns):
-                return True
-        return False
+        return any(known.get(name) != json.dumps(TableShape.of(conn, name).columns) for name in names)
 
     def _install(self, conn: sqlite3.Connection) -> None:
         """TEMP triggers on every chained table that has none on this connection yet."""
@@ -306,10 +310,10 @@ class Chain:
             removed = [c for c in old if c not in self._shapes[name].columns]
             self._note(conn, f"columns of {name} changed (added: {', '.join(added) or 'none'}; removed: "
                              f"{', '.join(removed) or 'none'}); rows whose content changed are re-recorded")
-            latest = {str(k): d for k, d in conn.execute(
+            latest: dict[str, str | None] = {str(k): d for k, d in conn.execute(
                 f"SELECT key, digest FROM {CHAIN_TABLE} WHERE seq IN "  # noqa: S608
                 f"(SELECT max(seq) FROM {CHAIN_TABLE} WHERE tbl = ? GROUP BY key)", (name,))}
-            self._append_rows(conn, self._shapes[name], "migrate", lambda key, digest: latest.get(key) != digest)
+            self._append_rows(conn, self._shapes[name], "migrate", _differs_from(latest))
         for name in names:
             conn.execute(f"INSERT INTO {TABLES_TABLE} (name, columns) VALUES (?, ?) "  # noqa: S608
                          "ON CONFLICT (name) DO UPDATE SET columns = excluded.columns",
@@ -362,7 +366,7 @@ class Chain:
         for _, tbl, rid, key, op, run_id in pending:
             first = changes.get((tbl, key))
             changes[(tbl, key)] = (op if first is None else first[0], rid, run_id)
-        entries = []
+        entries: list[tuple[str, str, str, str | None, str | None, str | None]] = []
         for (tbl, key), (first_op, rid, run_id) in changes.items():
             shape = self._shapes[tbl]
             values = shape.read(conn, rid, key)

@@ -24,7 +24,14 @@ from typing import Self, TypeVar
 
 from harness.audit.chain import Chain, ChainHead, read_head
 from harness.audit.errors import AuditError
-from harness.audit.schema import ATTEMPTS_TABLE, CHECKPOINTS_TABLE, EGRESS_TABLE, add_columns, ensure_call_counts, migrate
+from harness.audit.schema import (
+    ATTEMPTS_TABLE,
+    CHECKPOINTS_TABLE,
+    EGRESS_TABLE,
+    add_columns,
+    ensure_call_counts,
+    migrate,
+)
 from harness.core.errors import ErrorCode
 from harness.core.state_dirs import state_dir
 from harness.engine.docker.labels import Owner
