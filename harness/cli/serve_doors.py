@@ -176,7 +176,6 @@ def _serve_http(args: argparse.Namespace, executor: Any, token_sets: list[TokenS
 
         audit = AuditStore(args.audit_db)
         metrics.watch_approvals(str(audit.path), audit)
-        metrics.watch_audit_chain(str(audit.path), audit)
         tokens = server_tokens(args.token_file, announce=announce_token)
         server = serve_http(args.http, tokens=tokens, executor=None, audit=audit, close_audit=True,
                             insecure=args.insecure, tls_cert=args.tls_cert, tls_key=args.tls_key)
