@@ -56,7 +56,7 @@ from typing import Any
 __all__ = ["CHAIN_TABLE", "GENESIS", "LOG_EVERY", "Chain", "ChainHead", "TableShape", "content_digest", "content_json",
            "entry_hash", "is_chained_table", "read_head"]
 
-log = logging.getLogger("callbox.audit")
+log = logging.getLogger("callbox.audit.chain")
 
 CHAIN_TABLE = "audit_chain"
 TABLES_TABLE = "audit_chain_tables"

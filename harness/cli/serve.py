@@ -123,6 +123,7 @@ def _serve(args: argparse.Namespace) -> int:
         configure_logging(args.server_config.log)
     else:
         log.setLevel(logging.INFO)  # the server's own lines, as "callbox: ..." on stderr
+        logging.getLogger("callbox.audit.chain").setLevel(logging.INFO)  # the chain's head, to anchor it
     telemetry = args.server_config.telemetry if args.server_config is not None else None
     if telemetry is not None and telemetry.otlp_endpoint:
         from harness.telemetry import tracing
