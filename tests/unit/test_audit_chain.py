@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sqlite3
 import subprocess
 import sys
@@ -399,3 +400,20 @@ def test_the_head_is_a_metric(db: Path) -> None:
         text = metrics.exposition()[0].decode()
     assert f'callbox_audit_chain_seq{{db="{db}"}} {float(head.seq)}' in text
     assert f'callbox_audit_chain_head_info{{db="{db}",hash="{head.hash}",seq="{head.seq}"}} 1.0' in text
+
+
+def test_the_head_is_logged_every_so_many_entries_and_by_a_server(db: Path, caplog: pytest.LogCaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.audit import chain
+    from harness.cli import serve
+
+    monkeypatch.setattr(chain, "LOG_EVERY", 3)
+    with caplog.at_level(logging.INFO, logger="callbox"), AuditStore(db) as store:
+        for n in range(4):
+            store.start_run(f"r{n}", {})
+        metrics.watch_audit_chain(str(db), store)
+        serve._log_chain_heads("at stop")
+        head = store.chain_head()
+    passed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("audit chain head: ")]
+    assert [m.split()[-1].split(":")[0] for m in passed] == ["3"]  # seq 1 (the note) .. 5: passes 3 once
+    assert f"audit chain head at stop: {head} ({db})" in caplog.messages
