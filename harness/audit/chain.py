@@ -36,7 +36,9 @@ trigger and enters no entry, so ``verify`` names it.
 
 **Older stores.** The first connection that finds no chain (a store from a callbox without
 one, or a new store) starts it in one transaction: a note entry saying how many records
-were there, then one ``existing`` entry per row. A table that appears later (made on first
+were there, then one ``existing`` entry per row, and marks the store (``PRAGMA
+application_id``): a marked store found without its chain had it removed, and the chain
+started again says so (``verify`` reports it). A table that appears later (made on first
 use, or by a newer callbox) joins the same way, with a note. A table whose columns change
 (a migration adds one with a default) has its rows whose content changed re-recorded
 (``migrate``), after a note naming the columns.
@@ -53,8 +55,21 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CHAIN_TABLE", "GENESIS", "LOG_EVERY", "Chain", "ChainHead", "TableShape", "content_digest", "content_json",
-           "entry_hash", "is_chained_table", "read_head"]
+__all__ = [
+    "CHAINED_MARK",
+    "CHAIN_TABLE",
+    "GENESIS",
+    "LOG_EVERY",
+    "RESTARTED",
+    "Chain",
+    "ChainHead",
+    "TableShape",
+    "content_digest",
+    "content_json",
+    "entry_hash",
+    "is_chained_table",
+    "read_head",
+]
 
 log = logging.getLogger("callbox.audit.chain")
 
@@ -64,6 +79,12 @@ GENESIS = "0" * 64
 """The ``prev`` of the first entry."""
 LOG_EVERY = 1000
 """The head is logged each time the chain passes a multiple of this many entries."""
+
+CHAINED_MARK = 0x63627831
+"""``PRAGMA application_id`` of a store whose chain was started ("cbx1"): a store that has
+it and no chain had its chain removed, which the chain's new first entry says."""
+RESTARTED = "chain restarted"
+"""How the note of a chain started again on such a store begins (``verify`` reports it)."""
 
 _UNCHAINED = frozenset({CHAIN_TABLE, TABLES_TABLE, "call_counts"})
 
@@ -215,6 +236,11 @@ def _chained_tables(conn: sqlite3.Connection) -> list[str]:
     return [str(r[0]) for r in rows if is_chained_table(str(r[0]))]
 
 
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?",
+                        (name,)).fetchone() is not None
+
+
 def _differs_from(latest: dict[str, str | None]) -> Callable[[str, str], bool]:
     """Whether a row (key, digest) is not as ``latest`` (key -> digest) has it."""
     return lambda key, digest: latest.get(key) != digest
@@ -261,7 +287,7 @@ class Chain:
 
     def _needs_sync(self, conn: sqlite3.Connection) -> bool:
         known = self._known(conn)
-        if known is None:
+        if known is None or not _has_table(conn, CHAIN_TABLE):
             return True
         names = _chained_tables(conn)
         if any(_made_name(statement) not in names for statement in self._tables):
@@ -281,7 +307,9 @@ class Chain:
         """Inside a write transaction: start the chain if there is none, let tables that are
         not in it yet join it, re-record the rows of tables whose columns changed, and
         install the triggers."""
-        started = self._known(conn) is not None
+        started = self._known(conn) is not None and _has_table(conn, CHAIN_TABLE)
+        if not started:  # a new chain: every table joins it
+            conn.execute(f"DROP TABLE IF EXISTS {TABLES_TABLE}")
         for statement in (*_CREATE, *self._tables):
             conn.execute(statement)
         known = self._known(conn) or {}
@@ -299,7 +327,12 @@ class Chain:
             what = ", ".join(f"{n} {c}" for n, c in counts.items() if c) or "none"
             note = (f"chain started on a store written before it: {total} existing records chained once ({what})"
                     if total else "chain started on a new store")
+            if int(conn.execute("PRAGMA application_id").fetchone()[0]) == CHAINED_MARK:
+                note = (f"{RESTARTED}: this store had a chain and it was removed outside callbox; {total} records "
+                        f"chained again, unproven before this entry ({what})")
+                log.warning("audit chain: %s", note)
             self._note(conn, note)
+            conn.execute(f"PRAGMA application_id = {CHAINED_MARK}")
         elif joining:
             self._note(conn, f"tables joined the chain with their existing rows: {', '.join(joining)}")
         for name in joining:

@@ -9,6 +9,7 @@ other processes write) through a connection of its own, and finds:
 * a row whose content is not the one its latest entry's digest names (a row **changed**);
 * a row whose latest entry is not a delete, missing from its table (a row **removed**);
 * a row no entry names, or whose latest entry is a delete (a row **inserted**);
+* a chain started again on a store that had one (its tables were removed);
 * an anchored head (``SEQ:HASH`` kept elsewhere) that the chain no longer holds: the whole
   chain was rewritten from that point.
 
@@ -27,6 +28,7 @@ from urllib.parse import quote
 from harness.audit.chain import (
     CHAIN_TABLE,
     GENESIS,
+    RESTARTED,
     TABLES_TABLE,
     ChainHead,
     TableShape,
@@ -48,7 +50,8 @@ class Problem:
 
     kind: str
     """changed | removed | inserted (a row); entry_changed | entry_removed | entry_link (the
-    chain itself); anchor (an anchored head the chain no longer holds)."""
+    chain itself); restarted (the chain was removed and started again); anchor (an anchored
+    head the chain no longer holds)."""
     seq: int | None
     """The chain entry it concerns; None for a row no entry names."""
     table: str
@@ -145,6 +148,8 @@ def _verify(conn: sqlite3.Connection, anchors: Sequence[ChainHead]) -> Verdict:
             problems.append(Problem("entry_link", seq, tbl, key, run_id,
                                     f"chain entry seq {seq} ({what}) does not follow seq {last_seq}: its prev hash "
                                     f"is not that entry's hash (an entry was inserted, changed or replaced there)"))
+        if op == "note" and str(note or "").startswith(RESTARTED):
+            problems.append(Problem("restarted", seq, "", key, None, f"chain entry seq {seq}: {note}"))
         if seq in wanted:
             hashes[seq] = stored
         if tbl:

@@ -417,3 +417,19 @@ def test_the_head_is_logged_every_so_many_entries_and_by_a_server(db: Path, capl
     passed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("audit chain head: ")]
     assert [m.split()[-1].split(":")[0] for m in passed] == ["3"]  # seq 1 (the note) .. 5: passes 3 once
     assert f"audit chain head at stop: {head} ({db})" in caplog.messages
+
+
+def test_a_chain_removed_and_started_again_fails_verify(db: Path) -> None:
+    _fill(db)
+    _attacker(db, "DROP TABLE audit_chain", "DROP TABLE audit_chain_tables")
+    AuditStore(db).close()  # the next process finds a marked store without its chain
+    verdict = verify(db)
+    assert [(p.kind, p.seq) for p in verdict.problems] == [("restarted", 1)]
+    assert "this store had a chain and it was removed outside callbox" in verdict.problems[0].text
+
+
+def test_the_chain_table_dropped_alone_is_a_restart_too(db: Path) -> None:
+    _fill(db)
+    _attacker(db, "DROP TABLE audit_chain")
+    AuditStore(db).close()
+    assert [p.kind for p in verify(db).problems] == ["restarted"]
