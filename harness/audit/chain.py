@@ -83,6 +83,8 @@ LOG_EVERY = 1000
 CHAINED_MARK = 0x63627831
 """``PRAGMA application_id`` of a store whose chain was started ("cbx1"): a store that has
 it and no chain had its chain removed, which the chain's new first entry says."""
+NEW_STORE = "chain started on a new store"
+"""The note of a chain started on a new store (logged at debug level only)."""
 RESTARTED = "chain restarted"
 """How the note of a chain started again on such a store begins (``verify`` reports it)."""
 
@@ -326,7 +328,7 @@ class Chain:
             total = sum(counts.values())
             what = ", ".join(f"{n} {c}" for n, c in counts.items() if c) or "none"
             note = (f"chain started on a store written before it: {total} existing records chained once ({what})"
-                    if total else "chain started on a new store")
+                    if total else NEW_STORE)
             if int(conn.execute("PRAGMA application_id").fetchone()[0]) == CHAINED_MARK:
                 note = (f"{RESTARTED}: this store had a chain and it was removed outside callbox; {total} records "
                         f"chained again, unproven before this entry ({what})")
@@ -368,7 +370,7 @@ class Chain:
 
     def _note(self, conn: sqlite3.Connection, note: str) -> None:
         self._append(conn, read_head(conn), time.time(), self._actor(), [("", "[]", "note", None, None, note)])
-        log.info("audit chain: %s", note)
+        log.log(logging.DEBUG if note == NEW_STORE else logging.INFO, "audit chain: %s", note)
 
     def _append(self, conn: sqlite3.Connection, head: ChainHead, now: float, actor: str,
                 entries: Iterable[tuple[str, str, str, str | None, str | None, str | None]]) -> ChainHead:
@@ -383,6 +385,11 @@ class Chain:
             if seq // LOG_EVERY > head.seq // LOG_EVERY:
                 log.info("audit chain head: %d:%s", seq, prev)
         return ChainHead(seq, prev)
+
+    def forget(self) -> None:
+        """After a rollback: what a sync in the rolled-back transaction installed is undone
+        too, so the next seal syncs again."""
+        self._schema = -1
 
     # -- each write
 

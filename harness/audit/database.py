@@ -239,6 +239,8 @@ class Database:
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+                if self._chain is not None:
+                    self._chain.forget()
                 raise
             return out
 
