@@ -267,17 +267,24 @@ class Chain:
         self._schema = -1
         conn.execute("PRAGMA temp_store = MEMORY")
         conn.execute(_PENDING)
-        if self._needs_sync(conn):  # a new store, an older one, or a table that joins
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._sync(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        else:
+        if not self._needs_sync(conn):
             self._install(conn)
+            return
+        try:  # a new store, an older one, or a table that joins
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if "readonly" not in str(exc):
+                raise
+            log.warning("audit chain: the store is read-only here, so its chain is not started or brought up to "
+                        "date; verify it where it is written")
+            return
+        try:
+            self._sync(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
     # -- tables
 
