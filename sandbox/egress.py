@@ -29,6 +29,12 @@ looks at the file (one ``stat``) before each request and reads it again when it 
 to the next request; connections already open go on. No file: no narrowing; a file it cannot read or parse
 refuses every request until it is fixed (fail closed).
 
+An entry may carry an action (``ask *.example.com``, ``deny 10.0.0.0/8``; then the first entry that matches
+decides, see ``sandbox.egress_policy``). A connection an ``ask`` entry names is held, once its addresses passed
+the check below, until the harness answers through files beside the rules file (``sandbox.egress_hold``:
+``hold`` and ``answer`` lines in the log, ``--ask-timeout`` seconds at most); refused, it gets a 403 naming the
+approval and who answered.
+
 The proxy resolves names itself; if any resolved address is not globally routable (loopback, private,
 link-local incl. 169.254.169.254, 100.64.0.0/10, multicast, unspecified, reserved; IPv4-mapped IPv6 is
 unwrapped) the request is refused, listed literals included. It connects only to the addresses it checked.
@@ -78,7 +84,9 @@ if not __package__:
     # shadows nothing of the standard library.
     sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from sandbox.egress_hold import Holds
 from sandbox.egress_policy import (
+    ASK,
     DEFAULT_PORTS,
     UNRESOLVED,
     Allowlist,
@@ -160,6 +168,9 @@ class Config:
     rules_file: str | None = None
     """The sandbox's narrowing of ``allowlist`` (JSON ``{"allow": [...], "deny": [...]}``),
     read again whenever it changes (:func:`read_rules`)."""
+    ask_timeout: float = 120.0
+    """Seconds a connection to an ``ask`` entry waits for an answer (:mod:`sandbox.egress_hold`,
+    whose files live beside the rules file)."""
 
 
 def read_rules(ceiling: Allowlist, path: str) -> Rules:
@@ -191,6 +202,7 @@ class _Request:
     port: int | None = None
     address: IPAddress | None = None
     head: bytes = b""  # what to send upstream first (the rewritten head for forward requests)
+    note: str | None = None  # who let it through, when a person was asked
     counts: list[int] = field(default_factory=lambda: [0, 0])  # bytes up, bytes down
 
 
@@ -296,6 +308,8 @@ class EgressProxy:
         self._rules_lock = threading.Lock()
         self._rules = Rules(config.allowlist)
         self._rules_stamp: tuple[int, int, int] | None = (-2, -2, -2)  # not read yet
+        self.holds = Holds(config.rules_file and os.path.dirname(config.rules_file), self.log, config.sandbox_id,
+                           config.ask_timeout)
 
     def rules(self) -> Rules:
         """The rules now: the allowlist, narrowed by the rules file as it is now (read again
@@ -380,7 +394,7 @@ class EgressProxy:
                 return self._deny(conn, req, Refusal(502, "internal proxy error"))
             if upstream is None:
                 return None
-            self._record("decision", req, decision="allow", status=200, reason=None, test_override=override)
+            self._record("decision", req, decision="allow", status=200, reason=req.note, test_override=override)
             started = time.monotonic()
             with upstream:
                 self._splice(conn, upstream, req, rest)
@@ -404,22 +418,27 @@ class EgressProxy:
         addresses = [literal] if literal is not None else None
         # Names are resolved only once the rules allow them, or need their addresses to tell.
         why = rules.refusal(req.host, req.port, addresses)
-        if why is not None and why != UNRESOLVED:
-            raise Refusal(403, why)
+        if why not in (None, UNRESOLVED, ASK):
+            raise Refusal(403, str(why))
         if addresses is None:
             try:
                 infos = socket.getaddrinfo(req.host, req.port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG)
             except (OSError, UnicodeError) as exc:
                 raise Refusal(502, f"cannot resolve {req.host}: {getattr(exc, 'strerror', None) or exc}") from None
             addresses = list(dict.fromkeys(ipaddress.ip_address(str(info[4][0])) for info in infos))
-        if why == UNRESOLVED and (why := rules.refusal(req.host, req.port, addresses)) is not None:
-            raise Refusal(403, why)
+        if why == UNRESOLVED and (why := rules.refusal(req.host, req.port, addresses)) not in (None, ASK):
+            raise Refusal(403, str(why))
         verdicts = [check_address(addr, self.config.test_network) for addr in addresses]
         for addr, verdict in zip(addresses, verdicts, strict=True):
             if verdict.refusal:
                 subject = str(addr) if literal is not None else f"{req.host} resolves to {addr}, which"
                 raise Refusal(403, f"{subject} is {verdict.refusal}; only globally routable addresses are allowed",
                               addr)
+        if why == ASK:  # a person decides, while the connection waits
+            answer = self.holds.ask(conn, req.method or "", req.host, req.port, req.client)
+            if answer.refusal is not None:
+                raise Refusal(403, answer.refusal)
+            req.note = answer.note
         failure = "no addresses"
         for verdict in verdicts:
             req.address = verdict.address
@@ -489,6 +508,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument("--log", metavar="FILE", help="also append the JSON lines to FILE")
     parser.add_argument("--rules-file", metavar="FILE",
                         help='narrow --allow by the JSON {"allow": [...], "deny": [...]} in FILE, read when it changes')
+    parser.add_argument("--ask-timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="how long a connection to an ask entry waits for an answer")
     parser.add_argument("--expires-file", metavar="FILE",
                         help="stop once the Unix time written in FILE has passed (checked every few seconds)")
     args = parser.parse_args(argv)
@@ -506,7 +527,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         except ValueError as exc:
             parser.error(f"bad --test-allow-network {args.test_allow_network!r}: {exc}")
     return Config(listen=(host, int(port_text)), sandbox_id=args.sandbox_id, allowlist=allowlist, test_network=network,
-                  log_file=args.log, expires_file=args.expires_file, rules_file=args.rules_file)
+                  log_file=args.log, expires_file=args.expires_file, rules_file=args.rules_file,
+                  ask_timeout=args.ask_timeout)
 
 
 def expired(path: str, now: float | None = None) -> bool:

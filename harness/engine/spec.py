@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from harness.core.errors import CallboxError, ErrorCode
 from harness.core.units import ByteSize, format_size
@@ -266,7 +266,13 @@ class SandboxFields(BaseModel, Generic[MountT]):
     allow_hosts: tuple[str, ...] = ()
     """Egress allowlist for ``network = allowlist``: ``HOST[:PORT]`` entries, ``*.example.com``
     wildcards (subdomains, not the apex), IP literals and CIDR networks (``10.1.0.0/16[:PORT]``),
-    case-insensitive; without a port, 80 and 443."""
+    case-insensitive; without a port, 80 and 443. An entry may start with an action:
+    ``ask *.github.com`` holds each connection until a person answers (or ``ask_timeout``
+    passes), ``deny 10.0.0.0/8`` refuses; with such entries the first entry that matches
+    decides."""
+    ask_timeout: float = Field(default=120.0, gt=0.0, le=3600.0)
+    """Seconds a connection to an ``ask`` entry waits for a person's answer before it is
+    refused (never longer than the call running when it came)."""
     egress_allow: tuple[str, ...] = ()
     """With ``network = allowlist``: a narrowing within ``allow_hosts`` (what a client asks for,
     E2B's ``allow_out``; changeable while the sandbox runs), same syntax. A destination one of
@@ -346,10 +352,12 @@ class SandboxSpec(SandboxFields[Mount]):
 
     @field_validator("allow_hosts", "egress_allow", "egress_deny")
     @classmethod
-    def _allow_hosts_valid(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+    def _allow_hosts_valid(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
         from sandbox.egress import Allowlist  # the proxy's own parser: one syntax on both sides
 
-        Allowlist.parse(value)
+        parsed = Allowlist.parse(value)
+        if info.field_name != "allow_hosts":
+            parsed.without_actions()
         return value
 
     @field_validator("mounts")

@@ -84,6 +84,7 @@ from harness.engine.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
 from tests.bench.bench_audit_chain import add_audit_chain_rows, bench_audit_chain
 from tests.bench.bench_door import add_door_rows, bench_door
 from tests.bench.bench_e2b import add_e2b_rows, bench_e2b
+from tests.bench.bench_egress_ask import TARGET_ADDED_MS, bench_egress_ask
 from tests.bench.bench_interpreter import add_interpreter_rows, bench_interpreter
 from tests.bench.bench_living import Toolkit, add_living_rows, bench_living
 from tests.bench.bench_network_rules import TARGET_ENFORCED_MS, bench_network_update
@@ -574,6 +575,10 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
         add("7c. network rules changed (update_network) until enforced: call returned → a request passes them",
             "time", data["network_update_enforced"], "—", None, f"p90 ≤ {TARGET_ENFORCED_MS:g} ms",
             lambda r: r.cb(p90) <= TARGET_ENFORCED_MS)
+    if "egress_ask_after_answer" in data:
+        add("7d. egress held for a person (ask), allowed once: answer recorded → response (proxy in-process)",
+            "time", data["egress_ask_after_answer"], "the same request to an allow entry (no hold)",
+            data["egress_plain_request"], f"p90 ≤ {TARGET_ADDED_MS:g} ms", lambda r: r.cb(p90) <= TARGET_ADDED_MS)
     if "harness_overhead" in data:
         add("6. harness overhead per call: validate + authorize + audit (no sandbox)", "time",
             data["harness_overhead"], "—", None, f"p50 ≤ {TARGET_OVERHEAD_P50_MS:g} ms",
@@ -723,11 +728,12 @@ def main(argv: list[str] | None = None) -> int:
         return out
 
     def network_rows() -> dict[str, list[float]]:
+        held = bench_egress_ask(args.samples, args.warmup, progress)  # no Docker: the proxy runs in-process
         problem = engine.networks.packet_filter.problem()
         if problem is not None:
             progress(f"network modes skipped: {problem}")
-            return {}
-        out = bench_network_start(res, spec, args.samples, slow_warmup)
+            return held
+        out = {**held, **bench_network_start(res, spec, args.samples, slow_warmup)}
         out.update(bench_network_update(res.create_sandbox, res.destroy_sandbox, spec, args.samples, args.warmup,
                                         progress))
         return out

@@ -241,6 +241,25 @@ def test_an_operator_bearer_token_denies_with_a_reason_without_a_csrf_token(http
     assert "already denied" in again.text
 
 
+def test_held_egress_gets_three_answers_from_an_operator_and_none_from_a_client(http, audit):
+    run_id = audit.start_run(f"grpc-test-{uuid.uuid4().hex[:8]}", meta={"door": "grpc", "client": "agent"})
+    approval = audit.create_approval(run_id, "egress-h0123456789abcdef", "egress",
+                                     {"sandbox_id": "sb1", "destination": "api.example.com:443", "call_id": "call-1"},
+                                     "sandbox.allow_hosts: ask", "call call-1 connects to api.example.com:443").id
+    page = httpx.get(f"{http.url}/", headers={"authorization": f"Bearer {TOKEN}"})
+    assert 'value="approve-sandbox">Allow for this sandbox</button>' in page.text and ">Allow once<" in page.text
+    form = {"decision": "approve-sandbox"}
+    refused = httpx.post(f"{http.url}/approvals/{approval}/resolve", data=form,
+                         headers={"authorization": f"Bearer {AGENT_TOKEN}"})
+    assert refused.status_code == 403, refused.text
+    allowed = httpx.post(f"{http.url}/approvals/{approval}/resolve", data=form,
+                         headers={"authorization": f"Bearer {TOKEN}"})
+    assert allowed.status_code == 200, allowed.text
+    assert "later ones to the same destination go through" in allowed.text
+    resolved = audit.get_approval(approval)
+    assert (resolved.state, resolved.scope, resolved.resolved_by) == ("approved", "sandbox", "console:operator")
+
+
 def test_a_loopback_console_answers_only_to_a_loopback_host_name(http):
     response = httpx.get(f"{http.url}/metrics", headers={"host": "evil.example"})
     assert response.status_code == 421

@@ -325,10 +325,10 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
 
     def resolve(request: Request, caller: Caller, form: Mapping[str, str]) -> str:
         decision = form.get("decision")
-        if decision not in ("approve", "deny"):
-            raise _Refused(400, "the form's decision must be approve or deny")
-        _, done = console.resolve(request.path_params["approval_id"], decision == "approve", client=caller.client,
-                                  reason=form.get("reason"))
+        if decision not in ("approve", "approve-sandbox", "deny"):
+            raise _Refused(400, "the form's decision must be approve, approve-sandbox (egress) or deny")
+        _, done = console.resolve(request.path_params["approval_id"], decision != "deny", client=caller.client,
+                                  reason=form.get("reason"), scope="sandbox" if decision == "approve-sandbox" else None)
         return done
 
     def kill(request: Request, caller: Caller, form: Mapping[str, str]) -> str:

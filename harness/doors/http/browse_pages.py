@@ -143,6 +143,8 @@ def runs_page(runs: list[RunRecord], listing: Listing, live: set[str], *, operat
 
 
 def _decision(approval: Approval) -> str:
+    if approval.scope is not None:  # a held egress connection's answer
+        return "allowed for the sandbox" if approval.scope == "sandbox" else "allowed once"
     return {"consumed": "approved (ran)", "approved": "approved"}.get(approval.state, approval.state)
 
 

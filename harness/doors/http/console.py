@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from harness.audit.browse import CallPoint, EgressPoint, Filters
 from harness.audit.errors import unknown_run
-from harness.audit.records import ACTION_TOOL_PREFIX, Approval, RunRecord
+from harness.audit.records import ACTION_TOOL_PREFIX, EGRESS_TOOL, Approval, RunRecord
 from harness.audit.store import AuditError, AuditStore
 from harness.core.errors import ERRORS, CallboxError, ErrorCode
 from harness.doors.grpc.errors import ServiceError
@@ -166,15 +166,23 @@ class Console:
             found.append(PendingApproval(approval, run, before[-EARLIER_CALLS_SHOWN:], len(before)))
         return found, len(waiting)
 
-    def resolve(self, approval_id: str, approve: bool, *, client: str, reason: str | None) -> tuple[Approval, str]:
-        """Approve or deny a pending approval as ``console:CLIENT``; the approval and a
-        sentence saying what happens next. ConsoleError (404 unknown, 409 already resolved)."""
+    def resolve(self, approval_id: str, approve: bool, *, client: str, reason: str | None,
+                scope: str | None = None) -> tuple[Approval, str]:
+        """Approve or deny a pending approval as ``console:CLIENT`` (``scope``: an egress
+        approval's, see ``resolve_approval``); the approval and a sentence saying what happens
+        next. ConsoleError (404 unknown, 409 already resolved)."""
         text = (reason or "").strip()[:REASON_MAX] or None
         try:
-            resolved = self.audit.resolve_approval(approval_id, approve, by=f"{ACTOR_PREFIX}:{client}", reason=text)
+            resolved = self.audit.resolve_approval(approval_id, approve, by=f"{ACTOR_PREFIX}:{client}", reason=text,
+                                                   scope=scope)
         except AuditError as error:
             raise ConsoleError(error.message, error.code) from None
-        if approve and resolved.tool.startswith(ACTION_TOOL_PREFIX):
+        if resolved.tool == EGRESS_TOOL and not approve:
+            what = f"approval {resolved.id} denied: the held connection is refused"
+        elif resolved.scope is not None:
+            what = (f"approval {resolved.id} approved: the held connection proceeds"
+                    + (", and later ones to the same destination go through" if resolved.scope == "sandbox" else ""))
+        elif approve and resolved.tool.startswith(ACTION_TOOL_PREFIX):
             what = (f"approval {resolved.id} approved; the sandbox action "
                     f"{resolved.tool.removeprefix(ACTION_TOOL_PREFIX)} runs when its client repeats it")
         elif approve:

@@ -16,7 +16,7 @@ from string import Template
 from typing import Any
 from urllib.parse import quote
 
-from harness.audit.records import Approval, RunRecord
+from harness.audit.records import EGRESS_TOOL, Approval, RunRecord
 from harness.core.times import stamp
 from harness.doors.http.console import PendingApproval
 
@@ -241,8 +241,7 @@ _RESOLVE = Template("""<form class="resolve" method="post" action="/approvals/$i
 $csrf
 <label for="reason-$id">Reason (shown to the model when denied)</label>
 <input id="reason-$id" name="reason" maxlength="2000">
-<button type="submit" name="decision" value="approve">Approve</button>
-<button type="submit" name="decision" value="deny" class="danger">Deny</button>
+$buttons
 </form>
 """)
 _READ_ONLY = Html('<p class="muted">An operator resolves this approval.</p>\n')
@@ -261,6 +260,14 @@ def _call_rows(calls: Iterable[Mapping[str, Any]]) -> Html:
                          "</div>"), rows=rows)
 
 
+_CALL_BUTTONS = Html("""<button type="submit" name="decision" value="approve">Approve</button>
+<button type="submit" name="decision" value="deny" class="danger">Deny</button>""")
+_EGRESS_BUTTONS = Html("""<button type="submit" name="decision" value="approve">Allow once</button>
+<button type="submit" name="decision" value="approve-sandbox">Allow for this sandbox</button>
+<button type="submit" name="decision" value="deny" class="danger">Deny</button>""")
+"""A held egress connection's answers: this connection, the destination for the sandbox, or no."""
+
+
 def _approval(item: PendingApproval, csrf: str | None, now: float, actions: bool) -> Html:
     a = item.approval
     earlier = _call_rows(item.earlier) if item.earlier else Html('<p class="muted">none: this is its first call</p>')
@@ -269,7 +276,9 @@ def _approval(item: PendingApproval, csrf: str | None, now: float, actions: bool
         door=item.door, client=item.client, call_id=a.call_id, created=when(a.created), waiting=span(now - a.created),
         cut=" (cut at 64 KiB when stored)" if a.arguments_truncated else "",
         arguments=clip(pretty_arguments(a.arguments), ARGUMENTS_SHOWN), earlier_total=item.earlier_total,
-        earlier=earlier, resolve=fill(_RESOLVE, id=a.id, csrf=csrf_field(csrf)) if actions else _READ_ONLY,
+        earlier=earlier, resolve=fill(_RESOLVE, id=a.id, csrf=csrf_field(csrf),
+                                      buttons=_EGRESS_BUTTONS if a.tool == EGRESS_TOOL else _CALL_BUTTONS)
+        if actions else _READ_ONLY,
     )
 
 

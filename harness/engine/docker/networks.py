@@ -244,6 +244,7 @@ class SandboxNetworks:
                    "--rules-file", f"{PROXY_LOG_DIR}/{RULES_FILE}"]
         for entry in spec.allow_hosts:
             command += ["--allow", entry]
+        command += ["--ask-timeout", f"{spec.ask_timeout:g}"]
         if self.test_network is not None:
             log.warning("TEST-ONLY egress override: the proxy of sandbox %s may reach %s (hosts %s)",
                         sandbox_id, self.test_network, self.test_hosts)
