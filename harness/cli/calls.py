@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.audit.records import EGRESS_SCOPES
+from harness.cli import audit_chain
 from harness.cli.options import UsageParser, engine_options, policy_engine, sandbox_options, say, spec_from_args
 from harness.core.calls import ToolResult
 from harness.core.errors import ERRORS, EXIT_CALLBOX_FAILED, EXIT_ERROR_RESULT, EXIT_OK
@@ -66,10 +67,11 @@ def add_parsers(sub: Any) -> None:
     for verb in (listing, *resolving):  # after the verb too (`approvals list --audit-db FILE`)
         verb.add_argument("--audit-db", type=Path, default=argparse.SUPPRESS, help=read_db)
 
-    audit = sub.add_parser("audit", help="show runs and calls from the audit store")
+    audit = sub.add_parser("audit", help="show runs and calls from the audit store; verify or export its chain")
     audit.add_argument("--run", help="the calls of one run (default: recent runs)")
     audit.add_argument("--json", action="store_true", help="print JSON")
     audit.add_argument("--audit-db", type=Path, help=read_db)
+    audit_chain.add_verbs(audit, read_db)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         return _call(args)
     if args.command == "approvals":
         return _approvals(args)
+    if getattr(args, "audit_command", None):
+        return audit_chain.run(args)
     return _audit(args)
 
 

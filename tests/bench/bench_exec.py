@@ -26,6 +26,8 @@ Rows:
    ``sleep infinity`` with the same limits;
 5. floors for row 1: a gRPC unary health check on the agent socket, and the agent's own
    spawn -> exit time of ``true`` vs ``subprocess.run(["true"])`` on the host;
+6b. the harness overhead of row 6 with the audit chain, against a store with its chain off
+    (interleaved): bench_audit_chain.py, section ``overhead``;
 8. the cost of redacting secrets from every result: a whole call (no sandbox) on a 16 KiB
    and a 1 MiB tool output, vs the same call path with redaction off;
 9.-13. living sandboxes (attach replay, PTY keystroke, cp, pause/resume, snapshot/fork): bench_living.py;
@@ -79,6 +81,7 @@ from harness.engine.docker import labels
 from harness.engine.docker.engine import DockerEngine, Sandbox, seccomp_profile
 from harness.engine.exec_result import ExecResult, collect
 from harness.engine.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
+from tests.bench.bench_audit_chain import add_audit_chain_rows, bench_audit_chain
 from tests.bench.bench_door import add_door_rows, bench_door
 from tests.bench.bench_e2b import add_e2b_rows, bench_e2b
 from tests.bench.bench_egress_ask import TARGET_ADDED_MS, bench_egress_ask
@@ -581,6 +584,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
             data["harness_overhead"], "—", None, f"p50 ≤ {TARGET_OVERHEAD_P50_MS:g} ms",
             lambda r: r.cb(p50) <= TARGET_OVERHEAD_P50_MS)
         add("6a. of which argument validation", "time", data["validate_only"], "—", None, "— (info)")
+    add_audit_chain_rows(data, add)
     if "redaction_call_on_16k" in data:
         for size, label in (("16k", "16 KiB"), ("1m", "1 MiB")):
             add(f"8{'ab'[size == '1m']}. call with secret redaction, {label} tool output (no sandbox)", "time",
@@ -736,7 +740,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def overhead_rows() -> dict[str, list[float]]:
         progress("harness overhead per call (no sandbox)")
-        return bench_overhead(max(args.samples, 1000), 100)
+        out = bench_overhead(max(args.samples, 1000), 100)
+        progress("the audit chain's cost per call, chained vs unchained store (no sandbox)")
+        out.update(bench_audit_chain(max(args.samples, 2000), 200))
+        return out
 
     def telemetry_rows() -> dict[str, list[float]]:
         progress("metrics and tracing per call, on vs off (no sandbox)")

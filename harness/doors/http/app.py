@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from harness.core.errors import CallboxError, ErrorCode
 from harness.doors.http import browse_pages, pages, sandbox_pages
+from harness.doors.http.audit_export import export_endpoint
 from harness.doors.http.auth import (
     Caller,
     Sessions,
@@ -355,6 +356,9 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
         Route("/egress", page("egress", "Egress log", egress), methods=["GET"]),
         Route("/approvals/{approval_id}/resolve", action("/", resolve), methods=["POST"]),
         Route("/sandboxes/{sandbox_id:path}/kill", action("/sandboxes", kill), methods=["POST"]),
+        # the audit chain as JSON lines: an operator's of any client, a client's of its own
+        Route("/audit/export", export_endpoint(sessions, console.audit.path, www_authenticate=WWW_AUTHENTICATE),
+              methods=["GET"]),
     ]
     return _Frame(Starlette(routes=routes), loopback=loopback)
 

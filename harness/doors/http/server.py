@@ -38,6 +38,7 @@ from harness.doors.http.console import Console
 from harness.doors.mcp.http import _bind, _is_loopback, parse_addr
 from harness.doors.uvicorn_thread import ReadyUvicorn, UvicornThread, check_tls, load_config
 from harness.engine.docker.client import engine_host
+from harness.telemetry import metrics
 from harness.telemetry.samples import GaugeSampler
 
 __all__ = ["PING_TIMEOUT_S", "EnginePing", "HttpServer", "serve_http"]
@@ -160,6 +161,7 @@ def _serve(listen: str, *, tokens: TokenSet, executor: ExecutorService | None, a
                     secrets="tokens and the login cookie", log=log)
     ping = engine_ping if engine_ping is not None else EnginePing()
     console = Console(audit, executor)
+    metrics.watch_audit_chain(str(audit.path), audit)  # the head /metrics shows
     sessions = Sessions(tokens)
     sampler = GaugeSampler(executor.live_sandboxes if executor is not None else None)
     app = console_app(console, sessions, engine_ping=ping, tls=tls, loopback=_is_loopback(host),
