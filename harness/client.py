@@ -258,10 +258,11 @@ class ExecutorClient(_Client[grpc.Channel]):
                 return result
         raise no_result_error()
 
-    def resolve_approval(self, approval_id: str, approve: bool, reason: str = "", *,
+    def resolve_approval(self, approval_id: str, approve: bool, reason: str = "", *, scope: str = "",
                          timeout: float | None = None) -> ApprovalInfo:
-        """Approve or deny a pending call; then send the same call again to run it."""
-        return self._unary(resolve_approval_rpc(approval_id, approve, reason), timeout)
+        """Approve or deny a pending call (then send the same call again to run it), or a held
+        egress connection (``scope``: ``once``, the default, or ``sandbox``)."""
+        return self._unary(resolve_approval_rpc(approval_id, approve, reason, scope), timeout)
 
     def get_run(self, run_id: str, *, timeout: float | None = None) -> RunInfo:
         return self._unary(get_run_rpc(run_id), timeout)
@@ -375,9 +376,9 @@ class AsyncExecutorClient(_Client[grpc.aio.Channel]):
                 return result
         raise no_result_error()
 
-    async def resolve_approval(self, approval_id: str, approve: bool, reason: str = "", *,
+    async def resolve_approval(self, approval_id: str, approve: bool, reason: str = "", *, scope: str = "",
                                timeout: float | None = None) -> ApprovalInfo:
-        return await self._unary(resolve_approval_rpc(approval_id, approve, reason), timeout)
+        return await self._unary(resolve_approval_rpc(approval_id, approve, reason, scope), timeout)
 
     async def get_run(self, run_id: str, *, timeout: float | None = None) -> RunInfo:
         return await self._unary(get_run_rpc(run_id), timeout)

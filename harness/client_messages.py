@@ -146,6 +146,8 @@ class ApprovalInfo:
     resolved: float | None
     resolved_by: str | None
     resolution_reason: str | None
+    scope: str | None = None
+    """An approved egress approval's: ``once`` or ``sandbox``."""
 
     @classmethod
     def from_proto(cls, m: executor_pb2.Approval) -> ApprovalInfo:
@@ -153,7 +155,7 @@ class ApprovalInfo:
             approval_id=m.approval_id, sandbox_id=m.sandbox_id, call_id=m.call_id, tool=m.tool,
             arguments_json=m.arguments_json, rule=m.rule, reason=m.reason, state=m.state, created=m.created_unix,
             resolved=m.resolved_unix or None, resolved_by=m.resolved_by or None,
-            resolution_reason=m.resolution_reason or None,
+            resolution_reason=m.resolution_reason or None, scope=m.scope or None,
         )
 
 
@@ -278,8 +280,9 @@ def create_sandbox_rpc(
     return Rpc("CreateSandbox", request, SandboxInfo.from_proto)
 
 
-def resolve_approval_rpc(approval_id: str, approve: bool, reason: str) -> Rpc[ApprovalInfo]:
-    request = executor_pb2.ResolveApprovalRequest(approval_id=approval_id, approve=approve, reason=reason)
+def resolve_approval_rpc(approval_id: str, approve: bool, reason: str, scope: str = "") -> Rpc[ApprovalInfo]:
+    request = executor_pb2.ResolveApprovalRequest(approval_id=approval_id, approve=approve, reason=reason,
+                                                  scope=scope)
     return Rpc("ResolveApproval", request, ApprovalInfo.from_proto)
 
 

@@ -3,7 +3,7 @@
 The engine runs it in its own container, the only peer the sandbox's internal network reaches::
 
     python3 -I -S egress.py --listen 0.0.0.0:3128 --sandbox-id ID [--allow HOST[:PORT]]... [--rules-file FILE]
-        [--test-allow-network CIDR] [--secrets-file FILE [--test-extra-ca FILE]]
+        [--test-allow-network CIDR]
 
 Besides the standard library it imports only ``sandbox.egress_policy`` (what may be reached; standard
 library only too), never ``harness``. Requests it understands:
@@ -29,6 +29,12 @@ looks at the file (one ``stat``) before each request and reads it again when it 
 to the next request; connections already open go on. No file: no narrowing; a file it cannot read or parse
 refuses every request until it is fixed (fail closed).
 
+An entry may carry an action (``ask *.example.com``, ``deny 10.0.0.0/8``; then the first entry that matches
+decides, see ``sandbox.egress_policy``). A connection an ``ask`` entry names is held, once its addresses passed
+the check below, until the harness answers through files beside the rules file (``sandbox.egress_hold``:
+``hold`` and ``answer`` lines in the log, ``--ask-timeout`` seconds at most); refused, it gets a 403 naming the
+approval and who answered.
+
 The proxy resolves names itself; if any resolved address is not globally routable (loopback, private,
 link-local incl. 169.254.169.254, 100.64.0.0/10, multicast, unspecified, reserved; IPv4-mapped IPv6 is
 unwrapped) the request is refused, listed literals included. It connects only to the addresses it checked.
@@ -47,11 +53,6 @@ let the connected address through::
      "client": "10.0.0.2", "test_override": false}
     {"ts": 2.0, "event": "close", "sandbox_id": "...", "method": ..., "host": ..., "port": ..., "address": ...,
      "client": ..., "bytes_up": 10, "bytes_down": 20, "duration_s": 1.0}
-
-``--secrets-file FILE``: the sandbox's secrets, read and removed at start, put in for their placeholders on
-requests to their hosts, whose TLS the proxy terminates (``sandbox.egress_secrets``, ``sandbox.egress_tls``);
-their decisions say ``"secrets": [NAME, ...]``. ``--test-extra-ca FILE``: one more CA trusted for the real
-hosts (and in the sandbox's bundle), for tests only, announced on stderr.
 
 With ``--log FILE`` the same lines are also appended to FILE (flushed before the client gets its answer).
 
@@ -83,7 +84,9 @@ if not __package__:
     # shadows nothing of the standard library.
     sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from sandbox.egress_hold import Holds
 from sandbox.egress_policy import (
+    ASK,
     DEFAULT_PORTS,
     UNRESOLVED,
     Allowlist,
@@ -100,8 +103,6 @@ from sandbox.egress_policy import (
     parse_port,
     split_host_port,
 )
-from sandbox.egress_secrets import SecretRules, carried, load_secrets, rewrite_headers
-from sandbox.egress_tls import intercept
 
 __all__ = [
     "DEFAULT_PORTS",
@@ -167,8 +168,9 @@ class Config:
     rules_file: str | None = None
     """The sandbox's narrowing of ``allowlist`` (JSON ``{"allow": [...], "deny": [...]}``),
     read again whenever it changes (:func:`read_rules`)."""
-    secrets_file: str | None = None
-    test_extra_ca: str | None = None
+    ask_timeout: float = 120.0
+    """Seconds a connection to an ``ask`` entry waits for an answer (:mod:`sandbox.egress_hold`,
+    whose files live beside the rules file)."""
 
 
 def read_rules(ceiling: Allowlist, path: str) -> Rules:
@@ -200,6 +202,7 @@ class _Request:
     port: int | None = None
     address: IPAddress | None = None
     head: bytes = b""  # what to send upstream first (the rewritten head for forward requests)
+    note: str | None = None  # who let it through, when a person was asked
     counts: list[int] = field(default_factory=lambda: [0, 0])  # bytes up, bytes down
 
 
@@ -293,8 +296,8 @@ def _respond(conn: socket.socket, status: int, body: str, drain: bool = True) ->
 class EgressProxy:
     """Listens on ``config.listen``; ``serve_forever()`` until ``stop()`` (thread- and signal-safe)."""
 
-    def __init__(self, config: Config, log: LogSink | None = None, secrets: SecretRules | None = None) -> None:
-        self.config, self.log, self.secrets = config, log or json_lines(sys.stdout), secrets
+    def __init__(self, config: Config, log: LogSink | None = None) -> None:
+        self.config, self.log = config, log or json_lines(sys.stdout)
         host = config.listen[0].strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, config.listen[1]), family=family, backlog=128)
@@ -305,6 +308,8 @@ class EgressProxy:
         self._rules_lock = threading.Lock()
         self._rules = Rules(config.allowlist)
         self._rules_stamp: tuple[int, int, int] | None = (-2, -2, -2)  # not read yet
+        self.holds = Holds(config.rules_file and os.path.dirname(config.rules_file), self.log, config.sandbox_id,
+                           config.ask_timeout)
 
     def rules(self) -> Rules:
         """The rules now: the allowlist, narrowed by the rules file as it is now (read again
@@ -389,18 +394,10 @@ class EgressProxy:
                 return self._deny(conn, req, Refusal(502, "internal proxy error"))
             if upstream is None:
                 return None
-            assert req.host is not None and req.port is not None
-            self._record("decision", req, decision="allow", status=200, reason=None, test_override=override,
-                         **carried(self.secrets, req.host, req.port))
+            self._record("decision", req, decision="allow", status=200, reason=req.note, test_override=override)
             started = time.monotonic()
             with upstream:
-                if self.secrets is not None and req.method == "CONNECT" and self.secrets.intercepts(req.host, req.port):
-                    intercept(conn, upstream, req.host, req.port, self.secrets, req.counts, self.config.idle_timeout,
-                              rest)
-                else:
-                    if self.secrets is not None and req.method != "CONNECT":
-                        req.head = rewrite_headers(req.head, self.secrets.for_host(req.host, req.port))[0]
-                    self._splice(conn, upstream, req, rest)
+                self._splice(conn, upstream, req, rest)
             spliced_s = time.monotonic() - started
         finally:
             conn.close()
@@ -421,22 +418,27 @@ class EgressProxy:
         addresses = [literal] if literal is not None else None
         # Names are resolved only once the rules allow them, or need their addresses to tell.
         why = rules.refusal(req.host, req.port, addresses)
-        if why is not None and why != UNRESOLVED:
-            raise Refusal(403, why)
+        if why not in (None, UNRESOLVED, ASK):
+            raise Refusal(403, str(why))
         if addresses is None:
             try:
                 infos = socket.getaddrinfo(req.host, req.port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG)
             except (OSError, UnicodeError) as exc:
                 raise Refusal(502, f"cannot resolve {req.host}: {getattr(exc, 'strerror', None) or exc}") from None
             addresses = list(dict.fromkeys(ipaddress.ip_address(str(info[4][0])) for info in infos))
-        if why == UNRESOLVED and (why := rules.refusal(req.host, req.port, addresses)) is not None:
-            raise Refusal(403, why)
+        if why == UNRESOLVED and (why := rules.refusal(req.host, req.port, addresses)) not in (None, ASK):
+            raise Refusal(403, str(why))
         verdicts = [check_address(addr, self.config.test_network) for addr in addresses]
         for addr, verdict in zip(addresses, verdicts, strict=True):
             if verdict.refusal:
                 subject = str(addr) if literal is not None else f"{req.host} resolves to {addr}, which"
                 raise Refusal(403, f"{subject} is {verdict.refusal}; only globally routable addresses are allowed",
                               addr)
+        if why == ASK:  # a person decides, while the connection waits
+            answer = self.holds.ask(conn, req.method or "", req.host, req.port, req.client)
+            if answer.refusal is not None:
+                raise Refusal(403, answer.refusal)
+            req.note = answer.note
         failure = "no addresses"
         for verdict in verdicts:
             req.address = verdict.address
@@ -506,10 +508,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument("--log", metavar="FILE", help="also append the JSON lines to FILE")
     parser.add_argument("--rules-file", metavar="FILE",
                         help='narrow --allow by the JSON {"allow": [...], "deny": [...]} in FILE, read when it changes')
+    parser.add_argument("--ask-timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="how long a connection to an ask entry waits for an answer")
     parser.add_argument("--expires-file", metavar="FILE",
                         help="stop once the Unix time written in FILE has passed (checked every few seconds)")
-    parser.add_argument("--secrets-file", metavar="FILE", help="the sandbox's secrets (JSON), removed once read")
-    parser.add_argument("--test-extra-ca", metavar="FILE", help="TESTS ONLY: also trust this CA for real hosts")
     args = parser.parse_args(argv)
     try:
         allowlist = Allowlist.parse(args.allow)
@@ -526,7 +528,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
             parser.error(f"bad --test-allow-network {args.test_allow_network!r}: {exc}")
     return Config(listen=(host, int(port_text)), sandbox_id=args.sandbox_id, allowlist=allowlist, test_network=network,
                   log_file=args.log, expires_file=args.expires_file, rules_file=args.rules_file,
-                  secrets_file=args.secrets_file, test_extra_ca=args.test_extra_ca)
+                  ask_timeout=args.ask_timeout)
 
 
 def expired(path: str, now: float | None = None) -> bool:
@@ -546,7 +548,7 @@ def _stop_when_expired(proxy: EgressProxy, path: str, interval: float = EXPIRY_C
     proxy.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, make: Callable[[Config, LogSink], EgressProxy] | None = None) -> int:
     try:
         config = parse_args(argv)
     except SystemExit as exc:
@@ -554,11 +556,6 @@ def main(argv: list[str] | None = None) -> int:
     if config.test_network is not None:
         print(f"WARNING: --test-allow-network {config.test_network}: destinations in it bypass the private/loopback "
               "address check. This is for tests only and must never be used for real sandboxes.", file=sys.stderr)
-    try:
-        secrets = load_secrets(config.secrets_file, config.test_extra_ca)  # announces a test CA on stderr
-    except ValueError as exc:
-        print(f"callbox egress proxy: cannot load the sandbox's secrets: {exc}", file=sys.stderr)
-        return 1
     for entry in config.allowlist.entries:
         literal = ip_literal(entry.host)
         if literal is not None and (why := check_address(literal, config.test_network).refusal):
@@ -577,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
             sink(record)
 
     try:
-        proxy = EgressProxy(config, log, secrets)
+        proxy = (make or EgressProxy)(config, log)  # make: a proxy that does more (sandbox/egress_tls.py)
     except OSError as exc:
         print(f"callbox egress proxy: cannot listen on {hostport(*config.listen)}: {exc.strerror or exc}",
               file=sys.stderr)

@@ -7,6 +7,12 @@ an IPv4 literal, ``[v6]:port``, a bare IPv6 literal, or a CIDR network (``10.1.0
 only. A CIDR entry matches a destination whose addresses (an IP literal's, or those its name
 resolves to) all lie in it. A destination address must be globally routable (``address_refusal``).
 
+An entry may start with an action and a space: ``allow`` (what a bare entry means), ``ask`` (a
+person decides while the connection waits: :mod:`sandbox.egress_hold`) or ``deny``. Once an
+allowlist has an ``ask`` or ``deny`` entry its entries are tried in order and the first that
+matches decides (a ``deny`` entry without a port matches every port); a destination no entry
+matches is refused, as always.
+
 :class:`Rules` is what one sandbox may reach: its ceiling (the policy's allowlist, fixed when
 the sandbox starts) and, within it, a narrowing a client may set and change while the sandbox
 runs (``allow`` and ``deny`` entries, same syntax; as in E2B's ``allow_out``/``deny_out``, an
@@ -26,6 +32,7 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 DEFAULT_PORTS = (80, 443)
+ACTIONS = ("allow", "ask", "deny")
 _LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
@@ -115,11 +122,19 @@ class Entry:
     port: int | None = None
     wildcard: bool = False
     network: IPNetwork | None = None
+    action: str = "allow"
+    """``allow``, ``ask`` or ``deny`` (written before the entry: ``ask *.github.com``)."""
 
     @classmethod
     def parse(cls, text: str) -> Entry:
         if not text.strip() or text != text.strip():
             raise ValueError("empty entry or surrounding whitespace")
+        action, space, rest = text.partition(" ")
+        if space and action in ACTIONS:
+            if not rest or rest != rest.strip():
+                raise ValueError(f"an action ({', '.join(ACTIONS)}) takes one space, then HOST[:PORT]")
+            entry = cls.parse(rest)
+            return cls(entry.host, entry.port, entry.wildcard, entry.network, action)
         if "/" in text:
             net_text, port = _split_cidr(text)
             network = _cidr(net_text)
@@ -156,16 +171,35 @@ class Entry:
         """As a deny entry: without a port it denies every port."""
         return self.port is None or port == self.port
 
+    def matches(self, host: str, port: int, addresses: Sequence[IPAddress] | None) -> bool | None:
+        """As an entry of an allowlist with actions: whether it names ``host`` (normalized)
+        on ``port``; None when only ``addresses`` (not given) can tell. A ``deny`` entry
+        without a port names every port, and one address in its network suffices."""
+        deny = self.action == "deny"
+        if not (self.denies_port(port) if deny else self.allows_port(port)):
+            return False
+        if self.matches_host(host) or (deny and self.all_traffic):
+            return True
+        if self.network is None or ip_literal(host) is not None:
+            return False
+        if addresses is None:
+            return None
+        held = [self.holds(addr) for addr in addresses]
+        return bool(held) and (any(held) if deny else all(held))
+
     def __str__(self) -> str:
         host = "*." + self.host if self.wildcard else self.host
+        prefix = "" if self.action == "allow" else self.action + " "
         if self.port is None:
-            return host
-        return f"[{host}]:{self.port}" if self.network is not None and self.network.version == 6 else \
-            hostport(host, self.port)
+            return prefix + host
+        return prefix + (f"[{host}]:{self.port}" if self.network is not None and self.network.version == 6 else
+                         hostport(host, self.port))
 
 
 UNRESOLVED: Final = "the destination's addresses are needed"
 """What a check answers when only the addresses a name resolves to can decide (a CIDR entry)."""
+ASK: Final = "an ask entry names it: a person decides"
+"""What a check answers when the first entry naming the destination is an ``ask`` entry."""
 
 
 class Allowlist:
@@ -189,6 +223,30 @@ class Allowlist:
 
     def __bool__(self) -> bool:
         return bool(self.entries)
+
+    @property
+    def has_actions(self) -> bool:
+        """Whether an entry asks or denies (then the first entry that matches decides)."""
+        return any(entry.action != "allow" for entry in self.entries)
+
+    def first_match(self, host: str, port: int, addresses: Sequence[IPAddress] | None) -> Entry | str | None:
+        """The first entry naming ``host`` (normalized) on ``port``; None if none does;
+        :data:`UNRESOLVED` when an entry before any match needs ``addresses`` (not given)."""
+        for entry in self.entries:
+            hit = entry.matches(host, port, addresses)
+            if hit is None:
+                return UNRESOLVED
+            if hit:
+                return entry
+        return None
+
+    def without_actions(self) -> Allowlist:
+        """The entries as written without their actions (what a narrowing takes); ValueError
+        naming the first entry that has one."""
+        for entry in self.entries:
+            if entry.action != "allow":
+                raise ValueError(f"{entry}: only allow_hosts entries take an action (ask, deny)")
+        return self
 
     def match(self, host: str, port: int, addresses: Sequence[IPAddress] | None, *, deny: bool = False) -> bool | None:
         """Whether an entry names ``host`` (normalized) on ``port``; None when only
@@ -215,6 +273,14 @@ class Allowlist:
             host = normalize_host(host)
         except ValueError as exc:
             return str(exc)
+        if self.has_actions:
+            first = self.first_match(host, port, addresses)
+            if isinstance(first, Entry):
+                return None if first.action == "allow" else ASK if first.action == "ask" else \
+                    f"denied by the allowlist entry {str(first)!r}"
+            if first == UNRESOLVED:
+                return UNRESOLVED
+            return f"not in this sandbox's allowlist (rules: {self})"
         hit = self.match(host, port, addresses)
         if hit is None:
             return UNRESOLVED
@@ -243,7 +309,8 @@ class Rules:
 
     @classmethod
     def parse(cls, ceiling: Iterable[str], allow: Iterable[str] = (), deny: Iterable[str] = ()) -> Rules:
-        return cls(Allowlist.parse(ceiling), Allowlist.parse(allow), Allowlist.parse(deny))
+        return cls(Allowlist.parse(ceiling), Allowlist.parse(allow).without_actions(),
+                   Allowlist.parse(deny).without_actions())
 
     @property
     def narrowed(self) -> bool:
@@ -261,15 +328,15 @@ class Rules:
         if self.broken is not None:
             return self.broken
         why = self.ceiling.permits(host, port, addresses)
-        if why is not None or not self.narrowed:
+        if (why is not None and why != ASK) or not self.narrowed:
             return why
         name = normalize_host(host)
         allowed = self.allow.match(name, port, addresses)
         if allowed:
-            return None
+            return why  # None, or ASK: a narrowing never answers for the person an entry asks
         denied = self.deny.match(name, port, addresses, deny=True)
         if denied is False:
-            return None
+            return why
         if allowed is None or denied is None:
             return UNRESOLVED
         return f"denied by this sandbox's network rules (deny: {self.deny}; allow: {self.allow})"

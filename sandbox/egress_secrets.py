@@ -1,7 +1,7 @@
 """Secrets the egress proxy puts into requests, so the sandbox holds only placeholders.
 
-Standard library only, like ``sandbox/egress.py``, which loads it when the engine gives it
-``--secrets-file FILE``: a JSON object the harness wrote (mode 0600, owned by the proxy's
+Standard library only, like ``sandbox/egress.py``; ``sandbox/egress_tls.py`` loads it when the
+engine gives it ``--secrets-file FILE``: a JSON object the harness wrote (mode 0600, owned by the proxy's
 user) and which :func:`load` removes as soon as it has read it, with the leaf key it names::
 
     {"secrets": [{"name": "GITHUB_TOKEN", "hosts": ["api.github.com"], "header": "Authorization",

@@ -1,14 +1,21 @@
-"""TLS interception for the hosts a sandbox's secrets go to (standard library only).
+"""The egress proxy of a sandbox with secrets: ``sandbox/egress.py`` plus TLS interception for
+the hosts its secrets go to (standard library only). The engine runs this script instead::
 
-``sandbox/egress.py`` hands a CONNECT here when :meth:`SecretRules.intercepts` says so: the
-proxy answers ``200``, completes a TLS handshake with the sandbox using the leaf its CA
-signed (ALPN ``http/1.1`` only), opens TLS to the real host verified against the system's
-CAs (``ssl.create_default_context``), then forwards the sandbox's requests one by one,
+    python3 -I -S egress_tls.py --secrets-file FILE [--test-extra-ca FILE] EGRESS_ARGUMENTS...
+
+``--secrets-file``: the sandbox's secrets (:func:`sandbox.egress_secrets.load`: read and
+removed before the proxy listens). ``--test-extra-ca FILE``: one more CA trusted for the real
+hosts (and in the sandbox's bundle), for tests only, announced on stderr. The rest are
+``egress.py``'s. Its proxy, :class:`SecretsProxy`, fills a secret into the head of a
+plain-HTTP request to the secret's host, and opens a CONNECT to one (when
+:meth:`SecretRules.intercepts` says so): it answers ``200``, completes a TLS handshake with
+the sandbox using the leaf its CA signed (ALPN ``http/1.1`` only), opens TLS to the real
+host verified against the system's CAs, then forwards the sandbox's requests one by one,
 filling each secret in where its header holds its placeholder
 (:func:`sandbox.egress_secrets.rewrite_headers`). Responses flow back unchanged. A request
 is framed by its ``Content-Length`` or chunked ``Transfer-Encoding`` (else no body; both, or
-either twice, ends the connection: the server could read its end elsewhere); after
-a request with ``Upgrade`` (a WebSocket) the rest flows both ways unread. A host whose
+either twice, ends the connection: the server could read its end elsewhere); after a
+request with ``Upgrade`` (a WebSocket) the rest flows both ways unread. A host whose
 certificate does not verify gets no request: the sandbox gets ``502`` naming why.
 
 OpenSSL allows one thread at a time on a connection, so each side is an ``SSLObject`` over
@@ -18,17 +25,25 @@ responses go back on their own thread while the requests are forwarded on this o
 
 from __future__ import annotations
 
+import argparse
+import os
 import re
 import socket
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
 
-from sandbox.egress_secrets import SecretRules, rewrite_headers
+if not __package__:  # run as a script, like egress.py: the directory holding ``sandbox``, last
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-__all__ = ["HEAD_LIMIT", "TlsEnd", "intercept"]
+from sandbox.egress import Config, EgressProxy, LogSink, _Request
+from sandbox.egress import main as egress_main
+from sandbox.egress_secrets import SecretRules, carried, load_secrets, rewrite_headers
+
+__all__ = ["HEAD_LIMIT", "SecretsProxy", "TlsEnd", "intercept", "main"]
 
 HEAD_LIMIT = 64 * 1024
 _LINE_LIMIT = 8 * 1024
@@ -274,3 +289,47 @@ def intercept(conn: socket.socket, upstream: socket.socket, host: str, port: int
     except (ValueError, OSError, ssl.SSLError):
         abort()
     responses.join()
+
+
+class SecretsProxy(EgressProxy):
+    """The egress proxy, carrying ``secrets`` to their hosts; an allowed connection to one
+    says ``"secrets": [NAME, ...]`` in its decision."""
+
+    def __init__(self, config: Config, log: LogSink | None, secrets: SecretRules) -> None:
+        super().__init__(config, log)
+        self.secrets = secrets
+
+    def _record(self, event: str, req: _Request, **fields: object) -> None:
+        if event == "decision" and fields.get("decision") == "allow" and req.host and req.port:
+            fields.update(carried(self.secrets, req.host, req.port))
+        super()._record(event, req, **fields)
+
+    def _splice(self, conn: socket.socket, upstream: socket.socket, req: _Request, rest: bytes) -> None:
+        assert req.host is not None and req.port is not None
+        if req.method == "CONNECT" and self.secrets.intercepts(req.host, req.port):
+            return intercept(conn, upstream, req.host, req.port, self.secrets, req.counts, self.config.idle_timeout,
+                             rest)
+        if req.method != "CONNECT":
+            req.head = rewrite_headers(req.head, self.secrets.for_host(req.host, req.port))[0]
+        return super()._splice(conn, upstream, req, rest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="callbox-egress-tls", add_help=False)
+    parser.add_argument("--secrets-file", required=True)
+    parser.add_argument("--test-extra-ca")
+    try:
+        args, rest = parser.parse_known_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        secrets = load_secrets(args.secrets_file, args.test_extra_ca)  # announces a test CA on stderr
+    except ValueError as exc:
+        print(f"callbox egress proxy: cannot load the sandbox's secrets: {exc}", file=sys.stderr)
+        return 1
+    assert secrets is not None
+    return egress_main(rest, lambda config, log: SecretsProxy(config, log, secrets))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

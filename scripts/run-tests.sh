@@ -23,7 +23,9 @@ start=$SECONDS
 echo "callbox: the lifecycle soak runs in the background (its output follows the main run)"
 "$PYTEST" -q -m slow -p no:cacheprovider "$@" >"$log" 2>&1 &
 soak_pid=$!
-"$PYTEST" -q -m "not slow and not engine_restart" --ignore=tests/ray "$@"
+# --durations: the slowest tests of the main run close its output, so the next one to make
+# cheaper is in every CI log.
+"$PYTEST" -q -m "not slow and not engine_restart" --ignore=tests/ray --durations=40 "$@"
 main=$?
 wait "$soak_pid"
 soak=$?

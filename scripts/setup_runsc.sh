@@ -3,9 +3,13 @@
 # runtime = "runsc" runs its tools on gVisor's user-space kernel instead of the host's.
 #   1. install Debian's runsc package when /usr/bin/runsc is missing or older than 20240729
 #      (Debian's archive only: bookworm-backports on bookworm);
-#   2. merge a runtimes.runsc entry into /etc/docker/daemon.json, keeping every other key;
-#   3. reload dockerd with SIGHUP (it rereads "runtimes" without restarting containers, so
-#      running sandboxes survive) and wait until `docker info` lists runsc.
+#   2. install scripts/callbox-runsc as /usr/local/libexec/callbox-runsc, the runtime's path
+#      (runsc itself for every command; see that file for what it adds to `runsc start`);
+#   3. merge a runtimes.runsc entry into /etc/docker/daemon.json, keeping every other key
+#      (an older entry, e.g. callbox's earlier --network=none one, is replaced and said so);
+#   4. reload dockerd with SIGHUP (it rereads "runtimes" without restarting containers, so
+#      running sandboxes survive, with the settings they started with) and wait until
+#      `docker info` lists runsc with these settings.
 # Idempotent: when runsc is installed, configured with these flags and listed, it changes nothing.
 set -euo pipefail
 
@@ -30,16 +34,23 @@ DAEMON_JSON=${CALLBOX_DAEMON_JSON:-/etc/docker/daemon.json}
 #                      agent adds a filter of its own before its first thread so clone3
 #                      answers ENOSYS (sandbox/gvisor.py), and refuses to start on a runsc
 #                      without --oci-seccomp.
-#   --network=none     gVisor gets no network stack of its own: the sandbox has only lo.
-#                      Its netstack ("sandbox", the default) would be needed for the
-#                      "allowlist" and "open" modes (Docker bridge networks), but this runsc
-#                      cannot start inside the network namespace Docker gives it here
-#                      ("cannot run with network enabled in root network namespace"); so
-#                      callbox refuses runtime "runsc" with a network other than "none"
-#                      rather than start a networked sandbox without its network.
+#   --network=sandbox  gVisor's own network stack (netstack, in the sandbox's user-space
+#                      kernel): at start it takes over the interfaces Docker made in the
+#                      container's network namespace, so a tool's TCP/IP is gVisor's, never
+#                      the host kernel's, and its packets leave through the container's veth,
+#                      where the host's packet filter (callbox's chains) applies as under runc.
+#                      network "none" still has only lo (Docker gives it no other interface).
+#                      Not --network=host: that hands every socket call to the host kernel.
+#                      callbox's earlier --network=none (no stack at all) allowed only network
+#                      "none"; this script replaces it. runsc 20240729 refuses this mode on
+#                      newer kernels by a faulty check; callbox-runsc (the runtime's path)
+#                      makes that check soundly instead.
 # Not set: --platform (the default ptrace platform works everywhere; KVM hangs on hosts
 # without usable nested virtualisation).
-RUNTIME_ARGS=${CALLBOX_RUNSC_ARGS:-'["--host-uds=create", "--network=none", "--oci-seccomp"]'}
+RUNTIME_ARGS=${CALLBOX_RUNSC_ARGS:-'["--host-uds=create", "--network=sandbox", "--oci-seccomp"]'}
+# The runtime's path: runsc behind callbox's wrapper (installed from this directory).
+WRAPPER_SOURCE="$(cd "$(dirname "$0")" && pwd)/callbox-runsc"
+WRAPPER=${CALLBOX_RUNSC_WRAPPER:-/usr/local/libexec/callbox-runsc}
 # The oldest runsc that applies a seccomp profile callbox can use (see --oci-seccomp).
 MIN_VERSION=0.0~20240729
 
@@ -83,8 +94,13 @@ if [ ! -x "$RUNSC" ] || ! new_enough "$(installed_version)"; then
 fi
 say "$("$RUNSC" --version 2>/dev/null | head -1)"
 
+if ! cmp -s "$WRAPPER_SOURCE" "$WRAPPER"; then
+    install -D -m 0755 "$WRAPPER_SOURCE" "$WRAPPER"
+    say "installed $WRAPPER (runsc, with a sound host-namespace check for gVisor's network stack)"
+fi
+
 # Merge with Python (json keeps every other key and the file's other runtimes as they are).
-changed=$(python3 - "$DAEMON_JSON" "$RUNSC" "$RUNTIME_ARGS" <<'EOF'
+changed=$(python3 - "$DAEMON_JSON" "$WRAPPER" "$RUNTIME_ARGS" <<'EOF'
 import json, os, sys
 path, runsc, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 try:
@@ -99,9 +115,12 @@ if not isinstance(config, dict):
     sys.exit(f"callbox runsc: {path} is not a JSON object; fix it first, nothing was changed")
 runtimes = config.setdefault("runtimes", {})
 wanted = {"path": runsc, "runtimeArgs": args}
-if runtimes.get("runsc") == wanted:
+old = runtimes.get("runsc")
+if old == wanted:
     print("no")
     sys.exit(0)
+if old is not None:
+    print(f"callbox runsc: replacing the older runtimes.runsc entry {json.dumps(old)}", file=sys.stderr)
 runtimes["runsc"] = wanted
 os.makedirs(os.path.dirname(path), exist_ok=True)
 tmp = path + ".callbox-tmp"
@@ -115,7 +134,14 @@ print("yes")
 EOF
 )
 
-listed() { docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; }
+# Listed with this path and these flags (dockerd has reread the file), not only by name.
+listed() {
+    docker info --format '{{json .Runtimes.runsc}}' 2>/dev/null | python3 -c '
+import json, sys
+entry = json.loads(sys.stdin.read() or "null") or {}
+sys.exit(0 if entry.get("path") == sys.argv[1] and entry.get("runtimeArgs") == json.loads(sys.argv[2]) else 1)
+' "$WRAPPER" "$RUNTIME_ARGS"
+}
 
 if [ "$changed" = "no" ] && listed; then
     say "already set up: docker info lists runsc (${RUNTIME_ARGS})"
@@ -141,5 +167,5 @@ for _ in $(seq 1 100); do
     fi
     sleep 0.1
 done
-say "dockerd did not list runsc after SIGHUP; see its log (is $DAEMON_JSON valid for this dockerd?)"
+say "dockerd did not list runsc ($WRAPPER ${RUNTIME_ARGS}) after SIGHUP; see its log (is $DAEMON_JSON valid for this dockerd?)"
 exit 1

@@ -143,31 +143,48 @@ class Destination:
 
 
 CONNECT_SCRIPT = r"""
-import json, socket, sys, time
-host, port, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-s.settimeout(timeout)
-started = time.monotonic()
-try:
-    s.connect((host, port))
-    outcome = "connected"
-except TimeoutError:
-    outcome = "timeout"
-except OSError as exc:
-    outcome = "error:" + (exc.strerror or type(exc).__name__)
-print(json.dumps([outcome, round(time.monotonic() - started, 3)]))
+import json, socket, sys, threading, time
+timeout = float(sys.argv[1])
+targets = [(host, int(port)) for host, port in zip(sys.argv[2::2], sys.argv[3::2])]
+outcomes = [None] * len(targets)
+def attempt(i, host, port):
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    s.settimeout(timeout)
+    started = time.monotonic()
+    try:
+        s.connect((host, port))
+        outcome = "connected"
+    except TimeoutError:
+        outcome = "timeout"
+    except OSError as exc:
+        outcome = "error:" + (exc.strerror or type(exc).__name__)
+    finally:
+        s.close()
+    outcomes[i] = [outcome, round(time.monotonic() - started, 3)]
+threads = [threading.Thread(target=attempt, args=(i, *t)) for i, t in enumerate(targets)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps(outcomes))
 """
+
+
+def connect_many(box: object, targets: list[tuple[str, int]], *, timeout: float = 2.0) -> list[str]:
+    """Try plain TCP connections from inside ``box`` (ignoring any proxy) to every target at
+    once, in one process (one command in the sandbox, however many targets); each outcome is
+    ``connected``, ``timeout`` or ``error:<reason>``, in the targets' order."""
+    import json
+
+    from tests.integration.helpers import run
+
+    argv = [str(part) for target in targets for part in target]
+    result = run(box, ["python3", "-c", CONNECT_SCRIPT, str(timeout), *argv], timeout_ms=int(timeout * 1000) + 15_000)
+    assert result.exit_code == 0, result.stderr.data().decode(errors="replace")
+    return [str(outcome) for outcome, _seconds in json.loads(result.stdout.data().decode())]
 
 
 def connect_from(box: object, host: str, port: int, *, timeout: float = 2.0) -> str:
     """Try a plain TCP connection from inside ``box`` (ignoring any proxy); the outcome:
     ``connected``, ``timeout`` or ``error:<reason>``."""
-    import json
-
-    from tests.integration.helpers import run
-
-    result = run(box, ["python3", "-c", CONNECT_SCRIPT, host, str(port), str(timeout)],
-                 timeout_ms=int(timeout * 1000) + 15_000)
-    assert result.exit_code == 0, result.stderr.data().decode(errors="replace")
-    outcome, _seconds = json.loads(result.stdout.data().decode())
-    return str(outcome)
+    return connect_many(box, [(host, port)], timeout=timeout)[0]

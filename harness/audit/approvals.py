@@ -16,7 +16,14 @@ from typing import Any
 
 from harness.audit.database import ENSURE_RUN, Database
 from harness.audit.errors import AuditError, unknown_approval
-from harness.audit.records import APPROVAL_COLUMNS, Approval, _approval_from_row, _prepare_arguments
+from harness.audit.records import (
+    APPROVAL_COLUMNS,
+    EGRESS_SCOPES,
+    EGRESS_TOOL,
+    Approval,
+    _approval_from_row,
+    _prepare_arguments,
+)
 from harness.core.errors import ErrorCode
 
 __all__ = ["APPROVAL_STATES", "SELECT_APPROVALS", "Approvals"]
@@ -94,23 +101,44 @@ class Approvals(Database):
         rows = self._read(lambda c: c.execute(sql, params).fetchall())
         return [_approval_from_row(r) for r in rows]
 
-    def resolve_approval(self, approval_id: str, approve: bool, *, by: str, reason: str | None) -> Approval:
-        """pending -> approved | denied. Anything else is an AuditError naming the state."""
+    def resolve_approval(self, approval_id: str, approve: bool, *, by: str, reason: str | None,
+                         scope: str | None = None) -> Approval:
+        """pending -> approved | denied. Anything else is an AuditError naming the state.
+        ``scope`` is for an egress approval (``once``, the default, or ``sandbox``) only."""
 
         def body(c: sqlite3.Connection) -> Approval:
             row = c.execute(_SELECT_APPROVAL, (approval_id,)).fetchone()
             if row is None:
                 raise unknown_approval(approval_id)
             current = _approval_from_row(row)
+            kept_scope = _scope(current, approve, scope)
             if current.state != "pending":
                 state = "approved (and its call has run)" if current.state == "consumed" else current.state
                 raise AuditError(f"approval {approval_id} is already {state}", code=ErrorCode.ALREADY_RESOLVED)
             new_state, now = ("approved" if approve else "denied"), time.time()
             c.execute(
-                "UPDATE approvals SET state = ?, resolved = ?, resolved_by = ?, resolution_reason = ? WHERE id = ?",
-                (new_state, now, by, reason, approval_id),
+                "UPDATE approvals SET state = ?, resolved = ?, resolved_by = ?, resolution_reason = ?, scope = ? "
+                "WHERE id = ?", (new_state, now, by, reason, kept_scope, approval_id),
             )
-            return dataclasses.replace(current, state=new_state, resolved=now, resolved_by=by, resolution_reason=reason)
+            return dataclasses.replace(current, state=new_state, resolved=now, resolved_by=by, resolution_reason=reason,
+                                       scope=kept_scope)
+
+        return self._write(body)
+
+    def take_egress_answer(self, approval_id: str) -> Approval:
+        """An egress approval as it stands, an approved one flipped to consumed (the harness
+        handed its answer to the proxy), so an answer is delivered once."""
+
+        def body(c: sqlite3.Connection) -> Approval:
+            row = c.execute(_SELECT_APPROVAL, (approval_id,)).fetchone()
+            if row is None:
+                raise unknown_approval(approval_id)
+            current = _approval_from_row(row)
+            if current.state != "approved":
+                return current
+            now = time.time()
+            c.execute("UPDATE approvals SET state = 'consumed', consumed = ? WHERE id = ?", (now, approval_id))
+            return dataclasses.replace(current, state="consumed", consumed=now)
 
         return self._write(body)
 
@@ -140,3 +168,17 @@ class Approvals(Database):
             return True
 
         return self._write(body)
+
+
+def _scope(approval: Approval, approve: bool, scope: str | None) -> str | None:
+    """The scope an answer gives ``approval``: ``once`` unless it says ``sandbox``, for an
+    approved egress approval; None otherwise (a scope given to anything else is an error)."""
+    if approval.tool != EGRESS_TOOL:
+        if scope is not None:
+            raise AuditError(f"approval {approval.id} is for a {approval.tool} call; only an egress approval "
+                             f"takes a scope ({', '.join(EGRESS_SCOPES)})", code=ErrorCode.INVALID_REQUEST)
+        return None
+    if scope is not None and scope not in EGRESS_SCOPES:
+        raise AuditError(f"unknown scope {scope!r} for approval {approval.id}; use one of {', '.join(EGRESS_SCOPES)}",
+                         code=ErrorCode.INVALID_REQUEST)
+    return (scope or "once") if approve else None

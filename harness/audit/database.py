@@ -22,8 +22,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Self, TypeVar
 
+from harness.audit.chain import Chain, ChainHead, read_head
 from harness.audit.errors import AuditError
-from harness.audit.schema import add_columns, ensure_call_counts, migrate
+from harness.audit.schema import (
+    ATTEMPTS_TABLE,
+    CHECKPOINTS_TABLE,
+    EGRESS_TABLE,
+    add_columns,
+    ensure_call_counts,
+    migrate,
+)
 from harness.core.errors import ErrorCode
 from harness.core.state_dirs import state_dir
 from harness.engine.docker.labels import Owner
@@ -115,6 +123,7 @@ class Database:
         self._pid = -1
         self._closed = False
         self._owner: tuple[int, str] | None = None
+        self._chain: Chain | None = None
         with self._lock:
             self._connection()
         _open_stores.add(self)
@@ -173,6 +182,7 @@ class Database:
             migrate(conn, self.path)
             add_columns(conn, self.path)
             ensure_call_counts(conn)
+            self._chain = Chain(conn, self._owner_label, (CHECKPOINTS_TABLE, EGRESS_TABLE, ATTEMPTS_TABLE))
         except BaseException:
             conn.close()
             raise
@@ -223,10 +233,14 @@ class Database:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 out = body(conn)
+                if self._chain is not None:
+                    self._chain.seal(conn)  # what the body changed enters the chain in its transaction
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+                if self._chain is not None:
+                    self._chain.forget()
                 raise
             return out
 
@@ -236,6 +250,10 @@ class Database:
     def _read(self, body: Callable[[sqlite3.Connection], T]) -> T:
         with self._lock:
             return self._retrying(lambda: body(self._connection()))
+
+    def chain_head(self) -> ChainHead:
+        """The audit chain's head (:mod:`harness.audit.chain`): the last entry's seq and hash."""
+        return self._read(read_head)
 
     def _owner_label(self) -> str:
         pid = os.getpid()

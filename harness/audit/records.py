@@ -31,6 +31,14 @@ ACTION_CALL_PREFIX = "action-"
 """A sandbox action (``harness.core.actions``) is recorded as a call of the tool
 ``sandbox.NAME`` with a call id ``action-<hex>``; such records are not tool calls, so the
 ``max_tool_calls`` budget does not count them."""
+EGRESS_TOOL = "egress"
+EGRESS_CALL_PREFIX = "egress-"
+"""A connection the egress proxy holds for a person (an ``ask`` entry of ``allow_hosts``) is
+an approval of the tool ``egress`` with a call id ``egress-<hold id>``; its arguments name
+the sandbox, the destination and the call that was running (:mod:`harness.core.egress_ask`)."""
+EGRESS_SCOPES = ("once", "sandbox")
+"""What approving an egress approval allows: this connection only, or the destination for
+the rest of the sandbox's life."""
 
 # --------------------------------------------------------------------------- serialization
 
@@ -347,6 +355,8 @@ class Approval:
     resolved_by: str | None
     resolution_reason: str | None
     consumed: float | None
+    scope: str | None = None
+    """An approved egress approval's scope (:data:`EGRESS_SCOPES`); None for a call's."""
 
     def to_dict(self) -> dict[str, Any]:
         return _every_field(self)

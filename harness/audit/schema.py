@@ -202,6 +202,7 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("calls", "owner_boot_id", "TEXT"),
     ("calls", "owner_started", "REAL"),
     ("calls", "owner_pid_ns", "TEXT"),
+    ("approvals", "scope", "TEXT"),
 )
 """(table, column, type) added to version 1 databases, in order: who holds a call's claim,
 so a later process can tell when it is provably gone (:mod:`harness.audit.owners`)."""

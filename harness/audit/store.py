@@ -53,6 +53,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from harness.audit.approvals import SELECT_APPROVALS, Approvals
+from harness.audit.browse import Browse
 from harness.audit.checkpoints import Checkpoints
 from harness.audit.database import ENSURE_RUN, default_audit_path
 from harness.audit.egress import Egress
@@ -253,7 +254,7 @@ def _new_run_id() -> str:
     return f"{stamp}-{secrets.token_hex(4)}"
 
 
-class AuditStore(Approvals, Checkpoints, Egress):
+class AuditStore(Approvals, Browse, Checkpoints, Egress):
     """The audit database. Thread-safe (one connection behind a lock); process-safe (SQLite
     locking); fork-aware (a forked child opens its own connection). Use as a context manager
     or call ``close()``."""

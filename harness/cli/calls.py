@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from harness.audit.records import EGRESS_SCOPES
+from harness.cli import audit_chain
 from harness.cli.options import UsageParser, engine_options, policy_engine, sandbox_options, say, spec_from_args
 from harness.core.calls import ToolResult
 from harness.core.errors import ERRORS, EXIT_CALLBOX_FAILED, EXIT_ERROR_RESULT, EXIT_OK
@@ -59,13 +61,17 @@ def add_parsers(sub: Any) -> None:
     for resolve in resolving:
         resolve.add_argument("id", help="approval id (from `callbox approvals list`)")
         resolve.add_argument("--reason", help="why; a denial's reason is shown to the model")
+    resolving[0].add_argument("--scope", choices=EGRESS_SCOPES,
+                              help="an egress approval only: allow this connection (once, the default) or the "
+                                   "destination for the rest of the sandbox's life (sandbox)")
     for verb in (listing, *resolving):  # after the verb too (`approvals list --audit-db FILE`)
         verb.add_argument("--audit-db", type=Path, default=argparse.SUPPRESS, help=read_db)
 
-    audit = sub.add_parser("audit", help="show runs and calls from the audit store")
+    audit = sub.add_parser("audit", help="show runs and calls from the audit store; verify or export its chain")
     audit.add_argument("--run", help="the calls of one run (default: recent runs)")
     audit.add_argument("--json", action="store_true", help="print JSON")
     audit.add_argument("--audit-db", type=Path, help=read_db)
+    audit_chain.add_verbs(audit, read_db)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         return _call(args)
     if args.command == "approvals":
         return _approvals(args)
+    if getattr(args, "audit_command", None):
+        return audit_chain.run(args)
     return _audit(args)
 
 
@@ -165,7 +173,11 @@ def _approvals(args: argparse.Namespace) -> int:
                 print(f"{a.id:<12}{a.state:<10}{a.run_id:<{run_w}}{a.call_id:<{call_w}}{a.tool:<{tool_w}}{arguments}")
             return 0
         approve = args.approvals_command == "approve"
-        approval = audit.resolve_approval(args.id, approve, by=getpass.getuser(), reason=args.reason)
+        approval = audit.resolve_approval(args.id, approve, by=getpass.getuser(), reason=args.reason,
+                                          scope=getattr(args, "scope", None))
+        if approval.scope is not None:
+            print(f"{approval.id} {approval.state} ({approval.scope}); the held connection proceeds")
+            return 0
         if approve and approval.tool.startswith(ACTION_TOOL_PREFIX):  # a sandbox action runs when repeated
             print(f"{approval.id} {approval.state}; repeat the {approval.tool.removeprefix(ACTION_TOOL_PREFIX)} "
                   f"command with --approval {approval.id}")

@@ -62,7 +62,8 @@ def sandbox_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -
     group.add_argument("--runtime", choices=["runc", "runsc"], default=d("runc"),
                        help="OCI runtime: runc (default: namespaces and seccomp on the host's kernel) or runsc "
                             "(gVisor's user-space kernel between the tools and the host's; `make runsc` installs "
-                            "it; network none only). Never weaker than the policy's sandbox.runtime or [runtime]")
+                            "it; every network mode, on gVisor's own network stack). Never weaker than the "
+                            "policy's sandbox.runtime or [runtime]")
     group.add_argument("--memory", default=d("512m"), help="memory limit, swap equal to it (default 512m)")
     group.add_argument("--cpus", type=float, default=d(1.0), help="CPU quota in cores (default 1)")
     group.add_argument("--pids", type=int, default=d(256), help="process limit for tools (default 256)")
@@ -92,8 +93,8 @@ def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, *,
 
     The runtime is checked, never raised: ``--runtime`` weaker than ``base``'s (the policy's
     ``sandbox.runtime``, which meets its ``[runtime]`` requirements) or than what ``policy``
-    requires is refused, and so is runsc with a network."""
-    from harness.core.policy import runtime_network_check, weaker_runtime
+    requires is refused."""
+    from harness.core.policy import weaker_runtime
     from harness.core.problems import describe_validation_error
     from harness.engine.spec import Mount, SandboxSpec, SpecError
 
@@ -144,8 +145,6 @@ def spec_from_args(args: argparse.Namespace, base: SandboxSpec | None = None, *,
                          f"never a weaker one: pass --runtime {base.runtime} or leave it out")
     if policy is not None:
         policy.check_runtime(spec.runtime, spec.network, asked_by="--runtime")
-    else:
-        runtime_network_check(spec.runtime, spec.network, asked_by="--runtime")
     return spec
 
 

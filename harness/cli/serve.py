@@ -123,6 +123,7 @@ def _serve(args: argparse.Namespace) -> int:
         configure_logging(args.server_config.log)
     else:
         log.setLevel(logging.INFO)  # the server's own lines, as "callbox: ..." on stderr
+        logging.getLogger("callbox.audit.chain").setLevel(logging.INFO)  # the chain's head, to anchor it
     telemetry = args.server_config.telemetry if args.server_config is not None else None
     if telemetry is not None and telemetry.otlp_endpoint:
         from harness.telemetry import tracing
@@ -156,6 +157,7 @@ def _serve(args: argparse.Namespace) -> int:
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)  # one sent meanwhile arrives now
         notify("READY=1", "STATUS=serving")
+        _log_chain_heads("at start")
         while not stop.is_set():
             wake.wait()
             wake.clear()
@@ -169,12 +171,21 @@ def _serve(args: argparse.Namespace) -> int:
         else:
             log.info("stopping; destroying the sandboxes this server owns")
     finally:
+        _log_chain_heads("at stop")
         for server in reversed(servers):
             server.stop()
         from harness.telemetry import tracing
 
         tracing.shutdown()  # the spans of the last calls are sent before the process ends
     return 0
+
+
+def _log_chain_heads(when: str) -> None:
+    """Log the audit chain's head of each store the servers write, to anchor it elsewhere."""
+    from harness.telemetry.metrics import audit_chain_heads
+
+    for path, (seq, digest) in audit_chain_heads().items():
+        log.info("audit chain head %s: %d:%s (%s)", when, seq, digest, path)
 
 
 def _reload(command_line: argparse.Namespace, running: argparse.Namespace, servers: list[Any]) -> None:

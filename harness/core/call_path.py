@@ -41,6 +41,7 @@ from harness.audit.store import Claim, arguments_digest
 from harness.core.budgets import CallTimeout
 from harness.core.calls import Action, Decision, ErrorCode, ToolCall, ToolOutput, ToolResult
 from harness.core.context import OutputSink, ToolContext
+from harness.core.egress_ask import egress_meta, watch_egress
 from harness.core.errors import AgentCallError, CallboxError
 from harness.core.redaction import Finding, StreamRedactor, redaction_summary
 from harness.core.registry import Tool
@@ -327,7 +328,8 @@ class CallPath:
         self.decided(decision_label(decision))
         started = time.perf_counter()
         self._stage = "handler"
-        output = self._unless_gone(self._run_handler(tool, ctx, args, stream))
+        with watch_egress(s, call, self.on_output):
+            output = self._unless_gone(self._run_handler(tool, ctx, args, stream))
         self._stage = "after"
         self.sandbox_s = time.perf_counter() - started
         if trace is not None:
@@ -336,7 +338,7 @@ class CallPath:
             output = dataclasses.replace(output, structured={**(output.structured or {}), "command_started": False})
         output = told_of_lowered_timeouts(output, ctx.lowered)
         duration_ms = self.sandbox_s * 1000
-        s.record_egress(call.call_id)
+        egress = s.record_egress(call.call_id)
         text, structured, findings = self._redacted(output)
         shaped = bound_text(text, budgets.max_output_bytes, keep_terminal_codes=True)  # codes went before redaction
         meta: dict[str, Any] = {"duration_ms": round(duration_ms, 3), "rule": decision.rule,
@@ -345,6 +347,8 @@ class CallPath:
             meta["redactions"] = redaction_summary(findings)
         for lowered in ctx.lowered:
             meta.update(lowered.meta())
+        if egress:
+            meta["egress"] = egress_meta(egress)
         result = self.labelled(ToolResult(
             call_id=call.call_id, text=shaped.text, is_error=output.is_error, error=output.error,
             structured=structured, meta=meta,

@@ -29,8 +29,8 @@ Sections:
     them: a weaker one is a PolicyError naming both keys, when the policy loads and
     wherever a spec is made from it (a door's tightened policy, :meth:`Policy.sandbox_spec`);
     the command line's ``--runtime`` may not be weaker than the policy's runtime either.
-    Nothing is ever moved to a stronger runtime on its own. ``runsc`` runs with
-    ``network = "none"`` only (gVisor is installed without a network stack, ``make runsc``).
+    Nothing is ever moved to a stronger runtime on its own. ``runsc`` runs every network
+    mode, on gVisor's own network stack (``make runsc``).
 
 ``allowed_tools``
     The tools exposed to the model in this run (absent: all registered tools). A call
@@ -378,7 +378,7 @@ class Policy(BaseModel):
 
     def check_runtime(self, runtime: str, network: str = "none", *, asked_by: str = "sandbox.runtime") -> None:
         """Refuse a sandbox under ``runtime`` (with ``network``) that this policy does not
-        allow: a runtime weaker than ``[runtime]`` requires, or runsc with a network.
+        allow: a runtime weaker than ``[runtime]`` requires.
         ``asked_by`` names what asked for it in the message (``--runtime``). A PolicyError;
         the runtime is never raised on the caller's behalf."""
         required, key = self.required_runtime()
@@ -386,7 +386,6 @@ class Policy(BaseModel):
             raise PolicyError(f"{asked_by} {runtime!r} is weaker than {required!r}, which {key} requires of "
                               f"this policy's sandboxes; use runtime {required!r} (set sandbox.runtime = "
                               f"\"{required}\" or pass --runtime {required}), or change {key}")
-        runtime_network_check(runtime, network, asked_by=asked_by)
 
     def sandbox_spec(self) -> SandboxSpec:
         """The :class:`SandboxSpec` these settings describe; a bad value is a PolicyError naming its key."""
@@ -462,15 +461,6 @@ class Policy(BaseModel):
                          "and JWTs (the default is true)")
         notes.extend(self.actions.loosened())
         return notes + (self.ray.loosened() if self.ray is not None else [])
-
-
-def runtime_network_check(runtime: str, network: str, *, asked_by: str = "sandbox.runtime") -> None:
-    """Refuse runsc with a network: gVisor is installed without its network stack
-    (``--network=none``, scripts/setup_runsc.sh), so such a sandbox would have only ``lo``."""
-    if runtime == "runsc" and network != "none":
-        raise PolicyError(f"{asked_by} 'runsc' runs sandboxes without a network (gVisor is set up with "
-                          f"--network=none), but network is {network!r}; use network 'none' with runsc, "
-                          "or runtime 'runc' for a networked sandbox")
 
 
 def _within(path: str, target: str) -> bool:

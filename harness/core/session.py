@@ -32,6 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import tenacity
 
@@ -196,20 +197,23 @@ class Session:
                 sandbox.destroy()
         return cancelled
 
-    def record_egress(self, call_id: str | None) -> None:
+    def record_egress(self, call_id: str | None) -> list[dict[str, Any]]:
         """Put the egress proxy's new decisions (allowlist sandboxes) into the audit store,
-        attributed to ``call_id``."""
+        attributed to ``call_id``; the decisions (their raw records)."""
         sandbox = self._sandbox
         if sandbox is None:
-            return
+            return []
+        records: list[dict[str, Any]] = []
         try:
             events = sandbox.new_egress_events()  # empty unless allowlist
             if not events:
-                return
+                return []
+            records = [dict(e.raw) for e in events]
             metrics.record_egress(str(getattr(e, "decision", "?")) for e in events)
-            self.audit.record_egress(self.run_id, call_id, sandbox.id, [e.raw for e in events])
+            self.audit.record_egress(self.run_id, call_id, sandbox.id, records)
         except CallboxError as error:  # the call's result matters more than its audit trail
             log.error("could not record the egress decisions of sandbox %s: %s", sandbox.id, error.message)
+        return records
 
     def __enter__(self) -> Session:
         return self

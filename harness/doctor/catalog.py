@@ -131,6 +131,11 @@ CHECKS: tuple[CheckInfo, ...] = (
               "runsc is a runtime of the daemon with --oci-seccomp, and a sandbox under it runs a command that sees "
               "gVisor's kernel (its uname -v, Docker's recorded runtime; dmesg when readable).",
               "`make runsc` installs gVisor and registers it with the flags callbox needs."),
+    CheckInfo("daemon.runsc_network", "gVisor's own network stack for runsc sandboxes", "daemon", "engine",
+              "runsc is registered with --network=sandbox: networked runsc sandboxes (open, allowlist) get gVisor's "
+              "TCP/IP, not the host kernel's, and network none still only lo.",
+              "`sudo make runsc` replaces an older --network=none (or --network=host) registration, then restart "
+              "callbox."),
     # ---- the host ------------------------------------------------------------------------
     CheckInfo("host.seccomp", "seccomp available", "host", "engine",
               "The kernel and the daemon support seccomp.", "Use a kernel and a dockerd built with seccomp."),

@@ -8,7 +8,11 @@ what the command saw (:mod:`harness.doctor.gvisor`: the kernel version gVisor re
 runtime Docker recorded): PASS when the command ran under gVisor's kernel, FAIL with the
 reason when the sandbox did not start, ran nothing, or ran on the host's kernel after all.
 When the sandbox doctor checks item by item already ran under runsc, its evidence is used
-instead of starting a second one.
+instead of starting a second one. ``daemon.runsc_network`` (when the daemon has runsc) says
+which network stack its registration gives gVisor (:mod:`harness.engine.runsc_network`):
+its own (``--network=sandbox``, what ``make runsc`` sets) passes; the older
+``--network=none`` (networked runsc sandboxes are refused) and ``--network=host`` (the
+host kernel's stack behind gVisor) warn, with the upgrade.
 
 As with the other items the checks are pure functions (of ``docker info`` and a
 :class:`RuntimeProbe`); only :func:`probe_runsc` touches the engine.
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 from harness.doctor.evidence import Evidence, gvisor_verdict, host_config, parse_probe
 from harness.doctor.gvisor import KERNEL_PROBE, RUNSC, host_kernel_version, judge
 from harness.doctor.report import CheckResult, result_maker
+from harness.engine.runsc_network import UPGRADE, engine_runsc_stack
 
 if TYPE_CHECKING:
     from harness.engine.docker.engine import DockerEngine
@@ -82,8 +87,27 @@ def check_runsc(info: Mapping[str, Any], probe: RuntimeProbe | None) -> CheckRes
     return make("FAIL", f"runsc is configured ({flags}) but unhealthy: {probe.reason}")
 
 
+def check_runsc_network(info: Mapping[str, Any]) -> CheckResult:
+    """The network stack of the daemon's runsc (SKIP when the daemon has none)."""
+    make = result_maker("daemon.runsc_network")
+    stack = engine_runsc_stack(info)
+    if stack is None:
+        return make("SKIP", "the daemon has no runsc runtime (daemon.runsc)")
+    path = str(((info.get("Runtimes") or {}).get(RUNSC) or {}).get("path") or "?")
+    if stack == "sandbox":
+        return make("PASS", f"gVisor's own network stack (--network=sandbox, through {path}): every network mode "
+                            "runs under runsc, a tool's TCP/IP never reaches the host's kernel")
+    if stack == "none":
+        return make("WARN", "runsc is registered with --network=none (callbox's older setting): sandboxes with "
+                            f"network open or allowlist are refused under runsc; {UPGRADE}")
+    if stack == "host":
+        return make("WARN", "runsc is registered with --network=host: a tool's sockets are the host kernel's (in "
+                            f"the container's namespace), weaker than gVisor's own stack; {UPGRADE}")
+    return make("WARN", f"runsc is registered with an unknown --network={stack}; {UPGRADE}")
+
+
 def runtime_checks(info: Mapping[str, Any], probe: RuntimeProbe | None = None) -> list[CheckResult]:
-    return [check_runtimes(info), check_runsc(info, probe)]
+    return [check_runtimes(info), check_runsc(info, probe), check_runsc_network(info)]
 
 
 def judge_probe_output(text: str, docker_runtime: str | None = None,

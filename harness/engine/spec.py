@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from harness.core.errors import CallboxError, ErrorCode
 from harness.core.units import ByteSize, format_size
 from harness.engine.host_files import can_write, describe_owner, mount_fixes
 from harness.engine.placement import Placement
+from harness.engine.runsc_network import networked_refusal
 from harness.engine.secrets import SecretSpec, secrets_problem
 
 DEFAULT_IMAGE = "callbox-sandbox:latest"
@@ -220,6 +221,9 @@ class HostLimits:
     """How messages name the host."""
     engine_paths: tuple[str, ...] = ()
     """Container-engine directories no mount may expose (e.g. the engine's data root)."""
+    runsc_network: str | None = None
+    """The network stack of the engine's gVisor runtime (``runsc_network.network_stack``;
+    None: unknown, not checked)."""
 
     @classmethod
     def local(cls) -> HostLimits:
@@ -251,7 +255,8 @@ class SandboxFields(BaseModel, Generic[MountT]):
     runtime: Literal["runc", "runsc"] = "runc"
     """OCI runtime of the container: ``runc`` (Linux namespaces, cgroups and seccomp on the
     host kernel) or ``runsc`` (gVisor: the tools' system calls go to a user-space kernel,
-    which must be installed as a Docker runtime, ``make runsc``)."""
+    which must be installed as a Docker runtime, ``make runsc``; every network mode works
+    there, on gVisor's own network stack)."""
     memory: ByteSize = Field(default=512 << 20, ge=32 << 20)
     """Memory limit in bytes; swap is set equal to it (no swap). ``for_host`` refuses more
     than the host has."""
@@ -267,7 +272,13 @@ class SandboxFields(BaseModel, Generic[MountT]):
     allow_hosts: tuple[str, ...] = ()
     """Egress allowlist for ``network = allowlist``: ``HOST[:PORT]`` entries, ``*.example.com``
     wildcards (subdomains, not the apex), IP literals and CIDR networks (``10.1.0.0/16[:PORT]``),
-    case-insensitive; without a port, 80 and 443."""
+    case-insensitive; without a port, 80 and 443. An entry may start with an action:
+    ``ask *.github.com`` holds each connection until a person answers (or ``ask_timeout``
+    passes), ``deny 10.0.0.0/8`` refuses; with such entries the first entry that matches
+    decides."""
+    ask_timeout: float = Field(default=120.0, gt=0.0, le=3600.0)
+    """Seconds a connection to an ``ask`` entry waits for a person's answer before it is
+    refused (never longer than the call running when it came)."""
     egress_allow: tuple[str, ...] = ()
     """With ``network = allowlist``: a narrowing within ``allow_hosts`` (what a client asks for,
     E2B's ``allow_out``; changeable while the sandbox runs), same syntax. A destination one of
@@ -351,10 +362,12 @@ class SandboxSpec(SandboxFields[Mount]):
 
     @field_validator("allow_hosts", "egress_allow", "egress_deny")
     @classmethod
-    def _allow_hosts_valid(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+    def _allow_hosts_valid(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
         from sandbox.egress import Allowlist  # the proxy's own parser: one syntax on both sides
 
-        Allowlist.parse(value)
+        parsed = Allowlist.parse(value)
+        if info.field_name != "allow_hosts":
+            parsed.without_actions()
         return value
 
     @field_validator("mounts")
@@ -479,11 +492,12 @@ class SandboxSpec(SandboxFields[Mount]):
         with canonical mount sources; raises ``SpecError`` naming the setting. Run it before
         any container starts."""
         host = host if host is not None else HostLimits.local()
-        if self.runtime == "runsc" and self.network != "none":
-            # gVisor is set up without its network stack (make runsc): such a sandbox would
-            # silently have only lo.
-            raise SpecError("runtime", f"runtime 'runsc' runs sandboxes without a network, but network is "
-                                       f"{self.network!r}; use network 'none' with runsc, or runtime 'runc'")
+        if self.runtime == "runsc" and host.runsc_network is not None:
+            # an older registration (make runsc before gVisor's netstack): such a sandbox
+            # would silently have only lo
+            refusal = networked_refusal(self.network, host.runsc_network)
+            if refusal is not None:
+                raise SpecError("runtime", refusal)
         if host.cpus is not None and self.cpus > host.cpus:
             raise SpecError("cpus", f"cpus {self.cpus:g} is more than the {host.cpus} CPU(s) of {host.where}; "
                                     f"use at most {host.cpus}")

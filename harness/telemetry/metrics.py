@@ -18,7 +18,11 @@ Every metric is named ``callbox_...`` and lives in :data:`REGISTRY`, which ``/me
 * gauges that are facts about the world rather than events are read when scraped: the
   sandboxes live, paused and pooled (from the engines that :func:`watch_engine` was given)
   and the approvals pending (from the audit stores :func:`watch_approvals` was given). A
-  source that fails while scraped (the engine went away) is left out of that scrape.
+  source that fails while scraped (the engine went away) is left out of that scrape;
+* the audit chain's head (:mod:`harness.audit.chain`) of each store :func:`watch_audit_chain`
+  was given, read when scraped: ``callbox_audit_chain_seq`` (a gauge) and
+  ``callbox_audit_chain_head_info`` (its ``seq`` and ``hash`` as labels), so that an
+  operator can anchor it elsewhere.
 
 The hot path is :func:`record_call`: one lock and a few plain number updates per call; its
 counter and histograms are made from those numbers when scraped.
@@ -35,7 +39,13 @@ from itertools import accumulate
 from typing import Protocol, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -43,7 +53,9 @@ from prometheus_client.utils import floatToGoString
 __all__ = [
     "REGISTRY",
     "ApprovalSource",
+    "ChainSource",
     "EngineCensus",
+    "audit_chain_heads",
     "exposition",
     "record_call",
     "record_egress",
@@ -51,6 +63,7 @@ __all__ = [
     "record_quota_refusal",
     "record_sandbox_created",
     "watch_approvals",
+    "watch_audit_chain",
     "watch_engine",
 ]
 
@@ -205,7 +218,15 @@ class ApprovalSource(Protocol):
     def list_approvals(self, state: str | None = ...) -> Sequence[object]: ...
 
 
+class ChainSource(Protocol):
+    """An audit store whose chain head can be read when scraped."""
+
+    def chain_head(self) -> object:
+        """The head: ``.seq`` and ``.hash``."""
+
+
 _engines: weakref.WeakSet[EngineCensus] = weakref.WeakSet()
+_chain_sources: weakref.WeakValueDictionary[str, ChainSource] = weakref.WeakValueDictionary()
 _approval_sources: weakref.WeakValueDictionary[str, ApprovalSource] = weakref.WeakValueDictionary()
 
 
@@ -218,6 +239,46 @@ def watch_approvals(key: str, store: ApprovalSource) -> None:
     """Count the approvals pending in ``store`` (one per ``key``, e.g. its database path:
     two handles on one database count once) while it lives (held weakly)."""
     _approval_sources[key] = store
+
+
+def watch_audit_chain(key: str, store: ChainSource) -> None:
+    """Report the chain head of ``store`` (one per ``key``, its database path) while it lives
+    (held weakly)."""
+    _chain_sources[key] = store
+
+
+def audit_chain_heads() -> dict[str, tuple[int, str]]:
+    """The chain head (seq, hash) of each watched store, by its key; a store that cannot be
+    read now is left out."""
+    heads: dict[str, tuple[int, str]] = {}
+    for key, store in list(_chain_sources.items()):
+        try:
+            head = store.chain_head()
+            heads[key] = (int(getattr(head, "seq")), str(getattr(head, "hash")))  # noqa: B009
+        except Exception as exc:  # a closed store
+            log.debug("no audit chain head of %s: %s", key, exc)
+    return heads
+
+
+class _ChainHead(Collector):
+    """The audit chain's head of each watched store, read when scraped."""
+
+    _SEQ = ("callbox_audit_chain_seq", "The audit chain's last entry (seq), by audit database.")
+    _INFO = ("callbox_audit_chain_head", "The audit chain's head (seq and hash), by audit database, to anchor it.")
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(*self._SEQ, labels=("db",)), InfoMetricFamily(*self._INFO, labels=("db",))]
+
+    def collect(self) -> Iterable[Metric]:
+        seq = GaugeMetricFamily(*self._SEQ, labels=("db",))
+        info = InfoMetricFamily(*self._INFO, labels=("db",))
+        for key, (number, digest) in sorted(audit_chain_heads().items()):
+            seq.add_metric([key], number)
+            info.add_metric([key], {"seq": str(number), "hash": digest})
+        return [seq, info]
+
+
+REGISTRY.register(_ChainHead())
 
 
 _GAUGES = {

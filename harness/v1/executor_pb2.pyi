@@ -665,20 +665,26 @@ class ResolveApprovalRequest(_message.Message):
     APPROVAL_ID_FIELD_NUMBER: _builtins.int
     APPROVE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
     approval_id: _builtins.str
     approve: _builtins.bool
     reason: _builtins.str
     """Why (shown to the model on a denial)."""
+    scope: _builtins.str
+    """An egress approval (tool "egress") only, when approving: "once" (the default: this
+    connection) or "sandbox" (the destination for the rest of the sandbox's life).
+    """
     def __init__(
         self,
         *,
         approval_id: _builtins.str = ...,
         approve: _builtins.bool = ...,
         reason: _builtins.str = ...,
+        scope: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "approve", b"approve", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "approve", b"approve", "reason", b"reason", "scope", b"scope"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -700,6 +706,7 @@ class Approval(_message.Message):
     RESOLVED_UNIX_FIELD_NUMBER: _builtins.int
     RESOLVED_BY_FIELD_NUMBER: _builtins.int
     RESOLUTION_REASON_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
     approval_id: _builtins.str
     sandbox_id: _builtins.str
     call_id: _builtins.str
@@ -714,6 +721,8 @@ class Approval(_message.Message):
     resolved_unix: _builtins.float
     resolved_by: _builtins.str
     resolution_reason: _builtins.str
+    scope: _builtins.str
+    """An approved egress approval's scope: "once" or "sandbox"; empty otherwise."""
     def __init__(
         self,
         *,
@@ -729,10 +738,11 @@ class Approval(_message.Message):
         resolved_unix: _builtins.float = ...,
         resolved_by: _builtins.str = ...,
         resolution_reason: _builtins.str = ...,
+        scope: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "arguments_json", b"arguments_json", "call_id", b"call_id", "created_unix", b"created_unix", "reason", b"reason", "resolution_reason", b"resolution_reason", "resolved_by", b"resolved_by", "resolved_unix", b"resolved_unix", "rule", b"rule", "sandbox_id", b"sandbox_id", "state", b"state", "tool", b"tool"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "arguments_json", b"arguments_json", "call_id", b"call_id", "created_unix", b"created_unix", "reason", b"reason", "resolution_reason", b"resolution_reason", "resolved_by", b"resolved_by", "resolved_unix", b"resolved_unix", "rule", b"rule", "sandbox_id", b"sandbox_id", "scope", b"scope", "state", b"state", "tool", b"tool"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,4 +1,4 @@
-"""Rows 7d-7f: what the egress proxy's TLS interception (a ``[[secret]]``'s host) costs
+"""Rows 7e-7g: what the egress proxy's TLS interception (a ``[[secret]]``'s host) costs
 against the plain CONNECT tunnel (any other allowed host).
 
 A TLS server in a network namespace of its own (``tests/netdest.py``, root needed, as for
@@ -8,9 +8,9 @@ with the sandbox's CA, fills the secret in, opens TLS to the server itself) and 
 proxy as its test-only extra CA. One allowlist sandbox; a Python client in it alternates
 the two hosts, timing each request itself (so no process start is counted):
 
-- 7d: a ``GET`` of 2 bytes on a new connection (CONNECT, TLS handshake(s), request);
-- 7e: a ``GET`` of 2 bytes on a kept-alive connection;
-- 7f: a ``GET`` of :data:`BIG` bytes (throughput).
+- 7e: a ``GET`` of 2 bytes on a new connection (CONNECT, TLS handshake(s), request);
+- 7f: a ``GET`` of 2 bytes on a kept-alive connection;
+- 7g: a ``GET`` of :data:`BIG` bytes (throughput).
 """
 
 from __future__ import annotations
@@ -155,14 +155,14 @@ def bench_egress_tls(engine: DockerEngine, spec: SandboxSpec, samples: int,
 
 
 def add_egress_tls_rows(data: dict[str, list[float]], add: Callable[..., None]) -> None:
-    """Rows 7d-7f (``add`` takes ``Row``'s arguments)."""
+    """Rows 7e-7g (``add`` takes ``Row``'s arguments)."""
     if "egress_tls_new_intercepted" not in data:
         return
     tunnel = "the same through the plain CONNECT tunnel (interleaved)"
-    add("7d. HTTPS GET through the egress proxy, new connection, TLS terminated for a secret's host", "time",
+    add("7e. HTTPS GET through the egress proxy, new connection, TLS terminated for a secret's host", "time",
         data["egress_tls_new_intercepted"], tunnel, data["egress_tls_new_tunnel"], "— (info)")
-    add("7e. HTTPS GET through the egress proxy, kept-alive connection, TLS terminated for a secret's host", "time",
+    add("7f. HTTPS GET through the egress proxy, kept-alive connection, TLS terminated for a secret's host", "time",
         data["egress_tls_kept_intercepted"], tunnel, data["egress_tls_kept_tunnel"], "— (info)")
-    add(f"7f. HTTPS download through the egress proxy ({BIG >> 20} MiB), TLS terminated for a secret's host",
+    add(f"7g. HTTPS download through the egress proxy ({BIG >> 20} MiB), TLS terminated for a secret's host",
         "rate", data["egress_tls_big_intercepted"], tunnel, data["egress_tls_big_tunnel"], "— (info)",
         rate_bytes=BIG)

@@ -26,6 +26,8 @@ Rows:
    ``sleep infinity`` with the same limits;
 5. floors for row 1: a gRPC unary health check on the agent socket, and the agent's own
    spawn -> exit time of ``true`` vs ``subprocess.run(["true"])`` on the host;
+6b. the harness overhead of row 6 with the audit chain, against a store with its chain off
+    (interleaved): bench_audit_chain.py, section ``overhead``;
 8. the cost of redacting secrets from every result: a whole call (no sandbox) on a 16 KiB
    and a 1 MiB tool output, vs the same call path with redaction off;
 9.-13. living sandboxes (attach replay, PTY keystroke, cp, pause/resume, snapshot/fork): bench_living.py;
@@ -79,8 +81,10 @@ from harness.engine.docker import labels
 from harness.engine.docker.engine import DockerEngine, Sandbox, seccomp_profile
 from harness.engine.exec_result import ExecResult, collect
 from harness.engine.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
+from tests.bench.bench_audit_chain import add_audit_chain_rows, bench_audit_chain
 from tests.bench.bench_door import add_door_rows, bench_door
 from tests.bench.bench_e2b import add_e2b_rows, bench_e2b
+from tests.bench.bench_egress_ask import TARGET_ADDED_MS, bench_egress_ask
 from tests.bench.bench_egress_tls import add_egress_tls_rows, bench_egress_tls
 from tests.bench.bench_interpreter import add_interpreter_rows, bench_interpreter
 from tests.bench.bench_living import Toolkit, add_living_rows, bench_living
@@ -572,12 +576,17 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
         add("7c. network rules changed (update_network) until enforced: call returned → a request passes them",
             "time", data["network_update_enforced"], "—", None, f"p90 ≤ {TARGET_ENFORCED_MS:g} ms",
             lambda r: r.cb(p90) <= TARGET_ENFORCED_MS)
+    if "egress_ask_after_answer" in data:
+        add("7d. egress held for a person (ask), allowed once: answer recorded → response (proxy in-process)",
+            "time", data["egress_ask_after_answer"], "the same request to an allow entry (no hold)",
+            data["egress_plain_request"], f"p90 ≤ {TARGET_ADDED_MS:g} ms", lambda r: r.cb(p90) <= TARGET_ADDED_MS)
     add_egress_tls_rows(data, add)
     if "harness_overhead" in data:
         add("6. harness overhead per call: validate + authorize + audit (no sandbox)", "time",
             data["harness_overhead"], "—", None, f"p50 ≤ {TARGET_OVERHEAD_P50_MS:g} ms",
             lambda r: r.cb(p50) <= TARGET_OVERHEAD_P50_MS)
         add("6a. of which argument validation", "time", data["validate_only"], "—", None, "— (info)")
+    add_audit_chain_rows(data, add)
     if "redaction_call_on_16k" in data:
         for size, label in (("16k", "16 KiB"), ("1m", "1 MiB")):
             add(f"8{'ab'[size == '1m']}. call with secret redaction, {label} tool output (no sandbox)", "time",
@@ -721,11 +730,12 @@ def main(argv: list[str] | None = None) -> int:
         return out
 
     def network_rows() -> dict[str, list[float]]:
+        held = bench_egress_ask(args.samples, args.warmup, progress)  # no Docker: the proxy runs in-process
         problem = engine.networks.packet_filter.problem()
         if problem is not None:
             progress(f"network modes skipped: {problem}")
-            return {}
-        out = bench_network_start(res, spec, args.samples, slow_warmup)
+            return held
+        out = {**held, **bench_network_start(res, spec, args.samples, slow_warmup)}
         out.update(bench_network_update(res.create_sandbox, res.destroy_sandbox, spec, args.samples, args.warmup,
                                         progress))
         out.update(bench_egress_tls(engine, spec, args.samples, progress))
@@ -733,7 +743,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def overhead_rows() -> dict[str, list[float]]:
         progress("harness overhead per call (no sandbox)")
-        return bench_overhead(max(args.samples, 1000), 100)
+        out = bench_overhead(max(args.samples, 1000), 100)
+        progress("the audit chain's cost per call, chained vs unchained store (no sandbox)")
+        out.update(bench_audit_chain(max(args.samples, 2000), 200))
+        return out
 
     def telemetry_rows() -> dict[str, list[float]]:
         progress("metrics and tracing per call, on vs off (no sandbox)")

@@ -153,6 +153,7 @@ def test_doctor_passes_a_working_gvisor_with_its_sandbox_under_runsc(engine):
     runsc = results["daemon.runsc"]
     assert runsc["status"] == "PASS", runsc
     assert "the tools run on gVisor's kernel" in runsc["reason"] and "Docker records runtime runsc" in runsc["reason"]
+    assert results["daemon.runsc_network"]["status"] == "PASS", results["daemon.runsc_network"]  # make runsc's
     for check_id in ("5.1", "5.2", "host.oom-counter"):
         assert results[check_id]["status"] == "SKIP", results[check_id]
         assert results[check_id]["reason"].startswith("not applicable under gVisor: "), results[check_id]

@@ -12,6 +12,7 @@ import tempfile
 import textwrap
 import time
 import uuid
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from harness.doors.grpc.server import GrpcServer, ServeError, serve_grpc
 from harness.doors.grpc.tokens import TokenSet
 from harness.doors.http import HttpServer, serve_http
 from tests.conftest import IMAGE
+from tests.console_data import run as seed_run
+from tests.console_data import seed
 
 pytestmark = pytest.mark.docker
 
@@ -113,7 +116,7 @@ def test_healthz_is_503_naming_the_engine_when_it_does_not_answer(monkeypatch, a
 
 
 def test_a_page_without_a_token_is_401_with_the_login_form(http):
-    for path in ("/", "/sandboxes", "/runs", "/egress", "/runs/anything"):
+    for path in ("/", "/overview", "/history", "/sandboxes", "/sandboxes/x/kill", "/runs", "/egress", "/runs/anything"):
         response = httpx.get(f"{http.url}{path}")
         assert response.status_code == 401, path
         assert response.headers["www-authenticate"].startswith("Bearer")
@@ -238,6 +241,25 @@ def test_an_operator_bearer_token_denies_with_a_reason_without_a_csrf_token(http
     assert "already denied" in again.text
 
 
+def test_held_egress_gets_three_answers_from_an_operator_and_none_from_a_client(http, audit):
+    run_id = audit.start_run(f"grpc-test-{uuid.uuid4().hex[:8]}", meta={"door": "grpc", "client": "agent"})
+    approval = audit.create_approval(run_id, "egress-h0123456789abcdef", "egress",
+                                     {"sandbox_id": "sb1", "destination": "api.example.com:443", "call_id": "call-1"},
+                                     "sandbox.allow_hosts: ask", "call call-1 connects to api.example.com:443").id
+    page = httpx.get(f"{http.url}/", headers={"authorization": f"Bearer {TOKEN}"})
+    assert 'value="approve-sandbox">Allow for this sandbox</button>' in page.text and ">Allow once<" in page.text
+    form = {"decision": "approve-sandbox"}
+    refused = httpx.post(f"{http.url}/approvals/{approval}/resolve", data=form,
+                         headers={"authorization": f"Bearer {AGENT_TOKEN}"})
+    assert refused.status_code == 403, refused.text
+    allowed = httpx.post(f"{http.url}/approvals/{approval}/resolve", data=form,
+                         headers={"authorization": f"Bearer {TOKEN}"})
+    assert allowed.status_code == 200, allowed.text
+    assert "later ones to the same destination go through" in allowed.text
+    resolved = audit.get_approval(approval)
+    assert (resolved.state, resolved.scope, resolved.resolved_by) == ("approved", "sandbox", "console:operator")
+
+
 def test_a_loopback_console_answers_only_to_a_loopback_host_name(http):
     response = httpx.get(f"{http.url}/metrics", headers={"host": "evil.example"})
     assert response.status_code == 421
@@ -265,6 +287,138 @@ def test_a_non_loopback_address_needs_tls_or_insecure(audit):
         assert httpx.get(f"{server.url}/healthz").status_code == 200
     finally:
         server.stop()
+
+
+# ---- overview, history, filters and paging (the audit store only) -------------------------------------
+
+SVG = re.compile(r"<svg xmlns=.*?</svg>", re.S)
+
+
+def _get(server: HttpServer, path: str, token: str = TOKEN) -> httpx.Response:
+    response = httpx.get(f"{server.url}{path}", headers={"authorization": f"Bearer {token}"})
+    assert response.status_code == 200, (path, response.status_code, response.text)
+    return response
+
+
+def _charts(page: str) -> dict[str, ET.Element]:
+    """The page's charts by their figure's id, each SVG parsed as XML (a malformed one fails here)."""
+    found = {}
+    for figure in re.finditer(r'<figure class="chart" id="([^"]+)">(.*?)</figure>', page, re.S):
+        svg = SVG.search(figure[2])
+        assert svg is not None, figure[0]
+        found[figure[1]] = ET.fromstring(svg[0])
+    return found
+
+
+def test_the_overview_draws_well_formed_charts_of_the_callers_own_work_and_reloads(http, audit):
+    seed(audit)
+    operator = _get(http, "/overview").text
+    assert '<meta http-equiv="refresh" content="15">' in operator
+    charts = _charts(operator)
+    assert set(charts) == {"chart-calls", "chart-latency", "chart-sandboxes", "chart-egress"}
+    svg = "{http://www.w3.org/2000/svg}"
+    for chart in charts.values():
+        assert chart.get("role") == "img" and chart.get("aria-label")
+    bars = charts["chart-calls"].findall(f"{svg}rect")
+    assert {bar.get("class") for bar in bars} >= {"series-ok", "series-bad", "series-warn"}  # ran, refused, failed
+    assert charts["chart-latency"].findall(f"{svg}circle"), "the latency chart has no point"
+    assert "9 calls in the last hour, 1 refused" in operator  # 3 runs x 2 calls + refused + failed, and other's one
+    assert "3 connections through the egress proxies in the last hour, 1 refused" in operator
+    assert re.search(r"<b>1</b> approvals waiting", operator)
+    client = _get(http, "/overview", AGENT_TOKEN).text
+    assert len(_charts(client)) == 4
+    assert "8 calls in the last hour, 1 refused" in client  # not other's call
+    assert "2 connections through the egress proxies" in client
+    assert "your live sandboxes" in client and "pooled (warm)" not in client
+    other = _get(http, "/overview", OTHER_TOKEN).text
+    assert "1 call in the last hour, 0 refused" in other and re.search(r"<b>0</b> approvals waiting", other)
+    # the navigation counts the approvals waiting on every page; only the overview reloads itself
+    for path in ("/", "/history", "/runs", "/egress", "/sandboxes"):
+        page = _get(http, path).text
+        assert re.search(r'Approvals <span class="badge"[^>]*>1<', page), path
+        assert 'http-equiv="refresh"' not in page, path
+    assert 'class="badge"' not in _get(http, "/runs", OTHER_TOKEN).text  # another client's approval is not its
+
+
+def test_history_says_who_resolved_what_when_and_why_filtered_and_only_the_clients_own(http, audit):
+    seeded = seed(audit)
+    page = _get(http, "/history").text
+    assert "resolved approvals 1 to 3 of 3" in page
+    denied = re.search(rf'<tr id="history-{seeded.denied}">(.*?)</tr>', page, re.S)
+    assert denied is not None
+    for shown in ("cli:ops", "denied", "make wipe", "not on a Friday", "tools.shell.rules[0]", "agent", " UTC"):
+        assert shown in denied[1], shown
+    assert seeded.pending not in page  # pending is not history
+    only_denied = _get(http, "/history?state=denied").text
+    assert seeded.denied in only_denied and seeded.approved not in only_denied
+    by_console = _get(http, "/history?by=console%3Aoperator").text
+    assert "1 to 2 of 2" in by_console and seeded.denied not in by_console
+    assert "fine for other" in _get(http, "/history?client=other").text
+    assert "fine for other" not in _get(http, "/history?client=agent").text
+    own = _get(http, "/history?client=other", AGENT_TOKEN).text  # a client's filter cannot reach another's
+    assert "fine for other" not in own and seeded.denied in own and "1 to 2 of 2" in own
+    assert 'name="client"' not in own  # no client filter for a client
+
+
+def test_runs_are_filtered_by_client_tool_and_state_and_paged_past_100(http, audit):
+    seeded = seed(audit)
+    for _ in range(100):
+        seed_run(audit, "bulk")
+    first = _get(http, "/runs").text
+    assert "runs 1 to 100 of 104" in first
+    assert first.count('<a href="/runs/') == 100
+    older = re.search(r'<a rel="next" href="([^"]+)">', first)
+    assert older is not None and older[1] == "/runs?page=2"
+    second = _get(http, older[1]).text
+    assert "runs 101 to 104 of 104" in second and 'rel="prev"' in second and 'rel="next"' not in second
+    assert seeded.runs["agent"][0] in second  # the oldest runs come last
+    by_tool = _get(http, "/runs?tool=read_file").text
+    assert "of 3" in by_tool and "bulk" not in by_tool and seeded.runs["other"][0] not in by_tool
+    waiting = _get(http, "/runs?state=waiting").text
+    assert "of 1," in waiting and seeded.runs["agent"][-1] in waiting
+    assert "of 100," in _get(http, "/runs?client=bulk&state=open").text
+    assert "No run matches" in _get(http, "/runs?state=ended").text
+    assert 'rel="next"' not in _get(http, "/runs?client=bulk&page=1").text  # 100 fit on one page
+    assert '<a rel="next" href="/runs?state=open&amp;page=2">' in _get(http, "/runs?state=open").text  # kept
+    own = _get(http, "/runs?client=bulk", OTHER_TOKEN).text
+    assert "of 1," in own and seeded.runs["other"][0] in own and "bulk" not in own
+    for wrong in ("/runs?state=finished", "/runs?page=two", "/history?state=consumed"):  # said, not ignored
+        refused = httpx.get(f"{http.url}{wrong}", headers={"authorization": f"Bearer {TOKEN}"})
+        assert refused.status_code == 400 and ("use one of" in refused.text or "a number" in refused.text), wrong
+
+
+def test_egress_is_filtered_by_host_decision_and_client(http, audit):
+    seed(audit)
+    assert "1 to 3 of 3" in _get(http, "/egress").text
+    evil = _get(http, "/egress?host=EVIL").text
+    assert "evil.example" in evil and "pypi.org" not in evil
+    allowed = _get(http, "/egress?state=allow").text
+    assert "pypi.org" in allowed and "other-only.example" in allowed and "evil.example" not in allowed
+    own = _get(http, "/egress?client=agent", OTHER_TOKEN).text
+    assert "other-only.example" in own and "pypi.org" not in own
+
+
+def test_a_kill_needs_an_operator_and_a_confirmation(http):
+    for token in (AGENT_TOKEN, OTHER_TOKEN):
+        page = httpx.get(f"{http.url}/sandboxes/some-box/kill", headers={"authorization": f"Bearer {token}"})
+        assert page.status_code == 403 and "operator" in page.text
+    missing = httpx.get(f"{http.url}/sandboxes/some-box/kill", headers={"authorization": f"Bearer {TOKEN}"})
+    assert missing.status_code == 404
+    unconfirmed = httpx.post(f"{http.url}/sandboxes/some-box/kill", headers={"authorization": f"Bearer {TOKEN}"})
+    assert unconfirmed.status_code == 400 and "confirm=some-box" in unconfirmed.text
+
+
+def test_a_run_page_is_a_table_of_calls_each_opening_to_the_whole_call(http, audit):
+    seeded = seed(audit)
+    page = _get(http, f"/runs/{seeded.runs['agent'][0]}").text
+    assert page.count('<details class="call"') == 4
+    denied = re.search(r'<details class="call" id="call-c3">(.*?)</details>', page, re.S)
+    assert denied is not None
+    summary = denied[1].split("</summary>")[0]
+    for shown in ("c3", "shell", "deny", "done", "0 ms", "rm -rf /"):
+        assert shown in summary, shown
+    assert "<h3>Result</h3>" in denied[1] and "tools.shell" in denied[1]
+    assert "Sandbox</dt><dd>not live" in page
 
 
 # ---- live sandboxes, with a gRPC door -------------------------------------------------------------------
@@ -313,14 +467,26 @@ def test_sandboxes_page_shows_owner_and_resources_and_kill_destroys_the_containe
             assert "<td>agent</td>" in cells and "<td>running</td>" in cells
             assert re.search(r"\d+\.\d MiB of 256\.0 MiB", cells), cells
             assert re.search(r"\d+\.\d% of 1, \d+\.\d\d s in all", cells), cells
+            assert re.search(r"<td>\d+ of 256</td>", cells), cells  # processes, of the pids limit
             own = httpx.get(f"{server.url}/sandboxes", headers={"authorization": f"Bearer {AGENT_TOKEN}"})
             assert sandbox_id in own.text and "/kill" not in own.text  # its own, read-only
+            assert "Warm pool" not in own.text and "Quota use per client" in own.text  # the server's pool: not its
             assert sandbox_id not in httpx.get(f"{server.url}/sandboxes",
                                                headers={"authorization": f"Bearer {OTHER_TOKEN}"}).text
-            refused = httpx.post(f"{server.url}/sandboxes/{sandbox_id}/kill",
+            assert "Quota use per client" in page.text and "Warm pool: none" in page.text
+            refused = httpx.post(f"{server.url}/sandboxes/{sandbox_id}/kill", data={"confirm": sandbox_id},
                                  headers={"authorization": f"Bearer {AGENT_TOKEN}"})
             assert refused.status_code == 403 and sandbox_id in grpc_door.service.live_sandboxes()
-            killed = httpx.post(f"{server.url}/sandboxes/{sandbox_id}/kill", headers=bearer)
+            assert httpx.get(f"{server.url}/sandboxes/{sandbox_id}/kill",
+                             headers={"authorization": f"Bearer {AGENT_TOKEN}"}).status_code == 403
+            confirm = httpx.get(f"{server.url}/sandboxes/{sandbox_id}/kill", headers=bearer)
+            assert confirm.status_code == 200 and "cannot be undone" in confirm.text
+            assert f'name="confirm" value="{sandbox_id}"' in confirm.text
+            unconfirmed = httpx.post(f"{server.url}/sandboxes/{sandbox_id}/kill", headers=bearer)
+            assert unconfirmed.status_code == 400 and "confirm=" in unconfirmed.text
+            assert sandbox_id in grpc_door.service.live_sandboxes()
+            killed = httpx.post(f"{server.url}/sandboxes/{sandbox_id}/kill", data={"confirm": sandbox_id},
+                                headers=bearer)
             assert killed.status_code == 200, killed.text
             assert f"sandbox {sandbox_id} of client agent killed" in killed.text
             assert sandbox_id not in grpc_door.service.live_sandboxes()
@@ -328,7 +494,8 @@ def test_sandboxes_page_shows_owner_and_resources_and_kill_destroys_the_containe
             run = audit.get_run(sandbox_id)
             assert run.end_reason == "killed_by_console"
             assert run.meta["killed_by"] == "console:operator"
-            again = httpx.post(f"{server.url}/sandboxes/{sandbox_id}/kill", headers=bearer)
+            again = httpx.post(f"{server.url}/sandboxes/{sandbox_id}/kill", data={"confirm": sandbox_id},
+                               headers=bearer)
             assert again.status_code == 404
             runs = httpx.get(f"{server.url}/runs/{sandbox_id}", headers=bearer)
             assert runs.status_code == 200

@@ -4,6 +4,7 @@ commands, file tools, timeouts and images without Python work on gVisor's kernel
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -67,17 +68,45 @@ def test_an_image_without_python_runs_under_runsc(busybox_image: str) -> None:
     assert result.stdout == b"hi\n"
 
 
-def test_runsc_with_a_network_is_refused_before_any_container() -> None:
-    result = callbox("exec", "--runtime", "runsc", "--network", "open", "--", "true")
-    assert result.returncode == 2, result.stderr
-    assert b"runsc" in result.stderr
+def test_an_older_runsc_registration_refuses_a_networked_sandbox_before_any_container(engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Registered with --network=none (callbox's earlier make runsc), runsc would give an open
+    sandbox only lo: the engine refuses it, naming the upgrade, and starts nothing."""
+    from dataclasses import replace
 
-
-def test_the_engine_refuses_runsc_with_a_network_before_any_container(engine) -> None:  # type: ignore[no-untyped-def]
     from harness.engine.spec import SandboxSpec, SpecError
 
     before = {c.id for c in engine.client.containers.list(all=True)}
-    with pytest.raises(SpecError, match="without a network") as refused:
+    monkeypatch.setattr(engine, "_host", replace(engine.host_limits(), runsc_network="none"))
+    with pytest.raises(SpecError, match=r"--network=none .*make runsc") as refused:
         engine.create(SandboxSpec(runtime="runsc", network="open"))
     assert refused.value.key == "runtime"
     assert {c.id for c in engine.client.containers.list(all=True)} <= before
+
+
+def test_runsc_refuses_to_give_a_container_the_hosts_network_namespace(engine) -> None:  # type: ignore[no-untyped-def]
+    """gVisor's network stack takes over the interfaces of the namespace it starts in: in the
+    host's own (Docker's network host) that would strip this machine's addresses. callbox-runsc
+    (make runsc) refuses it, where runsc 20240729's own check is wrong on newer kernels."""
+    import subprocess
+
+    import docker.errors
+
+    from tests.conftest import IMAGE
+
+    def addresses() -> str:  # of lo and the default route's interface (other tests add and remove bridges)
+        route = subprocess.run(["ip", "route", "show", "default"], capture_output=True, text=True, check=True).stdout
+        devices = ["lo", *route.split(" dev ")[1:2]]
+        return "".join(subprocess.run(["ip", "-o", "addr", "show", "dev", dev.split()[0]], capture_output=True,
+                                      text=True, check=True).stdout for dev in devices)
+
+    before = addresses()
+    assert "inet 127.0.0.1/8" in before
+    mark = {"callbox-test": f"runsc-host-network-{os.getpid()}"}
+    try:
+        with pytest.raises(docker.errors.APIError, match="host's network namespace"):
+            engine.client.containers.run(IMAGE, ["true"], entrypoint=[], runtime="runsc", network_mode="host",
+                                         remove=True, labels=mark)
+    finally:  # a container whose start failed is not removed by remove=True
+        for left in engine.client.containers.list(all=True, filters={"label": f"callbox-test={mark['callbox-test']}"}):
+            left.remove(force=True)
+    assert addresses() == before

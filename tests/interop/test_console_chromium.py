@@ -35,6 +35,7 @@ from harness.doors.grpc.tokens import TokenSet
 from harness.doors.http import HttpServer, serve_http
 from tests.browser import chromium
 from tests.conftest import IMAGE
+from tests.console_data import seed
 
 pytestmark = [pytest.mark.interop, pytest.mark.docker]
 
@@ -133,10 +134,10 @@ class WaitingClient(threading.Thread):
         return self.result
 
 
-def _log_in(page: Any, url: str) -> None:
+def _log_in(page: Any, url: str, token: str = OPERATOR_TOKEN) -> None:
     response = page.goto(f"{url}/")
     assert response is not None and response.status == 401  # the login form, as a 401
-    page.get_by_label("Token").fill(OPERATOR_TOKEN)
+    page.get_by_label("Token").fill(token)
     page.get_by_role("button", name="Log in").click()
     page.get_by_role("heading", name="Pending approvals").wait_for()
 
@@ -204,14 +205,20 @@ def test_approve_deny_and_kill_in_chromium(engine, stack: Stack, page: Any) -> N
         assert "the count file is evidence; keep it" in str(denied.item), denied.item
         assert agent.call(box, "read_file", {"path": "/workspace/count"}).text.count("ran") == 1
 
-        # 3. the run's calls in order with their results
+        # 3. the run's calls in order, one row each, opening to its whole call; a link to its sandbox
         page.goto(f"{stack.http.url}/runs/{box}")
-        calls = page.locator("section.call")
-        expect(calls).to_have_count(4)
-        expect(calls.nth(0)).to_contain_text("call-approve")
-        expect(calls.nth(0)).to_contain_text("approved-output-42")
-        expect(calls.nth(2)).to_contain_text("call-deny")
-        expect(calls.nth(2)).to_contain_text("the count file is evidence; keep it")
+        rows = page.locator("details.call")
+        expect(rows).to_have_count(4)
+        expect(rows.nth(0).locator("summary")).to_contain_text("call-approve")
+        result = rows.nth(0).locator("pre.result")
+        expect(result).to_be_hidden()  # closed: one row
+        rows.nth(0).locator("summary").click()
+        expect(result).to_be_visible()
+        expect(result).to_contain_text("approved-output-42")
+        expect(rows.nth(2).locator("summary")).to_contain_text("call-deny")
+        expect(rows.nth(2)).to_contain_text("the count file is evidence; keep it")
+        page.get_by_role("link", name="live on the Sandboxes page").click()
+        expect(page.locator(f'[id="sandbox-{box}"]')).to_be_visible()
 
         # 4. a form served by another site cannot act on the console
         third = agent.call(box, "shell", {"command": "true"}, call_id="call-cross-site")
@@ -232,10 +239,74 @@ def test_approve_deny_and_kill_in_chromium(engine, stack: Stack, page: Any) -> N
         row = page.locator(f'[id="sandbox-{box}"]')
         expect(row).to_contain_text("agent")
         expect(row).to_contain_text("MiB of 256.0 MiB")
-        row.get_by_role("button", name=f"Kill {box}").click()
+        row.get_by_role("link", name=f"Kill {box}").click()  # first a page that says what a kill does
+        expect(page.get_by_role("heading", name="Kill a sandbox?")).to_be_visible()
+        expect(page.locator("section.confirm")).to_contain_text("cannot be undone")
+        assert box in stack.grpc.service.live_sandboxes()  # nothing killed yet
+        page.get_by_role("button", name=f"Kill {box}").click()
         expect(page.get_by_role("status")).to_contain_text(f"sandbox {box} of client agent killed")
         expect(page.locator(f'[id="sandbox-{box}"]')).to_have_count(0)
         assert _container_gone(engine, container), f"container {container} is still there"
         with pytest.raises(ExecutorError) as gone:
             agent.call(box, "read_file", {"path": "/workspace/count"})
         assert gone.value.code == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.fixture
+def seeded_console(tmp_path: Path) -> Iterator[tuple[HttpServer, AuditStore]]:
+    """The console on an audit store holding two clients' runs, approvals and egress (no sandbox)."""
+    audit = AuditStore(tmp_path / "audit.sqlite3")
+    seed(audit)
+    try:
+        http = serve_http("127.0.0.1:0", tokens=TOKENS, executor=None, audit=audit, engine_ping=lambda: None)
+        try:
+            yield http, audit
+        finally:
+            http.stop()
+    finally:
+        audit.close()
+
+
+@pytest.mark.parametrize("token", [OPERATOR_TOKEN, AGENT_TOKEN], ids=["operator", "client"])
+def test_overview_history_and_filters_in_chromium(seeded_console: tuple[HttpServer, AuditStore], page: Any,
+                                                  token: str) -> None:
+    from playwright.sync_api import expect
+
+    http, _audit = seeded_console
+    operator = token == OPERATOR_TOKEN
+    _log_in(page, http.url, token)
+    nav = page.get_by_role("navigation").first
+    expect(nav.locator(".badge")).to_have_text("1 waiting")  # the agent's approval waits, on every page
+
+    # the overview: four charts drawn as SVG in the page (no script, no image request), reloading itself
+    nav.get_by_role("link", name="Overview").click()
+    expect(page.locator('meta[http-equiv="refresh"]')).to_have_attribute("content", "15")
+    charts = page.locator("figure.chart svg[role=img]")
+    expect(charts).to_have_count(4)
+    for i in range(4):
+        box = charts.nth(i).bounding_box()
+        assert box is not None and box["width"] > 200 and box["height"] > 50, box  # laid out, not collapsed
+    calls = page.locator("#chart-calls")
+    expect(calls).to_contain_text("9 calls in the last hour" if operator else "8 calls in the last hour")
+    assert calls.locator("svg[role=img] rect.series-bad").count() == 1  # the refused call's bar
+
+    # the history: who, what, when, why; filtered by decision
+    nav.get_by_role("link", name="History").click()
+    table = page.locator("table")
+    expect(table).to_contain_text("not on a Friday")
+    expect(table).to_contain_text("cli:ops")
+    expect(page.locator("tbody tr")).to_have_count(3 if operator else 2)  # other's approval only for an operator
+    page.get_by_label("Decision").select_option("denied")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator("tbody tr")).to_have_count(1)
+    assert "state=denied" in page.url
+
+    # runs filtered by tool; a client sees no client filter and only its own runs
+    nav.get_by_role("link", name="Runs").click()
+    expect(page.get_by_label("Client")).to_have_count(1 if operator else 0)
+    expect(page.locator("tbody tr")).to_have_count(4 if operator else 3)
+    page.get_by_label("Tool").fill("write_file")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator("tbody tr")).to_have_count(1 if operator else 0)
+    if not operator:
+        expect(page.get_by_text("No run matches these filters.")).to_be_visible()

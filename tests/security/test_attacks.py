@@ -695,8 +695,8 @@ out["routes6"] = [l.split()[-1] for l in open("/proc/net/ipv6_route").read().spl
 """)
     for key in ("tcp80", "tcp443"):
         what, code, seconds = out[key]
-        # gVisor's kernel, with no network stack (--network=none), answers EHOSTUNREACH where
-        # the host's answers ENETUNREACH: no route either way, and at once.
+        # gVisor's network stack, with only lo, answers EHOSTUNREACH where the host's
+        # answers ENETUNREACH: no route either way, and at once.
         assert (what, code) == ("failed", errno.EHOSTUNREACH if GVISOR else errno.ENETUNREACH), (key, out[key])
         assert seconds < 0.5, (key, out[key])  # refused at once: no packet waits for an answer
     unreachable = errno.EHOSTUNREACH if GVISOR else errno.ENETUNREACH

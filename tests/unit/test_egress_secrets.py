@@ -24,7 +24,7 @@ from harness.engine.secrets import PLACEHOLDER_PREFIX, SecretSpec, new_placehold
 from harness.engine.spec import HostLimits, SandboxSpec
 from sandbox.egress_policy import Entry
 from sandbox.egress_secrets import Secret, SecretRules, load_secrets, rewrite_headers
-from sandbox.egress_tls import TlsEnd
+from sandbox.egress_tls import SecretsProxy, TlsEnd
 
 BEARER = dict(name="API_TOKEN", env="HOST_TOKEN", hosts=("api.example.com",), header="Authorization: Bearer {value}")
 
@@ -183,7 +183,7 @@ def _tls_server(directory: Path) -> tuple[Path, Any, list[dict[str, Any]]]:
 def test_the_proxy_fills_the_secret_over_its_own_tls_on_every_request_of_a_connection(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from harness.engine.docker import egress_secrets as material_of
-    from sandbox.egress import Config, EgressProxy
+    from sandbox.egress import Config
     from sandbox.egress_policy import Allowlist
 
     test_ca, server, seen = _tls_server(tmp_path)
@@ -202,7 +202,7 @@ def test_the_proxy_fills_the_secret_over_its_own_tls_on_every_request_of_a_conne
         "127.0.0.1" if host == SECRET_HOST else host, *a, **k))
     config = Config(listen=("127.0.0.1", 0), sandbox_id="unit", allowlist=Allowlist.parse([f"{SECRET_HOST}:{port}"]),
                     test_network=ipaddress.ip_network("127.0.0.0/8"))
-    proxy = EgressProxy(config, lambda record: None, rules)
+    proxy = SecretsProxy(config, lambda record: None, rules)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     try:
         placeholder = material.placeholders[0]
@@ -248,7 +248,7 @@ def test_the_proxy_fills_the_secret_over_its_own_tls_on_every_request_of_a_conne
         unverified_dir.mkdir()
         unverified = load_secrets(material_of.install(material, unverified_dir, str(unverified_dir), os.getuid(),
                                                       None)[1])
-        strict = EgressProxy(config, lambda record: None, unverified)
+        strict = SecretsProxy(config, lambda record: None, unverified)
         threading.Thread(target=strict.serve_forever, daemon=True).start()
         client = http.client.HTTPSConnection(*strict.address, timeout=10, context=ssl.create_default_context(
             cafile=str(unverified_dir / "trust" / "ca-bundle.pem")))

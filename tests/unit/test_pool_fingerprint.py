@@ -27,6 +27,7 @@ CHANGES: dict[str, Any] = {
     "noexec": True,
     "nofile": 256,
     "fsize": 2 << 20,
+    "ask_timeout": 30.0,
 }
 
 

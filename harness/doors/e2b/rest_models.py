@@ -109,7 +109,7 @@ def _entries(value: Any, what: str) -> tuple[str, ...]:
         raise invalid(f"{what} must be a list of strings (hosts, *.wildcards, IPs or CIDR networks)")
     for index, item in enumerate(value):
         try:
-            Allowlist.parse([item])
+            Allowlist.parse([item]).without_actions()  # a client narrows; only a policy asks or denies per entry
         except ValueError as exc:
             raise invalid(f"{what}[{index}]: {exc}") from None
     return tuple(value)

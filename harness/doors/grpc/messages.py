@@ -63,7 +63,7 @@ def approval_message(approval: Approval) -> executor_pb2.Approval:
         approval_id=approval.id, sandbox_id=approval.run_id, call_id=approval.call_id, tool=approval.tool,
         arguments_json=approval.arguments, rule=approval.rule, reason=approval.reason, state=approval.state,
         created_unix=approval.created, resolved_unix=approval.resolved or 0.0, resolved_by=approval.resolved_by or "",
-        resolution_reason=approval.resolution_reason or "",
+        resolution_reason=approval.resolution_reason or "", scope=approval.scope or "",
     )
 
 

@@ -79,12 +79,12 @@ class RunRecordRpcs:
             approval = self.audit.get_approval(request.approval_id)
         except AuditError:
             raise not_found("approval", request.approval_id) from None
-        try:
-            resolved = self.audit.resolve_approval(
-                approval.id, request.approve, by=f"{DOOR}:{client}", reason=request.reason or None
-            )
+        try:  # a call's approval, or a held egress connection's (``scope``: once or sandbox)
+            resolved = self.audit.resolve_approval(approval.id, request.approve, by=f"{DOOR}:{client}",
+                                                   reason=request.reason or None, scope=request.scope or None)
         except AuditError as error:
-            raise ServiceError(ErrorCode.ALREADY_RESOLVED, error.message) from None
+            code = ErrorCode.INVALID_REQUEST if error.code is ErrorCode.INVALID_REQUEST else ErrorCode.ALREADY_RESOLVED
+            raise ServiceError(code, error.message) from None
         return approval_message(resolved)
 
     @handle_errors

@@ -132,6 +132,7 @@ class ExecutorService(RunRecordRpcs, executor_pb2_grpc.ExecutorServicer):
         self.policy = policy
         self.audit = audit
         metrics.watch_approvals(str(audit.path), audit)  # the approvals pending, in /metrics
+        metrics.watch_audit_chain(str(audit.path), audit)  # the audit chain's head, in /metrics and the log
         self.tokens = tokens
         self.limits = limits or Limits()
         # The policy's engine (Docker's unless it names another), without retries: a server

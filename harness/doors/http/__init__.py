@@ -7,13 +7,20 @@ Prometheus metrics, a health check, and the web console for operators.
 * ``/``: the console, server-rendered pages with no script and one local stylesheet
   (``/static/console.css``; nothing from another origin):
 
+  - ``/overview``: the approvals waiting, the live sandboxes and the warm pool, and the last
+    hour in SVG charts drawn on the server (:mod:`~.overview`); it reloads itself;
   - ``/``: calls waiting for approval, with the tool, its arguments, the rule that asked, the
     run (its door, its client, its earlier calls); approve, or deny with a reason the model
-    reads;
+    reads; every page counts the approvals waiting in its navigation;
+  - ``/history``: the resolved approvals, who resolved them, when, and why;
   - ``/sandboxes``: the live sandboxes of the server's executor (the gRPC and E2B doors'),
-    with owner, age, expiry, CPU and memory; a kill button;
-  - ``/runs`` and ``/runs/RUN``: recent runs, and a run's calls in order with their results;
+    with owner, age, expiry, paused time, CPU, memory and processes; the warm pool; each
+    client's quota use; a kill, confirmed on ``/sandboxes/ID/kill`` first;
+  - ``/runs`` and ``/runs/RUN``: runs, and a run's calls, one row each, opening to the whole call;
   - ``/egress``: what the egress proxies allowed and refused.
+
+  Runs, the history and the egress log are filtered by a ``GET`` form (client, tool, state,
+  decision, host) and paged, 100 rows a page (:mod:`~.browse_pages`).
 
 **Who may use the console.** Any token of the server's token file logs in; its role (see
 :mod:`harness.doors.grpc.tokens`) says what it sees. An **operator** sees every client's
@@ -25,7 +32,9 @@ for the login, the cookie and the cross-site rules.
 
 Modules: :mod:`~harness.doors.http.server` (binding, TLS, the thread), :mod:`~.app` (routes),
 :mod:`~.auth` (tokens, sessions, CSRF), :mod:`~.console` (what the pages show and the actions),
-:mod:`~.pages` (the HTML).
+:mod:`~.pages` (the frame, approvals, a run), :mod:`~.browse_pages` (the paged lists),
+:mod:`~.sandbox_pages` (sandboxes, the kill's confirmation), :mod:`~.overview` and
+:mod:`~.charts` (the overview's SVG).
 """
 
 from harness.doors.http.server import HttpServer, serve_http

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from string import Template
@@ -26,8 +27,9 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from harness.core.errors import CallboxError
-from harness.doors.http import pages
+from harness.core.errors import CallboxError, ErrorCode
+from harness.doors.http import browse_pages, pages, sandbox_pages
+from harness.doors.http.audit_export import export_endpoint
 from harness.doors.http.auth import (
     Caller,
     Sessions,
@@ -37,9 +39,11 @@ from harness.doors.http.auth import (
     csrf_valid,
     set_cookie,
 )
-from harness.doors.http.console import Console, ConsoleError
+from harness.doors.http.console import PAGE_SIZE, Console, ConsoleError
+from harness.doors.http.overview import REFRESH_S, overview_page
 from harness.doors.mcp.http import _is_loopback
 from harness.telemetry.metrics import exposition
+from harness.telemetry.samples import GaugeSample
 
 __all__ = ["FORM_MAX_BYTES", "console_app"]
 
@@ -139,8 +143,9 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[], None], tls: bool,
-                loopback: bool) -> ASGIApp:
-    """The ASGI app of the HTTP endpoint (see the module docstring)."""
+                loopback: bool, samples: Callable[[], list[GaugeSample]] = list) -> ASGIApp:
+    """The ASGI app of the HTTP endpoint (see the module docstring); ``samples`` gives the
+    sampled gauges the overview charts (none: an empty chart)."""
     css = resources.files("harness").joinpath("data/console.css").read_bytes()
 
     # ---- no token ------------------------------------------------------------------------------------
@@ -199,23 +204,31 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
 
     # ---- pages -----------------------------------------------------------------------------------------
 
-    def page(key: str, title: str, render: Callable[[Request, Caller], pages.Html]
+    def page(key: str, title: str, render: Callable[[Request, Caller], pages.Html], *, refresh_s: int | None = None
              ) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            caller = caller_of(request, sessions)
-            if caller is None:
-                return _login_needed(request)
+        def rendered(request: Request, caller: Caller) -> tuple[pages.Html, int, int | None]:
             try:
-                body = await run_in_threadpool(render, request, caller)
-                status = 200
+                body, status = render(request, caller), 200
             except ConsoleError as error:
                 body, status = pages.not_found_page(error.message), error.status
             except CallboxError as error:
                 body, status = pages.not_found_page(f"the console could not read this: {error.message}"), 503
+            try:
+                pending: int | None = console.pending_count(viewer=caller.viewer)
+            except CallboxError:
+                pending = None
+            return body, status, pending
+
+        async def endpoint(request: Request) -> Response:
+            caller = caller_of(request, sessions)
+            if caller is None:
+                return _login_needed(request)
+            body, status, pending = await run_in_threadpool(rendered, request, caller)
             notes = caller.session.take_notes() if caller.session is not None else []
             csrf = caller.session.csrf if caller.session is not None else None
             html = pages.page(title if status == 200 else "Not available", body, active=key, client=caller.client,
-                              csrf=csrf, notes=notes, operator=caller.operator)
+                              csrf=csrf, notes=notes, operator=caller.operator, pending=pending,
+                              refresh_s=refresh_s if status == 200 else None)
             return HTMLResponse(html, status_code=status)
 
         return endpoint
@@ -225,11 +238,36 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
         return pages.approvals_page(items, total, csrf=_csrf(caller), actions=caller.operator)
 
     def sandboxes(_request: Request, caller: Caller) -> pages.Html:
-        return pages.sandboxes_page(console.sandboxes(viewer=caller.viewer), csrf=_csrf(caller),
-                                    actions=caller.operator)
+        return sandbox_pages.sandboxes_page(
+            console.sandboxes(viewer=caller.viewer), pool=console.pool() if caller.operator else None,
+            quotas=console.quotas(viewer=caller.viewer), actions=caller.operator)
 
-    def runs(_request: Request, caller: Caller) -> pages.Html:
-        return pages.runs_page(console.runs(viewer=caller.viewer), console.live())
+    def kill_confirm(request: Request, caller: Caller) -> pages.Html:
+        if not caller.operator:
+            raise ConsoleError(_client_refusal(caller), ErrorCode.PERMISSION_DENIED)
+        box = console.sandbox(request.path_params["sandbox_id"])
+        return sandbox_pages.kill_confirm_page(box, csrf=_csrf(caller))
+
+    def runs(request: Request, caller: Caller) -> pages.Html:
+        filters, number = browse_pages.filters_of(request.query_params, states=browse_pages.RUN_STATES)
+        found, total = console.runs(filters, number, viewer=caller.viewer)
+        listing = browse_pages.Listing(total, number, PAGE_SIZE, filters)
+        return browse_pages.runs_page(found, listing, console.live(), operator_view=caller.viewer is None)
+
+    def history(request: Request, caller: Caller) -> pages.Html:
+        filters, number = browse_pages.filters_of(request.query_params, states=browse_pages.DECISIONS)
+        found, total = console.history(filters, number, viewer=caller.viewer)
+        listing = browse_pages.Listing(total, number, PAGE_SIZE, filters)
+        return browse_pages.history_page(found, listing, operator_view=caller.viewer is None)
+
+    def overview(_request: Request, caller: Caller) -> pages.Html:
+        since = time.time() - 3600
+        calls, egress_points = console.activity(since, viewer=caller.viewer)
+        boxes = console.live_count(viewer=caller.viewer)
+        pool = console.pool() if caller.operator else None
+        return overview_page(pending=console.pending_count(viewer=caller.viewer), live=boxes,
+                             pooled=pool.ready if pool is not None else None, calls=calls, egress=egress_points,
+                             samples=samples(), viewer=caller.viewer)
 
     def run(request: Request, caller: Caller) -> pages.Html:
         run_id = request.path_params["run_id"]
@@ -237,8 +275,11 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
         title = pages.fill(Template('<p class="run-id"><code>$id</code></p>\n'), id=record.id)
         return pages.join([title, pages.run_page(record, calls, approvals_of_run, live=record.id in console.live())])
 
-    def egress(_request: Request, caller: Caller) -> pages.Html:
-        return pages.egress_page(console.egress(viewer=caller.viewer))
+    def egress(request: Request, caller: Caller) -> pages.Html:
+        filters, number = browse_pages.filters_of(request.query_params)
+        found, total = console.egress(filters, number, viewer=caller.viewer)
+        listing = browse_pages.Listing(total, number, PAGE_SIZE, filters)
+        return browse_pages.egress_page(found, listing, operator_view=caller.viewer is None)
 
     # ---- actions ---------------------------------------------------------------------------------------
 
@@ -265,10 +306,7 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
                 if not caller.operator:
                     log.warning("console: client %s was refused an operator's action (%s %s)", caller.client,
                                 request.method, request.url.path)
-                    raise _Refused(403, f"this action is an operator's, and {caller.client!r} is a client token: a "
-                                        "client sees its own work here read-only and resolves no approval, not "
-                                        "even of its own calls; a person logs in with a token-file line ending "
-                                        "in ' operator'")
+                    raise _Refused(403, _client_refusal(caller))
                 done = await run_in_threadpool(do, request, caller, form)
             except (ConsoleError, _Refused) as error:
                 status = error.status
@@ -287,14 +325,18 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
 
     def resolve(request: Request, caller: Caller, form: Mapping[str, str]) -> str:
         decision = form.get("decision")
-        if decision not in ("approve", "deny"):
-            raise _Refused(400, "the form's decision must be approve or deny")
-        _, done = console.resolve(request.path_params["approval_id"], decision == "approve", client=caller.client,
-                                  reason=form.get("reason"))
+        if decision not in ("approve", "approve-sandbox", "deny"):
+            raise _Refused(400, "the form's decision must be approve, approve-sandbox (egress) or deny")
+        _, done = console.resolve(request.path_params["approval_id"], decision != "deny", client=caller.client,
+                                  reason=form.get("reason"), scope="sandbox" if decision == "approve-sandbox" else None)
         return done
 
-    def kill(request: Request, caller: Caller, _form: Mapping[str, str]) -> str:
-        return console.kill(request.path_params["sandbox_id"], client=caller.client)
+    def kill(request: Request, caller: Caller, form: Mapping[str, str]) -> str:
+        sandbox_id = request.path_params["sandbox_id"]
+        if form.get("confirm") != sandbox_id:
+            raise _Refused(400, f"a kill is confirmed: send confirm={sandbox_id} with it (the console's "
+                                f"confirmation page at /sandboxes/{sandbox_id}/kill does)")
+        return console.kill(sandbox_id, client=caller.client)
 
     routes = [
         Route("/metrics", metrics, methods=["GET"]),
@@ -304,12 +346,19 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
         Route("/", page("approvals", "Pending approvals", approvals), methods=["GET"]),
-        Route("/sandboxes", page("sandboxes", "Live sandboxes", sandboxes), methods=["GET"]),
-        Route("/runs", page("runs", "Recent runs", runs), methods=["GET"]),
+        Route("/overview", page("overview", "Overview", overview, refresh_s=REFRESH_S), methods=["GET"]),
+        Route("/history", page("history", "Resolved approvals", history), methods=["GET"]),
+        Route("/sandboxes", page("sandboxes", "Sandboxes", sandboxes), methods=["GET"]),
+        Route("/sandboxes/{sandbox_id:path}/kill", page("sandboxes", "Kill a sandbox?", kill_confirm),
+              methods=["GET"]),
+        Route("/runs", page("runs", "Runs", runs), methods=["GET"]),
         Route("/runs/{run_id:path}", page("runs", "Run", run), methods=["GET"]),
         Route("/egress", page("egress", "Egress log", egress), methods=["GET"]),
         Route("/approvals/{approval_id}/resolve", action("/", resolve), methods=["POST"]),
         Route("/sandboxes/{sandbox_id:path}/kill", action("/sandboxes", kill), methods=["POST"]),
+        # the audit chain as JSON lines: an operator's of any client, a client's of its own
+        Route("/audit/export", export_endpoint(sessions, console.audit.path, www_authenticate=WWW_AUTHENTICATE),
+              methods=["GET"]),
     ]
     return _Frame(Starlette(routes=routes), loopback=loopback)
 
@@ -318,6 +367,12 @@ def _refuse_cross_site(request: Request) -> None:
     reason = cross_site_refusal(request)
     if reason is not None:
         raise _Refused(403, reason)
+
+
+def _client_refusal(caller: Caller) -> str:
+    return (f"this action is an operator's, and {caller.client!r} is a client token: a client sees its own work "
+            "here read-only and resolves no approval, not even of its own calls; a person logs in with a "
+            "token-file line ending in ' operator'")
 
 
 def _csrf(caller: Caller) -> str | None:

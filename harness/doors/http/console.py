@@ -18,19 +18,24 @@ its running calls, destroys the container and ends its run (``killed_by_console`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from harness.audit.browse import CallPoint, EgressPoint, Filters
 from harness.audit.errors import unknown_run
-from harness.audit.records import ACTION_TOOL_PREFIX, Approval, RunRecord
+from harness.audit.records import ACTION_TOOL_PREFIX, EGRESS_TOOL, Approval, RunRecord
 from harness.audit.store import AuditError, AuditStore
 from harness.core.errors import ERRORS, CallboxError, ErrorCode
 from harness.doors.grpc.errors import ServiceError
 from harness.doors.grpc.service import ExecutorService
+from harness.doors.quota_ledger import Usage
+from harness.doors.quotas import Quotas
 
-__all__ = ["ACTOR_PREFIX", "KILL_REASON", "Console", "ConsoleError", "LiveSandbox", "PendingApproval"]
+__all__ = ["ACTOR_PREFIX", "KILL_REASON", "PAGE_SIZE", "ClientQuota", "Console", "ConsoleError", "LiveSandbox",
+           "PendingApproval", "PoolStatus"]
 
 ACTOR_PREFIX = "console"
 """Who resolved an approval from the console: ``console:CLIENT``."""
@@ -41,6 +46,9 @@ EARLIER_CALLS_SHOWN = 10
 PENDING_SHOWN = 100
 """Pending approvals shown on one page (the oldest first)."""
 REASON_MAX = 2000
+"""A denial's reason is cut at this many characters (the model reads it)."""
+PAGE_SIZE = 100
+"""Rows on one page of runs, resolved approvals or egress decisions."""
 """A denial's reason is cut at this many characters (the model reads it)."""
 
 
@@ -95,7 +103,32 @@ class LiveSandbox:
     memory_limit: int
     cpus: float
     pids: int | None
+    """Processes and threads in its cgroup (what its pids limit counts)."""
+    pids_limit: int
     container: str | None
+    paused_at: float | None = None
+    """When it was paused (None: not paused)."""
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    """The executor's warm pool: sandboxes started ahead that a create claims."""
+
+    size: int
+    """The floor the pool refills to."""
+    ceiling: int
+    """The most it grows to when creates find it empty."""
+    ready: int
+    """Warm sandboxes ready now."""
+
+
+@dataclass(frozen=True)
+class ClientQuota:
+    """One client's use of the server and its quotas (None: no limit of that kind)."""
+
+    client: str
+    usage: Usage
+    limits: Quotas
 
 
 class Console:
@@ -133,15 +166,23 @@ class Console:
             found.append(PendingApproval(approval, run, before[-EARLIER_CALLS_SHOWN:], len(before)))
         return found, len(waiting)
 
-    def resolve(self, approval_id: str, approve: bool, *, client: str, reason: str | None) -> tuple[Approval, str]:
-        """Approve or deny a pending approval as ``console:CLIENT``; the approval and a
-        sentence saying what happens next. ConsoleError (404 unknown, 409 already resolved)."""
+    def resolve(self, approval_id: str, approve: bool, *, client: str, reason: str | None,
+                scope: str | None = None) -> tuple[Approval, str]:
+        """Approve or deny a pending approval as ``console:CLIENT`` (``scope``: an egress
+        approval's, see ``resolve_approval``); the approval and a sentence saying what happens
+        next. ConsoleError (404 unknown, 409 already resolved)."""
         text = (reason or "").strip()[:REASON_MAX] or None
         try:
-            resolved = self.audit.resolve_approval(approval_id, approve, by=f"{ACTOR_PREFIX}:{client}", reason=text)
+            resolved = self.audit.resolve_approval(approval_id, approve, by=f"{ACTOR_PREFIX}:{client}", reason=text,
+                                                   scope=scope)
         except AuditError as error:
             raise ConsoleError(error.message, error.code) from None
-        if approve and resolved.tool.startswith(ACTION_TOOL_PREFIX):
+        if resolved.tool == EGRESS_TOOL and not approve:
+            what = f"approval {resolved.id} denied: the held connection is refused"
+        elif resolved.scope is not None:
+            what = (f"approval {resolved.id} approved: the held connection proceeds"
+                    + (", and later ones to the same destination go through" if resolved.scope == "sandbox" else ""))
+        elif approve and resolved.tool.startswith(ACTION_TOOL_PREFIX):
             what = (f"approval {resolved.id} approved; the sandbox action "
                     f"{resolved.tool.removeprefix(ACTION_TOOL_PREFIX)} runs when its client repeats it")
         elif approve:
@@ -176,8 +217,8 @@ class Console:
                 cpu_seconds=stats.cpu_usage_s if stats is not None else None,
                 cpu_percent=self._cpu_percent(sandbox_id, session.created, stats, spec.cpus),
                 memory_bytes=stats.memory_bytes if stats is not None else None, memory_limit=int(spec.memory),
-                cpus=float(spec.cpus), pids=stats.pids if stats is not None else None,
-                container=str(getattr(box, "container_id", "") or "")[:12] or None,
+                cpus=float(spec.cpus), pids=stats.pids if stats is not None else None, pids_limit=int(spec.pids),
+                container=str(getattr(box, "container_id", "") or "")[:12] or None, paused_at=session.paused_at,
             ))
         with self._cpu_lock:
             for gone in set(self._cpu_seen) - set(live):
@@ -207,6 +248,31 @@ class Console:
         wall = max(now - since, 1e-3)
         return round(min(100.0, 100.0 * max(0.0, stats.cpu_usage_s - before) / (wall * max(cpus, 0.01))), 1)
 
+    def sandbox(self, sandbox_id: str, *, viewer: str | None = None) -> LiveSandbox:
+        """One live sandbox (as :meth:`sandboxes` shows it); ConsoleError 404 when none lives here."""
+        found = next((b for b in self.sandboxes(viewer=viewer) or [] if b.sandbox_id == sandbox_id), None)
+        if found is None:
+            raise ConsoleError(f"no live sandbox {sandbox_id} on this server (already deleted or expired?)",
+                               ErrorCode.NOT_FOUND)
+        return found
+
+    def pool(self) -> PoolStatus | None:
+        """The executor's warm pool; None without an executor or a pool (``[pool] size = 0``)."""
+        if self.executor is None or not self.executor.policy.pool.enabled:
+            return None
+        settings = self.executor.policy.pool
+        pool = getattr(self.executor.engine_factory, "pool", None)
+        ready = pool.pooled() if pool is not None else 0
+        return PoolStatus(size=settings.size, ceiling=settings.ceiling, ready=ready)
+
+    def quotas(self, *, viewer: str | None = None) -> list[ClientQuota]:
+        """Each client's use and quotas: the clients with a live sandbox, or ``viewer`` alone."""
+        if self.executor is None:
+            return []
+        keeper = self.executor.quotas
+        clients = {viewer} if viewer is not None else set(self.executor.live_sandboxes().values())
+        return [ClientQuota(client, keeper.usage(client), keeper.limits(client)) for client in sorted(clients)]
+
     def kill(self, sandbox_id: str, *, client: str) -> str:
         """Destroy a live sandbox through the executor (its running calls cancelled, its run
         ended ``killed_by_console``); a sentence saying what was done. ConsoleError 404 when
@@ -231,9 +297,23 @@ class Console:
 
     # ---- runs, calls, egress ---------------------------------------------------------------------
 
-    def runs(self, limit: int = 100, *, viewer: str | None = None) -> list[RunRecord]:
-        """The latest runs, newest first."""
-        return self.audit.list_runs(limit, client=viewer)
+    def runs(self, filters: Filters, page: int = 1, *, viewer: str | None = None) -> tuple[list[RunRecord], int]:
+        """Page ``page`` (from 1) of the runs matching ``filters``, newest first, and how many
+        match; a client's ``viewer`` narrows them to its own whatever ``filters`` says."""
+        return self.audit.find_runs(_own(filters, viewer), offset=_offset(page), limit=PAGE_SIZE)
+
+    def history(self, filters: Filters, page: int = 1, *, viewer: str | None = None
+                ) -> tuple[list[tuple[Approval, str]], int]:
+        """Page ``page`` of the resolved approvals (with each one's client), latest first, and how many match."""
+        return self.audit.resolved_approvals(_own(filters, viewer), offset=_offset(page), limit=PAGE_SIZE)
+
+    def pending_count(self, *, viewer: str | None = None) -> int:
+        """How many approvals wait for a person (of ``viewer``'s runs only, for a client)."""
+        return self.audit.count_pending(viewer)
+
+    def activity(self, since: float, *, viewer: str | None = None) -> tuple[list[CallPoint], list[EgressPoint]]:
+        """The calls and egress decisions since ``since`` (a client's own only), for the charts."""
+        return self.audit.calls_since(since, viewer), self.audit.egress_since(since, viewer)
 
     def run(self, run_id: str, *, viewer: str | None = None) -> tuple[RunRecord, list[dict[str, Any]], list[Approval]]:
         """A run, its calls in order (with the decision that stands) and its approvals;
@@ -255,18 +335,26 @@ class Console:
             return None
         return run if run.meta.get("client") == viewer else None
 
+    def live_count(self, *, viewer: str | None = None) -> int | None:
+        """How many sandboxes live on the executor (``viewer``'s only, for a client); None without one."""
+        if self.executor is None:
+            return None
+        return sum(1 for client in self.executor.live_sandboxes().values() if viewer is None or client == viewer)
+
     def live(self) -> set[str]:
         """The ids of the executor's live sandboxes (each is its run's id)."""
         return set(self.executor.live_sandboxes()) if self.executor is not None else set()
 
-    def egress(self, limit: int = 200, *, viewer: str | None = None) -> list[dict[str, Any]]:
-        """The latest egress proxy decisions across runs, newest first."""
-        records = self.audit.recent_egress(limit)
-        if viewer is None:
-            return records
-        mine: dict[str, bool] = {}
-        for record in records:
-            run_id = str(record["run_id"])
-            if run_id not in mine:
-                mine[run_id] = self._run_of(run_id, viewer) is not None
-        return [record for record in records if mine[str(record["run_id"])]]
+    def egress(self, filters: Filters, page: int = 1, *, viewer: str | None = None
+               ) -> tuple[list[dict[str, Any]], int]:
+        """Page ``page`` of the egress proxies' decisions matching ``filters``, newest first, and how many match."""
+        return self.audit.find_egress(_own(filters, viewer), offset=_offset(page), limit=PAGE_SIZE)
+
+
+def _own(filters: Filters, viewer: str | None) -> Filters:
+    """``filters`` narrowed to ``viewer``'s own work (a client), or as they are (an operator)."""
+    return filters if viewer is None else dataclasses.replace(filters, client=viewer)
+
+
+def _offset(page: int) -> int:
+    return (max(page, 1) - 1) * PAGE_SIZE

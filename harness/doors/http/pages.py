@@ -16,23 +16,28 @@ from string import Template
 from typing import Any
 from urllib.parse import quote
 
-from harness.audit.records import Approval, RunRecord
+from harness.audit.records import EGRESS_TOOL, Approval, RunRecord
 from harness.core.times import stamp
-from harness.doors.http.console import LiveSandbox, PendingApproval
+from harness.doors.http.console import PendingApproval
 
 __all__ = [
     "Html",
     "approvals_page",
-    "egress_page",
+    "clip",
+    "csrf_field",
+    "duration",
     "esc",
     "fill",
     "join",
     "login_page",
     "not_found_page",
     "page",
+    "run_link",
     "run_page",
-    "runs_page",
-    "sandboxes_page",
+    "size",
+    "span",
+    "text",
+    "when",
 ]
 
 ARGUMENTS_SHOWN = 8000
@@ -106,6 +111,11 @@ def run_link(run_id: str) -> Html:
     return fill(Template('<a href="/runs/$href">$run_id</a>'), href=quote(run_id, safe=""), run_id=run_id)
 
 
+def text(value: object) -> str:
+    """``value`` as text (None: empty)."""
+    return "" if value is None else str(value)
+
+
 def _s(value: object) -> str:
     return "" if value is None else str(value)
 
@@ -118,7 +128,7 @@ _LAYOUT = Template("""<!doctype html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>$title · callbox console</title>
-<link rel="stylesheet" href="/static/console.css">
+$refresh<link rel="stylesheet" href="/static/console.css">
 </head>
 <body>
 <header>
@@ -133,8 +143,8 @@ $body
 </body>
 </html>
 """)
-_NAV = (("approvals", "/", "Approvals"), ("sandboxes", "/sandboxes", "Sandboxes"), ("runs", "/runs", "Runs"),
-        ("egress", "/egress", "Egress"))
+_NAV = (("overview", "/overview", "Overview"), ("approvals", "/", "Approvals"), ("history", "/history", "History"),
+        ("sandboxes", "/sandboxes", "Sandboxes"), ("runs", "/runs", "Runs"), ("egress", "/egress", "Egress"))
 _WHO_SESSION = Template("""<form class="who" method="post" action="/logout">
 <input type="hidden" name="csrf" value="$csrf">
 <span>$role: $client</span> <button type="submit">Log out</button>
@@ -143,12 +153,15 @@ _WHO_BEARER = Template('<span class="who">$role: $client (bearer token)</span>')
 
 
 def page(title: str, body: Html, *, active: str, client: str, csrf: str | None,
-         notes: Iterable[tuple[str, str]] = (), operator: bool = True) -> Html:
-    """A console page: navigation, who is logged in (a log-out form for a browser session),
-    the messages left for it, and ``body``."""
+         notes: Iterable[tuple[str, str]] = (), operator: bool = True, pending: int | None = None,
+         refresh_s: int | None = None) -> Html:
+    """A console page: navigation (with ``pending``, the approvals waiting, as a badge), who is
+    logged in (a log-out form for a browser session), the messages left for it, and ``body``;
+    with ``refresh_s``, the browser reloads it that often (a page without a form to fill)."""
     nav = join(
-        fill(Template('<a href="$href"$current>$label</a>'), href=href, label=label,
-             current=Html(' aria-current="page"') if key == active else Html(""))
+        fill(Template('<a href="$href"$current>$label$badge</a>'), href=href, label=label,
+             current=Html(' aria-current="page"') if key == active else Html(""),
+             badge=_badge(pending) if key == "approvals" else Html(""))
         for key, href, label in _NAV
     )
     role = "operator" if operator else "client (read-only)"
@@ -156,10 +169,20 @@ def page(title: str, body: Html, *, active: str, client: str, csrf: str | None,
            else fill(_WHO_BEARER, client=client, role=role))
     shown = join(fill(Template('<p class="note $kind" role="status">$text</p>\n'), kind=kind, text=text)
                  for kind, text in notes)
-    return fill(_LAYOUT, title=title, nav=nav, who=who, notes=shown, body=body)
+    refresh = (fill(Template('<meta http-equiv="refresh" content="$s">\n'), s=refresh_s) if refresh_s
+               else Html(""))
+    return fill(_LAYOUT, title=title, nav=nav, who=who, notes=shown, body=body, refresh=refresh)
 
 
-def _csrf_field(csrf: str | None) -> Html:
+def _badge(pending: int | None) -> Html:
+    """The count of approvals waiting, beside the navigation's Approvals (nothing when none)."""
+    if not pending:
+        return Html("")
+    return fill(Template(' <span class="badge" title="$n waiting for a person">$n<span class="visually-hidden"> '
+                         'waiting</span></span>'), n=pending)
+
+
+def csrf_field(csrf: str | None) -> Html:
     if csrf is None:
         return Html("")
     return fill(Template('<input type="hidden" name="csrf" value="$csrf">'), csrf=csrf)
@@ -218,8 +241,7 @@ _RESOLVE = Template("""<form class="resolve" method="post" action="/approvals/$i
 $csrf
 <label for="reason-$id">Reason (shown to the model when denied)</label>
 <input id="reason-$id" name="reason" maxlength="2000">
-<button type="submit" name="decision" value="approve">Approve</button>
-<button type="submit" name="decision" value="deny" class="danger">Deny</button>
+$buttons
 </form>
 """)
 _READ_ONLY = Html('<p class="muted">An operator resolves this approval.</p>\n')
@@ -233,8 +255,17 @@ def _call_rows(calls: Iterable[Mapping[str, Any]]) -> Html:
              exit=c.get("exit_code"), args=clip(_s(c.get("arguments")), CELL_SHOWN))
         for c in calls
     )
-    return fill(Template("<table><thead><tr><th>Call</th><th>Tool</th><th>Decision</th><th>State</th><th>Exit</th>"
-                         "<th>Arguments</th></tr></thead>\n<tbody>\n$rows</tbody></table>"), rows=rows)
+    return fill(Template('<div class="scroll"><table><thead><tr><th>Call</th><th>Tool</th><th>Decision</th>'
+                         "<th>State</th><th>Exit</th><th>Arguments</th></tr></thead>\n<tbody>\n$rows</tbody></table>"
+                         "</div>"), rows=rows)
+
+
+_CALL_BUTTONS = Html("""<button type="submit" name="decision" value="approve">Approve</button>
+<button type="submit" name="decision" value="deny" class="danger">Deny</button>""")
+_EGRESS_BUTTONS = Html("""<button type="submit" name="decision" value="approve">Allow once</button>
+<button type="submit" name="decision" value="approve-sandbox">Allow for this sandbox</button>
+<button type="submit" name="decision" value="deny" class="danger">Deny</button>""")
+"""A held egress connection's answers: this connection, the destination for the sandbox, or no."""
 
 
 def _approval(item: PendingApproval, csrf: str | None, now: float, actions: bool) -> Html:
@@ -245,84 +276,36 @@ def _approval(item: PendingApproval, csrf: str | None, now: float, actions: bool
         door=item.door, client=item.client, call_id=a.call_id, created=when(a.created), waiting=span(now - a.created),
         cut=" (cut at 64 KiB when stored)" if a.arguments_truncated else "",
         arguments=clip(pretty_arguments(a.arguments), ARGUMENTS_SHOWN), earlier_total=item.earlier_total,
-        earlier=earlier, resolve=fill(_RESOLVE, id=a.id, csrf=_csrf_field(csrf)) if actions else _READ_ONLY,
+        earlier=earlier, resolve=fill(_RESOLVE, id=a.id, csrf=csrf_field(csrf),
+                                      buttons=_EGRESS_BUTTONS if a.tool == EGRESS_TOOL else _CALL_BUTTONS)
+        if actions else _READ_ONLY,
     )
+
+
+_TO_HISTORY = Html('<a href="/history">resolved approvals: who, what, when, why</a>')
 
 
 def approvals_page(items: list[PendingApproval], total: int, *, csrf: str | None, actions: bool = True) -> Html:
     if not items:
-        return Html('<p class="empty">No call is waiting for approval.</p>')
+        return fill(Template('<p class="empty">No call is waiting for approval. The $overview reloads by itself and '
+                             'every page counts the approvals waiting beside Approvals; see also the $history.</p>'),
+                    overview=Html('<a href="/overview">overview</a>'), history=_TO_HISTORY)
     now = time.time()
     shown = f"{total} pending, oldest first" + (f"; the first {len(items)} shown" if total > len(items) else "")
-    count = fill(Template('<p class="muted">$shown.</p>\n'), shown=shown)
+    count = fill(Template('<p class="muted">$shown. This page does not reload by itself (it would lose a reason '
+                          'being typed): reload it, or watch the count beside Approvals. See also the $history.</p>\n'),
+                 shown=shown, history=_TO_HISTORY)
     return join([count, *(_approval(item, csrf, now, actions) for item in items)])
 
 
-# ---- sandboxes -----------------------------------------------------------------------------------------
+# ---- a run and its calls --------------------------------------------------------------------------------
 
-_SANDBOX_ROW = Template("""<tr id="sandbox-$id">
-<td><code>$id</code><br><span class="muted">$container</span></td><td>$client</td><td>$state</td><td>$age</td>
-<td>$expires</td><td>$cpu</td><td>$memory</td><td>$pids</td>
-<td>$kill</td>
-</tr>
-""")
-_KILL = Template("""<form method="post" action="/sandboxes/$href/kill">$csrf<button type="submit" class="danger"
-aria-label="Kill $id">Kill</button></form>""")
-
-
-def _cpu(box: LiveSandbox) -> str:
-    if box.cpu_seconds is None:
-        return ""
-    percent = f"{box.cpu_percent:.1f}% of {box.cpus:g}, " if box.cpu_percent is not None else ""
-    return f"{percent}{box.cpu_seconds:.2f} s in all"
-
-
-def sandboxes_page(boxes: list[LiveSandbox] | None, *, csrf: str | None, actions: bool = True) -> Html:
-    if boxes is None:
-        return Html('<p class="empty">This server runs no gRPC or E2B door, so it holds no live sandboxes; '
-                    "runs, approvals and egress come from the audit store.</p>")
-    if not boxes:
-        return Html('<p class="empty">No live sandbox.</p>')
-    now = time.time()
-    rows = join(
-        fill(_SANDBOX_ROW, id=b.sandbox_id, href=quote(b.sandbox_id, safe=""), container=b.container or "",
-             client=b.client, state=b.state, age=span(now - b.created),
-             expires=f"in {span(b.expires - now)}" if b.expires > now else "now",
-             cpu=_cpu(b), memory=f"{size(b.memory_bytes)} of {size(b.memory_limit)}" if b.memory_bytes is not None
-             else "", pids=_s(b.pids),
-             kill=fill(_KILL, href=quote(b.sandbox_id, safe=""), id=b.sandbox_id, csrf=_csrf_field(csrf)) if actions
-             else Html(""))
-        for b in boxes
-    )
-    return fill(Template("""<table class="sandboxes"><thead><tr><th>Sandbox</th><th>Owner (client)</th><th>State</th>
-<th>Age</th><th>Expires</th><th>CPU</th><th>Memory</th>
-<th title="processes and threads, as the pids limit counts them">Tasks</th><th></th></tr></thead>
-<tbody>
-$rows</tbody></table>"""), rows=rows)
-
-
-# ---- runs and calls ------------------------------------------------------------------------------------
-
-
-def runs_page(runs: list[RunRecord], live: set[str]) -> Html:
-    if not runs:
-        return Html('<p class="empty">The audit store has no run yet.</p>')
-    rows = join(
-        fill(Template("<tr><td>$link</td><td>$door</td><td>$client</td><td>$created</td><td>$calls</td>"
-                      "<td>$end</td></tr>\n"),
-             link=run_link(r.id), door=_s(r.meta.get("door")), client=_s(r.meta.get("client")),
-             created=when(r.created), calls=r.calls,
-             end="live" if r.id in live else (r.end_reason or "") + (f" ({when(r.ended)})" if r.ended else ""))
-        for r in runs
-    )
-    return fill(Template("""<p class="muted">The latest $n runs, newest first.</p>
-<table><thead><tr><th>Run</th><th>Door</th><th>Client</th><th>Started</th><th>Calls</th><th>Ended</th></tr></thead>
-<tbody>
-$rows</tbody></table>"""), n=len(runs), rows=rows)
-
-
-_CALL = Template("""<section class="call" id="call-$anchor">
-<h2>$n. $tool <span class="muted"><code>$call_id</code></span></h2>
+_CALL = Template("""<details class="call" id="call-$anchor">
+<summary><span class="n">$n</span><code class="id">$call_id</code><span class="tool">$tool</span>
+<span class="$decision_css">$decision</span><span>$state</span><span class="exit">$exit</span>
+<span class="ms">$duration</span>
+<code class="args">$short_args</code></summary>
+<section class="call">
 <dl>
 <dt>Decision</dt><dd>$decision · $rule</dd>
 <dt>State</dt><dd>$state$outcome</dd>
@@ -333,7 +316,14 @@ _CALL = Template("""<section class="call" id="call-$anchor">
 <h3>Result</h3>
 <pre class="result$error">$result</pre>
 </section>
+</details>
 """)
+_CALLS_HEAD = Html("""<div class="calls">
+<div class="calls-head"><span class="n">#</span><span class="id">Call</span><span class="tool">Tool</span>
+<span>Decision</span><span>State</span><span class="exit">Exit</span><span class="ms">Duration</span>
+<span class="args">Arguments (open a row for the whole call)</span></div>
+""")
+SHORT_ARGUMENTS = 80
 
 
 def _outcome(call: Mapping[str, Any]) -> str:
@@ -349,17 +339,41 @@ def _outcome(call: Mapping[str, Any]) -> str:
     return f" · {', '.join(parts)}" if parts else ""
 
 
+def duration(ms: object) -> str:
+    """A call's duration as ``850 ms`` or ``2.4 s``; empty when it has none."""
+    if not isinstance(ms, int | float):
+        return ""
+    return f"{ms:.0f} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
+
+
+def _one_line(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit - 1] + "…"
+
+
+def _sandbox_of(run: RunRecord, live: bool) -> Html:
+    """Where the run's sandbox is: a link to it on the sandboxes page while it lives."""
+    container = _s(run.meta.get("container"))[:12]
+    named = f" (container {container})" if container else ""
+    if live:
+        return fill(Template('<a href="/sandboxes#sandbox-$anchor">live on the Sandboxes page</a>$named'),
+                    anchor=quote(run.id, safe=""), named=named)
+    return fill(Template("not live$named"), named=named)
+
+
 def run_page(run: RunRecord, calls: list[dict[str, Any]], approvals: list[Approval], *, live: bool) -> Html:
     summary = fill(Template("""<dl class="run">
 <dt>Door</dt><dd>$door</dd><dt>Client</dt><dd>$client</dd><dt>Started</dt><dd>$created</dd>
-<dt>Ended</dt><dd>$ended</dd><dt>Calls</dt><dd>$count</dd>
+<dt>Ended</dt><dd>$ended</dd><dt>Sandbox</dt><dd>$sandbox</dd><dt>Calls</dt><dd>$count</dd>
 </dl>
 """), door=_s(run.meta.get("door")), client=_s(run.meta.get("client")), created=when(run.created),
         ended="no: live" if live else (f"{when(run.ended)}: {run.end_reason or ''}" if run.ended else "no"),
-        count=run.calls)
+        sandbox=_sandbox_of(run, live), count=run.calls)
     shown = join(
         fill(_CALL, anchor=quote(_s(c.get("call_id")), safe=""), n=i, tool=c.get("tool"), call_id=c.get("call_id"),
-             decision=c.get("decision") or "none yet", rule=c.get("rule") or "", state=c.get("state"),
+             decision=c.get("decision") or "none yet", decision_css=f"decision {_s(c.get('decision'))}",
+             rule=c.get("rule") or "", state=c.get("state"), exit=_s(c.get("exit_code")),
+             duration=duration(c.get("duration_ms")), short_args=_one_line(_s(c.get("arguments")), SHORT_ARGUMENTS),
              outcome=_outcome(c), started=when(c.get("started")),
              arguments=clip(pretty_arguments(_s(c.get("arguments"))), ARGUMENTS_SHOWN),
              error=" error" if c.get("is_error") else "",
@@ -374,34 +388,14 @@ def run_page(run: RunRecord, calls: list[dict[str, Any]], approvals: list[Approv
         for a in approvals
     )
     approvals_table = fill(Template("""<h2>Approvals</h2>
-<table><thead><tr><th>Approval</th><th>Call</th><th>Tool</th><th>State</th><th>By</th><th>Reason</th></tr></thead>
+<div class="scroll"><table><thead><tr><th>Approval</th><th>Call</th><th>Tool</th><th>State</th><th>By</th>
+<th>Reason</th></tr></thead>
 <tbody>
-$rows</tbody></table>
+$rows</tbody></table></div>
 """), rows=approval_rows) if approvals else Html("")
-    calls_part = shown if calls else Html('<p class="empty">No call in this run yet.</p>')
+    calls_part = (join([Html("<h2>Calls</h2>\n"), _CALLS_HEAD, shown, Html("</div>\n")]) if calls
+                  else Html('<p class="empty">No call in this run yet.</p>'))
     return join([summary, approvals_table, calls_part])
-
-
-# ---- egress --------------------------------------------------------------------------------------------
-
-
-def egress_page(records: list[dict[str, Any]]) -> Html:
-    if not records:
-        return Html('<p class="empty">No egress recorded: only sandboxes with an <code>allowlist</code> network '
-                    "go out, through the egress proxy, and each connection it allows or refuses shows here.</p>")
-    rows = join(
-        fill(Template("<tr><td>$ts</td><td>$run</td><td><code>$call</code></td><td class=\"$decision\">$decision</td>"
-                      "<td>$method</td><td>$host</td><td>$port</td><td>$address</td><td>$reason</td></tr>\n"),
-             ts=when(r.get("ts")), run=run_link(_s(r.get("run_id"))), call=r.get("call_id"),
-             decision=r.get("decision"), method=r.get("method"), host=r.get("host"), port=r.get("port"),
-             address=r.get("address"), reason=clip(_s(r.get("reason")), CELL_SHOWN))
-        for r in records
-    )
-    return fill(Template("""<p class="muted">The latest $n decisions of the egress proxies, newest first.</p>
-<table><thead><tr><th>When</th><th>Run</th><th>Call</th><th>Decision</th><th>Method</th><th>Host</th><th>Port</th>
-<th>Address</th><th>Reason</th></tr></thead>
-<tbody>
-$rows</tbody></table>"""), n=len(records), rows=rows)
 
 
 def not_found_page(message: str) -> Html:

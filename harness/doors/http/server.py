@@ -38,6 +38,8 @@ from harness.doors.http.console import Console
 from harness.doors.mcp.http import _bind, _is_loopback, parse_addr
 from harness.doors.uvicorn_thread import ReadyUvicorn, UvicornThread, check_tls, load_config
 from harness.engine.docker.client import engine_host
+from harness.telemetry import metrics
+from harness.telemetry.samples import GaugeSampler
 
 __all__ = ["PING_TIMEOUT_S", "EnginePing", "HttpServer", "serve_http"]
 
@@ -85,16 +87,19 @@ class HttpServer(UvicornThread):
     """The running HTTP endpoint: ``/metrics``, ``/healthz`` and the console."""
 
     def __init__(self, *, server: ReadyUvicorn, sock: socket.socket, host: str, tls: bool, console: Console,
-                 sessions: Sessions, ping: Callable[[], None], close_audit: bool) -> None:
+                 sessions: Sessions, ping: Callable[[], None], close_audit: bool, sampler: GaugeSampler) -> None:
         super().__init__(server=server, sock=sock, host=host, tls=tls, thread_name="callbox-http",
                          what="the HTTP endpoint")
         self.console = console
         self.sessions = sessions
         self._ping = ping
         self._close_audit = close_audit
+        self.sampler = sampler
+        """The gauges sampled for the overview's charts (started with the server)."""
 
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
         super().start(timeout)
+        self.sampler.start()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop serving (idempotent). The executor is left to its door."""
@@ -103,6 +108,7 @@ class HttpServer(UvicornThread):
                 return
             self._stopped = True
             self.halt(timeout)
+            self.sampler.stop()
             if isinstance(self._ping, EnginePing):
                 self._ping.close()
             if self._close_audit:
@@ -155,8 +161,11 @@ def _serve(listen: str, *, tokens: TokenSet, executor: ExecutorService | None, a
                     secrets="tokens and the login cookie", log=log)
     ping = engine_ping if engine_ping is not None else EnginePing()
     console = Console(audit, executor)
+    metrics.watch_audit_chain(str(audit.path), audit)  # the head /metrics shows
     sessions = Sessions(tokens)
-    app = console_app(console, sessions, engine_ping=ping, tls=tls, loopback=_is_loopback(host))
+    sampler = GaugeSampler(executor.live_sandboxes if executor is not None else None)
+    app = console_app(console, sessions, engine_ping=ping, tls=tls, loopback=_is_loopback(host),
+                      samples=sampler.samples)
     config = uvicorn.Config(
         app, http="h11", ws="none", lifespan="off", log_level="warning", access_log=False, log_config=None,
         proxy_headers=False, server_header=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
@@ -169,7 +178,7 @@ def _serve(listen: str, *, tokens: TokenSet, executor: ExecutorService | None, a
     except UsageError as error:
         raise ServeError(error.message) from None
     handle = HttpServer(server=ReadyUvicorn(config), sock=sock, host=host, tls=tls, console=console, sessions=sessions,
-                        ping=ping, close_audit=close_audit)
+                        ping=ping, close_audit=close_audit, sampler=sampler)
     handle.start()
     log.debug("HTTP endpoint on %s: /metrics, /healthz, console (%d token(s) from %s)", handle.url, len(tokens),
              tokens.source)

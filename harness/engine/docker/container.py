@@ -18,7 +18,9 @@ from harness.core.errors import ImageNotFound, SandboxStartError, short_reason
 from harness.engine.docker import labels
 from harness.engine.docker.agent_launch import agent_launch
 from harness.engine.docker.client import remove_container, seccomp_profile
-from harness.engine.docker.networks import Attachment, SandboxNetworks
+from harness.engine.docker.networks import Attachment, SandboxNetworks, engine_is_local
+from harness.engine.docker.runsc_dns import TARGET as RESOLV_CONF
+from harness.engine.docker.runsc_dns import write_resolv_conf
 from harness.engine.docker.sandbox import AGENT_SOCKET_NAME
 from harness.engine.spec import AGENT_DIR, TMP, SandboxSpec
 
@@ -102,6 +104,10 @@ def run_container(
         DockerMount(m.target, str(m.source), type="bind", read_only=m.read_only, propagation="rprivate")
         for m in spec.mounts
     ]
+    if spec.runtime == "runsc" and spec.network == "open":
+        # gVisor's network stack cannot reach Docker's embedded DNS server (runsc_dns)
+        resolv = write_resolv_conf(socket_dir, engine_is_local=engine_is_local(client))
+        mounts.append(DockerMount(RESOLV_CONF, str(resolv), type="bind", read_only=True, propagation="rprivate"))
     # A scratch place a mount covers gets no tmpfs (it would hide the mount or sit under
     # it); mounts below a scratch place land on top of its tmpfs, as Docker mounts the
     # shallower path first.

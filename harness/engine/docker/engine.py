@@ -94,6 +94,7 @@ from harness.engine.docker.networks import Attachment, EgressEvent, SandboxNetwo
 from harness.engine.docker.pool import PoolEntry, WarmPool
 from harness.engine.docker.sandbox import AGENT_SOCKET_NAME, Sandbox
 from harness.engine.docker.snapshots import SnapshotInfo, SnapshotStore
+from harness.engine.runsc_network import engine_runsc_stack
 from harness.engine.spec import HOME as _HOME
 from harness.engine.spec import HostLimits, SandboxSpec
 from harness.telemetry import metrics, tracing
@@ -200,6 +201,7 @@ class DockerEngine:
                 cpus=int(info["NCPU"]) if info.get("NCPU") else None,
                 memory=int(info["MemTotal"]) if info.get("MemTotal") else None,
                 where="the Docker engine's host", engine_paths=(root,) if root.startswith("/") else (),
+                runsc_network=engine_runsc_stack(info),
             )
         return self._host
 

@@ -62,6 +62,8 @@ EGRESS_BRIDGE = f"{BRIDGE_PREFIX}egress"
 PROXY_PORT = 3128
 PROXY_UID = 65534
 PROXY_SCRIPT = "/opt/callbox/lib/sandbox/egress.py"
+SECRETS_PROXY_SCRIPT = "/opt/callbox/lib/sandbox/egress_tls.py"
+"""The proxy of a sandbox with secrets: egress.py's, and it carries them."""
 PROXY_LOG_DIR = "/var/log/callbox-egress"
 EVENTS_FILE = "events.jsonl"
 """The proxy appends its JSON lines here (host side: ``<run root>/egress/<sandbox id>/``)."""
@@ -258,6 +260,7 @@ class SandboxNetworks:
                    "--rules-file", f"{PROXY_LOG_DIR}/{RULES_FILE}"]
         for entry in spec.allow_hosts:
             command += ["--allow", entry]
+        command += ["--ask-timeout", f"{spec.ask_timeout:g}"]
         with self._lock:
             material = self._secrets.get(sandbox_id)
         if material is not None:
@@ -282,7 +285,8 @@ class SandboxNetworks:
         )
         try:
             created = api.create_container(
-                spec.image, entrypoint=["/usr/bin/python3", "-I", "-S", PROXY_SCRIPT], command=command,
+                spec.image, command=command,
+                entrypoint=["/usr/bin/python3", "-I", "-S", SECRETS_PROXY_SCRIPT if material else PROXY_SCRIPT],
                 name=proxy_name(sandbox_id), hostname="egress", user=f"{PROXY_UID}:{PROXY_UID}",
                 environment={}, labels={**base_labels, ROLE: "egress-proxy"}, host_config=host_config,
             )

@@ -19,8 +19,9 @@ from docker.models.containers import Container
 
 from harness.engine.agent_client import AgentClient
 from harness.engine.base import SandboxRuntime
+from harness.engine.docker.egress_asks import EgressAskChannel
 from harness.engine.docker.lifetime import SandboxPaused
-from harness.engine.docker.networks import EgressEvent
+from harness.engine.docker.networks import EVENTS_FILE, EgressEvent
 from harness.engine.jobs import JobsClient
 from harness.engine.ports import PortForward, forward_port
 from harness.engine.spec import SandboxSpec
@@ -59,6 +60,7 @@ class Sandbox:
         """The egress proxy (``network = "allowlist"``), as tool processes see it."""
         self._egress_offset = 0
         """Bytes of the egress proxy's log already handed out by ``new_egress_events``."""
+        self._egress_asks: EgressAskChannel | None = None
         self.name = name
         """Its name, if it was created with one (then it outlives the process that created it)."""
         self.owner = owner
@@ -173,6 +175,14 @@ class Sandbox:
             return []
         events, self._egress_offset = self.engine.networks.egress_events(self.id, offset=self._egress_offset)
         return events
+
+    def egress_ask_channel(self) -> EgressAskChannel | None:
+        """Its proxy's holds and their answers, when an ``allow_hosts`` entry asks (else None)."""
+        if self.spec.network != "allowlist" or not any(h.startswith("ask ") for h in self.spec.allow_hosts):
+            return None
+        if self._egress_asks is None:
+            self._egress_asks = EgressAskChannel(self.id, self.engine.networks.log_root / self.id, EVENTS_FILE)
+        return self._egress_asks
 
     def keep(self, *, run_id: str, until: float | None = None) -> float:
         """Keep this sandbox for run ``run_id`` past this process (``DockerEngine.keep``); the

@@ -52,6 +52,7 @@ import os
 import socket
 import stat
 import sys
+import threading
 import time
 
 ALLOWED_ROOTS = ("/tmp", "/workspace", "/home/sandbox")
@@ -337,10 +338,20 @@ def network() -> dict[str, object]:
         ("1.1.1.1", 443, socket.AF_INET),
     ]
     targets += [(ns, 53, socket.AF_INET6 if ":" in ns else socket.AF_INET) for ns in nameservers]
+    # every target at once: where packets are dropped each TCP try waits its whole timeout
+    tried: dict[int, tuple[str, str]] = {}
+
+    def attempt(i: int, host: str, port: int, family: int) -> None:
+        tried[i] = (tcp(host, port, family), udp(host, port, family))
+
+    threads = [threading.Thread(target=attempt, args=(i, *target)) for i, target in enumerate(targets)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     probes: dict[str, dict[str, str]] = {}
-    for host, port, family in targets:
-        tcp_result = tcp(host, port, family)
-        udp_result = udp(host, port, family)
+    for i, (host, port, _family) in enumerate(targets):
+        tcp_result, udp_result = tried[i]
         probes[f"{host}:{port}"] = {"tcp": tcp_result, "udp": udp_result}
         tcp_errno = tcp_result.split()[0]
         if tcp_errno not in {errno.errorcode[e] for e in UNREACHABLE}:
