@@ -2,10 +2,11 @@
 pause at the timeout, auto-resume, the paused TTL, shortening a timeout, stable paging.
 
 One server for the module, its policy keeping a paused sandbox :data:`PAUSED_TTL_S` (so the
-removal of one is seen within the test). The create options are those the OpenAI Agents
+removal of one is seen within the module). The create options are those the OpenAI Agents
 SDK's E2B client passes by default (``lifecycle`` pause on timeout with ``auto_resume``,
-``secure``). Each test's sandboxes are killed in ``finally``; waits poll the sandbox's state
-with a deadline.
+``secure``). The sandboxes whose clocks the tests wait on are all made at once, first
+(:func:`timed`), so their waits overlap instead of adding up. Every sandbox is killed at the end; waits
+poll the sandbox's state with a deadline.
 """
 
 from __future__ import annotations
@@ -69,59 +70,69 @@ def state_of(sandbox_id: str) -> SandboxState | None:
         return None
 
 
-def test_agents_sdk_defaults_pause_at_the_timeout_and_the_next_command_resumes(sdk: E2bServer) -> None:
-    sandbox = Sandbox.create(timeout=TIMEOUT_S, secure=True, lifecycle=AGENTS_SDK_LIFECYCLE,
-                             metadata={"suite": SUITE})
-    try:
-        sandbox.files.write("/home/user/kept.txt", "still here\n")
-        info = sandbox.get_info()
-        assert info.lifecycle == {"on_timeout": "pause", "auto_resume": True}
-        wait_for("paused at its timeout", lambda: state_of(sandbox.sandbox_id) == SandboxState.PAUSED)
-
-        result = sandbox.commands.run("cat /home/user/kept.txt")  # resumes it
-        assert result.stdout == "still here\n"
-        after = sandbox.get_info()
-        assert after.state == SandboxState.RUNNING
-        # A fresh timeout of at least five minutes (E2B's auto-resume), counted from the resume.
-        assert after.end_at.timestamp() - time.time() > 200
-    finally:
-        kill_quietly(sandbox.sandbox_id)
-
-
-def test_without_auto_resume_a_paused_sandbox_is_not_running_until_connect(sdk: E2bServer) -> None:
-    sandbox = Sandbox.create(timeout=TIMEOUT_S, lifecycle={"on_timeout": "pause"}, metadata={"suite": SUITE})
-    try:
-        sandbox.files.write("/home/user/kept.txt", "kept\n")
-        wait_for("paused at its timeout", lambda: state_of(sandbox.sandbox_id) == SandboxState.PAUSED)
-        with pytest.raises(SandboxNotRunningException, match="paused"):
-            sandbox.commands.run("true")
-        assert state_of(sandbox.sandbox_id) == SandboxState.PAUSED
-        resumed = Sandbox.connect(sandbox.sandbox_id, timeout=120)
-        assert resumed.files.read("/home/user/kept.txt") == "kept\n"
-    finally:
-        kill_quietly(sandbox.sandbox_id)
+@pytest.fixture(scope="module")
+def timed(server: E2bServer) -> Iterator[dict[str, Any]]:
+    """The sandboxes the timer tests watch, made together as the module starts, with what
+    each was given before its timeout."""
+    made: dict[str, Any] = {}
+    with sdk_environment(server):
+        try:
+            made["resumes"] = Sandbox.create(timeout=TIMEOUT_S, secure=True, lifecycle=AGENTS_SDK_LIFECYCLE,
+                                             metadata={"suite": SUITE})
+            made["resumes"].files.write("/home/user/kept.txt", "still here\n")
+            made["stays_paused"] = Sandbox.create(timeout=TIMEOUT_S, lifecycle={"on_timeout": "pause"},
+                                                  metadata={"suite": SUITE})
+            made["stays_paused"].files.write("/home/user/kept.txt", "kept\n")
+            made["paused_ttl_started"] = time.monotonic()
+            made["paused_ttl"] = Sandbox.create(timeout=TIMEOUT_S, lifecycle={"on_timeout": "pause"},
+                                                metadata={"suite": SUITE})
+            made["shortened"] = Sandbox.create(timeout=600, metadata={"suite": SUITE})
+            made["shortened"].set_timeout(TIMEOUT_S)
+            made["shortened_left"] = made["shortened"].get_info().end_at.timestamp() - time.time()
+            yield made
+        finally:
+            kill_quietly(*(box.sandbox_id for box in made.values() if isinstance(box, Sandbox)))
 
 
-def test_a_paused_sandbox_is_removed_after_the_paused_ttl(sdk: E2bServer) -> None:
-    sandbox = Sandbox.create(timeout=TIMEOUT_S, lifecycle={"on_timeout": "pause"}, metadata={"suite": SUITE})
-    try:
-        wait_for("paused at its timeout", lambda: state_of(sandbox.sandbox_id) == SandboxState.PAUSED)
-        paused = time.monotonic()
-        wait_for("removed after its paused TTL", lambda: state_of(sandbox.sandbox_id) is None)
-        assert time.monotonic() - paused >= PAUSED_TTL_S - 6  # not before its paused TTL (the reaper's period)
-    finally:
-        kill_quietly(sandbox.sandbox_id)
+def test_agents_sdk_defaults_pause_at_the_timeout_and_the_next_command_resumes(sdk: E2bServer,
+                                                                               timed: dict[str, Any]) -> None:
+    sandbox = timed["resumes"]
+    info = sandbox.get_info()
+    assert info.lifecycle == {"on_timeout": "pause", "auto_resume": True}
+    wait_for("paused at its timeout", lambda: state_of(sandbox.sandbox_id) == SandboxState.PAUSED)
+
+    result = sandbox.commands.run("cat /home/user/kept.txt")  # resumes it
+    assert result.stdout == "still here\n"
+    after = sandbox.get_info()
+    assert after.state == SandboxState.RUNNING
+    # A fresh timeout of at least five minutes (E2B's auto-resume), counted from the resume.
+    assert after.end_at.timestamp() - time.time() > 200
 
 
-def test_set_timeout_shortens_the_timeout(sdk: E2bServer) -> None:
-    sandbox = Sandbox.create(timeout=600, metadata={"suite": SUITE})
-    try:
-        sandbox.set_timeout(TIMEOUT_S)
-        left = sandbox.get_info().end_at.timestamp() - time.time()
-        assert 0 < left <= TIMEOUT_S + 1, left
-        wait_for("removed at its shortened timeout", lambda: state_of(sandbox.sandbox_id) is None, 40)
-    finally:
-        kill_quietly(sandbox.sandbox_id)
+def test_without_auto_resume_a_paused_sandbox_is_not_running_until_connect(sdk: E2bServer,
+                                                                           timed: dict[str, Any]) -> None:
+    sandbox = timed["stays_paused"]
+    wait_for("paused at its timeout", lambda: state_of(sandbox.sandbox_id) == SandboxState.PAUSED)
+    with pytest.raises(SandboxNotRunningException, match="paused"):
+        sandbox.commands.run("true")
+    assert state_of(sandbox.sandbox_id) == SandboxState.PAUSED
+    resumed = Sandbox.connect(sandbox.sandbox_id, timeout=120)
+    assert resumed.files.read("/home/user/kept.txt") == "kept\n"
+
+
+def test_set_timeout_shortens_the_timeout(sdk: E2bServer, timed: dict[str, Any]) -> None:
+    assert 0 < timed["shortened_left"] <= TIMEOUT_S + 1, timed["shortened_left"]
+    wait_for("removed at its shortened timeout", lambda: state_of(timed["shortened"].sandbox_id) is None, 40)
+
+
+def test_a_paused_sandbox_is_removed_after_the_paused_ttl(sdk: E2bServer, timed: dict[str, Any]) -> None:
+    """Its sandbox was made with the others and paused meanwhile, well before its removal is due."""
+    sandbox_id = timed["paused_ttl"].sandbox_id
+    wait_for("paused at its timeout", lambda: state_of(sandbox_id) != SandboxState.RUNNING)
+    assert state_of(sandbox_id) == SandboxState.PAUSED, "removed before its paused TTL"
+    wait_for("removed after its paused TTL", lambda: state_of(sandbox_id) is None)
+    # not before its timeout and then its paused TTL (less the reaper's period, twice)
+    assert time.monotonic() - timed["paused_ttl_started"] >= TIMEOUT_S + PAUSED_TTL_S - 10
 
 
 def test_paging_lists_each_sandbox_once_while_others_start_and_end(sdk: E2bServer) -> None:
