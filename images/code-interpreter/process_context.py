@@ -34,8 +34,11 @@ START_S = 30.0
 POLL_S = 0.1
 DRAIN_READS = 64
 RESEND_S = 1.0
-"""After an interrupt, how long before a cell's end is asked for once more (the interrupt may
-have reached the process as it read that request, and discarded it)."""
+"""After an interrupt, how long before the next nudge of a cell that has not ended: the end
+asked for once more, then the interrupt sent again, in turn (an interrupt may reach the process
+as it reads the cell or that request, which discards it, and the cell then runs on)."""
+NUDGES = 20
+"""How many nudges an interrupted cell gets before it is left to its own end."""
 
 
 class ContextStartError(Exception):
@@ -167,7 +170,8 @@ class ProcessContext:
         decoders = {name: codecs.getincrementaldecoder("utf-8")(errors="replace") for name in ("stdout", "stderr")}
         listening = True
         interrupted_at: float | None = None
-        asked_again = False
+        nudged_at = 0.0
+        nudges = 0
 
         def hang_up() -> None:
             nonlocal listening, interrupted_at
@@ -217,9 +221,14 @@ class ProcessContext:
                 with contextlib.suppress(ContextStartError):
                     self.start()
                 return
-            if interrupted_at is not None and not asked_again and time.monotonic() - interrupted_at > RESEND_S:
-                asked_again = True
-                self.ask_end()
+            now = time.monotonic()
+            if interrupted_at is not None and nudges < NUDGES and now - max(interrupted_at, nudged_at) > RESEND_S:
+                nudges += 1
+                nudged_at = now
+                if nudges % 2:
+                    self.ask_end()
+                else:
+                    self.interrupt()
 
     def ask_end(self) -> None:
         """Ask again for the end of the current cell (after an interrupt); nothing by default."""

@@ -80,6 +80,17 @@ def test_an_interrupt_ends_the_cell_and_the_shell_stays(bash: BashContext) -> No
     assert kinds(run(bash, "echo $survivor")) == [("stdout", "here\n")]
 
 
+def test_an_interrupt_that_comes_as_the_cell_is_read_still_ends_it(bash: BashContext) -> None:
+    # At once, the interrupt may reach bash while it reads the cell, which discards it: the
+    # cell is nudged again (its end asked for, the interrupt sent anew) until it ends.
+    for _ in range(8):  # one in four or so came while bash was reading, before the fix
+        began = time.monotonic()
+        run(bash, "for i in 1 2 3; do sleep 5; done; echo late", gone_after=0.0)
+        assert time.monotonic() - began < 10
+    run(bash, "survivor=here")
+    assert kinds(run(bash, "echo $survivor")) == [("stdout", "here\n")]
+
+
 def test_a_cell_that_exits_the_shell_gets_a_fresh_one(bash: BashContext) -> None:
     run(bash, "gone=no")
     ended = run(bash, "exit 4")
