@@ -310,3 +310,29 @@ def test_overview_history_and_filters_in_chromium(seeded_console: tuple[HttpServ
     expect(page.locator("tbody tr")).to_have_count(1 if operator else 0)
     if not operator:
         expect(page.get_by_text("No run matches these filters.")).to_be_visible()
+
+
+def test_held_egress_is_answered_in_chromium_by_an_operator_only(seeded_console: tuple[HttpServer, AuditStore],
+                                                                 page: Any) -> None:
+    from playwright.sync_api import expect
+
+    from harness.audit.records import EGRESS_CALL_PREFIX, EGRESS_TOOL
+
+    http, audit = seeded_console
+    run_id = audit.list_runs(client="agent")[0].id
+    held = audit.create_approval(run_id, f"{EGRESS_CALL_PREFIX}h1", EGRESS_TOOL,
+                                 {"sandbox_id": run_id, "destination": "pypi.org:443", "method": "CONNECT",
+                                  "call_id": "c9", "tool": "shell"},
+                                 "sandbox.allow_hosts: ask", "an ask entry of allow_hosts names it")
+    section = page.locator(f"#approval-{held.id}")
+    _log_in(page, http.url, AGENT_TOKEN)  # the sandbox's own client sees it waiting, and no answer
+    expect(section).to_contain_text("pypi.org:443")
+    expect(section.get_by_role("button")).to_have_count(0)
+    page.get_by_role("button", name="Log out").click()
+    _log_in(page, http.url)
+    expect(section.get_by_role("button", name="Allow once")).to_be_visible()
+    expect(section.get_by_role("button", name="Deny")).to_be_visible()
+    section.get_by_role("button", name="Allow for this sandbox").click()
+    expect(page.locator(".note.ok")).to_contain_text(held.id)
+    answered = audit.get_approval(held.id)
+    assert (answered.state, answered.scope, answered.resolved_by) == ("approved", "sandbox", "console:operator")
