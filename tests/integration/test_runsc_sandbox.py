@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -99,8 +100,13 @@ def test_runsc_refuses_to_give_a_container_the_hosts_network_namespace(engine) -
         return "".join(subprocess.run(["ip", "-o", "addr", "show", "dev", dev.split()[0]], capture_output=True,
                                       text=True, check=True).stdout for dev in devices)
 
+    def runsc_sandboxes() -> set[str]:  # ids of the gVisor sandboxes runsc keeps state for
+        root = Path("/var/run/docker/runtime-runc/moby")
+        return {path.name.partition("_sandbox:")[0] for path in root.glob("*_sandbox:*.state")}
+
     before = addresses()
     assert "inet 127.0.0.1/8" in before
+    sandboxes_before = runsc_sandboxes()
     mark = {"callbox-test": f"runsc-host-network-{os.getpid()}"}
     try:
         with pytest.raises(docker.errors.APIError, match="host's network namespace"):
@@ -110,3 +116,6 @@ def test_runsc_refuses_to_give_a_container_the_hosts_network_namespace(engine) -
         for left in engine.client.containers.list(all=True, filters={"label": f"callbox-test={mark['callbox-test']}"}):
             left.remove(force=True)
     assert addresses() == before
+    # the refused container's sandbox (started by `runsc create`) is not left running
+    known = {c.id for c in engine.client.containers.list(all=True)}
+    assert {i for i in runsc_sandboxes() - sandboxes_before if i not in known} == set()
