@@ -342,6 +342,7 @@ class EgressProxy:
                     continue
                 try:
                     conn, peer = self._listener.accept()
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms waits on small writes
                 except OSError:
                     continue
                 req = _Request(client=str(peer[0]))
@@ -444,6 +445,7 @@ class EgressProxy:
             req.address = verdict.address
             family = socket.AF_INET6 if verdict.address.version == 6 else socket.AF_INET
             upstream = socket.socket(family, socket.SOCK_STREAM)
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             upstream.settimeout(self.config.connect_timeout)
             try:
                 upstream.connect((str(verdict.address), req.port))

@@ -39,6 +39,7 @@ import http.server, ssl, sys, threading
 BIG = b"x" * {BIG}
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # its header and body go as two writes: no 40 ms delayed-ACK wait between
     def do_GET(self):
         body = BIG if self.path == "/big" else b"ok"
         self.send_response(200)
