@@ -1,0 +1,253 @@
+"""The OpenAI Agents SDK's ``SandboxAgent`` on ``callbox serve --e2b``, run in its own virtualenv.
+
+tests/interop/test_agents_sandbox.py runs this program with the harness's Python
+(tests/interop/requirements/openai-agents-sandbox.txt: ``openai-agents[e2b]`` and the e2b
+pins of its extra) and an environment that carries only what a user sets: ``E2B_API_URL``,
+``E2B_SANDBOX_URL`` and ``E2B_API_KEY``. Everything below is the SDK's own API, written as its
+sandbox example (examples/sandbox/extensions/e2b_runner.py) and its testing guide write it;
+``agents.testing.ScriptedModel`` plays the model, so no model is called.
+
+Each step is one section of the JSON line printed last; a step that raises is recorded with
+its error (type and message) and the others still run, so each test names its own failure.
+The code between ``# README: NAME snippet start`` and ``... end`` is copied, as it stands, into
+docs/use-from/openai-agents-sandbox.md (tests/unit/test_doc_examples.py keeps them identical).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import re
+import sys
+import traceback
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from agents import RunConfig, Runner, set_tracing_disabled
+from agents.extensions.sandbox import E2BSandboxClient, E2BSandboxClientOptions
+from agents.sandbox import Manifest, SandboxAgent, SandboxRunConfig
+from agents.sandbox.entries import File
+from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
+from e2b import AsyncSandbox
+from openai.types.responses import ResponseCustomToolCall
+
+NOTE = "written by the model through apply_patch"
+PORT = 8000
+report: dict[str, Any] = {}
+
+
+def outputs(model: ScriptedModel) -> dict[str, str]:
+    """What the model received: each tool call's output, by call id."""
+    seen: dict[str, str] = {}
+    for call in model.calls:
+        for item in call.input if isinstance(call.input, list) else []:
+            if isinstance(item, dict) and str(item.get("type", "")).endswith("_call_output"):
+                output = item.get("output")
+                seen[str(item["call_id"])] = output if isinstance(output, str) else json.dumps(output)
+    return seen
+
+
+def patch_call(call_id: str, patch: str) -> ResponseCustomToolCall:
+    """The model's call of the freeform ``apply_patch`` tool (a Responses custom tool call)."""
+    return ResponseCustomToolCall(type="custom_tool_call", id=call_id, call_id=call_id, name="apply_patch",
+                                  input=patch)
+
+
+def exit_terminal(call: ModelCall) -> list[Any]:
+    """The model types ``exit`` into the terminal session the previous call left open."""
+    latest = [item for item in call.input if isinstance(item, dict) and item.get("call_id") == "tty"
+              and item.get("type") == "function_call_output"]
+    found = re.search(r"session ID (\d+)", str(latest[-1]["output"])) if latest else None
+    if found is None:
+        raise AssertionError(f"the tty command left no session open: {latest}")
+    return [function_call("write_stdin", {"session_id": int(found[1]), "chars": "exit\n", "yield_time_ms": 2000},
+                          call_id="stdin")]
+
+
+async def step(name: str, body: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    section: dict[str, Any] = {}
+    report[name] = section
+    try:
+        await body(section)
+        section["ok"] = True
+    except BaseException as error:  # recorded for the test, which names the step
+        section["ok"] = False
+        section["error"] = f"{type(error).__name__}: {error}"
+        section["traceback"] = traceback.format_exc()[-4000:]
+
+
+async def read_text(session: Any, path: str) -> str:
+    data = (await session.read(Path(path))).read()
+    return data.decode() if isinstance(data, bytes) else str(data)
+
+
+async def state_of(sandbox_id: str) -> str:
+    """The sandbox's state as the e2b SDK sees it (``gone`` once it was killed)."""
+    listed = {info.sandbox_id: info.state.value for info in await AsyncSandbox.list().next_items()}
+    return listed.get(sandbox_id, "gone")
+
+
+async def defaults(section: dict[str, Any]) -> None:
+    """Default options: the model runs commands (with and without a TTY) and writes a file; the
+    SDK writes and reads files; at the end the sandbox is killed, and a new client resumes the
+    session in a new sandbox from the workspace's snapshot."""
+    model = ScriptedModel([
+        [function_call("exec_command", {"cmd": "id -un; pwd; cat README.md; [ -t 1 ] || echo no-tty"},
+                       call_id="plain")],
+        [function_call("exec_command", {"cmd": "tty; echo $((6 * 7))", "tty": True, "yield_time_ms": 1000},
+                       call_id="tty")],
+        ModelStep.respond(exit_terminal),
+        [patch_call("patch", f"*** Begin Patch\n*** Add File: notes.txt\n+{NOTE}\n*** End Patch\n")],
+        [function_call("exec_command", {"cmd": "cat notes.txt; exit 3"}, call_id="status")],
+        [assistant_message("The workspace holds README.md and notes.txt.")],
+    ])
+    # README: agents-sandbox snippet start
+    import io
+    import tempfile
+    from pathlib import Path
+
+    from agents import RunConfig, Runner
+    from agents.extensions.sandbox import E2BSandboxClient, E2BSandboxClientOptions
+    from agents.sandbox import LocalSnapshotSpec, Manifest, SandboxAgent, SandboxRunConfig
+    from agents.sandbox.entries import File
+
+    client = E2BSandboxClient()  # reads E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY
+    session = await client.create(
+        manifest=Manifest(entries={"README.md": File(content=b"# Renewal notes\n")}),
+        snapshot=LocalSnapshotSpec(base_path=Path(tempfile.mkdtemp())),  # where stop() keeps the workspace
+        options=E2BSandboxClientOptions(sandbox_type="e2b"),
+    )
+    agent = SandboxAgent(name="Workspace assistant", model=model,
+                         instructions="Inspect the workspace before answering.")
+    async with session:  # starts the sandbox; at the end, snapshots the workspace and kills it
+        result = await Runner.run(agent, "What is in the workspace?",
+                                  run_config=RunConfig(sandbox=SandboxRunConfig(session=session)))
+        await session.write(Path("from-sdk.txt"), io.BytesIO(b"written by session.write\n"))
+        notes = (await session.read(Path("notes.txt"))).read()
+    # README: agents-sandbox snippet end
+        section["sandbox_id"] = session.state.sandbox_id
+        section["readme"] = await read_text(session, "README.md")
+        # What the sandbox holds, seen by the e2b SDK itself rather than the Agents SDK.
+        raw = await AsyncSandbox.connect(session.state.sandbox_id)
+        section["raw_files"] = {name: await raw.files.read(f"/workspace/{name}")
+                                for name in ("README.md", "notes.txt", "from-sdk.txt")}
+    model.assert_complete()
+    section["final_output"] = result.final_output
+    section["notes"] = notes.decode()
+    section["outputs"] = outputs(model)
+    section["tools"] = sorted(tool.name for tool in model.calls[0].tools)
+    section["after_exit"] = await state_of(section["sandbox_id"])
+    # README: agents-sandbox-resume snippet start
+    state = session.state.model_dump(mode="json")  # e.g. stored with the run, read back later
+
+    client = E2BSandboxClient()
+    resumed = await client.resume(client.deserialize_session_state(state))
+    async with resumed:  # a paused sandbox is resumed; a killed one is made again from the snapshot
+        restored = (await resumed.read(Path("notes.txt"))).read()
+        print(resumed.state.sandbox_id, restored)
+    # README: agents-sandbox-resume snippet end
+        section["resumed_id"] = resumed.state.sandbox_id
+        section["restored"] = restored.decode()
+        section["restored_sdk_file"] = await read_text(resumed, "from-sdk.txt")
+    section["resumed_after_exit"] = await state_of(section["resumed_id"])
+
+
+async def paused(section: dict[str, Any]) -> None:
+    """``pause_on_exit`` and ``exposed_ports``: a server the model starts is fetched from here
+    through the endpoint ``resolve_exposed_port`` gives (``get_host``); the session pauses on
+    exit and a new client resumes the same sandbox with its files."""
+    model = ScriptedModel([
+        [function_call("exec_command", {"cmd": f"python3 -u -m http.server {PORT}", "yield_time_ms": 1500},
+                       call_id="serve")],
+        [assistant_message("Serving the workspace.")],
+    ])
+    agent = SandboxAgent(name="Web server", model=model, instructions="Serve the workspace.")
+    # README: agents-sandbox-ports snippet start
+    import os
+
+    import httpx
+
+    client = E2BSandboxClient()
+    options = E2BSandboxClientOptions(sandbox_type="e2b", pause_on_exit=True, exposed_ports=(8000,))
+    session = await client.create(manifest=Manifest(entries={"index.html": File(content=b"hello\n")}),
+                                  options=options)
+    async with session:  # pauses the sandbox at the end (pause_on_exit)
+        await Runner.run(agent, "Serve the workspace on port 8000.",
+                         run_config=RunConfig(sandbox=SandboxRunConfig(session=session)))
+        endpoint = await session.resolve_exposed_port(8000)  # the sandbox's get_host(8000)
+        # callbox routes by that host name: send the request to E2B_SANDBOX_URL with it.
+        page = httpx.get(os.environ["E2B_SANDBOX_URL"] + "/index.html", headers={"Host": endpoint.host})
+        print(page.status_code, page.text)
+    # README: agents-sandbox-ports snippet end
+        await session.write(Path("kept.txt"), io.BytesIO(b"kept across the pause\n"))
+        section["sandbox_id"] = sandbox_id = session.state.sandbox_id
+    try:
+        model.assert_complete()
+        section["outputs"] = outputs(model)
+        section["endpoint"] = {"host": endpoint.host, "port": endpoint.port, "tls": endpoint.tls}
+        section["page"] = {"status": page.status_code, "body": page.text}
+        section["after_exit"] = await state_of(sandbox_id)
+        state = session.state.model_dump(mode="json")
+        client = E2BSandboxClient()
+        resumed = await client.resume(client.deserialize_session_state(state))
+        async with resumed:
+            section["resumed_id"] = resumed.state.sandbox_id
+            section["after_resume"] = await state_of(sandbox_id)
+            section["kept"] = await read_text(resumed, "kept.txt")
+        section["after_second_exit"] = await state_of(sandbox_id)
+    finally:
+        await AsyncSandbox.kill(sandbox_id)
+
+
+async def code_interpreter(section: dict[str, Any]) -> None:
+    """``sandbox_type="e2b_code_interpreter"``, the sandbox made and ended by the runner."""
+    model = ScriptedModel([
+        [function_call("exec_command", {"cmd": "python3 -c 'print(sum(range(10)))'; id -un"}, call_id="sum")],
+        [assistant_message("45")],
+    ])
+    # README: agents-sandbox-runner snippet start
+    agent = SandboxAgent(name="Calculator", model=model, instructions="Compute with Python.")
+    run_config = RunConfig(
+        sandbox=SandboxRunConfig(  # the runner makes the sandbox, and kills it at the end
+            client=E2BSandboxClient(),
+            options=E2BSandboxClientOptions(sandbox_type="e2b_code_interpreter"),
+        ),
+    )
+    result = await Runner.run(agent, "What is the sum of 0..9?", run_config=run_config)
+    print(result.final_output)
+    # README: agents-sandbox-runner snippet end
+    model.assert_complete()
+    section["final_output"] = result.final_output
+    section["outputs"] = outputs(model)
+    section["leftover"] = [info.sandbox_id for info in await AsyncSandbox.list().next_items()]
+
+
+async def run_as(section: dict[str, Any]) -> None:
+    """``SandboxAgent(run_as=...)`` provisions its user with ``useradd`` as the default command
+    user: unprivileged in callbox, so the run fails at the sandbox's start, before the model."""
+    model = ScriptedModel([[assistant_message("never")]])
+    agent = SandboxAgent(name="Restricted", model=model, run_as="analyst")
+    run_config = RunConfig(sandbox=SandboxRunConfig(client=E2BSandboxClient(),
+                                                    options=E2BSandboxClientOptions(sandbox_type="e2b")))
+    try:
+        await Runner.run(agent, "Who are you?", run_config=run_config)
+    except Exception as error:  # the failure is what this step reports
+        section["raised"] = f"{type(error).__name__}: {error}"
+    section["model_calls"] = len(model.calls)
+    section["leftover"] = [info.sandbox_id for info in await AsyncSandbox.list().next_items()]
+
+
+STEPS = {"defaults": defaults, "paused": paused, "code_interpreter": code_interpreter, "run_as": run_as}
+
+
+async def main() -> None:
+    for name in sys.argv[1:] or list(STEPS):
+        await step(name, STEPS[name])
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    set_tracing_disabled(True)  # no trace leaves the machine (no OpenAI key either)
+    asyncio.run(main())
