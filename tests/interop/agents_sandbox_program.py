@@ -34,6 +34,11 @@ from e2b import AsyncSandbox
 from openai.types.responses import ResponseCustomToolCall
 
 NOTE = "written by the model through apply_patch"
+# A 1x1 PNG, for the model's view_image.
+DOT = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+                    "1f15c4890000000d49444154789c6360f8cfc0f01f0005000201a5f2a0"
+                    "a40000000049454e44ae426082")
+DRAW = f"python3 -c 'import sys; sys.stdout.buffer.write(bytes.fromhex(sys.argv[1]))' {DOT.hex()} > dot.png"
 PORT = 8000
 report: dict[str, Any] = {}
 
@@ -99,6 +104,8 @@ async def defaults(section: dict[str, Any]) -> None:
         [function_call("exec_command", {"cmd": "tty; echo $((6 * 7))", "tty": True, "yield_time_ms": 1000},
                        call_id="tty")],
         ModelStep.respond(exit_terminal),
+        [function_call("exec_command", {"cmd": DRAW}, call_id="draw")],
+        [function_call("view_image", {"path": "dot.png"}, call_id="image")],
         [patch_call("patch", f"*** Begin Patch\n*** Add File: notes.txt\n+{NOTE}\n*** End Patch\n")],
         [function_call("exec_command", {"cmd": "cat notes.txt; exit 3"}, call_id="status")],
         [assistant_message("The workspace holds README.md and notes.txt.")],
@@ -140,14 +147,18 @@ async def defaults(section: dict[str, Any]) -> None:
     section["tools"] = sorted(tool.name for tool in model.calls[0].tools)
     section["after_exit"] = await state_of(section["sandbox_id"])
     # README: agents-sandbox-resume snippet start
-    state = session.state.model_dump(mode="json")  # e.g. stored with the run, read back later
+    import json
 
+    saved = session.state.model_dump_json()  # keep it with the run: a file, a database...
+
+    # Later, in this process or another one:
     client = E2BSandboxClient()
-    resumed = await client.resume(client.deserialize_session_state(state))
+    resumed = await client.resume(client.deserialize_session_state(json.loads(saved)))
     async with resumed:  # a paused sandbox is resumed; a killed one is made again from the snapshot
         restored = (await resumed.read(Path("notes.txt"))).read()
         print(resumed.state.sandbox_id, restored)
     # README: agents-sandbox-resume snippet end
+        section["exec"] = (await resumed.exec("cat", "from-sdk.txt", shell=False)).stdout.decode()
         section["resumed_id"] = resumed.state.sandbox_id
         section["restored"] = restored.decode()
         section["restored_sdk_file"] = await read_text(resumed, "from-sdk.txt")

@@ -14,6 +14,7 @@ and the server's audit store for the commands the model ran.
 
 from __future__ import annotations
 
+import base64
 import json
 import sqlite3
 from collections.abc import Iterator
@@ -32,6 +33,9 @@ pytestmark = [pytest.mark.interop, pytest.mark.docker]
 HARNESS = "openai-agents-sandbox"
 PROGRAM = Path(__file__).with_name("agents_sandbox_program.py")
 NOTE = "written by the model through apply_patch"
+DOT = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"  # the program's 1x1 PNG
+                    "1f15c4890000000d49444154789c6360f8cfc0f01f0005000201a5f2a0"
+                    "a40000000049454e44ae426082")
 # The SDK asks for public ports (``allow_public_traffic``) for a session's ``exposed_ports``;
 # callbox serves them so only where the policy says so, and forwards them where it allows it.
 POLICY = policy_text("""
@@ -95,9 +99,15 @@ def test_a_tty_command_gets_a_terminal_and_its_input(report: dict[str, Any]) -> 
 def test_the_sdk_writes_and_reads_files_the_sandbox_holds(report: dict[str, Any]) -> None:
     part = section(report, "defaults")
     assert part["notes"] == NOTE and part["outputs"]["patch"] == "Created notes.txt"
+    assert part["exec"] == "written by session.write\n"
     assert part["readme"] == "# Renewal notes\n"
     assert part["raw_files"] == {"README.md": "# Renewal notes\n", "notes.txt": NOTE,
                                  "from-sdk.txt": "written by session.write\n"}
+
+
+def test_the_model_sees_an_image_the_sandbox_holds(report: dict[str, Any]) -> None:
+    image = json.loads(section(report, "defaults")["outputs"]["image"])
+    assert image == [{"type": "input_image", "image_url": "data:image/png;base64," + base64.b64encode(DOT).decode()}]
 
 
 def test_resume_through_a_new_client_restores_the_workspace_in_a_new_sandbox(report: dict[str, Any]) -> None:
