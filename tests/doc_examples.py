@@ -289,6 +289,10 @@ SNIPPET_SOURCES = {
     "pydantic-ai": "tests/interop/test_pydantic_ai.py",
     "e2b-example": "tests/interop/e2b_example.py",
     "e2b-js-example": "tests/interop/e2b_example.mjs",
+    "agents-sandbox": "tests/interop/agents_sandbox_program.py",
+    "agents-sandbox-resume": "tests/interop/agents_sandbox_program.py",
+    "agents-sandbox-ports": "tests/interop/agents_sandbox_program.py",
+    "agents-sandbox-runner": "tests/interop/agents_sandbox_program.py",
 }
 """Snippets of the pages copied from the interop tests that run them, by marker name (a
 ``.mjs`` file's is a ``javascript`` block, marked with ``//`` comments)."""

@@ -155,3 +155,16 @@ def test_the_actions_example_loads_and_decides_as_documented(tmp_path: Path) -> 
     assert decide("copy_out", path="/workspace/app/main.py") is Action.ALLOW
     assert decide("process", command="python3 -m http.server 8000") is Action.ASK
     assert decide("snapshot", name="s") is Action.ALLOW
+
+
+def test_the_no_terminals_example_refuses_the_e2b_terminal_only(tmp_path: Path) -> None:
+    """The Agents SDK's page: the rule refuses the shell an E2B ``pty.create`` starts (the
+    argv the door records), not a command run without a terminal."""
+    block = block_with("toml", 'command = "/bin/bash -i -l"')
+    path = tmp_path / "policy.toml"
+    path.write_text(block.body)
+    actions = load_policy(path).actions
+    assert actions.decide("process", {"command": ["/bin/bash", "-i", "-l"], "pty": True},
+                          workdir="/workspace").action is Action.DENY
+    assert actions.decide("process", {"command": "cat notes.txt", "pty": False},
+                          workdir="/workspace").action is Action.ALLOW
