@@ -54,6 +54,16 @@ def outputs(model: ScriptedModel) -> dict[str, str]:
     return seen
 
 
+def tool_calls(model: ScriptedModel) -> dict[str, str]:
+    """The model's tool calls as the runner recorded them (``NAME ARGUMENTS``), by call id."""
+    made: dict[str, str] = {}
+    for call in model.calls:
+        for item in call.input if isinstance(call.input, list) else []:
+            if isinstance(item, dict) and item.get("type") in ("function_call", "custom_tool_call"):
+                made[str(item["call_id"])] = f"{item['name']} {item.get('arguments', item.get('input'))}"
+    return made
+
+
 def patch_call(call_id: str, patch: str) -> ResponseCustomToolCall:
     """The model's call of the freeform ``apply_patch`` tool (a Responses custom tool call)."""
     return ResponseCustomToolCall(type="custom_tool_call", id=call_id, call_id=call_id, name="apply_patch",
@@ -144,6 +154,7 @@ async def defaults(section: dict[str, Any]) -> None:
     section["final_output"] = result.final_output
     section["notes"] = notes.decode()
     section["outputs"] = outputs(model)
+    section["calls"] = tool_calls(model)
     section["tools"] = sorted(tool.name for tool in model.calls[0].tools)
     section["after_exit"] = await state_of(section["sandbox_id"])
     # README: agents-sandbox-resume snippet start
@@ -197,6 +208,7 @@ async def paused(section: dict[str, Any]) -> None:
     try:
         model.assert_complete()
         section["outputs"] = outputs(model)
+        section["calls"] = tool_calls(model)
         section["endpoint"] = {"host": endpoint.host, "port": endpoint.port, "tls": endpoint.tls}
         section["page"] = {"status": page.status_code, "body": page.text}
         section["after_exit"] = await state_of(sandbox_id)
@@ -215,7 +227,8 @@ async def paused(section: dict[str, Any]) -> None:
 async def code_interpreter(section: dict[str, Any]) -> None:
     """``sandbox_type="e2b_code_interpreter"``, the sandbox made and ended by the runner."""
     model = ScriptedModel([
-        [function_call("exec_command", {"cmd": "python3 -c 'print(sum(range(10)))'; id -un"}, call_id="sum")],
+        [function_call("exec_command", {"cmd": "python3 -c 'import numpy; print(numpy.arange(10).sum())'; id -un"},
+                       call_id="sum")],
         [assistant_message("45")],
     ])
     # README: agents-sandbox-runner snippet start
@@ -232,6 +245,7 @@ async def code_interpreter(section: dict[str, Any]) -> None:
     model.assert_complete()
     section["final_output"] = result.final_output
     section["outputs"] = outputs(model)
+    section["calls"] = tool_calls(model)
     section["leftover"] = [info.sandbox_id for info in await AsyncSandbox.list().next_items()]
 
 

@@ -66,6 +66,13 @@ def section(report: dict[str, Any], name: str) -> dict[str, Any]:
     return part
 
 
+def said(part: dict[str, Any], call_id: str) -> tuple[str, str]:
+    """What the model received for its call ``call_id``, and a failure message naming the
+    harness, the call and that answer."""
+    output = str(part["outputs"].get(call_id))
+    return output, f"{HARNESS}: the model's call {part['calls'].get(call_id)} got {output!r}"
+
+
 def audited_commands(server: E2bServer, sandbox_id: str) -> list[str]:
     with sqlite3.connect(server.directory / "audit.sqlite3") as db:
         rows = db.execute("SELECT arguments FROM calls WHERE run_id = ? AND tool = 'sandbox.process'",
@@ -76,10 +83,11 @@ def audited_commands(server: E2bServer, sandbox_id: str) -> list[str]:
 def test_the_model_runs_commands_and_reads_their_output(report: dict[str, Any], server: E2bServer) -> None:
     part = section(report, "defaults")
     assert part["tools"] == ["apply_patch", "exec_command", "view_image", "write_stdin"]
-    out = part["outputs"]
-    assert "Process exited with code 0" in out["plain"]
-    assert out["plain"].endswith("Output:\nuser\n/workspace\n# Renewal notes\nno-tty\n"), out["plain"]
-    assert "Process exited with code 3" in out["status"] and out["status"].endswith(NOTE), out["status"]
+    plain, why = said(part, "plain")
+    assert "Process exited with code 0" in plain and plain.endswith(
+        "Output:\nuser\n/workspace\n# Renewal notes\nno-tty\n"), why
+    status, why = said(part, "status")
+    assert "Process exited with code 3" in status and status.endswith(NOTE), why
     assert part["final_output"] == "The workspace holds README.md and notes.txt."
     # callbox saw and ran each command under its policy, in that sandbox's record.
     commands = audited_commands(server, part["sandbox_id"])
@@ -90,15 +98,19 @@ def test_the_model_runs_commands_and_reads_their_output(report: dict[str, Any], 
 
 
 def test_a_tty_command_gets_a_terminal_and_its_input(report: dict[str, Any]) -> None:
-    out = section(report, "defaults")["outputs"]
-    assert "Process running with session ID" in out["tty"]  # the terminal's shell stays open
-    assert "/dev/pts/" in out["tty"] and "\r\n42\r\n" in out["tty"], out["tty"]
-    assert "Process exited with code 0" in out["stdin"] and "logout" in out["stdin"], out["stdin"]
+    part = section(report, "defaults")
+    tty, why = said(part, "tty")
+    assert "Process running with session ID" in tty, why  # the terminal's shell stays open
+    assert "/dev/pts/" in tty and "\r\n42\r\n" in tty, why
+    typed, why = said(part, "stdin")
+    assert "Process exited with code 0" in typed and "logout" in typed, why
 
 
 def test_the_sdk_writes_and_reads_files_the_sandbox_holds(report: dict[str, Any]) -> None:
     part = section(report, "defaults")
-    assert part["notes"] == NOTE and part["outputs"]["patch"] == "Created notes.txt"
+    patched, why = said(part, "patch")
+    assert patched == "Created notes.txt", why
+    assert part["notes"] == NOTE
     assert part["exec"] == "written by session.write\n"
     assert part["readme"] == "# Renewal notes\n"
     assert part["raw_files"] == {"README.md": "# Renewal notes\n", "notes.txt": NOTE,
@@ -106,8 +118,9 @@ def test_the_sdk_writes_and_reads_files_the_sandbox_holds(report: dict[str, Any]
 
 
 def test_the_model_sees_an_image_the_sandbox_holds(report: dict[str, Any]) -> None:
-    image = json.loads(section(report, "defaults")["outputs"]["image"])
-    assert image == [{"type": "input_image", "image_url": "data:image/png;base64," + base64.b64encode(DOT).decode()}]
+    image, why = said(section(report, "defaults"), "image")
+    expected = [{"type": "input_image", "image_url": "data:image/png;base64," + base64.b64encode(DOT).decode()}]
+    assert json.loads(image) == expected, why
 
 
 def test_resume_through_a_new_client_restores_the_workspace_in_a_new_sandbox(report: dict[str, Any]) -> None:
@@ -120,7 +133,8 @@ def test_resume_through_a_new_client_restores_the_workspace_in_a_new_sandbox(rep
 
 def test_an_exposed_port_is_fetched_through_get_host(report: dict[str, Any], server: E2bServer) -> None:
     part = section(report, "paused")
-    assert "Serving HTTP on 0.0.0.0 port 8000" in part["outputs"]["serve"]
+    served, why = said(part, "serve")
+    assert "Serving HTTP on 0.0.0.0 port 8000" in served, why
     assert part["endpoint"]["host"].startswith(f"8000-{part['sandbox_id'].lower()}.")
     assert part["page"] == {"status": 200, "body": "hello\n"}
     with sqlite3.connect(server.directory / "audit.sqlite3") as db:
@@ -139,7 +153,8 @@ def test_pause_on_exit_and_a_new_client_resume_the_same_sandbox(report: dict[str
 
 def test_the_code_interpreter_sandbox_type(report: dict[str, Any]) -> None:
     part = section(report, "code_interpreter")
-    assert part["outputs"]["sum"].endswith("Output:\n45\nuser\n"), part["outputs"]
+    total, why = said(part, "sum")
+    assert total.endswith("Output:\n45\nuser\n"), why  # numpy: the code interpreter's image
     assert part["final_output"] == "45"
     assert part["leftover"] == []  # the runner killed the sandbox it made
 
