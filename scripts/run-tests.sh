@@ -23,12 +23,19 @@ start=$SECONDS
 echo "callbox: the lifecycle soak runs in the background (its output follows the main run)"
 "$PYTEST" -q -m slow -p no:cacheprovider "$@" >"$log" 2>&1 &
 soak_pid=$!
+# The agent harnesses' virtualenvs (tests/interop/requirements/) are made meanwhile, all at
+# once: pip waits on the network. An interop test that needs one still being made waits for it.
+venvs_log=$(mktemp "${TMPDIR:-/tmp}/callbox-venvs.XXXXXX")
+trap 'rm -f "$log" "$venvs_log"' EXIT
+.venv/bin/python -m tests.interop.harness_venvs --all >"$venvs_log" 2>&1 &
+venvs_pid=$!
 # --durations: the slowest tests of the main run close its output, so the next one to make
 # cheaper is in every CI log.
 "$PYTEST" -q -m "not slow and not engine_restart" --ignore=tests/ray --durations=40 "$@"
 main=$?
 wait "$soak_pid"
 soak=$?
+wait "$venvs_pid" || { echo "callbox: making the harnesses' virtualenvs failed:"; cat "$venvs_log"; }
 echo "callbox: the lifecycle soak (pytest -m slow):"
 cat "$log"
 echo "callbox: the security suite under gVisor (CALLBOX_TEST_RUNTIME=runsc pytest tests/security):"
