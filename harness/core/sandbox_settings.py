@@ -85,7 +85,7 @@ else:
         **{name: _unbounded(info) for name, info in SandboxFields[MountSetting].model_fields.items()},
     )
 
-_NOT_COPIED = frozenset({"mounts", "on_internet_request", "public_ports", "root_commands"})
+_NOT_COPIED = frozenset({"mounts", "on_denied_command", "on_internet_request", "public_ports", "root_commands"})
 """Settings the spec does not take as written: ``mounts`` (converted by MountSetting.mount).
 A setting only a policy has would be listed here too."""
 
@@ -102,6 +102,15 @@ class SandboxSettings(_SettingsFields):
     destination when it is ``none``): ``grant-policy`` creates the sandbox with the policy's
     network and says so (in the server's log and the sandbox's info); ``refuse`` refuses the
     request, naming this key (see :mod:`harness.core.network_request`)."""
+    on_denied_command: Literal["raise", "exit"] = "raise"
+    """How the E2B door answers a command the policy denies or holds for a person's approval
+    (the ``shell`` tool's rules, the ``process`` action): ``raise`` (the default) refuses the
+    request, so the SDK raises with the policy's reason; ``exit`` answers as a shell answers a
+    command it may not run: the command ends at once with exit code 126 and the reason on its
+    stderr, so an agent harness that hands a command's result to its model (the OpenAI Agents
+    SDK's ``SandboxAgent`` ends its run on any provider error) lets the model read why. Either
+    way nothing runs and the refusal is recorded; a terminal (``pty.create``) is refused
+    either way."""
     public_ports: bool = False
     """Whether a sandbox's ports may be public: served through the E2B door to any client that
     reaches the server and names the sandbox and port, without its traffic access token (E2B's

@@ -56,6 +56,11 @@ POLICY = textwrap.dedent(f"""
 """)
 
 
+EXITS = "refusals-exit"
+EXITS_POLICY = POLICY.replace("ttl_seconds = 900\n", 'ttl_seconds = 900\non_denied_command = "exit"\n')
+"""The template whose refused commands end with exit code 126 instead of an error."""
+
+
 @dataclass
 class Door:
     sandboxes: E2bSandboxes
@@ -66,7 +71,8 @@ class Door:
 
 @pytest.fixture(scope="module")
 def door(engine: Any) -> Iterator[Door]:
-    with e2b_sandboxes(engine, POLICY, prefix="cbx-e2b-process-", keys={"alice": API_KEY}) as state:
+    with e2b_sandboxes(engine, POLICY, prefix="cbx-e2b-process-", keys={"alice": API_KEY},
+                       templates={EXITS: EXITS_POLICY}) as state:
         sandboxes = state.sandboxes
         box = sandboxes.create("alice", overrides=SandboxOverrides(env={"FROM_CREATE": "c1"}))
         yield Door(sandboxes, ProcessDoor(sandboxes), state.audit, box)
@@ -412,6 +418,40 @@ def test_a_shell_rule_denies_with_its_reason_and_is_audited(door: Door) -> None:
     # the same command as a plain argv is the same shell command to the policy
     argv = pb.StartRequest(process=pb.ProcessConfig(cmd="rm", args=["-rf", "/workspace/x"]))
     refused("permission_denied", door.process.start(argv, call_of(door)))
+
+
+def test_on_denied_command_exit_answers_a_refusal_as_exit_code_126(door: Door) -> None:
+    """Under ``sandbox.on_denied_command = "exit"`` (what the OpenAI Agents SDK's SandboxAgent
+    needs: it ends its run on any error of the sandbox) a denied or asked command ends at once
+    with 126 and the reason on stderr; nothing runs, the refusal is recorded; a terminal is
+    still refused."""
+    assert 'on_denied_command = "exit"' in EXITS_POLICY
+    box = door.sandboxes.create("alice", template_id=EXITS)
+    try:
+        call = EnvdCall(sandbox=box, headers={}, user=None, deadline=None)
+        denied = collect(door.process.start(bash("rm -rf /tmp/witness; touch /tmp/ran"), call))
+        assert denied.kinds == ["start", "data", "end"] and denied.pid == 0
+        assert denied.end is not None and denied.end.exit_code == 126 and denied.end.exited
+        assert denied.end.status == denied.end.error == "exit status 126"
+        assert denied.stderr.startswith(b"callbox: denied by policy rule tools.shell.rules[0]: recursive removal")
+        asked = collect(door.process.start(bash("echo needs-approval"), call))
+        assert asked.end is not None and asked.end.exit_code == 126 and asked.stdout == b""
+        assert b"callbox approvals approve" in asked.stderr
+        assert collect(door.process.start(bash("ls /tmp/ran || echo none"), call)).stdout == b"none\n"
+        as_root = collect(door.process.start(bash("id -un"), EnvdCall(sandbox=box, headers={}, user="root",
+                                                                          deadline=None)))
+        assert as_root.end is not None and as_root.end.exit_code == 126 and b"root_commands" in as_root.stderr
+        terminal = pb.StartRequest(process=pb.ProcessConfig(cmd="/bin/bash", args=["-i", "-l"]),
+                                   pty=pb.PTY(size=pb.PTY.Size(rows=24, cols=80)))
+        with pytest.raises(E2bError):  # a terminal is never "run" as an exit
+            for _ in door.process.start(terminal, EnvdCall(sandbox=box, headers={}, user="root", deadline=None)):
+                pass
+        recorded = [c for c in door.audit.calls_for_run(box.sandbox_id) if c["tool"] == "sandbox.process"]
+        decisions = {str(json.loads(c["arguments"])["command"]): c["decision"] for c in recorded}
+        assert decisions["rm -rf /tmp/witness; touch /tmp/ran"] == "deny"
+        assert decisions["echo needs-approval"] == "ask"
+    finally:
+        door.sandboxes.kill("alice", box.sandbox_id)
 
 
 def test_an_ask_waits_for_approval_then_the_repeat_runs_once(door: Door) -> None:

@@ -48,6 +48,10 @@ action, in the sandbox's run (actor ``e2b:CLIENT``). ``Connect`` is the ``attach
 (mode ``attach``). A denial is ``permission_denied`` with the policy's reason (the SDK raises
 it); ``ask`` is ``failed_precondition`` naming the approval: once a person approves it
 (``callbox approvals approve ID``), the same command started again uses the approval (once).
+Under ``[sandbox] on_denied_command = "exit"`` a refused command (not a terminal) is answered
+instead as a shell answers one it may not run: started as pid 0 (nothing runs), the reason
+on stderr, and an end with exit code 126 (:func:`refused_as_exit`), so an agent harness
+hands its model a result to read rather than raising.
 What is typed into a terminal or written to stdin later is not seen by the policy. Input,
 signals, resizes and listings are not actions of the policy.
 
@@ -128,6 +132,25 @@ def end_event(info: JobInfo) -> pb.ProcessEvent.EndEvent:
     if info.oom_killed:
         end.error = f"{status} (the sandbox ran out of memory)"
     return end
+
+
+REFUSED_EXIT_CODE = 126
+"""The exit code of a command the policy refused, under ``sandbox.on_denied_command = "exit"``:
+a shell's for a command it found but may not run."""
+REFUSALS = frozenset({ErrorCode.ACTION_DENIED, ErrorCode.ALREADY_RESOLVED, ErrorCode.APPROVAL_PENDING})
+"""The authorization's refusals (denied, its approval used or pending) that policy can answer as an exit."""
+
+
+def refused_as_exit(reason: str) -> Iterator[pb.StartResponse]:
+    """A refused command's events under ``sandbox.on_denied_command = "exit"``: started (pid 0:
+    no process ran), the reason on stderr, and an end with :data:`REFUSED_EXIT_CODE`, so an agent
+    harness hands the model a result to read instead of raising (the refusal is recorded as one)."""
+    status = f"exit status {REFUSED_EXIT_CODE}"
+    yield pb.StartResponse(event=_started(0))
+    stderr = f"callbox: {reason}\n".encode()
+    yield pb.StartResponse(event=pb.ProcessEvent(data=pb.ProcessEvent.DataEvent(stderr=stderr)))
+    end = pb.ProcessEvent.EndEvent(exit_code=REFUSED_EXIT_CODE, exited=True, status=status, error=status)
+    yield pb.StartResponse(event=pb.ProcessEvent(end=end))
 
 
 def shell_script(argv: Sequence[str]) -> str | None:
@@ -276,23 +299,33 @@ class ProcessDoor:
                 details["user"] = ROOT_USER
                 if not sandbox.session.policy.sandbox.root_commands:
                     floor = root_refusal(SANDBOX_USER)
-            with self.sandboxes.acting(sandbox, "process", details, floor=floor) as ticket:
-                own = {k: v for k, v in box.spec.env.items() if not (as_root and k in _USER_VARIABLES)}
-                env = {**own, **sandbox.env_vars, **config.envs}  # root keeps the agent's HOME, USER, LOGNAME
-                info = box.jobs.start(argv, tag=tag, cwd=cwd, env=env, pty=pty, rows=rows, cols=cols,
-                                      stdin=stdin or pty, as_root=as_root)
-                ticket.outcome["pid"] = info.pid
-                self._remember(sandbox, info, config, tag, pty, cwd)
-                if call.deadline is not None:
-                    self._deadlines.add(call.deadline, sandbox, info.pid, info.started_at)
-                events = self._follow(box, sandbox, info, call, kill_if_busy=True)
-                yield pb.StartResponse(event=_started(info.pid))
-                for event in events:
-                    if event.HasField("end"):
-                        ticket.outcome.update(exit_code=event.end.exit_code, status=event.end.status)
-                    yield pb.StartResponse(event=event)
-                if call.scope.cancelled:
-                    ticket.outcome["ended"] = "the client went away; the process runs on"
+            authorized = False
+            try:
+                with self.sandboxes.acting(sandbox, "process", details, floor=floor) as ticket:
+                    authorized = True
+                    own = {k: v for k, v in box.spec.env.items() if not (as_root and k in _USER_VARIABLES)}
+                    env = {**own, **sandbox.env_vars, **config.envs}  # root keeps the agent's HOME, USER, LOGNAME
+                    info = box.jobs.start(argv, tag=tag, cwd=cwd, env=env, pty=pty, rows=rows, cols=cols,
+                                          stdin=stdin or pty, as_root=as_root)
+                    ticket.outcome["pid"] = info.pid
+                    self._remember(sandbox, info, config, tag, pty, cwd)
+                    if call.deadline is not None:
+                        self._deadlines.add(call.deadline, sandbox, info.pid, info.started_at)
+                    events = self._follow(box, sandbox, info, call, kill_if_busy=True)
+                    yield pb.StartResponse(event=_started(info.pid))
+                    for event in events:
+                        if event.HasField("end"):
+                            ticket.outcome.update(exit_code=event.end.exit_code, status=event.end.status)
+                        yield pb.StartResponse(event=event)
+                    if call.scope.cancelled:
+                        ticket.outcome["ended"] = "the client went away; the process runs on"
+                return
+            except E2bError as error:
+                if authorized or pty or sandbox.session.policy.sandbox.on_denied_command != "exit" \
+                        or error.error not in REFUSALS:
+                    raise
+                refusal = error.message
+            yield from refused_as_exit(refusal)
 
     def connect(self, request: pb.ConnectRequest, call: EnvdCall) -> Generator[pb.ConnectResponse, None, None]:
         sandbox = call.sandbox
