@@ -225,10 +225,12 @@ async def paused(section: dict[str, Any]) -> None:
 
 
 async def code_interpreter(section: dict[str, Any]) -> None:
-    """``sandbox_type="e2b_code_interpreter"``, the sandbox made and ended by the runner."""
+    """``sandbox_type="e2b_code_interpreter"``, the sandbox made and ended by the runner; the
+    model's command that the policy denies comes back to it as a result, and the run goes on."""
     model = ScriptedModel([
         [function_call("exec_command", {"cmd": "python3 -c 'import numpy; print(numpy.arange(10).sum())'; id -un"},
                        call_id="sum")],
+        [function_call("exec_command", {"cmd": "git push origin main"}, call_id="push")],
         [assistant_message("45")],
     ])
     # README: agents-sandbox-runner snippet start

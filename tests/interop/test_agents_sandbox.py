@@ -25,7 +25,7 @@ import pytest
 
 from harness.engine.image.build import default_repo_root
 from harness.engine.image.variants import build_variant
-from tests.interop.e2b_server import E2bServer, policy_text, serve_e2b
+from tests.interop.e2b_server import DENIED_COMMAND_REASON, E2bServer, policy_text, serve_e2b
 from tests.interop.harness_venvs import run_driver
 
 pytestmark = [pytest.mark.interop, pytest.mark.docker]
@@ -38,11 +38,20 @@ DOT = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
                     "a40000000049454e44ae426082")
 # The SDK asks for public ports (``allow_public_traffic``) for a session's ``exposed_ports``;
 # callbox serves them so only where the policy says so, and forwards them where it allows it.
-POLICY = policy_text("""
+# The SDK ends its run on any error of its sandbox: a command the policy denies is answered
+# as an exit (126, the reason on stderr), for the model to read.
+POLICY = policy_text(f"""
 public_ports = true
+on_denied_command = "exit"
 
 [actions.port_forward]
 decision = "allow"
+
+[tools.shell]
+[[tools.shell.rules]]
+action = "deny"
+command = "*git push*"
+reason = "{DENIED_COMMAND_REASON}"
 """)
 
 
@@ -157,6 +166,19 @@ def test_the_code_interpreter_sandbox_type(report: dict[str, Any]) -> None:
     assert total.endswith("Output:\n45\nuser\n"), why  # numpy: the code interpreter's image
     assert part["final_output"] == "45"
     assert part["leftover"] == []  # the runner killed the sandbox it made
+
+
+def test_a_command_the_policy_denies_is_a_result_the_model_reads(report: dict[str, Any], server: E2bServer) -> None:
+    part = section(report, "code_interpreter")
+    pushed, why = said(part, "push")
+    assert "Process exited with code 126" in pushed, why
+    assert pushed.endswith(f"callbox: denied by policy rule tools.shell.rules[0]: {DENIED_COMMAND_REASON}\n"), why
+    assert part["final_output"] == "45"  # the run went on to the model's answer
+    with sqlite3.connect(server.directory / "audit.sqlite3") as db:
+        decisions = [decision for (arguments, decision) in db.execute(
+            "SELECT arguments, decision FROM calls WHERE tool = 'sandbox.process'")
+            if "git push origin main" in str(json.loads(arguments)["command"])]
+    assert decisions == ["deny"]
 
 
 def test_run_as_fails_before_the_first_model_call(report: dict[str, Any]) -> None:
