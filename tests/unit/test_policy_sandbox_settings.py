@@ -12,8 +12,9 @@ from harness.engine.spec import Mount, SandboxSpec
 
 
 def test_the_settings_are_the_specs_fields_with_its_defaults() -> None:
-    # what a client's request beyond the policy gets, whether it may ask for root: no sandbox's settings
-    policy_only = ["on_internet_request", "public_ports", "root_commands"]
+    # what a client's request beyond the policy gets, how a refused command is answered, whether
+    # it may ask for root: no sandbox's settings
+    policy_only = ["on_internet_request", "on_denied_command", "public_ports", "root_commands"]
     # secrets: the policy's [[secret]] tables, not a [sandbox] key
     spec_fields = [name for name in SandboxSpec.model_fields if name != "secrets"]
     assert list(SandboxSettings.model_fields) == spec_fields + policy_only
