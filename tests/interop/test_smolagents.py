@@ -3,12 +3,14 @@
 ``CodeAgent(executor_type="e2b")`` as smolagents' documentation writes it: the agent's
 ``E2BExecutor`` creates an ``e2b_code_interpreter`` sandbox (the SDK's default template,
 ``code-interpreter-v1``: callbox's code-interpreter image variant, built first when missing)
-against ``callbox serve --e2b``, found through ``E2B_API_URL``/``E2B_SANDBOX_URL``/``E2B_API_KEY``.
-The model is a subclass of smolagents' own ``Model`` playing code blobs in CodeAgent's format
-(``Thought:`` then ``<code>...</code>``), one per step, recording what it was sent, so the
-test asserts on the observations the model really reads: a variable of step 1 used in step 3,
-an exception of step 2 reported as the kernel raised it, and the answer of ``final_answer``.
-One server and one agent (one sandbox) for the module.
+against ``callbox serve --e2b``, found through ``E2B_API_URL``/``E2B_SANDBOX_URL``/``E2B_API_KEY``,
+then sends it the agent's tools (a ``@tool`` of ours and ``final_answer``), runs ``!pip install``
+for ``additional_authorized_imports`` (numpy, already in the image) and the task's
+``additional_args``. The model is a subclass of smolagents' own ``Model`` playing code blobs in
+CodeAgent's format (``Thought:`` then ``<code>...</code>``), one per step, recording what it was
+sent, so the test asserts on the observations the model really reads: step 1's printed output,
+step 2's exception as the kernel raised it, step 1's variable used again in step 3 and the value
+of ``final_answer``. One server and one agent (one sandbox) for the module.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import pytest
 from e2b import Sandbox as BaseSandbox
-from smolagents import ChatMessage, MessageRole, Model
+from smolagents import ChatMessage, MessageRole, Model, tool
 
 from harness.engine.image.build import default_repo_root
 from harness.engine.image.variants import build_variant
@@ -27,17 +29,29 @@ from tests.interop.e2b_server import E2bServer, sdk_environment, serve_e2b
 pytestmark = [pytest.mark.docker, pytest.mark.interop, pytest.mark.smolagents]
 
 STEPS = [
-    # Step 1: state the next steps use, and a file to find in the sandbox afterwards.
-    "Thought: I count the primes below 100 and keep them.\n<code>\n"
-    "primes = [n for n in range(2, 100) if all(n % d for d in range(2, n))]\n"
+    # Step 1: state the next steps use (from additional_args, numpy, a tool of the agent's), and a
+    # file to find in the sandbox afterwards.
+    "Thought: I count the primes below the limit and keep them.\n<code>\n"
+    "import numpy as np\n"
+    "primes = [n for n in range(2, limit) if all(n % d for d in range(2, n))]\n"
     "open('/tmp/smolagents-step1.txt', 'w').write(str(len(primes)))\n"
-    "print('found', len(primes), 'primes')\n</code>",
+    "print(shout(f'found {len(primes)} primes summing to {np.sum(primes)}'))\n</code>",
     # Step 2: an exception, which the model must read as the kernel raised it.
     "Thought: I check the largest one.\n<code>\nassert primes[-1] == 101, f'largest is {primes[-1]}'\n</code>",
     # Step 3: step 1's variable again (the kernel kept it), and the answer.
     "Thought: 97 is the largest; I answer.\n<code>\n"
     "final_answer({'count': len(primes), 'largest': primes[-1]})\n</code>",
 ]
+
+
+@tool
+def shout(text: str) -> str:
+    """Says a text louder: upper case, with an exclamation mark.
+
+    Args:
+        text: what to say.
+    """
+    return text.upper() + "!"
 
 
 class ScriptedModel(Model):
@@ -78,19 +92,18 @@ def test_code_agent_runs_its_steps_in_the_code_interpreter(server: E2bServer) ->
         # README: smolagents snippet start
         from smolagents import CodeAgent
 
-        agent = CodeAgent(tools=[], model=model, executor_type="e2b", max_steps=5)
-        try:
-            answer = agent.run("How many primes are below 100, and which is the largest?")
+        with CodeAgent(tools=[shout], model=model, executor_type="e2b",
+                       additional_authorized_imports=["numpy"]) as agent:  # leaving it kills the sandbox
+            answer = agent.run("How many primes are below the limit, and which is the largest?",
+                               additional_args={"limit": 100})
             # README: smolagents snippet end
             sandbox_id = agent.python_executor.sandbox.sandbox_id
             in_sandbox = BaseSandbox.connect(sandbox_id).files.read("/tmp/smolagents-step1.txt")
-        finally:
-            agent.cleanup()  # kills the sandbox
-        assert not [s for s in BaseSandbox.list().next_items() if s.sandbox_id == sandbox_id]
+        assert not [s for s in BaseSandbox.list().next_items() if s.sandbox_id == sandbox_id], "not killed"
 
     assert answer == {"count": 25, "largest": 97}, f"smolagents: final_answer returned {answer!r}"
     assert in_sandbox == "25", f"smolagents: step 1's file in the sandbox holds {in_sandbox!r}"
     assert len(model.seen) == 3, f"smolagents: the model was asked {len(model.seen)} times"
     # Each observation reaches the model's next step: step 1's output, then step 2's exception.
-    assert "found 25 primes" in model.seen[1], model.seen[1]
+    assert "FOUND 25 PRIMES SUMMING TO 1060!" in model.seen[1], model.seen[1]
     assert "AssertionError" in model.seen[2] and "largest is 97" in model.seen[2], model.seen[2]
