@@ -99,6 +99,7 @@ async def run_async(sandbox_id: str) -> dict[str, Any]:
     sandbox = await AsyncSandbox.connect(sandbox_id)
     agent = create_deep_agent(model=model, backend=AsyncE2BSandbox(sandbox=sandbox))
     result = await agent.ainvoke({"messages": [{"role": "user", "content": "leave a note"}]})
+    print(result["messages"][-1].content)
     # README: deepagents-async snippet end
     return summary(model, result)
 
@@ -110,8 +111,7 @@ def main() -> None:
     from e2b import Sandbox
     from langchain_e2b import E2BSandbox
 
-    sandbox = Sandbox.create()  # E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY: callbox serve --e2b
-    try:
+    with Sandbox.create() as sandbox:  # killed when the block ends
         agent = create_deep_agent(model=model, backend=E2BSandbox(sandbox=sandbox),
                                   system_prompt="You fix code in /home/user/proj.")
         result = agent.invoke({"messages": [{"role": "user", "content": "make greet() name callbox"}]})
@@ -122,8 +122,7 @@ def main() -> None:
         report["in_sandbox"] = {path: sandbox.files.read(path) for path in (APP, DATA, f"{PROJECT}/async.txt")}
         report["listed"] = [entry.name for entry in sandbox.files.list(PROJECT)]
         report["processes"] = sandbox.commands.run("ps -eo args").stdout.splitlines()
-    finally:
-        sandbox.kill()
+    report["left_running"] = [s.sandbox_id for s in Sandbox.list().next_items() if s.sandbox_id == sandbox.sandbox_id]
     print(json.dumps(report))
 
 

@@ -74,3 +74,4 @@ def test_deep_agent_runs_its_file_and_shell_tools_in_the_sandbox(e2b_server: E2b
     assert {"app.py", "data.txt", "async.txt"} <= set(report["listed"]), report["listed"]
     # The command that timed out is gone, not left running in the sandbox.
     assert not [p for p in report["processes"] if "sleep 30" in p], report["processes"]
+    assert report["left_running"] == [], "deepagents: the sandbox outlived its with block"

@@ -92,10 +92,15 @@ def test_code_agent_runs_its_steps_in_the_code_interpreter(server: E2bServer) ->
         # README: smolagents snippet start
         from smolagents import CodeAgent
 
-        with CodeAgent(tools=[shout], model=model, executor_type="e2b",
-                       additional_authorized_imports=["numpy"]) as agent:  # leaving it kills the sandbox
+        with CodeAgent(
+            tools=[shout],
+            model=model,
+            executor_type="e2b",  # an e2b_code_interpreter Sandbox (template code-interpreter-v1)
+            additional_authorized_imports=["numpy"],  # pip-installed in the sandbox first
+        ) as agent:  # leaving the block kills the sandbox
             answer = agent.run("How many primes are below the limit, and which is the largest?",
                                additional_args={"limit": 100})
+            print(answer)
             # README: smolagents snippet end
             sandbox_id = agent.python_executor.sandbox.sandbox_id
             in_sandbox = BaseSandbox.connect(sandbox_id).files.read("/tmp/smolagents-step1.txt")
