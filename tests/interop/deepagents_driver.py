@@ -31,6 +31,7 @@ FINAL = "greet() now names callbox."
 DATA = f"{PROJECT}/data.txt"
 BIG = 60_000  # an edit over 50 kB: langchain-e2b uploads old and new text instead of inlining them
 DENIED = "git push origin main"  # the test's policy denies it
+OUTSIDE = "/opt/outside.txt"  # not under /home/user, /tmp or /workspace
 CALLS: list[tuple[str, dict[str, Any]]] = [
     ("write_file", {"file_path": APP, "content": "def greet():\n    return 'hello'\n"}),
     ("edit_file", {"file_path": APP, "old_string": "'hello'", "new_string": "'hello from callbox'"}),
@@ -88,6 +89,21 @@ def summary(model: ScriptedChatModel, result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def run_outside(sandbox: Any) -> str:
+    """A ``write_file`` outside the sandbox user's places: callbox refuses it; what the run
+    does with that (langchain-e2b lets the SDK's exception out of the tool)."""
+    from deepagents import create_deep_agent
+    from langchain_e2b import E2BSandbox
+
+    model = ScriptedChatModel(responses=script([("write_file", {"file_path": OUTSIDE, "content": "x\n"})]))
+    agent = create_deep_agent(model=model, backend=E2BSandbox(sandbox=sandbox))
+    try:
+        result = agent.invoke({"messages": [{"role": "user", "content": "write outside"}]})
+    except Exception as exc:  # reported for the test to check, not handled
+        return f"raised {type(exc).__name__}: {exc}"
+    return f"returned {[str(m.content) for m in result['messages'] if isinstance(m, ToolMessage)]}"
+
+
 async def run_async(sandbox_id: str) -> dict[str, Any]:
     """The async variant on the same sandbox: ``AsyncE2BSandbox`` and ``ainvoke``."""
     model = ScriptedChatModel(responses=script(ASYNC_CALLS))
@@ -119,6 +135,7 @@ def main() -> None:
         # README: deepagents snippet end
         report = {"tools_offered": model.tool_names, **summary(model, result)}
         report["async"] = asyncio.run(run_async(sandbox.sandbox_id))
+        report["outside"] = run_outside(sandbox)
         report["in_sandbox"] = {path: sandbox.files.read(path) for path in (APP, DATA, f"{PROJECT}/async.txt")}
         report["listed"] = [entry.name for entry in sandbox.files.list(PROJECT)]
         report["processes"] = sandbox.commands.run("ps -eo args").stdout.splitlines()

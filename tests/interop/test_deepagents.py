@@ -75,3 +75,9 @@ def test_deep_agent_runs_its_file_and_shell_tools_in_the_sandbox(e2b_server: E2b
     # The command that timed out is gone, not left running in the sandbox.
     assert not [p for p in report["processes"] if "sleep 30" in p], report["processes"]
     assert report["left_running"] == [], "deepagents: the sandbox outlived its with block"
+    # What does not work: a write outside the user's places is refused, and langchain-e2b 0.0.6
+    # lets the SDK's SandboxException end the run (it catches only not-found, invalid-path and
+    # PermissionError). The page says so; this notices when either side changes.
+    assert report["outside"] == (
+        "raised SandboxException: Code.PERMISSION_DENIED: /opt/outside.txt is outside the allowed roots "
+        "(/home/sandbox, /home/user, /tmp, /workspace)."), report["outside"]
