@@ -9,8 +9,9 @@ for ``additional_authorized_imports`` (numpy, already in the image) and the task
 ``additional_args``. The model is a subclass of smolagents' own ``Model`` playing code blobs in
 CodeAgent's format (``Thought:`` then ``<code>...</code>``), one per step, recording what it was
 sent, so the test asserts on the observations the model really reads: step 1's printed output,
-step 2's exception as the kernel raised it, step 1's variable used again in step 3 and the value
-of ``final_answer``. One server and one agent (one sandbox) for the module.
+step 2's exception as the kernel raised it, the reason of the policy rule that denies step 3,
+step 1's variable used again in step 4 and the value of ``final_answer``. One server (its policy
+denies ``git push``) and one agent (one sandbox) for the module.
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ from smolagents import ChatMessage, MessageRole, Model, tool
 
 from harness.engine.image.build import default_repo_root
 from harness.engine.image.variants import build_variant
-from tests.interop.e2b_server import E2bServer, sdk_environment, serve_e2b
+from tests.interop.e2b_server import (
+    DENIED_COMMAND_REASON,
+    INTEROP_POLICY,
+    E2bServer,
+    sdk_environment,
+    serve_e2b,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.interop, pytest.mark.smolagents]
 
@@ -38,7 +45,9 @@ STEPS = [
     "print(shout(f'found {len(primes)} primes summing to {np.sum(primes)}'))\n</code>",
     # Step 2: an exception, which the model must read as the kernel raised it.
     "Thought: I check the largest one.\n<code>\nassert primes[-1] == 101, f'largest is {primes[-1]}'\n</code>",
-    # Step 3: step 1's variable again (the kernel kept it), and the answer.
+    # Step 3: code the server's policy denies: the model reads the rule's reason.
+    "Thought: I publish the result.\n<code>\nimport os\nos.system('git push origin main')\n</code>",
+    # Step 4: step 1's variable again (the kernel kept it), and the answer.
     "Thought: 97 is the largest; I answer.\n<code>\n"
     "final_answer({'count': len(primes), 'largest': primes[-1]})\n</code>",
 ]
@@ -82,7 +91,7 @@ def _text(message: Any) -> str:
 @pytest.fixture(scope="module")
 def server(engine: Any) -> Iterator[E2bServer]:
     build_variant(engine.client, "code-interpreter", repo_root=default_repo_root(), progress=lambda _line: None)
-    with serve_e2b(engine) as served:
+    with serve_e2b(engine, policy=INTEROP_POLICY) as served:
         yield served
 
 
@@ -108,7 +117,9 @@ def test_code_agent_runs_its_steps_in_the_code_interpreter(server: E2bServer) ->
 
     assert answer == {"count": 25, "largest": 97}, f"smolagents: final_answer returned {answer!r}"
     assert in_sandbox == "25", f"smolagents: step 1's file in the sandbox holds {in_sandbox!r}"
-    assert len(model.seen) == 3, f"smolagents: the model was asked {len(model.seen)} times"
-    # Each observation reaches the model's next step: step 1's output, then step 2's exception.
+    assert len(model.seen) == 4, f"smolagents: the model was asked {len(model.seen)} times"
+    # Each observation reaches the model's next step: step 1's output, step 2's exception, the
+    # policy's refusal of step 3.
     assert "FOUND 25 PRIMES SUMMING TO 1060!" in model.seen[1], model.seen[1]
     assert "AssertionError" in model.seen[2] and "largest is 97" in model.seen[2], model.seen[2]
+    assert DENIED_COMMAND_REASON in model.seen[3], model.seen[3][-2000:]
