@@ -53,8 +53,10 @@ ASYNC_CALLS: list[tuple[str, dict[str, Any]]] = [
 
 
 class ScriptedChatModel(FakeMessagesListChatModel):
-    """``FakeMessagesListChatModel`` that accepts the agent's tools (it binds none: its
-    replies are scripted) and keeps what each turn received in ``seen``."""
+    """``FakeMessagesListChatModel`` that accepts the agent's tools and keeps what each turn
+    received in ``seen``. ``create_deep_agent`` binds its tools to the model, and neither of
+    langchain_core's fake chat models (this one, ``GenericFakeChatModel``) implements
+    ``bind_tools``: this one binds none, its replies being scripted."""
 
     seen: list[list[BaseMessage]] = Field(default_factory=list)
     tool_names: list[str] = Field(default_factory=list)
