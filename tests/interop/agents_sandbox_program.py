@@ -70,15 +70,35 @@ def patch_call(call_id: str, patch: str) -> ResponseCustomToolCall:
                                   input=patch)
 
 
-def exit_terminal(call: ModelCall) -> list[Any]:
-    """The model types ``exit`` into the terminal session the previous call left open."""
-    latest = [item for item in call.input if isinstance(item, dict) and item.get("call_id") == "tty"
-              and item.get("type") == "function_call_output"]
-    found = re.search(r"session ID (\d+)", str(latest[-1]["output"])) if latest else None
-    if found is None:
-        raise AssertionError(f"the tty command left no session open: {latest}")
-    return [function_call("write_stdin", {"session_id": int(found[1]), "chars": "exit\n", "yield_time_ms": 2000},
-                          call_id="stdin")]
+def said_to(call: ModelCall, prefix: str) -> str:
+    """Everything the model was told for its calls whose id starts with ``prefix``, in order."""
+    return "".join(str(item["output"]) for item in call.input if isinstance(item, dict)
+                   and item.get("type") == "function_call_output" and str(item.get("call_id")).startswith(prefix))
+
+
+def once_seen(model: ScriptedModel, prefix: str, text: str, then: Callable[[ModelCall, int], list[Any]]) -> ModelStep:
+    """The model's step once the output of its calls ``prefix*`` shows ``text``: ``then``
+    (given the session id of the process still running); until then it polls that process
+    with an empty ``write_stdin``, however slow the machine, and waits no longer than that.
+    Steps after this one are for ``then`` to add: a poll's check goes at the script's end."""
+    polls = 0
+
+    def respond(call: ModelCall) -> list[Any]:
+        nonlocal polls
+        told = said_to(call, prefix)
+        found = re.search(r"session ID (\d+)", told)
+        if found is None:
+            raise AssertionError(f"the call {prefix!r} left no session running: {told!r}")
+        if text in told:
+            return then(call, int(found[1]))
+        polls += 1
+        if polls > 30:
+            raise AssertionError(f"{text!r} never came from the call {prefix!r}: {told!r}")
+        model.enqueue(ModelStep.respond(respond))
+        return [function_call("write_stdin", {"session_id": int(found[1]), "yield_time_ms": 1000},
+                              call_id=f"{prefix}-poll-{polls}")]
+
+    return ModelStep.respond(respond)
 
 
 async def step(name: str, body: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
@@ -108,17 +128,27 @@ async def defaults(section: dict[str, Any]) -> None:
     """Default options: the model runs commands (with and without a TTY) and writes a file; the
     SDK writes and reads files; at the end the sandbox is killed, and a new client resumes the
     session in a new sandbox from the workspace's snapshot."""
-    model = ScriptedModel([
-        [function_call("exec_command", {"cmd": "id -un; pwd; cat README.md; [ -t 1 ] || echo no-tty"},
-                       call_id="plain")],
-        [function_call("exec_command", {"cmd": "tty; echo $((6 * 7))", "tty": True, "yield_time_ms": 1000},
-                       call_id="tty")],
-        ModelStep.respond(exit_terminal),
+    after_the_terminal = [
         [function_call("exec_command", {"cmd": DRAW}, call_id="draw")],
         [function_call("view_image", {"path": "dot.png"}, call_id="image")],
         [patch_call("patch", f"*** Begin Patch\n*** Add File: notes.txt\n+{NOTE}\n*** End Patch\n")],
         [function_call("exec_command", {"cmd": "cat notes.txt; exit 3"}, call_id="status")],
         [assistant_message("The workspace holds README.md and notes.txt.")],
+    ]
+
+    def exit_terminal(_call: ModelCall, session_id: int) -> list[Any]:
+        """The model types ``exit`` into the terminal its ``tty`` call left open, then goes on."""
+        model.extend(after_the_terminal)
+        return [function_call("write_stdin", {"session_id": session_id, "chars": "exit\n", "yield_time_ms": 2000},
+                              call_id="stdin")]
+
+    model = ScriptedModel()
+    model.extend([
+        [function_call("exec_command", {"cmd": "id -un; pwd; cat README.md; [ -t 1 ] || echo no-tty"},
+                       call_id="plain")],
+        [function_call("exec_command", {"cmd": "tty; echo $((6 * 7))", "tty": True, "yield_time_ms": 1000},
+                       call_id="tty")],
+        once_seen(model, "tty", "\r\n42\r\n", exit_terminal),
     ])
     # README: agents-sandbox snippet start
     import io
@@ -180,10 +210,12 @@ async def paused(section: dict[str, Any]) -> None:
     """``pause_on_exit`` and ``exposed_ports``: a server the model starts is fetched from here
     through the endpoint ``resolve_exposed_port`` gives (``get_host``); the session pauses on
     exit and a new client resumes the same sandbox with its files."""
-    model = ScriptedModel([
-        [function_call("exec_command", {"cmd": f"python3 -u -m http.server {PORT}", "yield_time_ms": 1500},
+    model = ScriptedModel()
+    model.extend([
+        [function_call("exec_command", {"cmd": f"python3 -u -m http.server {PORT}", "yield_time_ms": 1000},
                        call_id="serve")],
-        [assistant_message("Serving the workspace.")],
+        once_seen(model, "serve", "Serving HTTP",
+                  lambda _call, _session: [assistant_message("Serving the workspace.")]),
     ])
     agent = SandboxAgent(name="Web server", model=model, instructions="Serve the workspace.")
     # README: agents-sandbox-ports snippet start

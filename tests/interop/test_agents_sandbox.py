@@ -76,9 +76,10 @@ def section(report: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def said(part: dict[str, Any], call_id: str) -> tuple[str, str]:
-    """What the model received for its call ``call_id``, and a failure message naming the
-    harness, the call and that answer."""
-    output = str(part["outputs"].get(call_id))
+    """What the model received for its call ``call_id`` (and the polls of its process that
+    followed, on a slow machine), and a failure message naming the harness, the call and that."""
+    outputs: dict[str, str] = part["outputs"]
+    output = "".join(text for key, text in outputs.items() if key == call_id or key.startswith(f"{call_id}-poll-"))
     return output, f"{HARNESS}: the model's call {part['calls'].get(call_id)} got {output!r}"
 
 
