@@ -63,8 +63,10 @@ def server(engine: Any) -> Iterator[E2bServer]:
 
 
 @pytest.fixture(scope="module")
-def report(server: E2bServer) -> dict[str, Any]:
-    found: dict[str, Any] = run_driver(HARNESS, PROGRAM, env=server.child_env(), timeout=300)
+def report(server: E2bServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    # The program's temporary files (the sessions' snapshots) go where pytest cleans up.
+    env = {**server.child_env(), "TMPDIR": str(tmp_path_factory.mktemp("agents-sandbox"))}
+    found: dict[str, Any] = run_driver(HARNESS, PROGRAM, env=env, timeout=300)
     return found
 
 
