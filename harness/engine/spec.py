@@ -46,6 +46,7 @@ TMP = "/tmp"
 HOME = "/home/sandbox"
 SCRATCH_PLACES = (WORKSPACE, TMP, HOME)
 """Container paths that get a scratch tmpfs unless a mount covers them."""
+
 MIN_CPUS = 0.01
 """The smallest CPU quota Docker accepts."""
 MAX_ID = (1 << 32) - 2
@@ -304,6 +305,14 @@ class SandboxFields(BaseModel, Generic[MountT]):
     home_size: ByteSize | None = None
     """Size of the home directory /home/sandbox (tmpfs; caches such as pip's and git's
     config live there); default a sixteenth of the memory limit (32 MiB of 512m)."""
+    scratch_dirs: tuple[str, ...] = ()
+    """More scratch directories, at these absolute paths: each an empty tmpfs of ``tmp_size``
+    made like /tmp (world-writable with the sticky bit, so both the tool user and a root
+    command, which has no CAP_DAC_OVERRIDE, create files there), gone with the sandbox. For
+    frameworks that write top-level directories of their own on the otherwise read-only root
+    (Harbor's ``/logs``, ``/tests``, ``/solution``). Not under a system directory (``/usr``,
+    ``/etc``, ``/proc``...), not a place that already has one; their pages count against the
+    memory limit, as every tmpfs's."""
     noexec: bool = False
     """Mount /workspace, /tmp and the home directory ``noexec``. Off by default: agents run
     what they build (``./run.sh``, a compiled binary, a venv's ``bin/python``). Turning it on
@@ -352,6 +361,25 @@ class SandboxSpec(SandboxFields[Mount]):
             if "\0" in val:
                 raise ValueError(f"environment variable {name} contains a NUL byte")
         return value
+
+    @field_validator("scratch_dirs")
+    @classmethod
+    def _scratch_dirs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        places: list[str] = []
+        for raw in value:
+            place = os.path.normpath(raw) if raw.startswith("/") else raw
+            if not place.startswith("/") or place == "/" or place.startswith("//"):
+                raise ValueError(f"scratch_dirs: {raw!r} must be an absolute path below / inside the sandbox")
+            system = next((d for d in RESERVED_TARGETS if d != "/" and _within(place, d)), None)
+            if system is not None:
+                raise ValueError(f"scratch_dirs: {raw!r} would hide the system directory {system} the sandbox "
+                                 "runs from; choose a directory of your own (e.g. /logs)")
+            if any(_within(place, p) for p in (*SCRATCH_PLACES, *places)) or \
+                    any(_within(p, place) for p in (*SCRATCH_PLACES, *places)):
+                raise ValueError(f"scratch_dirs: {raw!r} is, holds or lies in a scratch place already "
+                                 f"({', '.join((*SCRATCH_PLACES, *places))})")
+            places.append(place)
+        return tuple(places)
 
     @field_validator("workdir")
     @classmethod
@@ -452,6 +480,9 @@ class SandboxSpec(SandboxFields[Mount]):
         places = {place: size for place, size in sizes.items() if not self._covered(place)}
         if self.workdir not in sizes and not self._covered(self.workdir):
             places[self.workdir] = self.effective_workspace_size
+        for place in self.scratch_dirs:
+            if not self._covered(place):
+                places[place] = self.effective_tmp_size
         return places
 
     def space_for(self, path: str) -> str:
@@ -475,7 +506,8 @@ class SandboxSpec(SandboxFields[Mount]):
         """Docker's tmpfs options for scratch ``place`` (from ``scratch_tmpfs``); ``exec``
         is explicit because Docker's tmpfs default is noexec."""
         flags = f"rw,nosuid,nodev,{'noexec' if self.noexec else 'exec'},size={self.scratch_tmpfs()[place]}"
-        return f"{flags},mode=1777" if place == TMP else f"{flags},mode=0755,uid={uid},gid={gid}"
+        shared = place == TMP or place in self.scratch_dirs
+        return f"{flags},mode=1777" if shared else f"{flags},mode=0755,uid={uid},gid={gid}"
 
     @property
     def tmpfs_total(self) -> int:
