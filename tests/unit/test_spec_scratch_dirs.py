@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -22,7 +24,7 @@ def test_each_scratch_dir_is_a_tmpfs_like_tmp() -> None:
 
 
 def test_a_mount_covering_a_scratch_dir_replaces_its_tmpfs() -> None:
-    spec = SandboxSpec(scratch_dirs=("/logs/agent",), mounts=(Mount(source="/srv", target="/logs"),))
+    spec = SandboxSpec(scratch_dirs=("/logs/agent",), mounts=(Mount(source=Path("/srv"), target="/logs"),))
     assert "/logs/agent" not in spec.scratch_tmpfs()
 
 
