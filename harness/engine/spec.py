@@ -12,7 +12,8 @@ a ``CallboxError`` (one line, no traceback, wherever it surfaces).
 
 Scratch places and mounts. ``/workspace``, ``/tmp`` and the home directory
 (``/home/sandbox``) are size-limited tmpfs, ``nosuid,nodev`` and executable unless
-``noexec``. A mount whose target is one of them, or a parent of one (a mount at
+``noexec``; ``/var/tmp`` is one too where ``var_tmp_size`` is set (else it is the image's,
+read-only). A mount whose target is one of them, or a parent of one (a mount at
 ``/home``), replaces the tmpfs there: the mount wins, no tmpfs is mounted over it nor
 inside it (with a mount at ``/home`` the home directory is whatever the host directory
 holds at ``sandbox/``, possibly nothing). A mount below a scratch place
@@ -44,8 +45,11 @@ TOOL_GID = 1000
 WORKSPACE = "/workspace"
 TMP = "/tmp"
 HOME = "/home/sandbox"
+VAR_TMP = "/var/tmp"
 SCRATCH_PLACES = (WORKSPACE, TMP, HOME)
 """Container paths that get a scratch tmpfs unless a mount covers them."""
+SHARED_TMP = (TMP, VAR_TMP)
+"""Scratch places every user may write (mode 1777, as a system's)."""
 MIN_CPUS = 0.01
 """The smallest CPU quota Docker accepts."""
 MAX_ID = (1 << 32) - 2
@@ -304,6 +308,10 @@ class SandboxFields(BaseModel, Generic[MountT]):
     home_size: ByteSize | None = None
     """Size of the home directory /home/sandbox (tmpfs; caches such as pip's and git's
     config live there); default a sixteenth of the memory limit (32 MiB of 512m)."""
+    var_tmp_size: ByteSize | None = None
+    """Size of /var/tmp (a tmpfs any user may write, as /tmp); unset (the default): no tmpfs,
+    /var/tmp is the image's read-only directory. Some tools unpack themselves there (Inspect
+    AI's sandbox tools take about 32 MiB). It counts in the tmpfs mounts' half of ``memory``."""
     noexec: bool = False
     """Mount /workspace, /tmp and the home directory ``noexec``. Off by default: agents run
     what they build (``./run.sh``, a compiled binary, a venv's ``bin/python``). Turning it on
@@ -402,7 +410,7 @@ class SandboxSpec(SandboxFields[Mount]):
             )
         if self.secrets and (problem := secrets_problem(self.secrets, self.network, self.allow_hosts, self.env)):
             raise ValueError(problem)
-        for size_name in ("tmp_size", "workspace_size", "home_size"):
+        for size_name in ("tmp_size", "workspace_size", "home_size", "var_tmp_size"):
             size = getattr(self, size_name)
             if size is not None and size >= self.memory:
                 raise ValueError(
@@ -410,10 +418,10 @@ class SandboxSpec(SandboxFields[Mount]):
                     f"{format_size(self.memory)} (tmpfs pages count against it)"
                 )
         if self.tmpfs_total > self.memory // 2:
+            sizes = "tmp_size + workspace_size + home_size" + (" + var_tmp_size" if self.var_tmp_size else "")
             raise ValueError(
                 f"the tmpfs mounts would take {self.tmpfs_total >> 20}m of the {format_size(self.memory)} "
-                "memory limit (tmpfs pages count against it); keep tmp_size + workspace_size + home_size "
-                "under half of memory, or raise memory"
+                f"memory limit (tmpfs pages count against it); keep {sizes} under half of memory, or raise memory"
             )
         return self
 
@@ -449,6 +457,8 @@ class SandboxSpec(SandboxFields[Mount]):
         these and no mount covers it."""
         sizes = {WORKSPACE: self.effective_workspace_size, TMP: self.effective_tmp_size,
                  HOME: self.effective_home_size}
+        if self.var_tmp_size is not None:
+            sizes[VAR_TMP] = self.var_tmp_size
         places = {place: size for place, size in sizes.items() if not self._covered(place)}
         if self.workdir not in sizes and not self._covered(self.workdir):
             places[self.workdir] = self.effective_workspace_size
@@ -458,7 +468,7 @@ class SandboxSpec(SandboxFields[Mount]):
         """What bounds the space of absolute ``path`` in the sandbox, and how to get more:
         for a message when a write there ran out of space (the policy key of its scratch
         tmpfs, or the mount or filesystem it is on)."""
-        keys = {WORKSPACE: "workspace_size", TMP: "tmp_size", HOME: "home_size"}
+        keys = {WORKSPACE: "workspace_size", TMP: "tmp_size", HOME: "home_size", VAR_TMP: "var_tmp_size"}
         places = self.scratch_tmpfs()
         place = max((p for p in places if path == p or path.startswith(p.rstrip("/") + "/")), key=len, default=None)
         if place is not None:
@@ -475,15 +485,15 @@ class SandboxSpec(SandboxFields[Mount]):
         """Docker's tmpfs options for scratch ``place`` (from ``scratch_tmpfs``); ``exec``
         is explicit because Docker's tmpfs default is noexec."""
         flags = f"rw,nosuid,nodev,{'noexec' if self.noexec else 'exec'},size={self.scratch_tmpfs()[place]}"
-        return f"{flags},mode=1777" if place == TMP else f"{flags},mode=0755,uid={uid},gid={gid}"
+        return f"{flags},mode=1777" if place in SHARED_TMP else f"{flags},mode=0755,uid={uid},gid={gid}"
 
     @property
     def tmpfs_total(self) -> int:
-        """Memory the tmpfs mounts can pin: /tmp, the workspace, the home directory (those a
-        mount does not replace) and /dev/shm. Filling them must leave room for the agent, or
-        the OOM killer has nothing to free. (A separate workdir tmpfs is not counted.)"""
+        """Memory the tmpfs mounts can pin: /tmp, the workspace, the home directory, /var/tmp
+        (those a mount does not replace) and /dev/shm. Filling them must leave room for the
+        agent, or the OOM killer has nothing to free. (A separate workdir tmpfs is not counted.)"""
         places = self.scratch_tmpfs()
-        return sum(size for place, size in places.items() if place in SCRATCH_PLACES) + self.shm_size
+        return sum(size for place, size in places.items() if place in (*SCRATCH_PLACES, VAR_TMP)) + self.shm_size
 
     # ---- on a given host --------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ CHANGES: dict[str, Any] = {
     "tmp_size": 16 << 20,
     "workspace_size": 32 << 20,
     "home_size": 8 << 20,
+    "var_tmp_size": 8 << 20,
     "noexec": True,
     "nofile": 256,
     "fsize": 2 << 20,

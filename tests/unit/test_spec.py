@@ -393,6 +393,23 @@ def test_scratch_ownership() -> None:
     assert f"size={32 * MiB}" in spec.tmpfs_options(HOME, 1001, 1002)
 
 
+def test_var_tmp_is_a_scratch_place_any_user_writes_only_where_sized() -> None:
+    assert "/var/tmp" not in SandboxSpec().scratch_tmpfs()  # unset: the image's, read-only
+    spec = SandboxSpec(memory="1g", var_tmp_size="48m")
+    assert spec.scratch_tmpfs()["/var/tmp"] == 48 * MiB
+    assert spec.tmpfs_options("/var/tmp", 1001, 1002).endswith(f"size={48 * MiB},mode=1777")
+    assert spec.tmpfs_total == SandboxSpec(memory="1g").tmpfs_total + 48 * MiB
+    assert "var_tmp_size" in spec.space_for("/var/tmp/tools/x")
+    assert "/var/tmp" not in SandboxSpec(var_tmp_size="8m", mounts=(Mount.parse("/src:/var"),)).scratch_tmpfs()
+
+
+def test_var_tmp_counts_in_the_tmpfs_half_of_memory() -> None:
+    with pytest.raises(ValidationError, match="keep tmp_size \\+ workspace_size \\+ home_size \\+ var_tmp_size under"):
+        SandboxSpec(var_tmp_size="48m")  # 240m of 512m are taken by default
+    with pytest.raises(ValidationError, match="var_tmp_size 512m must be smaller than the memory limit"):
+        SandboxSpec(var_tmp_size="512m")
+
+
 def test_noexec_is_not_a_loosening() -> None:
     assert SandboxSpec(noexec=True).loosened() == []
 
