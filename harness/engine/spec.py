@@ -10,13 +10,12 @@ and every read-write mount writable by the tool user (``tool_identity``). Proble
 ``SpecError``: a ``ValueError`` (so pydantic and flag parsing treat it as bad input) and
 a ``CallboxError`` (one line, no traceback, wherever it surfaces).
 
-Scratch places and mounts. ``/workspace``, ``/tmp`` and the home directory
-(``/home/sandbox``) are size-limited tmpfs, ``nosuid,nodev`` and executable unless
-``noexec``; ``/var/tmp`` is one too where ``var_tmp_size`` is set (else it is the image's,
-read-only). A mount whose target is one of them, or a parent of one (a mount at
-``/home``), replaces the tmpfs there: the mount wins, no tmpfs is mounted over it nor
-inside it (with a mount at ``/home`` the home directory is whatever the host directory
-holds at ``sandbox/``, possibly nothing). A mount below a scratch place
+Scratch places and mounts. ``/workspace``, ``/tmp``, the home directory (``/home/sandbox``)
+and, where ``var_tmp_size`` is set, ``/var/tmp`` are size-limited tmpfs, ``nosuid,nodev``
+and executable unless ``noexec``. A mount whose target is one of them, or a parent of one
+(a mount at ``/home``), replaces the tmpfs there: the mount wins, no tmpfs is mounted over
+it nor inside it (with a mount at ``/home`` the home directory is whatever the host
+directory holds at ``sandbox/``, possibly nothing). A mount below a scratch place
 (``/workspace/project``) is mounted on top of the tmpfs, which stays around it.
 """
 
@@ -48,8 +47,6 @@ HOME = "/home/sandbox"
 VAR_TMP = "/var/tmp"
 SCRATCH_PLACES = (WORKSPACE, TMP, HOME)
 """Container paths that get a scratch tmpfs unless a mount covers them."""
-SHARED_TMP = (TMP, VAR_TMP)
-"""Scratch places every user may write (mode 1777, as a system's)."""
 MIN_CPUS = 0.01
 """The smallest CPU quota Docker accepts."""
 MAX_ID = (1 << 32) - 2
@@ -309,9 +306,8 @@ class SandboxFields(BaseModel, Generic[MountT]):
     """Size of the home directory /home/sandbox (tmpfs; caches such as pip's and git's
     config live there); default a sixteenth of the memory limit (32 MiB of 512m)."""
     var_tmp_size: ByteSize | None = None
-    """Size of /var/tmp (a tmpfs any user may write, as /tmp); unset (the default): no tmpfs,
-    /var/tmp is the image's read-only directory. Some tools unpack themselves there (Inspect
-    AI's sandbox tools take about 32 MiB). It counts in the tmpfs mounts' half of ``memory``."""
+    """Size of /var/tmp as a tmpfs any user writes (as /tmp; counted with the others); unset:
+    the image's read-only /var/tmp. Inspect AI's sandbox tools (32 MiB) unpack there."""
     noexec: bool = False
     """Mount /workspace, /tmp and the home directory ``noexec``. Off by default: agents run
     what they build (``./run.sh``, a compiled binary, a venv's ``bin/python``). Turning it on
@@ -418,11 +414,10 @@ class SandboxSpec(SandboxFields[Mount]):
                     f"{format_size(self.memory)} (tmpfs pages count against it)"
                 )
         if self.tmpfs_total > self.memory // 2:
-            sizes = "tmp_size + workspace_size + home_size" + (" + var_tmp_size" if self.var_tmp_size else "")
-            raise ValueError(
-                f"the tmpfs mounts would take {self.tmpfs_total >> 20}m of the {format_size(self.memory)} "
-                f"memory limit (tmpfs pages count against it); keep {sizes} under half of memory, or raise memory"
-            )
+            var_tmp = " + var_tmp_size" if self.var_tmp_size else ""
+            raise ValueError(f"the tmpfs mounts would take {self.tmpfs_total >> 20}m of the {format_size(self.memory)} "
+                             "memory limit (tmpfs pages count against it); keep tmp_size + workspace_size + "
+                             f"home_size{var_tmp} under half of memory, or raise memory")
         return self
 
     @property
@@ -485,13 +480,13 @@ class SandboxSpec(SandboxFields[Mount]):
         """Docker's tmpfs options for scratch ``place`` (from ``scratch_tmpfs``); ``exec``
         is explicit because Docker's tmpfs default is noexec."""
         flags = f"rw,nosuid,nodev,{'noexec' if self.noexec else 'exec'},size={self.scratch_tmpfs()[place]}"
-        return f"{flags},mode=1777" if place in SHARED_TMP else f"{flags},mode=0755,uid={uid},gid={gid}"
+        return f"{flags},mode=1777" if place in (TMP, VAR_TMP) else f"{flags},mode=0755,uid={uid},gid={gid}"
 
     @property
     def tmpfs_total(self) -> int:
-        """Memory the tmpfs mounts can pin: /tmp, the workspace, the home directory, /var/tmp
-        (those a mount does not replace) and /dev/shm. Filling them must leave room for the
-        agent, or the OOM killer has nothing to free. (A separate workdir tmpfs is not counted.)"""
+        """Memory the tmpfs mounts can pin: the scratch places a mount does not replace and
+        /dev/shm. Filling them must leave room for the agent, or the OOM killer has nothing to
+        free. (A separate workdir tmpfs is not counted.)"""
         places = self.scratch_tmpfs()
         return sum(size for place, size in places.items() if place in (*SCRATCH_PLACES, VAR_TMP)) + self.shm_size
 
