@@ -287,6 +287,9 @@ def all_python_blocks() -> list[Block]:
 SNIPPET_SOURCES = {
     "openai-agents": "tests/interop/test_openai_agents.py",
     "pydantic-ai": "tests/interop/test_pydantic_ai.py",
+    "smolagents": "tests/interop/test_smolagents.py",
+    "deepagents": "tests/interop/deepagents_driver.py",
+    "deepagents-async": "tests/interop/deepagents_driver.py",
     "e2b-example": "tests/interop/e2b_example.py",
     "e2b-js-example": "tests/interop/e2b_example.mjs",
     "inspect-ai": "tests/interop/inspect_ai_evals.py",
