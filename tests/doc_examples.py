@@ -296,6 +296,8 @@ SNIPPET_SOURCES = {
     "agents-sandbox-resume": "tests/interop/agents_sandbox_program.py",
     "agents-sandbox-ports": "tests/interop/agents_sandbox_program.py",
     "agents-sandbox-runner": "tests/interop/agents_sandbox_program.py",
+    "inspect-ai": "tests/interop/inspect_ai_evals.py",
+    "inspect-ai-dockerfile": "tests/interop/inspect_ai_evals.py",
 }
 """Snippets of the pages copied from the interop tests that run them, by marker name (a
 ``.mjs`` file's is a ``javascript`` block, marked with ``//`` comments)."""
