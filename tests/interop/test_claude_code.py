@@ -1,0 +1,89 @@
+"""Claude Code (the CLI that ``claude-agent-sdk``, pinned in pyproject's dev extras, bundles)
+uses callbox as its only tools: ``callbox mcp`` over stdio and ``callbox serve --mcp-http``,
+with Claude Code's built-in tools switched off.
+
+The model is a loopback stub of the Anthropic Messages API (tests/interop/model_stubs.py),
+reached through ``ANTHROPIC_BASE_URL`` with a dummy key. It finds callbox's tools among those
+Claude Code offers (``mcp__SERVER__TOOL``), runs ``shell`` on one door, then the other, then
+answers in text. callbox records both calls in its audit store, and each command's output
+(made in the sandbox) comes back to the stub in the next request's ``tool_result``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from harness.audit.store import AuditStore
+from tests.interop.conftest import CALLBOX
+from tests.interop.model_stubs import AnthropicMessagesStub, ScriptedCall, tool_ending
+
+pytestmark = [pytest.mark.interop, pytest.mark.docker]
+
+RUN_TIMEOUT_S = 240
+FINAL = "both doors answered"
+STDIO_COMMAND = "echo stdio: $((6 * 7)) from $(id -un) | tee /workspace/claude.txt"
+HTTP_COMMAND = "echo http: $((6 * 9)) from $(id -un) | tee /workspace/claude.txt"
+
+
+def test_claude_code_runs_callbox_tools_over_stdio_and_http(policy: Path, callbox_env: dict[str, str],
+                                                            mcp_http_url: str, tmp_path: Path):
+    script = [ScriptedCall(tool_ending("__shell", "mcp__callbox__"), {"command": STDIO_COMMAND}),
+              ScriptedCall(tool_ending("__shell", "mcp__callbox_http__"), {"command": HTTP_COMMAND})]
+    messages: list[Any] = []
+    with AnthropicMessagesStub(script, FINAL) as stub:
+        model_env = {
+            "ANTHROPIC_BASE_URL": stub.url,  # the model: the stub on loopback
+            "ANTHROPIC_API_KEY": "sk-ant-stub",
+            "CLAUDE_CONFIG_DIR": str(tmp_path / "claude-config"),  # not ~/.claude
+        }
+
+        async def snippet() -> None:
+            # README: claude-code snippet start
+            from claude_agent_sdk import ClaudeAgentOptions, query
+
+            options = ClaudeAgentOptions(
+                tools=[],  # no built-in tools: callbox's are the only ones
+                mcp_servers={
+                    "callbox": {"type": "stdio", "command": CALLBOX, "args": ["mcp", "--policy", str(policy)],
+                                "env": {"CALLBOX_AUDIT_DB": callbox_env["CALLBOX_AUDIT_DB"]}},
+                    "callbox_http": {"type": "http", "url": mcp_http_url},  # callbox serve --mcp-http
+                },
+                strict_mcp_config=True,  # only these servers, whatever the settings files say
+                allowed_tools=["mcp__callbox", "mcp__callbox_http"],  # their tools run without asking
+                env={**model_env, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
+                cwd=str(tmp_path),
+            )
+            async for message in query(prompt="Say hello from both sandboxes.", options=options):
+                messages.append(message)
+            # README: claude-code snippet end
+
+        async def run() -> None:
+            with anyio.fail_after(RUN_TIMEOUT_S):
+                await snippet()
+
+        anyio.run(run)
+
+    result = messages[-1]
+    assert getattr(result, "result", None) == FINAL, messages
+    assert not result.is_error, result
+    offered = stub.tool_names(stub.requests[0])
+    assert "mcp__callbox__shell" in offered and "mcp__callbox_http__shell" in offered, offered
+    # no built-in tool (Claude Code adds a placeholder the model is told never to call)
+    assert {name for name in offered if not name.startswith("mcp__")} <= {"DeferredToolPlaceholder"}, offered
+    assert stub.other_requests == [], stub.other_requests  # only the Messages API, nothing else
+    assert stub.called == ["mcp__callbox__shell", "mcp__callbox_http__shell"], stub.called
+    assert len(stub.requests) == 3, [stub.tool_results(body) for body in stub.requests]
+    assert "stdio: 42 from user" in stub.tool_results(stub.requests[1])[0], stub.requests[1]
+    assert "http: 54 from user" in stub.tool_results(stub.requests[2])[1], stub.requests[2]
+    audit = AuditStore(Path(callbox_env["CALLBOX_AUDIT_DB"]))
+    try:
+        calls = audit.recent_calls()
+    finally:
+        audit.close()
+    ran = sorted((call["tool"], json.loads(call["arguments"])["command"], call["exit_code"]) for call in calls)
+    assert ran == [("shell", HTTP_COMMAND, 0), ("shell", STDIO_COMMAND, 0)], calls
