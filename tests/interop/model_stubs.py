@@ -201,13 +201,24 @@ class OpenAIResponsesStub(ModelStub):
     path = "/responses"
 
     def tool_names(self, body: dict[str, Any]) -> list[str]:
+        """Function tools by name; those in a ``namespace`` tool (as Codex offers an MCP
+        server's) as ``NAMESPACE__NAME``."""
         names: list[str] = []
         for tool in body.get("tools", []):
-            if "name" in tool:
+            if tool.get("type") == "namespace":
+                names.extend(f"{tool['name']}__{inner['name']}" for inner in tool.get("tools", []))
+            elif "name" in tool:
                 names.append(tool["name"])
-            names.extend(f"{tool.get('name', '')}{inner['name']}" for inner in tool.get("tools", [])
-                         if isinstance(inner, dict) and "name" in inner)
         return names
+
+    @staticmethod
+    def _namespace(body: dict[str, Any], tool: str) -> tuple[str | None, str]:
+        """(namespace, name) of a name :meth:`tool_names` gave."""
+        for outer in body.get("tools", []):
+            prefix = f"{outer.get('name')}__"
+            if outer.get("type") == "namespace" and tool.startswith(prefix):
+                return outer["name"], tool.removeprefix(prefix)
+        return None, tool
 
     def tool_results(self, body: dict[str, Any]) -> list[str]:
         items = body.get("input", [])
@@ -220,8 +231,11 @@ class OpenAIResponsesStub(ModelStub):
                                     "status": "in_progress", "model": body.get("model", "stub"), "output": []}
         yield "response.created", {"type": "response.created", "sequence_number": 0, "response": response}
         if tool is not None:
+            namespace, name = self._namespace(body, tool)
             item: dict[str, Any] = {"type": "function_call", "id": f"fc_stub_{turn}", "call_id": f"call_stub_{turn}",
-                                    "name": tool, "arguments": json.dumps(arguments), "status": "completed"}
+                                    "name": name, "arguments": json.dumps(arguments), "status": "completed"}
+            if namespace is not None:
+                item["namespace"] = namespace
         else:
             item = {"type": "message", "id": f"msg_stub_{turn}", "role": "assistant", "status": "completed",
                     "content": [{"type": "output_text", "text": self.final_text, "annotations": []}]}

@@ -1,0 +1,79 @@
+"""The Codex CLI (``@openai/codex``, pinned in scripts/npm-tools/package-lock.json, installed
+under .cache/npm by scripts/setup-npm-tools.sh, which ``make test`` runs) uses callbox's
+tools over streamable HTTP (``callbox serve --mcp-http``), configured as a user configures it
+(tests/interop/codex_config.toml, the file docs/use-from/codex.md shows).
+
+``codex exec`` runs with a ``CODEX_HOME`` of its own whose ``config.toml`` adds a model
+provider: a loopback stub of the OpenAI Responses API (tests/interop/model_stubs.py). The
+stub finds callbox's ``shell`` among the tools Codex offers, calls it, then answers in text.
+callbox records the call in its audit store, and the command's output (made in the sandbox)
+comes back to the stub in the next request's ``function_call_output``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness.audit.store import AuditStore
+from tests.conftest import unavailable
+from tests.interop.conftest import ROOT
+from tests.interop.model_stubs import OpenAIResponsesStub, ScriptedCall, tool_ending
+
+pytestmark = [pytest.mark.interop, pytest.mark.docker]
+
+BIN = ROOT / ".cache" / "npm" / "node_modules" / ".bin"
+CONFIG = Path(__file__).with_name("codex_config.toml")
+RUN_TIMEOUT_S = 240
+FINAL = "the sandbox answered"
+COMMAND = "echo codex: $((6 * 7)) from $(id -un) | tee /workspace/codex.txt"
+
+
+def _model_provider(url: str) -> str:
+    """The test's part of config.toml: the stub as the model, nothing else on the network."""
+    return (f'model_provider = "callbox_stub"\nmodel = "stub-model"\napproval_policy = "never"\n'
+            f'check_for_update_on_startup = false\n\n'
+            f'[model_providers.callbox_stub]\nname = "loopback stub"\nbase_url = "{url}/v1"\n'
+            f'wire_api = "responses"\nrequest_max_retries = 0\nstream_max_retries = 0\n\n')
+
+
+def test_codex_exec_runs_callbox_shell_over_mcp_http(mcp_http_url: str, callbox_env: dict[str, str],
+                                                     tmp_path: Path):
+    codex = BIN / "codex"
+    if not codex.exists():
+        unavailable("the Codex CLI is not installed under .cache/npm (run scripts/setup-npm-tools.sh or "
+                    "`make test`; it needs npm)")
+    home, work = tmp_path / "codex-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    script = [ScriptedCall(tool_ending("__shell", "mcp__callbox__"), {"command": COMMAND})]
+    with OpenAIResponsesStub(script, FINAL) as stub:
+        (home / "config.toml").write_text(_model_provider(stub.url) + CONFIG.read_text())
+        env = {**os.environ, "CODEX_HOME": str(home), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        # as the page shows it, with the address the test's server announced
+        argv = [str(codex), "exec", "--json", "--skip-git-repo-check", "--sandbox", "read-only",
+                "--disable", "shell_tool", "-c", f'mcp_servers.callbox.url="{mcp_http_url}"', "-C", str(work),
+                "Say hello from the sandbox."]
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
+                              timeout=RUN_TIMEOUT_S, check=False)
+    assert proc.returncode == 0, proc
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert {"type": "agent_message", "text": FINAL}.items() <= events[-2]["item"].items(), events
+    offered = stub.tool_names(stub.requests[0])
+    assert "mcp__callbox__shell" in offered, offered
+    assert "exec_command" not in offered and "shell" not in offered, f"Codex's own shell is offered: {offered}"
+    assert stub.other_requests == [], stub.other_requests  # only the Responses API, nothing else
+    assert stub.called == ["mcp__callbox__shell"], stub.called
+    assert len(stub.requests) == 2, [stub.tool_results(body) for body in stub.requests]
+    assert "codex: 42 from user" in stub.tool_results(stub.requests[1])[0], stub.requests[1]["input"]
+    audit = AuditStore(Path(callbox_env["CALLBOX_AUDIT_DB"]))
+    try:
+        calls = audit.recent_calls()
+    finally:
+        audit.close()
+    assert [(c["tool"], json.loads(c["arguments"])["command"], c["exit_code"]) for c in calls] == [
+        ("shell", COMMAND, 0)], calls
