@@ -1,6 +1,6 @@
 """Claude Code (the CLI that ``claude-agent-sdk``, pinned in pyproject's dev extras, bundles)
-uses callbox as its only tools: ``callbox mcp`` over stdio and ``callbox serve --mcp-http``,
-with Claude Code's built-in tools switched off.
+uses callbox as its only tools: ``callbox mcp`` over stdio and ``callbox serve --mcp-http`` (with a
+token), with Claude Code's built-in tools switched off.
 
 The model is a loopback stub of the Anthropic Messages API (tests/interop/model_stubs.py),
 reached through ``ANTHROPIC_BASE_URL`` with a dummy key. It finds callbox's tools among those
@@ -31,7 +31,8 @@ HTTP_COMMAND = "echo http: $((6 * 9)) from $(id -un) | tee /workspace/claude.txt
 
 
 def test_claude_code_runs_callbox_tools_over_stdio_and_http(policy: Path, callbox_env: dict[str, str],
-                                                            mcp_http_url: str, tmp_path: Path):
+                                                            mcp_http_token: tuple[str, str], tmp_path: Path):
+    mcp_http_url, token = mcp_http_token
     script = [ScriptedCall(tool_ending("__shell", "mcp__callbox__"), {"command": STDIO_COMMAND}),
               ScriptedCall(tool_ending("__shell", "mcp__callbox_http__"), {"command": HTTP_COMMAND})]
     messages: list[Any] = []
@@ -51,7 +52,8 @@ def test_claude_code_runs_callbox_tools_over_stdio_and_http(policy: Path, callbo
                 mcp_servers={
                     "callbox": {"type": "stdio", "command": CALLBOX, "args": ["mcp", "--policy", str(policy)],
                                 "env": {"CALLBOX_AUDIT_DB": callbox_env["CALLBOX_AUDIT_DB"]}},
-                    "callbox_http": {"type": "http", "url": mcp_http_url},  # callbox serve --mcp-http
+                    "callbox_http": {"type": "http", "url": mcp_http_url,  # callbox serve --mcp-http
+                                     "headers": {"Authorization": f"Bearer {token}"}},
                 },
                 strict_mcp_config=True,  # only these servers, whatever the settings files say
                 allowed_tools=["mcp__callbox", "mcp__callbox_http"],  # their tools run without asking
@@ -71,6 +73,7 @@ def test_claude_code_runs_callbox_tools_over_stdio_and_http(policy: Path, callbo
     result = messages[-1]
     assert getattr(result, "result", None) == FINAL, messages
     assert not result.is_error, result
+    assert stub.requests, f"Claude Code never offered the model callbox's tools: {stub.other_requests} {messages}"
     offered = stub.tool_names(stub.requests[0])
     assert "mcp__callbox__shell" in offered and "mcp__callbox_http__shell" in offered, offered
     # no built-in tool (Claude Code adds a placeholder the model is told never to call)

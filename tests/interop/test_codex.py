@@ -1,13 +1,14 @@
 """The Codex CLI (``@openai/codex``, pinned in scripts/npm-tools/package-lock.json, installed
 under .cache/npm by scripts/setup-npm-tools.sh, which ``make test`` runs) uses callbox's
-tools over streamable HTTP (``callbox serve --mcp-http``), configured as a user configures it
+tools over streamable HTTP (``callbox serve --mcp-http`` with a token), configured as a user configures it
 (tests/interop/codex_config.toml, the file docs/use-from/codex.md shows).
 
 ``codex exec`` runs with a ``CODEX_HOME`` of its own whose ``config.toml`` adds a model
 provider: a loopback stub of the OpenAI Responses API (tests/interop/model_stubs.py). The
 stub finds callbox's ``shell`` among the tools Codex offers, calls it, then answers in text.
 callbox records the call in its audit store, and the command's output (made in the sandbox)
-comes back to the stub in the next request's ``function_call_output``.
+comes back to the stub in the next request's ``function_call_output``. Without its token,
+``codex exec`` stops before asking the model anything (the server is ``required``).
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def _model_provider(url: str) -> str:
             f'wire_api = "responses"\nrequest_max_retries = 0\nstream_max_retries = 0\n\n')
 
 
-def test_codex_exec_runs_callbox_shell_over_mcp_http(mcp_http_url: str, callbox_env: dict[str, str],
+def test_codex_exec_runs_callbox_shell_over_mcp_http(mcp_http_token: tuple[str, str], callbox_env: dict[str, str],
                                                      tmp_path: Path):
+    mcp_http_url, token = mcp_http_token
     codex = BIN / "codex"
     if not codex.exists():
         unavailable("the Codex CLI is not installed under .cache/npm (run scripts/setup-npm-tools.sh or "
@@ -53,16 +55,21 @@ def test_codex_exec_runs_callbox_shell_over_mcp_http(mcp_http_url: str, callbox_
     script = [ScriptedCall(tool_ending("__shell", "mcp__callbox__"), {"command": COMMAND})]
     with OpenAIResponsesStub(script, FINAL) as stub:
         (home / "config.toml").write_text(_model_provider(stub.url) + CONFIG.read_text())
-        env = {**os.environ, "CODEX_HOME": str(home), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env = {**os.environ, "CODEX_HOME": str(home), "CALLBOX_TOKEN": token,
+               "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
         # as the page shows it, with the address the test's server announced
         argv = [str(codex), "exec", "--json", "--skip-git-repo-check", "--sandbox", "read-only",
                 "--disable", "shell_tool", "-c", f'mcp_servers.callbox.url="{mcp_http_url}"', "-C", str(work),
                 "Say hello from the sandbox."]
+        unset = {k: v for k, v in env.items() if k != "CALLBOX_TOKEN"}
+        refused = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=unset,
+                                 timeout=RUN_TIMEOUT_S, check=False)
+        assert refused.returncode != 0 and "CALLBOX_TOKEN" in refused.stderr, refused  # required = true
+        assert not stub.requests and not stub.other_requests
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
                               timeout=RUN_TIMEOUT_S, check=False)
     assert proc.returncode == 0, proc
-    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert {"type": "agent_message", "text": FINAL}.items() <= events[-2]["item"].items(), events
+    assert stub.requests, f"Codex never offered the model callbox's tools: {proc.stdout}{proc.stderr}"
     offered = stub.tool_names(stub.requests[0])
     assert "mcp__callbox__shell" in offered, offered
     assert "exec_command" not in offered and "shell" not in offered, f"Codex's own shell is offered: {offered}"
@@ -70,6 +77,8 @@ def test_codex_exec_runs_callbox_shell_over_mcp_http(mcp_http_url: str, callbox_
     assert stub.called == ["mcp__callbox__shell"], stub.called
     assert len(stub.requests) == 2, [stub.tool_results(body) for body in stub.requests]
     assert "codex: 42 from user" in stub.tool_results(stub.requests[1])[0], stub.requests[1]["input"]
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert {"type": "agent_message", "text": FINAL}.items() <= events[-2]["item"].items(), events
     audit = AuditStore(Path(callbox_env["CALLBOX_AUDIT_DB"]))
     try:
         calls = audit.recent_calls()
