@@ -36,6 +36,7 @@ def test_claude_code_runs_callbox_tools_over_stdio_and_http(policy: Path, callbo
     script = [ScriptedCall(tool_ending("__shell", "mcp__callbox__"), {"command": STDIO_COMMAND}),
               ScriptedCall(tool_ending("__shell", "mcp__callbox_http__"), {"command": HTTP_COMMAND})]
     messages: list[Any] = []
+    audit_db, workdir = callbox_env["CALLBOX_AUDIT_DB"], tmp_path
     with AnthropicMessagesStub(script, FINAL) as stub:
         model_env = {
             "ANTHROPIC_BASE_URL": stub.url,  # the model: the stub on loopback
@@ -51,17 +52,18 @@ def test_claude_code_runs_callbox_tools_over_stdio_and_http(policy: Path, callbo
                 tools=[],  # no built-in tools: callbox's are the only ones
                 mcp_servers={
                     "callbox": {"type": "stdio", "command": CALLBOX, "args": ["mcp", "--policy", str(policy)],
-                                "env": {"CALLBOX_AUDIT_DB": callbox_env["CALLBOX_AUDIT_DB"]}},
+                                "env": {"CALLBOX_AUDIT_DB": audit_db}},
                     "callbox_http": {"type": "http", "url": mcp_http_url,  # callbox serve --mcp-http
                                      "headers": {"Authorization": f"Bearer {token}"}},
                 },
                 strict_mcp_config=True,  # only these servers, whatever the settings files say
                 allowed_tools=["mcp__callbox", "mcp__callbox_http"],  # their tools run without asking
                 env={**model_env, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
-                cwd=str(tmp_path),
+                cwd=str(workdir),
             )
             async for message in query(prompt="Say hello from both sandboxes.", options=options):
                 messages.append(message)
+            print(messages[-1].result)  # the final ResultMessage
             # README: claude-code snippet end
 
         async def run() -> None:
@@ -83,7 +85,7 @@ def test_claude_code_runs_callbox_tools_over_stdio_and_http(policy: Path, callbo
     assert len(stub.requests) == 3, [stub.tool_results(body) for body in stub.requests]
     assert "stdio: 42 from user" in stub.tool_results(stub.requests[1])[0], stub.requests[1]
     assert "http: 54 from user" in stub.tool_results(stub.requests[2])[1], stub.requests[2]
-    audit = AuditStore(Path(callbox_env["CALLBOX_AUDIT_DB"]))
+    audit = AuditStore(Path(audit_db))
     try:
         calls = audit.recent_calls()
     finally:
