@@ -163,10 +163,18 @@ class AnthropicMessagesStub(ModelStub):
     def tool_names(self, body: dict[str, Any]) -> list[str]:
         return [tool["name"] for tool in body.get("tools", []) if "name" in tool]
 
-    def tool_results(self, body: dict[str, Any]) -> list[str]:
-        return [_text_of(block.get("content")) for message in body.get("messages", [])
+    @staticmethod
+    def _result_blocks(body: dict[str, Any]) -> list[dict[str, Any]]:
+        return [block for message in body.get("messages", [])
                 if message.get("role") == "user" and isinstance(message.get("content"), list)
                 for block in message["content"] if block.get("type") == "tool_result"]
+
+    def tool_results(self, body: dict[str, Any]) -> list[str]:
+        return [_text_of(block.get("content")) for block in self._result_blocks(body)]
+
+    def tool_result_errors(self, body: dict[str, Any]) -> list[bool]:
+        """The ``is_error`` flag of each tool result, oldest first."""
+        return [bool(block.get("is_error")) for block in self._result_blocks(body)]
 
     def events(self, body: dict[str, Any], tool: str | None, arguments: dict[str, Any], turn: int,
                ) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -4,9 +4,11 @@ token), with Claude Code's built-in tools switched off.
 
 The model is a loopback stub of the Anthropic Messages API (tests/interop/model_stubs.py),
 reached through ``ANTHROPIC_BASE_URL`` with a dummy key. It finds callbox's tools among those
-Claude Code offers (``mcp__SERVER__TOOL``), runs ``shell`` on one door, then the other, then
-answers in text. callbox records both calls in its audit store, and each command's output
-(made in the sandbox) comes back to the stub in the next request's ``tool_result``.
+Claude Code offers (``mcp__SERVER__TOOL``): it writes a file and reads it back with ``shell``
+on the stdio door, looks for it on the HTTP door (another session, so another sandbox: the
+command fails), then answers in text. callbox records the three calls in its audit store, and
+each result (made in the sandbox) comes back to the stub in the next request's
+``tool_result``, the failure flagged ``is_error``.
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ pytestmark = [pytest.mark.interop, pytest.mark.docker]
 
 RUN_TIMEOUT_S = 240
 FINAL = "both doors answered"
-STDIO_COMMAND = "echo stdio: $((6 * 7)) from $(id -un) | tee /workspace/claude.txt"
-HTTP_COMMAND = "echo http: $((6 * 9)) from $(id -un) | tee /workspace/claude.txt"
+NOTE = "/workspace/note.txt"
+STDIO_COMMAND = f"cat {NOTE} && echo stdio: $((6 * 7)) from $(id -un)"
+HTTP_COMMAND = f"cat {NOTE}"
+""" On the other door, so in another sandbox: the file is not there, and the non-zero exit
+comes back as an error result."""
 
 
 def test_claude_code_runs_callbox_tools_over_stdio_and_http(policy: Path, callbox_env: dict[str, str],
                                                             mcp_http_token: tuple[str, str], tmp_path: Path):
     mcp_http_url, token = mcp_http_token
-    script = [ScriptedCall(tool_ending("__shell", "mcp__callbox__"), {"command": STDIO_COMMAND}),
+    script = [ScriptedCall(tool_ending("__write_file", "mcp__callbox__"), {"path": NOTE, "content": "from claude\n"}),
+              ScriptedCall(tool_ending("__shell", "mcp__callbox__"), {"command": STDIO_COMMAND}),
               ScriptedCall(tool_ending("__shell", "mcp__callbox_http__"), {"command": HTTP_COMMAND})]
     messages: list[Any] = []
     audit_db, workdir = callbox_env["CALLBOX_AUDIT_DB"], tmp_path
@@ -81,14 +87,19 @@ def test_claude_code_runs_callbox_tools_over_stdio_and_http(policy: Path, callbo
     # no built-in tool (Claude Code adds a placeholder the model is told never to call)
     assert {name for name in offered if not name.startswith("mcp__")} <= {"DeferredToolPlaceholder"}, offered
     assert stub.other_requests == [], stub.other_requests  # only the Messages API, nothing else
-    assert stub.called == ["mcp__callbox__shell", "mcp__callbox_http__shell"], stub.called
-    assert len(stub.requests) == 3, [stub.tool_results(body) for body in stub.requests]
-    assert "stdio: 42 from user" in stub.tool_results(stub.requests[1])[0], stub.requests[1]
-    assert "http: 54 from user" in stub.tool_results(stub.requests[2])[1], stub.requests[2]
+    assert stub.called == ["mcp__callbox__write_file", "mcp__callbox__shell", "mcp__callbox_http__shell"], stub.called
+    assert len(stub.requests) == 4, [stub.tool_results(body) for body in stub.requests]
+    results = stub.tool_results(stub.requests[3])  # the last request carries every result so far
+    # Claude Code gives the model a result's structuredContent when it has one (callbox's carries
+    # the result's text under "text"), and an error result's text
+    assert json.loads(results[0])["bytes_written"] == len("from claude\n"), results
+    assert json.loads(results[1])["text"].endswith("Output:\nfrom claude\nstdio: 42 from user\n"), results
+    assert "Exit code: 1" in results[2] and "No such file or directory" in results[2], results
+    assert stub.tool_result_errors(stub.requests[3]) == [False, False, True]
     audit = AuditStore(Path(audit_db))
     try:
         calls = audit.recent_calls()
     finally:
         audit.close()
-    ran = sorted((call["tool"], json.loads(call["arguments"])["command"], call["exit_code"]) for call in calls)
-    assert ran == [("shell", HTTP_COMMAND, 0), ("shell", STDIO_COMMAND, 0)], calls
+    ran = sorted((call["tool"], json.loads(call["arguments"]).get("command"), call["exit_code"]) for call in calls)
+    assert ran == sorted([("write_file", None, None), ("shell", STDIO_COMMAND, 0), ("shell", HTTP_COMMAND, 1)]), calls

@@ -1,14 +1,15 @@
 """The Codex CLI (``@openai/codex``, pinned in scripts/npm-tools/package-lock.json, installed
 under .cache/npm by scripts/setup-npm-tools.sh, which ``make test`` runs) uses callbox's
-tools over streamable HTTP (``callbox serve --mcp-http`` with a token), configured as a user configures it
-(tests/interop/codex_config.toml, the file docs/use-from/codex.md shows).
+tools over streamable HTTP (``callbox serve --mcp-http`` with a token), configured as a user
+configures it (tests/interop/codex_config.toml, the file docs/use-from/codex.md shows).
 
 ``codex exec`` runs with a ``CODEX_HOME`` of its own whose ``config.toml`` adds a model
 provider: a loopback stub of the OpenAI Responses API (tests/interop/model_stubs.py). The
-stub finds callbox's ``shell`` among the tools Codex offers, calls it, then answers in text.
-callbox records the call in its audit store, and the command's output (made in the sandbox)
-comes back to the stub in the next request's ``function_call_output``. Without its token,
-``codex exec`` stops before asking the model anything (the server is ``required``).
+stub finds callbox's tools among those Codex offers: it writes a file, reads it back with
+``shell``, runs a command that fails, then answers in text. callbox records the three calls in
+its audit store, and each result (made in the sandbox) comes back to the stub in the next
+request's ``function_call_output``. Without its token, ``codex exec`` stops before asking the
+model anything (the server is ``required``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ BIN = ROOT / ".cache" / "npm" / "node_modules" / ".bin"
 CONFIG = Path(__file__).with_name("codex_config.toml")
 RUN_TIMEOUT_S = 240
 FINAL = "the sandbox answered"
-COMMAND = "echo codex: $((6 * 7)) from $(id -un) | tee /workspace/codex.txt"
+NOTE = "/workspace/note.txt"
+COMMAND = f"cat {NOTE} && echo codex: $((6 * 7)) from $(id -un)"
+FAILING = "cat /workspace/missing.txt"
 
 
 def _model_provider(url: str) -> str:
@@ -42,7 +45,7 @@ def _model_provider(url: str) -> str:
             f'wire_api = "responses"\nrequest_max_retries = 0\nstream_max_retries = 0\n\n')
 
 
-def test_codex_exec_runs_callbox_shell_over_mcp_http(mcp_http_token: tuple[str, str], callbox_env: dict[str, str],
+def test_codex_exec_runs_callbox_tools_over_mcp_http(mcp_http_token: tuple[str, str], callbox_env: dict[str, str],
                                                      tmp_path: Path):
     mcp_http_url, token = mcp_http_token
     codex = BIN / "codex"
@@ -52,7 +55,9 @@ def test_codex_exec_runs_callbox_shell_over_mcp_http(mcp_http_token: tuple[str, 
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    script = [ScriptedCall(tool_ending("__shell", "mcp__callbox__"), {"command": COMMAND})]
+    script = [ScriptedCall(tool_ending("__write_file", "mcp__callbox__"), {"path": NOTE, "content": "from codex\n"}),
+              ScriptedCall(tool_ending("__shell", "mcp__callbox__"), {"command": COMMAND}),
+              ScriptedCall(tool_ending("__shell", "mcp__callbox__"), {"command": FAILING})]
     with OpenAIResponsesStub(script, FINAL) as stub:
         (home / "config.toml").write_text(_model_provider(stub.url) + CONFIG.read_text())
         env = {**os.environ, "CODEX_HOME": str(home), "CALLBOX_TOKEN": token,
@@ -74,9 +79,15 @@ def test_codex_exec_runs_callbox_shell_over_mcp_http(mcp_http_token: tuple[str, 
     assert "mcp__callbox__shell" in offered, offered
     assert "exec_command" not in offered and "shell" not in offered, f"Codex's own shell is offered: {offered}"
     assert stub.other_requests == [], stub.other_requests  # only the Responses API, nothing else
-    assert stub.called == ["mcp__callbox__shell"], stub.called
-    assert len(stub.requests) == 2, [stub.tool_results(body) for body in stub.requests]
-    assert "codex: 42 from user" in stub.tool_results(stub.requests[1])[0], stub.requests[1]["input"]
+    assert stub.called == ["mcp__callbox__write_file", "mcp__callbox__shell", "mcp__callbox__shell"], stub.called
+    assert len(stub.requests) == 4, [stub.tool_results(body) for body in stub.requests]
+    results = stub.tool_results(stub.requests[3])  # the last request carries every result so far
+    # Codex gives the model a result's structuredContent (callbox's carries the result's text
+    # under "text") after a line of its own timing; a failed command's too, with its exit code
+    structured = [json.loads(result.split("Output:\n", 1)[1]) for result in results]
+    assert structured[0]["bytes_written"] == len("from codex\n"), results
+    assert structured[1]["text"].endswith("Output:\nfrom codex\ncodex: 42 from user\n"), results
+    assert structured[2]["exit_code"] == 1 and "No such file or directory" in structured[2]["text"], results
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert {"type": "agent_message", "text": FINAL}.items() <= events[-2]["item"].items(), events
     audit = AuditStore(Path(callbox_env["CALLBOX_AUDIT_DB"]))
@@ -84,5 +95,5 @@ def test_codex_exec_runs_callbox_shell_over_mcp_http(mcp_http_token: tuple[str, 
         calls = audit.recent_calls()
     finally:
         audit.close()
-    assert [(c["tool"], json.loads(c["arguments"])["command"], c["exit_code"]) for c in calls] == [
-        ("shell", COMMAND, 0)], calls
+    ran = [(call["tool"], json.loads(call["arguments"]).get("command"), call["exit_code"]) for call in calls]
+    assert sorted(ran) == sorted([("write_file", None, None), ("shell", COMMAND, 0), ("shell", FAILING, 1)]), calls
