@@ -9,6 +9,8 @@ the tools offered and on the tool results the agent sent back.
 
 Requests that are not the agent's main loop (a title, a quota probe: any request whose
 tools do not include the scripted one) get a short text answer and do not advance the script.
+A request with a tool schema the real API refuses (not an object at the top, or ``anyOf``,
+``oneOf``, ``allOf``, ``enum`` or ``not`` there) gets the API's 400 error.
 """
 
 from __future__ import annotations
@@ -21,6 +23,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 ToolPicker = Callable[[list[str]], str | None]
+TOP_LEVEL_REFUSED = ("anyOf", "oneOf", "allOf", "enum", "not")
+
+
+def schema_problem(name: str, schema: Any) -> str | None:
+    """Why the model APIs refuse ``schema`` as tool ``name``'s input schema, if they do."""
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return f"tool {name!r}: the input schema must be of type 'object'"
+    refused = [key for key in TOP_LEVEL_REFUSED if key in schema]
+    return f"tool {name!r}: the input schema has {refused} at the top level" if refused else None
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,8 @@ class ModelStub:
         """(method, path) of requests the stub does not script."""
         self.called: list[str] = []
         """The tool name each scripted call used."""
+        self.refused: list[str] = []
+        """Why requests were refused (a tool schema the real API refuses)."""
         self._lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.stub = self
@@ -101,6 +114,10 @@ class ModelStub:
         """The text of each tool result the request carries, oldest first."""
         raise NotImplementedError
 
+    def schemas(self, body: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+        """(name, input schema) of each function tool the request offers."""
+        raise NotImplementedError
+
     def events(self, body: dict[str, Any], tool: str | None, arguments: dict[str, Any], turn: int,
                ) -> Iterator[tuple[str, dict[str, Any]]]:
         """The SSE events of one answer: a call of ``tool`` (text when None)."""
@@ -109,6 +126,12 @@ class ModelStub:
     def answer(self, handler: _Handler, body: dict[str, Any]) -> None:
         if not handler.path.split("?")[0].endswith(self.path):
             self.unexpected(handler, "POST")
+            return
+        problems = [p for p in (schema_problem(name, schema) for name, schema in self.schemas(body)) if p]
+        if problems:
+            with self._lock:
+                self.refused.extend(problems)
+            self.error(handler, 400, "invalid_request_error", "; ".join(problems))
             return
         names = self.tool_names(body)
         with self._lock:
@@ -136,9 +159,12 @@ class ModelStub:
     def unexpected(self, handler: _Handler, method: str) -> None:
         with self._lock:
             self.other_requests.append((method, handler.path))
-        payload = json.dumps({"type": "error", "error": {"type": "not_found_error",
-                                                         "message": f"the model stub has no {handler.path}"}})
-        handler.send_response(404)
+        self.error(handler, 404, "not_found_error", f"the model stub has no {handler.path}")
+
+    @staticmethod
+    def error(handler: _Handler, status: int, kind: str, message: str) -> None:
+        payload = json.dumps({"type": "error", "error": {"type": kind, "message": message}})
+        handler.send_response(status)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Content-Length", str(len(payload)))
         handler.end_headers()
@@ -162,6 +188,11 @@ class AnthropicMessagesStub(ModelStub):
 
     def tool_names(self, body: dict[str, Any]) -> list[str]:
         return [tool["name"] for tool in body.get("tools", []) if "name" in tool]
+
+    def schemas(self, body: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+        for tool in body.get("tools", []):
+            if "input_schema" in tool:
+                yield tool["name"], tool["input_schema"]
 
     @staticmethod
     def _result_blocks(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -218,6 +249,12 @@ class OpenAIResponsesStub(ModelStub):
             elif "name" in tool:
                 names.append(tool["name"])
         return names
+
+    def schemas(self, body: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+        for tool in body.get("tools", []):
+            for inner in tool.get("tools", []) if tool.get("type") == "namespace" else [tool]:
+                if inner.get("type") == "function":
+                    yield inner["name"], inner.get("parameters")
 
     @staticmethod
     def _namespace(body: dict[str, Any], tool: str) -> tuple[str | None, str]:

@@ -78,6 +78,7 @@ def test_claude_code_runs_callbox_tools_over_stdio_and_http(policy: Path, callbo
 
         anyio.run(run)
 
+    assert stub.refused == [], stub.refused  # a request the real API would refuse
     result = messages[-1]
     assert getattr(result, "result", None) == FINAL, messages
     assert not result.is_error, result

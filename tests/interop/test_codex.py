@@ -73,6 +73,7 @@ def test_codex_exec_runs_callbox_tools_over_mcp_http(mcp_http_token: tuple[str, 
         assert not stub.requests and not stub.other_requests
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
                               timeout=RUN_TIMEOUT_S, check=False)
+    assert stub.refused == [], stub.refused  # a request the real API would refuse
     assert proc.returncode == 0, proc
     assert stub.requests, f"Codex never offered the model callbox's tools: {proc.stdout}{proc.stderr}"
     offered = stub.tool_names(stub.requests[0])
