@@ -1,6 +1,6 @@
 """Claude Code (the CLI that ``claude-agent-sdk``, pinned in pyproject's dev extras, bundles)
-uses callbox as its only tools: ``callbox mcp`` over stdio and ``callbox serve --mcp-http`` (with a
-token), with Claude Code's built-in tools switched off.
+uses callbox as its only tools: ``callbox mcp`` over stdio and ``callbox serve --mcp-http``
+(with a token), with Claude Code's built-in tools switched off.
 
 The model is a loopback stub of the Anthropic Messages API (tests/interop/model_stubs.py),
 reached through ``ANTHROPIC_BASE_URL`` with a dummy key. It finds callbox's tools among those
@@ -24,14 +24,14 @@ from harness.audit.store import AuditStore
 from tests.interop.conftest import CALLBOX
 from tests.interop.model_stubs import AnthropicMessagesStub, ScriptedCall, tool_ending
 
-pytestmark = [pytest.mark.interop, pytest.mark.docker]
+pytestmark = [pytest.mark.interop, pytest.mark.docker, pytest.mark.claude_code]
 
 RUN_TIMEOUT_S = 240
 FINAL = "both doors answered"
 NOTE = "/workspace/note.txt"
 STDIO_COMMAND = f"cat {NOTE} && echo stdio: $((6 * 7)) from $(id -un)"
 HTTP_COMMAND = f"cat {NOTE}"
-""" On the other door, so in another sandbox: the file is not there, and the non-zero exit
+"""On the other door, so in another sandbox: the file is not there, and the non-zero exit
 comes back as an error result."""
 
 

@@ -26,7 +26,7 @@ from tests.conftest import unavailable
 from tests.interop.conftest import ROOT
 from tests.interop.model_stubs import OpenAIResponsesStub, ScriptedCall, tool_ending
 
-pytestmark = [pytest.mark.interop, pytest.mark.docker]
+pytestmark = [pytest.mark.interop, pytest.mark.docker, pytest.mark.codex]
 
 BIN = ROOT / ".cache" / "npm" / "node_modules" / ".bin"
 CONFIG = Path(__file__).with_name("codex_config.toml")
