@@ -289,6 +289,9 @@ SNIPPET_SOURCES = {
     "pydantic-ai": "tests/interop/test_pydantic_ai.py",
     "claude-code": "tests/interop/test_claude_code.py",
     "codex": "tests/interop/codex_config.toml",
+    "smolagents": "tests/interop/test_smolagents.py",
+    "deepagents": "tests/interop/deepagents_driver.py",
+    "deepagents-async": "tests/interop/deepagents_driver.py",
     "e2b-example": "tests/interop/e2b_example.py",
     "e2b-js-example": "tests/interop/e2b_example.mjs",
 }

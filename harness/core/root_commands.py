@@ -19,7 +19,8 @@ ROOT_USER = "root"
 ROOT_COMMANDS_KEY = "sandbox.root_commands"
 ROOT_COMMANDS_LOOSENED = (f"{ROOT_COMMANDS_KEY} = true: clients may run commands as root (uid 0 with the "
                           "container's capabilities) in their sandboxes, and file operations asked for as root are "
-                          "served as the tool user's (the default is false)")
+                          "served as the tool user's, except a read only root may do, done with root's rights (the "
+                          "default is false)")
 
 
 def root_refusal(tool_user: str) -> Decision:

@@ -121,8 +121,10 @@ class SandboxSettings(_SettingsFields):
     command can become any uid, kill or (where the kernel's ptrace rules let it) trace the
     sandbox's own agent, and leave its job's process group, so that sandbox's replies
     (output, exit codes, files) are only as trustworthy as the commands run in it. File
-    operations always act as the tool user: where this is true, one asked for as root is
-    served as the tool user's (see docs/security.md)."""
+    operations act as the tool user: where this is true, one asked for as root is served as
+    the tool user's, except a read that only root may do (a root-only file, a path outside
+    the tool user's places), which a root command does with root's rights (see
+    docs/security.md)."""
 
     def opt_ins(self) -> list[str]:
         """The logged loosenings among the settings only a policy has, one note each."""

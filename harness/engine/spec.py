@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
@@ -33,8 +32,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from harness.core.errors import CallboxError, ErrorCode
 from harness.core.units import ByteSize, format_size
 from harness.engine.host_files import can_write, describe_owner, mount_fixes
+
+# Re-exported: the host a spec is checked against, and whether its engine is local, are imported from here.
+from harness.engine.host_limits import HostLimits as HostLimits  # noqa: PLC0414
+from harness.engine.host_limits import docker_host_dirs
+from harness.engine.host_limits import engine_is_local as engine_is_local  # noqa: PLC0414
 from harness.engine.placement import Placement
 from harness.engine.runsc_network import networked_refusal
+from harness.engine.scratch_dirs import checked_scratch_dirs
 from harness.engine.secrets import SecretSpec, secrets_problem
 
 DEFAULT_IMAGE = "callbox-sandbox:latest"
@@ -46,6 +51,7 @@ TMP = "/tmp"
 HOME = "/home/sandbox"
 SCRATCH_PLACES = (WORKSPACE, TMP, HOME)
 """Container paths that get a scratch tmpfs unless a mount covers them."""
+
 MIN_CPUS = 0.01
 """The smallest CPU quota Docker accepts."""
 MAX_ID = (1 << 32) - 2
@@ -179,7 +185,7 @@ class Mount(BaseModel):
         text = str(source)
         if text in FORBIDDEN_HOST_DIRS or any(text == p or text.startswith(p + "/") for p in FORBIDDEN_HOST_TREES):
             raise ValueError(f"mount source {source} is a system path and is never mounted into a sandbox")
-        for tree in (*DOCKER_TREES, *_docker_host_dirs(), *engine_paths):
+        for tree in (*DOCKER_TREES, *docker_host_dirs(), *engine_paths):
             if _tree_conflict(text, os.path.realpath(tree)):
                 raise ValueError(
                     f"mount source {source} is a system path (it exposes the container engine's {tree}) "
@@ -193,46 +199,6 @@ class Mount(BaseModel):
             roots = ", ".join(str(r) for r in allowed_roots)
             raise ValueError(f"mount source {source} is outside the allowed mount roots ({roots})")
         return self.model_copy(update={"source": source})
-
-
-def engine_is_local() -> bool:
-    """Whether the Docker engine (DOCKER_HOST) runs on this machine."""
-    host = os.environ.get("DOCKER_HOST", "")
-    return not host or host.startswith("unix://")
-
-
-def _docker_host_dirs() -> tuple[str, ...]:
-    """The directory of DOCKER_HOST's unix socket, if it names one."""
-    host = os.environ.get("DOCKER_HOST", "")
-    if host.startswith("unix://") and len(host) > len("unix://"):
-        return (os.path.dirname(host.removeprefix("unix://")) or "/",)
-    return ()
-
-
-@dataclass(frozen=True)
-class HostLimits:
-    """What the machine that runs the sandboxes has; a spec's limits must fit in it."""
-
-    cpus: int | None = None
-    """CPUs of the host (None: unknown, not checked)."""
-    memory: int | None = None
-    """Bytes of memory of the host (None: unknown, not checked)."""
-    where: str = "this host"
-    """How messages name the host."""
-    engine_paths: tuple[str, ...] = ()
-    """Container-engine directories no mount may expose (e.g. the engine's data root)."""
-    runsc_network: str | None = None
-    """The network stack of the engine's gVisor runtime (``runsc_network.network_stack``;
-    None: unknown, not checked)."""
-
-    @classmethod
-    def local(cls) -> HostLimits:
-        """This machine's CPUs and memory; nothing when the engine is remote (DOCKER_HOST)."""
-        if not engine_is_local():
-            return cls(where="the Docker engine's host")
-        import psutil
-
-        return cls(cpus=os.cpu_count(), memory=psutil.virtual_memory().total)
 
 
 def _gib(n: int) -> str:
@@ -304,6 +270,11 @@ class SandboxFields(BaseModel, Generic[MountT]):
     home_size: ByteSize | None = None
     """Size of the home directory /home/sandbox (tmpfs; caches such as pip's and git's
     config live there); default a sixteenth of the memory limit (32 MiB of 512m)."""
+    scratch_dirs: tuple[str, ...] = ()
+    """More scratch directories: an empty tmpfs of ``tmp_size`` at each absolute path, made like
+    /tmp (sticky, world-writable: root commands and the tool user both write there), e.g.
+    Harbor's ``/logs``, ``/tests``, ``/solution``. Not under a system directory, not in
+    another scratch place."""
     noexec: bool = False
     """Mount /workspace, /tmp and the home directory ``noexec``. Off by default: agents run
     what they build (``./run.sh``, a compiled binary, a venv's ``bin/python``). Turning it on
@@ -352,6 +323,11 @@ class SandboxSpec(SandboxFields[Mount]):
             if "\0" in val:
                 raise ValueError(f"environment variable {name} contains a NUL byte")
         return value
+
+    @field_validator("scratch_dirs")
+    @classmethod
+    def _scratch_dirs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return checked_scratch_dirs(value, SCRATCH_PLACES, RESERVED_TARGETS)
 
     @field_validator("workdir")
     @classmethod
@@ -452,6 +428,7 @@ class SandboxSpec(SandboxFields[Mount]):
         places = {place: size for place, size in sizes.items() if not self._covered(place)}
         if self.workdir not in sizes and not self._covered(self.workdir):
             places[self.workdir] = self.effective_workspace_size
+        places.update({place: self.effective_tmp_size for place in self.scratch_dirs if not self._covered(place)})
         return places
 
     def space_for(self, path: str) -> str:
@@ -475,7 +452,7 @@ class SandboxSpec(SandboxFields[Mount]):
         """Docker's tmpfs options for scratch ``place`` (from ``scratch_tmpfs``); ``exec``
         is explicit because Docker's tmpfs default is noexec."""
         flags = f"rw,nosuid,nodev,{'noexec' if self.noexec else 'exec'},size={self.scratch_tmpfs()[place]}"
-        return f"{flags},mode=1777" if place == TMP else f"{flags},mode=0755,uid={uid},gid={gid}"
+        return f"{flags},mode=1777" if place in (TMP, *self.scratch_dirs) else f"{flags},mode=0755,uid={uid},gid={gid}"
 
     @property
     def tmpfs_total(self) -> int:

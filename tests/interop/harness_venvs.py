@@ -15,10 +15,19 @@ interpreter when it is new enough, then ``python3.X`` on PATH, then pyenv's vers
 A test runs a driver program of its own in the venv with :func:`run_driver`, which returns
 the last JSON line the program printed and, on failure, raises naming the harness and
 everything the program wrote.
+
+``make test`` makes every harness's venv at once, in the background, while the main run
+starts (``python -m tests.interop.harness_venvs --all``): pip waits on the network, not on
+the CPU, so the installs overlap each other and the tests before them. A test that needs a
+venv still being made waits for it on the venv's lock file, then finds it made.
 """
 
 from __future__ import annotations
 
+import argparse
+import concurrent.futures
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -26,7 +35,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +104,25 @@ def find_python(minimum: tuple[int, int]) -> str:
         f"(python3.{minimum[1]} on PATH, or `pyenv install {wanted}`)")
 
 
+@contextlib.contextmanager
+def _locked(name: str) -> Iterator[None]:
+    """Hold harness ``name``'s venv lock: one maker at a time, across processes."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def venv_python(name: str) -> Path:
     """The Python of harness ``name``'s virtualenv, made on first use, then cached."""
+    with _locked(name):
+        return _made(name)
+
+
+def _made(name: str) -> Path:
     requirements = requirements_file(name)
     text = requirements.read_text()
     base = find_python(minimum_python(text))
@@ -137,3 +163,33 @@ def run_driver(name: str, program: Path, args: Sequence[str] = (), *, env: Mappi
                              f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}")
     report: dict[str, Any] = json.loads(lines[-1])
     return report
+
+
+def harnesses() -> list[str]:
+    """Every harness with a requirements file."""
+    return sorted(p.stem for p in REQUIREMENTS.glob("*.txt"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.interop.harness_venvs",
+                                     description="Make the agent harnesses' virtualenvs (.cache/interop/).")
+    parser.add_argument("names", nargs="*", help="harnesses to make (tests/interop/requirements/NAME.txt)")
+    parser.add_argument("--all", action="store_true", help="every harness, at once")
+    args = parser.parse_args(argv)
+    if not args.all and not args.names:
+        parser.error("name a harness or pass --all")
+    names = harnesses() if args.all else list(args.names)
+    failed = 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        futures = {pool.submit(venv_python, name): name for name in names}
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                print(f"callbox interop: {futures[future]}: {future.result()}", file=sys.stderr)
+            except HarnessSetupError as exc:
+                failed += 1
+                print(f"callbox interop: {exc}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

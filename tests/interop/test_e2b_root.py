@@ -6,7 +6,8 @@ the server announced the loosening at start, and the audit record says the user.
 default policy the same call is refused naming the key and the fix. File operations as root
 (what Inspect's ``inspect-sandboxes`` sends for every one) are served there as the sandbox's
 user's, in its places and with its permissions, their audit records saying root; where that
-user may not go the refusal says whose rights they had. Under the default policy they are
+user may not write the refusal says whose rights they had, and what only root may read is read
+with root's rights (a root command's, no more). Under the default policy they are
 refused naming the key. One sandbox per server.
 """
 
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2b import CommandExitException, FileType, PtySize, Sandbox, SandboxException
+from e2b import CommandExitException, FileNotFoundException, FileType, PtySize, Sandbox, SandboxException
 
 from harness.audit.store import AuditStore
 from tests.interop.e2b_server import E2bServer, policy_text, sdk_environment, serve_e2b
@@ -85,11 +86,23 @@ def test_files_as_root_are_served_as_the_sandbox_user_where_root_commands_are_al
         assert root_sandbox.files.read("/tmp/inspect-stdin", user="root") == "from inspect\n"
         assert root_sandbox.files.read("/home/user/notes/as-root.txt", format="bytes", user="root") == b"bytes\n"
         assert root_sandbox.commands.run("cat /tmp/inspect-stdin", user="root").stdout == "from inspect\n"
+        # What only root may read (Harbor's build-time record of a template's environment,
+        # root's and 0600) is read with root's rights, as a root command could; outside the
+        # sandbox user's places too.
         root_sandbox.commands.run("umask 077; echo secret > /tmp/root-only", user="root")
-        with pytest.raises(SandboxException) as private:  # root's own file: uid 1000 may not read it
-            root_sandbox.files.read("/tmp/root-only", user="root")
-        with pytest.raises(SandboxException) as outside:  # not one of the sandbox user's places
+        assert root_sandbox.files.read("/tmp/root-only", user="root") == "secret\n"
+        assert root_sandbox.files.read("/etc/hostname", user="root").strip()
+        with pytest.raises(FileNotFoundException):
+            root_sandbox.files.read("/var/lib/no-such-file", user="root")
+        # Root has no CAP_DAC_OVERRIDE: another uid's private file stays unreadable, saying so.
+        root_sandbox.commands.run("python3 -c \"import os; os.setgid(4321); os.setuid(4321); os.umask(0o77); "
+                                  "open('/tmp/theirs', 'w').write('x')\"", user="root")
+        with pytest.raises(SandboxException, match=r"read as root: cat: /tmp/theirs: Permission denied"):
+            root_sandbox.files.read("/tmp/theirs", user="root")
+        with pytest.raises(SandboxException) as outside:  # writes stay the sandbox user's: not in its places
             root_sandbox.files.write("/etc/planted", "x", user="root")
+        with pytest.raises(SandboxException) as private:  # nor with its rights
+            root_sandbox.files.write("/tmp/root-only", "x", user="root")
     for refusal in (private.value, outside.value):
         assert "served as the sandbox's user 'user'" in str(refusal), refusal
     with AuditStore(root_server.directory / "audit.sqlite3") as audit:
@@ -98,6 +111,7 @@ def test_files_as_root_are_served_as_the_sandbox_user_where_root_commands_are_al
               for args in [json.loads(c["arguments"]) if isinstance(c["arguments"], str) else c["arguments"]]]
     assert ("sandbox.copy_in", "/tmp/inspect-stdin", "root") in copies, copies  # the record says who asked
     assert ("sandbox.copy_out", "/tmp/inspect-stdin", "root") in copies, copies
+    assert ("sandbox.copy_out", "/tmp/root-only", "root") in copies, copies
 
 
 def test_a_command_as_root_is_refused_by_default_naming_the_key(engine: Any) -> None:

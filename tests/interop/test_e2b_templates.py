@@ -6,8 +6,9 @@ is made from it: the copied file is in its home, what the command made is in the
 start command serves HTTP, fetched through the door as a program written for E2B fetches it:
 the host name ``get_host(port)`` returns, sent to the server with the sandbox's traffic access
 token (the policy allows ``port_forward``). The second build of the same template comes
-from the cache; a base image that is not on the host is refused naming it; ``AsyncTemplate``
-builds too; a client does not see another client's template, and sees the operator's.
+from the cache, and ``get_tags`` lists the current build under its tag; a base image that is
+not on the host is refused naming it; ``AsyncTemplate`` builds too; a client does not see
+another client's template, and sees the operator's.
 """
 
 from __future__ import annotations
@@ -77,10 +78,15 @@ def test_a_template_built_from_steps_serves_http_and_its_second_build_is_cached(
         assert Template.exists("web-demo")
         assert not Template.exists("no-such-template")
 
+        tags = Template.get_tags("web-demo")
+        assert [(tag.tag, tag.build_id) for tag in tags] == [("default", info.build_id)]
+
         again: list[str] = []
-        Template.build(template, "web-demo", on_build_logs=lambda entry: again.append(str(entry.message)))
+        tagged = Template.build(template, "web-demo:v2", on_build_logs=lambda entry: again.append(str(entry.message)))
         assert any(line.startswith("cached:") for line in again), again
         assert not any(line.startswith("Step ") for line in again), again
+        # The current build is the second one, under the tag it was built with (Harbor finds its builds so).
+        assert [(tag.tag, tag.build_id) for tag in Template.get_tags("web-demo")] == [("v2", tagged.build_id)]
 
         sandbox = Sandbox.create("web-demo")
         try:

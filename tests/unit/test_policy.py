@@ -166,7 +166,7 @@ def test_load_from_a_file_names_the_file(tmp_path: Path) -> None:
         ('[sandbox]\nmemroy = "1g"', "unexpected key 'sandbox.memroy' (allowed: image, runtime, memory, cpus, "
                                      "pids, network, allow_hosts, ask_timeout, egress_allow, egress_deny, mounts, "
                                      "allowed_mount_roots, workdir, env, tmp_size, workspace_size, home_size, "
-                                     "noexec, nofile, fsize, ttl_seconds, paused_ttl_seconds, placement, "
+                                     "scratch_dirs, noexec, nofile, fsize, ttl_seconds, paused_ttl_seconds, placement, "
                                      "on_internet_request, public_ports, root_commands)"),
         ('[[sandbox.mounts]]\nsource = "/srv"\ntarget = "/data"\nreadonly = true',
          "unexpected key 'sandbox.mounts[0].readonly' (allowed: source, target, mode, uid, gid)"),

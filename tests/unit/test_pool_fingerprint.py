@@ -24,6 +24,7 @@ CHANGES: dict[str, Any] = {
     "tmp_size": 16 << 20,
     "workspace_size": 32 << 20,
     "home_size": 8 << 20,
+    "scratch_dirs": ("/logs",),
     "noexec": True,
     "nofile": 256,
     "fsize": 2 << 20,

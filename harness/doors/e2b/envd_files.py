@@ -24,7 +24,9 @@ Everything streams; no file is ever held whole here:
 * **Health**: 204, no access token needed (the SDK probes it after a failed request).
 
 Users and relative paths are resolved as in :mod:`harness.doors.e2b.envd_filesystem`; a
-copy asked for as root (where the policy allows it) is recorded with ``"user": "root"``.
+copy asked for as root (where the policy allows it) is recorded with ``"user": "root"``, and
+a download as root that the sandbox's user may not do is done with root's rights
+(:mod:`harness.doors.e2b.root_reads`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from harness.doors.e2b.envd_filesystem import (
     sandbox_path,
 )
 from harness.doors.e2b.errors import E2bError, invalid
+from harness.doors.e2b.root_reads import ROOT_ONLY, read_as_root
 from harness.doors.e2b.rpc import EnvdCall, EnvdRoute, HttpRequest, HttpResponse, json_response
 from harness.doors.e2b.signing import Operation
 from harness.engine.base import LivingSandbox
@@ -396,6 +399,7 @@ def http_routes(sandboxes: E2bSandboxes) -> list[EnvdRoute]:
 
     def get_files(request: HttpRequest, call: EnvdCall) -> HttpResponse:
         record = contextlib.ExitStack()
+        as_root, path = False, ""
         try:
             as_root = _users(request, call, "read")
             box = call.sandbox.running()
@@ -423,6 +427,13 @@ def http_routes(sandboxes: E2bSandboxes) -> list[EnvdRoute]:
                 body = _FileBody(record, chunks, tar, member, reader, ticket.outcome)
         except E2bError as error:
             record.__exit__(type(error), error, error.__traceback__)
+            if as_root and path and error.error in ROOT_ONLY:  # what only root may read: read as root
+                try:
+                    data = read_as_root(sandboxes, call.sandbox, path)
+                except E2bError as refused:
+                    return _error(refused)
+                return HttpResponse(200, [("content-type", "application/octet-stream"),
+                                          ("content-length", str(len(data)))], data)
             return _error(error)
         except BaseException as error:
             record.__exit__(type(error), error, error.__traceback__)

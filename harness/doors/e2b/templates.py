@@ -13,6 +13,8 @@
 ``GET /templates/{id}/builds/{build}/status``      ``status`` (waiting, building, ready, error),
                                                    ``logEntries`` from ``logsOffset``, ``reason``
 ``GET /templates/{id}/builds/{build}/logs``        the log entries from ``cursor``
+``GET /templates/{id}/tags``                       the current build under the tags its build was
+                                                   requested with (``Template.get_tags``)
 ``GET /templates/aliases/{name}``                  200 if the client sees a template of that name
                                                    (``Template.exists``), else 404
 ``GET /templates``, ``GET /templates/{id}``        the templates the client sees
@@ -23,7 +25,8 @@ Templates belong to the client that built them, or to the operator
 (:mod:`harness.engine.templates.store`): a client sees and uses its own and the operator's,
 and removes only its own (the operator's is ``permission_denied``). Anyone else's is 404, as
 one that never existed. Tags (``name:tag``) name the template's one current build: there is
-no history of builds to tag, so the tag routes answer 501 naming the call.
+no history of builds to tag, so ``get_tags`` lists the current build under the tags it was
+built with, and assigning or removing tags answers 501 naming the call.
 
 A sandbox is created from a template by its id or name (``Sandbox.create("my-template")``,
 :mod:`harness.doors.e2b.template_boxes`).
@@ -134,10 +137,10 @@ class TemplateApi:
         template = self.store.claim(client, name)
         template.cpu_count, template.memory_mb = cpu_count, memory_mb
         self.store.save(template)
-        build = self.builds.new(template, memory_mb)
+        tags = [t for t in (body.get("tags") or []) if isinstance(t, str)] or [tag or "default"]
+        build = self.builds.new(template, memory_mb, tags)
         for note in self._sized(client, cpu_count, memory_mb):
             build.add("info", note)
-        tags = [t for t in (body.get("tags") or []) if isinstance(t, str)] or [tag or "default"]
         log.info("e2b client %s requested build %s of template %s (%s)", client, build.build_id, name,
                  template.template_id)
         return json_response(202, {"templateID": template.template_id, "buildID": build.build_id, "public": False,
@@ -248,6 +251,14 @@ class TemplateApi:
         template = self._template(request, client)
         return json_response(200, {**self._body(template), "builds": []})
 
+    def tags(self, request: HttpRequest, client: str) -> HttpResponse:
+        """The current build under each tag it was requested with (none before a build succeeds here)."""
+        template = self._template(request, client)
+        if not template.key or not template.build_id:
+            return json_response(200, [])
+        return json_response(200, [{"tag": tag, "buildID": template.build_id, "createdAt": _iso(template.updated_at)}
+                                   for tag in template.tags or ["default"]])
+
     def delete(self, request: HttpRequest, client: str) -> HttpResponse:
         template = self._own(request, client)
         self.store.remove(template)
@@ -279,7 +290,7 @@ def template_routes(sandboxes: E2bSandboxes, store: TemplateStore | None = None,
         ("GET", "/templates/{templateID}/builds/{buildID}/logs", api.logs),
         ("POST", "/templates/tags", _not_served("assigning tags to a template (Template.assign_tags)")),
         ("DELETE", "/templates/tags", _not_served("removing tags of a template (Template.remove_tags)")),
-        ("GET", "/templates/{templateID}/tags", _not_served("listing a template's tags (Template.get_tags)")),
+        ("GET", "/templates/{templateID}/tags", api.tags),
     ]
     return api, [(method, path, _answering(handler)) for method, path, handler in served]
 

@@ -55,6 +55,8 @@ class Build:
     reason: str | None = None
     step: str | None = None
     memory_mb: int | None = None
+    tags: list[str] = field(default_factory=list)
+    """The tags it was requested under: the template's tags once it is ready."""
     started: bool = False
     created_at: str = field(default_factory=_now)
     finished_at: str | None = None
@@ -93,9 +95,9 @@ class Builds:
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="callbox-template-build")
 
-    def new(self, template: Template, memory_mb: int | None) -> Build:
+    def new(self, template: Template, memory_mb: int | None, tags: list[str]) -> Build:
         build = Build(build_id=str(uuid.uuid4()), template_id=template.template_id, owner=template.owner,
-                      memory_mb=memory_mb)
+                      memory_mb=memory_mb, tags=tags)
         with self._lock:
             self._builds[build.build_id] = build
             while len(self._builds) > KEPT_BUILDS:
@@ -145,6 +147,10 @@ class Builds:
         else:
             log.info("template %s (%s) of %s built: %s (%s)", template.name, template.template_id,
                      template.owner or "the operator", built.image, f"{built.build_s:.1f} s")
+            # The template's current build is this one, under the tags it was requested with
+            # (``Template.get_tags`` lists them; ``name:tag`` and ``name:BUILD_ID`` name it).
+            template.build_id, template.tags = build.build_id, list(build.tags)
+            self.builder.store.save(template)
             build.finished_at = _now()
             build.status = "ready"
 

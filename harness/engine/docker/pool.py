@@ -7,8 +7,8 @@ the servers do when the policy's ``[pool]`` asks for one). Without it nothing ch
 field of the ``SandboxSpec`` (as ``for_host`` makes it: canonical mount sources) that a
 running container cannot change: ``image``, ``runtime``, ``memory``, ``cpus``, ``pids``, ``network``,
 ``allow_hosts``, ``ask_timeout``, ``egress_allow``, ``egress_deny``, ``mounts`` (source, target, read-only, uid,
-gid), ``workdir``, ``tmp_size``, ``workspace_size``, ``home_size``, ``noexec``, ``nofile``, ``fsize``; and,
-beside it, the tool uid/gid the spec resolves to when the claim is made (a rw mount whose
+gid), ``workdir``, ``tmp_size``, ``workspace_size``, ``home_size``, ``scratch_dirs``, ``noexec``, ``nofile``,
+``fsize``; and, beside it, the tool uid/gid the spec resolves to when the claim is made (a rw mount whose
 owner changed since the pooled container started does not match). Five fields are left
 out, each for a reason:
 

@@ -107,6 +107,9 @@ class Template:
     start_cmd: str | None = None
     ready_cmd: str | None = None
     build_id: str | None = None
+    """The E2B door's id of the build that made the current image."""
+    tags: list[str] = field(default_factory=list)
+    """The tags the current build was requested under (E2B's ``name:tag``; ``default`` when none)."""
     build_count: int = 0
     spawn_count: int = 0
     cpu_count: int | None = None
