@@ -22,7 +22,9 @@ import anyio.abc
 log = logging.getLogger("callbox.mcp")
 
 DEFAULT_ABANDONED_GRACE_S = 60.0
-"""How long a session whose GET stream closed waits for its client before it ends."""
+"""How long a session whose GET stream closed waits for its client before it ends: twice the
+longest wait between reconnections of the MCP SDKs' clients (the TypeScript SDK's backs off to
+30 s by default), so a client that lost its stream to the network gets it back."""
 SESSION_HEADER = b"mcp-session-id"
 
 
