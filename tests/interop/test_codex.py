@@ -81,7 +81,8 @@ def test_codex_exec_runs_callbox_tools_over_mcp_http(mcp_http_token: tuple[str, 
     assert "exec_command" not in offered and "shell" not in offered, f"Codex's own shell is offered: {offered}"
     assert stub.other_requests == [], stub.other_requests  # only the Responses API, nothing else
     assert stub.called == ["mcp__callbox__write_file", "mcp__callbox__shell", "mcp__callbox__shell"], stub.called
-    assert len(stub.requests) == 4, [stub.tool_results(body) for body in stub.requests]
+    # each result reaches the model in the request right after its call
+    assert [len(stub.tool_results(body)) for body in stub.requests] == [0, 1, 2, 3], stub.requests
     results = stub.tool_results(stub.requests[3])  # the last request carries every result so far
     # Codex gives the model a result's structuredContent (callbox's carries the result's text
     # under "text") after a line of its own timing; a failed command's too, with its exit code
