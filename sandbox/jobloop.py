@@ -62,8 +62,10 @@ class Job:
     """
 
     def __init__(self, child: Child, marker: int, log: JobLog, *, command: Sequence[str], tag: str,
-                 master: int | None, accepts_input: bool, oom_before: int | None) -> None:
+                 master: int | None, accepts_input: bool, oom_before: int | None,
+                 keep_leftovers: bool = False) -> None:
         self.child = child
+        self.keep_leftovers = keep_leftovers
         self.pid = child.pid
         self.marker = marker
         self.log = log
@@ -149,6 +151,15 @@ class Job:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
         proctree.kill_marked(self.marker)
+
+    def end_leftovers(self) -> None:
+        """At the leader's exit: kill what it left behind, unless the job keeps its leftovers."""
+        if not self.keep_leftovers:
+            self.kill_all()
+
+    def has_leftovers(self) -> bool:
+        """Whether processes carrying the job's marker live on after it ended."""
+        return self.keep_leftovers and next(proctree.marked_pids(self.marker), None) is not None
 
     # ---- input --------------------------------------------------------------------
 
@@ -351,8 +362,9 @@ class JobLoop:
             log.exception("job %d: no exit status", job.pid)
             job.child.returncode = -signal.SIGKILL
         job.ended_mono = time.monotonic()
-        # Nothing outlives its job: kill what the leader left behind, then drain the output.
-        job.kill_all()
+        # Nothing outlives its job unless it keeps its leftovers: kill what the leader left
+        # behind, then drain the output.
+        job.end_leftovers()
         watch.drain_until = time.monotonic() + DRAIN_LIMIT_S
 
     def _take_input(self, watch: _Watch) -> None:

@@ -4,7 +4,8 @@ A job starts like an Exec command (as the tool user, or as root when the request
 ``as_root``; in its own session, through the same
 ``ToolStarter`` and launcher) with a marker group of its own, so Signal and Kill reach
 every process it started however it forked. It is detached from the RPC that started it:
-it runs until its leader exits (what it left behind is then killed, as for an Exec), it
+it runs until its leader exits (what it left behind is then killed, as for an Exec, but
+for a job started with ``keep_leftovers``, whose leftovers live on with the sandbox), it
 is killed, or the agent stops. Its output goes to a ``JobLog`` (see ``joblog``) that any
 number of Attach and Terminal streams read at their own pace; the process I/O of every
 job is driven by one thread (see ``jobloop``).
@@ -83,6 +84,9 @@ class JobManager:
         self._starting = 0
         self._starting_bytes = 0
         self._starting_markers: set[int] = set()
+        self._leftover_markers: set[int] = set()
+        """Markers of ended jobs whose leftovers live on: never given to another job, whose
+        end would kill them."""
         self._stopping: str | None = None
         self._streams = 0
         self._loop = JobLoop(self._ended)
@@ -123,7 +127,7 @@ class JobManager:
             if slave is not None:
                 os.close(slave)
         job = Job(child, marker, JobLog(capacity), command=command, tag=request.tag, master=master,
-                  accepts_input=request.stdin, oom_before=oom_before)
+                  accepts_input=request.stdin, oom_before=oom_before, keep_leftovers=request.keep_leftovers)
         with self._lock:
             self._unreserve(capacity, marker)
             old = self._jobs.pop(job.pid, None)  # an ended job whose pid was reused
@@ -178,7 +182,7 @@ class JobManager:
             self._starting_bytes += capacity
             # A marker stays taken as long as its job is remembered, so a late Signal or
             # Kill of an ended job can never reach a newer job's processes.
-            used = {job.marker for job in self._jobs.values()} | self._starting_markers
+            used = {job.marker for job in self._jobs.values()} | self._starting_markers | self._leftover_markers
             while True:
                 marker = JOB_MARKER_BASE + proctree.random_below(proctree.MARKER_SPAN)
                 if marker not in used:
@@ -202,7 +206,10 @@ class JobManager:
 
     def _ended(self, job: Job) -> None:
         """The loop thread: ``job`` has ended and its output is drained."""
+        leftovers = job.has_leftovers()
         with self._lock:
+            if leftovers:
+                self._leftover_markers.add(job.marker)
             if job in self._reserved:
                 with job.log.cond:
                     self._reserved[job] = job.log.held_cost

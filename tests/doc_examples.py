@@ -294,6 +294,8 @@ SNIPPET_SOURCES = {
     "deepagents-async": "tests/interop/deepagents_driver.py",
     "e2b-example": "tests/interop/e2b_example.py",
     "e2b-js-example": "tests/interop/e2b_example.mjs",
+    "inspect-ai": "tests/interop/inspect_ai_evals.py",
+    "inspect-ai-dockerfile": "tests/interop/inspect_ai_evals.py",
 }
 """Snippets of the pages copied from the interop tests that run them, by marker name (a
 ``.mjs`` file's is a ``javascript`` block, marked with ``//`` comments; a ``.toml`` file's,

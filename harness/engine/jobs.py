@@ -160,7 +160,7 @@ class JobsClient:
     def start(
         self, command: Sequence[str] | str, *, tag: str = "", cwd: str = "", env: Mapping[str, str] | None = None,
         pty: bool = False, rows: int = 0, cols: int = 0, stdin: bool = False, buffer_bytes: int = 0,
-        as_root: bool = False,
+        as_root: bool = False, keep_leftovers: bool = False,
     ) -> JobInfo:
         """Start a detached job (argv when a sequence, ``bash -c`` when a string) and return at once.
 
@@ -168,9 +168,11 @@ class JobsClient:
         stream); ``stdin`` keeps a pipe to its stdin open for :meth:`write` (else /dev/null);
         ``buffer_bytes`` is how much output the agent holds for replay (0: 1 MiB); ``as_root``
         runs it as uid 0 instead of the tool user (the caller checks the policy allows it:
-        ``sandbox.root_commands``)."""
+        ``sandbox.root_commands``); ``keep_leftovers`` leaves running, when it ends, the processes
+        it left behind (daemons, ``cmd &``), which then end with the sandbox."""
         request = jobs_pb2.JobStartRequest(cwd=cwd, env=dict(env or {}), tag=tag, pty=pty, rows=rows, cols=cols,
-                                           stdin=stdin, buffer_bytes=buffer_bytes, as_root=as_root)
+                                           stdin=stdin, buffer_bytes=buffer_bytes, as_root=as_root,
+                                           keep_leftovers=keep_leftovers)
         if isinstance(command, str):
             request.shell = command
         else:

@@ -88,6 +88,7 @@ class JobStartRequest(_message.Message):
     BUFFER_BYTES_FIELD_NUMBER: _builtins.int
     STDIN_FIELD_NUMBER: _builtins.int
     AS_ROOT_FIELD_NUMBER: _builtins.int
+    KEEP_LEFTOVERS_FIELD_NUMBER: _builtins.int
     shell: _builtins.str
     """Run as `bash -c <shell>` (for a PTY job: `bash -c` too)."""
     cwd: _builtins.str
@@ -112,6 +113,12 @@ class JobStartRequest(_message.Message):
     container's capabilities, HOME=/root. The harness asks for it only when
     its policy allows root commands (sandbox.root_commands).
     """
+    keep_leftovers: _builtins.bool
+    """When the leader exits, leave running the processes it left behind
+    (daemons, `cmd &`), as E2B's envd does, instead of killing them; they end
+    with the sandbox (they keep the job's marker group, which is not given
+    out again). A Signal or Kill while the leader runs still reaches them.
+    """
     @_builtins.property
     def argv(self) -> _process_pb2.Argv: ...
     @_builtins.property
@@ -130,10 +137,11 @@ class JobStartRequest(_message.Message):
         buffer_bytes: _builtins.int = ...,
         stdin: _builtins.bool = ...,
         as_root: _builtins.bool = ...,
+        keep_leftovers: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "command", b"command", "shell", b"shell"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "as_root", b"as_root", "buffer_bytes", b"buffer_bytes", "cols", b"cols", "command", b"command", "cwd", b"cwd", "env", b"env", "pty", b"pty", "rows", b"rows", "shell", b"shell", "stdin", b"stdin", "tag", b"tag"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "as_root", b"as_root", "buffer_bytes", b"buffer_bytes", "cols", b"cols", "command", b"command", "cwd", b"cwd", "env", b"env", "keep_leftovers", b"keep_leftovers", "pty", b"pty", "rows", b"rows", "shell", b"shell", "stdin", b"stdin", "tag", b"tag"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["argv", "shell"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015

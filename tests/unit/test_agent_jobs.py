@@ -129,6 +129,30 @@ def test_kill_reaches_a_double_forked_tree_that_ignores_sigterm(agent: tuple[Age
     assert client.jobs.kill(info.pid).state == "killed"  # again: its final info
 
 
+def test_leftovers_die_with_the_leader_unless_the_job_keeps_them(agent: tuple[Agent, str],
+                                                                   client: AgentClient) -> None:
+    # A daemon as Inspect AI's sandbox tools start theirs: double-forked, same session, the
+    # job's output pipes closed; and one left in the background with `&`.
+    script = "( exec sleep 1000 </dev/null >/dev/null 2>&1 & ); sleep 1001 </dev/null >/dev/null 2>&1 & echo up"
+    pids: dict[bool, int] = {}
+    try:
+        for keep in (False, True):
+            info = client.jobs.start(script, keep_leftovers=keep)
+            ended = Follower(client.jobs.attach(info.pid, follow=True), wait_s=WAIT_S).finish()[-1]
+            assert isinstance(ended, JobEnded) and ended.info.exit_code == 0
+            marker = agent[0].jobs.get(info.pid).marker
+            left = list(proctree.marked_pids(marker))
+            if keep:
+                assert len(left) == 2, left  # both live on, carrying the job's marker
+                assert marker in agent[0].jobs._leftover_markers  # never given to another job
+                pids[keep] = marker
+            else:
+                assert left == []
+    finally:
+        for marker in pids.values():
+            proctree.kill_marked(marker)
+
+
 def test_refusals_name_the_fix(client: AgentClient) -> None:
     with pytest.raises(AgentCallError) as unknown:
         client.jobs.kill(999_999)

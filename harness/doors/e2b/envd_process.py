@@ -34,7 +34,10 @@ goes away (its Start stream closed, the SDK's ``disconnect``) leaves it running,
 ``commands.connect`` can reattach. What bounds it is the Start request's deadline
 (``Connect-Timeout-Ms``, the SDK's ``timeout``, 60 s unless it says otherwise; 0 is none):
 when it passes, the process is killed, foreground or background, as envd does. A process
-started without a deadline runs until it exits, is killed, or the sandbox goes. At most 64
+started without a deadline runs until it exits, is killed, or the sandbox goes. What a
+process leaves behind when it exits (a daemon, ``cmd &``) lives on with the sandbox, as
+under envd (Inspect AI's sandbox tools start their server so); killing the process while
+it runs kills them too. At most 64
 jobs run in a sandbox, and at most 16 streams (Start or Connect) follow its jobs at once
 (the agent's limits): one more Start is ``resource_exhausted``, and its process is killed
 rather than left running unseen. A Start counts as a tool call of the client's
@@ -280,7 +283,7 @@ class ProcessDoor:
                 own = {k: v for k, v in box.spec.env.items() if not (as_root and k in _USER_VARIABLES)}
                 env = {**own, **sandbox.env_vars, **config.envs}  # root keeps the agent's HOME, USER, LOGNAME
                 info = box.jobs.start(argv, tag=tag, cwd=cwd, env=env, pty=pty, rows=rows, cols=cols,
-                                      stdin=stdin or pty, as_root=as_root)
+                                      stdin=stdin or pty, as_root=as_root, keep_leftovers=True)
                 ticket.outcome["pid"] = info.pid
                 self._remember(sandbox, info, config, tag, pty, cwd)
                 if call.deadline is not None:
