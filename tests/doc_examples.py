@@ -287,6 +287,8 @@ def all_python_blocks() -> list[Block]:
 SNIPPET_SOURCES = {
     "openai-agents": "tests/interop/test_openai_agents.py",
     "pydantic-ai": "tests/interop/test_pydantic_ai.py",
+    "claude-code": "tests/interop/test_claude_code.py",
+    "codex": "tests/interop/codex_config.toml",
     "smolagents": "tests/interop/test_smolagents.py",
     "deepagents": "tests/interop/deepagents_driver.py",
     "deepagents-async": "tests/interop/deepagents_driver.py",
@@ -300,12 +302,13 @@ SNIPPET_SOURCES = {
     "inspect-ai-dockerfile": "tests/interop/inspect_ai_evals.py",
 }
 """Snippets of the pages copied from the interop tests that run them, by marker name (a
-``.mjs`` file's is a ``javascript`` block, marked with ``//`` comments)."""
+``.mjs`` file's is a ``javascript`` block, marked with ``//`` comments; a ``.toml`` file's,
+a configuration file a test runs a client with, is a ``toml`` block)."""
 
 
 def snippet_language(path: str) -> str:
     """The language of the page's block that copies the snippet of test file ``path``."""
-    return "javascript" if path.endswith(".mjs") else "python"
+    return {".mjs": "javascript", ".toml": "toml"}.get(Path(path).suffix, "python")
 
 
 def snippet_in(source: str, name: str, comment: str = "#") -> str:

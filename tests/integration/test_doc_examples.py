@@ -34,6 +34,7 @@ from tests.doc_examples import (
     all_python_blocks,
     output_matches,
     snippet_in,
+    snippet_language,
 )
 
 pytestmark = pytest.mark.docker
@@ -246,7 +247,7 @@ def test_a_normal_user_is_not_told_about_another_users_kept_sandbox(normal_user_
 # The agent-framework snippets run inside the interop tests they are copied from (a unit
 # test keeps the copies identical); the rest run here as they stand.
 _TESTED_ELSEWHERE = {snippet_in((ROOT / path).read_text(), name) for name, path in SNIPPET_SOURCES.items()
-                     if not path.endswith(".mjs")}
+                     if snippet_language(path) == "python"}
 PYTHON_BLOCKS = [(f"{b.source}:{b.first_line}", b.body) for b in all_python_blocks()
                  if b.body not in _TESTED_ELSEWHERE]
 GRPC_ADDRESS = "unix:/run/callbox/executor.sock"

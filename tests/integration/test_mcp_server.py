@@ -390,6 +390,22 @@ def test_http_idle_session_times_out_and_its_sandbox_goes(servers, tmp_path, eng
     _wait_gone(engine, sandbox_id, timeout=20)
 
 
+def test_http_session_whose_client_left_without_delete_ends_after_the_grace(servers, tmp_path, engine):
+    policy = _policy(tmp_path)
+    server = servers.http(policy, idle_timeout_s=None, abandoned_grace_s=0.5)
+
+    async def flow() -> str:
+        # A client that holds a GET stream while it lives and exits without DELETE (Claude Code
+        # does): its stream closing, then the grace, end the session; no idle timeout here.
+        async with Client(streamable_http_client(server.url, terminate_on_close=False)) as client:
+            result = await client.call_tool("shell", {"command": "true"})
+            return str(result.meta["callbox/sandbox_id"])
+
+    sandbox_id = _run(flow)
+    _wait_gone(engine, sandbox_id, timeout=20)
+    assert server.service.live_sessions() == []
+
+
 def test_http_shutdown_ends_live_sessions(servers, tmp_path, engine):
     policy = _policy(tmp_path)
     server = servers.http(policy, idle_timeout_s=None)

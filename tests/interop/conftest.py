@@ -131,6 +131,24 @@ def mcp_http_url(policy: Path, callbox_env: dict[str, str]) -> Iterator[str]:
         served.stop()
 
 
+MCP_TOKEN = "interop-mcp-" + "m" * 32
+
+
+@pytest.fixture
+def mcp_http_token(policy: Path, callbox_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """``callbox serve --mcp-http 127.0.0.1:0 --token-file FILE``: every request needs
+    ``Authorization: Bearer TOKEN``, as on a server others reach. Yields (URL, TOKEN)."""
+    tokens = tmp_path / "mcp-tokens"
+    tokens.write_text(f"interop:{MCP_TOKEN}\n")
+    tokens.chmod(0o600)
+    served = Served(["serve", "--mcp-http", "127.0.0.1:0", "--token-file", str(tokens), "--policy", str(policy)],
+                    callbox_env)
+    try:
+        yield served.wait_for(r"MCP server \(streamable HTTP\) on (http://127\.0\.0\.1:\d+/mcp)")[1], MCP_TOKEN
+    finally:
+        served.stop()
+
+
 GRPC_TOKEN = "interop-" + "t" * 32
 
 

@@ -133,7 +133,7 @@ def test_the_framework_snippets_are_the_tested_code(name: str, test_file: str) -
     """The pages' agent-framework snippets are copied from the interop tests that run them."""
     language = snippet_language(test_file)
     snippet = snippet_in((ROOT / test_file).read_text(), name, "//" if language == "javascript" else "#")
-    assert len(snippet.splitlines()) >= 8
+    assert len(snippet.splitlines()) >= (4 if language == "toml" else 8)  # a client's config can be short
     copies = [b.name for b in BLOCKS if b.language == language and b.body == snippet]
     assert copies, f"no page has the {name} snippet of {test_file} as a {language} block (copy it from there)"
 

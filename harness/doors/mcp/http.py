@@ -40,6 +40,7 @@ from starlette.routing import Route
 
 from harness.core.errors import CallboxError, UsageError
 from harness.doors.grpc.tokens import TokenSet
+from harness.doors.mcp.abandoned import DEFAULT_ABANDONED_GRACE_S, AbandonedSessions
 from harness.doors.mcp.process import log_to_stderr, terminate_ignored
 from harness.doors.mcp.protocol import CLIENT_SCOPE_KEY, build_mcp_server
 from harness.doors.mcp.service import McpToolService
@@ -104,10 +105,13 @@ def _is_loopback(host: str) -> bool:
 def mcp_http_app(
     service: McpToolService, *, host: str = DEFAULT_HOST, idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
     max_sessions: int | None = DEFAULT_MAX_SESSIONS, tokens: TokenSet | None = None,
+    abandoned_grace_s: float | None = DEFAULT_ABANDONED_GRACE_S,
 ) -> Starlette:
     """The ASGI app: streamable HTTP on ``/mcp``, one MCP session (and sandbox) per
     ``Mcp-Session-Id``. On a loopback host, requests whose Host/Origin is not loopback get
-    HTTP 421/403 (DNS-rebinding protection). Its shutdown ends every session."""
+    HTTP 421/403 (DNS-rebinding protection). A session whose client closed its GET stream
+    and sent nothing for ``abandoned_grace_s`` ends (see :mod:`harness.doors.mcp.abandoned`;
+    None: only the idle timeout ends it). Its shutdown ends every session."""
     server = build_mcp_server(service, session_scope="connection", transport="http")
     security = None
     if _is_loopback(host):
@@ -120,16 +124,23 @@ def mcp_http_app(
         app=server, security_settings=security, session_idle_timeout=idle_timeout_s, max_sessions=max_sessions,
     )
 
+    endpoint: Any = StreamableHTTPASGIApp(manager)
+    abandoned = None if abandoned_grace_s is None else AbandonedSessions(endpoint, abandoned_grace_s)
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         try:
-            async with manager.run():
+            async with manager.run(), anyio.create_task_group() as timers:
+                if abandoned is not None:
+                    await timers.start(abandoned.run)
                 yield
+                timers.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(service.close_sessions)
 
-    endpoint: Any = StreamableHTTPASGIApp(manager)
+    if abandoned is not None:
+        endpoint = abandoned
     if tokens is not None:
         endpoint = _BearerAuth(endpoint, tokens)
     return Starlette(routes=[Route(MCP_PATH, endpoint=endpoint)], lifespan=lifespan)
@@ -249,6 +260,7 @@ def serve_mcp_http(
     idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S, max_sessions: int | None = DEFAULT_MAX_SESSIONS,
     insecure: bool = False, service: McpToolService | None = None, tokens: TokenSet | None = None,
     quotas: QuotaKeeper | None = None, policies: PolicySource | None = None,
+    abandoned_grace_s: float | None = DEFAULT_ABANDONED_GRACE_S,
 ) -> McpHttpServer:
     """Start streamable HTTP MCP on ``addr`` in a background thread; returns the running
     server (``.url``, ``.port``, ``.stop()``). Port 0 picks a free port. ``tokens``: require
@@ -263,7 +275,8 @@ def serve_mcp_http(
     except BaseException:
         sock.close()
         raise
-    app = mcp_http_app(service, host=host, idle_timeout_s=idle_timeout_s, max_sessions=max_sessions, tokens=tokens)
+    app = mcp_http_app(service, host=host, idle_timeout_s=idle_timeout_s, max_sessions=max_sessions, tokens=tokens,
+                       abandoned_grace_s=abandoned_grace_s)
     handle = McpHttpServer(service, _uvicorn_server(app), sock, host)
     handle.start()
     log.debug("MCP server listening on %s", handle.url)
