@@ -14,11 +14,29 @@ from typing import Any
 
 from harness.core.errors import ErrorCode
 
-__all__ = ["CALL_ID_PATTERN", "TOOL_NAME_PATTERN", "Action", "Decision", "ErrorCode", "ToolCall",
-           "ToolOutput", "ToolResult"]
+__all__ = ["CALL_ID_PATTERN", "IMAGE_MEDIA_TYPES", "TOOL_NAME_PATTERN", "Action", "Decision", "ErrorCode",
+           "ImagePart", "ToolCall", "ToolOutput", "ToolResult"]
 
 CALL_ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 TOOL_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+IMAGE_MEDIA_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+"""The image formats a result may carry: those every model dialect accepts."""
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    """A picture in a tool result, beside its text (a screenshot, a chart, an image file)."""
+
+    media_type: str
+    """One of :data:`IMAGE_MEDIA_TYPES`."""
+    data: bytes
+    """The encoded image, exactly as the file or the screenshot holds it."""
+    width: int
+    """Pixels across, read from the image's header."""
+    height: int
+    """Pixels down, read from the image's header."""
+    label: str = ""
+    """Where it came from, for people and placeholders (``/workspace/chart.png``, ``screenshot``)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +61,8 @@ class ToolResult:
     """Machine-readable detail (exit code, truncation, ...), for MCP structuredContent."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Harness-side facts not shown to the model (timings, bytes, the rule that decided)."""
+    images: tuple[ImagePart, ...] = ()
+    """Pictures the model sees after ``text``, each within the policy's image bounds."""
 
     @classmethod
     def failure(cls, call_id: str, code: ErrorCode, text: str, **meta: Any) -> ToolResult:
@@ -76,3 +96,5 @@ class ToolOutput:
     structured: dict[str, Any] | None = None
     raw_bytes: int = 0
     """Bytes the tool produced before any truncation (for the audit log)."""
+    images: tuple[ImagePart, ...] = ()
+    """Pictures the tool produced, before the harness checks them against the policy's bounds."""
