@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CALLBOX := $(VENV)/bin/callbox
 
-.PHONY: setup npm-tools browser engine image image-code-interpreter runsc test test-runsc unit demo tour bench bench-scale bench-docs proto proto-check lint docs docs-serve
+.PHONY: setup npm-tools browser engine image image-code-interpreter image-desktop runsc test test-runsc unit demo tour bench bench-scale bench-docs proto proto-check lint docs docs-serve
 
 setup:
 	@scripts/setup-python.sh
@@ -31,6 +31,11 @@ image: setup engine
 image-code-interpreter: setup engine image
 	@$(CALLBOX) image build --variant code-interpreter
 
+# The desktop image variant (Xvfb, openbox, Chromium, xdotool, x11vnc, noVNC: the computer tool's
+# display); its own debootstrap base is cached, so a rebuild takes seconds.
+image-desktop: setup engine image
+	@$(CALLBOX) image build --variant desktop
+
 # gVisor as the Docker runtime "runsc" (sandboxes with runtime = "runsc"); needs root.
 runsc: engine
 	@scripts/setup_runsc.sh
@@ -51,7 +56,7 @@ lint: setup
 unit: setup
 	@$(VENV)/bin/pytest tests/unit -q
 
-test: setup npm-tools browser proto-check lint engine image image-code-interpreter runsc
+test: setup npm-tools browser proto-check lint engine image image-code-interpreter image-desktop runsc
 	@echo "callbox: running the test suite (unit, integration, security, interop) on the real engine"
 	@scripts/run-tests.sh
 

@@ -20,9 +20,10 @@ def add_parsers(sub: Any) -> None:
     build.add_argument("--base", help="use this local base image (Python 3.11+) instead of debootstrap")
     build.add_argument("--tag", default="callbox-sandbox:latest", help="tag for the built image")
     build.add_argument("--wheelhouse", type=Path, help="directory of wheels to use instead of PyPI")
-    build.add_argument("--variant", choices=("code-interpreter",),
+    build.add_argument("--variant", choices=("code-interpreter", "desktop"),
                        help="build an image variant instead (code-interpreter: the E2B code interpreter's "
-                            "kernel and server; tagged callbox-sandbox-code-interpreter:latest)")
+                            "kernel and server; tagged callbox-sandbox-code-interpreter:latest; desktop: Xvfb, "
+                            "Chromium and the computer tool; tagged callbox-sandbox-desktop:latest)")
 
 
 def run(args: argparse.Namespace) -> int:

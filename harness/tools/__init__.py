@@ -11,6 +11,7 @@ from harness.core.registry import ToolRegistry
 from harness.engine.base import Engine
 from harness.tools.apply_patch import APPLY_PATCH
 from harness.tools.bash import BASH
+from harness.tools.computer import COMPUTER
 from harness.tools.declared import declared_tools
 from harness.tools.editor import EDITOR
 from harness.tools.files import FILE_TOOLS
@@ -20,7 +21,7 @@ from harness.tools.unified_exec import UNIFIED_EXEC_TOOLS
 
 def builtin_registry() -> ToolRegistry:
     registry = ToolRegistry()
-    for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS, *UNIFIED_EXEC_TOOLS):
+    for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS, *UNIFIED_EXEC_TOOLS, COMPUTER):
         registry.register(tool)
     return registry
 

@@ -21,6 +21,7 @@ from harness.core.validation import (
     validate_call,
 )
 from harness.tools import builtin_registry
+from harness.tools.computer import ACTION_NEEDS, SCREEN_HEIGHT, SCREEN_WIDTH
 
 
 class ShellArgs(BaseModel):
@@ -446,6 +447,11 @@ EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "write_stdin": (
         {"session_id": 7}, {"session_id": 7, "chars": "q\n", "yield_time_ms": 1000, "max_output_tokens": 500},
     ),
+    "computer": (
+        {"action": "screenshot"},
+        {"action": "left_click", "coordinate": [10, 20], "start_coordinate": [0, 0], "text": "a",
+         "scroll_direction": "down", "scroll_amount": 2, "duration": 1, "region": [0, 0, 10, 10]},
+    ),
 }
 
 
@@ -545,6 +551,8 @@ def from_schema(node: dict[str, Any]) -> st.SearchStrategy[Any]:
         return st.text(_TEXT, min_size=node.get("minLength", 0), max_size=node.get("maxLength", 12))
     if kind == "integer":
         return st.integers(min_value=node.get("minimum"), max_value=node.get("maximum"))
+    if kind == "number":
+        return st.floats(min_value=node.get("minimum"), max_value=node.get("maximum"), allow_nan=False)
     if kind == "boolean":
         return st.booleans()
     if kind == "array":
@@ -572,6 +580,13 @@ def test_whatever_the_plain_schema_accepts_validates_and_null_equals_missing(cal
     # the one rule JSON Schema cannot state: read_file's end_line may not come before start_line
     if definition.name == "read_file" and args.get("end_line") is not None:
         assume(args["end_line"] >= args.get("start_line", 1))
+    # and computer's: each action's own required fields, points on the screen, a region ordered
+    if definition.name == "computer":
+        assume(all(args.get(name) is not None for name in ACTION_NEEDS.get(args["action"], ())))
+        for name in ("coordinate", "start_coordinate"):
+            assume(args.get(name) is None or (args[name][0] < SCREEN_WIDTH and args[name][1] < SCREEN_HEIGHT))
+        region = args.get("region")
+        assume(region is None or (region[0] < region[2] <= SCREEN_WIDTH and region[1] < region[3] <= SCREEN_HEIGHT))
     accepted = validate_call(definition, args)
     assert validate_call(definition, json.dumps(args)) == accepted
     assert validate_call(definition, with_nulls(definition, args)) == accepted

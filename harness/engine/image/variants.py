@@ -9,9 +9,11 @@ A variant is built like the default image, offline from Debian's archive and ide
    ``/opt/callbox/<name>/`` and precompiled, by ``images/<name>/Dockerfile``; labelled with a
    content hash over the agent image and those files, so an unchanged variant is only re-tagged.
 
-``code-interpreter`` is the one variant: the E2B code interpreter's server, the Python kernel it
+``code-interpreter``: the E2B code interpreter's server, the Python kernel it
 drives (python3-ipykernel, jupyter-client, matplotlib, pandas, numpy), and nodejs for its
 JavaScript contexts with node-typescript for its TypeScript ones (bash is in every base).
+``desktop``: an X display (Xvfb, openbox), Chromium, xdotool, xwd and a VNC server with noVNC, driven
+by ``images/desktop/computer.py`` (the `computer` tool's one implementation).
 """
 
 from __future__ import annotations
@@ -66,6 +68,17 @@ VARIANTS: dict[str, Variant] = {
                   "python3-numpy", "python3-cffi-backend", "libboost-regex1.74.0", "nodejs",
                   "node-typescript"),
         tag="callbox-sandbox-code-interpreter:latest",
+    ),
+    "desktop": Variant(
+        name="desktop",
+        # An X display for the `computer` tool: Xvfb, openbox, Debian's Chromium (no browser download),
+        # fonts, xdotool for input, xwd (x11-apps) for screenshots, x11vnc and noVNC for a live view.
+        # Virtual packages debootstrap cannot resolve, by their provider: dbus-x11 is dconf-service's
+        # dbus-session-bus (dbus-user-session, the default, would bring systemd), python3-cffi-backend
+        # python3-cryptography's python3-cffi-backend-api-* (websockify needs it).
+        packages=("xvfb", "xauth", "openbox", "chromium", "fonts-dejavu-core", "fonts-liberation",
+                  "xdotool", "x11-apps", "x11vnc", "novnc", "python3-websockify", "dbus-x11", "python3-cffi-backend"),
+        tag="callbox-sandbox-desktop:latest",
     ),
 }
 

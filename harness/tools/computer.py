@@ -1,0 +1,178 @@
+"""``computer``: look at and drive the desktop of a sandbox (the ``desktop`` image variant).
+
+One plain-schema tool for MCP and the gRPC door: an ``action`` and the fields it needs, checked
+here before anything runs. The work is done in the sandbox by the image's one implementation,
+``/opt/callbox/desktop/computer.py`` (Xvfb :1 at 1280x800, openbox, xdotool, xwd), started with the
+action as one JSON argument; it prints one JSON line, with the screenshot as base64 PNG. Every
+action but ``cursor_position`` returns a screenshot (taken after the action) as an image part of
+the result, labelled ``screenshot`` (``zoom``: ``zoom x1,y1,x2,y2``).
+
+A sandbox whose image has no desktop gets ``not_supported`` naming the image to use, before
+anything else happens. The action names and fields are those of Anthropic's computer tool, so the
+dialect adapters can map onto this one implementation.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import struct
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from harness.core.calls import ErrorCode, ImagePart, ToolOutput
+from harness.core.context import ToolContext
+from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
+from harness.tools.shell import NotRan, agent_failure, run_in_sandbox
+
+DESKTOP_SCRIPT = "/opt/callbox/desktop/computer.py"
+DESKTOP_IMAGE = "callbox-sandbox-desktop:latest"
+SCREEN_WIDTH, SCREEN_HEIGHT = 1280, 800
+MAX_WAIT_S = 60.0
+
+Action = Literal["screenshot", "left_click", "right_click", "middle_click", "double_click", "triple_click",
+                 "left_click_drag", "mouse_move", "type", "key", "scroll", "wait", "zoom", "cursor_position"]
+ACTION_NEEDS: dict[str, tuple[str, ...]] = {
+    "left_click_drag": ("start_coordinate", "coordinate"),
+    "mouse_move": ("coordinate",),
+    "type": ("text",),
+    "key": ("text",),
+    "scroll": ("scroll_direction",),
+    "zoom": ("region",),
+}
+_TAKES: dict[str, tuple[str, ...]] = {
+    "left_click": ("coordinate",), "right_click": ("coordinate",), "middle_click": ("coordinate",),
+    "double_click": ("coordinate",), "triple_click": ("coordinate",),
+    "scroll": ("scroll_direction", "scroll_amount", "coordinate"), "wait": ("duration",),
+}
+Pixel = Annotated[int, Field(ge=0)]
+_FIELDS = ("coordinate", "start_coordinate", "text", "scroll_direction", "scroll_amount", "duration", "region")
+
+
+class ComputerArgs(BaseModel):
+    """Take a screenshot of the sandbox's desktop, or click, type, press keys or scroll on it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Action = Field(description=(
+        "What to do. screenshot; left_click, right_click, middle_click, double_click, triple_click "
+        "(at coordinate, or where the mouse is); left_click_drag (start_coordinate to coordinate); "
+        "mouse_move (coordinate); type (text); key (text: xdotool key names such as Return, ctrl+l, "
+        "several separated by spaces); scroll (scroll_direction, scroll_amount, optional coordinate); "
+        "wait (duration); zoom (region); cursor_position. Every action but cursor_position returns a "
+        "screenshot taken after it."))
+    coordinate: list[Pixel] | None = Field(
+        default=None, min_length=2, max_length=2,
+        description=f"[x, y] in screen pixels, 0 <= x < {SCREEN_WIDTH}, 0 <= y < {SCREEN_HEIGHT}.")
+    start_coordinate: list[Pixel] | None = Field(
+        default=None, min_length=2, max_length=2, description="[x, y] where left_click_drag starts.")
+    text: str | None = Field(default=None, min_length=1, max_length=10_000,
+                             description="The text to type, or the keys to press.")
+    scroll_direction: Literal["up", "down", "left", "right"] | None = Field(default=None)
+    scroll_amount: int | None = Field(default=None, ge=1, le=100, description="Wheel clicks (default 3).")
+    duration: float | None = Field(default=None, ge=0, le=MAX_WAIT_S, description="Seconds to wait.")
+    region: list[Pixel] | None = Field(
+        default=None, min_length=4, max_length=4,
+        description="[x1, y1, x2, y2] of the screen part zoom returns at full resolution (x1 < x2, y1 < y2).")
+
+    @model_validator(mode="after")
+    def _fields_fit_action(self) -> ComputerArgs:
+        needs = ACTION_NEEDS.get(self.action, ())
+        missing = [name for name in needs if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"action {self.action!r} needs {' and '.join(missing)}")
+        for name in ("coordinate", "start_coordinate"):
+            point = getattr(self, name)
+            if point is not None and not (0 <= point[0] < SCREEN_WIDTH and 0 <= point[1] < SCREEN_HEIGHT):
+                raise ValueError(f"{name} {point} is outside the {SCREEN_WIDTH}x{SCREEN_HEIGHT} screen")
+        if self.region is not None:
+            x1, y1, x2, y2 = self.region
+            if not (0 <= x1 < x2 <= SCREEN_WIDTH and 0 <= y1 < y2 <= SCREEN_HEIGHT):
+                raise ValueError(f"region {self.region} must lie inside the {SCREEN_WIDTH}x{SCREEN_HEIGHT} "
+                                 "screen with x1 < x2 and y1 < y2")
+        return self
+
+    def unused(self) -> list[str]:
+        """The fields given that the action does not use (named in the result, never sent)."""
+        used = set(ACTION_NEEDS.get(self.action, ())) | set(_TAKES.get(self.action, ()))
+        return [name for name in _FIELDS if getattr(self, name) is not None and name not in used]
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
+        raise ValueError("not a PNG")
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def _failed(text: str, **structured: Any) -> ToolOutput:
+    return ToolOutput(text=text, is_error=True, error=ErrorCode.TOOL_FAILED, structured=structured or None)
+
+
+def run_computer(ctx: ToolContext, args: ComputerArgs) -> ToolOutput:
+    unused = args.unused()
+    request = args.model_dump(exclude_none=True, exclude=set(unused))
+    note = f" ({', '.join(unused)} not used by {args.action}: ignored)" if unused else ""
+    extra_s = args.duration or 0.0
+    ran = run_in_sandbox(ctx, ["python3", "-I", DESKTOP_SCRIPT, json.dumps(request)],
+                         timeout_s=min(ctx.timeout_ceiling_s, ctx.timeout_for(None) + extra_s), cwd="",
+                         streamed=())
+    if isinstance(ran, NotRan):
+        return agent_failure(ran.error, started=ran.started)
+    result = ran.result
+    stdout = result.stdout.data().decode("utf-8", errors="replace").strip()
+    if result.shell_exit_code == 2 and not stdout and b"can't open file" in result.stderr.data():
+        return ToolOutput(
+            text=(f"computer needs a sandbox with a desktop; this sandbox's image has none. "
+                  f"Use the desktop image ({DESKTOP_IMAGE}, `callbox image build --variant desktop`) "
+                  "as the policy's [sandbox] image."),
+            is_error=True, error=ErrorCode.NOT_SUPPORTED, structured={"action": args.action})
+    if result.timed_out:
+        return ToolOutput(text=f"computer {args.action} timed out", is_error=True, error=ErrorCode.TIMED_OUT,
+                          structured={"action": args.action})
+    try:
+        reply = json.loads(stdout.splitlines()[-1]) if stdout else None
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        stderr = result.stderr.data().decode("utf-8", errors="replace").strip()[-500:]
+        return _failed(f"computer {args.action} failed (exit {result.shell_exit_code}): {stderr or 'no output'}",
+                       action=args.action, exit_code=result.shell_exit_code)
+    if not reply.get("ok"):
+        return _failed(f"computer {args.action}: {reply.get('error', 'failed')}", action=args.action)
+    if args.action == "cursor_position":
+        x, y = reply["x"], reply["y"]
+        return ToolOutput(text=f"X={x},Y={y}{note}", structured={"action": args.action, "x": x, "y": y})
+    try:
+        png = base64.b64decode(reply["png_base64"], validate=True)
+        width, height = png_size(png)
+    except (KeyError, ValueError, binascii.Error):
+        return _failed(f"computer {args.action}: the desktop returned no readable screenshot", action=args.action)
+    label = "screenshot" if args.region is None else "zoom " + ",".join(map(str, args.region))
+    done = "screenshot" if args.action == "screenshot" else f"{args.action} done; screenshot"
+    return ToolOutput(
+        text=f"{done} ({width}x{height} PNG){note}",
+        structured={"action": args.action, "width": width, "height": height,
+                    "capture_ms": reply.get("capture_ms")},
+        raw_bytes=len(png),
+        images=(ImagePart(media_type="image/png", data=png, width=width, height=height, label=label),),
+    )
+
+
+COMPUTER = Tool(
+    ToolDefinition(
+        name="computer",
+        description=(
+            f"Use the sandbox's desktop ({SCREEN_WIDTH}x{SCREEN_HEIGHT}, Chromium available): take a screenshot, "
+            "click, drag, type, press keys, scroll, wait or zoom. Actions return a screenshot. Needs a sandbox "
+            "made from the desktop image."
+        ),
+        input_model=ComputerArgs,
+        annotations=ToolAnnotations(read_only=False, destructive=True, idempotent=False, open_world=False,
+                                    title="Computer (desktop)"),
+    ),
+    run_computer,
+)
