@@ -7,6 +7,10 @@ action as one JSON argument; it prints one JSON line, with the screenshot as bas
 action but ``cursor_position`` returns a screenshot (taken after the action) as an image part of
 the result, labelled ``screenshot`` (``zoom``: ``zoom x1,y1,x2,y2``).
 
+The display is started on the first action that finds it down: as a sandbox job (a command's
+processes end with the command; a job may leave its processes running), waited for, then the
+action is run again.
+
 A sandbox whose image has no desktop gets ``not_supported`` naming the image to use, before
 anything else happens. The action names and fields are those of Anthropic's computer tool, so the
 dialect adapters can map onto this one implementation.
@@ -24,13 +28,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.core.calls import ErrorCode, ImagePart, ToolOutput
 from harness.core.context import ToolContext
+from harness.core.errors import AgentCallError
 from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
-from harness.tools.shell import NotRan, agent_failure, run_in_sandbox
+from harness.engine.jobs import JobChunk, JobEnded
+from harness.tools.shell import NotRan, Ran, agent_failure, run_in_sandbox
 
 DESKTOP_SCRIPT = "/opt/callbox/desktop/computer.py"
 DESKTOP_IMAGE = "callbox-sandbox-desktop:latest"
 SCREEN_WIDTH, SCREEN_HEIGHT = 1280, 800
 MAX_WAIT_S = 60.0
+DISPLAY_START_TIMEOUT_S = 30.0
 
 Action = Literal["screenshot", "left_click", "right_click", "middle_click", "double_click", "triple_click",
                  "left_click_drag", "mouse_move", "type", "key", "scroll", "wait", "zoom", "cursor_position"]
@@ -112,32 +119,66 @@ def _failed(text: str, **structured: Any) -> ToolOutput:
     return ToolOutput(text=text, is_error=True, error=ErrorCode.TOOL_FAILED, structured=structured or None)
 
 
+def _reply(ran: Ran) -> dict[str, Any] | None:
+    stdout = ran.result.stdout.data().decode("utf-8", errors="replace").strip()
+    try:
+        reply = json.loads(stdout.splitlines()[-1]) if stdout else None
+    except ValueError:
+        return None
+    return reply if isinstance(reply, dict) else None
+
+
+def start_display(ctx: ToolContext) -> str | None:
+    """Start the desktop's display as a job whose processes outlive it; None once it is up, else why not."""
+    jobs = ctx.runtime().agent.jobs
+    try:
+        info = jobs.start(["python3", "-I", DESKTOP_SCRIPT, json.dumps({"action": "start_display"})],
+                          tag="callbox-desktop-display", keep_leftovers=True, env=ctx.runtime().env)
+        output = bytearray()
+        for event in jobs.attach(info.pid, follow=True, timeout=DISPLAY_START_TIMEOUT_S):
+            if isinstance(event, JobChunk):
+                output.extend(event.data)
+            elif isinstance(event, JobEnded):
+                if event.info.exit_code == 0:
+                    return None
+                return output.decode("utf-8", errors="replace").strip()[-500:] or f"exit {event.info.exit_code}"
+    except AgentCallError as error:
+        return error.message
+    return "the display's start did not finish"
+
+
 def run_computer(ctx: ToolContext, args: ComputerArgs) -> ToolOutput:
     unused = args.unused()
     request = args.model_dump(exclude_none=True, exclude=set(unused))
     note = f" ({', '.join(unused)} not used by {args.action}: ignored)" if unused else ""
     extra_s = args.duration or 0.0
-    ran = run_in_sandbox(ctx, ["python3", "-I", DESKTOP_SCRIPT, json.dumps(request)],
-                         timeout_s=min(ctx.timeout_ceiling_s, ctx.timeout_for(None) + extra_s), cwd="",
-                         streamed=())
+    argv = ["python3", "-I", DESKTOP_SCRIPT, json.dumps(request)]
+    timeout_s = min(ctx.timeout_ceiling_s, ctx.timeout_for(None) + extra_s)
+    ran = run_in_sandbox(ctx, argv, timeout_s=timeout_s, cwd="", streamed=())
     if isinstance(ran, NotRan):
         return agent_failure(ran.error, started=ran.started)
-    result = ran.result
-    stdout = result.stdout.data().decode("utf-8", errors="replace").strip()
-    if result.shell_exit_code == 2 and not stdout and b"can't open file" in result.stderr.data():
+    first = ran.result
+    if first.shell_exit_code == 2 and not first.stdout.data() and b"can't open file" in first.stderr.data():
         return ToolOutput(
             text=(f"computer needs a sandbox with a desktop; this sandbox's image has none. "
                   f"Use the desktop image ({DESKTOP_IMAGE}, `callbox image build --variant desktop`) "
                   "as the policy's [sandbox] image."),
             is_error=True, error=ErrorCode.NOT_SUPPORTED, structured={"action": args.action})
+    reply = _reply(ran)
+    if reply is not None and reply.get("display_down"):
+        problem = start_display(ctx)
+        if problem is not None:
+            return _failed(f"computer {args.action}: the desktop's display did not start: {problem}",
+                           action=args.action)
+        ran = run_in_sandbox(ctx, argv, timeout_s=timeout_s, cwd="", streamed=())
+        if isinstance(ran, NotRan):
+            return agent_failure(ran.error, started=ran.started)
+        reply = _reply(ran)
+    result = ran.result
     if result.timed_out:
         return ToolOutput(text=f"computer {args.action} timed out", is_error=True, error=ErrorCode.TIMED_OUT,
                           structured={"action": args.action})
-    try:
-        reply = json.loads(stdout.splitlines()[-1]) if stdout else None
-    except ValueError:
-        reply = None
-    if not isinstance(reply, dict):
+    if reply is None:
         stderr = result.stderr.data().decode("utf-8", errors="replace").strip()[-500:]
         return _failed(f"computer {args.action} failed (exit {result.shell_exit_code}): {stderr or 'no output'}",
                        action=args.action, exit_code=result.shell_exit_code)

@@ -3,8 +3,12 @@
 ``python3 /opt/callbox/desktop/computer.py '<json>'`` performs one action on the display ``:1``
 and prints one JSON line: ``{"ok": true, ...}`` with, for the actions that look at the screen, the
 PNG as ``png_base64`` and its ``width``/``height``; or ``{"ok": false, "error": "..."}`` (exit 2) for
-an action it cannot do. The display stack (Xvfb :1 at 1280x800x24 and openbox) starts on the first
-action and stays up for the sandbox's life; concurrent first actions start it once (a lock file).
+an action it cannot do, with ``"display_down": true`` (exit 3) when the display is not running.
+
+The display stack (Xvfb :1 at 1280x800x24 and openbox) is started by the action ``start_display``,
+which the harness runs as a sandbox job that leaves its processes running (a command's processes
+end with the command): it starts them unless the display answers already (a lock file keeps two
+from racing), and returns once the display accepts connections. It stays up for the sandbox's life.
 
 Actions, named as Anthropic's computer tool names them: ``screenshot``, ``left_click``,
 ``right_click``, ``middle_click``, ``double_click``, ``triple_click`` (``coordinate`` [x, y],
@@ -15,7 +19,8 @@ optional: the current position), ``left_click_drag`` (``start_coordinate``, ``co
 (``region`` [x1, y1, x2, y2]: that part of the screen at its own resolution), ``cursor_position``.
 Every action but ``cursor_position`` returns a screenshot taken after it; input actions first give
 the display ``SETTLE_S`` to repaint. ``open_url`` (``text``) starts Chromium on the display at a
-URL (app mode, one window); it is the image's convenience, not one of the tool's actions.
+URL (app mode, one window), to be run as a job too; it is the image's convenience, not one of the
+tool's actions.
 
 Screenshots: ``xwd -root`` (one XGetImage of the root window) decoded here, and encoded as an
 8-bit RGB PNG with zlib at level 1 (speed over size: a screenshot is read once).
@@ -59,6 +64,10 @@ CHROMIUM_FLAGS = ("--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "-
 
 class ActionError(Exception):
     """An action that cannot be done as asked: reported as ``{"ok": false, "error": ...}``."""
+
+
+class DisplayDown(ActionError):
+    """The display is not running: the caller starts it (``start_display``) and asks again."""
 
 
 def _env() -> dict[str, str]:
@@ -113,8 +122,10 @@ def _log_tail(name: str) -> str:
 
 def xdotool(*args: str) -> str:
     done = subprocess.run(["xdotool", *args], env=_env(), capture_output=True, timeout=30, check=False)
-    if done.returncode != 0:
-        raise ActionError(f"xdotool {args[0]} failed: {done.stderr.decode('utf-8', 'replace').strip()[-300:]}")
+    stderr = done.stderr.decode("utf-8", "replace").strip()
+    # xdotool skips a key name it does not know with a warning and exits 0: a model must hear of it.
+    if done.returncode != 0 or "No such key name" in stderr:
+        raise ActionError(f"xdotool {args[0]} failed: {stderr[-300:]}")
     return done.stdout.decode("utf-8", "replace")
 
 
@@ -215,7 +226,11 @@ def perform(args: dict[str, Any]) -> dict[str, Any]:
     action = args.get("action")
     if not isinstance(action, str):
         raise ActionError("no action")
-    ensure_display()
+    if action == "start_display":
+        ensure_display()
+        return {"ok": True}
+    if not _display_up():
+        raise DisplayDown(f"the display {DISPLAY} is not running (start it with the action start_display)")
     settle = True
     if action == "screenshot":
         settle = False
@@ -287,6 +302,9 @@ def main(argv: list[str]) -> int:
         if not isinstance(args, dict):
             raise ActionError("the argument must be a JSON object")
         result = perform(args)
+    except DisplayDown as exc:
+        print(json.dumps({"ok": False, "error": str(exc), "display_down": True}))
+        return 3
     except ActionError as exc:
         print(json.dumps({"ok": False, "error": str(exc)}))
         return 2

@@ -20,7 +20,6 @@ from harness.core.context import ToolContext
 from harness.engine.spec import SandboxSpec
 from harness.tools.computer import COMPUTER, DESKTOP_IMAGE, ComputerArgs
 from tests.conftest import IMAGE, RUNTIME, unavailable
-from tests.integration.helpers import run
 
 pytestmark = pytest.mark.docker
 
@@ -110,16 +109,15 @@ def _until(box: Any, seen: Any, what: str, timeout_s: float = 60.0) -> tuple[int
 
 
 def test_a_click_on_a_page_in_chromium_is_seen_in_the_pixels(desktop: Any) -> None:
-    result = run(desktop, ["bash", "-c", "cat > /workspace/page.html && cd /workspace && "
-                           "setsid python3 -m http.server 8765 --bind 127.0.0.1 >/dev/null 2>&1 & disown"],
-                 stdin=PAGE.encode())
-    assert result.exit_code == 0
-    out, width, height, _ = _screen(desktop, action="screenshot")
+    # The page's server and Chromium run as jobs: a command's processes end with the command.
+    desktop.agent.write_file("/workspace/page.html", PAGE.encode())
+    desktop.agent.jobs.start(["python3", "-m", "http.server", "8765", "--bind", "127.0.0.1"], cwd="/workspace")
+    out, width, height, _ = _screen(desktop, action="screenshot")  # starts the display
     assert (width, height) == (1280, 800) and out.images[0].label == "screenshot"
     assert out.structured["capture_ms"] > 0
-    opened = run(desktop, ["python3", "/opt/callbox/desktop/computer.py",
-                           json.dumps({"action": "open_url", "text": "http://127.0.0.1:8765/page.html"})])
-    assert opened.exit_code == 0, opened.stdout.data()
+    desktop.agent.jobs.start(["python3", "/opt/callbox/desktop/computer.py",
+                              json.dumps({"action": "open_url", "text": "http://127.0.0.1:8765/page.html"})],
+                             keep_leftovers=True)
     width, rgb = _until(desktop, lambda w, rgb: len(pixels_of(rgb, w, BLUE)) > 1000, "the blue button")
     blue = pixels_of(rgb, width, BLUE)
     assert not pixels_of(rgb, width, GREEN)
