@@ -235,18 +235,21 @@ def perform(args: dict[str, Any]) -> dict[str, Any]:
     if action == "screenshot":
         settle = False
     elif action in CLICKS:
+        # No `mousemove --sync`: it waits for the pointer to move, which it never does when it is there
+        # already (15 s each time, in xdotool 3.20160805). XTEST events are handled in order anyway.
         button, repeat = CLICKS[action]
         point = _point(args, required=False)
-        move = ["mousemove", "--sync", *point] if point else []
+        move = ["mousemove", *point] if point else []
         xdotool(*move, "click", "--repeat", str(repeat), "--delay", "80", button)
     elif action == "left_click_drag":
         start, end = _point(args, "start_coordinate"), _point(args, "coordinate")
         assert start and end
-        xdotool("mousemove", "--sync", *start, "mousedown", "1", "mousemove", "--sync", *end, "mouseup", "1")
+        xdotool("mousemove", *start, "mousedown", "1", "sleep", "0.05", "mousemove", *end, "sleep", "0.05",
+                "mouseup", "1")
     elif action == "mouse_move":
         point = _point(args)
         assert point
-        xdotool("mousemove", "--sync", *point)
+        xdotool("mousemove", *point)
     elif action == "type":
         xdotool("type", "--delay", str(XDOTOOL_TYPE_DELAY_MS), "--", _text(args))
     elif action == "key":
@@ -259,7 +262,7 @@ def perform(args: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(amount, int) or not 1 <= amount <= 100:
             raise ActionError(f"scroll_amount must be an integer from 1 to 100; got {amount!r}")
         point = _point(args, required=False)
-        move = ["mousemove", "--sync", *point] if point else []
+        move = ["mousemove", *point] if point else []
         xdotool(*move, "click", "--repeat", str(amount), "--delay", "20", SCROLL_BUTTONS[direction])
     elif action == "wait":
         duration = args.get("duration", 1)

@@ -47,7 +47,8 @@ Rows:
     create, exec, streaming, sandboxes/s over 2 nodes vs 1, dead-node detection, image
     distribution), and the node's relay against a Ray actor proxy: bench_ray.py, section ``ray``
     (as root with ray installed; otherwise a row says why they were skipped);
-24. a template build through the E2B SDK, cold and from the cache: bench_templates.py, section ``templates``.
+24. a template build through the E2B SDK, cold and from the cache: bench_templates.py, section ``templates``;
+25. the ``computer`` tool's screenshot and click on the desktop image variant: bench_desktop.py, section ``desktop``.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ from harness.engine.docker.engine import DockerEngine, Sandbox, seccomp_profile
 from harness.engine.exec_result import ExecResult, collect
 from harness.engine.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
 from tests.bench.bench_audit_chain import add_audit_chain_rows, bench_audit_chain
+from tests.bench.bench_desktop import add_desktop_rows, bench_desktop
 from tests.bench.bench_door import add_door_rows, bench_door
 from tests.bench.bench_e2b import add_e2b_rows, bench_e2b
 from tests.bench.bench_egress_ask import TARGET_ADDED_MS, bench_egress_ask
@@ -114,7 +116,7 @@ TARGET_IDLE_MEMORY_MIB = 25.0
 TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
-            "interpreter", "pool", "create", "door", "runtimes", "telemetry", "ray", "templates", "scale"]
+            "interpreter", "desktop", "pool", "create", "door", "runtimes", "telemetry", "ray", "templates", "scale"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
 """``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
 DEFAULT_SCALE_SANDBOXES = 100
@@ -597,6 +599,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
     add_living_rows(data, add)
     add_e2b_rows(data, add)
     add_interpreter_rows(data, add)
+    add_desktop_rows(data, add)
     add_pool_rows(data, add)
     add_create_rows(data, add)
     add_door_rows(data, add)
@@ -769,6 +772,7 @@ def main(argv: list[str] | None = None) -> int:
         ("e2b", "e2b" in sections, lambda: bench_e2b(res, spec, args.samples, args.warmup, kit, quick=args.quick)),
         ("interpreter", "interpreter" in sections,
          lambda: bench_interpreter(res, args.samples, args.warmup, kit, quick=args.quick)),
+        ("desktop", "desktop" in sections, lambda: bench_desktop(res, args.samples, args.warmup, kit)),
         ("pool", "pool" in sections, lambda: bench_pool(res, args.samples, kit, quick=args.quick)),
         ("create", "create" in sections, lambda: bench_create(res, spec, args.samples, kit, quick=args.quick)),
         ("door", "door" in sections, lambda: bench_door(res, spec, kit, quick=args.quick)),

@@ -1,0 +1,100 @@
+"""``make bench`` section ``desktop``: the ``computer`` tool on the desktop image variant (built first
+when missing), its display up and Chromium showing a page served in the sandbox.
+
+Rows:
+
+25a. ``computer`` ``screenshot`` of the 1280x800 display, the whole call (the tool's handler: an exec of
+     the image's computer.py, xwd, PNG encoding, base64 back), vs an exec of ``true`` in the same
+     sandbox (the floor of any call that runs a command); target p50 ≤ 150 ms;
+25b. of which the capture in the sandbox (xwd and PNG encoding, as computer.py times it);
+25c. ``left_click`` → its screenshot (the click, the 150 ms the display gets to repaint, the screenshot).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from harness.core.context import ToolContext
+from harness.engine.exec_result import collect
+from harness.engine.image.build import default_repo_root
+from harness.engine.image.variants import build_variant
+from harness.engine.spec import SandboxSpec
+from harness.tools.computer import COMPUTER, ComputerArgs
+from tests.bench.bench_e2b import ms_since
+from tests.bench.bench_living import Resources, Toolkit
+from tests.bench.bench_results import p50
+
+TARGET_SCREENSHOT_P50_MS = 150.0
+PAGE = "<!doctype html><body style='margin:0'><h1>callbox desktop bench</h1><button>a button</button></body>"
+
+
+class _Provider:
+    def __init__(self, box: Any) -> None:
+        self.box = box
+
+    def sandbox(self) -> Any:
+        return self.box
+
+
+def bench_desktop(res: Resources, samples: int, warmup: int, kit: Toolkit) -> dict[str, list[float]]:
+    """Rows 25a-25c; the sandbox started here is gone when it returns."""
+    kit.progress("desktop: the desktop image variant (built when missing)")
+    image = build_variant(res.engine.client, "desktop", repo_root=default_repo_root(), progress=kit.progress).tag
+    box = res.create_sandbox(SandboxSpec(image=image))
+    try:
+        ctx = ToolContext(run_id="bench-desktop", call_id="c", provider=_Provider(box), default_timeout_s=30.0,
+                          timeout_ceiling_s=60.0, output_budget=30_000)
+
+        def computer(**args: Any) -> Any:
+            out = COMPUTER.handler(ctx, ComputerArgs(**args))
+            if out.is_error or not out.images:
+                raise RuntimeError(f"computer {args}: {out.text}")
+            return out
+
+        box.agent.write_file("/workspace/index.html", PAGE.encode())
+        box.agent.jobs.start(["python3", "-m", "http.server", "8765", "--bind", "127.0.0.1"], cwd="/workspace")
+        computer(action="screenshot")  # starts the display
+        box.agent.jobs.start(["python3", "/opt/callbox/desktop/computer.py",
+                              json.dumps({"action": "open_url", "text": "http://127.0.0.1:8765/"})],
+                             keep_leftovers=True)
+
+        def screenshot() -> dict[str, float]:
+            t0 = time.perf_counter_ns()
+            out = computer(action="screenshot")
+            return {"desktop_screenshot": ms_since(t0), "desktop_capture": float(out.structured["capture_ms"])}
+
+        def true() -> dict[str, float]:
+            t0 = time.perf_counter_ns()
+            result = collect(box.agent.exec(["true"]))
+            elapsed = ms_since(t0)
+            if result.exit_code != 0:
+                raise RuntimeError(f"true: {result.to_json()}")
+            return {"desktop_exec_true": elapsed}
+
+        def click() -> dict[str, float]:
+            t0 = time.perf_counter_ns()
+            computer(action="left_click", coordinate=[640, 700])
+            return {"desktop_click_screenshot": ms_since(t0)}
+
+        data = kit.interleaved("desktop screenshot", [screenshot, true], samples, warmup, every=10)
+        data.update(kit.interleaved("desktop click → screenshot", [click], max(10, samples // 3), 1, every=10))
+        return data
+    finally:
+        res.destroy_sandbox(box)
+
+
+def add_desktop_rows(data: dict[str, list[float]], add: Callable[..., Any]) -> None:
+    """Rows 25a-25c of the report (``add`` takes ``Row``'s arguments)."""
+    if "desktop_screenshot" not in data:
+        return
+    shots = data["desktop_screenshot"]
+    add(f"25a. desktop: `computer` screenshot, 1280x800 display, whole call ({len(shots)} samples)", "time", shots,
+        "exec of `true`, same sandbox", data["desktop_exec_true"], f"p50 ≤ {TARGET_SCREENSHOT_P50_MS:g} ms",
+        lambda r: r.cb(p50) <= TARGET_SCREENSHOT_P50_MS)
+    add("25b. of which the capture in the sandbox (xwd + PNG encoding)", "time", data["desktop_capture"], "—", None,
+        "— (info)")
+    add("25c. desktop: `computer` left_click → its screenshot (150 ms repaint wait included)", "time",
+        data["desktop_click_screenshot"], "—", None, "— (info)")
