@@ -40,19 +40,23 @@ MAX_WAIT_S = 60.0
 DISPLAY_START_TIMEOUT_S = 30.0
 
 Action = Literal["screenshot", "left_click", "right_click", "middle_click", "double_click", "triple_click",
-                 "left_click_drag", "mouse_move", "type", "key", "scroll", "wait", "zoom", "cursor_position"]
+                 "left_click_drag", "mouse_move", "left_mouse_down", "left_mouse_up", "type", "key", "hold_key",
+                 "scroll", "wait", "zoom", "cursor_position"]
 ACTION_NEEDS: dict[str, tuple[str, ...]] = {
     "left_click_drag": ("start_coordinate", "coordinate"),
     "mouse_move": ("coordinate",),
     "type": ("text",),
     "key": ("text",),
+    "hold_key": ("text",),
     "scroll": ("scroll_direction",),
     "zoom": ("region",),
 }
+# What each action may take beside what it needs; ``text`` of a click or a scroll: modifier keys held.
 _TAKES: dict[str, tuple[str, ...]] = {
-    "left_click": ("coordinate",), "right_click": ("coordinate",), "middle_click": ("coordinate",),
-    "double_click": ("coordinate",), "triple_click": ("coordinate",),
-    "scroll": ("scroll_direction", "scroll_amount", "coordinate"), "wait": ("duration",),
+    **dict.fromkeys(("left_click", "right_click", "middle_click", "double_click", "triple_click"),
+                    ("coordinate", "text")),
+    "left_mouse_down": ("coordinate",), "left_mouse_up": ("coordinate",), "hold_key": ("duration",),
+    "scroll": ("scroll_direction", "scroll_amount", "coordinate", "text"), "wait": ("duration",),
 }
 Pixel = Annotated[int, Field(ge=0)]
 _FIELDS = ("coordinate", "start_coordinate", "text", "scroll_direction", "scroll_amount", "duration", "region")
@@ -65,21 +69,23 @@ class ComputerArgs(BaseModel):
 
     action: Action = Field(description=(
         "What to do. screenshot; left_click, right_click, middle_click, double_click, triple_click "
-        "(at coordinate, or where the mouse is); left_click_drag (start_coordinate to coordinate); "
-        "mouse_move (coordinate); type (text); key (text: xdotool key names such as Return, ctrl+l, "
-        "several separated by spaces); scroll (scroll_direction, scroll_amount, optional coordinate); "
-        "wait (duration); zoom (region); cursor_position. Every action but cursor_position returns a "
-        "screenshot taken after it."))
+        "(at coordinate, or where the mouse is; text: modifier keys to hold, such as shift or ctrl+alt); "
+        "left_click_drag (start_coordinate to coordinate); mouse_move (coordinate); left_mouse_down, "
+        "left_mouse_up; type (text); key (text: xdotool key names such as Return, ctrl+l, several "
+        "separated by spaces); hold_key (text, duration); scroll (scroll_direction, scroll_amount, "
+        "optional coordinate and modifier text); wait (duration); zoom (region); cursor_position. "
+        "Every action but cursor_position returns a screenshot taken after it."))
     coordinate: list[Pixel] | None = Field(
         default=None, min_length=2, max_length=2,
         description=f"[x, y] in screen pixels, 0 <= x < {SCREEN_WIDTH}, 0 <= y < {SCREEN_HEIGHT}.")
     start_coordinate: list[Pixel] | None = Field(
         default=None, min_length=2, max_length=2, description="[x, y] where left_click_drag starts.")
     text: str | None = Field(default=None, min_length=1, max_length=10_000,
-                             description="The text to type, or the keys to press.")
+                             description="The text to type, the keys to press or hold, or modifier keys.")
     scroll_direction: Literal["up", "down", "left", "right"] | None = Field(default=None)
     scroll_amount: int | None = Field(default=None, ge=1, le=100, description="Wheel clicks (default 3).")
-    duration: float | None = Field(default=None, ge=0, le=MAX_WAIT_S, description="Seconds to wait.")
+    duration: float | None = Field(default=None, ge=0, le=MAX_WAIT_S,
+                                   description="Seconds to wait, or to hold the keys (default 1).")
     region: list[Pixel] | None = Field(
         default=None, min_length=4, max_length=4,
         description="[x1, y1, x2, y2] of the screen part zoom returns at full resolution (x1 < x2, y1 < y2).")

@@ -12,11 +12,14 @@ from racing), and returns once the display accepts connections. It stays up for 
 
 Actions, named as Anthropic's computer tool names them: ``screenshot``, ``left_click``,
 ``right_click``, ``middle_click``, ``double_click``, ``triple_click`` (``coordinate`` [x, y],
-optional: the current position), ``left_click_drag`` (``start_coordinate``, ``coordinate``),
-``mouse_move`` (``coordinate``), ``type`` (``text``), ``key`` (``text``: xdotool key names,
-``ctrl+l``, several separated by spaces), ``scroll`` (``scroll_direction`` up/down/left/right,
-``scroll_amount`` wheel clicks, optional ``coordinate``), ``wait`` (``duration`` seconds), ``zoom``
-(``region`` [x1, y1, x2, y2]: that part of the screen at its own resolution), ``cursor_position``.
+optional: the current position; ``text``, optional: modifier keys held meanwhile, ``shift``,
+``ctrl+alt``), ``left_click_drag`` (``start_coordinate``, ``coordinate``), ``mouse_move``
+(``coordinate``), ``left_mouse_down``, ``left_mouse_up`` (optional ``coordinate``), ``type``
+(``text``), ``key`` (``text``: xdotool key names, ``ctrl+l``, several separated by spaces),
+``hold_key`` (``text``, ``duration``), ``scroll`` (``scroll_direction`` up/down/left/right,
+``scroll_amount`` wheel clicks, optional ``coordinate`` and modifier ``text``), ``wait``
+(``duration`` seconds), ``zoom`` (``region`` [x1, y1, x2, y2]: that part of the screen at its own
+resolution), ``cursor_position``.
 Every action but ``cursor_position`` returns a screenshot taken after it; input actions first give
 the display ``SETTLE_S`` to repaint. ``open_url`` (``text``) starts Chromium on the display at a
 URL (app mode, one window), to be run as a job too; it is the image's convenience, not one of the
@@ -222,6 +225,58 @@ def _text(args: dict[str, Any]) -> str:
     return text
 
 
+def _duration(args: dict[str, Any], default: float) -> float:
+    duration = args.get("duration", default)
+    if not isinstance(duration, (int, float)) or isinstance(duration, bool) or not 0 <= duration <= MAX_WAIT_S:
+        raise ActionError(f"duration must be a number of seconds from 0 to {MAX_WAIT_S:.0f}; got {duration!r}")
+    return float(duration)
+
+
+def _held(args: dict[str, Any], steps: list[str]) -> list[str]:
+    """``steps`` with the modifier keys of ``text`` (``shift``, ``ctrl+alt``) held down around them."""
+    keys = str(args.get("text") or "").replace("+", " ").split()
+    if not keys:
+        return steps
+    return ["keydown", *keys, *steps, "keyup", *reversed(keys)]
+
+
+def _move(args: dict[str, Any]) -> list[str]:
+    # No `mousemove --sync`: it waits for the pointer to move, which it never does when it is there
+    # already (15 s each time, in xdotool 3.20160805). XTEST events are handled in order anyway.
+    point = _point(args, required=False)
+    return ["mousemove", *point] if point else []
+
+
+def pointer_action(action: str, args: dict[str, Any]) -> None:
+    """The actions that move, press or turn the mouse, at ``coordinate`` or where it is."""
+    if action in CLICKS:
+        button, repeat = CLICKS[action]
+        xdotool(*_move(args), *_held(args, ["click", "--repeat", str(repeat), "--delay", "80", button]))
+    elif action == "left_click_drag":
+        start, end = _point(args, "start_coordinate"), _point(args, "coordinate")
+        assert start and end
+        xdotool("mousemove", *start, "mousedown", "1", "sleep", "0.05", "mousemove", *end, "sleep", "0.05",
+                "mouseup", "1")
+    elif action == "mouse_move":
+        point = _point(args)
+        assert point
+        xdotool("mousemove", *point)
+    elif action in ("left_mouse_down", "left_mouse_up"):
+        xdotool(*_move(args), "mousedown" if action == "left_mouse_down" else "mouseup", "1")
+    else:  # scroll
+        direction = args.get("scroll_direction")
+        if direction not in SCROLL_BUTTONS:
+            raise ActionError(f"scroll_direction must be one of {', '.join(SCROLL_BUTTONS)}; got {direction!r}")
+        amount = args.get("scroll_amount", 3)
+        if not isinstance(amount, int) or not 1 <= amount <= 100:
+            raise ActionError(f"scroll_amount must be an integer from 1 to 100; got {amount!r}")
+        xdotool(*_move(args), *_held(args, ["click", "--repeat", str(amount), "--delay", "20",
+                                            SCROLL_BUTTONS[direction]]))
+
+
+POINTER_ACTIONS = (*CLICKS, "left_click_drag", "mouse_move", "left_mouse_down", "left_mouse_up", "scroll")
+
+
 def perform(args: dict[str, Any]) -> dict[str, Any]:
     action = args.get("action")
     if not isinstance(action, str):
@@ -234,41 +289,17 @@ def perform(args: dict[str, Any]) -> dict[str, Any]:
     settle = True
     if action == "screenshot":
         settle = False
-    elif action in CLICKS:
-        # No `mousemove --sync`: it waits for the pointer to move, which it never does when it is there
-        # already (15 s each time, in xdotool 3.20160805). XTEST events are handled in order anyway.
-        button, repeat = CLICKS[action]
-        point = _point(args, required=False)
-        move = ["mousemove", *point] if point else []
-        xdotool(*move, "click", "--repeat", str(repeat), "--delay", "80", button)
-    elif action == "left_click_drag":
-        start, end = _point(args, "start_coordinate"), _point(args, "coordinate")
-        assert start and end
-        xdotool("mousemove", *start, "mousedown", "1", "sleep", "0.05", "mousemove", *end, "sleep", "0.05",
-                "mouseup", "1")
-    elif action == "mouse_move":
-        point = _point(args)
-        assert point
-        xdotool("mousemove", *point)
+    elif action in POINTER_ACTIONS:
+        pointer_action(action, args)
     elif action == "type":
         xdotool("type", "--delay", str(XDOTOOL_TYPE_DELAY_MS), "--", _text(args))
     elif action == "key":
         xdotool("key", "--", *_text(args).split())
-    elif action == "scroll":
-        direction = args.get("scroll_direction")
-        if direction not in SCROLL_BUTTONS:
-            raise ActionError(f"scroll_direction must be one of {', '.join(SCROLL_BUTTONS)}; got {direction!r}")
-        amount = args.get("scroll_amount", 3)
-        if not isinstance(amount, int) or not 1 <= amount <= 100:
-            raise ActionError(f"scroll_amount must be an integer from 1 to 100; got {amount!r}")
-        point = _point(args, required=False)
-        move = ["mousemove", *point] if point else []
-        xdotool(*move, "click", "--repeat", str(amount), "--delay", "20", SCROLL_BUTTONS[direction])
+    elif action == "hold_key":
+        keys = _text(args).split()
+        xdotool("keydown", *keys, "sleep", str(_duration(args, 1)), "keyup", *reversed(keys))
     elif action == "wait":
-        duration = args.get("duration", 1)
-        if not isinstance(duration, (int, float)) or isinstance(duration, bool) or not 0 <= duration <= MAX_WAIT_S:
-            raise ActionError(f"duration must be a number of seconds from 0 to {MAX_WAIT_S:.0f}; got {duration!r}")
-        time.sleep(duration)
+        time.sleep(_duration(args, 1))
         settle = False
     elif action == "zoom":
         region = args.get("region")

@@ -142,6 +142,14 @@ def test_a_click_on_a_page_in_chromium_is_seen_in_the_pixels(desktop: Any) -> No
 def test_key_type_and_wrong_actions_answer_readably(desktop: Any) -> None:
     typed = _computer(desktop, action="type", text="hello", duration=3)
     assert not typed.is_error and "duration not used by type: ignored" in typed.text
+    for args in ({"action": "hold_key", "text": "shift", "duration": 0.1},
+                 {"action": "left_mouse_down", "coordinate": [20, 30]}, {"action": "left_mouse_up"},
+                 {"action": "right_click", "coordinate": [20, 30], "text": "ctrl"},
+                 {"action": "scroll", "scroll_direction": "down", "scroll_amount": 2, "text": "shift"}):
+        done = _computer(desktop, **args)
+        assert not done.is_error and done.images, (args, done.text)
+    where = _computer(desktop, action="cursor_position")
+    assert (where.structured["x"], where.structured["y"]) == (20, 30)
     keyed = _computer(desktop, action="key", text="NoSuchKeyName")
     assert keyed.is_error and keyed.error is ErrorCode.TOOL_FAILED and "xdotool key failed" in keyed.text
 
