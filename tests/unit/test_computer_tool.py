@@ -99,3 +99,10 @@ def test_a_screen_of_another_depth_is_refused_by_name() -> None:
 def test_png_size_refuses_what_is_not_a_png() -> None:
     with pytest.raises(ValueError, match="not a PNG"):
         png_size(b"GIF89a" + b"\x00" * 30)
+
+
+def test_modifier_keys_are_held_around_a_click_and_released_in_reverse() -> None:
+    click = ["click", "1"]
+    held = desktop._held({"text": "ctrl+shift"}, click)
+    assert held == ["keydown", "ctrl", "shift", *click, "keyup", "shift", "ctrl"]
+    assert desktop._held({}, click) == click
