@@ -7,7 +7,11 @@ Rows:
      the image's computer.py, xwd, PNG encoding, base64 back), vs an exec of ``true`` in the same
      sandbox (the floor of any call that runs a command); target p50 ≤ 150 ms;
 25b. of which the capture in the sandbox (xwd and PNG encoding, as computer.py times it);
-25c. ``left_click`` → its screenshot (the click, the 150 ms the display gets to repaint, the screenshot).
+25c. ``left_click`` → its screenshot (the click, the 150 ms the display gets to repaint, the screenshot);
+25d. cold start: create a desktop sandbox → its first screenshot (the display started by it), the
+     destroy untimed;
+25e. memory of a desktop sandbox (cgroup): its display up and Chromium showing the page, against
+     the display alone (read once each, in the sandbox of 25a).
 """
 
 from __future__ import annotations
@@ -57,9 +61,16 @@ def bench_desktop(res: Resources, samples: int, warmup: int, kit: Toolkit) -> di
         box.agent.write_file("/workspace/index.html", PAGE.encode())
         box.agent.jobs.start(["python3", "-m", "http.server", "8765", "--bind", "127.0.0.1"], cwd="/workspace")
         computer(action="screenshot")  # starts the display
+        display_only = float(box.stats().memory_bytes)
         box.agent.jobs.start(["python3", "/opt/callbox/desktop/computer.py",
                               json.dumps({"action": "open_url", "text": "http://127.0.0.1:8765/"})],
                              keep_leftovers=True)
+        deadline = time.monotonic() + 60
+        while len(box.agent.jobs.list()) < 2 or box.stats().pids < 60:  # Chromium's processes are up
+            if time.monotonic() > deadline:
+                raise RuntimeError("Chromium did not start within 60 s")
+            time.sleep(0.2)
+        computer(action="wait", duration=2)  # the page loaded and painted
 
         def screenshot() -> dict[str, float]:
             t0 = time.perf_counter_ns()
@@ -81,9 +92,24 @@ def bench_desktop(res: Resources, samples: int, warmup: int, kit: Toolkit) -> di
 
         data = kit.interleaved("desktop screenshot", [screenshot, true], samples, warmup, every=10)
         data.update(kit.interleaved("desktop click → screenshot", [click], max(10, samples // 3), 1, every=10))
-        return data
+        data["desktop_memory_chromium"] = [float(box.stats().memory_bytes)]
+        data["desktop_memory_display"] = [display_only]
     finally:
         res.destroy_sandbox(box)
+
+    def cold() -> dict[str, float]:
+        t0 = time.perf_counter_ns()
+        fresh = res.create_sandbox(SandboxSpec(image=image))
+        try:
+            COMPUTER.handler(ToolContext(run_id="bench-desktop-cold", call_id="c", provider=_Provider(fresh),
+                                         default_timeout_s=30.0, timeout_ceiling_s=60.0, output_budget=30_000),
+                             ComputerArgs(action="screenshot"))
+            return {"desktop_cold_first_screenshot": ms_since(t0)}
+        finally:
+            res.destroy_sandbox(fresh)
+
+    data.update(kit.interleaved("desktop cold start", [cold], max(3, samples // 6), 1, every=5))
+    return data
 
 
 def add_desktop_rows(data: dict[str, list[float]], add: Callable[..., Any]) -> None:
@@ -98,3 +124,7 @@ def add_desktop_rows(data: dict[str, list[float]], add: Callable[..., Any]) -> N
         "— (info)")
     add("25c. desktop: `computer` left_click → its screenshot (150 ms repaint wait included)", "time",
         data["desktop_click_screenshot"], "—", None, "— (info)")
+    add("25d. desktop: cold start, create → first screenshot (display started)", "time",
+        data["desktop_cold_first_screenshot"], "—", None, "— (info)")
+    add("25e. desktop: memory (cgroup), display + Chromium on a page", "mem", data["desktop_memory_chromium"],
+        "the display alone (Xvfb + openbox)", data["desktop_memory_display"], "— (info)")
