@@ -198,7 +198,7 @@ def run_computer(ctx: ToolContext, args: ComputerArgs) -> ToolOutput:
         width, height = png_size(png)
     except (KeyError, ValueError, binascii.Error):
         return _failed(f"computer {args.action}: the desktop returned no readable screenshot", action=args.action)
-    label = "screenshot" if args.region is None else "zoom " + ",".join(map(str, args.region))
+    label = "zoom " + ",".join(map(str, args.region)) if args.action == "zoom" and args.region else "screenshot"
     done = "screenshot" if args.action == "screenshot" else f"{args.action} done; screenshot"
     return ToolOutput(
         text=f"{done} ({width}x{height} PNG){note}",

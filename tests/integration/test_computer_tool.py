@@ -142,6 +142,9 @@ def test_a_click_on_a_page_in_chromium_is_seen_in_the_pixels(desktop: Any) -> No
 def test_key_type_and_wrong_actions_answer_readably(desktop: Any) -> None:
     typed = _computer(desktop, action="type", text="hello", duration=3)
     assert not typed.is_error and "duration not used by type: ignored" in typed.text
+    whole = _computer(desktop, action="screenshot", region=[0, 0, 10, 10])
+    assert "(region not used by screenshot: ignored)" in whole.text
+    assert (whole.images[0].width, whole.images[0].label) == (1280, "screenshot")
     for args in ({"action": "hold_key", "text": "shift", "duration": 0.1},
                  {"action": "left_mouse_down", "coordinate": [20, 30]}, {"action": "left_mouse_up"},
                  {"action": "right_click", "coordinate": [20, 30], "text": "ctrl"},
