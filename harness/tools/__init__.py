@@ -14,13 +14,14 @@ from harness.tools.bash import BASH
 from harness.tools.declared import declared_tools
 from harness.tools.editor import EDITOR
 from harness.tools.files import FILE_TOOLS
+from harness.tools.python_kernel import PYTHON
 from harness.tools.shell import SHELL
 from harness.tools.unified_exec import UNIFIED_EXEC_TOOLS
 
 
 def builtin_registry() -> ToolRegistry:
     registry = ToolRegistry()
-    for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS, *UNIFIED_EXEC_TOOLS):
+    for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS, *UNIFIED_EXEC_TOOLS, PYTHON):
         registry.register(tool)
     return registry
 
