@@ -446,6 +446,7 @@ EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "write_stdin": (
         {"session_id": 7}, {"session_id": 7, "chars": "q\n", "yield_time_ms": 1000, "max_output_tokens": 500},
     ),
+    "python": ({"code": "1 + 1"}, {"code": "import pandas", "timeout_ms": 5000}),
 }
 
 
