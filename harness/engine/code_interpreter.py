@@ -25,8 +25,8 @@ from harness.engine.exec_result import collect
 from harness.engine.jobs import JobChunk
 
 __all__ = ["PORT", "SERVER_ARGV", "SERVER_TAG", "CellEnded", "env_digest", "execute", "has_server",
-           "kernel_ready", "listening", "server_alive", "server_output", "start_server", "stop_foreign",
-           "wait_listening"]
+           "kernel_ready", "listening", "request", "restart_default_kernel", "server_alive", "server_output",
+           "start_server", "stop_foreign", "wait_listening"]
 
 PORT = 49999
 SERVER_TAG = "code-interpreter"
@@ -86,25 +86,43 @@ def wait_listening(agent: AgentClient, pid: int, timeout_s: float) -> None:
         time.sleep(0.05)  # the server binds its port within a second of its start; nothing to wait on but the port
 
 
+def request(agent: AgentClient, method: str, path: str) -> tuple[int, Any]:
+    """One bodiless request to the server: its status and its JSON answer (None when not JSON)."""
+    with agent.ports.connect(PORT) as tunnel:
+        tunnel.send(f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n"
+                    "Connection: close\r\n\r\n".encode())
+        answer = b"".join(tunnel.recv())
+    head, _, body = answer.partition(b"\r\n\r\n")
+    words = head.split(b"\r\n", 1)[0].split()
+    status = int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, None
+
+
 def kernel_ready(agent: AgentClient) -> bool:
     """Whether the server lists a context (the default one is listed once its kernel answers)."""
     try:
-        tunnel = agent.ports.connect(PORT)
+        status, contexts = request(agent, "GET", "/contexts")
     except AgentCallError as error:
         if error.reason == "CONNECTION_REFUSED":
             return False
         raise
-    with tunnel:
-        tunnel.send(b"GET /contexts HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        answer = b"".join(tunnel.recv())
-    head, _, body = answer.partition(b"\r\n\r\n")
-    status = head.split(b"\r\n", 1)[0].split()
-    if len(status) < 2 or status[1] != b"200":
-        return False
-    try:
-        return bool(json.loads(body))
-    except ValueError:
-        return False
+    return status == 200 and bool(contexts)
+
+
+def restart_default_kernel(agent: AgentClient) -> None:
+    """A fresh kernel for the default Python context (the first Python one the server made: a
+    sandbox whose server only runs cells without a context has no other); CallboxError when the
+    server has none or refuses."""
+    status, contexts = request(agent, "GET", "/contexts")
+    found = [c for c in contexts or () if isinstance(c, dict) and c.get("language") == "python"]
+    if status != 200 or not found:
+        raise CallboxError("the code interpreter has no Python context to restart")
+    status, answer = request(agent, "POST", f"/contexts/{found[0]['id']}/restart")
+    if status != 200:
+        raise CallboxError(f"the code interpreter did not restart its kernel: {answer}")
 
 
 def server_alive(agent: AgentClient, pid: int) -> bool:

@@ -17,7 +17,8 @@ with its size read from its header.
 
 A cell that runs past its timeout (``timeout_ms``, capped by the policy's ceiling) is
 interrupted, as Jupyter's stop button does: the kernel and its state stay, the result is
-``timed_out`` with what the cell printed before.
+``timed_out`` with what the cell printed before. A kernel that exits during a cell (out of
+memory, ``os._exit``) is restarted at once, and the result says its state is gone.
 
 The policy sees the code as the tool's command (``command_field``): ``[tools.python]`` rules
 match the code text, with the decisions ``allow``, ``ask`` and ``deny`` as for ``shell``.
@@ -30,6 +31,7 @@ import binascii
 import struct
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +52,8 @@ SERVER_START_S = 30.0
 """How long the first call waits for the server to listen once started."""
 KERNEL_START_S = 90.0
 """How long the first call waits for the default kernel to answer (a cold kernel imports a lot)."""
+KERNEL_DIED = "KernelDied"
+"""The error the server reports for a cell whose kernel exited (then the tool restarts it)."""
 IMAGE_FIELDS = (("png", "image/png"), ("jpeg", "image/jpeg"))
 """The result fields that become image parts (what every model dialect can see)."""
 
@@ -150,7 +154,10 @@ class Cell:
             self.error = {"name": str(event.get("name", "")), "value": str(event.get("value", ""))}
             traceback = str(event.get("traceback") or "")
             self.raw_bytes += len(traceback.encode())
-            self._line(traceback or f"{self.error['name']}: {self.error['value']}")
+            if self.error["name"] == KERNEL_DIED:  # the server's words name its own API's remedy
+                self.say("The kernel exited during the cell.")
+            else:
+                self.say(traceback or f"{self.error['name']}: {self.error['value']}")
         elif kind == "end_of_execution":
             self.finished = True
 
@@ -172,9 +179,9 @@ class Cell:
         self.raw_bytes += len(text.encode())
         if event.get("is_main_result"):  # a table or other lines of their own keep their columns
             text = f"{label}:\n{text}" if "\n" in text else f"{label}: {text}"
-        self._line(text)
+        self.say(text)
 
-    def _line(self, text: str) -> None:
+    def say(self, text: str) -> None:
         """``text`` on lines of its own after what came before."""
         if self.pieces and not self.pieces[-1].endswith("\n"):
             self.pieces.append("\n")
@@ -219,13 +226,13 @@ def no_kernel(image: str) -> ToolOutput:
 
 # ---- the handler ------------------------------------------------------------------------------
 
-_STARTING: dict[str, threading.Lock] = {}
-_STARTING_LOCK = threading.Lock()
+_STARTING = tuple(threading.Lock() for _ in range(32))
+"""Held while a sandbox's server starts (one of them per sandbox id: two calls of one run never
+start two servers, and a process serving many runs keeps no lock per run)."""
 
 
 def _start_lock(sandbox_id: str) -> threading.Lock:
-    with _STARTING_LOCK:
-        return _STARTING.setdefault(sandbox_id, threading.Lock())
+    return _STARTING[zlib.crc32(sandbox_id.encode()) % len(_STARTING)]
 
 
 def ensure_kernel(agent: AgentClient, sandbox_id: str, env: dict[str, str], workdir: str) -> bool:
@@ -278,8 +285,20 @@ def run_python(ctx: ToolContext, args: PythonArgs) -> ToolOutput:
         timed_out_after = int((time.monotonic() - started) * 1000)
     except AgentCallError as error:
         return agent_failure(error, started=None)
+    if cell.error is not None and cell.error["name"] == KERNEL_DIED:
+        cell.say(_restarted(runtime.agent))
     return cell_output(cell, duration_ms=(time.monotonic() - started) * 1000, timed_out_after_ms=timed_out_after,
                        notes=(timeout.note(),))
+
+
+def _restarted(agent: AgentClient) -> str:
+    """Restart the default kernel after it died; the line that tells the model."""
+    try:
+        code_interpreter.restart_default_kernel(agent)
+    except (CallboxError, AgentCallError) as error:
+        return f"The kernel exited and could not be restarted ({error}); the next call may fail the same way."
+    return ("The kernel exited (out of memory, or the cell ended its process) and has been restarted: "
+            "the variables and imports of earlier calls are gone.")
 
 
 PYTHON = Tool(

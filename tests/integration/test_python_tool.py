@@ -1,6 +1,6 @@
 """The ``python`` tool in a real code-interpreter sandbox, through the harness's call path: state
 across calls, a chart as a PNG image part, a DataFrame as a text table, an exception's traceback,
-a timeout that keeps the kernel, the policy on the code; and the default image's clear refusal.
+a timeout that keeps the kernel, a dead kernel restarted, the policy on the code; and the default image's clear refusal.
 
 One sandbox (one kernel) for the module: the cells run in order and share its state."""
 
@@ -106,6 +106,15 @@ def test_a_timeout_interrupts_the_cell_and_keeps_the_kernel(session: Session) ->
     assert result.text.startswith("before\nThe cell was interrupted after")
     after = _call(session, "print(y)", "after")
     assert (after.is_error, after.text) == (False, "7"), after.text
+
+
+def test_a_dead_kernel_is_restarted_and_its_state_is_gone(session: Session) -> None:
+    _call(session, "z = 5", "z")
+    died = _call(session, "import os\nos._exit(1)", "die")
+    assert (died.is_error, died.error) == (True, ErrorCode.TOOL_FAILED), died.text
+    assert "The kernel exited during the cell." in died.text and "has been restarted" in died.text
+    after = _call(session, "'z' in globals()", "fresh")
+    assert (after.is_error, after.text.split(": ", 1)[-1]) == (False, "False"), after.text
 
 
 def test_the_policy_sees_the_code(session: Session) -> None:

@@ -149,3 +149,12 @@ def test_no_kernel_names_the_image_and_the_policy_key():
     assert (out.is_error, out.error) == (True, ErrorCode.NOT_SUPPORTED)
     assert "callbox-sandbox:latest" in out.text and f'image = "{KERNEL_IMAGE}"' in out.text
     assert "[sandbox]" in out.text and "callbox image build --variant code-interpreter" in out.text
+
+
+def test_a_dead_kernel_is_an_error_in_the_tools_own_words():
+    cell = _cell({"type": "stdout", "text": "going\n"},
+                 {"type": "error", "name": "KernelDied", "value": "the kernel exited during the cell; restart the "
+                  "context", "traceback": ""})
+    out = cell_output(cell, duration_ms=1.0)
+    assert (out.is_error, out.error) == (True, ErrorCode.TOOL_FAILED)
+    assert out.text == "going\nThe kernel exited during the cell."
