@@ -32,6 +32,7 @@ import struct
 import threading
 import time
 import zlib
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,11 @@ SERVER_START_S = 30.0
 """How long the first call waits for the server to listen once started."""
 KERNEL_START_S = 90.0
 """How long the first call waits for the default kernel to answer (a cold kernel imports a lot)."""
+KEEP_CHARS = 2 << 20
+"""Characters of a cell's text the tool holds (head and tail) before the harness bounds it to
+the output budget; beyond, the middle is dropped and counted."""
+KEEP_IMAGE_BYTES = 32 << 20
+"""Bytes of images one cell's result holds; further images are counted, not kept."""
 KERNEL_DIED = "KernelDied"
 """The error the server reports for a cell whose kernel exited (then the tool restarts it)."""
 IMAGE_FIELDS = (("png", "image/png"), ("jpeg", "image/jpeg"))
@@ -130,21 +136,31 @@ def value_text(result: dict[str, Any]) -> str:
 
 @dataclass
 class Cell:
-    """What one cell produced, as the server's events arrive."""
+    """What one cell produced, as the server's events arrive. Of its text, at most ``keep``
+    characters are held (a head and a tail, the middle counted in ``dropped``: a cell that
+    prints without end costs bounded memory); of its images, at most ``keep_image_bytes``."""
 
-    pieces: list[str] = field(default_factory=list)
+    keep: int = KEEP_CHARS
+    keep_image_bytes: int = KEEP_IMAGE_BYTES
+    head: list[str] = field(default_factory=list)
+    tail: deque[str] = field(default_factory=deque)
+    head_chars: int = 0
+    tail_chars: int = 0
+    dropped: int = 0
     images: list[ImagePart] = field(default_factory=list)
+    images_dropped: int = 0
     execution_count: int | None = None
     error: dict[str, str] | None = None
     finished: bool = False
     raw_bytes: int = 0
+    _ends_line: bool = True
 
     def add(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         if kind in ("stdout", "stderr"):
             text = str(event.get("text", ""))
             self.raw_bytes += len(text.encode())
-            self.pieces.append(text)
+            self._keep(text)
         elif kind == "number_of_executions":
             count = event.get("execution_count")
             self.execution_count = count if isinstance(count, int) else None
@@ -167,10 +183,14 @@ class Cell:
         for name, _ in IMAGE_FIELDS:
             if name in event:
                 part = image_part(name, event[name], f"{label} ({len(self.images) + 1})")
-                if part is not None:
-                    self.images.append(part)
-                    self.raw_bytes += len(part.data)
-                    shown = True
+                if part is None:
+                    continue
+                self.raw_bytes += len(part.data)
+                if sum(len(kept.data) for kept in self.images) + len(part.data) > self.keep_image_bytes:
+                    self.images_dropped += 1
+                    continue
+                self.images.append(part)
+                shown = True
         text = value_text(event)
         if shown and text.startswith("<Figure"):
             text = f"{text} (image {len(self.images)})"
@@ -183,12 +203,44 @@ class Cell:
 
     def say(self, text: str) -> None:
         """``text`` on lines of its own after what came before."""
-        if self.pieces and not self.pieces[-1].endswith("\n"):
-            self.pieces.append("\n")
-        self.pieces.append(text if text.endswith("\n") else f"{text}\n")
+        if not self._ends_line:
+            self._keep("\n")
+        self._keep(text if text.endswith("\n") else f"{text}\n")
+
+    def _keep(self, text: str) -> None:
+        if not text:
+            return
+        self._ends_line = text.endswith("\n")
+        half = self.keep // 2
+        if self.head_chars < half:
+            taken = text[:half - self.head_chars]
+            self.head.append(taken)
+            self.head_chars += len(taken)
+            text = text[len(taken):]
+            if not text:
+                return
+        self.tail.append(text)
+        self.tail_chars += len(text)
+        while self.tail_chars > self.keep - half:
+            excess = self.tail_chars - (self.keep - half)
+            first = self.tail[0]
+            if len(first) <= excess:
+                self.tail.popleft()
+                cut = len(first)
+            else:
+                self.tail[0] = first[excess:]
+                cut = excess
+            self.tail_chars -= cut
+            self.dropped += cut
 
     def text(self) -> str:
-        return strip_terminal_codes("".join(self.pieces)).rstrip("\n")
+        middle = f"\n[... {self.dropped} characters of output dropped ...]\n" if self.dropped else ""
+        text = strip_terminal_codes("".join(self.head) + middle + "".join(self.tail)).rstrip("\n")
+        if self.images_dropped:
+            size = (f"{self.keep_image_bytes >> 20} MiB" if self.keep_image_bytes >= 1 << 20
+                    else f"{self.keep_image_bytes} bytes")
+            text += f"\n[{self.images_dropped} more image(s) not kept: a cell's images may hold {size}]"
+        return text
 
 
 def cell_output(cell: Cell, *, duration_ms: float, timed_out_after_ms: int | None = None,
@@ -209,6 +261,7 @@ def cell_output(cell: Cell, *, duration_ms: float, timed_out_after_ms: int | Non
         text="\n".join([*lines, body]), is_error=error_code is not None, error=error_code,
         structured={"execution_count": cell.execution_count, "error": cell.error,
                     "timed_out": timed_out_after_ms is not None, "images": len(cell.images),
+                    "images_dropped": cell.images_dropped, "dropped_chars": cell.dropped,
                     "duration_ms": round(duration_ms, 3)},
         raw_bytes=cell.raw_bytes, images=tuple(cell.images),
     )
@@ -272,7 +325,7 @@ def run_python(ctx: ToolContext, args: PythonArgs) -> ToolOutput:
     except CallboxError as error:
         return ToolOutput(text=f"The Python kernel could not be started: {error}", is_error=True,
                           error=ErrorCode.SANDBOX_UNAVAILABLE, structured={"kernel_started": False})
-    cell = Cell()
+    cell = Cell(keep=max(KEEP_CHARS, 2 * ctx.output_budget))
     started = time.monotonic()
     timed_out_after: int | None = None
     try:

@@ -158,3 +158,22 @@ def test_a_dead_kernel_is_an_error_in_the_tools_own_words():
     out = cell_output(cell, duration_ms=1.0)
     assert (out.is_error, out.error) == (True, ErrorCode.TOOL_FAILED)
     assert out.text == "going\nThe kernel exited during the cell."
+
+
+def test_a_cell_that_prints_without_end_keeps_a_head_and_a_tail():
+    cell = Cell(keep=10)
+    for piece in ("0123", "456789abc", "defghij"):
+        cell.add({"type": "stdout", "text": piece})
+    out = cell_output(cell, duration_ms=1.0)
+    assert out.text == "01234\n[... 10 characters of output dropped ...]\nfghij"
+    assert out.raw_bytes == 20 and out.structured is not None and out.structured["dropped_chars"] == 10
+
+
+def test_images_beyond_the_kept_bytes_are_counted():
+    png = _png(4, 4)
+    cell = Cell(keep_image_bytes=len(png) + 1)
+    for _ in range(3):
+        cell.add({"type": "result", "png": base64.b64encode(png).decode(), "text": "<Figure size 4x4 with 1 Axes>"})
+    out = cell_output(cell, duration_ms=1.0)
+    assert len(out.images) == 1 and out.structured is not None and out.structured["images_dropped"] == 2
+    assert out.text.endswith(f"[2 more image(s) not kept: a cell's images may hold {len(png) + 1} bytes]")
