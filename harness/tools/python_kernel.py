@@ -272,7 +272,8 @@ def no_kernel(image: str) -> ToolOutput:
     return ToolOutput(
         text=(f"The sandbox's image ({image or 'unknown'}) has no Python kernel: the python tool needs the "
               f"code-interpreter image. Set image = \"{KERNEL_IMAGE}\" in the policy's [sandbox] table "
-              "(build it with `callbox image build --variant code-interpreter`), or use the shell tool."),
+              "(or pass --image to callbox call/run; build it with `callbox image build --variant "
+              "code-interpreter`), or use the shell tool."),
         is_error=True, error=ErrorCode.NOT_SUPPORTED,
         structured={"image": image, "needs_image": KERNEL_IMAGE, "policy_key": "sandbox.image"})
 
