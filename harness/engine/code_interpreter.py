@@ -201,7 +201,7 @@ def execute(agent: AgentClient, code: str, *, timeout_s: float, context_id: str 
                 line = bytes(buffer[:newline])
                 del buffer[:newline + 1]
                 if line.strip():
-                    yield json.loads(line)
+                    yield _event(line)
             if len(buffer) > MAX_LINE_BYTES:
                 raise CellEnded(f"the code interpreter sent a line longer than {MAX_LINE_BYTES} bytes")
         if expired.is_set():
@@ -209,10 +209,20 @@ def execute(agent: AgentClient, code: str, *, timeout_s: float, context_id: str 
         if status != 200:
             raise CellEnded(_refusal(bytes(buffer), status), status=status)
         if buffer.strip():
-            yield json.loads(bytes(buffer))
+            yield _event(bytes(buffer))
     finally:
         timer.cancel()
         tunnel.close()
+
+
+def _event(line: bytes) -> dict[str, Any]:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        event = None
+    if not isinstance(event, dict):
+        raise CellEnded(f"the code interpreter sent a line that is not a JSON object: {line[:200]!r}")
+    return event
 
 
 def _refusal(body: bytes, status: int) -> str:

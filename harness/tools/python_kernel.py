@@ -17,7 +17,8 @@ with its size read from its header.
 
 A cell that runs past its timeout (``timeout_ms``, capped by the policy's ceiling) is
 interrupted, as Jupyter's stop button does: the kernel and its state stay, the result is
-``timed_out`` with what the cell printed before. A kernel that exits during a cell (out of
+``timed_out`` with what the cell printed before. The cell's stdout and stderr reach
+``ToolContext.on_output`` as they come. A kernel that exits during a cell (out of
 memory, ``os._exit``) is restarted at once, and the result says its state is gone.
 
 The policy sees the code as the tool's command (``command_field``): ``[tools.python]`` rules
@@ -332,6 +333,8 @@ def run_python(ctx: ToolContext, args: PythonArgs) -> ToolOutput:
     try:
         for event in code_interpreter.execute(runtime.agent, args.code, timeout_s=timeout.seconds):
             cell.add(event)
+            if ctx.on_output is not None and event.get("type") in ("stdout", "stderr"):
+                ctx.on_output(str(event["type"]), str(event.get("text", "")).encode())
     except code_interpreter.CellEnded as ended:
         if not ended.timed_out:
             return ToolOutput(text=f"The kernel refused the cell: {ended}", is_error=True,

@@ -14,7 +14,7 @@ import pytest
 
 from harness.audit.store import AuditStore
 from harness.core.calls import ErrorCode, ToolCall, ToolResult
-from harness.core.context import ToolContext
+from harness.core.context import OutputSink, ToolContext
 from harness.core.policy import parse_policy
 from harness.core.session import Session
 from harness.engine.image.build import default_repo_root
@@ -56,9 +56,9 @@ class _Provider:
         return self.box
 
 
-def _ctx(box: Any) -> ToolContext:
+def _ctx(box: Any, on_output: OutputSink | None = None) -> ToolContext:
     return ToolContext(run_id="python-tool", call_id="direct", provider=_Provider(box), default_timeout_s=30.0,
-                       timeout_ceiling_s=60.0, output_budget=30_000)
+                       timeout_ceiling_s=60.0, output_budget=30_000, on_output=on_output)
 
 
 def test_state_persists_across_calls(session: Session) -> None:
@@ -82,6 +82,14 @@ def test_a_chart_is_a_png_of_the_figures_size(session: Session) -> None:
     out = PYTHON.handler(_ctx(session.sandbox()), PythonArgs(code=code))
     [part] = out.images
     assert part.media_type == "image/png" and png_size(part.data) == (part.width, part.height) == (640, 480)
+
+
+def test_output_streams_as_it_comes(session: Session) -> None:
+    chunks: list[tuple[str, bytes]] = []
+    code = "import sys\nprint('out', flush=True)\nprint('err', file=sys.stderr, flush=True)"
+    out = PYTHON.handler(_ctx(session.sandbox(), lambda stream, data: chunks.append((stream, data))),
+                         PythonArgs(code=code))
+    assert out.text == "out\nerr" and chunks == [("stdout", b"out\n"), ("stderr", b"err\n")]
 
 
 def test_a_dataframe_is_a_text_table(session: Session) -> None:
