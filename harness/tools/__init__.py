@@ -15,13 +15,14 @@ from harness.tools.computer import COMPUTER
 from harness.tools.declared import declared_tools
 from harness.tools.editor import EDITOR
 from harness.tools.files import FILE_TOOLS
+from harness.tools.python_kernel import PYTHON
 from harness.tools.shell import SHELL
 from harness.tools.unified_exec import UNIFIED_EXEC_TOOLS
 
 
 def builtin_registry() -> ToolRegistry:
     registry = ToolRegistry()
-    for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS, *UNIFIED_EXEC_TOOLS, COMPUTER):
+    for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS, *UNIFIED_EXEC_TOOLS, PYTHON, COMPUTER):
         registry.register(tool)
     return registry
 

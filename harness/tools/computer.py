@@ -166,10 +166,11 @@ def run_computer(ctx: ToolContext, args: ComputerArgs) -> ToolOutput:
     first = ran.result
     if first.shell_exit_code == 2 and not first.stdout.data() and b"can't open file" in first.stderr.data():
         return ToolOutput(
-            text=(f"computer needs a sandbox with a desktop; this sandbox's image has none. "
-                  f"Use the desktop image ({DESKTOP_IMAGE}, `callbox image build --variant desktop`) "
-                  "as the policy's [sandbox] image."),
-            is_error=True, error=ErrorCode.NOT_SUPPORTED, structured={"action": args.action})
+            text=(f"The sandbox's image has no desktop: the computer tool needs the desktop image. Set "
+                  f"image = \"{DESKTOP_IMAGE}\" in the policy's [sandbox] table (or pass --image to callbox "
+                  "call/run; build it with `callbox image build --variant desktop`)."),
+            is_error=True, error=ErrorCode.NOT_SUPPORTED,
+            structured={"action": args.action, "needs_image": DESKTOP_IMAGE, "policy_key": "sandbox.image"})
     reply = _reply(ran)
     if reply is not None and reply.get("display_down"):
         problem = start_display(ctx)

@@ -33,7 +33,8 @@ Rows:
 9.-13. living sandboxes (attach replay, PTY keystroke, cp, pause/resume, snapshot/fork): bench_living.py;
 14. the E2B SDK against ``callbox serve --e2b`` (cold start, ``commands.run`` round trip, file
     write/read throughput), each beside the engine doing the same in process: bench_e2b.py;
-    14f-14g. ``e2b_code_interpreter``'s ``run_code`` round trip and first result: bench_interpreter.py;
+    14f-14h. ``e2b_code_interpreter``'s ``run_code`` round trip and first result, the ``python`` tool's cell:
+        bench_interpreter.py;
 15. (left for the warm pool's rows);
 16.-17. many cold creates (sequential, 4 and 16 concurrent creators, staggered, a burst of 50) and
     destroy latency to the caller: bench_scale.py, section ``create``;

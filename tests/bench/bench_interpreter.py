@@ -10,20 +10,31 @@ Rows:
      server whose policy has ``[pool] code_interpreter = 1`` (each sample waits until the pool
      holds a prepared sandbox again: its server started, its default kernel up), against the
      same from a cold start (the first server, no pool: the container, the server's start and
-     the default context's kernel); the kills are untimed.
+     the default context's kernel); the kills are untimed;
+14h. the ``python`` tool's cell ``1+1`` through the harness's call path (``Session.call``: policy,
+     audit, bounds; its kernel started by a first, untimed call), vs the ``shell`` tool's
+     ``python3 -c 'print(1+1)'`` in the same run's sandbox.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from e2b_code_interpreter import Sandbox
 
+from harness.audit.store import AuditStore
+from harness.core.calls import ToolCall
+from harness.core.policy import Policy
+from harness.core.session import Session
 from harness.engine.docker.pool import POOL_OWNER
 from harness.engine.image.build import default_repo_root
 from harness.engine.image.variants import build_variant
+from harness.engine.spec import SandboxSpec
+from harness.tools import builtin_registry
 from tests.bench.bench_e2b import e2b_door, ms_since, p99
 from tests.bench.bench_living import Resources, Toolkit
 
@@ -95,6 +106,7 @@ def bench_interpreter(res: Resources, samples: int, warmup: int, kit: Toolkit, *
             data.update(kit.interleaved("interpreter run_code('1+1')", [cell, plain], rounds, warmup, every=25))
         finally:
             sandbox.kill()
+    data.update(python_tool(res, image, kit, samples if quick else max(samples, ROUND_TRIP_MIN_SAMPLES), warmup))
     kit.progress("interpreter: a second server, its warm pool keeping one code-interpreter sandbox")
     with e2b_door(image, "[pool]\ncode_interpreter = 1\n") as pooled_door:
         pooled_opts = pooled_door.opts()
@@ -108,6 +120,32 @@ def bench_interpreter(res: Resources, samples: int, warmup: int, kit: Toolkit, *
     return data
 
 
+def python_tool(res: Resources, image: str, kit: Toolkit, rounds: int, warmup: int) -> dict[str, list[float]]:
+    """Row 14h: one run (a Session on the code-interpreter image), its kernel started untimed."""
+    with tempfile.TemporaryDirectory() as tmp, AuditStore(Path(tmp) / "audit.sqlite3") as audit, Session(
+        builtin_registry(), Policy(), audit, spec=SandboxSpec(image=image), engine_factory=lambda: res.engine,
+    ) as session:
+        calls = iter(range(1 << 30))
+
+        def timed(tool: str, args: dict[str, Any], want: str, name: str) -> dict[str, float]:
+            t0 = time.perf_counter_ns()
+            result = session.call(ToolCall(tool, args, f"c{next(calls)}"))
+            elapsed = ms_since(t0)
+            if result.is_error or want not in result.text:
+                raise RuntimeError(f"{tool} {args}: {result.text}")
+            return {name: elapsed}
+
+        timed("python", {"code": "1+1"}, ": 2", "py_first")  # the server's start and its kernel
+
+        def cell() -> dict[str, float]:
+            return timed("python", {"code": "1+1"}, ": 2", "py_tool")
+
+        def plain() -> dict[str, float]:
+            return timed("shell", {"command": "python3 -c 'print(1+1)'"}, "\n2", "py_shell")
+
+        return kit.interleaved("python tool cell '1+1'", [cell, plain], rounds, warmup, every=25)
+
+
 def add_interpreter_rows(data: dict[str, list[float]], add: Callable[..., Any]) -> None:
     """Rows 14f-14g of the report (``add`` takes ``Row``'s arguments)."""
     if "ci_run_code" not in data:
@@ -119,3 +157,8 @@ def add_interpreter_rows(data: dict[str, list[float]], add: Callable[..., Any]) 
     add(f"14g. e2b_code_interpreter: `Sandbox.create()` → first `run_code('1+1')` result, from the warm pool "
         f"({len(data['ci_warm_first'])} samples)", "time", data["ci_warm_first"],
         "the same, cold (no pool: container, server and kernel start)", data["ci_cold_first"], "— (info)")
+    if "py_tool" in data:
+        cells = data["py_tool"]
+        add(f"14h. `python` tool: cell `1+1` round trip through the call path, live kernel ({len(cells)} samples)",
+            "time", cells, "`shell` tool: `python3 -c 'print(1+1)'`, same run", data["py_shell"],
+            f"— (info; p99 {p99(cells):.1f} ms, baseline p99 {p99(data['py_shell']):.1f} ms)")

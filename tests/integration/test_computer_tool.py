@@ -160,3 +160,4 @@ def test_key_type_and_wrong_actions_answer_readably(desktop: Any) -> None:
 def test_a_sandbox_without_a_desktop_is_told_which_image_to_use(make_sandbox: Any) -> None:
     out = _computer(make_sandbox(image=IMAGE), action="screenshot")
     assert out.is_error and out.error is ErrorCode.NOT_SUPPORTED and DESKTOP_IMAGE in out.text
+    assert out.structured == {"action": "screenshot", "needs_image": DESKTOP_IMAGE, "policy_key": "sandbox.image"}

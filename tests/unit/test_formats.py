@@ -212,6 +212,7 @@ REQUIRED = {
     "search": ["pattern"],
     "exec_command": ["cmd"],
     "write_stdin": ["session_id"],
+    "python": ["code"],
     "computer": ["action"],
 }
 

@@ -447,6 +447,7 @@ EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "write_stdin": (
         {"session_id": 7}, {"session_id": 7, "chars": "q\n", "yield_time_ms": 1000, "max_output_tokens": 500},
     ),
+    "python": ({"code": "1 + 1"}, {"code": "import pandas", "timeout_ms": 5000}),
     "computer": (
         {"action": "screenshot"},
         {"action": "left_click", "coordinate": [10, 20], "start_coordinate": [0, 0], "text": "a",

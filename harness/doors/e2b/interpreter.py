@@ -32,6 +32,9 @@ whose policy's env differs) has it replaced by one with its own at its first req
 cold sandbox would have had. Starting a pooled server is not a client's action, so it is not
 audited; every cell still is.
 
+The server is started and found with :mod:`harness.engine.code_interpreter` (the ``python`` tool's
+way to it too); what is audited of it and its errors' wording are the door's.
+
 ``run_code``'s ``timeout`` is the SDK's: it closes its connection, the door closes the tunnel,
 and the server interrupts the cell (the kernel and its state stay).
 """
@@ -39,7 +42,6 @@ and the server interrupts the cell (the kernel and its state stay).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import threading
@@ -48,16 +50,16 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from harness.core.actions import ActionTicket
-from harness.core.errors import AgentCallError, CallboxError, ErrorCode
+from harness.core.errors import CallboxError, ErrorCode
 from harness.core.policy import Policy
 from harness.core.registry import ToolDefinition
 from harness.core.sandbox_settings import SandboxSettings
 from harness.core.shared_engine import SharedEngine
 from harness.doors.e2b.boxes import E2B_WORKDIR, E2bSandbox, E2bSandboxes, e2b_errors, e2b_template
 from harness.doors.e2b.errors import E2bError, invalid
+from harness.engine import code_interpreter
 from harness.engine.base import LivingSandbox, PoolEntry
 from harness.engine.image.variants import VARIANTS
-from harness.engine.jobs import JobChunk
 from harness.tools.shell import SHELL
 
 if TYPE_CHECKING:
@@ -70,10 +72,10 @@ log = logging.getLogger("callbox.e2b")
 
 TEMPLATE = "code-interpreter-v1"
 """The template ``e2b_code_interpreter`` asks for when its caller names none."""
-JUPYTER_PORT = "49999"
+JUPYTER_PORT = str(code_interpreter.PORT)
 IMAGE = VARIANTS["code-interpreter"].tag
-SERVER_TAG = "code-interpreter"
-SERVER_ARGV = ("/usr/bin/python3", "/opt/callbox/code-interpreter/server.py")
+SERVER_TAG = code_interpreter.SERVER_TAG
+SERVER_ARGV = code_interpreter.SERVER_ARGV
 SERVER_START_S = 30.0
 """How long the door waits for the server to listen once started."""
 POOLED_READY_S = 120.0
@@ -131,46 +133,16 @@ def pool_entry(template: Policy, count: int) -> PoolEntry:
 
 
 def _kernel_ready(box: LivingSandbox) -> bool:
-    """Whether the server lists a context (the default one is listed once its kernel answers)."""
-    try:
-        tunnel = box.agent.ports.connect(int(JUPYTER_PORT))
-    except AgentCallError as error:
-        if error.reason == "CONNECTION_REFUSED":
-            return False
-        raise
-    with tunnel:
-        tunnel.send(b"GET /contexts HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        answer = b"".join(tunnel.recv())
-    head, _, body = answer.partition(b"\r\n\r\n")
-    status = head.split(b"\r\n", 1)[0].split()
-    if len(status) < 2 or status[1] != b"200":
-        return False
-    try:
-        return bool(json.loads(body))
-    except ValueError:
-        return False
-
-
-def _env_digest(env: Mapping[str, str]) -> str:
-    return hashlib.sha256(json.dumps(dict(env), sort_keys=True).encode()).hexdigest()[:16]
+    return code_interpreter.kernel_ready(box.agent)
 
 
 def _start_job(box: LivingSandbox, env: Mapping[str, str]) -> int:
     """Start the server in ``box`` with ``env`` (and its own settings), tagged with the env's digest."""
-    workdir = box.spec.workdir or E2B_WORKDIR
-    full = {**env, "CALLBOX_CI_PORT": JUPYTER_PORT, "CALLBOX_CI_CWD": workdir}
-    return box.jobs.start(list(SERVER_ARGV), tag=f"{SERVER_TAG}@{_env_digest(env)}", cwd=workdir, env=full).pid
+    return code_interpreter.start_server(box.agent, env, box.spec.workdir or E2B_WORKDIR)
 
 
 def _stop_foreign(box: LivingSandbox, env: Mapping[str, str]) -> bool:
-    """Kill a running server started (by the pool) with another env than ``env``; whether one was."""
-    mine = f"{SERVER_TAG}@{_env_digest(env)}"
-    foreign = [job for job in box.jobs.list()
-               if job.state == "running" and job.tag.startswith(f"{SERVER_TAG}@") and job.tag != mine]
-    for job in foreign:
-        with contextlib.suppress(CallboxError):
-            box.jobs.kill(job.pid)
-    return bool(foreign)
+    return code_interpreter.stop_foreign(box.agent, env)
 
 
 class _Server:
@@ -253,27 +225,16 @@ def _ensure_server(sandboxes: E2bSandboxes, sandbox: E2bSandbox) -> None:
         if _listening(box):
             return
         server.pid = pid = _start(sandboxes, sandbox, box)
-        deadline = time.monotonic() + SERVER_START_S
-        while not _listening(box):
+        try:
+            code_interpreter.wait_listening(box.agent, pid, SERVER_START_S)
+        except CallboxError as error:
             if not _alive(box, pid):
                 server.pid = None
-                raise E2bError(ErrorCode.SANDBOX_UNAVAILABLE, "the code interpreter's server exited at its start: "
-                               f"{_output(box, pid)}", status=502)
-            if time.monotonic() > deadline:
-                raise E2bError(ErrorCode.SANDBOX_UNAVAILABLE, "the code interpreter's server did not listen within "
-                               f"{SERVER_START_S:g} s of its start", status=502)
-            time.sleep(0.05)  # the server binds its port within a second of its start
+            raise E2bError(ErrorCode.SANDBOX_UNAVAILABLE, str(error), status=502) from None
 
 
 def _listening(box: LivingSandbox) -> bool:
-    """Whether something listens on port 49999 in the sandbox (a connection opened and closed)."""
-    try:
-        box.agent.ports.connect(int(JUPYTER_PORT)).close()
-    except AgentCallError as error:
-        if error.reason == "CONNECTION_REFUSED":
-            return False
-        raise
-    return True
+    return code_interpreter.listening(box.agent)
 
 
 def _start(sandboxes: E2bSandboxes, sandbox: E2bSandbox, box: LivingSandbox) -> int:
@@ -286,16 +247,8 @@ def _start(sandboxes: E2bSandboxes, sandbox: E2bSandbox, box: LivingSandbox) -> 
 
 
 def _alive(box: LivingSandbox, pid: int) -> bool:
-    try:
-        return box.jobs.get(pid).state == "running"
-    except CallboxError:
-        return False
+    return code_interpreter.server_alive(box.agent, pid)
 
 
 def _output(box: LivingSandbox, pid: int) -> str:
-    with contextlib.suppress(CallboxError):
-        text = "".join(event.data.decode(errors="replace") for event in box.jobs.attach(pid, follow=False)
-                       if isinstance(event, JobChunk))
-        return text.strip()[-500:] or "no output"
-    return "its output could not be read"
-
+    return code_interpreter.server_output(box.agent, pid)
