@@ -5,7 +5,8 @@ and prints one JSON line: ``{"ok": true, ...}`` with, for the actions that look 
 PNG as ``png_base64`` and its ``width``/``height``; or ``{"ok": false, "error": "..."}`` (exit 2) for
 an action it cannot do, with ``"display_down": true`` (exit 3) when the display is not running.
 
-The display stack (Xvfb :1 at 1280x800x24 and openbox) is started by the action ``start_display``,
+The display stack (Xvfb :1 at 1280x800x24, openbox, and Chromium in one maximized window on a blank
+page) is started by the action ``start_display``,
 which the harness runs as a sandbox job that leaves its processes running (a command's processes
 end with the command): it starts them unless the display answers already (a lock file keeps two
 from racing), and returns once the display accepts connections. It stays up for the sandbox's life.
@@ -21,9 +22,9 @@ optional: the current position; ``text``, optional: modifier keys held meanwhile
 (``duration`` seconds), ``zoom`` (``region`` [x1, y1, x2, y2]: that part of the screen at its own
 resolution), ``cursor_position``.
 Every action but ``cursor_position`` returns a screenshot taken after it; input actions first give
-the display ``SETTLE_S`` to repaint. ``open_url`` (``text``) starts Chromium on the display at a
-URL (app mode, one window), to be run as a job too; it is the image's convenience, not one of the
-tool's actions.
+the display ``SETTLE_S`` to repaint. ``open_url`` (``text``) opens a URL in a Chromium app window
+(no address bar), to be run as a job too; it is the image's convenience, not one of the tool's
+actions.
 
 Screenshots: ``xwd -root`` (one XGetImage of the root window) decoded here, and encoded as an
 8-bit RGB PNG with zlib at level 1 (speed over size: a screenshot is read once).
@@ -57,12 +58,13 @@ CLICKS = {"left_click": ("1", 1), "right_click": ("3", 1), "middle_click": ("2",
 SCROLL_BUTTONS = {"up": "4", "down": "5", "left": "6", "right": "7"}
 # Chromium without its sandbox: a container has no user namespaces for its namespace sandbox, and
 # no-new-privileges (kept on) makes the setuid sandbox impossible; the container is the boundary.
-# /dev/shm is a few MiB here, so shared memory goes to /tmp; no GPU, no first-run or keyring prompts.
+# /dev/shm is a few MiB here, so shared memory goes to /tmp; no GPU, no first-run or keyring prompts;
+# --test-type keeps the "unsupported command-line flag: --no-sandbox" bar off the page the model reads.
 CHROMIUM_FLAGS = ("--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--no-first-run",
                   "--no-default-browser-check", "--password-store=basic", "--disable-background-networking",
                   "--disable-component-update", "--disable-features=Translate,MediaRouter",
                   "--disable-session-crashed-bubble", f"--window-size={WIDTH},{HEIGHT}", "--window-position=0,0",
-                  "--user-data-dir=/tmp/callbox-desktop/chromium")
+                  "--user-data-dir=/tmp/callbox-desktop/chromium", "--test-type")
 
 
 class ActionError(Exception):
@@ -95,7 +97,7 @@ def _spawn(argv: list[str], log: str) -> subprocess.Popen[bytes]:
 
 
 def ensure_display() -> None:
-    """Start Xvfb :1 and openbox unless the display answers already."""
+    """Start Xvfb :1, openbox and Chromium unless the display answers already."""
     if _display_up():
         return
     os.makedirs(STATE_DIR, exist_ok=True)
@@ -113,6 +115,11 @@ def ensure_display() -> None:
                 raise ActionError(f"the display did not come up in {START_TIMEOUT_S:.0f} s")
             time.sleep(0.01)
         _spawn(["openbox", "--sm-disable"], "openbox.log")
+        # A browser is what a model drives on this desktop: Chromium starts with the display, one
+        # maximized window on a blank page (ctrl+l, a URL and Return open a page).
+        chromium = shutil.which("chromium")
+        if chromium is not None:
+            _spawn([chromium, *CHROMIUM_FLAGS, "--start-maximized", "about:blank"], "chromium.log")
 
 
 def _log_tail(name: str) -> str:

@@ -1,12 +1,12 @@
-"""The ``computer`` tool on a real desktop sandbox: Chromium shows a page served in the sandbox,
-a click on its button changes it, and the change is seen in the screenshot's pixels.
+"""The ``computer`` tool on a real desktop sandbox: in the Chromium the display starts with, the
+model's keys open a page served in the sandbox, a click on its button changes it, and the change
+is seen in the screenshot's pixels.
 
 One desktop sandbox for the module, with every hardening default and limit unchanged.
 """
 
 from __future__ import annotations
 
-import json
 import struct
 import time
 import zlib
@@ -23,7 +23,7 @@ from tests.conftest import IMAGE, RUNTIME, unavailable
 
 pytestmark = pytest.mark.docker
 
-BLUE, GREEN = (0, 0, 200), (0, 160, 0)
+BLUE, GREEN, WHITE = (0, 0, 200), (0, 160, 0), (255, 255, 255)
 PAGE = """<!doctype html><html><body style="margin:0;background:#fff">
 <button id="b" style="position:absolute;left:200px;top:150px;width:400px;height:200px;border:0;
 background:rgb(0,0,200);color:#fff;font-size:40px"
@@ -109,15 +109,17 @@ def _until(box: Any, seen: Any, what: str, timeout_s: float = 60.0) -> tuple[int
 
 
 def test_a_click_on_a_page_in_chromium_is_seen_in_the_pixels(desktop: Any) -> None:
-    # The page's server and Chromium run as jobs: a command's processes end with the command.
+    # The page's server runs as a job: a command's processes end with the command.
     desktop.agent.write_file("/workspace/page.html", PAGE.encode())
     desktop.agent.jobs.start(["python3", "-m", "http.server", "8765", "--bind", "127.0.0.1"], cwd="/workspace")
-    out, width, height, _ = _screen(desktop, action="screenshot")  # starts the display
+    out, width, height, _ = _screen(desktop, action="screenshot")  # starts the display, with Chromium
     assert (width, height) == (1280, 800) and out.images[0].label == "screenshot"
     assert out.structured["capture_ms"] > 0
-    desktop.agent.jobs.start(["python3", "/opt/callbox/desktop/computer.py",
-                              json.dumps({"action": "open_url", "text": "http://127.0.0.1:8765/page.html"})],
-                             keep_leftovers=True)
+    # As a model would: Chromium's blank page fills the screen, then ctrl+l, the URL, Return.
+    _until(desktop, lambda w, rgb: len(pixels_of(rgb, w, WHITE)) > 0.5 * len(rgb) / 12, "Chromium's blank page")
+    for args in ({"action": "key", "text": "ctrl+l"}, {"action": "type", "text": "127.0.0.1:8765/page.html"},
+                 {"action": "key", "text": "Return"}):
+        assert not _computer(desktop, **args).is_error
     width, rgb = _until(desktop, lambda w, rgb: len(pixels_of(rgb, w, BLUE)) > 1000, "the blue button")
     blue = pixels_of(rgb, width, BLUE)
     assert not pixels_of(rgb, width, GREEN)
