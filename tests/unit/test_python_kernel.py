@@ -177,3 +177,13 @@ def test_images_beyond_the_kept_bytes_are_counted():
     out = cell_output(cell, duration_ms=1.0)
     assert len(out.images) == 1 and out.structured is not None and out.structured["images_dropped"] == 2
     assert out.text.endswith(f"[2 more image(s) not kept: a cell's images may hold {len(png) + 1} bytes]")
+
+
+def test_python_is_served_only_to_a_policy_that_names_it() -> None:
+    from harness.core.policy import Policy
+    from harness.tools import registry_for
+
+    assert "python" not in registry_for(Policy()).names()
+    assert "python" in registry_for(Policy.model_validate({"allowed_tools": ["shell", "python"]})).names()
+    assert "python" in registry_for(Policy.model_validate({"tools": {"python": {"decision": "ask"}}})).names()
+    assert "shell" in registry_for(Policy()).names()
