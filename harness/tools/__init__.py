@@ -16,11 +16,12 @@ from harness.tools.editor import EDITOR
 from harness.tools.files import FILE_TOOLS
 from harness.tools.shell import SHELL
 from harness.tools.unified_exec import UNIFIED_EXEC_TOOLS
+from harness.tools.view_image import VIEW_IMAGE
 
 
 def builtin_registry() -> ToolRegistry:
     registry = ToolRegistry()
-    for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS, *UNIFIED_EXEC_TOOLS):
+    for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS, VIEW_IMAGE, *UNIFIED_EXEC_TOOLS):
         registry.register(tool)
     return registry
 

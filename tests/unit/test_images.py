@@ -1,0 +1,179 @@
+"""Pictures in tool results: headers read without a decoder, the policy's image bounds, the
+call path carrying pictures (and refusing one over a bound in words), and each format's
+shape of a result with pictures. No sandbox: the tool is a function in this process."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+
+from harness.audit.store import AuditStore
+from harness.core.calls import ImagePart, ToolCall, ToolOutput, ToolResult
+from harness.core.formats import chat_image_message, data_url, result_item
+from harness.core.images import ImageBounds, NotAnImage, bound_images, describe, image_part, read_header
+from harness.core.policy import PolicyError, parse_policy
+from harness.core.registry import Tool, ToolDefinition, ToolRegistry
+from harness.core.session import Session
+from harness.models.base import Context
+from harness.models.common import append_results
+from tests.support.pictures import gif, jpeg, png, webp_extended, webp_lossless, webp_lossy
+
+MAKERS: dict[str, Callable[[int, int], bytes]] = {
+    "png": png, "gif": gif, "jpeg": jpeg, "webp VP8": webp_lossy, "webp VP8L": webp_lossless,
+    "webp VP8X": webp_extended,
+}
+
+
+@pytest.mark.parametrize("kind", list(MAKERS))
+def test_each_format_gives_its_media_type_and_size(kind: str) -> None:
+    media_type, width, height = read_header(MAKERS[kind](1280, 801))
+    assert (media_type, width, height) == (f"image/{kind.split(maxsplit=1)[0]}", 1280, 801)
+
+
+@pytest.mark.parametrize(("data", "why"), [
+    (b"%PDF-1.7\n", "not a PNG, JPEG, GIF or WebP"),
+    (b"<svg xmlns='http://www.w3.org/2000/svg'/>", "not a PNG, JPEG, GIF or WebP"),
+    (b"BM" + bytes(60), "not a PNG, JPEG, GIF or WebP"),  # BMP is not one of the four
+    (png(4, 4)[:20], "without its IHDR header"),
+    (b"\xff\xd8\xff\xe0\x00\x10JFIF", "without a frame header"),
+    (b"GIF89a\x01", "cut inside its header"),
+    (webp_lossy(4, 4)[:24], "without a VP8"),
+    (gif(0, 5), "size of 0x5"),
+])
+def test_anything_else_is_refused_saying_why(data: bytes, why: str) -> None:
+    with pytest.raises(NotAnImage, match=why):
+        read_header(data)
+
+
+def test_bounds_leave_out_pictures_over_them_and_say_their_numbers() -> None:
+    bounds = ImageBounds(max_bytes=2000, max_pixels=10_000, max_count=2)
+    small, wide = image_part(png(10, 10), "a.png"), image_part(gif(200, 100), "wide.gif")
+    heavy = ImagePart("image/png", png(10, 10) + bytes(3000), 10, 10, "heavy.png")
+    bounded = bound_images([small, wide, heavy, small, small], bounds)
+    assert bounded.kept == (small, small)
+    assert bounded.refused == (
+        "[image left out: image/gif 200x100, 14 bytes (wide.gif): it is 20000 pixels, above "
+        "budgets.max_image_pixels = 10000]",
+        f"[image left out: {describe(heavy)}: it is {len(heavy.data)} bytes, above budgets.max_image_bytes = 2000 "
+        "(2.0 KiB)]",
+        f"[image left out: {describe(small)}: it is picture 3 of this result, above "
+        "budgets.max_images_per_result = 2]",
+    )
+
+
+def test_policy_image_bounds_default_on_and_refuse_out_of_range_values() -> None:
+    assert parse_policy("").budgets.image_bounds() == ImageBounds(5 << 20, 4 << 20, 8)
+    looser = parse_policy('[budgets]\nmax_image_bytes = "10m"\nmax_images_per_result = 0\n').budgets
+    assert looser.image_bounds() == ImageBounds(10 << 20, 4 << 20, 0)
+    with pytest.raises(PolicyError, match="max_image_bytes"):
+        parse_policy('[budgets]\nmax_image_bytes = "1g"\n')
+
+
+# ---- the call path ------------------------------------------------------------------------------
+
+
+class Args(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    count: int
+
+
+SECRET = "ghp_" + "Zz09" * 9
+
+
+def pictures(_ctx: Any, args: Args) -> ToolOutput:
+    images = tuple(image_part(png(8, 6), f"/workspace/p{n}.png") for n in range(args.count))
+    leaky = image_part(png(8, 6), f"/workspace/{SECRET}.png")
+    return ToolOutput(text=f"made {args.count}; token {SECRET}", images=(*images, leaky))
+
+
+def no_engine() -> Any:
+    raise AssertionError("these tests never start a sandbox")
+
+
+@pytest.fixture
+def session(tmp_path: Path) -> Iterator[Session]:
+    policy = parse_policy("[budgets]\nmax_images_per_result = 2\n")
+    registry = ToolRegistry([Tool(ToolDefinition("pictures", "Makes pictures.", Args), pictures)])
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, \
+            Session(registry, policy, audit, run_id="r1", engine_factory=no_engine) as made:
+        yield made
+
+
+def test_call_path_carries_pictures_refuses_extra_ones_in_words_and_redacts_text_and_labels(
+        session: Session) -> None:
+    result = session.call(ToolCall("pictures", {"count": 1}, "c1"))
+    assert [image.label for image in result.images] == ["/workspace/p0.png", "/workspace/[redacted: github_token].png"]
+    assert result.images[0].data == png(8, 6) and (result.images[0].width, result.images[0].height) == (8, 6)
+    assert result.text == "made 1; token [redacted: github_token]"
+    assert result.meta["images"][0] == {"media_type": "image/png", "width": 8, "height": 6,
+                                        "bytes": len(png(8, 6)), "label": "/workspace/p0.png"}
+    assert result.meta["redactions"]["count"] == 2
+
+    over = session.call(ToolCall("pictures", {"count": 3}, "c2"))
+    assert len(over.images) == 2 and over.meta["images_refused"] == 2
+    assert over.text.splitlines()[1:] == [
+        f"[image left out: image/png 8x6, {len(png(8, 6))} bytes (/workspace/p2.png): it is picture 3 of this "
+        "result, above budgets.max_images_per_result = 2]",
+        f"[image left out: image/png 8x6, {len(png(8, 6))} bytes (/workspace/[redacted: github_token].png): it is "
+        "picture 3 of this result, above budgets.max_images_per_result = 2]",
+    ]
+
+
+# ---- formats -----------------------------------------------------------------------------------
+
+PICTURE = image_part(png(3, 2), "chart.png")
+B64 = base64.b64encode(PICTURE.data).decode()
+WITH_PICTURE = ToolResult(call_id="c1", text="a chart", images=(PICTURE,))
+
+
+def test_responses_output_is_text_then_input_image() -> None:
+    assert result_item(WITH_PICTURE, "openai") == {
+        "type": "function_call_output", "call_id": "c1",
+        "output": [{"type": "input_text", "text": "a chart"},
+                   {"type": "input_image", "image_url": f"data:image/png;base64,{B64}"}],
+    }
+    assert data_url(PICTURE) == f"data:image/png;base64,{B64}"
+
+
+def test_anthropic_tool_result_is_text_then_image_block() -> None:
+    assert result_item(WITH_PICTURE, "anthropic") == {
+        "type": "tool_result", "tool_use_id": "c1", "is_error": False,
+        "content": [{"type": "text", "text": "a chart"},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": B64}}],
+    }
+    no_text = ToolResult(call_id="c1", text="", images=(PICTURE,))
+    assert [block["type"] for block in result_item(no_text, "anthropic")["content"]] == ["image"]  # no empty text
+
+
+def test_mcp_result_has_image_content_after_the_text() -> None:
+    assert result_item(WITH_PICTURE, "mcp")["content"] == [
+        {"type": "text", "text": "a chart"}, {"type": "image", "data": B64, "mimeType": "image/png"}]
+
+
+def test_chat_tool_message_names_the_picture_and_a_user_message_after_the_turn_carries_it() -> None:
+    tool_message = result_item(WITH_PICTURE, "chat")
+    assert tool_message == {"role": "tool", "tool_call_id": "c1", "content": (
+        "a chart\n[image 1: image/png 3x2, " f"{len(PICTURE.data)} bytes (chart.png); it follows in a user message]")}
+    context = Context(system="")
+    plain = ToolResult(call_id="c2", text="no picture")
+    append_results(context, [WITH_PICTURE, plain], "chat")
+    assert [item["role"] for item in context.items] == ["tool", "tool", "user"]  # tool messages first, together
+    assert context.items[2]["content"] == [
+        {"type": "text", "text": f"[image 1 of tool call c1: image/png 3x2, {len(PICTURE.data)} bytes (chart.png)]"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{B64}"}},
+    ]
+    assert chat_image_message([plain]) is None
+    append_results(context, [plain], "chat")
+    assert context.items[-1]["role"] == "tool"
+
+
+def test_a_result_without_pictures_keeps_its_plain_shape() -> None:
+    plain = ToolResult(call_id="c1", text="hi")
+    assert result_item(plain, "openai")["output"] == "hi"
+    assert result_item(plain, "anthropic")["content"] == "hi"
+    assert result_item(plain, "chat")["content"] == "hi"
