@@ -18,7 +18,10 @@ from harness.core.calls import Action, Decision
 from harness.core.images import ImageBounds
 from harness.core.units import ByteSize
 
-__all__ = ["Budgets", "CallTimeout", "clamp_timeout"]
+__all__ = ["MAX_RESULT_IMAGE_BYTES", "Budgets", "CallTimeout", "clamp_timeout"]
+
+MAX_RESULT_IMAGE_BYTES = 24 << 20
+"""Bytes of pictures one result may carry in all (``max_image_bytes`` times ``max_images_per_result``)."""
 
 
 class CallTimeout(NamedTuple):
@@ -72,7 +75,7 @@ class Budgets(BaseModel):
     """Bytes of one picture in a result (``5m``); a larger one is left out, and the text says so."""
     max_image_pixels: int = Field(default=4 << 20, ge=1, le=64_000_000)
     """Pixels (width times height) of one picture in a result; a larger one is left out, and the text says so."""
-    max_images_per_result: int = Field(default=8, ge=0, le=100)
+    max_images_per_result: int = Field(default=4, ge=0, le=100)
     """Pictures one result may carry; those after are left out, and the text says so (0: none)."""
 
     @model_validator(mode="after")
@@ -81,6 +84,19 @@ class Budgets(BaseModel):
             raise ValueError(
                 f"default_call_timeout_s ({self.default_call_timeout_s:g}) is above call_timeout_ceiling_s "
                 f"({self.call_timeout_ceiling_s:g}); lower the default or raise the ceiling"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _pictures_fit_a_message(self) -> Budgets:
+        # A result travels as one gRPC message holding each picture twice (its bytes, and
+        # base64 in the format's item), and a message is at most 64 MiB.
+        total = self.max_image_bytes * self.max_images_per_result
+        if total > MAX_RESULT_IMAGE_BYTES:
+            raise ValueError(
+                f"max_image_bytes ({self.max_image_bytes}) times max_images_per_result "
+                f"({self.max_images_per_result}) is {total} bytes, above the {MAX_RESULT_IMAGE_BYTES >> 20} MiB "
+                "of pictures one result can carry; lower one of them"
             )
         return self
 

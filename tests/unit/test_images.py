@@ -67,11 +67,13 @@ def test_bounds_leave_out_pictures_over_them_and_say_their_numbers() -> None:
 
 
 def test_policy_image_bounds_default_on_and_refuse_out_of_range_values() -> None:
-    assert parse_policy("").budgets.image_bounds() == ImageBounds(5 << 20, 4 << 20, 8)
+    assert parse_policy("").budgets.image_bounds() == ImageBounds(5 << 20, 4 << 20, 4)
     looser = parse_policy('[budgets]\nmax_image_bytes = "10m"\nmax_images_per_result = 0\n').budgets
     assert looser.image_bounds() == ImageBounds(10 << 20, 4 << 20, 0)
     with pytest.raises(PolicyError, match="max_image_bytes"):
         parse_policy('[budgets]\nmax_image_bytes = "1g"\n')
+    with pytest.raises(PolicyError, match=r"times max_images_per_result \(5\) is 26214400 bytes, above the 24 MiB"):
+        parse_policy('[budgets]\nmax_images_per_result = 5\n')
 
 
 # ---- the call path ------------------------------------------------------------------------------
@@ -177,3 +179,14 @@ def test_a_result_without_pictures_keeps_its_plain_shape() -> None:
     assert result_item(plain, "openai")["output"] == "hi"
     assert result_item(plain, "anthropic")["content"] == "hi"
     assert result_item(plain, "chat")["content"] == "hi"
+
+
+def test_grpc_result_message_carries_the_pictures_to_the_python_client() -> None:
+    from harness.client import CallResult
+    from harness.doors.grpc.messages import result_message
+
+    message = result_message(WITH_PICTURE, "anthropic")
+    wire = type(message).FromString(message.SerializeToString())
+    got = CallResult.from_proto(wire)
+    assert got.images == (PICTURE,)
+    assert got.item["content"][1]["source"]["data"] == B64
