@@ -273,10 +273,10 @@ class CallPath:
         )
 
     def _replay(self, result: ToolResult, decision: Decision | None) -> ToolResult:
-        """A recorded result, reported with the decision it was recorded with."""
+        """A recorded result (with its pictures), reported with the decision it was recorded with."""
         recorded = result.meta.get("decision")
         self.decided(recorded if recorded in DECISIONS else decision_label(decision))
-        return result
+        return self.session.audit.with_images(result)
 
     def _resume_approval(self, tool: Tool, decision: Decision) -> ToolResult:
         s, call = self.session, self.call

@@ -15,6 +15,7 @@ out of the result and the result's text says which picture, its size and the bou
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -108,9 +109,10 @@ def image_part(data: bytes, label: str = "") -> ImagePart:
 
 
 def image_meta(image: ImagePart) -> dict[str, Any]:
-    """What a result's meta (and its audit record) says of a picture: everything but its bytes."""
+    """What a result's meta (and its audit record) says of a picture: everything but its bytes,
+    and their sha256 (hex), under which the audit store keeps them."""
     return {"media_type": image.media_type, "width": image.width, "height": image.height,
-            "bytes": len(image.data), "label": image.label}
+            "bytes": len(image.data), "label": image.label, "sha256": hashlib.sha256(image.data).hexdigest()}
 
 
 def _size(n: int) -> str:

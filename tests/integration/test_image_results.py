@@ -5,6 +5,7 @@ refusing pictures with their numbers. One HTTP server, one session, one sandbox.
 from __future__ import annotations
 
 import base64
+import hashlib
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -84,4 +85,6 @@ def test_view_image_reaches_the_mcp_client_and_bounds_refuse_with_their_numbers(
         call = audit.get_call(run_id, "mcp-000002")
         assert call is not None and call.result is not None
         assert call.result.meta["images"] == [{"media_type": "image/png", "width": 320, "height": 200,
-                                               "bytes": len(png(320, 200)), "label": "chart.png"}]
+                                               "bytes": len(png(320, 200)), "label": "chart.png",
+                                               "sha256": hashlib.sha256(png(320, 200)).hexdigest()}]
+        assert audit.image_blob(hashlib.sha256(png(320, 200)).hexdigest()) == ("image/png", png(320, 200))

@@ -5,6 +5,7 @@ shape of a result with pictures. No sandbox: the tool is a function in this proc
 from __future__ import annotations
 
 import base64
+import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pydantic
 import pytest
 
+from harness.audit.chain_verify import verify
 from harness.audit.store import AuditStore
 from harness.core.calls import ImagePart, ToolCall, ToolOutput, ToolResult
 from harness.core.formats import chat_image_message, data_url, result_item
@@ -113,7 +115,8 @@ def test_call_path_carries_pictures_refuses_extra_ones_in_words_and_redacts_text
     assert result.images[0].data == png(8, 6) and (result.images[0].width, result.images[0].height) == (8, 6)
     assert result.text == "made 1; token [redacted: github_token]"
     assert result.meta["images"][0] == {"media_type": "image/png", "width": 8, "height": 6,
-                                        "bytes": len(png(8, 6)), "label": "/workspace/p0.png"}
+                                        "bytes": len(png(8, 6)), "label": "/workspace/p0.png",
+                                        "sha256": hashlib.sha256(png(8, 6)).hexdigest()}
     assert result.meta["redactions"]["count"] == 2
 
     over = session.call(ToolCall("pictures", {"count": 3}, "c2"))
@@ -124,6 +127,18 @@ def test_call_path_carries_pictures_refuses_extra_ones_in_words_and_redacts_text
         f"[image left out: image/png 8x6, {len(png(8, 6))} bytes (/workspace/[redacted: github_token].png): it is "
         "picture 3 of this result, above budgets.max_images_per_result = 2]",
     ]
+
+
+def test_audit_keeps_each_picture_once_and_a_replay_gets_the_pictures_back(session: Session) -> None:
+    first = session.call(ToolCall("pictures", {"count": 1}, "c1"))
+    session.call(ToolCall("pictures", {"count": 1}, "c2"))
+    assert session.audit.image_bytes() == len(png(8, 6))  # four pictures of the same bytes, kept once
+    replayed = session.call(ToolCall("pictures", {"count": 1}, "c1"))  # the call_id seen before: not run again
+    assert replayed.images == first.images and replayed.text == first.text
+    digest = first.meta["images"][0]["sha256"]
+    assert session.audit.image_blob(digest) == ("image/png", png(8, 6))
+    assert session.audit.image_blob("0" * 64) is None
+    assert verify(session.audit.path).ok  # the blobs are in the audit chain like every record
 
 
 # ---- formats -----------------------------------------------------------------------------------
