@@ -205,3 +205,27 @@ def test_grpc_result_message_carries_the_pictures_to_the_python_client() -> None
     got = CallResult.from_proto(wire)
     assert got.images == (PICTURE,)
     assert got.item["content"][1]["source"]["data"] == B64
+
+
+# ---- the terminal ------------------------------------------------------------------------------
+
+
+def test_terminal_saves_each_picture_and_names_it_with_its_size_and_path(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.cli.pictures import picture_lines
+    from harness.cli.run import _LiveView
+    from harness.loop.events import RunStarted, ToolCallFinished
+
+    saved = tmp_path / "images" / "r_1" / "c1-1.png"
+    assert picture_lines(WITH_PICTURE, "r/1", tmp_path / "images") == [
+        f"[image 1: image/png 3x2, {len(PICTURE.data)} bytes (chart.png) saved to {saved}]"]
+    assert saved.read_bytes() == PICTURE.data and saved.stat().st_mode & 0o777 == 0o600
+    assert picture_lines(ToolResult(call_id="c2", text="none"), "r1", tmp_path) == []
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    view = _LiveView()
+    view.show(RunStarted(run_id="r9", model="scripted", resumed=False))
+    view.show(ToolCallFinished(turn=1, call_id="c1", name="view_image", decision="allow", result=WITH_PICTURE))
+    shown = capsys.readouterr().out
+    assert "a chart" in shown and "[image 1: image/png 3x2" in shown and "/images/r9/c1-1.png]" in shown
+    assert (tmp_path / "state" / "callbox" / "images" / "r9" / "c1-1.png").read_bytes() == PICTURE.data
