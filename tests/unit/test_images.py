@@ -229,3 +229,35 @@ def test_terminal_saves_each_picture_and_names_it_with_its_size_and_path(
     shown = capsys.readouterr().out
     assert "a chart" in shown and "[image 1: image/png 3x2" in shown and "/images/r9/c1-1.png]" in shown
     assert (tmp_path / "state" / "callbox" / "images" / "r9" / "c1-1.png").read_bytes() == PICTURE.data
+
+
+# ---- the console -------------------------------------------------------------------------------
+
+
+def test_console_shows_a_calls_pictures_from_a_route_behind_its_auth(session: Session) -> None:
+    from starlette.testclient import TestClient
+
+    from harness.doors.grpc.tokens import TokenSet
+    from harness.doors.http.app import console_app
+    from harness.doors.http.auth import Sessions
+    from harness.doors.http.console import Console
+
+    result = session.call(ToolCall("pictures", {"count": 1}, "c1"))
+    session.audit.start_run("other", meta={"client": "someone"})
+    digest = result.meta["images"][0]["sha256"]
+    tokens = TokenSet({"admin": "admin-token-0123456789", "agent": "agent-token-0123456789"}, source="unit",
+                      operators=["admin"])
+    app = console_app(Console(session.audit, None), Sessions(tokens), engine_ping=lambda: None, tls=False,
+                      loopback=True)
+    with TestClient(app, base_url="http://127.0.0.1") as http:
+        admin = {"authorization": "Bearer admin-token-0123456789"}
+        page = http.get(f"/runs/{session.run_id}", headers=admin)
+        assert page.status_code == 200
+        src = f"/runs/{session.run_id}/images/{digest}"
+        assert f'<img src="{src}" alt="/workspace/p0.png" width="8" height="6"' in page.text
+        served = http.get(src, headers=admin)
+        assert served.status_code == 200 and served.content == png(8, 6)
+        assert served.headers["content-type"] == "image/png" and served.headers["x-content-type-options"] == "nosniff"
+        assert http.get(src).status_code == 401  # no token
+        assert http.get(src, headers={"authorization": "Bearer agent-token-0123456789"}).status_code == 404
+        assert http.get(f"/runs/other/images/{digest}", headers=admin).status_code == 404  # not that run's
