@@ -4,7 +4,9 @@ One thread, started with the agent (so serving never needs a new thread once the
 limit is reached), waits on every running job's output (its stdout and stderr pipes, or
 the master side of its terminal), its pidfd, its input while some is pending, and a
 wake-up pipe. Output goes into the job's ``JobLog`` as it arrives; the thread never
-waits for a reader. When the leader exits it is reaped, whatever it left behind (every
+waits for a reader. A job whose log holds its output for its followers is not read while
+its slowest follower is a buffer behind (its pipes fill and it waits), and is read again
+when the log says there is room. When the leader exits it is reaped, whatever it left behind (every
 process carrying the job's marker group) is killed, as for an Exec, and the output is
 drained until the pipes close (at most ``DRAIN_LIMIT_S``); then the job has ended.
 
@@ -228,6 +230,8 @@ class _Watch:
         self.pidfd = child.open_pidfd()
         self.drain_until: float | None = None
         self.masks: dict[int, int] = {}
+        self.held = False
+        """Output is not read until the job's log has room for its followers."""
 
 
 class JobLoop:
@@ -241,6 +245,7 @@ class JobLoop:
         self._lock = threading.Lock()
         self._added: list[Job] = []
         self._input: set[Job] = set()
+        self._room: set[Job] = set()
         self._stopping = False
         self._closed = False
         self._watches: dict[Job, _Watch] = {}
@@ -262,6 +267,11 @@ class JobLoop:
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
 
+    def _room_made(self, job: Job) -> None:
+        with self._lock:
+            self._room.add(job)
+        self._wake()
+
     def _input_ready(self, job: Job) -> None:
         with self._lock:
             self._input.add(job)
@@ -282,6 +292,7 @@ class JobLoop:
                 with self._lock:
                     added, self._added = self._added, []
                     inputs, self._input = self._input, set()
+                    room, self._room = self._room, set()
                     if self._stopping and not self._watches and not added:
                         return
                 for job in added:
@@ -290,6 +301,10 @@ class JobLoop:
                     watch = self._watches.get(job)
                     if watch is not None:
                         self._take_input(watch)
+                for job in room:
+                    watch = self._watches.get(job)
+                    if watch is not None and watch.held:
+                        self._hold(watch, False)
                 for key, mask in self._sel.select(self._timeout()):
                     if key.data is None:
                         with contextlib.suppress(OSError):
@@ -298,7 +313,8 @@ class JobLoop:
                         self._ready(key.data, int(key.fd), mask)
                 now = time.monotonic()
                 for watch in list(self._watches.values()):
-                    if watch.drain_until is not None and (not watch.outputs or now >= watch.drain_until):
+                    if watch.drain_until is not None and (not watch.outputs or
+                                                          (now >= watch.drain_until and not watch.held)):
                         self._finish(watch)
         except Exception:  # a bug: say so loudly rather than leave jobs unreaped in silence
             log.exception("the jobs I/O thread failed")
@@ -311,11 +327,12 @@ class JobLoop:
                 os.close(self._wake_w)
 
     def _timeout(self) -> float | None:
-        deadlines = [w.drain_until for w in self._watches.values() if w.drain_until is not None]
+        deadlines = [w.drain_until for w in self._watches.values() if w.drain_until is not None and not w.held]
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
 
     def _start_watching(self, job: Job) -> None:
         watch = self._watches[job] = _Watch(job)
+        job.log.on_room = lambda: self._room_made(job)
         for fd in watch.outputs:
             os.set_blocking(fd, False)
             self._update(watch, fd)
@@ -325,7 +342,7 @@ class JobLoop:
 
     def _update(self, watch: _Watch, fd: int) -> None:
         """(Re)register ``fd`` for what the job needs of it now: reading output, writing input."""
-        mask = (selectors.EVENT_READ if fd in watch.outputs else 0) | (
+        mask = (selectors.EVENT_READ if fd in watch.outputs and not watch.held else 0) | (
             selectors.EVENT_WRITE if fd == watch.input_fd and watch.pending else 0)
         old = watch.masks.get(fd, 0)
         if mask == old:
@@ -343,7 +360,11 @@ class JobLoop:
             self._leader_exited(watch)
             return
         if mask & selectors.EVENT_READ and fd in watch.outputs:
-            data = _read(fd)
+            allowed = watch.job.log.read_allowance(READ_LIMIT)
+            if not allowed:
+                self._hold(watch, True)
+                return
+            data = _read(fd, allowed)
             if data == b"":
                 del watch.outputs[fd]
                 self._update(watch, fd)
@@ -351,6 +372,14 @@ class JobLoop:
                 watch.job.log.append(watch.outputs[fd], data)
         if mask & selectors.EVENT_WRITE and fd == watch.input_fd:
             self._write(watch)
+
+    def _hold(self, watch: _Watch, held: bool) -> None:
+        """Stop (``held``) or go on reading the job's output; a drain's time runs only while read."""
+        watch.held = held
+        for fd in list(watch.outputs):
+            self._update(watch, fd)
+        if not held and watch.drain_until is not None:
+            watch.drain_until = time.monotonic() + DRAIN_LIMIT_S
 
     def _leader_exited(self, watch: _Watch) -> None:
         job = watch.job
@@ -429,10 +458,11 @@ class JobLoop:
         self._on_ended(job)
 
 
-def _read(fd: int) -> bytes | None:
-    """What a non-blocking descriptor holds now: b"" at its end (a terminal's hangup is EIO), None if nothing."""
+def _read(fd: int, limit: int = READ_LIMIT) -> bytes | None:
+    """What a non-blocking descriptor holds now (``limit`` bytes at most): b"" at its end (a
+    terminal's hangup is EIO), None if nothing."""
     try:
-        return os.read(fd, READ_LIMIT)
+        return os.read(fd, limit)
     except BlockingIOError:
         return None
     except OSError as exc:

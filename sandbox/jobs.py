@@ -126,8 +126,9 @@ class JobManager:
         finally:
             if slave is not None:
                 os.close(slave)
-        job = Job(child, marker, JobLog(capacity), command=command, tag=request.tag, master=master,
-                  accepts_input=request.stdin, oom_before=oom_before, keep_leftovers=request.keep_leftovers)
+        job = Job(child, marker, JobLog(capacity, hold=request.hold_output), command=command, tag=request.tag,
+                  master=master, accepts_input=request.stdin, oom_before=oom_before,
+                  keep_leftovers=request.keep_leftovers)
         with self._lock:
             self._unreserve(capacity, marker)
             old = self._jobs.pop(job.pid, None)  # an ended job whose pid was reused

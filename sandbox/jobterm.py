@@ -4,7 +4,10 @@ A stream replays the job's log from a seq (a JobGap first when chunks from there
 evicted, and again mid-stream if the reader falls so far behind that unread chunks are
 evicted), then, when following, one JobLive and live output, and one JobEnded (``exited``)
 when the job ends. It waits on the log's condition, never on the job's reader, and ends
-when its ``Detach`` is cancelled: the RPC ended, or a terminal's input stream did.
+when its ``Detach`` is cancelled: the RPC ended, or a terminal's input stream did. A
+following stream is one of the log's followers (its ``Detach`` is the token) from its
+start until it ends, saying how far it has sent after each batch (and after each chunk
+while the job waits for it), so a log that holds its output holds the job for it.
 
 A terminal applies its input messages (data, resize) in order on a thread of its own
 that consumes the request stream, while the RPC's thread streams the output.
@@ -40,6 +43,7 @@ class Detach:
         with self.log.cond:
             self.cancelled = True
             self.log.cond.notify_all()
+        self.log.unfollow(self)
 
     def fail(self, error: AgentError) -> None:
         self.error = error
@@ -68,6 +72,19 @@ def follow_log(job: Job, from_seq: int, follow: bool, on_start: Callable[[Cancel
         on_start(detach)
     seq = from_seq
     live_sent = not follow
+    if follow:
+        log.follow(detach, seq)
+    try:
+        yield from _events(job, detach, seq, follow, live_sent)
+    finally:
+        if follow:
+            log.unfollow(detach)
+    if detach.error is not None:
+        raise detach.error
+
+
+def _events(job: Job, detach: Detach, seq: int, follow: bool, live_sent: bool) -> Iterator[jobs_pb2.JobEvent]:
+    log = job.log
     while True:
         with log.cond:
             while follow and live_sent and not detach.cancelled and seq >= log.next_seq and not log.closed:
@@ -83,7 +100,11 @@ def follow_log(job: Job, from_seq: int, follow: bool, on_start: Callable[[Cancel
                 first_seq=gap.first_seq, end_seq=gap.end_seq, dropped_bytes=gap.dropped_bytes))
         for chunk in chunks:
             yield _output(chunk.seq, chunk.stream, chunk.data)
+            if log.waiting:  # the job waits for this stream: say at once how far it has got
+                log.advance(detach, chunk.seq + 1)
         seq = after
+        if follow:
+            log.advance(detach, seq)
         if not at_end:
             continue
         if ended:
@@ -94,8 +115,6 @@ def follow_log(job: Job, from_seq: int, follow: bool, on_start: Callable[[Cancel
         if not live_sent:
             yield jobs_pb2.JobEvent(live=job.info())
             live_sent = True
-    if detach.error is not None:
-        raise detach.error
 
 
 def terminal_events(manager: JobManager, requests: Iterator[jobs_pb2.TerminalInput],

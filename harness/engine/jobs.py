@@ -160,7 +160,7 @@ class JobsClient:
     def start(
         self, command: Sequence[str] | str, *, tag: str = "", cwd: str = "", env: Mapping[str, str] | None = None,
         pty: bool = False, rows: int = 0, cols: int = 0, stdin: bool = False, buffer_bytes: int = 0,
-        as_root: bool = False, keep_leftovers: bool = False,
+        as_root: bool = False, keep_leftovers: bool = False, hold_output: bool = False,
     ) -> JobInfo:
         """Start a detached job (argv when a sequence, ``bash -c`` when a string) and return at once.
 
@@ -169,10 +169,12 @@ class JobsClient:
         ``buffer_bytes`` is how much output the agent holds for replay (0: 1 MiB); ``as_root``
         runs it as uid 0 instead of the tool user (the caller checks the policy allows it:
         ``sandbox.root_commands``); ``keep_leftovers`` leaves running, when it ends, the processes
-        it left behind (daemons, ``cmd &``), which then end with the sandbox."""
+        it left behind (daemons, ``cmd &``), which then end with the sandbox; ``hold_output``
+        makes the job wait while a following :meth:`attach` is a buffer behind, instead of
+        that reader losing the oldest output (with no one following, the buffer keeps the newest)."""
         request = jobs_pb2.JobStartRequest(cwd=cwd, env=dict(env or {}), tag=tag, pty=pty, rows=rows, cols=cols,
                                            stdin=stdin, buffer_bytes=buffer_bytes, as_root=as_root,
-                                           keep_leftovers=keep_leftovers)
+                                           keep_leftovers=keep_leftovers, hold_output=hold_output)
         if isinstance(command, str):
             request.shell = command
         else:

@@ -89,6 +89,7 @@ class JobStartRequest(_message.Message):
     STDIN_FIELD_NUMBER: _builtins.int
     AS_ROOT_FIELD_NUMBER: _builtins.int
     KEEP_LEFTOVERS_FIELD_NUMBER: _builtins.int
+    HOLD_OUTPUT_FIELD_NUMBER: _builtins.int
     shell: _builtins.str
     """Run as `bash -c <shell>` (for a PTY job: `bash -c` too)."""
     cwd: _builtins.str
@@ -119,6 +120,12 @@ class JobStartRequest(_message.Message):
     with the sandbox (they keep the job's marker group, which is not given
     out again). A Signal or Kill while the leader runs still reaches them.
     """
+    hold_output: _builtins.bool
+    """While a reader follows the job's output (Attach with follow), stop reading
+    the job's pipes once that reader is a buffer behind, so the job waits for
+    it, as envd holds a process back, instead of unread output being evicted.
+    With no reader following, the buffer keeps the newest output, as without it.
+    """
     @_builtins.property
     def argv(self) -> _process_pb2.Argv: ...
     @_builtins.property
@@ -138,10 +145,11 @@ class JobStartRequest(_message.Message):
         stdin: _builtins.bool = ...,
         as_root: _builtins.bool = ...,
         keep_leftovers: _builtins.bool = ...,
+        hold_output: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "command", b"command", "shell", b"shell"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "as_root", b"as_root", "buffer_bytes", b"buffer_bytes", "cols", b"cols", "command", b"command", "cwd", b"cwd", "env", b"env", "keep_leftovers", b"keep_leftovers", "pty", b"pty", "rows", b"rows", "shell", b"shell", "stdin", b"stdin", "tag", b"tag"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["argv", b"argv", "as_root", b"as_root", "buffer_bytes", b"buffer_bytes", "cols", b"cols", "command", b"command", "cwd", b"cwd", "env", b"env", "hold_output", b"hold_output", "keep_leftovers", b"keep_leftovers", "pty", b"pty", "rows", b"rows", "shell", b"shell", "stdin", b"stdin", "tag", b"tag"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["argv", "shell"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015

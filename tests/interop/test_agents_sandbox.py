@@ -28,7 +28,7 @@ from harness.engine.image.variants import build_variant
 from tests.interop.e2b_server import DENIED_COMMAND_REASON, E2bServer, policy_text, serve_e2b
 from tests.interop.harness_venvs import run_driver
 
-pytestmark = [pytest.mark.interop, pytest.mark.docker]
+pytestmark = [pytest.mark.interop, pytest.mark.docker, pytest.mark.agents_sandbox]
 
 HARNESS = "openai-agents-sandbox"
 PROGRAM = Path(__file__).with_name("agents_sandbox_program.py")

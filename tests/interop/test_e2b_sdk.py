@@ -211,6 +211,24 @@ def test_foreground_output_by_callbacks_and_on_the_result(shared: Sandbox) -> No
     assert out.text == result.stdout and err.text == result.stderr
 
 
+def test_output_larger_than_the_buffer_arrives_whole_and_in_order(shared: Sandbox) -> None:
+    # 14.9 MB, far past the agent's 1 MiB buffer: the command waits for the stream, as under
+    # envd, instead of its oldest output being dropped; a slow callback holds it back too.
+    seen: list[str] = []
+
+    def slow(chunk: str) -> None:
+        seen.append(chunk)
+        if len(seen) < 200:
+            time.sleep(0.005)  # a callback slower than seq at first: the command must wait for it
+
+    result = shared.commands.run("seq 1 2000000; echo end >&2", on_stdout=slow, timeout=120)
+    expected = "".join(f"{i}\n" for i in range(1, 2_000_001))
+    assert "dropped" not in result.stderr, result.stderr[:200]
+    assert result.stderr == "end\n"
+    assert len(result.stdout) == len(expected) and result.stdout == expected
+    assert "".join(seen) == expected
+
+
 def test_nonzero_exit_raises_command_exit_exception(shared: Sandbox) -> None:
     with pytest.raises(CommandExitException) as caught:
         shared.commands.run("echo partial; echo broken >&2; exit 3")

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from e2b import AsyncTemplate, Sandbox, Template, wait_for_url
-from e2b.exceptions import BuildException
+from e2b.exceptions import BuildException, SandboxException
 
 from tests.interop.e2b_server import E2bServer, policy_text, sdk_environment, serve_e2b
 from tests.support.template_store import template_store
@@ -87,6 +87,10 @@ def test_a_template_built_from_steps_serves_http_and_its_second_build_is_cached(
         assert not any(line.startswith("Step ") for line in again), again
         # The current build is the second one, under the tag it was built with (Harbor finds its builds so).
         assert [(tag.tag, tag.build_id) for tag in Template.get_tags("web-demo")] == [("v2", tagged.build_id)]
+        # A tag it was not built under names nothing, never silently the current build.
+        assert Template.exists("web-demo:v2") and not Template.exists("web-demo:v1")
+        with pytest.raises(SandboxException, match="template 'web-demo:v1' not found"):
+            Sandbox.create("web-demo:v1")
 
         sandbox = Sandbox.create("web-demo")
         try:

@@ -11,6 +11,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -262,6 +263,31 @@ def test_a_small_buffer_drops_the_oldest_output_and_says_how_much(client: AgentC
     held = b"".join(c.data for c in chunks)
     assert 2048 < len(held) <= 4096 and (b"".join(b"%099d\n" % i for i in range(1000, 1200))).endswith(held)
     assert gap_text(gap) == f"\n[callbox: {gap.dropped_bytes} bytes (chunks 0-{gap.end_seq - 1}) dropped]\n".encode()
+
+
+def test_a_job_that_holds_its_output_waits_for_its_follower_and_loses_nothing(client: AgentClient) -> None:
+    # 2.4 MB through a 4 KiB buffer: without holding, the follower above lost most of 20 kB.
+    info = client.jobs.start("seq 1 333333", buffer_bytes=4096, hold_output=True)
+    events = Follower(client.jobs.attach(info.pid, follow=True), wait_s=WAIT_S).finish()
+    assert isinstance(events[-1], JobEnded) and events[-1].info.exit_code == 0
+    assert not [e for e in events if isinstance(e, JobGap)]
+    text = b"".join(e.data for e in events if isinstance(e, JobChunk))
+    assert text == b"".join(b"%d\n" % i for i in range(1, 333334))
+    assert client.jobs.get(info.pid).output_bytes == len(text)  # evicted from the replay buffer once sent
+
+
+def test_a_follower_that_leaves_no_longer_holds_the_job(client: AgentClient) -> None:
+    info = client.jobs.start("seq 1 333333; echo done", buffer_bytes=4096, hold_output=True)
+    first = client.jobs.attach(info.pid, follow=True)
+    assert isinstance(next(e for e in first if isinstance(e, JobChunk)), JobChunk)
+    first.close()  # the job waited for this stream; with no one following it runs on, keeping the newest
+    deadline = time.monotonic() + WAIT_S
+    while client.jobs.get(info.pid).state == "running":
+        assert time.monotonic() < deadline, "the job still waits for a follower that left"
+        time.sleep(0.05)
+    replay = list(client.jobs.attach(info.pid))
+    assert isinstance(replay[0], JobGap) and replay[0].dropped_bytes > 0
+    assert b"".join(e.data for e in replay if isinstance(e, JobChunk)).endswith(b"333333\ndone\n")
 
 
 def test_closing_an_attach_early_cancels_it(client: AgentClient, monkeypatch: pytest.MonkeyPatch) -> None:

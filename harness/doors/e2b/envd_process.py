@@ -309,7 +309,8 @@ class ProcessDoor:
                     own = {k: v for k, v in box.spec.env.items() if not (as_root and k in _USER_VARIABLES)}
                     env = {**own, **sandbox.env_vars, **config.envs}  # root keeps the agent's HOME, USER, LOGNAME
                     info = box.jobs.start(argv, tag=tag, cwd=cwd, env=env, pty=pty, rows=rows, cols=cols,
-                                          stdin=stdin or pty, as_root=as_root, keep_leftovers=True)
+                                          stdin=stdin or pty, as_root=as_root, keep_leftovers=True,
+                                          hold_output=True)
                     ticket.outcome["pid"] = info.pid
                     self._remember(sandbox, info, config, tag, pty, cwd)
                     if call.deadline is not None:

@@ -161,7 +161,9 @@ class TemplateStore:
 
     def find(self, client: str, ident: str) -> Template | None:
         """The template ``client`` sees by id or name (its own before the operator's), or None."""
-        name = ident.partition(":")[0]  # name:tag names the template's only build here
+        # name:TAG and name:BUILD_ID name the template's one build, if it was built under that tag
+        # or is that build; another tag names nothing (never silently the current build).
+        name, _, tag = ident.partition(":")
         seen = self.visible(client)
         for template in seen:
             if template.template_id == ident:
@@ -169,7 +171,12 @@ class TemplateStore:
         mine = [t for t in seen if t.name == name and t.owner == client]
         theirs = [t for t in seen if t.name == name and t.owner == OPERATOR]
         found = mine or theirs
-        return found[0] if found else None
+        if not found:
+            return None
+        template = found[0]
+        if tag and tag not in (template.tags or ["default"]) and tag != template.build_id:
+            return None
+        return template
 
     def claim(self, owner: str, name: str) -> Template:
         """``owner``'s template ``name``, made if it has none; ``already_exists`` when a
