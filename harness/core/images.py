@@ -24,7 +24,7 @@ from typing import Any
 from harness.core.calls import ImagePart
 
 __all__ = ["BoundedImages", "ImageBounds", "NotAnImage", "bound_images", "describe", "image_meta", "image_part",
-           "read_header", "refusal"]
+           "over_bound", "read_header", "refusal"]
 
 _PNG = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers (they hold the size); C4, C8 and CC are other segments.
@@ -139,20 +139,26 @@ class ImageBounds:
     max_count: int
 
 
-def refusal(image: ImagePart, bounds: ImageBounds, index: int = 0) -> str | None:
-    """The sentence refusing ``image`` (the ``index``-th of its result), or None when it is
-    within the bounds: ``[image left out: image/png 4000x3000, 1.2 MiB is 12000000 pixels,
-    above budgets.max_image_pixels = 4194304]``."""
+def over_bound(image: ImagePart, bounds: ImageBounds, index: int = 0) -> str | None:
+    """Which bound ``image`` (the ``index``-th kept picture of its result) is over, in words
+    (``it is 12000000 pixels, above budgets.max_image_pixels = 4194304``), or None."""
     pixels = image.width * image.height
-    why = ""
     if index >= bounds.max_count:
-        why = (f"it is picture {index + 1} of this result, above budgets.max_images_per_result = "
-               f"{bounds.max_count}")
-    elif len(image.data) > bounds.max_bytes:
-        why = (f"it is {len(image.data)} bytes, above budgets.max_image_bytes = {bounds.max_bytes} "
-               f"({_size(bounds.max_bytes)})")
-    elif pixels > bounds.max_pixels:
-        why = f"it is {pixels} pixels, above budgets.max_image_pixels = {bounds.max_pixels}"
+        return (f"it is picture {index + 1} of this result, above budgets.max_images_per_result = "
+                f"{bounds.max_count}")
+    if len(image.data) > bounds.max_bytes:
+        return (f"it is {len(image.data)} bytes, above budgets.max_image_bytes = {bounds.max_bytes} "
+                f"({_size(bounds.max_bytes)})")
+    if pixels > bounds.max_pixels:
+        return f"it is {pixels} pixels, above budgets.max_image_pixels = {bounds.max_pixels}"
+    return None
+
+
+def refusal(image: ImagePart, bounds: ImageBounds, index: int = 0) -> str | None:
+    """The line of the result's text saying ``image`` was left out, or None when it is within
+    the bounds: ``[image left out: image/png 4000x3000, 1.2 MiB (big.png): it is 12000000
+    pixels, above budgets.max_image_pixels = 4194304]``."""
+    why = over_bound(image, bounds, index)
     return f"[image left out: {describe(image)}: {why}]" if why else None
 
 

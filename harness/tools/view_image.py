@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from harness.core.calls import ToolOutput
 from harness.core.context import ToolContext
 from harness.core.errors import AgentCallError
-from harness.core.images import NotAnImage, describe, image_part, refusal
+from harness.core.images import NotAnImage, describe, image_part, over_bound
 from harness.tools.file_support import agent_failure, file_tool, refuse, show_path
 
 READ_CHUNK = 1 << 20
@@ -62,10 +62,11 @@ def run_view_image(ctx: ToolContext, args: ViewImageArgs) -> ToolOutput:
     except NotAnImage as exc:
         raise refuse(f"{show_path(args.path)} is not an image view_image can show: {exc}. "
                      "It shows PNG, JPEG, GIF and WebP files.", path=args.path) from None
-    too_big = refusal(image, ctx.image_bounds)
-    if too_big is not None:
-        raise refuse(f"{too_big.strip('[]')}. view_image does not scale pictures down: make a smaller copy "
-                     "in the sandbox and view that.",
+    why = over_bound(image, ctx.image_bounds)
+    if why is not None:
+        raise refuse(f"{show_path(args.path)} ({image.media_type}, {image.width}x{image.height}) is too large to "
+                     f"view: {why}. view_image does not scale pictures down: make a smaller copy in the sandbox and "
+                     "view that.",
                      path=args.path, media_type=image.media_type, width=image.width, height=image.height,
                      size=len(content))
     return ToolOutput(
