@@ -261,3 +261,59 @@ def test_console_shows_a_calls_pictures_from_a_route_behind_its_auth(session: Se
         assert http.get(src).status_code == 401  # no token
         assert http.get(src, headers={"authorization": "Bearer agent-token-0123456789"}).status_code == 404
         assert http.get(f"/runs/other/images/{digest}", headers=admin).status_code == 404  # not that run's
+
+
+# ---- view_image without a sandbox ----------------------------------------------------------------
+
+
+class _Files:
+    """The agent's file reads over a dict of files, in chunks as the real agent answers them."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files
+        self.reads: list[int] = []
+
+    def read_file(self, path: str, *, offset: int = 0, limit: int = 0) -> Any:
+        from types import SimpleNamespace
+
+        from harness.core.errors import AgentCallError
+
+        if path not in self.files:
+            raise AgentCallError(f"{path} does not exist", reason="NOT_FOUND", grpc_code="NOT_FOUND", retryable=False)
+        data = self.files[path]
+        self.reads.append(offset)
+        chunk = data[offset:offset + limit]
+        return SimpleNamespace(data=chunk, size=len(data), truncated=offset + len(chunk) < len(data))
+
+
+def _view(files: _Files, path: str, bounds: ImageBounds) -> ToolOutput:
+    from types import SimpleNamespace
+
+    from harness.core.context import ToolContext
+    from harness.tools.view_image import VIEW_IMAGE, ViewImageArgs
+
+    box = SimpleNamespace(runtime=lambda: SimpleNamespace(agent=files))
+    ctx = ToolContext(run_id="r", call_id="c", provider=SimpleNamespace(sandbox=lambda: box),
+                      default_timeout_s=30, timeout_ceiling_s=60, output_budget=30000, image_bounds=bounds)
+    return VIEW_IMAGE.handler(ctx, ViewImageArgs(path=path))
+
+
+def test_view_image_reads_in_chunks_and_refuses_a_file_over_the_bound_after_one_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import harness.tools.view_image as view_image
+
+    monkeypatch.setattr(view_image, "READ_CHUNK", 100)
+    picture = png(300, 300, (1, 2, 3)) + bytes(250)  # trailing bytes a PNG reader ignores
+    files = _Files({"a.png": picture, "big.png": picture + bytes(5000), "shot.webp": webp_lossy(64, 48)})
+    bounds = ImageBounds(max_bytes=4096, max_pixels=100_000, max_count=1)
+    seen = _view(files, "a.png", bounds)
+    assert not seen.is_error and seen.images[0].data == picture and len(files.reads) == -(-len(picture) // 100)
+    assert seen.structured == {"path": "a.png", "media_type": "image/png", "width": 300, "height": 300,
+                               "size": len(picture)}
+    files.reads.clear()
+    big = _view(files, "big.png", bounds)
+    assert big.is_error and files.reads == [0]
+    assert big.text.startswith(f"big.png is {len(picture) + 5000} bytes, above budgets.max_image_bytes = 4096")
+    assert _view(files, "shot.webp", bounds).images[0].media_type == "image/webp"
+    missing = _view(files, "none.png", bounds)
+    assert missing.is_error and missing.text.startswith("no such file or directory: none.png")
