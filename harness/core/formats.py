@@ -36,6 +36,7 @@ A result without pictures keeps the plain-text shape (a string ``output`` or ``c
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, cast
 
@@ -48,6 +49,7 @@ __all__ = [
     "FORMATS",
     "Format",
     "chat_image_message",
+    "chat_images_call_id",
     "data_url",
     "parse_format",
     "result_item",
@@ -55,6 +57,9 @@ __all__ = [
     "tool_definition",
     "tool_definitions",
 ]
+
+_CHAT_IMAGE_LINE = re.compile(r"\[image \d+ of tool call (\S+): ")
+"""The line introducing a picture in :func:`chat_image_message`."""
 
 Format = Literal["openai", "chat", "anthropic", "mcp"]
 FORMATS: tuple[str, ...] = ("openai", "chat", "anthropic", "mcp")
@@ -172,6 +177,17 @@ def chat_image_message(results: Sequence[ToolResult]) -> dict[str, Any] | None:
             parts.append({"type": "text", "text": f"[image {n} of tool call {result.call_id}: {describe(image)}]"})
             parts.append({"type": "image_url", "image_url": {"url": data_url(image)}})
     return {"role": "user", "content": parts} if parts else None
+
+
+def chat_images_call_id(message: dict[str, Any]) -> str | None:
+    """The call whose pictures begin ``message`` when it is one :func:`chat_image_message`
+    made, else None (what the loop's context budget elides it as)."""
+    content = message.get("content")
+    if message.get("role") != "user" or not isinstance(content, list) or not content:
+        return None
+    first = content[0]
+    match = _CHAT_IMAGE_LINE.match(str(first.get("text", ""))) if isinstance(first, dict) else None
+    return match.group(1) if match else None
 
 
 def data_url(image: ImagePart) -> str:

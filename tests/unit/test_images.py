@@ -317,3 +317,19 @@ def test_view_image_reads_in_chunks_and_refuses_a_file_over_the_bound_after_one_
     assert _view(files, "shot.webp", bounds).images[0].media_type == "image/webp"
     missing = _view(files, "none.png", bounds)
     assert missing.is_error and missing.text.startswith("no such file or directory: none.png")
+
+
+def test_the_loops_context_budget_elides_the_chat_pictures_message_like_an_output() -> None:
+    from harness.core.formats import chat_images_call_id
+    from harness.loop.context_budget import elide, tool_outputs
+
+    context = Context(system="")
+    big = ToolResult(call_id="call:1", text="shot", images=(image_part(png(200, 200, (9, 9, 9)) + bytes(4000)),))
+    append_results(context, [big], "chat")
+    append_results(context, [ToolResult(call_id="c2", text="later")], "chat")
+    assert chat_images_call_id(context.items[1]) == "call:1"
+    assert [out.call_id for out in tool_outputs(context.items)] == ["call:1", "call:1", "c2"]
+    done = elide(context.items, 2000, keep_latest=1)
+    assert done.call_ids == ("call:1", "call:1")
+    assert context.items[1] == {"role": "user", "content": context.items[1]["content"]}
+    assert str(context.items[1]["content"]).startswith("[output of call:1 elided: ")
