@@ -22,12 +22,13 @@ from harness.tools.files import FILE_TOOLS
 from harness.tools.python_kernel import PYTHON
 from harness.tools.shell import SHELL
 from harness.tools.unified_exec import UNIFIED_EXEC_TOOLS
+from harness.tools.view_image import VIEW_IMAGE
 
 
 def builtin_registry(*, python: bool = True) -> ToolRegistry:
     """Every built-in tool (``python``: with the kernel tool)."""
     registry = ToolRegistry()
-    for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS, *UNIFIED_EXEC_TOOLS):
+    for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS, VIEW_IMAGE, *UNIFIED_EXEC_TOOLS):
         registry.register(tool)
     if python:
         registry.register(PYTHON)
