@@ -15,6 +15,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import grpc
 
+from harness.core.calls import ImagePart
 from harness.core.units import parse_size
 from harness.v1 import executor_pb2
 from harness.wire import DETAIL_METADATA_KEY
@@ -86,6 +87,8 @@ class CallResult:
     approval_id: str | None = None
     structured: dict[str, Any] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    images: tuple[ImagePart, ...] = ()
+    """The pictures after ``text`` (``item`` carries them too, in the format's shape)."""
 
     @classmethod
     def from_proto(cls, message: executor_pb2.ToolResult) -> CallResult:
@@ -100,6 +103,8 @@ class CallResult:
             approval_id=message.approval_id or None,
             structured=json.loads(message.structured_json) if message.structured_json else None,
             meta=json.loads(message.meta_json) if message.meta_json else {},
+            images=tuple(ImagePart(media_type=image.media_type, data=image.data, width=image.width,
+                                   height=image.height, label=image.label) for image in message.images),
         )
 
 

@@ -255,6 +255,13 @@ class CallRecord:
         return found if isinstance(found, dict) else None
 
     @property
+    def images(self) -> list[dict[str, Any]]:
+        """The pictures of the result as its meta names them (media type, size, label, sha256:
+        the key of their bytes in the store's ``image_blobs``); empty when it had none."""
+        found = None if self.result is None else self.result.meta.get("images")
+        return [entry for entry in found if isinstance(entry, dict)] if isinstance(found, list) else []
+
+    @property
     def interrupted(self) -> dict[str, Any] | None:
         """For a call whose harness process stopped before it recorded a result: what the
         interrupted result says (:mod:`harness.audit.interruptions`); None for any other call."""
@@ -284,6 +291,7 @@ class CallRecord:
             "truncated": self.truncated,
             "result_text": self.result_text,
             "redactions": self.redactions,
+            "images": self.images,
             "interrupted": self.interrupted,
             "attempts": self.attempts,
             "earlier_attempts": [a.to_dict() for a in self.earlier_attempts],

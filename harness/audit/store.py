@@ -61,6 +61,7 @@ from harness.audit.errors import AuditError, unknown_call, unknown_run
 from harness.audit.interruptions import PROCESS_STOPPED
 from harness.audit.orphans import OWNER_COLUMNS, owner_of, settle
 from harness.audit.owners import ClaimOwner, owner_gone, this_process
+from harness.audit.pictures import Pictures, store_images
 from harness.audit.records import (
     ARGUMENTS_CAP,
     ATTEMPT_COLUMNS,
@@ -254,7 +255,7 @@ def _new_run_id() -> str:
     return f"{stamp}-{secrets.token_hex(4)}"
 
 
-class AuditStore(Approvals, Browse, Checkpoints, Egress):
+class AuditStore(Approvals, Browse, Checkpoints, Egress, Pictures):
     """The audit database. Thread-safe (one connection behind a lock); process-safe (SQLite
     locking); fork-aware (a forked child opens its own connection). Use as a context manager
     or call ``close()``."""
@@ -434,6 +435,7 @@ class AuditStore(Approvals, Browse, Checkpoints, Egress):
             )  # fmt: skip
 
         def body(c: sqlite3.Connection) -> None:
+            store_images(c, result.images)  # rolled back with the rest if the call was finished already
             try:
                 cur = c.execute(_FINISH_CALL, params(text, payload))
             except UnicodeEncodeError:  # lone surrogates: store escaped, still exact on replay

@@ -101,6 +101,7 @@ def _tools(args: argparse.Namespace) -> int:
 def _call(args: argparse.Namespace) -> int:
     from harness.audit.store import AuditStore
     from harness.cli.notices import loosened_said_once
+    from harness.cli.pictures import picture_lines
     from harness.core.calls import ToolCall
     from harness.core.errors import CallboxError
     from harness.core.policy import load_policy
@@ -134,6 +135,8 @@ def _call(args: argparse.Namespace) -> int:
             print(f"callbox: pending approval {result.meta['approval_id']} in run {harness.run_id}; resolve it "
                   f"with `callbox approvals approve|deny {result.meta['approval_id']}`, then send the call "
                   f"again with --run-id {harness.run_id} --call-id {call.call_id}", file=sys.stderr)
+    for line in picture_lines(result, harness.run_id):  # the item on stdout has them, base64-encoded
+        say(line)
     print(json.dumps(result_item(result, parse_format(args.format))))
     return result_exit_status(result)
 

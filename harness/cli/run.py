@@ -255,6 +255,8 @@ class _LiveView:
         self.console = Console(highlight=False, soft_wrap=True)
         self.live_bytes = live_bytes
         self.streams: dict[str, _Live] = {}
+        self.run_id = "run"
+        """The run's id (from its first event): where its pictures are saved."""
 
     def show(self, event: Any) -> None:
         handler = getattr(self, f"_on_{event.kind}", None)
@@ -262,6 +264,7 @@ class _LiveView:
             handler(event)
 
     def _on_run_started(self, e: Any) -> None:
+        self.run_id = e.run_id
         verb = "resuming" if e.resumed else "run"
         self.console.rule(f"[bold]callbox {verb} {e.run_id}[/] · {_esc(e.model)}")
 
@@ -319,10 +322,14 @@ class _LiveView:
         mark = "[red]✗[/]" if result.is_error else "[green]✓[/]"
         code = f" [red]{result.error}[/]" if result.error else ""
         self.console.print(f"{mark} {_esc(e.name)} {e.call_id}{code}")
-        if live is not None:
-            return
-        for line in result.text.splitlines():  # the model's text, already bounded by its budget
-            self.console.print(f"  [dim]{_esc(line)}[/]")
+        if live is None:
+            for line in result.text.splitlines():  # the model's text, already bounded by its budget
+                self.console.print(f"  [dim]{_esc(line)}[/]")
+        if result.images:
+            from harness.cli.pictures import picture_lines
+
+            for line in picture_lines(result, self.run_id):
+                self.console.print(f"  {_esc(line)}")
 
     def _out(self, text: str) -> None:
         if text:

@@ -1,5 +1,5 @@
 """``[budgets]``: what one run may spend (tool calls, wall time) and the limits of each call
-(its timeout, the output returned to the model).
+(its timeout, the output returned to the model, the pictures it may carry).
 
 :meth:`Budgets.check` is the budget half of authorizing a call (the session asks it before
 the policy's :meth:`~harness.core.policy.Policy.decide`): a spent budget denies any call,
@@ -15,8 +15,13 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.core.calls import Action, Decision
+from harness.core.images import ImageBounds
+from harness.core.units import ByteSize
 
-__all__ = ["Budgets", "CallTimeout", "clamp_timeout"]
+__all__ = ["MAX_RESULT_IMAGE_BYTES", "Budgets", "CallTimeout", "clamp_timeout"]
+
+MAX_RESULT_IMAGE_BYTES = 24 << 20
+"""Bytes of pictures one result may carry in all (``max_image_bytes`` times ``max_images_per_result``)."""
 
 
 class CallTimeout(NamedTuple):
@@ -66,6 +71,12 @@ class Budgets(BaseModel):
     """Timeout of a call that does not ask for one."""
     max_output_bytes: int = Field(default=30000, ge=256)
     """Bytes of result text returned to the model per call (head and tail kept)."""
+    max_image_bytes: ByteSize = Field(default=5 << 20, ge=1024, le=20 << 20)
+    """Bytes of one picture in a result (``5m``); a larger one is left out, and the text says so."""
+    max_image_pixels: int = Field(default=4 << 20, ge=1, le=64_000_000)
+    """Pixels (width times height) of one picture in a result; a larger one is left out, and the text says so."""
+    max_images_per_result: int = Field(default=4, ge=0, le=100)
+    """Pictures one result may carry; those after are left out, and the text says so (0: none)."""
 
     @model_validator(mode="after")
     def _default_under_ceiling(self) -> Budgets:
@@ -75,6 +86,23 @@ class Budgets(BaseModel):
                 f"({self.call_timeout_ceiling_s:g}); lower the default or raise the ceiling"
             )
         return self
+
+    @model_validator(mode="after")
+    def _pictures_fit_a_message(self) -> Budgets:
+        # A result travels as one gRPC message holding each picture twice (its bytes, and
+        # base64 in the format's item), and a message is at most 64 MiB.
+        total = self.max_image_bytes * self.max_images_per_result
+        if total > MAX_RESULT_IMAGE_BYTES:
+            raise ValueError(
+                f"max_image_bytes ({self.max_image_bytes}) times max_images_per_result "
+                f"({self.max_images_per_result}) is {total} bytes, above the {MAX_RESULT_IMAGE_BYTES >> 20} MiB "
+                "of pictures one result can carry; lower one of them"
+            )
+        return self
+
+    def image_bounds(self) -> ImageBounds:
+        """The bounds each picture of a result is checked against (:func:`harness.core.images.bound_images`)."""
+        return ImageBounds(self.max_image_bytes, self.max_image_pixels, self.max_images_per_result)
 
     def check(self, calls_so_far: int, elapsed_s: float) -> Decision | None:
         """A DENY naming the budget when a run with ``calls_so_far`` calls made and

@@ -10,7 +10,10 @@ What a tool produced (its text, its structured content and the output chunks it 
 has the session's secrets taken out (:mod:`harness.core.redaction`) before the output
 budget bounds it, so neither the model, a door nor the audit store gets them; the result's
 ``meta["redactions"]`` (recorded with it) says how many were taken out, of which kinds and
-where, and is absent when there were none.
+where, and is absent when there were none. The pictures it produced pass as they are (their
+labels are redacted like text); each is checked against the policy's image bounds
+(:mod:`harness.core.images`), and one over a bound is left out with a line of the text
+naming it, its size and the bound.
 
 A process stopped in the middle of a call (Ctrl-C, or SIGTERM through the CLI: see
 :mod:`harness.core.stopping`) records the call as interrupted before it exits
@@ -39,10 +42,11 @@ from harness.audit.owners import this_process
 from harness.audit.records import final_decision, retry_safe
 from harness.audit.store import Claim, arguments_digest
 from harness.core.budgets import CallTimeout
-from harness.core.calls import Action, Decision, ErrorCode, ToolCall, ToolOutput, ToolResult
+from harness.core.calls import Action, Decision, ErrorCode, ImagePart, ToolCall, ToolOutput, ToolResult
 from harness.core.context import OutputSink, ToolContext
 from harness.core.egress_ask import egress_meta, watch_egress
 from harness.core.errors import AgentCallError, CallboxError
+from harness.core.images import bound_images, image_meta
 from harness.core.redaction import Finding, StreamRedactor, redaction_summary
 from harness.core.registry import Tool
 from harness.core.shaping import bound_text, strip_terminal_codes
@@ -269,10 +273,10 @@ class CallPath:
         )
 
     def _replay(self, result: ToolResult, decision: Decision | None) -> ToolResult:
-        """A recorded result, reported with the decision it was recorded with."""
+        """A recorded result (with its pictures), reported with the decision it was recorded with."""
         recorded = result.meta.get("decision")
         self.decided(recorded if recorded in DECISIONS else decision_label(decision))
-        return result
+        return self.session.audit.with_images(result)
 
     def _resume_approval(self, tool: Tool, decision: Decision) -> ToolResult:
         s, call = self.session, self.call
@@ -324,6 +328,7 @@ class CallPath:
             run_id=s.run_id, call_id=call.call_id, provider=provider,
             default_timeout_s=budgets.default_call_timeout_s, timeout_ceiling_s=budgets.call_timeout_ceiling_s,
             output_budget=budgets.max_output_bytes, on_output=stream or self.on_output,
+            image_bounds=budgets.image_bounds(),
         )
         self.decided(decision_label(decision))
         started = time.perf_counter()
@@ -340,9 +345,16 @@ class CallPath:
         duration_ms = self.sandbox_s * 1000
         egress = s.record_egress(call.call_id)
         text, structured, findings = self._redacted(output)
+        images = bound_images(self._labels_redacted(output.images, findings), budgets.image_bounds())
+        if images.refused:  # at the end, so the tail the output budget keeps holds it
+            text = f"{text}\n{images.note()}" if text else images.note()
         shaped = bound_text(text, budgets.max_output_bytes, keep_terminal_codes=True)  # codes went before redaction
         meta: dict[str, Any] = {"duration_ms": round(duration_ms, 3), "rule": decision.rule,
                                 "raw_bytes": output.raw_bytes, "truncated": shaped.truncated}
+        if output.images:
+            meta["images"] = [image_meta(image) for image in images.kept]
+            if images.refused:
+                meta["images_refused"] = len(images.refused)
         if findings:
             meta["redactions"] = redaction_summary(findings)
         for lowered in ctx.lowered:
@@ -351,7 +363,7 @@ class CallPath:
             meta["egress"] = egress_meta(egress)
         result = self.labelled(ToolResult(
             call_id=call.call_id, text=shaped.text, is_error=output.is_error, error=output.error,
-            structured=structured, meta=meta,
+            structured=structured, meta=meta, images=images.kept,
         ))
         if trace is not None:
             trace.append(("callbox.shape", time.time_ns()))
@@ -405,6 +417,19 @@ class CallPath:
             structured, found = redactor.redact_structured(structured)
             findings.extend(found)
         return text, structured, findings
+
+    def _labels_redacted(self, images: tuple[ImagePart, ...], findings: list[Finding]) -> tuple[ImagePart, ...]:
+        """``images`` with the session's secrets taken out of their labels (a label is text the
+        model reads); the pictures themselves are passed as they are."""
+        redactor = self.session.redactor
+        if not redactor.active or not images:
+            return images
+        cleaned = []
+        for image in images:
+            label, found = redactor.redact(image.label, "image_label")
+            findings.extend(found)
+            cleaned.append(dataclasses.replace(image, label=label) if found else image)
+        return tuple(cleaned)
 
     @staticmethod
     def _run_handler(tool: Tool, ctx: ToolContext, args: Any, stream: StreamRedactor | None) -> ToolOutput:

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from harness.core.budgets import CallTimeout, clamp_timeout
+from harness.core.budgets import Budgets, CallTimeout, clamp_timeout
+from harness.core.images import ImageBounds
 from harness.engine.base import Sandbox, SandboxRuntime
 
 OutputSink = Callable[[str, bytes], None]
@@ -38,6 +39,9 @@ class ToolContext:
     output_budget: int
     """Bytes of output the model gets back (policy budgets.max_output_bytes)."""
     on_output: OutputSink | None = None
+    image_bounds: ImageBounds = field(default_factory=lambda: Budgets().image_bounds())
+    """What one picture of the result may be (policy budgets.max_image_bytes, ...): a tool
+    that reads one can refuse it before reading it all."""
     started_at: float = field(default_factory=time.monotonic)
     """``time.monotonic()`` when the context was made: the harness makes it just before the
     call's handler runs, after validation, policy and approval."""

@@ -17,26 +17,49 @@ input model by :meth:`ToolDefinition.input_schema`:
 
 Results carry the text verbatim: it is already the sentence the model should read,
 errors included (Responses and Chat Completions have no error flag, so the words carry it).
+A result's pictures (:attr:`ToolResult.images`) follow its text, base64-encoded:
+
+* ``openai``: ``output`` becomes a list, an ``input_text`` part then one ``input_image``
+  part per picture (a ``data:`` URL);
+* ``anthropic``: ``content`` becomes a list of blocks, ``text`` then one ``image`` block per
+  picture (``source`` of type ``base64``);
+* ``mcp``: one ``ImageContent`` (``{"type": "image", "data", "mimeType"}``) per picture
+  after the text;
+* ``chat``: a ``tool`` message can hold text only, so its content is the text followed by
+  one line per picture, ``[image 1: image/png 640x480, 12.3 KiB (chart.png); it follows in a
+  user message]``, and :func:`chat_image_message` is the ``user`` message carrying the
+  pictures of a turn's results, which goes after all of that turn's ``tool`` messages.
+
+A result without pictures keeps the plain-text shape (a string ``output`` or ``content``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import base64
+import re
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, cast
 
-from harness.core.calls import ToolResult
+from harness.core.calls import ImagePart, ToolResult
+from harness.core.images import describe
 from harness.core.registry import Tool, ToolDefinition
 from harness.core.strict_schema import SchemaForm
 
 __all__ = [
     "FORMATS",
     "Format",
+    "chat_image_message",
+    "chat_images_call_id",
+    "data_url",
     "parse_format",
     "result_item",
     "schema_form",
     "tool_definition",
     "tool_definitions",
 ]
+
+_CHAT_IMAGE_LINE = re.compile(r"\[image \d+ of tool call (\S+): ")
+"""The line introducing a picture in :func:`chat_image_message`."""
 
 Format = Literal["openai", "chat", "anthropic", "mcp"]
 FORMATS: tuple[str, ...] = ("openai", "chat", "anthropic", "mcp")
@@ -116,19 +139,64 @@ def tool_definitions(
 def result_item(result: ToolResult, fmt: Format) -> dict[str, Any]:
     """The item a caller appends to the conversation for ``result`` in ``fmt``'s API."""
     text = _text(result)
+    images = result.images
     if fmt == "openai":
-        return {"type": "function_call_output", "call_id": result.call_id, "output": text}
+        output: str | list[dict[str, Any]] = text
+        if images:
+            output = [{"type": "input_text", "text": text}] if text else []
+            output.extend({"type": "input_image", "image_url": data_url(image)} for image in images)
+        return {"type": "function_call_output", "call_id": result.call_id, "output": output}
     if fmt == "chat":
-        return {"role": "tool", "tool_call_id": result.call_id, "content": text}
+        lines = [f"[image {n}: {describe(image)}; it follows in a user message]" for n, image in enumerate(images, 1)]
+        return {"role": "tool", "tool_call_id": result.call_id, "content": "\n".join([text, *lines] if text else lines)}
     if fmt == "anthropic":
-        return {"type": "tool_result", "tool_use_id": result.call_id, "content": text, "is_error": result.is_error}
+        blocks: str | list[dict[str, Any]] = text
+        if images:
+            blocks = [{"type": "text", "text": text}] if text else []
+            blocks.extend({"type": "image", "source": {"type": "base64", "media_type": image.media_type,
+                                                       "data": _base64(image)}} for image in images)
+        return {"type": "tool_result", "tool_use_id": result.call_id, "content": blocks, "is_error": result.is_error}
     if fmt == "mcp":
-        item: dict[str, Any] = {"content": [{"type": "text", "text": text}]}
+        content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+        content.extend({"type": "image", "data": _base64(image), "mimeType": image.media_type} for image in images)
+        item: dict[str, Any] = {"content": content}
         if result.structured is not None:
             item["structuredContent"] = result.structured
         item["isError"] = result.is_error
         return item
     raise ValueError(_unknown(fmt))
+
+
+def chat_image_message(results: Sequence[ToolResult]) -> dict[str, Any] | None:
+    """For Chat Completions, whose ``tool`` messages hold text only: the ``user`` message
+    carrying the pictures of ``results`` (to go after all their ``tool`` messages), each
+    introduced by the line its ``tool`` message names it with; None when none has any."""
+    parts: list[dict[str, Any]] = []
+    for result in results:
+        for n, image in enumerate(result.images, 1):
+            parts.append({"type": "text", "text": f"[image {n} of tool call {result.call_id}: {describe(image)}]"})
+            parts.append({"type": "image_url", "image_url": {"url": data_url(image)}})
+    return {"role": "user", "content": parts} if parts else None
+
+
+def chat_images_call_id(message: dict[str, Any]) -> str | None:
+    """The call whose pictures begin ``message`` when it is one :func:`chat_image_message`
+    made, else None (what the loop's context budget elides it as)."""
+    content = message.get("content")
+    if message.get("role") != "user" or not isinstance(content, list) or not content:
+        return None
+    first = content[0]
+    match = _CHAT_IMAGE_LINE.match(str(first.get("text", ""))) if isinstance(first, dict) else None
+    return match.group(1) if match else None
+
+
+def data_url(image: ImagePart) -> str:
+    """``data:image/png;base64,...``: a picture inline, as the OpenAI APIs take it."""
+    return f"data:{image.media_type};base64,{_base64(image)}"
+
+
+def _base64(image: ImagePart) -> str:
+    return base64.b64encode(image.data).decode("ascii")
 
 
 def _text(result: ToolResult) -> str:

@@ -78,7 +78,9 @@ Sections:
 
 ``[budgets]``
     Per run: ``max_tool_calls``, ``max_wall_time_s``; per call: ``max_output_bytes``
-    returned to the model, ``default_call_timeout_s`` and ``call_timeout_ceiling_s``. A
+    returned to the model, ``default_call_timeout_s`` and ``call_timeout_ceiling_s``; the
+    pictures a result may carry: ``max_image_bytes``, ``max_image_pixels``,
+    ``max_images_per_result`` (:mod:`harness.core.images`). A
     call asking for a longer timeout than the ceiling is not refused: it runs with the
     ceiling, and its result tells the model (:class:`~harness.core.budgets.CallTimeout`).
 

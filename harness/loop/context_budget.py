@@ -24,7 +24,9 @@ The rule, applied by the loop after each turn's results are appended:
   - OpenAI Responses: an item ``{"type": "function_call_output", "call_id", "output"}``
     (also ``custom_tool_call_output``); ``output`` is replaced;
   - Chat Completions: a message ``{"role": "tool", "tool_call_id", "content"}``;
-    ``content`` is replaced;
+    ``content`` is replaced; so is the ``content`` of the ``user`` message carrying the
+    pictures of a turn's results (:func:`harness.core.formats.chat_image_message`), an
+    output of the first call it has pictures of;
   - Anthropic Messages: a block ``{"type": "tool_result", "tool_use_id", "content", ...}``
     inside a user message's ``content`` list (or standing alone as an item); ``content``
     is replaced and ``is_error`` kept.
@@ -39,6 +41,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from harness.core.formats import chat_images_call_id
 
 __all__ = ["DEFAULT_KEEP_LATEST", "DEFAULT_TARGET", "DEFAULT_TRIGGER", "Elision", "context_size", "elide",
            "stub", "tool_outputs"]
@@ -96,6 +100,8 @@ def _outputs(items: list[dict[str, Any]]) -> Iterator[_Output]:
             yield _Output(item, "output", str(item.get("call_id", "?")))
         elif item.get("role") == "tool" and "content" in item:
             yield _Output(item, "content", str(item.get("tool_call_id", "?")))
+        elif (pictures_of := chat_images_call_id(item)) is not None:
+            yield _Output(item, "content", pictures_of)
         elif kind == "tool_result" and "content" in item:
             yield _Output(item, "content", str(item.get("tool_use_id", "?")))
         elif isinstance(item.get("content"), list):  # an Anthropic message holding tool_result blocks

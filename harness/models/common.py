@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from harness.core.calls import ToolResult
-from harness.core.formats import Format, result_item
+from harness.core.formats import Format, chat_image_message, result_item
 from harness.models.base import AllowedTools, Context, ForcedTool, ModelError, ModelTurn, ToolChoice
 
 __all__ = [
@@ -62,7 +62,8 @@ def append_results(context: Context, results: Sequence[ToolResult], fmt: Format)
 
     * ``openai``: one ``function_call_output`` item each (``custom_tool_call_output`` when
       the call was a freeform ``custom_tool_call``);
-    * ``chat``: one ``{"role": "tool"}`` message each;
+    * ``chat``: one ``{"role": "tool"}`` message each, then, when any result has pictures,
+      one ``user`` message carrying them (a tool message holds text only);
     * ``anthropic``: ONE user message whose content is the ``tool_result`` blocks in order.
     """
     if not results:
@@ -76,6 +77,9 @@ def append_results(context: Context, results: Sequence[ToolResult], fmt: Format)
             context.items.append(item)
     elif fmt == "chat":
         context.items.extend(result_item(result, "chat") for result in results)
+        pictures = chat_image_message(results)
+        if pictures is not None:
+            context.items.append(pictures)
     elif fmt == "anthropic":
         context.items.append({"role": "user", "content": [result_item(result, "anthropic") for result in results]})
     else:

@@ -1,6 +1,13 @@
 """Built-in tools. ``builtin_registry()`` returns a registry holding all of them;
 ``registry_for(policy)`` adds the tools the policy declares (``[[tool]]``): the registry
-every door, the loop and the CLI serve a policy with."""
+every door, the loop and the CLI serve a policy with.
+
+``python`` (a stateful kernel) is served only to a policy that asks for it by name, in
+``allowed_tools`` or with a ``[tools.python]`` table: it needs the code-interpreter image,
+and a policy written before it existed, whose ``[tools.shell]`` rules restrict commands,
+must not find a new tool beside them that runs any code unruled. ``computer`` (the desktop) is
+served the same way, for the same reasons: it needs the desktop image, and it drives a browser
+and anything else on the desktop, which no shell rule sees."""
 
 from __future__ import annotations
 
@@ -18,13 +25,29 @@ from harness.tools.files import FILE_TOOLS
 from harness.tools.python_kernel import PYTHON
 from harness.tools.shell import SHELL
 from harness.tools.unified_exec import UNIFIED_EXEC_TOOLS
+from harness.tools.view_image import VIEW_IMAGE
 
 
-def builtin_registry() -> ToolRegistry:
+def builtin_registry(*, python: bool = True, computer: bool = True) -> ToolRegistry:
+    """Every built-in tool (``python``: with the kernel tool; ``computer``: with the desktop tool)."""
     registry = ToolRegistry()
-    for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS, *UNIFIED_EXEC_TOOLS, PYTHON, COMPUTER):
+    for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS, VIEW_IMAGE, *UNIFIED_EXEC_TOOLS):
         registry.register(tool)
+    if python:
+        registry.register(PYTHON)
+    if computer:
+        registry.register(COMPUTER)
     return registry
+
+
+def asks_for_python(policy: Policy) -> bool:
+    """Whether ``policy`` names the ``python`` tool (``allowed_tools`` or ``[tools.python]``)."""
+    return PYTHON.name in (policy.allowed_tools or ()) or PYTHON.name in policy.tools
+
+
+def asks_for_computer(policy: Policy) -> bool:
+    """Whether ``policy`` names the ``computer`` tool (``allowed_tools`` or ``[tools.computer]``)."""
+    return COMPUTER.name in (policy.allowed_tools or ()) or COMPUTER.name in policy.tools
 
 
 def registry_for(policy: Policy, engine_for: Callable[[], Engine] | None = None) -> ToolRegistry:
@@ -32,8 +55,8 @@ def registry_for(policy: Policy, engine_for: Callable[[], Engine] | None = None)
     built-in one is a PolicyError naming it. An ``mcp`` table's tools are listed by its
     server, started once per process in a sandbox of ``engine_for`` (default: the local
     Docker engine, connected only when the policy has such a table)."""
-    registry = builtin_registry()
-    builtins = set(registry.names())
+    registry = builtin_registry(python=asks_for_python(policy), computer=asks_for_computer(policy))
+    builtins = set(builtin_registry().names())
     for tool in declared_tools(policy, engine_for):
         if tool.name in registry:
             index = next((i for i, t in enumerate(policy.tool) if t.name == tool.name), None)

@@ -21,14 +21,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import struct
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from harness.core.calls import ErrorCode, ImagePart, ToolOutput
+from harness.core.calls import ErrorCode, ToolOutput
 from harness.core.context import ToolContext
 from harness.core.errors import AgentCallError
+from harness.core.images import image_part
 from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
 from harness.engine.jobs import JobChunk, JobEnded
 from harness.tools.shell import NotRan, Ran, agent_failure, run_in_sandbox
@@ -113,14 +113,6 @@ class ComputerArgs(BaseModel):
         return [name for name in _FIELDS if getattr(self, name) is not None and name not in used]
 
 
-def png_size(data: bytes) -> tuple[int, int]:
-    """Width and height from a PNG's IHDR."""
-    if data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
-        raise ValueError("not a PNG")
-    width, height = struct.unpack(">II", data[16:24])
-    return width, height
-
-
 def _failed(text: str, **structured: Any) -> ToolOutput:
     return ToolOutput(text=text, is_error=True, error=ErrorCode.TOOL_FAILED, structured=structured or None)
 
@@ -194,19 +186,19 @@ def run_computer(ctx: ToolContext, args: ComputerArgs) -> ToolOutput:
     if args.action == "cursor_position":
         x, y = reply["x"], reply["y"]
         return ToolOutput(text=f"X={x},Y={y}{note}", structured={"action": args.action, "x": x, "y": y})
+    label = "zoom " + ",".join(map(str, args.region)) if args.action == "zoom" and args.region else "screenshot"
     try:
         png = base64.b64decode(reply["png_base64"], validate=True)
-        width, height = png_size(png)
-    except (KeyError, ValueError, binascii.Error):
+        image = image_part(png, label)
+    except (KeyError, TypeError, ValueError, binascii.Error):  # NotAnImage is a ValueError
         return _failed(f"computer {args.action}: the desktop returned no readable screenshot", action=args.action)
-    label = "zoom " + ",".join(map(str, args.region)) if args.action == "zoom" and args.region else "screenshot"
     done = "screenshot" if args.action == "screenshot" else f"{args.action} done; screenshot"
     return ToolOutput(
-        text=f"{done} ({width}x{height} PNG){note}",
-        structured={"action": args.action, "width": width, "height": height,
+        text=f"{done} ({image.width}x{image.height} PNG){note}",
+        structured={"action": args.action, "width": image.width, "height": image.height,
                     "capture_ms": reply.get("capture_ms")},
         raw_bytes=len(png),
-        images=(ImagePart(media_type="image/png", data=png, width=width, height=height, label=label),),
+        images=(image,),
     )
 
 

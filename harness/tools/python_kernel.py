@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import struct
 import threading
 import time
 import zlib
@@ -39,6 +38,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness.core import images
 from harness.core.calls import ErrorCode, ImagePart, ToolOutput
 from harness.core.context import ToolContext
 from harness.core.errors import AgentCallError, CallboxError
@@ -81,47 +81,17 @@ class PythonArgs(BaseModel):
 # ---- the result (pure; tests/unit/test_python_kernel.py) ------------------------------------------
 
 
-def png_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from a PNG's IHDR chunk, or None when ``data`` is not a PNG."""
-    if len(data) < 24 or data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
-        return None
-    width, height = struct.unpack(">II", data[16:24])
-    return width, height
-
-
-def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from a JPEG's first start-of-frame marker, or None."""
-    if data[:2] != b"\xff\xd8":
-        return None
-    at = 2
-    while at + 9 <= len(data):
-        if data[at] != 0xFF:
-            return None
-        marker = data[at + 1]
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # markers without a length
-            at += 2
-            continue
-        (length,) = struct.unpack(">H", data[at + 2:at + 4])
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            height, width = struct.unpack(">HH", data[at + 5:at + 9])
-            return width, height
-        at += 2 + length
-    return None
-
-
 def image_part(field_name: str, encoded: Any, label: str) -> ImagePart | None:
-    """The image part of a result's ``png`` or ``jpeg`` (base64), or None when it does not decode."""
+    """The image part of a result's ``png`` or ``jpeg`` (base64), or None when it does not
+    decode to an image of that kind."""
     media_type = dict(IMAGE_FIELDS)[field_name]
     if not isinstance(encoded, str):
         return None
     try:
-        data = base64.b64decode(encoded, validate=False)
-    except (binascii.Error, ValueError):
+        part = images.image_part(base64.b64decode(encoded, validate=False), label)
+    except (binascii.Error, ValueError):  # NotAnImage is a ValueError
         return None
-    size = png_size(data) if media_type == "image/png" else jpeg_size(data)
-    if size is None:
-        return None
-    return ImagePart(media_type=media_type, data=data, width=size[0], height=size[1], label=label)
+    return part if part.media_type == media_type else None
 
 
 def value_text(result: dict[str, Any]) -> str:

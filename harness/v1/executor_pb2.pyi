@@ -587,6 +587,7 @@ class ToolResult(_message.Message):
     STRUCTURED_JSON_FIELD_NUMBER: _builtins.int
     META_JSON_FIELD_NUMBER: _builtins.int
     APPROVAL_ID_FIELD_NUMBER: _builtins.int
+    IMAGES_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     format: Global___Format.ValueType
     item_json: _builtins.str
@@ -608,6 +609,12 @@ class ToolResult(_message.Message):
     """Harness-side facts not shown to the model (timings, the deciding rule), JSON."""
     approval_id: _builtins.str
     """Set when error_code is "approval_pending": resolve it with ResolveApproval."""
+    @_builtins.property
+    def images(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResultImage]:
+        """The pictures the result carries after its text (item_json has them too, in
+        the format's own shape), each within the policy's image bounds.
+        """
+
     def __init__(
         self,
         *,
@@ -621,14 +628,51 @@ class ToolResult(_message.Message):
         structured_json: _builtins.str = ...,
         meta_json: _builtins.str = ...,
         approval_id: _builtins.str = ...,
+        images: _abc.Iterable[Global___ResultImage] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "call_id", b"call_id", "error_code", b"error_code", "format", b"format", "is_error", b"is_error", "item_json", b"item_json", "meta_json", b"meta_json", "retryable", b"retryable", "structured_json", b"structured_json", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "call_id", b"call_id", "error_code", b"error_code", "format", b"format", "images", b"images", "is_error", b"is_error", "item_json", b"item_json", "meta_json", b"meta_json", "retryable", b"retryable", "structured_json", b"structured_json", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ToolResult: _TypeAlias = ToolResult  # noqa: Y015
+
+@_typing.final
+class ResultImage(_message.Message):
+    """A picture in a tool result: a PNG, JPEG, GIF or WebP file's bytes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEDIA_TYPE_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    WIDTH_FIELD_NUMBER: _builtins.int
+    HEIGHT_FIELD_NUMBER: _builtins.int
+    LABEL_FIELD_NUMBER: _builtins.int
+    media_type: _builtins.str
+    """"image/png", "image/jpeg", "image/gif" or "image/webp"."""
+    data: _builtins.bytes
+    width: _builtins.int
+    """Size in pixels, read from the image's header."""
+    height: _builtins.int
+    label: _builtins.str
+    """Where it came from ("/workspace/chart.png", "screenshot"), or empty."""
+    def __init__(
+        self,
+        *,
+        media_type: _builtins.str = ...,
+        data: _builtins.bytes = ...,
+        width: _builtins.int = ...,
+        height: _builtins.int = ...,
+        label: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "height", b"height", "label", b"label", "media_type", b"media_type", "width", b"width"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResultImage: _TypeAlias = ResultImage  # noqa: Y015
 
 @_typing.final
 class CallToolEvent(_message.Message):

@@ -4,6 +4,7 @@ globs in the policy."""
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,16 @@ def test_results_map_text_structured_content_and_errors() -> None:
     assert failed.is_error and failed.error is ErrorCode.TOOL_FAILED and failed.text == "no such repo"
     only_structured = call_result({"content": [], "structuredContent": {"n": 2}})
     assert only_structured.text == '{"n": 2}'
+
+
+def test_an_image_the_server_returns_is_a_picture_of_the_result() -> None:
+    png = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010802000000907753de"
+                        "0000000c4944415478da63f8cfc0000003010100c9fe92ef0000000049454e44ae426082")
+    got = call_result({"content": [{"type": "text", "text": "shot"},
+                                   {"type": "image", "mimeType": "image/png", "data": base64.b64encode(png).decode()}]},
+                      "browser")
+    assert got.text == "shot" and len(got.images) == 1
+    assert (got.images[0].data, got.images[0].width, got.images[0].label) == (png, 1, "from the MCP server browser")
 
 
 class _Target:

@@ -210,6 +210,7 @@ REQUIRED = {
     "write_file": ["path", "content"],
     "list_dir": [],
     "search": ["pattern"],
+    "view_image": ["path"],
     "exec_command": ["cmd"],
     "write_stdin": ["session_id"],
     "python": ["code"],

@@ -282,11 +282,12 @@ LEAVES = ("harness.core.errors", "harness.core.units", "harness.core.times", "ha
 
 CLIENT = "harness.client"
 CLIENT_ALLOWED = ("harness.v1", "harness.wire", "harness.core.units", "harness.core.state_dirs",
-                  "harness.doors.grpc.tokens")
+                  "harness.doors.grpc.tokens", "harness.core.calls")
 """What the Python client of the gRPC door may import besides its own modules (``harness.client``
 and the ``harness.client_*`` modules split from it): generated code, the wire constants, the
-size parser, where callbox keeps its state, and the token module (it reads the caller's token
-from the token file the server writes, ``client_token``)."""
+size parser, where callbox keeps its state, the token module (it reads the caller's token
+from the token file the server writes, ``client_token``) and the shared result shapes
+(``ImagePart``: a result's pictures are the same type on both sides)."""
 CLIENT_CLOSURE = (*CLIENT_ALLOWED, "harness.core.errors")
 """Everything loading the client may load: the above and what they import (tokens raises a
 ``CallboxError``)."""

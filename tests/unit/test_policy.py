@@ -175,7 +175,8 @@ def test_load_from_a_file_names_the_file(tmp_path: Path) -> None:
          "unexpected key 'tools.my-tool.rules[0].why' (allowed: action, command, path, reason)"),
         ('[budgets]\nmax_calls = 3', "unexpected key 'budgets.max_calls' (allowed: max_tool_calls, "
                                      "max_wall_time_s, call_timeout_ceiling_s, default_call_timeout_s, "
-                                     "max_output_bytes)"),
+                                     "max_output_bytes, max_image_bytes, max_image_pixels, "
+                                     "max_images_per_result)"),
     ],
 )
 def test_unknown_keys_are_refused(text: str, problem: str) -> None:

@@ -16,9 +16,7 @@ from harness.tools.python_kernel import (
     Cell,
     cell_output,
     image_part,
-    jpeg_size,
     no_kernel,
-    png_size,
     value_text,
 )
 
@@ -103,11 +101,10 @@ def test_a_figure_becomes_an_image_part_with_its_header_size():
     assert out.structured is not None and out.structured["images"] == 1
 
 
-def test_image_headers():
-    assert png_size(_png(3, 7)) == (3, 7)
-    assert png_size(b"GIF89a") is None
-    assert jpeg_size(_jpeg(640, 480)) == (640, 480)
-    assert jpeg_size(b"\xff\xd8\xff") is None
+def test_image_parts_of_a_cell():
+    png = image_part("png", base64.b64encode(_png(3, 7)).decode(), "Out")
+    assert png is not None and (png.width, png.height) == (3, 7)
+    assert image_part("png", base64.b64encode(_jpeg(10, 20)).decode(), "Out") is None  # not what it says
     jpeg = image_part("jpeg", base64.b64encode(_jpeg(10, 20)).decode(), "Out")
     assert jpeg is not None and (jpeg.media_type, jpeg.width, jpeg.height) == ("image/jpeg", 10, 20)
     assert image_part("png", base64.b64encode(b"not a png").decode(), "Out") is None
@@ -177,3 +174,13 @@ def test_images_beyond_the_kept_bytes_are_counted():
     out = cell_output(cell, duration_ms=1.0)
     assert len(out.images) == 1 and out.structured is not None and out.structured["images_dropped"] == 2
     assert out.text.endswith(f"[2 more image(s) not kept: a cell's images may hold {len(png) + 1} bytes]")
+
+
+def test_python_is_served_only_to_a_policy_that_names_it() -> None:
+    from harness.core.policy import Policy
+    from harness.tools import registry_for
+
+    assert "python" not in registry_for(Policy()).names()
+    assert "python" in registry_for(Policy.model_validate({"allowed_tools": ["shell", "python"]})).names()
+    assert "python" in registry_for(Policy.model_validate({"tools": {"python": {"decision": "ask"}}})).names()
+    assert "shell" in registry_for(Policy()).names()

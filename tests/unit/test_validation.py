@@ -439,6 +439,7 @@ EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"pattern": "def "},
         {"pattern": "def ", "path": "src", "literal": True, "glob": "*.py", "max_results": 5},
     ),
+    "view_image": ({"path": "chart.png"}, {"path": "chart.png"}),
     "exec_command": (
         {"cmd": "ls"},
         {"cmd": "ls", "workdir": "/workspace", "shell": "/bin/sh", "login": False, "tty": True,

@@ -55,6 +55,8 @@ def result_message(result: ToolResult, fmt: Format) -> executor_pb2.ToolResult:
         structured_json=json_text(result.structured) if result.structured is not None else "",
         meta_json=json_text(result.meta),
         approval_id=approval if isinstance(approval, str) else "",
+        images=[executor_pb2.ResultImage(media_type=image.media_type, data=image.data, width=image.width,
+                                         height=image.height, label=image.label) for image in result.images],
     )
 
 

@@ -275,6 +275,23 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
         title = pages.fill(Template('<p class="run-id"><code>$id</code></p>\n'), id=record.id)
         return pages.join([title, pages.run_page(record, calls, approvals_of_run, live=record.id in console.live())])
 
+    async def picture(request: Request) -> Response:
+        """A picture a call of the run returned, for the ``<img>`` of the run's page (the
+        caller must be allowed to see the run)."""
+        caller = caller_of(request, sessions)
+        if caller is None:
+            return PlainTextResponse("log in at /login to see this picture", status_code=401,
+                                     headers={"www-authenticate": WWW_AUTHENTICATE})
+        try:
+            media_type, data = await run_in_threadpool(
+                console.run_image, request.path_params["run_id"], request.path_params["digest"],
+                viewer=caller.viewer)
+        except ConsoleError as error:
+            return PlainTextResponse(error.message, status_code=error.status)
+        return Response(data, media_type=media_type, headers={
+            "cache-control": "private, max-age=3600", "x-content-type-options": "nosniff",
+            "content-security-policy": "default-src 'none'"})
+
     def egress(request: Request, caller: Caller) -> pages.Html:
         filters, number = browse_pages.filters_of(request.query_params)
         found, total = console.egress(filters, number, viewer=caller.viewer)
@@ -352,6 +369,7 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
         Route("/sandboxes/{sandbox_id:path}/kill", page("sandboxes", "Kill a sandbox?", kill_confirm),
               methods=["GET"]),
         Route("/runs", page("runs", "Runs", runs), methods=["GET"]),
+        Route("/runs/{run_id}/images/{digest}", picture, methods=["GET"]),
         Route("/runs/{run_id:path}", page("runs", "Run", run), methods=["GET"]),
         Route("/egress", page("egress", "Egress log", egress), methods=["GET"]),
         Route("/approvals/{approval_id}/resolve", action("/", resolve), methods=["POST"]),

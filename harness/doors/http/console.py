@@ -327,6 +327,17 @@ class Console:
             raise ConsoleError(error.message, error.code) from None
         return run, calls, self.audit.list_approvals(None, run_id=run_id)
 
+    def run_image(self, run_id: str, digest: str, *, viewer: str | None = None) -> tuple[str, bytes]:
+        """``(media_type, data)`` of a picture a call of ``run_id`` returned (``digest``: its
+        sha256); ConsoleError 404 unless the run is the viewer's and one of its calls names it."""
+        _, calls, _ = self.run(run_id, viewer=viewer)
+        named = any(isinstance(entry, dict) and entry.get("sha256") == digest
+                    for call in calls for entry in call.get("images") or ())
+        found = self.audit.image_blob(digest) if named else None
+        if found is None:
+            raise ConsoleError(f"run {run_id} has no picture {digest}", ErrorCode.NOT_FOUND)
+        return found
+
     def _run_of(self, run_id: str, viewer: str) -> RunRecord | None:
         """``run_id``'s record when it is ``viewer``'s, else None."""
         try:

@@ -315,7 +315,7 @@ _CALL = Template("""<details class="call" id="call-$anchor">
 <pre class="arguments">$arguments</pre>
 <h3>Result</h3>
 <pre class="result$error">$result</pre>
-</section>
+$images</section>
 </details>
 """)
 _CALLS_HEAD = Html("""<div class="calls">
@@ -361,6 +361,21 @@ def _sandbox_of(run: RunRecord, live: bool) -> Html:
     return fill(Template("not live$named"), named=named)
 
 
+_PICTURE = Template('<figure class="picture"><img src="$src" alt="$label" width="$width" height="$height" '
+                    'loading="lazy"><figcaption>$media_type $width&times;$height, $size bytes $label</figcaption>'
+                    '</figure>\n')
+
+
+def _pictures(run_id: str, images: list[dict[str, Any]]) -> Html:
+    """The pictures a call returned, each from the console's route serving it by digest."""
+    return join(
+        fill(_PICTURE, src=f"/runs/{quote(run_id, safe='')}/images/{quote(_s(entry.get('sha256')), safe='')}",
+             label=_s(entry.get("label")), width=_s(entry.get("width")), height=_s(entry.get("height")),
+             media_type=_s(entry.get("media_type")), size=_s(entry.get("bytes")))
+        for entry in images if isinstance(entry, dict) and entry.get("sha256")
+    )
+
+
 def run_page(run: RunRecord, calls: list[dict[str, Any]], approvals: list[Approval], *, live: bool) -> Html:
     summary = fill(Template("""<dl class="run">
 <dt>Door</dt><dd>$door</dd><dt>Client</dt><dd>$client</dd><dt>Started</dt><dd>$created</dd>
@@ -377,7 +392,8 @@ def run_page(run: RunRecord, calls: list[dict[str, Any]], approvals: list[Approv
              outcome=_outcome(c), started=when(c.get("started")),
              arguments=clip(pretty_arguments(_s(c.get("arguments"))), ARGUMENTS_SHOWN),
              error=" error" if c.get("is_error") else "",
-             result=clip(c.get("result_text"), RESULT_SHOWN) if c.get("state") == "done" else "(no result yet)")
+             result=clip(c.get("result_text"), RESULT_SHOWN) if c.get("state") == "done" else "(no result yet)",
+             images=_pictures(run.id, c.get("images") or []))
         for i, c in enumerate(calls, start=1)
     )
     approval_rows = join(

@@ -13,14 +13,17 @@ Calls: each sandbox runs its own server, started on the first call of one of its
 the call's timeout (``ToolContext.timeout_for``) for the server's start and its answer.
 
 Results: ``isError`` is an error result (``tool_failed``) with the server's text;
-``structuredContent`` is the structured content; text content is the result text, other
-content (images, audio, resources) a line naming it. A server that crashed or printed
+``structuredContent`` is the structured content; text content is the result text, an image
+that is a PNG, JPEG, GIF or WebP a picture of the result (within the policy's image bounds),
+other content (audio, resources, other images) a line naming it. A server that crashed or printed
 malformed output is ``tool_failed``, one that did not answer in time ``timed_out``; either
 way it is killed, and the next call starts a new one. Its stderr goes to callbox's log.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import threading
@@ -29,11 +32,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.core.calls import ErrorCode, ToolOutput
+from harness.core.calls import ErrorCode, ImagePart, ToolOutput
 from harness.core.context import ToolContext
 from harness.core.declared import DeclaredTool
 from harness.core.declared_mcp import McpArgs, input_model_for, mcp_tool_name, schema_problem
 from harness.core.errors import AgentCallError, CallboxError
+from harness.core.images import NotAnImage, image_part
 from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
 from harness.core.strict_schema import SchemaForm, StrictSchemaError
 from harness.engine.base import Engine
@@ -115,19 +119,39 @@ def _text_of(item: Mapping[str, Any]) -> str:
     return f"[{kind} content]"
 
 
-def call_result(result: Mapping[str, Any]) -> ToolOutput:
-    """A ``tools/call`` result as a ToolOutput."""
+def _picture(item: Mapping[str, Any], server: str) -> ImagePart | None:
+    """An ``image`` content item as a picture, when it is a PNG, JPEG, GIF or WebP (else None)."""
+    if item.get("type") != "image" or not isinstance(item.get("data"), str):
+        return None
+    try:
+        return image_part(base64.b64decode(item["data"], validate=True), label=f"from the MCP server {server}")
+    except (binascii.Error, NotAnImage):
+        return None
+
+
+def call_result(result: Mapping[str, Any], server: str = "") -> ToolOutput:
+    """A ``tools/call`` result as a ToolOutput: its pictures (``image`` content that is a PNG,
+    JPEG, GIF or WebP) as image parts, its other content as text."""
     content = result.get("content")
     items = [item for item in content if isinstance(item, dict)] if isinstance(content, list) else []
-    text = "\n".join(_text_of(item) for item in items)
+    images: list[ImagePart] = []
+    texts: list[str] = []
+    for item in items:
+        picture = _picture(item, server)
+        if picture is None:
+            texts.append(_text_of(item))
+        else:
+            images.append(picture)
+    text = "\n".join(texts)
     structured = result.get("structuredContent")
     structured = structured if isinstance(structured, dict) else None
     if not text and structured is not None:
         text = json.dumps(structured, ensure_ascii=False)
     if result.get("isError") is True:
         return ToolOutput(text=text or "the MCP tool reported an error without a message", is_error=True,
-                          error=ErrorCode.TOOL_FAILED, structured=structured, raw_bytes=len(text.encode()))
-    return ToolOutput(text=text, structured=structured, raw_bytes=len(text.encode()))
+                          error=ErrorCode.TOOL_FAILED, structured=structured, raw_bytes=len(text.encode()),
+                          images=tuple(images))
+    return ToolOutput(text=text, structured=structured, raw_bytes=len(text.encode()), images=tuple(images))
 
 
 def _server_failure(error: McpServerError) -> ToolOutput:
@@ -159,7 +183,7 @@ def _handler(declared: DeclaredTool, server_tool: str) -> Callable[[ToolContext,
                               error=ErrorCode.TOOL_FAILED, structured={"reason": "mcp_error", "code": error.code})
         except AgentCallError as error:
             return agent_failure(error, started=None)
-        return call_result(result)
+        return call_result(result, declared.name)
 
     return handler
 
