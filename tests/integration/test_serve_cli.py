@@ -111,8 +111,22 @@ def _serve_notified(config, tmp_path, *, timeout: float):  # type: ignore[no-unt
     notify.settimeout(timeout)
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli.main", "serve", "--config", str(config)],
                             stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+                            env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock"),
+                                 "PYTHONFAULTHANDLER": "1"})  # SIGABRT dumps every thread's stack
     return notify, proc
+
+
+def _stopped(proc, timeout: float) -> str:  # type: ignore[no-untyped-def]
+    """What a server wrote on stderr until it exited after SIGTERM; one that does not exit in
+    ``timeout`` is aborted, and the failure shows where each of its threads was waiting."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return str(proc.communicate(timeout=timeout)[1])
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        rest = proc.communicate(timeout=30)[1]
+        raise AssertionError(f"the server did not stop within {timeout:.0f} s of SIGTERM; its threads:\n"
+                             f"{rest[-20000:]}") from None
 
 
 def _line_with(stream, text: str) -> str:
@@ -249,8 +263,7 @@ def test_each_door_says_where_it_listens_once(tmp_path):
             assert line, f"the server ended before listening: {seen}"
             seen.append(line)
         assert notify.recv(4096).decode().split("\n") == ["READY=1", "STATUS=serving"]  # every door started
-        proc.send_signal(signal.SIGTERM)
-        _out, rest = proc.communicate(timeout=60)
+        rest = _stopped(proc, 60)
         assert proc.returncode == 0
     finally:
         notify.close()

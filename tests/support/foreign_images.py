@@ -248,16 +248,29 @@ def busybox_image(client: docker.DockerClient) -> str:
     return tag
 
 
-def _newest_base(client: docker.DockerClient) -> docker.models.images.Image:
-    images = [img for img in client.images.list() if any(t.startswith(f"{BASE_REPO}:") for t in img.tags)]
-    if not images:
-        raise ForeignImageError(f"no local {BASE_REPO} image; build it first with `make image`")
-    return max(images, key=lambda img: str(img.attrs.get("Created", "")))
+def _sandbox_base(client: docker.DockerClient) -> docker.models.images.Image:
+    """The callbox-base the test image was built on (its ``callbox.image.base`` label), not
+    the newest one: an image variant (code interpreter, desktop) has a base of its own, with
+    more Debian packages on Python than the purge below expects."""
+    from tests.conftest import IMAGE
+
+    try:
+        labels = client.images.get(IMAGE).labels or {}
+    except docker.errors.ImageNotFound:
+        raise ForeignImageError(f"no local {IMAGE}; build it first with `make image`") from None
+    base = labels.get("callbox.image.base", "")
+    if not base.startswith(f"{BASE_REPO}:"):
+        raise ForeignImageError(f"{IMAGE} names no {BASE_REPO} image it was built on (label callbox.image.base: "
+                                f"{base!r}); rebuild it with `make image`")
+    try:
+        return client.images.get(base)
+    except docker.errors.ImageNotFound:
+        raise ForeignImageError(f"{base}, which {IMAGE} was built on, is gone; rebuild with `make image`") from None
 
 
 def bookworm_nopython_image(client: docker.DockerClient) -> str:
     """``callbox-test/bookworm-nopython:<hash12>``: callbox-base without any Python, one layer, user builder (1000)."""
-    base = _newest_base(client)
+    base = _sandbox_base(client)
     tag = _tag("bookworm-nopython", {"base": base.id, "script": NOPYTHON_SCRIPT, "changes": DEBIAN_CHANGES})
     if _exists(client, tag):
         return tag
