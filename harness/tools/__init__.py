@@ -7,7 +7,9 @@ every door, the loop and the CLI serve a policy with.
 and a policy written before it existed, whose ``[tools.shell]`` rules restrict commands,
 must not find a new tool beside them that runs any code unruled. ``computer`` (the desktop) is
 served the same way, for the same reasons: it needs the desktop image, and it drives a browser
-and anything else on the desktop, which no shell rule sees."""
+and anything else on the desktop, which no shell rule sees. The ``browser_*`` tools (the desktop's
+Chromium, Playwright MCP's names) are served as one family, the same way, to a policy that names
+any of them or ``browser_*`` (``allowed_tools``, or a ``[tools."browser_*"]`` table)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from harness.core.registry import ToolRegistry
 from harness.engine.base import Engine
 from harness.tools.apply_patch import APPLY_PATCH
 from harness.tools.bash import BASH
+from harness.tools.browser import BROWSER_TOOL_NAMES, BROWSER_TOOLS
 from harness.tools.computer import COMPUTER
 from harness.tools.declared import declared_tools
 from harness.tools.editor import EDITOR
@@ -28,8 +31,9 @@ from harness.tools.unified_exec import UNIFIED_EXEC_TOOLS
 from harness.tools.view_image import VIEW_IMAGE
 
 
-def builtin_registry(*, python: bool = True, computer: bool = True) -> ToolRegistry:
-    """Every built-in tool (``python``: with the kernel tool; ``computer``: with the desktop tool)."""
+def builtin_registry(*, python: bool = True, computer: bool = True, browser: bool = True) -> ToolRegistry:
+    """Every built-in tool (``python``: with the kernel tool; ``computer``: with the desktop tool;
+    ``browser``: with the ``browser_*`` tools)."""
     registry = ToolRegistry()
     for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS, VIEW_IMAGE, *UNIFIED_EXEC_TOOLS):
         registry.register(tool)
@@ -37,6 +41,9 @@ def builtin_registry(*, python: bool = True, computer: bool = True) -> ToolRegis
         registry.register(PYTHON)
     if computer:
         registry.register(COMPUTER)
+    if browser:
+        for tool in BROWSER_TOOLS:
+            registry.register(tool)
     return registry
 
 
@@ -50,12 +57,20 @@ def asks_for_computer(policy: Policy) -> bool:
     return COMPUTER.name in (policy.allowed_tools or ()) or COMPUTER.name in policy.tools
 
 
+def asks_for_browser(policy: Policy) -> bool:
+    """Whether ``policy`` names a ``browser_*`` tool or ``browser_*`` itself (``allowed_tools`` or
+    ``[tools.NAME]``): the whole family is served then."""
+    names = {*(policy.allowed_tools or ()), *policy.tools}
+    return bool(names & (BROWSER_TOOL_NAMES | {"browser_*"}))
+
+
 def registry_for(policy: Policy, engine_for: Callable[[], Engine] | None = None) -> ToolRegistry:
     """The built-in tools, then the tools ``policy`` declares; a declared tool named like a
     built-in one is a PolicyError naming it. An ``mcp`` table's tools are listed by its
     server, started once per process in a sandbox of ``engine_for`` (default: the local
     Docker engine, connected only when the policy has such a table)."""
-    registry = builtin_registry(python=asks_for_python(policy), computer=asks_for_computer(policy))
+    registry = builtin_registry(python=asks_for_python(policy), computer=asks_for_computer(policy),
+                                browser=asks_for_browser(policy))
     builtins = set(builtin_registry().names())
     for tool in declared_tools(policy, engine_for):
         if tool.name in registry:

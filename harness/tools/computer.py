@@ -126,12 +126,13 @@ def _reply(ran: Ran) -> dict[str, Any] | None:
     return reply if isinstance(reply, dict) else None
 
 
-def start_display(ctx: ToolContext) -> str | None:
-    """Start the desktop's display as a job whose processes outlive it; None once it is up, else why not."""
+def start_display(ctx: ToolContext, argv: list[str] | None = None) -> str | None:
+    """Start the desktop's display as a job whose processes outlive it (``argv``: another command
+    that starts it, such as the browser's); None once it is up, else why not."""
     jobs = ctx.runtime().agent.jobs
+    argv = argv or ["python3", "-I", DESKTOP_SCRIPT, json.dumps({"action": "start_display"})]
     try:
-        info = jobs.start(["python3", "-I", DESKTOP_SCRIPT, json.dumps({"action": "start_display"})],
-                          tag="callbox-desktop-display", keep_leftovers=True, env=ctx.runtime().env)
+        info = jobs.start(argv, tag="callbox-desktop-display", keep_leftovers=True, env=ctx.runtime().env)
         output = bytearray()
         for event in jobs.attach(info.pid, follow=True, timeout=DISPLAY_START_TIMEOUT_S):
             if isinstance(event, JobChunk):

@@ -119,7 +119,17 @@ def ensure_display() -> None:
         # maximized window on a blank page (ctrl+l, a URL and Return open a page).
         chromium = shutil.which("chromium")
         if chromium is not None:
-            _spawn([chromium, *CHROMIUM_FLAGS, "--start-maximized", "about:blank"], "chromium.log")
+            _spawn(chromium_argv(chromium, "--start-maximized", "about:blank"), "chromium.log")
+
+
+def chromium_argv(chromium: str, *args: str) -> list[str]:
+    """Chromium's command line: the flags above, DevTools on a loopback port Chromium picks and
+    writes to ``DevToolsActivePort`` in its profile (the browser tools connect there), and the
+    sandbox's egress proxy when it has one (``allowlist``), so its rules and audit apply to the
+    browser too; loopback stays direct, so the sandbox's own servers are reached either way."""
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("HTTP_PROXY")
+    return [chromium, *CHROMIUM_FLAGS, "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
+            *([f"--proxy-server={proxy}"] if proxy else []), *args]
 
 
 def _log_tail(name: str) -> str:
