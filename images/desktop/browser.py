@@ -547,8 +547,9 @@ def wait_for(tools: DevTools, session: str, args: dict[str, Any]) -> str:
 def start() -> dict[str, Any]:
     """The display (with Chromium), or Chromium alone when the display is up without it; then its
     DevTools port answering."""
-    computer.ensure_display()
-    if not _devtools_up():
+    display_was_up = computer._display_up()
+    computer.ensure_display()  # starts Chromium with the display
+    if display_was_up and not _devtools_up() and not _chromium_running():
         chromium = computer.shutil.which("chromium")
         if chromium is None:
             raise ActionError("chromium is not installed in this image")
@@ -563,11 +564,32 @@ def start() -> dict[str, Any]:
 
 
 def _devtools_up() -> bool:
+    """Whether Chromium answers on its DevTools port and has opened its first window's tab (the
+    port answers before it does, and a call meanwhile would open a second tab)."""
     try:
-        DevTools(timeout_s=2).close()
-        return True
+        tools = DevTools(timeout_s=2)
     except ActionError:
         return False
+    try:
+        return any(t["type"] == "page" for t in tools.call("Target.getTargets")["targetInfos"])
+    except ActionError:
+        return False
+    finally:
+        tools.close()
+
+
+def _chromium_running() -> bool:
+    """Whether a Chromium browser process runs (it may not answer yet: it is starting)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        # /usr/bin/chromium is a shell script that execs the browser: either may be seen.
+        if any(a.endswith(b"chromium") for a in argv[:2]) and not any(a.startswith(b"--type=") for a in argv):
+            return True
+    return False
 
 
 def perform(args: dict[str, Any]) -> dict[str, Any]:
