@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import socket
 import struct
 import sys
@@ -31,7 +32,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import computer  # noqa: E402  (the display and Chromium's command line: one home)
+import computer
 
 PROFILE = os.path.join(computer.STATE_DIR, "chromium")
 PORT_FILE = os.path.join(PROFILE, "DevToolsActivePort")
@@ -277,7 +278,7 @@ class Browser:
         if not 0 <= index < len(self.order):
             raise ActionError(f"there is no tab {index}: the tabs are 0 to {len(self.order) - 1}"
                               if self.order else "there is no tab")
-        return self.order[index]
+        return str(self.order[index])
 
     def close_tab(self, target: str) -> None:
         position = self.order.index(target)
@@ -469,12 +470,23 @@ def wait_loaded(tools: DevTools, session: str, timeout_s: float = LOAD_TIMEOUT_S
         time.sleep(POLL_S)
 
 
+def with_scheme(url: str) -> str:
+    """``url`` with a scheme: as given, else http:// for the sandbox's own host, https:// for others."""
+    if "://" in url or url.startswith(("about:", "data:")):
+        return url
+    host = url.split("/", 1)[0].rsplit(":", 1)[0]
+    return ("http://" if host in ("localhost", "127.0.0.1", "[::1]") else "https://") + url
+
+
 def navigate(tools: DevTools, session: str, url: str) -> None:
-    if "://" not in url and not url.startswith(("about:", "data:")):
-        url = "http://" + url if url.split("/")[0].split(":")[0] in ("localhost", "127.0.0.1") else "https://" + url
+    url = with_scheme(url)
     result = tools.call("Page.navigate", {"url": url}, session)
-    if result.get("errorText"):
-        raise ActionError(f"navigating to {url} failed: {result['errorText']}")
+    error = result.get("errorText")
+    if error:
+        if error in ("net::ERR_TUNNEL_CONNECTION_FAILED", "net::ERR_PROXY_CONNECTION_FAILED"):
+            error += (" (the sandbox's network is an allowlist: its egress proxy refused this host, or could "
+                      "not reach it; the hosts it allows are the policy's sandbox.allow_hosts)")
+        raise ActionError(f"navigating to {url} failed: {error}")
     wait_loaded(tools, session)
 
 
@@ -550,7 +562,7 @@ def start() -> dict[str, Any]:
     display_was_up = computer._display_up()
     computer.ensure_display()  # starts Chromium with the display
     if display_was_up and not _devtools_up() and not _chromium_running():
-        chromium = computer.shutil.which("chromium")
+        chromium = shutil.which("chromium")
         if chromium is None:
             raise ActionError("chromium is not installed in this image")
         computer._spawn(computer.chromium_argv(chromium, "--start-maximized", "about:blank"), "chromium.log")

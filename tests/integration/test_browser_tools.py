@@ -20,13 +20,20 @@ import pytest
 from mcp import Client
 from mcp.types import ImageContent, TextContent
 
-from harness.core.calls import ErrorCode
+from harness.audit.store import AuditStore
+from harness.core.calls import ErrorCode, ToolCall
 from harness.core.context import ToolContext
 from harness.core.images import read_header
+from harness.core.policy import parse_policy
+from harness.core.session import Session
 from harness.doors.mcp.http import serve_mcp_http
+from harness.engine.docker.engine import DockerEngine
+from harness.engine.spec import HostLimits
+from harness.tools import registry_for
 from harness.tools.browser import BROWSER_TOOLS, NavigateArgs
 from tests.conftest import IMAGE, unavailable
 from tests.integration.helpers import callbox
+from tests.netdest import BANNER, HTTP_PORT
 
 pytestmark = pytest.mark.docker
 
@@ -149,3 +156,30 @@ def test_a_sandbox_without_a_desktop_is_told_which_image_to_use(make_sandbox: An
     assert out.is_error and out.error is ErrorCode.NOT_SUPPORTED and "callbox-sandbox-desktop:latest" in out.text
     assert out.structured == {"tool": "browser_navigate", "needs_image": "callbox-sandbox-desktop:latest",
                               "policy_key": "sandbox.image"}
+
+
+def test_under_allowlist_the_browser_goes_through_the_egress_proxy(
+    desktop_image: str, net_engine: DockerEngine, tmp_path: Path,
+) -> None:
+    """An allowed host loads; a denied one gets the proxy's refusal; both are in the egress audit."""
+    policy = parse_policy(textwrap.dedent(f"""
+        [sandbox]
+        image = "{desktop_image}"
+        network = "allowlist"
+        allow_hosts = ["dest.callbox.test:{HTTP_PORT}"]
+        [tools."browser_*"]
+    """), source="test.toml", base_dir=tmp_path, host=HostLimits(cpus=None, memory=None))
+    with AuditStore(tmp_path / "audit.sqlite3") as audit:
+        with Session(registry_for(policy), policy, audit, spec=policy.sandbox_spec(),
+                     engine_factory=lambda: net_engine) as harness:
+            allowed = harness.call(ToolCall("browser_navigate", {"url": f"http://dest.callbox.test:{HTTP_PORT}/hi"},
+                                            "nav-allowed"))
+            denied = harness.call(ToolCall("browser_navigate", {"url": f"http://api.callbox.test:{HTTP_PORT}/x"},
+                                           "nav-denied"))
+            run_id = harness.run_id
+        rows = audit.egress(run_id)
+    assert not allowed.is_error, allowed.text
+    assert f'- text: "{BANNER} /hi' in allowed.text, allowed.text
+    assert f"callbox egress proxy refused api.callbox.test:{HTTP_PORT}" in denied.text, denied.text
+    decisions = {(r["call_id"], r["decision"], r["host"]) for r in rows if r["host"].endswith(".callbox.test")}
+    assert decisions == {("nav-allowed", "allow", "dest.callbox.test"), ("nav-denied", "deny", "api.callbox.test")}
