@@ -312,7 +312,8 @@ def format_snapshot(nodes: list[dict[str, Any]], refs: RefTable) -> str:
     name left out (their children in their place) and text that repeats its parent's name dropped."""
     by_id = {node["nodeId"]: node for node in nodes}
     children_of = {node["nodeId"]: node.get("childIds", []) for node in nodes}
-    roots = [node for node in nodes if not node.get("parentId") or node["parentId"] not in by_id]
+    children = {child for ids in children_of.values() for child in ids}
+    roots = [node for node in nodes if node["nodeId"] not in children]
 
     def value(node: dict[str, Any], key: str) -> str:
         field = node.get(key) or {}
