@@ -281,7 +281,7 @@ def test_a_command_rule_on_a_python_tool_is_refused(tmp_path: Path) -> None:
 
 
 def test_without_declared_tools_the_registry_is_the_builtin_one() -> None:
-    assert registry_for(Policy()).names() == builtin_registry(python=False, computer=False).names()
+    assert registry_for(Policy()).names() == builtin_registry(python=False, computer=False, browser=False).names()
 
 
 def test_the_readme_example_loads_and_decides_as_documented(tmp_path: Path) -> None:

@@ -215,6 +215,15 @@ REQUIRED = {
     "write_stdin": ["session_id"],
     "python": ["code"],
     "computer": ["action"],
+    "browser_navigate": ["url"],
+    "browser_snapshot": [],
+    "browser_click": ["element", "ref"],
+    "browser_type": ["element", "ref", "text"],
+    "browser_press_key": ["key"],
+    "browser_take_screenshot": [],
+    "browser_tabs": ["action"],
+    "browser_console_messages": [],
+    "browser_wait_for": [],
 }
 
 

@@ -454,6 +454,18 @@ EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"action": "left_click", "coordinate": [10, 20], "start_coordinate": [0, 0], "text": "a",
          "scroll_direction": "down", "scroll_amount": 2, "duration": 1, "region": [0, 0, 10, 10]},
     ),
+    "browser_navigate": ({"url": "http://127.0.0.1:8000/"}, {"url": "http://127.0.0.1:8000/"}),
+    "browser_snapshot": ({}, {}),
+    "browser_click": ({"element": "Save button", "ref": "e2"},
+                      {"element": "Save button", "ref": "e2", "doubleClick": True, "button": "right",
+                       "modifiers": ["Shift"]}),
+    "browser_type": ({"element": "Name", "ref": "e3", "text": "Ada"},
+                     {"element": "Name", "ref": "e3", "text": "Ada", "submit": True, "slowly": True}),
+    "browser_press_key": ({"key": "Enter"}, {"key": "Control+a"}),
+    "browser_take_screenshot": ({}, {"type": "jpeg", "element": "Save button", "ref": "e2", "fullPage": False}),
+    "browser_tabs": ({"action": "list"}, {"action": "close", "index": 1}),
+    "browser_console_messages": ({}, {"onlyErrors": True}),
+    "browser_wait_for": ({"time": 1}, {"time": 1, "text": "Saved", "textGone": "Saving"}),
 }
 
 
@@ -473,7 +485,9 @@ def test_examples_cover_every_builtin_and_each_optional_argument() -> None:
     for name, (minimal, full) in EXAMPLES.items():
         properties = builtin(name).input_schema("plain")["properties"]
         assert set(full) == set(properties), name
-        assert set(minimal) == set(builtin(name).input_schema("plain").get("required", [])), name
+        required = set(builtin(name).input_schema("plain").get("required", []))
+        # browser_wait_for requires none of its three arguments but one of them: its fewest is one
+        assert set(minimal) == required or (name, set(minimal)) == ("browser_wait_for", {"time"}), name
 
 
 @pytest.mark.parametrize("name", list(EXAMPLES))
@@ -506,10 +520,17 @@ def test_builtin_missing_and_null_optional_arguments_validate_the_same(name: str
     assert validate_call(definition, json.dumps(nulls)) == expected
     assert validate_call(definition, json.dumps(minimal)) == expected
     assert validate_call(definition, json.dumps(full)) == validate_call(definition, full)
-    # one argument at a time left out or null: the same result either way
+    # one argument at a time left out or null: the same result either way (the same refusal, when
+    # arguments go together, as a browser_take_screenshot's element and ref do)
+    def outcome(args: dict[str, Any]) -> Any:
+        try:
+            return validate_call(definition, args)
+        except CallRejected as exc:
+            return exc.message
+
     for prop in set(full) - set(minimal):
         without = {k: v for k, v in full.items() if k != prop}
-        assert validate_call(definition, {**without, prop: None}) == validate_call(definition, without), prop
+        assert outcome({**without, prop: None}) == outcome(without), prop
 
 
 @pytest.mark.parametrize(
@@ -549,6 +570,8 @@ def from_schema(node: dict[str, Any]) -> st.SearchStrategy[Any]:
     if "anyOf" in node:
         return st.one_of([from_schema(variant) for variant in node["anyOf"]])
     kind = node["type"]
+    if kind == "string" and "pattern" in node:
+        return st.from_regex(node["pattern"], fullmatch=True)
     if kind == "string":
         return st.text(_TEXT, min_size=node.get("minLength", 0), max_size=node.get("maxLength", 12))
     if kind == "integer":
@@ -589,6 +612,15 @@ def test_whatever_the_plain_schema_accepts_validates_and_null_equals_missing(cal
             assume(args.get(name) is None or (args[name][0] < SCREEN_WIDTH and args[name][1] < SCREEN_HEIGHT))
         region = args.get("region")
         assume(region is None or (region[0] < region[2] <= SCREEN_WIDTH and region[1] < region[3] <= SCREEN_HEIGHT))
+    # and the browser tools': a screenshot's element with its ref, tabs' index, something to wait for
+    if definition.name == "browser_take_screenshot":
+        assume((args.get("element") is None) == (args.get("ref") is None))
+        assume(args.get("ref") is None or not args.get("fullPage"))
+    if definition.name == "browser_tabs":
+        assume(args.get("index") is not None if args["action"] == "select" else True)
+        assume(args.get("index") is None or args["action"] in ("close", "select"))
+    if definition.name == "browser_wait_for":
+        assume(any(args.get(name) is not None for name in ("time", "text", "textGone")))
     accepted = validate_call(definition, args)
     assert validate_call(definition, json.dumps(args)) == accepted
     assert validate_call(definition, with_nulls(definition, args)) == accepted
