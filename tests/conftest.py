@@ -21,6 +21,9 @@ pytest_plugins = ["tests.support.foreign_fixtures", "tests.ray.fixtures"]
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 IMAGE = os.environ.get("CALLBOX_TEST_IMAGE", "callbox-sandbox:latest")
+DESKTOP_TEST_IMAGE = os.environ.get("CALLBOX_TEST_DESKTOP_IMAGE", "callbox-sandbox-desktop:latest")
+"""The desktop image the ``computer`` and ``browser_*`` tests run on (a tag of one's own while the
+desktop variant's files change)."""
 RUNTIME = os.environ.get("CALLBOX_TEST_RUNTIME", "runc")
 """The OCI runtime the sandboxes of the Docker tests run under: ``runc`` (default) or
 ``runsc`` (gVisor; ``make test`` runs tests/security a second time with it)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -31,13 +30,12 @@ from harness.engine.docker.engine import DockerEngine
 from harness.engine.spec import HostLimits
 from harness.tools import registry_for
 from harness.tools.browser import BROWSER_TOOLS, NavigateArgs
-from tests.conftest import IMAGE, unavailable
+from tests.conftest import DESKTOP_TEST_IMAGE, IMAGE, unavailable
 from tests.integration.helpers import callbox
 from tests.netdest import BANNER, HTTP_PORT
 
 pytestmark = pytest.mark.docker
 
-DESKTOP_IMAGE = os.environ.get("CALLBOX_TEST_DESKTOP_IMAGE", "callbox-sandbox-desktop:latest")
 FLOW_TIMEOUT_S = 120
 PAGE = ("<!doctype html><title>Button page</title><h1>A page</h1>"
         "<button onclick=\"this.textContent='Clicked'; console.log('clicked it')\">Click me</button>")
@@ -48,10 +46,10 @@ SERVE = ("mkdir -p /workspace/site && printf '%s' \"$PAGE\" > /workspace/site/in
 @pytest.fixture(scope="module")
 def desktop_image(engine: Any) -> str:
     try:
-        engine.client.images.get(DESKTOP_IMAGE)
+        engine.client.images.get(DESKTOP_TEST_IMAGE)
     except Exception:
-        unavailable(f"image {DESKTOP_IMAGE} is missing (run `make image-desktop`)", module=True)
-    return DESKTOP_IMAGE
+        unavailable(f"image {DESKTOP_TEST_IMAGE} is missing (run `make image-desktop`)", module=True)
+    return DESKTOP_TEST_IMAGE
 
 
 def _policy(tmp_path: Path, image: str) -> Path:

@@ -19,7 +19,7 @@ from harness.core.calls import ErrorCode
 from harness.core.context import ToolContext
 from harness.engine.spec import SandboxSpec
 from harness.tools.computer import COMPUTER, DESKTOP_IMAGE, ComputerArgs
-from tests.conftest import IMAGE, RUNTIME, unavailable
+from tests.conftest import DESKTOP_TEST_IMAGE, IMAGE, RUNTIME, unavailable
 
 pytestmark = pytest.mark.docker
 
@@ -71,11 +71,11 @@ def pixels_of(rgb: bytes, width: int, color: tuple[int, int, int]) -> list[tuple
 @pytest.fixture(scope="module")
 def desktop(engine: Any) -> Iterator[Any]:
     try:
-        engine.client.images.get(DESKTOP_IMAGE)
+        engine.client.images.get(DESKTOP_TEST_IMAGE)
     except Exception:
-        unavailable(f"image {DESKTOP_IMAGE} is missing (run `make image-desktop`)", module=True)
+        unavailable(f"image {DESKTOP_TEST_IMAGE} is missing (run `make image-desktop`)", module=True)
     # Every default limit (512m, 256 pids): Chromium on this page takes about 230 MB and 170 pids.
-    box = engine.create(SandboxSpec(image=DESKTOP_IMAGE, runtime=RUNTIME))
+    box = engine.create(SandboxSpec(image=DESKTOP_TEST_IMAGE, runtime=RUNTIME))
     try:
         yield box
     finally:
