@@ -37,6 +37,7 @@ from harness.tools.shell import NotRan, Ran, agent_failure, run_in_sandbox
 
 BROWSER_SCRIPT = "/opt/callbox/desktop/browser.py"
 MAX_WAIT_S = 60.0
+LOAD_WAIT_S = 30.0  # what the script waits for a page to load, beyond the call's own timeout
 ELEMENT = "Human-readable element description used to obtain permission to interact with the element"
 REF = "Exact target element reference from the page snapshot"
 
@@ -231,7 +232,7 @@ def _tool(name: str, title: str, model: type[_Args], action: str, *, read_only: 
 
 
 BROWSER_TOOLS: tuple[Tool, ...] = (
-    _tool("browser_navigate", "Navigate to a URL", NavigateArgs, "navigate"),
+    _tool("browser_navigate", "Navigate to a URL", NavigateArgs, "navigate", extra_s=lambda a: LOAD_WAIT_S),
     _tool("browser_snapshot", "Page snapshot", SnapshotArgs, "snapshot", read_only=True),
     _tool("browser_click", "Click", ClickArgs, "click"),
     _tool("browser_type", "Type text", TypeArgs, "type"),

@@ -150,6 +150,7 @@ class DevTools:
         except (OSError, ValueError):
             raise BrowserDown("Chromium is not running with DevTools (no DevToolsActivePort)") from None
         self.ws = WebSocket(port, path.strip(), timeout_s)
+        self.timeout_s = timeout_s
         self.next_id = 0
         self.events: list[dict[str, Any]] = []
 
@@ -160,7 +161,11 @@ class DevTools:
             message["sessionId"] = session
         self.ws.send(json.dumps(message))
         while True:
-            reply = json.loads(self.ws.receive())
+            try:
+                reply = json.loads(self.ws.receive())
+            except TimeoutError:
+                raise ActionError(f"Chromium did not answer {method} within {self.timeout_s:.0f} s (a page "
+                                  "that does not answer, or a dialog waiting on the page)") from None
             if reply.get("id") == self.next_id:
                 if "error" in reply:
                     raise CommandError(method, reply["error"].get("message", "failed"))
@@ -281,6 +286,8 @@ class Browser:
         return str(self.order[index])
 
     def close_tab(self, target: str) -> None:
+        if self.order == [target]:  # Chromium would quit with its last window: a blank tab stays
+            self.new_tab()
         position = self.order.index(target)
         self.tools.call("Target.closeTarget", {"targetId": target})
         self.order.remove(target)

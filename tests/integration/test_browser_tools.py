@@ -129,6 +129,11 @@ def test_the_mcp_door_gives_the_screenshot_as_image_content(desktop_image: str, 
             assert missing.is_error is True and "there is no tab 5: the tabs are 0 to 0" in _text(missing)
             waited = await client.call_tool("browser_wait_for", {"text": "Click me"})
             assert waited.is_error is False and 'Waited for text "Click me" to appear' in _text(waited)
+            # closing the last tab leaves a blank one (Chromium would quit with its window)
+            last = await client.call_tool("browser_tabs", {"action": "close", "index": 0})
+            assert _text(last).startswith("### Open tabs\n- 0: (current) [] (about:blank)\n"), _text(last)
+            again = await client.call_tool("browser_navigate", {"url": page})
+            assert '- button "Click me" [ref=e2]' in _text(again), _text(again)
 
     try:
         async def bounded() -> None:
