@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import tempfile
 import textwrap
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ from harness.doors.grpc.tokens import TokenSet
 from harness.doors.http import HttpServer, serve_http
 from tests.browser import chromium
 from tests.conftest import unavailable
+from tests.integration.helpers import callbox
 
 pytestmark = [pytest.mark.interop, pytest.mark.docker]
 
@@ -190,3 +192,65 @@ def test_input_reaches_the_desktop_only_after_an_operator_took_over(page: Any, s
     assert [c["tool"] for c in records] == ["sandbox.take_over", "sandbox.give_back"]
     assert all(json.loads(c["arguments"]) == {"actor": "console:operator"} if isinstance(c["arguments"], str)
                else c["arguments"] == {"actor": "console:operator"} for c in records)
+
+
+class _Rfb:
+    """A minimal RFB viewer over the console's WebSocket, as a script would be."""
+
+    def __init__(self, url: str, token: str) -> None:
+        from websockets.sync.client import connect
+
+        self.socket = connect(url, additional_headers={"authorization": f"Bearer {token}"}, subprotocols=["binary"],
+                              open_timeout=30)
+        self.pending = b""
+
+    def read(self, count: int) -> bytes:
+        while len(self.pending) < count:
+            message = self.socket.recv(timeout=30)
+            assert isinstance(message, bytes)
+            self.pending += message
+        taken, self.pending = self.pending[:count], self.pending[count:]
+        return taken
+
+    def handshake(self) -> None:
+        assert self.read(12).startswith(b"RFB 003.")
+        self.socket.send(b"RFB 003.008\n")
+        types = self.read(self.read(1)[0])
+        assert 1 in types  # None: the console's login is the gate
+        self.socket.send(b"\x01")
+        assert self.read(4) == b"\0\0\0\0"
+        self.socket.send(b"\x01")  # shared
+        width, height = struct.unpack(">HH", self.read(4))
+        assert (width, height) == (1280, 800)
+        self.read(16)
+        self.read(struct.unpack(">I", self.read(4))[0])
+
+    def point_and_sync(self, x: int, y: int) -> None:
+        """A pointer event, then a full update request answered: the server has read both by then."""
+        self.socket.send(struct.pack(">BBHH", 5, 0, x, y) + struct.pack(">BBHHHH", 3, 0, 0, 0, 1280, 800))
+        while self.read(1) != b"\x00":  # skip anything before the FramebufferUpdate
+            pass
+
+
+def test_a_client_viewer_sends_no_input_whatever_it_sends(stack: Stack) -> None:
+    """A script with the client's token speaks RFB itself: its pointer event is dropped by the proxy."""
+    before = _pointer(stack)
+    target = (before[0] + 300) % 1280, (before[1] + 200) % 800
+    viewer = _Rfb(f"{stack.http.url.replace('http://', 'ws://')}/sandboxes/{stack.sandbox_id}/vnc", AGENT_TOKEN)
+    try:
+        viewer.handshake()
+        viewer.point_and_sync(*target)
+    finally:
+        viewer.socket.close()
+    assert _pointer(stack) == before
+
+
+def test_callbox_sandbox_view_prints_the_live_views_url(stack: Stack) -> None:
+    shown = callbox("sandbox", "view", stack.sandbox_id, "--console", stack.http.url, "--json")
+    assert shown.returncode == 0, shown.stderr
+    url = json.loads(shown.stdout)["url"]
+    assert url == f"{stack.http.url}/sandboxes/{stack.sandbox_id}/view"
+    page = httpx.get(url, headers={"authorization": f"Bearer {OPERATOR_TOKEN}"})
+    assert page.status_code == 200 and 'id="live-screen"' in page.text
+    missing = callbox("sandbox", "view", "no-such-sandbox-here", "--console", stack.http.url)
+    assert missing.returncode == 4 and b"no sandbox named no-such-sandbox-here" in missing.stderr
