@@ -172,7 +172,7 @@ def test_a_sandbox_without_a_desktop_is_told_which_image_to_use(make_sandbox: An
     assert out.structured == {"action": "screenshot", "needs_image": DESKTOP_IMAGE, "policy_key": "sandbox.image"}
 
 
-def test_a_pooled_desktop_sandbox_is_claimed_with_its_display_up(engine: Any, desktop: Any) -> None:
+def test_a_pooled_desktop_sandbox_is_claimed_with_its_display_and_chromium_up(engine: Any, desktop: Any) -> None:
     root = Path(tempfile.mkdtemp(prefix="cbx-dpool-", dir="/tmp"))
     own = DockerEngine(engine.client, run_root=root, reap_on_start=False)
     spec = SandboxSpec(image=DESKTOP_IMAGE, runtime=RUNTIME)
@@ -186,6 +186,9 @@ def test_a_pooled_desktop_sandbox_is_claimed_with_its_display_up(engine: Any, de
         reply = collect(box.agent.exec(["python3", "-I", DESKTOP_SCRIPT, '{"action": "cursor_position"}']))
         assert reply.exit_code == 0, reply.stdout.data() + reply.stderr.data()
         assert json.loads(reply.stdout.data().decode().splitlines()[-1])["ok"] is True
+        window = collect(box.agent.exec(["xdotool", "search", "--onlyvisible", "--class", "chromium"],
+                                        env={"DISPLAY": ":1"}))
+        assert window.exit_code == 0 and window.stdout.data().strip(), "Chromium's window is not up at the claim"
     finally:
         if box is not None:
             box.destroy()
