@@ -236,3 +236,17 @@ def test_the_live_view_page_and_novnc_need_a_token(console: TestClient):
     assert page.status_code == 404 and "no live sandbox box-1" in page.text
     script = console.get("/static/liveview.js")
     assert script.status_code == 200 and "core/rfb.js" in script.text
+
+
+def test_callbox_sandbox_view_takes_the_consoles_url_from_the_flag_the_environment_or_the_default(
+        monkeypatch: pytest.MonkeyPatch):
+    from harness.cli.sandbox_view import DEFAULT_CONSOLE, _console_base
+    from harness.core.errors import UsageError
+
+    monkeypatch.delenv("CALLBOX_CONSOLE_URL", raising=False)
+    assert _console_base(None) == DEFAULT_CONSOLE
+    monkeypatch.setenv("CALLBOX_CONSOLE_URL", "https://console.example:8443/")
+    assert _console_base(None) == "https://console.example:8443"
+    assert _console_base("http://127.0.0.1:9000") == "http://127.0.0.1:9000"
+    with pytest.raises(UsageError, match="not an http"):
+        _console_base("127.0.0.1:9464")

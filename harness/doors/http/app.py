@@ -362,10 +362,14 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
             await websocket.close(code=1008)
             return
         key = _holder_key(caller)
-        operator = caller.operator
 
         def may_send_input() -> bool:
-            return operator and desk.in_control(sandbox_id, key)
+            """Asked at each input message: this login holds control, and is still an operator's."""
+            if not desk.in_control(sandbox_id, key):
+                return False
+            if caller.session is not None and sessions.get(caller.session.id) is None:
+                return False  # logged out, expired, or its token removed
+            return sessions.tokens.is_operator(caller.client)
 
         offered = websocket.scope.get("subprotocols") or []
         await websocket.accept(subprotocol="binary" if "binary" in offered else None)

@@ -323,9 +323,12 @@ class Console:
 
     def desktop_tunnel(self, sandbox_id: str, *, viewer: str | None = None) -> Tunnel:
         """A tunnel to the live sandbox's VNC server. ConsoleError: 404 for no such sandbox,
-        409 before its container started, ``connection_refused`` when nothing listens (not the
-        desktop image, or its display has not started)."""
+        409 while it is paused or before its container started, ``connection_refused`` when
+        nothing listens (not the desktop image, or its display has not started)."""
         session = self._live_session(sandbox_id, viewer)
+        if session.paused:
+            raise ConsoleError(f"sandbox {sandbox_id} is paused: its live view shows once it is resumed",
+                               ErrorCode.PAUSED)
         box = session.harness.active_sandbox
         agent = getattr(box, "agent", None)
         if agent is None:
