@@ -32,7 +32,8 @@ from harness.core.calls import ErrorCode, ToolOutput
 from harness.core.context import ToolContext
 from harness.core.images import image_part
 from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
-from harness.tools.computer import DESKTOP_IMAGE, start_display
+from harness.engine import desktop
+from harness.engine.desktop import DESKTOP_IMAGE
 from harness.tools.shell import NotRan, Ran, agent_failure, run_in_sandbox
 
 BROWSER_SCRIPT = "/opt/callbox/desktop/browser.py"
@@ -186,7 +187,9 @@ def run_browser(ctx: ToolContext, name: str, request: dict[str, Any], extra_s: f
         return _not_supported(name)
     reply = _reply(ran)
     if reply is not None and reply.get("browser_down"):
-        problem = start_display(ctx, ["python3", "-I", BROWSER_SCRIPT, json.dumps({"action": "start"})])
+        runtime = ctx.runtime()
+        problem = desktop.start_display(runtime.agent, runtime.env,
+                                        ["python3", "-I", BROWSER_SCRIPT, json.dumps({"action": "start"})])
         if problem is not None:
             return _failed(name, f"the desktop's browser did not start: {problem}")
         ran = run_in_sandbox(ctx, argv, timeout_s=timeout_s, cwd="", streamed=())
