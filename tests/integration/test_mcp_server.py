@@ -128,7 +128,7 @@ def _wait_gone(engine: Any, sandbox_id: str, timeout: float = 20.0) -> None:
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_initialize_and_list_tools(servers, tmp_path, transport):
     policy = _policy(tmp_path)
-    registry = builtin_registry(python=False, computer=False)  # what a policy naming neither is served
+    registry = builtin_registry(python=False, computer=False, browser=False)  # what a policy naming none is served
 
     async def flow() -> None:
         async with servers.client(transport, policy) as client:
