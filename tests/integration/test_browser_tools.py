@@ -73,6 +73,7 @@ def test_a_scripted_model_clicks_a_button_by_its_snapshot_ref(desktop_image: str
         {"tool_calls": [{"call_id": "click", "name": "browser_click",
                          "arguments": {"element": "Click me button", "ref": "e2"}}]},
         {"tool_calls": [{"call_id": "console", "name": "browser_console_messages", "arguments": {}}]},
+        {"tool_calls": [{"call_id": "shot", "name": "browser_take_screenshot", "arguments": {}}]},
         {"tool_calls": [{"call_id": "stale", "name": "browser_click",
                          "arguments": {"element": "nothing", "ref": "e99"}}]},
         {"text": "the button says Clicked"},
@@ -92,6 +93,8 @@ def test_a_scripted_model_clicks_a_button_by_its_snapshot_ref(desktop_image: str
     assert '- button \\"Clicked\\" [focused] [ref=e2]' in texts["click"], texts["click"]
     assert "[LOG] clicked it @ http://127.0.0.1:8765/" in texts["console"], texts["console"]
     assert "ref e99 is not in this page's snapshots" in texts["stale"], texts["stale"]
+    (picture,) = results["shot"]["result"]["meta"]["images"]
+    assert picture["media_type"] == "image/png" and picture["width"] > 1000 and picture["bytes"] > 1000
     assert events[-1]["reason"] == "final"
 
 
@@ -179,10 +182,15 @@ def test_under_allowlist_the_browser_goes_through_the_egress_proxy(
                                             "nav-allowed"))
             denied = harness.call(ToolCall("browser_navigate", {"url": f"http://api.callbox.test:{HTTP_PORT}/x"},
                                            "nav-denied"))
+            tunnel = harness.call(ToolCall("browser_navigate", {"url": "https://api.callbox.test/"}, "nav-tls"))
             run_id = harness.run_id
         rows = audit.egress(run_id)
     assert not allowed.is_error, allowed.text
     assert f'- text: "{BANNER} /hi' in allowed.text, allowed.text
     assert f"callbox egress proxy refused api.callbox.test:{HTTP_PORT}" in denied.text, denied.text
-    decisions = {(r["call_id"], r["decision"], r["host"]) for r in rows if r["host"].endswith(".callbox.test")}
-    assert decisions == {("nav-allowed", "allow", "dest.callbox.test"), ("nav-denied", "deny", "api.callbox.test")}
+    assert tunnel.is_error and "net::ERR_TUNNEL_CONNECTION_FAILED (the sandbox's network is an allowlist" in tunnel.text
+    decisions = {(r["call_id"], r["decision"], r["host"], r["port"]) for r in rows
+                 if r["host"].endswith(".callbox.test")}
+    assert decisions == {("nav-allowed", "allow", "dest.callbox.test", HTTP_PORT),
+                         ("nav-denied", "deny", "api.callbox.test", HTTP_PORT),
+                         ("nav-tls", "deny", "api.callbox.test", 443)}
