@@ -344,7 +344,7 @@ def perform(args: dict[str, Any]) -> dict[str, Any]:
         if chromium is None:
             raise ActionError("chromium is not installed in this image")
         os.makedirs(STATE_DIR, exist_ok=True)
-        _spawn([chromium, *CHROMIUM_FLAGS, f"--app={url}"], "chromium.log")
+        _spawn(chromium_argv(chromium, f"--app={url}"), "chromium.log")
         return {"ok": True}
     else:
         raise ActionError(f"unknown action {action!r}")
