@@ -4,7 +4,10 @@ Consecutive calls of tools annotated ``read_only`` run concurrently in threads (
 ``LoopConfig.max_parallel``); any other call runs alone, after everything before it and
 before anything after it. A call of a tool the turn did not offer (a stage or the
 tool_choice kept it out) gets a ``tool_not_allowed`` result from the loop itself; every
-other call goes to ``Session.call``, which validates, authorizes and records it. Once a
+other call goes to ``Session.call``, which validates, authorizes and records it. A call carrying
+the provider's pending safety checks (OpenAI's ``computer_call``) goes there only when the policy
+asks a person to approve it (their approval acknowledges the checks); otherwise the loop refuses
+it (``denied``, naming the checks): callbox never acknowledges a check it cannot judge. Once a
 call finds the sandbox unavailable, the calls after it are not run. Each call emits
 ``ToolCallStarted`` when the harness has decided it (with that decision), its
 ``ToolOutputChunk``s and ``ToolCallFinished``.
@@ -12,10 +15,11 @@ call finds the sandbox unavailable, the calls after it are not run. Each call em
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from harness.core.calls import ErrorCode, ToolCall, ToolResult
+from harness.core.calls import Action, ErrorCode, ToolCall, ToolResult
 from harness.core.session import Session
 from harness.loop.config import LoopConfig
 from harness.loop.events import Event, ToolCallFinished, ToolCallStarted, ToolOutputChunk
@@ -78,6 +82,18 @@ class CallRunner:
             self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, "rejected"))
             self._emit(ToolCallFinished(turn, call.call_id, call.name, "rejected", result))
             return result
+        if call.safety_checks and not self._asks_a_person(call):
+            result = ToolResult.failure(
+                call.call_id[:128], ErrorCode.DENIED,
+                f"this {call.name} call carries safety checks that a person must acknowledge "
+                f"({'; '.join(call.safety_checks)}); it was not run. The policy lets the call run without "
+                f"asking anyone, so nobody can: set decision = \"ask\" in [tools.{call.name}] to have such "
+                "calls approved by a person.",
+                decision="deny",
+            )
+            self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, "deny"))
+            self._emit(ToolCallFinished(turn, call.call_id, call.name, "deny", result))
+            return result
 
         def decided(label: str) -> None:
             self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, label))
@@ -89,6 +105,17 @@ class CallRunner:
                                    on_decided=decided)
         self._emit(ToolCallFinished(turn, call.call_id, call.name, str(result.meta["decision"]), result))
         return result
+
+    def _asks_a_person(self, call: ModelToolCall) -> bool:
+        """Whether the policy's decision for ``call`` is ``ask`` (a person approves it)."""
+        tool = self.harness.registry.get(call.name)
+        try:
+            arguments = json.loads(call.arguments)
+        except ValueError:
+            return False
+        if tool is None or not isinstance(arguments, dict):
+            return False
+        return self.harness.policy.decide(tool.definition, arguments).action is Action.ASK
 
     def _exposable(self, name: str) -> bool:
         """Registered and allowed by the policy: a call of any other tool goes to the harness,

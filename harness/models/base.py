@@ -31,6 +31,9 @@ class ModelToolCall:
     name: str
     arguments: str
     """The arguments exactly as the model sent them (JSON text, or freeform text)."""
+    safety_checks: tuple[str, ...] = ()
+    """The provider's pending safety checks on the call (``code: message``), which a person must
+    acknowledge by approving it (OpenAI's ``computer_call``); empty for ordinary calls."""
 
 
 @dataclass(frozen=True)
