@@ -17,7 +17,7 @@ model's calls and their screenshots are written:
   models ``{"type": "computer_use_preview", "display_width": 1280, "display_height": 800,
   "environment": "linux"}``. A ``computer_call`` item (its ``action``, or its batched ``actions``)
   becomes one call of ``computer`` per action (:func:`harness.tools.computer.from_openai_action`),
-  under the item's ``call_id`` when it is one action, else ``CALL_ID#1``, ``CALL_ID#2``, ... in
+  under the item's ``call_id`` when it is one action, else ``CALL_ID:1``, ``CALL_ID:2``, ... in
   order. The calls are answered together by ONE ``computer_call_output`` item carrying the last
   screenshot taken (``{"type": "computer_screenshot", "image_url": "data:image/png;base64,..."}``).
   A failed action cannot be said in that item (it holds a screenshot only), so its message follows
@@ -70,7 +70,7 @@ _OLDER_CLAUDE = re.compile(
     r"(?:^|[./:])claude-(?:(?:sonnet|haiku)-4-5|opus-4-1|(?:opus|sonnet)-4(?:-0)?|3-7-sonnet)(?:-\d{8})?(?:-latest)?"
     r"(?:[-@:]v\d.*)?$")
 """The models that know ``computer_20250124`` and not the newer version."""
-_BATCH = re.compile(r"^(.*)#\d+$")
+_BATCH = re.compile(r"^(.*):\d+$")
 
 
 def is_computer(definition: ToolDefinition) -> bool:
@@ -114,7 +114,7 @@ def computer_call_calls(item: dict[str, Any]) -> list[ModelToolCall]:
     arguments = [args for action in actions for args in from_openai_action(action if isinstance(action, dict) else {})]
     checks = tuple(f"{check.get('code') or 'safety_check'}: {check.get('message') or 'no message'}"
                    for check in item.get("pending_safety_checks") or [] if isinstance(check, dict))
-    ids = [call_id] if len(arguments) == 1 else [f"{call_id}#{n}" for n in range(1, len(arguments) + 1)]
+    ids = [call_id] if len(arguments) == 1 else [f"{call_id}:{n}" for n in range(1, len(arguments) + 1)]
     return [ModelToolCall(call_id=each, name=COMPUTER, arguments=json.dumps(args, separators=(",", ":")),
                           safety_checks=checks)
             for each, args in zip(ids, arguments, strict=True)]
