@@ -129,8 +129,12 @@ OPENAI_WAIT_S = 2.0
 
 
 def _openai_key(name: object) -> str:
+    """A key as xdotool names it: a letter is the key, not the character (``L`` is ``l``, as a
+    shifted ``L`` would add shift), function keys are ``F1``..., the rest from the table."""
     text = str(name)
-    if len(text) > 1 and text.lower().startswith("f") and text[1:].isdigit():
+    if len(text) == 1:
+        return _OPENAI_KEYS.get(text, text.lower())
+    if text.lower().startswith("f") and text[1:].isdigit():
         return text.upper()
     return _OPENAI_KEYS.get(text.lower(), text)
 

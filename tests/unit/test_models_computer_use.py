@@ -145,7 +145,7 @@ def test_responses_sends_the_computer_tool_and_answers_a_batched_computer_call_w
     assert [(c.call_id, json.loads(c.arguments)) for c in turn.tool_calls] == [
         ("call_1:1", {"action": "left_click", "coordinate": [400, 250]}),
         ("call_1:2", {"action": "type", "text": "hi"}),
-        ("call_1:3", {"action": "key", "text": "ctrl+L"}),
+        ("call_1:3", {"action": "key", "text": "ctrl+l"}),
     ]
     model.append_turn(context, turn)
     model.append_results(context, [
