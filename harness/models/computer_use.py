@@ -52,6 +52,7 @@ from harness.tools.computer import SCREEN_HEIGHT, SCREEN_WIDTH, ComputerArgs, fr
 
 __all__ = [
     "ANTHROPIC_BETAS",
+    "BLANK_PNG_URL",
     "COMPUTER",
     "anthropic_computer_tool",
     "anthropic_computer_version",
@@ -134,7 +135,7 @@ def computer_call_outputs(item: dict[str, Any], results: Sequence[ToolResult]) -
     images = [image for result in results for image in result.images]
     output: dict[str, Any] = {
         "type": "computer_call_output", "call_id": call_id,
-        "output": {"type": "computer_screenshot", "image_url": data_url(images[-1]) if images else _BLANK_PNG_URL},
+        "output": {"type": "computer_screenshot", "image_url": data_url(images[-1]) if images else BLANK_PNG_URL},
     }
     checks = [check for check in item.get("pending_safety_checks") or [] if isinstance(check, dict)]
     if checks and results and all(result.meta.get("decision") == "approved" for result in results):
@@ -167,4 +168,4 @@ def _blank_png() -> bytes:
             + chunk(b"IEND", b""))
 
 
-_BLANK_PNG_URL = "data:image/png;base64," + base64.b64encode(_blank_png()).decode("ascii")
+BLANK_PNG_URL = "data:image/png;base64," + base64.b64encode(_blank_png()).decode("ascii")

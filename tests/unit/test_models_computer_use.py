@@ -24,17 +24,18 @@ from harness.core.policy import Policy, ToolPolicy
 from harness.core.registry import Tool, ToolDefinition, ToolRegistry
 from harness.core.session import Session
 from harness.loop.agent_loop import Loop, resume
+from harness.loop.context_budget import elide
 from harness.models.anthropic_messages import AnthropicMessagesModel
 from harness.models.base import AllowedTools, ForcedTool, ModelConfigError, ModelToolCall
-from harness.models.computer_use import _BLANK_PNG_URL, anthropic_computer_version
+from harness.models.computer_use import BLANK_PNG_URL, anthropic_computer_version
 from harness.models.openai_responses import OpenAIResponsesModel
 from harness.models.scripted import ScriptedModel, ScriptError
 from harness.tools.computer import COMPUTER, ComputerArgs, from_openai_action
 from tests.unit.wire_server import WireServer
 
-PNG = base64.b64decode(_BLANK_PNG_URL.removeprefix("data:image/png;base64,"))
+PNG = base64.b64decode(BLANK_PNG_URL.removeprefix("data:image/png;base64,"))
 SHOT = image_part(PNG, "screenshot")
-SHOT_URL = _BLANK_PNG_URL
+SHOT_URL = BLANK_PNG_URL
 COMPUTER_DEF = COMPUTER.definition
 OTHER = ToolDefinition(name="echo", description="Echo.", input_model=ComputerArgs)
 
@@ -307,7 +308,7 @@ def test_pending_safety_checks_are_not_acknowledged_when_the_policy_asks_nobody(
     assert outcome.reason == "final" and desktop.actions == []  # refused, not run
     output, note = model.requests[-1].items[2:]
     assert output == {"type": "computer_call_output", "call_id": "cc",
-                      "output": {"type": "computer_screenshot", "image_url": _BLANK_PNG_URL}}
+                      "output": {"type": "computer_screenshot", "image_url": BLANK_PNG_URL}}
     text = note["content"][0]["text"]
     assert "malicious_instructions: The page asks you to ignore the user." in text
     assert 'decision = "ask" in [tools.computer]' in text
@@ -358,3 +359,17 @@ def test_a_format_line_that_differs_from_the_asked_format_is_refused(tmp_path: P
 def test_a_malformed_scripted_computer_call_is_refused(tmp_path: Path, call: dict[str, Any]) -> None:
     with pytest.raises(ScriptError, match=r"computer_call|pending_safety_checks|'action' must"):
         script(tmp_path, {"tool_calls": [call]})
+
+
+def test_the_context_budget_blanks_old_screenshots_of_computer_call_outputs() -> None:
+    shot = "data:image/png;base64," + "A" * 4000
+    items: list[dict[str, Any]] = [{"role": "user", "content": "t"}]
+    for n in range(4):
+        items += [computer_call(f"c{n}", action={"type": "screenshot"}),
+                  {"type": "computer_call_output", "call_id": f"c{n}",
+                   "output": {"type": "computer_screenshot", "image_url": shot}}]
+    elision = elide(items, 12_000, keep_latest=1)
+    assert elision.call_ids == ("c0", "c1", "c2")
+    urls = [item["output"]["image_url"] for item in items if item.get("type") == "computer_call_output"]
+    assert urls == [BLANK_PNG_URL] * 3 + [shot]
+    assert not elide(items, 1_000, keep_latest=1).changed  # a blanked screenshot stays as it is
