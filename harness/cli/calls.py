@@ -47,6 +47,8 @@ def add_parsers(sub: Any) -> None:
     call.add_argument("--format", default="openai", choices=FORMATS, help="result item shape (default openai)")
     call.add_argument("--audit-db", type=Path, help="audit store (default $CALLBOX_AUDIT_DB or the state dir)")
     call.add_argument("--stream", action="store_true", help="copy the tool's output to stderr as it runs")
+    call.add_argument("--images-dir", type=Path, metavar="DIR",
+                      help="save the pictures in the result under DIR/RUN_ID/ (default: the state dir's images/)")
     sandbox_options(call, defaults=False)
     engine_options(call)
 
@@ -135,7 +137,7 @@ def _call(args: argparse.Namespace) -> int:
             print(f"callbox: pending approval {result.meta['approval_id']} in run {harness.run_id}; resolve it "
                   f"with `callbox approvals approve|deny {result.meta['approval_id']}`, then send the call "
                   f"again with --run-id {harness.run_id} --call-id {call.call_id}", file=sys.stderr)
-    for line in picture_lines(result, harness.run_id):  # the item on stdout has them, base64-encoded
+    for line in picture_lines(result, harness.run_id, args.images_dir):  # the item on stdout has them, base64-encoded
         say(line)
     print(json.dumps(result_item(result, parse_format(args.format))))
     return result_exit_status(result)

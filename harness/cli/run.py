@@ -80,6 +80,8 @@ def add_parsers(sub: Any) -> None:
     run.add_argument("--policy", type=Path, help="policy file (default: the packaged default policy)")
     run.add_argument("--audit-db", type=Path, help="audit store (default $CALLBOX_AUDIT_DB or the state dir)")
     run.add_argument("--json", action="store_true", help="print one JSON event per line")
+    run.add_argument("--images-dir", type=Path, metavar="DIR",
+                     help="save the pictures in results under DIR/RUN_ID/ (default: the state dir's images/)")
     sandbox_options(run, defaults=False)
     engine_options(run)
 
@@ -138,6 +140,8 @@ def resume_command(args: argparse.Namespace, run_id: str, audit_path: Path) -> s
     if args.policy is not None:
         words += ["--policy", str(Path(args.policy).resolve())]
     words += ["--audit-db", str(Path(audit_path).resolve())]
+    if args.images_dir is not None:
+        words += ["--images-dir", str(Path(args.images_dir).resolve())]
     if args.json:
         words.append("--json")
     return shlex.join(words)
@@ -212,7 +216,7 @@ def _not_resumable(audit: Any, run_id: str) -> CallboxError:
 def _show(args: argparse.Namespace, policy: Any) -> Any:
     if args.json:
         return _json_printer()
-    return _LiveView(live_bytes=max(1024, policy.budgets.max_output_bytes // 4)).show
+    return _LiveView(live_bytes=max(1024, policy.budgets.max_output_bytes // 4), images_dir=args.images_dir).show
 
 
 def _exit_status(reason: str) -> int:
@@ -249,11 +253,13 @@ class _Live:
 class _LiveView:
     """Renders loop events on the terminal with rich."""
 
-    def __init__(self, live_bytes: int = 7500) -> None:
+    def __init__(self, live_bytes: int = 7500, images_dir: Path | None = None) -> None:
         from rich.console import Console
 
         self.console = Console(highlight=False, soft_wrap=True)
         self.live_bytes = live_bytes
+        self.images_dir = images_dir
+        """Where pictures in results are saved (None: the state dir's ``images``)."""
         self.streams: dict[str, _Live] = {}
         self.run_id = "run"
         """The run's id (from its first event): where its pictures are saved."""
@@ -328,7 +334,7 @@ class _LiveView:
         if result.images:
             from harness.cli.pictures import picture_lines
 
-            for line in picture_lines(result, self.run_id):
+            for line in picture_lines(result, self.run_id, self.images_dir):
                 self.console.print(f"  {_esc(line)}")
 
     def _out(self, text: str) -> None:

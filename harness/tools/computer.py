@@ -28,17 +28,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.core.calls import ErrorCode, ToolOutput
 from harness.core.context import ToolContext
-from harness.core.errors import AgentCallError
 from harness.core.images import image_part
 from harness.core.registry import Tool, ToolAnnotations, ToolDefinition
-from harness.engine.jobs import JobChunk, JobEnded
+from harness.engine import desktop
+from harness.engine.desktop import DESKTOP_IMAGE, DESKTOP_SCRIPT
 from harness.tools.shell import NotRan, Ran, agent_failure, run_in_sandbox
 
-DESKTOP_SCRIPT = "/opt/callbox/desktop/computer.py"
-DESKTOP_IMAGE = "callbox-sandbox-desktop:latest"
 SCREEN_WIDTH, SCREEN_HEIGHT = 1280, 800
 MAX_WAIT_S = 60.0
-DISPLAY_START_TIMEOUT_S = 30.0
 
 Action = Literal["screenshot", "left_click", "right_click", "middle_click", "double_click", "triple_click",
                  "left_click_drag", "mouse_move", "left_mouse_down", "left_mouse_up", "type", "key", "hold_key",
@@ -207,22 +204,9 @@ def _reply(ran: Ran) -> dict[str, Any] | None:
 
 
 def start_display(ctx: ToolContext) -> str | None:
-    """Start the desktop's display as a job whose processes outlive it; None once it is up, else why not."""
-    jobs = ctx.runtime().agent.jobs
-    try:
-        info = jobs.start(["python3", "-I", DESKTOP_SCRIPT, json.dumps({"action": "start_display"})],
-                          tag="callbox-desktop-display", keep_leftovers=True, env=ctx.runtime().env)
-        output = bytearray()
-        for event in jobs.attach(info.pid, follow=True, timeout=DISPLAY_START_TIMEOUT_S):
-            if isinstance(event, JobChunk):
-                output.extend(event.data)
-            elif isinstance(event, JobEnded):
-                if event.info.exit_code == 0:
-                    return None
-                return output.decode("utf-8", errors="replace").strip()[-500:] or f"exit {event.info.exit_code}"
-    except AgentCallError as error:
-        return error.message
-    return "the display's start did not finish"
+    """Start the desktop's display in the call's sandbox; None once it is up, else why not."""
+    runtime = ctx.runtime()
+    return desktop.start_display(runtime.agent, runtime.env)
 
 
 def run_computer(ctx: ToolContext, args: ComputerArgs) -> ToolOutput:

@@ -123,7 +123,8 @@ def bench_interpreter(res: Resources, samples: int, warmup: int, kit: Toolkit, *
 def python_tool(res: Resources, image: str, kit: Toolkit, rounds: int, warmup: int) -> dict[str, list[float]]:
     """Row 14h: one run (a Session on the code-interpreter image), its kernel started untimed."""
     with tempfile.TemporaryDirectory() as tmp, AuditStore(Path(tmp) / "audit.sqlite3") as audit, Session(
-        builtin_registry(), Policy(), audit, spec=SandboxSpec(image=image), engine_factory=lambda: res.engine,
+        builtin_registry(), Policy.model_validate({"budgets": {"max_tool_calls": 100_000}}), audit,
+        spec=SandboxSpec(image=image), engine_factory=lambda: res.engine,
     ) as session:
         calls = iter(range(1 << 30))
 

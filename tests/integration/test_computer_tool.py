@@ -7,16 +7,23 @@ One desktop sandbox for the module, with every hardening default and limit uncha
 
 from __future__ import annotations
 
+import json
+import shutil
 import struct
+import tempfile
 import time
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness.core.calls import ErrorCode
 from harness.core.context import ToolContext
+from harness.engine.desktop import DESKTOP_SCRIPT
+from harness.engine.docker.engine import DockerEngine
+from harness.engine.exec_result import collect
 from harness.engine.spec import SandboxSpec
 from harness.tools.computer import COMPUTER, DESKTOP_IMAGE, ComputerArgs
 from tests.conftest import IMAGE, RUNTIME, unavailable
@@ -163,3 +170,27 @@ def test_a_sandbox_without_a_desktop_is_told_which_image_to_use(make_sandbox: An
     out = _computer(make_sandbox(image=IMAGE), action="screenshot")
     assert out.is_error and out.error is ErrorCode.NOT_SUPPORTED and DESKTOP_IMAGE in out.text
     assert out.structured == {"action": "screenshot", "needs_image": DESKTOP_IMAGE, "policy_key": "sandbox.image"}
+
+
+def test_a_pooled_desktop_sandbox_is_claimed_with_its_display_and_chromium_up(engine: Any, desktop: Any) -> None:
+    root = Path(tempfile.mkdtemp(prefix="cbx-dpool-", dir="/tmp"))
+    own = DockerEngine(engine.client, run_root=root, reap_on_start=False)
+    spec = SandboxSpec(image=DESKTOP_IMAGE, runtime=RUNTIME)
+    pool = own.enable_pool([spec], size=1)
+    box = None
+    try:
+        assert pool.wait_filled(120.0), "the desktop pool did not fill"
+        box = own.create(spec)
+        assert pool.claims == 1
+        # The image's own script, not the tool: the tool would start a display that is down.
+        reply = collect(box.agent.exec(["python3", "-I", DESKTOP_SCRIPT, '{"action": "cursor_position"}']))
+        assert reply.exit_code == 0, reply.stdout.data() + reply.stderr.data()
+        assert json.loads(reply.stdout.data().decode().splitlines()[-1])["ok"] is True
+        window = collect(box.agent.exec(["xdotool", "search", "--onlyvisible", "--class", "chromium"],
+                                        env={"DISPLAY": ":1"}))
+        assert window.exit_code == 0 and window.stdout.data().strip(), "Chromium's window is not up at the claim"
+    finally:
+        if box is not None:
+            box.destroy()
+        pool.close()
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,6 +1,7 @@
-"""Pictures reaching an MCP client: ``view_image`` of PNGs a sandbox wrote, through the MCP
-door to the official ``mcp`` client as ``ImageContent``, and the policy's image bounds
-refusing pictures with their numbers. One HTTP server, one session, one sandbox."""
+"""Pictures reaching an MCP client: ``view_image`` of PNGs a sandbox wrote, and a chart the
+``python`` tool drew, through the MCP door to the official ``mcp`` client as ``ImageContent``;
+the policy's image bounds refusing pictures with their numbers. One HTTP server, one session,
+one sandbox per test."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from mcp.types import ImageContent, TextContent
 from harness.audit.store import AuditStore
 from harness.core.images import read_header
 from harness.doors.mcp.http import serve_mcp_http
+from harness.engine.image.build import default_repo_root
+from harness.engine.image.variants import VARIANTS, build_variant
 from tests.conftest import IMAGE
 from tests.support.pictures import PNG_SCRIPT, png
 
@@ -88,3 +91,41 @@ def test_view_image_reaches_the_mcp_client_and_bounds_refuse_with_their_numbers(
                                                "bytes": len(png(320, 200)), "label": "chart.png",
                                                "sha256": hashlib.sha256(png(320, 200)).hexdigest()}]
         assert audit.image_blob(hashlib.sha256(png(320, 200)).hexdigest()) == ("image/png", png(320, 200))
+
+
+def test_a_python_chart_reaches_the_mcp_client_as_a_png_of_its_size(engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    build_variant(engine.client, "code-interpreter", repo_root=default_repo_root(), progress=lambda _line: None)
+    policy = tmp_path / "policy.toml"
+    policy.write_text(textwrap.dedent(f"""
+        [sandbox]
+        image = "{VARIANTS["code-interpreter"].tag}"
+        [tools.python]
+    """))
+    server = serve_mcp_http("127.0.0.1:0", policy_path=policy, audit_path=tmp_path / "audit.sqlite3")
+    # The inline backend crops a figure to its drawing, as Jupyter does; uncropped, a figure of
+    # 5 x 2.5 inches at 80 dpi is 400 x 200 pixels.
+    chart = ("%config InlineBackend.print_figure_kwargs = {'bbox_inches': None}\n"
+             "import matplotlib.pyplot as plt\n"
+             "fig = plt.figure(figsize=(5, 2.5), dpi=80)\nplt.bar(range(len(heights)), heights)\nplt.show()")
+
+    async def flow() -> None:
+        async with Client(server.url) as client:
+            tools = {tool.name for tool in (await client.list_tools()).tools}
+            assert "python" in tools, tools
+            first = await client.call_tool("python", {"code": "heights = [3, 1, 4, 1, 5]\nlen(heights)"})
+            assert first.is_error is False and _text(first).endswith(": 5"), _text(first)
+            drawn = await client.call_tool("python", {"code": chart})  # uses the first call's variable
+            assert drawn.is_error is False, _text(drawn)
+            [image] = [block for block in drawn.content if isinstance(block, ImageContent)]
+            assert image.mime_type == "image/png"
+            data = base64.b64decode(image.data)
+            assert read_header(data) == ("image/png", 400, 200) and len(data) > 1000
+
+    try:
+        async def bounded() -> None:
+            with anyio.fail_after(FLOW_TIMEOUT_S):
+                await flow()
+
+        anyio.run(bounded)
+    finally:
+        server.stop()

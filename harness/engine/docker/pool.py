@@ -62,7 +62,9 @@ sandboxes once started and before it is pooled (the E2B door starts the code int
 server there, so a claimer's first cell finds its kernel warm); a sandbox whose ``prepare``
 fails is destroyed. Entries may also be added to a running pool (:meth:`WarmPool.add`).
 An entry whose image is not on the host is dropped at its first start, with one warning;
-one whose ``prepare`` fails ``PREPARE_FAILURES`` times in a row is dropped likewise.
+one whose ``prepare`` fails ``PREPARE_FAILURES`` times in a row is dropped likewise. A plain
+spec's prepare is the desktop's (:func:`harness.engine.desktop.pool_prepare`): a sandbox whose
+image has the desktop is pooled with its display and Chromium up (nothing for other images).
 
 **Shutdown** (``close``) stops the thread and destroys every pooled sandbox, returning once
 their containers are gone (``CLOSE_DRAIN_S`` at most: gc removes what is left).
@@ -84,6 +86,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from harness.core.errors import CallboxError, ErrorCode
+from harness.engine import desktop
 from harness.engine.base import LivingSandbox, PoolEntry
 from harness.engine.docker import living
 from harness.engine.docker.kept import write_expiry
@@ -159,7 +162,8 @@ class WarmPool:
                                code=ErrorCode.INVALID_CONFIG)
         self.engine = engine
         self.pause_s = pause_s
-        entries = [raw if isinstance(raw, PoolEntry) else PoolEntry(raw, size, ceiling) for raw in specs]
+        entries = [raw if isinstance(raw, PoolEntry) else PoolEntry(raw, size, ceiling, prepare=desktop.pool_prepare)
+                   for raw in specs]
         self.max_total = max_total if max_total is not None else sum(entry.max for entry in entries)
         self.room = room
         self._slots: dict[str, _Slot] = {}
