@@ -7,7 +7,9 @@ tool_choice kept it out) gets a ``tool_not_allowed`` result from the loop itself
 other call goes to ``Session.call``, which validates, authorizes and records it. A call carrying
 the provider's pending safety checks (OpenAI's ``computer_call``) goes there only when the policy
 asks a person to approve it (their approval acknowledges the checks); otherwise the loop refuses
-it (``denied``, naming the checks): callbox never acknowledges a check it cannot judge. Once a
+it (``denied``, naming the checks): callbox never acknowledges a check it cannot judge. A call
+that is one action of a batch (``ModelToolCall.batch``) is not run once an earlier action of the
+batch failed: it gets ``tool_failed`` naming the one that failed. Once a
 call finds the sandbox unavailable, the calls after it are not run. Each call emits
 ``ToolCallStarted`` when the harness has decided it (with that decision), its
 ``ToolOutputChunk``s and ``ToolCallFinished``.
@@ -42,7 +44,9 @@ class CallRunner:
             if any(r is not None and r.error is ErrorCode.SANDBOX_UNAVAILABLE for r in results):
                 return  # the run ends: the calls after it are not run
             if len(group) == 1:
-                results[group[0]] = self._one_call(calls[group[0]], turn, offered)
+                position = group[0]
+                results[position] = (self._after_failed_action(calls, results, position, turn)
+                                     or self._one_call(calls[position], turn, offered))
                 continue
             with ThreadPoolExecutor(max_workers=min(len(group), self.config.max_parallel),
                                     thread_name_prefix="callbox-call") as pool:
@@ -105,6 +109,22 @@ class CallRunner:
                                    on_decided=decided)
         self._emit(ToolCallFinished(turn, call.call_id, call.name, str(result.meta["decision"]), result))
         return result
+
+    def _after_failed_action(self, calls: Sequence[ModelToolCall], results: list[ToolResult | None], position: int,
+                             turn: int) -> ToolResult | None:
+        """The result of a call not run because an earlier action of its batch failed (None: run it)."""
+        call = calls[position]
+        if not call.batch:
+            return None
+        for earlier, result in zip(calls[:position], results[:position], strict=True):
+            if earlier.batch == call.batch and result is not None and result.is_error:
+                text = (f"not run: {earlier.call_id}, an earlier action of the same batch ({call.batch}), "
+                        f"failed: {result.text[:300]}")
+                skipped = ToolResult.failure(call.call_id[:128], ErrorCode.TOOL_FAILED, text, decision="rejected")
+                self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, "rejected"))
+                self._emit(ToolCallFinished(turn, call.call_id, call.name, "rejected", skipped))
+                return skipped
+        return None
 
     def _asks_a_person(self, call: ModelToolCall) -> bool:
         """Whether the policy's decision for ``call`` is ``ask`` (a person approves it)."""

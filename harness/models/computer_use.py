@@ -18,7 +18,8 @@ model's calls and their screenshots are written:
   "environment": "linux"}``. A ``computer_call`` item (its ``action``, or its batched ``actions``)
   becomes one call of ``computer`` per action (:func:`harness.tools.computer.from_openai_action`),
   under the item's ``call_id`` when it is one action, else ``CALL_ID:1``, ``CALL_ID:2``, ... in
-  order. The calls are answered together by ONE ``computer_call_output`` item carrying the last
+  order; once an action of a batch fails, the ones after it are not run (``tool_failed``, saying
+  which failed). The calls are answered together by ONE ``computer_call_output`` item carrying the last
   screenshot taken (``{"type": "computer_screenshot", "image_url": "data:image/png;base64,..."}``).
   A failed action cannot be said in that item (it holds a screenshot only), so its message follows
   in a ``user`` message, ``[computer_call CALL_ID: MESSAGE]``; when no action of the item produced
@@ -116,8 +117,9 @@ def computer_call_calls(item: dict[str, Any]) -> list[ModelToolCall]:
     checks = tuple(f"{check.get('code') or 'safety_check'}: {check.get('message') or 'no message'}"
                    for check in item.get("pending_safety_checks") or [] if isinstance(check, dict))
     ids = [call_id] if len(arguments) == 1 else [f"{call_id}:{n}" for n in range(1, len(arguments) + 1)]
+    batch = call_id if len(arguments) > 1 else ""
     return [ModelToolCall(call_id=each, name=COMPUTER, arguments=json.dumps(args, separators=(",", ":")),
-                          safety_checks=checks)
+                          safety_checks=checks, batch=batch)
             for each, args in zip(ids, arguments, strict=True)]
 
 

@@ -373,3 +373,17 @@ def test_the_context_budget_blanks_old_screenshots_of_computer_call_outputs() ->
     urls = [item["output"]["image_url"] for item in items if item.get("type") == "computer_call_output"]
     assert urls == [BLANK_PNG_URL] * 3 + [shot]
     assert not elide(items, 1_000, keep_latest=1).changed  # a blanked screenshot stays as it is
+
+
+def test_after_a_failed_action_of_a_batch_the_rest_are_not_run(
+        tmp_path: Path, make_session: Callable[..., Session], desktop: FakeDesktop) -> None:
+    model = script(tmp_path, {"tool_calls": [{"type": "computer_call", "call_id": "cc", "actions": [
+        {"type": "click", "button": "left", "x": 5000, "y": 8}, {"type": "type", "text": "secret"}]}]},
+                   {"text": "done"})
+    outcome = Loop.start(model, make_session(), task="click").run()
+    assert outcome.reason == "final" and desktop.actions == []  # the click is invalid, so nothing is typed
+    output, note = model.requests[-1].items[2:]
+    assert output["output"]["image_url"] == BLANK_PNG_URL
+    first, second = note["content"][0]["text"].splitlines()
+    assert first.startswith("[computer_call cc: ") and "outside the 1280x800 screen" in first
+    assert second.startswith("[computer_call cc: not run: cc:1, an earlier action of the same batch (cc), failed")
