@@ -105,7 +105,8 @@ class CallRunner:
         def sink(stream: str, data: bytes) -> None:
             self._emit(ToolOutputChunk(call.call_id, stream, data))
 
-        result = self.harness.call(ToolCall(call.name, call.arguments, call.call_id), on_output=sink,
+        result = self.harness.call(ToolCall(call.name, call.arguments, call.call_id, flags=call.safety_checks),
+                                   on_output=sink,
                                    on_decided=decided)
         self._emit(ToolCallFinished(turn, call.call_id, call.name, str(result.meta["decision"]), result))
         return result

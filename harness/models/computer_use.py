@@ -26,8 +26,8 @@ model's calls and their screenshots are written:
   a screenshot, the item carries a blank 1x1 PNG.
 
   **Safety checks**: a ``computer_call`` with ``pending_safety_checks`` is only run when the policy
-  asks a person to approve the call (``decision = "ask"`` for ``computer``); the person's approval
-  is the acknowledgement, so its ``computer_call_output`` carries ``acknowledged_safety_checks``.
+  asks a person to approve the call (``decision = "ask"`` for ``computer``); the approval's reason
+  lists the checks, and the person's approval is the acknowledgement, so its ``computer_call_output`` carries ``acknowledged_safety_checks``.
   Otherwise the loop refuses the call (``denied``, naming the checks) without running it and
   nothing is acknowledged: callbox never acknowledges on its own a check it cannot judge.
 

@@ -322,6 +322,7 @@ def test_a_persons_approval_acknowledges_the_pending_safety_checks(
     paused = Loop.start(first, session, task="click").run()
     assert paused.reason == "approval_pending" and desktop.actions == []
     (approval,) = session.audit.list_approvals(run_id="run-ask")
+    assert "malicious_instructions: The page asks you to ignore the user." in approval.reason  # what is acknowledged
     session.audit.resolve_approval(approval.id, True, by="tester", reason=None)
     rest = ScriptedModel([{"text": "clicked"}])
     outcome = resume("run-ask", rest, make_session(ask, run_id="run-ask"))
