@@ -10,7 +10,8 @@ The verbs, each with ``--json``:
   job), ``ps``, ``logs``, ``kill``;
 * a terminal (:mod:`harness.cli.sandbox_terminal`): ``attach``;
 * files and ports (:mod:`harness.cli.sandbox_files`): ``cp``, ``port``;
-* network rules (:mod:`harness.cli.sandbox_network`): ``network``.
+* network rules (:mod:`harness.cli.sandbox_network`): ``network``;
+* a desktop's live view in the console (:mod:`harness.cli.sandbox_view`): ``view``.
 
 Actions the policy governs (``[actions.NAME]``) go through its gate and the audit store (see
 :mod:`harness.cli.sandbox_common`): ``exec --background`` and ``attach -- CMD`` are
@@ -25,14 +26,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from harness.cli import sandbox_files, sandbox_jobs, sandbox_life, sandbox_network, sandbox_terminal
+from harness.cli import sandbox_files, sandbox_jobs, sandbox_life, sandbox_network, sandbox_terminal, sandbox_view
 from harness.cli.options import engine_options
 from harness.cli.sandbox_common import CommandParser, json_errors
 from harness.core.errors import UsageError
 
 COMMANDS = ("sandbox",)
 
-PARTS = (sandbox_life, sandbox_jobs, sandbox_terminal, sandbox_files, sandbox_network)
+PARTS = (sandbox_life, sandbox_jobs, sandbox_terminal, sandbox_files, sandbox_network, sandbox_view)
 """The modules of the verbs, in the order ``callbox sandbox --help`` lists them."""
 
 

@@ -48,6 +48,7 @@ from typing import Any
 DISPLAY = ":1"
 WIDTH, HEIGHT = 1280, 800
 X_SOCKET = "/tmp/.X11-unix/X1"
+VNC_PORT = 5900
 STATE_DIR = "/tmp/callbox-desktop"
 SETTLE_S = 0.15
 START_TIMEOUT_S = 15.0
@@ -115,11 +116,21 @@ def ensure_display() -> None:
                 raise ActionError(f"the display did not come up in {START_TIMEOUT_S:.0f} s")
             time.sleep(0.01)
         _spawn(["openbox", "--sm-disable"], "openbox.log")
+        start_vnc()
         # A browser is what a model drives on this desktop: Chromium starts with the display, one
         # maximized window on a blank page (ctrl+l, a URL and Return open a page).
         chromium = shutil.which("chromium")
         if chromium is not None:
             _spawn([chromium, *CHROMIUM_FLAGS, "--start-maximized", "about:blank"], "chromium.log")
+
+
+def start_vnc() -> None:
+    """x11vnc on the sandbox's loopback (``VNC_PORT``) for the console's live view, which reaches
+    it over the agent's port tunnel; it takes input, and the console's proxy lets only an
+    operator who took over send any."""
+    if shutil.which("x11vnc") is not None:
+        _spawn(["x11vnc", "-display", DISPLAY, "-localhost", "-rfbport", str(VNC_PORT), "-forever", "-shared",
+                "-nopw", "-noipv6", "-quiet"], "x11vnc.log")
 
 
 def _log_tail(name: str) -> str:

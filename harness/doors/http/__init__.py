@@ -4,8 +4,8 @@ Prometheus metrics, a health check, and the web console for operators.
 * ``GET /metrics``: the Prometheus text of :mod:`harness.telemetry.metrics`. No token.
 * ``GET /healthz``: 200 ``{"status": "ok"}`` when the Docker engine answers a ping, 503 with
   the reason when it does not. No token.
-* ``/``: the console, server-rendered pages with no script and one local stylesheet
-  (``/static/console.css``; nothing from another origin):
+* ``/``: the console, server-rendered pages with no script (but the live view's) and one
+  local stylesheet (``/static/console.css``; nothing from another origin):
 
   - ``/overview``: the approvals waiting, the live sandboxes and the warm pool, and the last
     hour in SVG charts drawn on the server (:mod:`~.overview`); it reloads itself;
@@ -16,6 +16,8 @@ Prometheus metrics, a health check, and the web console for operators.
   - ``/sandboxes``: the live sandboxes of the server's executor (the gRPC and E2B doors'),
     with owner, age, expiry, paused time, CPU, memory and processes; the warm pool; each
     client's quota use; a kill, confirmed on ``/sandboxes/ID/kill`` first;
+  - ``/sandboxes/ID/view``: a desktop sandbox's screen, live (noVNC, the page's one script),
+    view-only unless an operator takes over (:mod:`~.live_view`);
   - ``/runs`` and ``/runs/RUN``: runs, and a run's calls, one row each, opening to the whole call;
   - ``/egress``: what the egress proxies allowed and refused.
 
@@ -27,14 +29,16 @@ Prometheus metrics, a health check, and the web console for operators.
 runs, approvals, sandboxes and egress, and approves, denies and kills (recorded as
 ``console:NAME``). A **client** sees its own runs, approvals, sandboxes and egress, read-only:
 every action, resolving an approval of its own calls included, is 403 for it, by the form or
-by a bearer ``POST``, so an approval always means a person. See :mod:`harness.doors.http.auth`
+by a bearer ``POST``, so an approval always means a person; it watches its own desktop
+sandboxes' live view but cannot take over. See :mod:`harness.doors.http.auth`
 for the login, the cookie and the cross-site rules.
 
 Modules: :mod:`~harness.doors.http.server` (binding, TLS, the thread), :mod:`~.app` (routes),
 :mod:`~.auth` (tokens, sessions, CSRF), :mod:`~.console` (what the pages show and the actions),
 :mod:`~.pages` (the frame, approvals, a run), :mod:`~.browse_pages` (the paged lists),
-:mod:`~.sandbox_pages` (sandboxes, the kill's confirmation), :mod:`~.overview` and
-:mod:`~.charts` (the overview's SVG).
+:mod:`~.sandbox_pages` (sandboxes, the kill's confirmation, the live view's page), :mod:`~.overview` and
+:mod:`~.charts` (the overview's SVG), :mod:`~.live_view` (the live view's WebSocket relay and
+take-over), :mod:`~.rfb` (what a viewer may send), :mod:`~.novnc_files` (noVNC from the image).
 """
 
 from harness.doors.http.server import HttpServer, serve_http

@@ -17,15 +17,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from string import Template
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from harness.core.errors import CallboxError, ErrorCode
 from harness.doors.http import browse_pages, pages, sandbox_pages
@@ -40,6 +41,8 @@ from harness.doors.http.auth import (
     set_cookie,
 )
 from harness.doors.http.console import PAGE_SIZE, Console, ConsoleError
+from harness.doors.http.live_view import ControlDesk, relay_vnc
+from harness.doors.http.novnc_files import NovncError, NovncFiles
 from harness.doors.http.overview import REFRESH_S, overview_page
 from harness.doors.mcp.http import _is_loopback
 from harness.telemetry.metrics import exposition
@@ -51,6 +54,9 @@ log = logging.getLogger("callbox.http")
 
 FORM_MAX_BYTES = 64 * 1024
 """The largest form body accepted (a denial's reason is the longest field)."""
+LIVE_VIEW_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+                 "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+"""The live view's page runs noVNC (served here) and opens a WebSocket back to this console."""
 SECURITY_HEADERS = {
     "content-security-policy": "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
                                "frame-ancestors 'none'; base-uri 'none'",
@@ -80,6 +86,12 @@ class _Frame:
         self.loopback = loopback
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            if self.loopback and not _loopback_host(_header(scope, b"host")):
+                await send({"type": "websocket.close", "code": 1008})  # before accepting: HTTP 403
+                return
+            await self.app(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -143,10 +155,15 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[], None], tls: bool,
-                loopback: bool, samples: Callable[[], list[GaugeSample]] = list) -> ASGIApp:
+                loopback: bool, samples: Callable[[], list[GaugeSample]] = list,
+                novnc: NovncFiles | None = None) -> ASGIApp:
     """The ASGI app of the HTTP endpoint (see the module docstring); ``samples`` gives the
-    sampled gauges the overview charts (none: an empty chart)."""
+    sampled gauges the overview charts (none: an empty chart); ``novnc``, noVNC's files for
+    the live view (default: read from each sandbox's image through the Docker engine)."""
     css = resources.files("harness").joinpath("data/console.css").read_bytes()
+    live_js = resources.files("harness").joinpath("data/liveview.js").read_bytes()
+    desk = ControlDesk(console.audit)
+    novnc_files = novnc if novnc is not None else NovncFiles()
 
     # ---- no token ------------------------------------------------------------------------------------
 
@@ -165,6 +182,9 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
 
     async def stylesheet(_request: Request) -> Response:
         return Response(css, media_type="text/css", headers={"cache-control": "max-age=300"})
+
+    async def live_script(_request: Request) -> Response:
+        return Response(live_js, media_type="text/javascript", headers={"cache-control": "max-age=300"})
 
     # ---- logging in and out ----------------------------------------------------------------------------
 
@@ -204,8 +224,8 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
 
     # ---- pages -----------------------------------------------------------------------------------------
 
-    def page(key: str, title: str, render: Callable[[Request, Caller], pages.Html], *, refresh_s: int | None = None
-             ) -> Callable[[Request], Awaitable[Response]]:
+    def page(key: str, title: str, render: Callable[[Request, Caller], pages.Html], *, refresh_s: int | None = None,
+             csp: str | None = None) -> Callable[[Request], Awaitable[Response]]:
         def rendered(request: Request, caller: Caller) -> tuple[pages.Html, int, int | None]:
             try:
                 body, status = render(request, caller), 200
@@ -229,7 +249,8 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
             html = pages.page(title if status == 200 else "Not available", body, active=key, client=caller.client,
                               csrf=csrf, notes=notes, operator=caller.operator, pending=pending,
                               refresh_s=refresh_s if status == 200 else None)
-            return HTMLResponse(html, status_code=status)
+            return HTMLResponse(html, status_code=status,
+                                headers={"content-security-policy": csp} if csp is not None and status == 200 else None)
 
         return endpoint
 
@@ -292,6 +313,68 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
             "cache-control": "private, max-age=3600", "x-content-type-options": "nosniff",
             "content-security-policy": "default-src 'none'"})
 
+    # ---- the live view (see harness.doors.http.live_view) -------------------------------------------------
+
+    def live_view(request: Request, caller: Caller) -> pages.Html:
+        sandbox_id = request.path_params["sandbox_id"]
+        box = console.sandbox(sandbox_id, viewer=caller.viewer)
+        console.desktop_tunnel(sandbox_id, viewer=caller.viewer).close()  # no VNC server: say why, here
+        desk.forget(set(console.executor.live_sandboxes()) if console.executor is not None else set())
+        holder = desk.holder(sandbox_id)
+        return sandbox_pages.live_view_page(
+            box, holder=holder.client if holder is not None else None, operator=caller.operator, csrf=_csrf(caller),
+            in_control=caller.operator and desk.in_control(sandbox_id, _holder_key(caller)))
+
+    async def novnc_file(request: Request) -> Response:
+        """One of noVNC's files, from the image of a sandbox the caller may see."""
+        caller = caller_of(request, sessions)
+        if caller is None:
+            return PlainTextResponse("log in at /login to see this", status_code=401,
+                                     headers={"www-authenticate": WWW_AUTHENTICATE})
+        path = request.path_params["path"]
+        try:
+            image = await run_in_threadpool(console.sandbox_image, request.path_params["sandbox_id"],
+                                            viewer=caller.viewer)
+            found = await run_in_threadpool(novnc_files.file, image, path)
+        except ConsoleError as error:
+            return PlainTextResponse(error.message, status_code=error.status)
+        except NovncError as error:
+            return PlainTextResponse(str(error), status_code=503)
+        if found is None:
+            return PlainTextResponse(f"noVNC has no file {path} that the live view serves", status_code=404)
+        data, media_type = found
+        return Response(data, media_type=media_type, headers={"cache-control": "private, max-age=3600"})
+
+    async def vnc(websocket: WebSocket) -> None:
+        """The live view's WebSocket: refused (HTTP 403) from another site, without a token, or
+        for a sandbox the caller may not see or that has no VNC server; else relayed."""
+        caller = caller_of(websocket, sessions)
+        refusal = cross_site_refusal(websocket)
+        sandbox_id = websocket.path_params["sandbox_id"]
+        if refusal is not None or caller is None:
+            log.warning("console: live view of %s refused: %s", sandbox_id, refusal or "no valid token")
+            await websocket.close(code=1008)
+            return
+        try:
+            tunnel = await run_in_threadpool(console.desktop_tunnel, sandbox_id, viewer=caller.viewer)
+        except CallboxError as error:
+            log.info("console: live view of %s for %s refused: %s", sandbox_id, caller.client, error.message)
+            await websocket.close(code=1008)
+            return
+        key = _holder_key(caller)
+
+        def may_send_input() -> bool:
+            """Asked at each input message: this login holds control, and is still an operator's."""
+            if not desk.in_control(sandbox_id, key):
+                return False
+            if caller.session is not None and sessions.get(caller.session.id) is None:
+                return False  # logged out, expired, or its token removed
+            return sessions.tokens.is_operator(caller.client)
+
+        offered = websocket.scope.get("subprotocols") or []
+        await websocket.accept(subprotocol="binary" if "binary" in offered else None)
+        await relay_vnc(websocket, tunnel, may_send_input)
+
     def egress(request: Request, caller: Caller) -> pages.Html:
         filters, number = browse_pages.filters_of(request.query_params)
         found, total = console.egress(filters, number, viewer=caller.viewer)
@@ -311,9 +394,10 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
             raise _Refused(403, "this form has no valid CSRF token; reload the page and submit it again")
         return caller, form
 
-    def action(back: str, do: Callable[[Request, Caller, dict[str, str]], str]
+    def action(back: str | Callable[[Request], str], do: Callable[[Request, Caller, dict[str, str]], str]
                ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
+            back_to = back(request) if callable(back) else back
             try:
                 caller, form = await _authorized_post(request)
             except _Refused as refused:
@@ -331,12 +415,12 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
                 if caller.session is None:
                     return PlainTextResponse(text, status_code=status)
                 caller.session.note("error", text)
-                return RedirectResponse(back, status_code=303)
+                return RedirectResponse(back_to, status_code=303)
             log.info("console: %s: %s", caller.client, done)
             if caller.session is None:
                 return PlainTextResponse(done)
             caller.session.note("ok", done)
-            return RedirectResponse(back, status_code=303)
+            return RedirectResponse(back_to, status_code=303)
 
         return endpoint
 
@@ -355,10 +439,25 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
                                 f"confirmation page at /sandboxes/{sandbox_id}/kill does)")
         return console.kill(sandbox_id, client=caller.client)
 
+    def control(request: Request, caller: Caller, form: Mapping[str, str]) -> str:
+        sandbox_id = request.path_params["sandbox_id"]
+        console.sandbox(sandbox_id)
+        key = _holder_key(caller)
+        if form.get("control") == "take":
+            return desk.take(sandbox_id, key=key, client=caller.client)
+        if form.get("control") == "give":
+            return desk.give_back(sandbox_id, key=key, client=caller.client)
+        raise _Refused(400, "the form's control must be take (take over the mouse and keyboard) or give (give "
+                            "them back)")
+
+    def view_of(request: Request) -> str:
+        return f"/sandboxes/{quote(request.path_params['sandbox_id'], safe='')}/view"
+
     routes = [
         Route("/metrics", metrics, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/static/console.css", stylesheet, methods=["GET"]),
+        Route("/static/liveview.js", live_script, methods=["GET"]),
         Route("/login", login_form, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
@@ -368,6 +467,11 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
         Route("/sandboxes", page("sandboxes", "Sandboxes", sandboxes), methods=["GET"]),
         Route("/sandboxes/{sandbox_id:path}/kill", page("sandboxes", "Kill a sandbox?", kill_confirm),
               methods=["GET"]),
+        Route("/sandboxes/{sandbox_id}/view", page("sandboxes", "Live view", live_view, csp=LIVE_VIEW_CSP),
+              methods=["GET"]),
+        Route("/sandboxes/{sandbox_id}/novnc/{path:path}", novnc_file, methods=["GET"]),
+        Route("/sandboxes/{sandbox_id}/control", action(view_of, control), methods=["POST"]),
+        WebSocketRoute("/sandboxes/{sandbox_id}/vnc", vnc),
         Route("/runs", page("runs", "Runs", runs), methods=["GET"]),
         Route("/runs/{run_id}/images/{digest}", picture, methods=["GET"]),
         Route("/runs/{run_id:path}", page("runs", "Run", run), methods=["GET"]),
@@ -391,6 +495,11 @@ def _client_refusal(caller: Caller) -> str:
     return (f"this action is an operator's, and {caller.client!r} is a client token: a client sees its own work "
             "here read-only and resolves no approval, not even of its own calls; a person logs in with a "
             "token-file line ending in ' operator'")
+
+
+def _holder_key(caller: Caller) -> str:
+    """Who holds a take-over: the login session (another tab of it too), or a bearer token's client."""
+    return caller.session.id if caller.session is not None else f"bearer:{caller.client}"
 
 
 def _csrf(caller: Caller) -> str | None:

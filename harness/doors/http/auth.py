@@ -32,7 +32,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
 from harness.doors.grpc.tokens import TokenSet, bearer_token
@@ -139,7 +139,7 @@ class Sessions:
             return len(self._sessions)
 
 
-def caller_of(request: Request, sessions: Sessions) -> Caller | None:
+def caller_of(request: HTTPConnection, sessions: Sessions) -> Caller | None:
     """Who sent ``request``: a valid bearer token's client, else the session cookie's; None
     for neither (an ``Authorization`` header that is not a valid bearer token counts as none,
     even with a cookie beside it)."""
@@ -153,7 +153,7 @@ def caller_of(request: Request, sessions: Sessions) -> Caller | None:
     return Caller(session.client, session, operator=sessions.tokens.is_operator(session.client))
 
 
-def cross_site_refusal(request: Request) -> str | None:
+def cross_site_refusal(request: HTTPConnection) -> str | None:
     """Why ``request`` is refused as one another site started (None: it is not)."""
     fetch_site = request.headers.get("sec-fetch-site", "").strip().lower()
     if fetch_site in ("cross-site", "same-site"):

@@ -28,11 +28,13 @@ from harness.audit.browse import CallPoint, EgressPoint, Filters
 from harness.audit.errors import unknown_run
 from harness.audit.records import ACTION_TOOL_PREFIX, EGRESS_TOOL, Approval, RunRecord
 from harness.audit.store import AuditError, AuditStore
-from harness.core.errors import ERRORS, CallboxError, ErrorCode
+from harness.core.errors import ERRORS, AgentCallError, CallboxError, ErrorCode
 from harness.doors.grpc.errors import ServiceError
 from harness.doors.grpc.service import ExecutorService
+from harness.doors.http.live_view import VNC_PORT
 from harness.doors.quota_ledger import Usage
 from harness.doors.quotas import Quotas
+from harness.engine.ports import Tunnel
 
 __all__ = ["ACTOR_PREFIX", "KILL_REASON", "PAGE_SIZE", "ClientQuota", "Console", "ConsoleError", "LiveSandbox",
            "PendingApproval", "PoolStatus"]
@@ -49,6 +51,9 @@ REASON_MAX = 2000
 """A denial's reason is cut at this many characters (the model reads it)."""
 PAGE_SIZE = 100
 """Rows on one page of runs, resolved approvals or egress decisions."""
+NO_DISPLAY = ("nothing listens on the VNC port of sandbox {id}: its image is not the desktop image "
+              "(callbox-sandbox-desktop), or its display has not started yet (it starts with the first "
+              "computer call)")
 """A denial's reason is cut at this many characters (the model reads it)."""
 
 
@@ -294,6 +299,49 @@ class Console:
         cancelled = self.executor.delete_session(session, KILL_REASON)
         calls = f"; {cancelled} running call(s) cancelled" if cancelled else ""
         return f"sandbox {sandbox_id} of client {owner} killed{calls}"
+
+    # ---- the live view ---------------------------------------------------------------------------
+
+    def _live_session(self, sandbox_id: str, viewer: str | None) -> Any:
+        missing = ConsoleError(f"no live sandbox {sandbox_id} on this server (already deleted or expired?)",
+                               ErrorCode.NOT_FOUND)
+        if self.executor is None:
+            raise missing
+        owner = self.executor.live_sandboxes().get(sandbox_id)
+        if owner is None or (viewer is not None and owner != viewer):
+            raise missing
+        try:
+            return self.executor.session_of(sandbox_id, owner)
+        except ServiceError:
+            raise missing from None
+
+    def sandbox_image(self, sandbox_id: str, *, viewer: str | None = None) -> str:
+        """The image a live sandbox runs (its noVNC is the live view's); ConsoleError 404 for none."""
+        session = self._live_session(sandbox_id, viewer)
+        box = session.harness.active_sandbox
+        return str((box.spec if box is not None else session.harness.spec).image)
+
+    def desktop_tunnel(self, sandbox_id: str, *, viewer: str | None = None) -> Tunnel:
+        """A tunnel to the live sandbox's VNC server. ConsoleError: 404 for no such sandbox,
+        409 while it is paused or before its container started, ``connection_refused`` when
+        nothing listens (not the desktop image, or its display has not started)."""
+        session = self._live_session(sandbox_id, viewer)
+        if session.paused:
+            raise ConsoleError(f"sandbox {sandbox_id} is paused: its live view shows once it is resumed",
+                               ErrorCode.PAUSED)
+        box = session.harness.active_sandbox
+        agent = getattr(box, "agent", None)
+        if agent is None:
+            raise ConsoleError(f"sandbox {sandbox_id} has not started its container yet; its live view shows once "
+                               "it has", ErrorCode.CONFLICT)
+        try:
+            tunnel: Tunnel = agent.ports.connect(VNC_PORT)
+        except AgentCallError as error:
+            if error.reason == "CONNECTION_REFUSED":
+                raise ConsoleError(NO_DISPLAY.format(id=sandbox_id), ErrorCode.CONNECTION_REFUSED) from None
+            raise ConsoleError(f"the live view of sandbox {sandbox_id} cannot reach its VNC server: {error.message}",
+                               error.code) from None
+        return tunnel
 
     # ---- runs, calls, egress ---------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """The console's sandboxes page (the live sandboxes, the warm pool, each client's quota use)
-and the confirmation a kill asks for first.
+the confirmation a kill asks for first, and a desktop sandbox's live view.
 
 A kill is two steps with no script: the sandboxes page links to ``/sandboxes/ID/kill``, a page
 saying what a kill does to that sandbox, whose form posts ``confirm=ID``; a ``POST`` without
@@ -15,7 +15,7 @@ from urllib.parse import quote
 from harness.doors.http.console import ClientQuota, LiveSandbox, PoolStatus
 from harness.doors.http.pages import Html, csrf_field, fill, join, size, span, text, when
 
-__all__ = ["kill_confirm_page", "sandboxes_page"]
+__all__ = ["kill_confirm_page", "live_view_page", "sandboxes_page"]
 
 _ROW = Template("""<tr id="sandbox-$id">
 <td><a href="/runs/$href"><code>$id</code></a><br><span class="muted">$container</span></td><td>$client</td>
@@ -24,6 +24,7 @@ _ROW = Template("""<tr id="sandbox-$id">
 </tr>
 """)
 _KILL_LINK = Template('<a class="button danger" href="/sandboxes/$href/kill" aria-label="Kill $id">Kill…</a>')
+_VIEW_LINK = Template('<a class="button" href="/sandboxes/$href/view" aria-label="Live view of $id">View</a> ')
 
 
 def _cpu(box: LiveSandbox) -> str:
@@ -86,7 +87,8 @@ def sandboxes_page(boxes: list[LiveSandbox] | None, *, pool: PoolStatus | None, 
              expires=f"in {span(b.expires - now)}" if b.expires > now else "now",
              cpu=_cpu(b), memory=f"{size(b.memory_bytes)} of {size(b.memory_limit)}" if b.memory_bytes is not None
              else "", pids=f"{b.pids} of {b.pids_limit}" if b.pids is not None else "",
-             kill=fill(_KILL_LINK, href=quote(b.sandbox_id, safe=""), id=b.sandbox_id) if actions else Html(""))
+             kill=join([fill(_VIEW_LINK, href=quote(b.sandbox_id, safe=""), id=b.sandbox_id),
+                        fill(_KILL_LINK, href=quote(b.sandbox_id, safe=""), id=b.sandbox_id) if actions else Html("")]))
         for b in boxes
     )
     table = fill(Template("""<div class="scroll"><table class="sandboxes"><thead><tr><th>Sandbox (its run)</th>
@@ -116,3 +118,39 @@ $csrf<input type="hidden" name="confirm" value="$id">
 def kill_confirm_page(box: LiveSandbox, *, csrf: str | None) -> Html:
     return fill(_CONFIRM, id=box.sandbox_id, href=quote(box.sandbox_id, safe=""), client=box.client,
                 state=box.state, created=when(box.created), pids=text(box.pids) or "?", csrf=csrf_field(csrf))
+
+
+_LIVE_VIEW = Template("""<p>Sandbox <code>$id</code> of client <b>$client</b> ($state): its desktop, live.
+<span id="live-status" role="status">connecting…</span></p>
+$control
+<div id="live-screen" class="live-screen" data-socket="/sandboxes/$href/vnc" data-novnc="/sandboxes/$href/novnc/"
+ data-control="$in_control" aria-label="the desktop of sandbox $id"></div>
+<script type="module" src="/static/liveview.js"></script>
+""")
+_TAKE = Template("""<form method="post" action="/sandboxes/$href/control" class="inline">
+$csrf<input type="hidden" name="control" value="take">
+<button type="submit">Take over mouse and keyboard</button> <span class="muted">$who The take-over is recorded in the
+sandbox's run.</span>
+</form>
+""")
+_GIVE = Template("""<form method="post" action="/sandboxes/$href/control" class="inline">
+$csrf<input type="hidden" name="control" value="give">
+<b>You control the mouse and keyboard.</b> <button type="submit">Give back</button>
+</form>
+""")
+
+
+def live_view_page(box: LiveSandbox, *, holder: str | None, in_control: bool, operator: bool,
+                   csrf: str | None) -> Html:
+    """A desktop sandbox's live view: noVNC drawing it, view-only unless this operator took
+    over (``in_control``); ``holder`` names who controls it (None: nobody)."""
+    href = quote(box.sandbox_id, safe="")
+    if in_control:
+        control = fill(_GIVE, href=href, csrf=csrf_field(csrf))
+    elif operator:
+        who = f"console:{holder} controls it now." if holder is not None else "View-only now."
+        control = fill(_TAKE, href=href, csrf=csrf_field(csrf), who=who)
+    else:
+        control = Html('<p class="muted">View-only: only an operator may take over the mouse and keyboard.</p>\n')
+    return fill(_LIVE_VIEW, id=box.sandbox_id, href=href, client=box.client, state=box.state, control=control,
+                in_control="1" if in_control else "0")

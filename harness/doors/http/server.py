@@ -167,7 +167,7 @@ def _serve(listen: str, *, tokens: TokenSet, executor: ExecutorService | None, a
     app = console_app(console, sessions, engine_ping=ping, tls=tls, loopback=_is_loopback(host),
                       samples=sampler.samples)
     config = uvicorn.Config(
-        app, http="h11", ws="none", lifespan="off", log_level="warning", access_log=False, log_config=None,
+        app, http="h11", ws="websockets-sansio", lifespan="off", log_level="warning", access_log=False, log_config=None,
         proxy_headers=False, server_header=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         ssl_certfile=str(tls_cert) if tls_cert is not None else None,
         ssl_keyfile=str(tls_key) if tls_key is not None else None,
