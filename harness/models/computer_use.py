@@ -29,7 +29,8 @@ model's calls and their screenshots are written:
   asks a person to approve the call (``decision = "ask"`` for ``computer``); the approval's reason
   lists the checks, and the person's approval is the acknowledgement, so its
   ``computer_call_output`` carries ``acknowledged_safety_checks``. Otherwise the loop refuses
-  the call (``denied``, naming the checks) without running it and nothing is acknowledged: callbox never acknowledges on its own a check it cannot judge.
+  the call (``denied``, naming the checks) without running it and nothing is acknowledged:
+  callbox never acknowledges on its own a check it cannot judge.
 
 Chat Completions has no computer-use tool type: there ``computer`` is the plain function tool.
 """
