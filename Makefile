@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CALLBOX := $(VENV)/bin/callbox
 
-.PHONY: setup npm-tools browser engine image image-code-interpreter image-desktop runsc test test-runsc unit demo tour bench bench-scale bench-docs proto proto-check lint docs docs-serve
+.PHONY: setup npm-tools browser engine image image-code-interpreter image-desktop runsc test test-runsc unit demo demo-desktop tour bench bench-scale bench-docs proto proto-check lint docs docs-serve
 
 setup:
 	@scripts/setup-python.sh
@@ -67,6 +67,9 @@ test-runsc: setup engine image runsc
 
 demo: setup engine image
 	@scripts/demo.sh
+
+demo-desktop: setup engine image-desktop
+	@scripts/demo-desktop.sh
 
 tour: setup engine image
 	@scripts/tour.sh

@@ -45,7 +45,7 @@ def _console_base(given: str | None) -> str:
 
 def _view(args: argparse.Namespace) -> int:
     from harness.core.errors import AgentCallError
-    from harness.doors.http.live_view import VNC_PORT
+    from harness.engine.desktop import VNC_PORT
 
     base = _console_base(args.console)
     engine = connect(args)

@@ -227,9 +227,11 @@ class CallPath:
 
     def _ask(self, decision: Decision) -> ToolResult:
         s, call = self.session, self.call
-        approval = s.audit.create_approval(
-            s.run_id, call.call_id, call.name, call.arguments, decision.rule, decision.reason
-        )
+        reason = decision.reason
+        if call.flags:  # the approval acknowledges them: the person sees them
+            flagged = "the model's provider flags this call: " + "; ".join(call.flags)
+            reason = f"{reason}; {flagged}" if reason else flagged
+        approval = s.audit.create_approval(s.run_id, call.call_id, call.name, call.arguments, decision.rule, reason)
         if self.trace is not None:
             self.trace.append(("callbox.audit", time.time_ns()))
         self.decided("ask")

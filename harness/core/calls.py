@@ -46,6 +46,9 @@ class ToolCall:
     name: str
     arguments: str | dict[str, Any]
     call_id: str
+    flags: tuple[str, ...] = ()
+    """What the model's provider flags on this call (OpenAI's pending safety checks, as ``code:
+    message``): a person asked to approve the call reads them beside its arguments."""
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,14 @@ from harness.engine.base import LivingSandbox
 from harness.engine.exec_result import collect
 from harness.engine.jobs import JobChunk, JobEnded
 
-__all__ = ["DESKTOP_IMAGE", "DESKTOP_SCRIPT", "DISPLAY_JOB_TAG", "DISPLAY_START_TIMEOUT_S", "has_desktop",
-           "pool_prepare", "start_display"]
+__all__ = ["DESKTOP_IMAGE", "DESKTOP_SCRIPT", "DISPLAY_JOB_TAG", "DISPLAY_START_TIMEOUT_S", "VNC_PORT",
+           "has_desktop", "pool_prepare", "start_display"]
 
 DESKTOP_SCRIPT = "/opt/callbox/desktop/computer.py"
 DESKTOP_IMAGE = "callbox-sandbox-desktop:latest"
 DISPLAY_JOB_TAG = "callbox-desktop-display"
+VNC_PORT = 5900
+"""Where the desktop's x11vnc listens, on the sandbox's loopback (started with the display)."""
 DISPLAY_START_TIMEOUT_S = 30.0
 BROWSER_WINDOW_TIMEOUT_S = 30.0
 

@@ -4,7 +4,12 @@ Consecutive calls of tools annotated ``read_only`` run concurrently in threads (
 ``LoopConfig.max_parallel``); any other call runs alone, after everything before it and
 before anything after it. A call of a tool the turn did not offer (a stage or the
 tool_choice kept it out) gets a ``tool_not_allowed`` result from the loop itself; every
-other call goes to ``Session.call``, which validates, authorizes and records it. Once a
+other call goes to ``Session.call``, which validates, authorizes and records it. A call carrying
+the provider's pending safety checks (OpenAI's ``computer_call``) goes there only when the policy
+asks a person to approve it (their approval acknowledges the checks); otherwise the loop refuses
+it (``denied``, naming the checks): callbox never acknowledges a check it cannot judge. A call
+that is one action of a batch (``ModelToolCall.batch``) is not run once an earlier action of the
+batch failed: it gets ``tool_failed`` naming the one that failed. Once a
 call finds the sandbox unavailable, the calls after it are not run. Each call emits
 ``ToolCallStarted`` when the harness has decided it (with that decision), its
 ``ToolOutputChunk``s and ``ToolCallFinished``.
@@ -12,10 +17,11 @@ call finds the sandbox unavailable, the calls after it are not run. Each call em
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from harness.core.calls import ErrorCode, ToolCall, ToolResult
+from harness.core.calls import Action, ErrorCode, ToolCall, ToolResult
 from harness.core.session import Session
 from harness.loop.config import LoopConfig
 from harness.loop.events import Event, ToolCallFinished, ToolCallStarted, ToolOutputChunk
@@ -38,7 +44,9 @@ class CallRunner:
             if any(r is not None and r.error is ErrorCode.SANDBOX_UNAVAILABLE for r in results):
                 return  # the run ends: the calls after it are not run
             if len(group) == 1:
-                results[group[0]] = self._one_call(calls[group[0]], turn, offered)
+                position = group[0]
+                results[position] = (self._after_failed_action(calls, results, position, turn)
+                                     or self._one_call(calls[position], turn, offered))
                 continue
             with ThreadPoolExecutor(max_workers=min(len(group), self.config.max_parallel),
                                     thread_name_prefix="callbox-call") as pool:
@@ -78,6 +86,18 @@ class CallRunner:
             self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, "rejected"))
             self._emit(ToolCallFinished(turn, call.call_id, call.name, "rejected", result))
             return result
+        if call.safety_checks and not self._asks_a_person(call):
+            result = ToolResult.failure(
+                call.call_id[:128], ErrorCode.DENIED,
+                f"this {call.name} call carries safety checks that a person must acknowledge "
+                f"({'; '.join(call.safety_checks)}); it was not run. The policy lets the call run without "
+                f"asking anyone, so nobody can: set decision = \"ask\" in [tools.{call.name}] to have such "
+                "calls approved by a person.",
+                decision="deny",
+            )
+            self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, "deny"))
+            self._emit(ToolCallFinished(turn, call.call_id, call.name, "deny", result))
+            return result
 
         def decided(label: str) -> None:
             self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, label))
@@ -85,10 +105,38 @@ class CallRunner:
         def sink(stream: str, data: bytes) -> None:
             self._emit(ToolOutputChunk(call.call_id, stream, data))
 
-        result = self.harness.call(ToolCall(call.name, call.arguments, call.call_id), on_output=sink,
+        result = self.harness.call(ToolCall(call.name, call.arguments, call.call_id, flags=call.safety_checks),
+                                   on_output=sink,
                                    on_decided=decided)
         self._emit(ToolCallFinished(turn, call.call_id, call.name, str(result.meta["decision"]), result))
         return result
+
+    def _after_failed_action(self, calls: Sequence[ModelToolCall], results: list[ToolResult | None], position: int,
+                             turn: int) -> ToolResult | None:
+        """The result of a call not run because an earlier action of its batch failed (None: run it)."""
+        call = calls[position]
+        if not call.batch:
+            return None
+        for earlier, result in zip(calls[:position], results[:position], strict=True):
+            if earlier.batch == call.batch and result is not None and result.is_error:
+                text = (f"not run: {earlier.call_id}, an earlier action of the same batch ({call.batch}), "
+                        f"failed: {result.text[:300]}")
+                skipped = ToolResult.failure(call.call_id[:128], ErrorCode.TOOL_FAILED, text, decision="rejected")
+                self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, "rejected"))
+                self._emit(ToolCallFinished(turn, call.call_id, call.name, "rejected", skipped))
+                return skipped
+        return None
+
+    def _asks_a_person(self, call: ModelToolCall) -> bool:
+        """Whether the policy's decision for ``call`` is ``ask`` (a person approves it)."""
+        tool = self.harness.registry.get(call.name)
+        try:
+            arguments = json.loads(call.arguments)
+        except ValueError:
+            return False
+        if tool is None or not isinstance(arguments, dict):
+            return False
+        return self.harness.policy.decide(tool.definition, arguments).action is Action.ASK
 
     def _exposable(self, name: str) -> bool:
         """Registered and allowed by the policy: a call of any other tool goes to the harness,

@@ -22,7 +22,9 @@ The rule, applied by the loop after each turn's results are appended:
   adapters append them):
 
   - OpenAI Responses: an item ``{"type": "function_call_output", "call_id", "output"}``
-    (also ``custom_tool_call_output``); ``output`` is replaced;
+    (also ``custom_tool_call_output``); ``output`` is replaced; of a ``computer_call_output``
+    (whose output can only be a screenshot) the screenshot's ``image_url`` is replaced by a
+    blank 1x1 PNG rather than a stub;
   - Chat Completions: a message ``{"role": "tool", "tool_call_id", "content"}``;
     ``content`` is replaced; so is the ``content`` of the ``user`` message carrying the
     pictures of a turn's results (:func:`harness.core.formats.chat_image_message`), an
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.core.formats import chat_images_call_id
+from harness.models.computer_use import BLANK_PNG_URL
 
 __all__ = ["DEFAULT_KEEP_LATEST", "DEFAULT_TARGET", "DEFAULT_TRIGGER", "Elision", "context_size", "elide",
            "stub", "tool_outputs"]
@@ -84,6 +87,8 @@ class _Output:
     holder: dict[str, Any]
     key: str
     call_id: str
+    replacement: str | None = None
+    """What replaces it, when it is not the stub (a shape that must stay an image)."""
 
 
 def tool_outputs(items: list[dict[str, Any]]) -> list[_Output]:
@@ -98,6 +103,8 @@ def _outputs(items: list[dict[str, Any]]) -> Iterator[_Output]:
         kind = item.get("type")
         if kind in _RESPONSES_OUTPUT_TYPES and "output" in item:
             yield _Output(item, "output", str(item.get("call_id", "?")))
+        elif kind == "computer_call_output" and isinstance(item.get("output"), dict) and "image_url" in item["output"]:
+            yield _Output(item["output"], "image_url", str(item.get("call_id", "?")), replacement=BLANK_PNG_URL)
         elif item.get("role") == "tool" and "content" in item:
             yield _Output(item, "content", str(item.get("tool_call_id", "?")))
         elif (pictures_of := chat_images_call_id(item)) is not None:
@@ -158,9 +165,9 @@ def elide(
         if size <= target * budget_bytes:
             break
         value = out.holder[out.key]
-        if _is_stub(value):
+        if _is_stub(value) or (out.replacement is not None and value == out.replacement):
             continue
-        replacement = stub(out.call_id, _original_size(value))
+        replacement = out.replacement or stub(out.call_id, _original_size(value))
         saved = _size(value) - _size(replacement)
         if saved <= 0:
             continue

@@ -18,7 +18,10 @@ ToolChoice                    sent as
                               stay in the context; the API accepts them.
 ============================  =================================================================
 
-With no tools at all neither ``tools`` nor ``tool_choice`` is sent.
+With no tools at all neither ``tools`` nor ``tool_choice`` is sent. The ``computer`` tool is
+sent as Anthropic's computer tool type, ``computer_20251124`` or ``computer_20250124`` as the
+model needs (``computer_tool=`` chooses another), with that version's ``anthropic-beta`` header
+(added to any the request options send); see :mod:`harness.models.computer_use`.
 
 Response: ``tool_use`` blocks (``id``, ``name``, ``input``) are the calls, in order, with the
 input object serialized as compact JSON text for ``arguments``; the text is the ``text``
@@ -53,6 +56,7 @@ from harness.models.base import (
     AllowedTools,
     Context,
     ForcedTool,
+    ModelConfigError,
     ModelError,
     ModelToolCall,
     ModelTurn,
@@ -60,6 +64,12 @@ from harness.models.base import (
     Usage,
 )
 from harness.models.common import as_dict, check_tool_choice, json_text
+from harness.models.computer_use import (
+    ANTHROPIC_BETAS,
+    anthropic_computer_tool,
+    anthropic_computer_version,
+    is_computer,
+)
 
 __all__ = ["DEFAULT_MAX_TOKENS", "AnthropicMessagesModel", "anthropic_tool_choice", "parse_message"]
 
@@ -93,9 +103,15 @@ class AnthropicMessagesModel(ApiModel):
     base_url_variable = BASE_URL_VARIABLE
     sdk: ClassVar[ModuleType] = anthropic
 
-    def __init__(self, model: str, *, max_tokens: int = DEFAULT_MAX_TOKENS, **options: Unpack[ApiOptions]) -> None:
+    def __init__(self, model: str, *, max_tokens: int = DEFAULT_MAX_TOKENS, computer_tool: str | None = None,
+                 **options: Unpack[ApiOptions]) -> None:
         super().__init__(model, **options)
         self.max_tokens = max_tokens
+        if computer_tool is not None and computer_tool not in ANTHROPIC_BETAS:
+            raise ModelConfigError(f"unknown Anthropic computer tool version {computer_tool!r}; use one of: "
+                                   f"{', '.join(ANTHROPIC_BETAS)}")
+        self.computer_tool = computer_tool or anthropic_computer_version(model)
+        """The computer tool version sent when ``computer`` is offered."""
         api_key = options.get("api_key")
         token = os.environ.get(TOKEN_VARIABLE, "").strip()
         if not api_key and not os.environ.get(KEY_VARIABLE, "").strip() and token:
@@ -131,13 +147,21 @@ class AnthropicMessagesModel(ApiModel):
         body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": context.items}
         if context.system:
             body["system"] = context.system
+        offered: list[ToolDefinition] = []
         if tools:
             offered = tools
             if isinstance(choice, AllowedTools):
                 offered = [tool for tool in tools if tool.name in choice.names]
-            body["tools"] = tool_definitions(offered, "anthropic")
+            body["tools"] = [anthropic_computer_tool(self.computer_tool) if is_computer(tool)
+                             else tool_definitions([tool], "anthropic")[0] for tool in offered]
             body["tool_choice"] = anthropic_tool_choice(choice)
         body.update(self.request_options)
+        if any(is_computer(tool) for tool in offered):
+            headers = dict(body.get("extra_headers") or {})
+            betas = [b.strip() for b in str(headers.get("anthropic-beta") or "").split(",") if b.strip()]
+            beta = ANTHROPIC_BETAS[self.computer_tool]
+            headers["anthropic-beta"] = ",".join([*betas, beta] if beta not in betas else betas)
+            body["extra_headers"] = headers
         return body
 
 

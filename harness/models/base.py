@@ -31,6 +31,12 @@ class ModelToolCall:
     name: str
     arguments: str
     """The arguments exactly as the model sent them (JSON text, or freeform text)."""
+    safety_checks: tuple[str, ...] = ()
+    """The provider's pending safety checks on the call (``code: message``), which a person must
+    acknowledge by approving it (OpenAI's ``computer_call``); empty for ordinary calls."""
+    batch: str = ""
+    """The provider item this call is one action of, when the item asks for several (OpenAI's
+    batched ``computer_call``): once one of them fails, the ones after it are not run."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import Any
 from harness.core.calls import ToolResult
 from harness.core.formats import Format, chat_image_message, result_item
 from harness.models.base import AllowedTools, Context, ForcedTool, ModelError, ModelTurn, ToolChoice
+from harness.models.computer_use import computer_call_outputs, group_by_computer_call
 
 __all__ = [
     "ProviderContext",
@@ -61,7 +62,8 @@ def append_results(context: Context, results: Sequence[ToolResult], fmt: Format)
     """One result per call, in the order given, as ``fmt`` wants them.
 
     * ``openai``: one ``function_call_output`` item each (``custom_tool_call_output`` when
-      the call was a freeform ``custom_tool_call``);
+      the call was a freeform ``custom_tool_call``); the calls of one ``computer_call`` item
+      together get its one ``computer_call_output`` (:mod:`harness.models.computer_use`);
     * ``chat``: one ``{"role": "tool"}`` message each, then, when any result has pictures,
       one ``user`` message carrying them (a tool message holds text only);
     * ``anthropic``: ONE user message whose content is the ``tool_result`` blocks in order.
@@ -70,7 +72,12 @@ def append_results(context: Context, results: Sequence[ToolResult], fmt: Format)
         return
     if fmt == "openai":
         custom = {item.get("call_id") for item in context.items if item.get("type") == "custom_tool_call"}
-        for result in results:
+        computer = {str(item.get("call_id")): item for item in context.items if item.get("type") == "computer_call"}
+        for parent, group in group_by_computer_call(results, computer):
+            if parent is not None:
+                context.items.extend(computer_call_outputs(computer[parent], group))
+                continue
+            (result,) = group
             item = result_item(result, "openai")
             if result.call_id in custom:
                 item["type"] = "custom_tool_call_output"

@@ -92,7 +92,7 @@ def make_model(
     max_tokens: int | None = None,
     timeout_s: float | None = None,
     request_options: dict[str, Any] | None = None,
-    format: Format = "openai",
+    format: Format | None = None,
     native_allowed_tools: bool = True,
 ) -> ModelAdapter:
     """The adapter ``spec`` names (``provider:model``); ModelConfigError if it cannot be built.
@@ -100,7 +100,8 @@ def make_model(
     ``max_tokens`` caps the output (Anthropic requires one and defaults to 8192);
     ``request_options`` are extra request parameters passed through as they are
     (e.g. ``{"temperature": 0}`` or ``{"reasoning": {"effort": "low"}}``); ``format`` is the
-    provider shape the scripted model keeps its context in (the API adapters have their own);
+    provider shape the scripted model keeps its context in (default: the transcript's
+    ``{"format": ...}`` line, else openai; the API adapters have their own);
     ``native_allowed_tools=False`` makes the OpenAI adapters send an allowed subset as a
     filtered tools list (for servers that do not know the ``allowed_tools`` tool_choice).
     """

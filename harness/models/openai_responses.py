@@ -17,10 +17,15 @@ ToolChoice                    sent as
                               only the subset is sent, with ``tool_choice`` = mode
 ============================  =================================================================
 
-With no tools at all neither ``tools`` nor ``tool_choice`` is sent.
+With no tools at all neither ``tools`` nor ``tool_choice`` is sent. The ``computer`` tool is
+sent as OpenAI's computer-use tool (``{"type": "computer"}``, or ``computer_use_preview`` for the
+preview models), named in a forcing or allowed tool_choice by that type; its ``computer_call``
+items become calls of ``computer`` answered by ``computer_call_output`` items
+(:mod:`harness.models.computer_use`).
 
-Response: ``function_call`` items (``call_id``, ``name``, ``arguments``) and freeform
-``custom_tool_call`` items (``input``) become the tool calls, in output order; the text is
+Response: ``function_call`` items (``call_id``, ``name``, ``arguments``), freeform
+``custom_tool_call`` items (``input``) and ``computer_call`` items become the tool calls, in
+output order; the text is
 every ``output_text`` (and ``refusal``) part; ``items`` are all output items (reasoning
 included) as the API sent them (``to_dict``, nulls dropped), to be sent back verbatim;
 ``stop_reason`` is the status (``completed``) or the ``incomplete_details.reason``.
@@ -48,6 +53,7 @@ from harness.models.base import (
     Usage,
 )
 from harness.models.common import as_dict, check_tool_choice, json_text
+from harness.models.computer_use import COMPUTER, computer_call_calls, is_computer, responses_computer_tool
 from harness.models.openai_base import OpenAIModel, OpenAIOptions
 
 __all__ = ["OpenAIResponsesModel", "parse_response", "responses_tool_choice"]
@@ -55,16 +61,19 @@ __all__ = ["OpenAIResponsesModel", "parse_response", "responses_tool_choice"]
 API = "OpenAI Responses API"
 
 
-def responses_tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
-    """``choice`` in the Responses API's shape."""
+def responses_tool_choice(choice: ToolChoice, computer: dict[str, Any] | None = None) -> str | dict[str, Any]:
+    """``choice`` in the Responses API's shape; ``computer``: the computer tool's entry when it is
+    sent as OpenAI's own tool type (then ``computer`` is named by that type)."""
+
+    def named(name: str) -> dict[str, Any]:
+        if computer is not None and name == COMPUTER:
+            return {"type": computer["type"]}
+        return {"type": "function", "name": name}
+
     if isinstance(choice, ForcedTool):
-        return {"type": "function", "name": choice.name}
+        return named(choice.name)
     if isinstance(choice, AllowedTools):
-        return {
-            "type": "allowed_tools",
-            "mode": choice.mode,
-            "tools": [{"type": "function", "name": name} for name in choice.names],
-        }
+        return {"type": "allowed_tools", "mode": choice.mode, "tools": [named(name) for name in choice.names]}
     return choice
 
 
@@ -99,13 +108,15 @@ class OpenAIResponsesModel(OpenAIModel):
         if context.system:
             body["instructions"] = context.system
         if tools:
-            definitions = tool_definitions(tools, "openai")
+            computer = next((responses_computer_tool(self.model) for tool in tools if is_computer(tool)), None)
+            offered = tools
             if isinstance(choice, AllowedTools) and not self.native_allowed_tools:
-                definitions = [d for d in definitions if d["name"] in choice.names]
+                offered = [tool for tool in tools if tool.name in choice.names]
                 body["tool_choice"] = choice.mode
             else:
-                body["tool_choice"] = responses_tool_choice(choice)
-            body["tools"] = definitions
+                body["tool_choice"] = responses_tool_choice(choice, computer)
+            body["tools"] = [computer if computer is not None and is_computer(tool)
+                             else tool_definitions([tool], "openai")[0] for tool in offered]
         if self.max_output_tokens is not None:
             body["max_output_tokens"] = self.max_output_tokens
         body.update(self.request_options)
@@ -213,6 +224,8 @@ def parse_response(data: dict[str, Any]) -> ModelTurn:
                     arguments=json_text(item.get("input") or ""),
                 )
             )
+        elif kind == "computer_call":
+            calls.extend(computer_call_calls(item))
         items.append(item)
     usage = as_dict(data.get("usage"))
     stop_reason = status

@@ -19,11 +19,29 @@ first non-blank character is ``#`` are skipped. Each turn is an object with thes
 ``comment``
     Ignored: a note for the reader of the transcript.
 
+A call may instead be an OpenAI ``computer_call`` (in the ``openai`` format only):
+``{"type": "computer_call", "call_id": ..., "action": {...}}`` (or ``"actions": [...]``, batched),
+with optional ``pending_safety_checks`` (``[{"id", "code", "message"}]``), written as the
+Responses API sends it. It becomes the ``computer_call`` item and its calls of ``computer``,
+answered by a ``computer_call_output``, exactly as the Responses adapter does
+(:mod:`harness.models.computer_use`). In the ``anthropic`` format a ``computer`` call with
+Anthropic's input (``{"action": "left_click", "coordinate": [x, y]}``) is already what the
+Messages API sends.
+
+The first line may name the format the transcript is written in, ``{"format": "anthropic"}``
+(``openai``, ``chat`` or ``anthropic``): it is not a turn. A model made with an explicit
+``format=`` that differs refuses the file.
+
 Example::
 
     # list the files, then answer
     {"text": "Let me look.", "tool_calls": [{"call_id": "c1", "name": "shell", "arguments": {"command": "ls"}}]}
     {"text": "There are two files.", "usage": {"input_tokens": 120, "output_tokens": 9}}
+
+and a click through OpenAI's computer use (one line in the file)::
+
+    {"tool_calls": [{"type": "computer_call", "call_id": "c1",
+                     "action": {"type": "click", "x": 400, "y": 250, "button": "left"}}]}
 
 The model keeps its context in one provider's shapes, the Responses API's (``openai``) by
 default, or ``chat`` / ``anthropic`` (``format=``): ``start``, ``append_turn`` and
@@ -62,11 +80,13 @@ from harness.models.base import (
     Usage,
 )
 from harness.models.common import ProviderContext, check_tool_choice, json_text
+from harness.models.computer_use import computer_call_calls
 
 __all__ = ["ScriptError", "ScriptedModel", "ScriptedRequest", "parse_turn"]
 
 _TURN_KEYS = frozenset({"text", "tool_calls", "usage", "stop_reason", "comment"})
 _CALL_KEYS = frozenset({"call_id", "name", "arguments"})
+_COMPUTER_CALL_KEYS = frozenset({"type", "call_id", "action", "actions", "pending_safety_checks"})
 _USAGE_KEYS = frozenset({"input_tokens", "output_tokens", "cost_usd"})
 _CONTEXT_FORMATS = ("openai", "chat", "anthropic")
 
@@ -119,8 +139,9 @@ class ScriptedModel(ProviderContext):
         """How many turns were replayed."""
 
     @classmethod
-    def from_file(cls, path: str | Path, *, format: Format = "openai") -> ScriptedModel:
-        """The model replaying the JSONL file at ``path``; ScriptError if it cannot be read."""
+    def from_file(cls, path: str | Path, *, format: Format | None = None) -> ScriptedModel:
+        """The model replaying the JSONL file at ``path``; ScriptError if it cannot be read.
+        ``format``: the context's shapes (default: the file's ``{"format": ...}`` line, else openai)."""
         file = Path(path)
         try:
             text = file.read_text(encoding="utf-8")
@@ -142,9 +163,18 @@ class ScriptedModel(ProviderContext):
                 raise ScriptError(f"{file}:{line_number}: each line must be a JSON object (one model turn)")
             turns.append(value)
             sources.append(f"{file}:{line_number}")
+        written: Format | None = None
+        if turns and set(turns[0]) == {"format"}:
+            named = turns[0]["format"]
+            if named not in _CONTEXT_FORMATS:
+                raise ScriptError(f"{sources[0]}: format {named!r} is not one of: {', '.join(_CONTEXT_FORMATS)}")
+            written = named
+            if format is not None and format != written:
+                raise ScriptError(f"{sources[0]}: the transcript is written in the {written} format, not {format}")
+            turns, sources = turns[1:], sources[1:]
         if not turns:
             raise ScriptError(f"transcript {str(file)!r} holds no turns; write one JSON object per line")
-        return cls(turns, format=format, name=f"scripted:{file}", sources=sources)
+        return cls(turns, format=format or written or "openai", name=f"scripted:{file}", sources=sources)
 
     @property
     def remaining(self) -> int:
@@ -192,10 +222,18 @@ def parse_turn(raw: Mapping[str, Any], *, number: int, fmt: Format, where: str) 
         raise ScriptError(f"{where}: 'tool_calls' must be a list of calls")
     calls: list[ModelToolCall] = []
     objects: list[dict[str, Any]] = []
+    computer_items: dict[int, dict[str, Any]] = {}
     for index, call in enumerate(raw_calls, start=1):
         call_where = f"{where}: tool_calls[{index - 1}]"
         if not isinstance(call, Mapping):
             raise ScriptError(f"{call_where} must be an object with name, arguments and call_id")
+        if call.get("type") == "computer_call":
+            item = _computer_call(call, f"call_{number}_{index}", fmt, call_where)
+            computer_items[len(calls)] = item
+            mapped = computer_call_calls(item)
+            calls.extend(mapped)
+            objects.extend({} for _ in mapped)
+            continue
         extra = sorted(set(call) - _CALL_KEYS)
         if extra:
             listed = ", ".join(map(repr, extra))
@@ -218,10 +256,38 @@ def parse_turn(raw: Mapping[str, Any], *, number: int, fmt: Format, where: str) 
     return ModelTurn(
         text=text,
         tool_calls=tuple(calls),
-        items=_items(fmt, text, calls, objects),
+        items=_items(fmt, text, calls, objects, computer_items),
         usage=usage,
         stop_reason=stop_reason,
     )
+
+
+def _computer_call(call: Mapping[str, Any], default_id: str, fmt: Format, where: str) -> dict[str, Any]:
+    """A scripted ``computer_call`` as the Responses API's item."""
+    if fmt != "openai":
+        raise ScriptError(f"{where}: a computer_call is the OpenAI Responses shape; script the {fmt} format's "
+                          "computer call as a call of 'computer' with the tool's arguments instead")
+    extra = sorted(set(call) - _COMPUTER_CALL_KEYS)
+    if extra:
+        raise ScriptError(f"{where}: unknown key(s) {', '.join(map(repr, extra))} in a computer_call; use "
+                          f"{', '.join(sorted(_COMPUTER_CALL_KEYS))}")
+    if ("action" in call) == ("actions" in call):
+        raise ScriptError(f"{where}: a computer_call needs one of 'action' (an object) or 'actions' (a list)")
+    action, actions = call.get("action"), call.get("actions")
+    if ("action" in call and not isinstance(action, dict)) or (
+            "actions" in call and not (isinstance(actions, list) and actions
+                                       and all(isinstance(a, dict) for a in actions))):
+        raise ScriptError(f"{where}: 'action' must be an object, 'actions' a list of objects (OpenAI's actions)")
+    call_id = call.get("call_id", default_id)
+    if not isinstance(call_id, str) or not call_id:
+        raise ScriptError(f"{where}: 'call_id' must be a string")
+    checks = call.get("pending_safety_checks", [])
+    if not isinstance(checks, list) or not all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in checks):
+        raise ScriptError(f"{where}: 'pending_safety_checks' must be a list of objects with an 'id'")
+    item: dict[str, Any] = {"type": "computer_call", "id": f"cu_{call_id}", "call_id": call_id,
+                            "pending_safety_checks": copy.deepcopy(checks), "status": "completed"}
+    item["action" if "action" in call else "actions"] = copy.deepcopy(action if "action" in call else actions)
+    return item
 
 
 def _usage(raw: object, where: str) -> Usage:
@@ -256,17 +322,26 @@ def _as_object(arguments: str) -> dict[str, Any]:
 
 
 def _items(
-    fmt: Format, text: str, calls: list[ModelToolCall], objects: list[dict[str, Any]]
+    fmt: Format, text: str, calls: list[ModelToolCall], objects: list[dict[str, Any]],
+    computer_items: Mapping[int, dict[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], ...]:
-    """The assistant items ``fmt``'s API would have returned for this turn."""
+    """The assistant items ``fmt``'s API would have returned for this turn (``computer_items``:
+    the ``computer_call`` items, by the position of their first call)."""
     if fmt == "openai":
         items: list[dict[str, Any]] = []
         if text:
             items.append({"type": "message", "role": "assistant", "content": text})
-        items.extend(
-            {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments}
-            for call in calls
-        )
+        computer = computer_items or {}
+        skip = 0
+        for position, call in enumerate(calls):
+            if position in computer:
+                items.append(computer[position])
+                skip = len(computer_call_calls(computer[position])) - 1
+            elif skip:
+                skip -= 1
+            else:
+                items.append({"type": "function_call", "call_id": call.call_id, "name": call.name,
+                              "arguments": call.arguments})
         return tuple(items)
     if fmt == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}

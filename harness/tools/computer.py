@@ -13,7 +13,8 @@ action is run again.
 
 A sandbox whose image has no desktop gets ``not_supported`` naming the image to use, before
 anything else happens. The action names and fields are those of Anthropic's computer tool, so the
-dialect adapters can map onto this one implementation.
+Anthropic adapter passes its ``tool_use`` input on as it is; :func:`from_openai_action` maps an
+OpenAI ``computer_call`` action onto these actions (one or more) for the Responses adapter.
 """
 
 from __future__ import annotations
@@ -108,6 +109,85 @@ class ComputerArgs(BaseModel):
         """The fields given that the action does not use (named in the result, never sent)."""
         used = set(ACTION_NEEDS.get(self.action, ())) | set(_TAKES.get(self.action, ()))
         return [name for name in _FIELDS if getattr(self, name) is not None and name not in used]
+
+
+# OpenAI's key names (upper or lower case) as xdotool names them; any other key is passed as it is.
+_OPENAI_KEYS = {"enter": "Return", "return": "Return", "ctrl": "ctrl", "control": "ctrl", "shift": "shift",
+                "alt": "alt", "option": "alt", "cmd": "super", "meta": "super", "super": "super", "win": "super",
+                "space": "space", "backspace": "BackSpace", "tab": "Tab", "esc": "Escape", "escape": "Escape",
+                "delete": "Delete", "del": "Delete", "insert": "Insert", "home": "Home", "end": "End",
+                "pageup": "Page_Up", "pagedown": "Page_Down", "capslock": "Caps_Lock",
+                "arrowup": "Up", "arrowdown": "Down", "arrowleft": "Left", "arrowright": "Right",
+                "up": "Up", "down": "Down", "left": "Left", "right": "Right", "/": "slash", "\\": "backslash"}
+_OPENAI_BUTTONS = {"left": "left_click", "right": "right_click", "wheel": "middle_click"}
+SCROLL_PIXELS_PER_CLICK = 100
+"""OpenAI scrolls by pixels, the desktop by wheel clicks: this many pixels make one click."""
+OPENAI_WAIT_S = 2.0
+
+
+def _openai_key(name: object) -> str:
+    """A key as xdotool names it: a letter is the key, not the character (``L`` is ``l``, as a
+    shifted ``L`` would add shift), function keys are ``F1``..., the rest from the table."""
+    text = str(name)
+    if len(text) == 1:
+        return _OPENAI_KEYS.get(text, text.lower())
+    if text.lower().startswith("f") and text[1:].isdigit():
+        return text.upper()
+    return _OPENAI_KEYS.get(text.lower(), text)
+
+
+def _point(action: dict[str, Any]) -> list[Any]:
+    return [action.get("x"), action.get("y")]
+
+
+def from_openai_action(action: dict[str, Any]) -> list[dict[str, Any]]:
+    """One OpenAI computer-use action (``click``, ``double_click``, ``drag``, ``keypress``, ``move``,
+    ``screenshot``, ``scroll``, ``type``, ``wait``) as this tool's arguments, in order: usually one,
+    several for a drag along a path of more than two points (mouse down, moves, up) or a scroll on
+    both axes. Nothing is checked here: the call path validates each result like any other call, so
+    an action this tool cannot do (a misspelt type, a missing field) is an ``invalid_arguments``
+    result naming it. Held ``keys`` become the modifier ``text`` (ignored, and said so in the result,
+    by the actions that take none)."""
+    kind = action.get("type")
+    keys = action.get("keys")
+    held = {"text": "+".join(_openai_key(k) for k in keys)} if isinstance(keys, list) and keys else {}
+    if kind == "click":
+        button = str(action.get("button") or "left")
+        if button in ("back", "forward"):  # the mouse's history buttons, as Chromium takes them
+            return [{"action": "key", "text": "alt+Left" if button == "back" else "alt+Right"}]
+        return [{"action": _OPENAI_BUTTONS.get(button, f"{button}_click"), "coordinate": _point(action), **held}]
+    if kind == "double_click":
+        return [{"action": "double_click", "coordinate": _point(action), **held}]
+    if kind == "drag":
+        path = [_point(p) if isinstance(p, dict) else p for p in action.get("path") or []]
+        if len(path) <= 2:
+            return [{"action": "left_click_drag", "start_coordinate": path[0] if path else None,
+                     "coordinate": path[-1] if path else None, **held}]
+        return [{"action": "left_mouse_down", "coordinate": path[0]},
+                *({"action": "mouse_move", "coordinate": p} for p in path[1:-1]),
+                {"action": "left_mouse_up", "coordinate": path[-1]}]
+    if kind == "keypress":
+        names = action.get("keys")
+        return [{"action": "key", "text": "+".join(_openai_key(k) for k in names) if isinstance(names, list)
+                 else names}]
+    if kind == "move":
+        return [{"action": "mouse_move", "coordinate": _point(action)}]
+    if kind == "type":
+        return [{"action": "type", "text": action.get("text")}]
+    if kind == "wait":
+        return [{"action": "wait", "duration": OPENAI_WAIT_S}]
+    if kind == "scroll":
+        scrolls = []
+        for axis, negative, positive in (("scroll_y", "up", "down"), ("scroll_x", "left", "right")):
+            amount = action.get(axis) or 0
+            if isinstance(amount, (int, float)) and amount:
+                clicks = min(100, max(1, round(abs(amount) / SCROLL_PIXELS_PER_CLICK)))
+                scrolls.append({"action": "scroll", "coordinate": _point(action), **held,
+                                "scroll_direction": positive if amount > 0 else negative, "scroll_amount": clicks})
+        return scrolls or [{"action": "mouse_move", "coordinate": _point(action)}]
+    if kind == "screenshot":
+        return [{"action": "screenshot"}]
+    return [{"action": str(kind)}]
 
 
 def _failed(text: str, **structured: Any) -> ToolOutput:

@@ -31,9 +31,9 @@ from harness.audit.store import AuditError, AuditStore
 from harness.core.errors import ERRORS, AgentCallError, CallboxError, ErrorCode
 from harness.doors.grpc.errors import ServiceError
 from harness.doors.grpc.service import ExecutorService
-from harness.doors.http.live_view import VNC_PORT
 from harness.doors.quota_ledger import Usage
 from harness.doors.quotas import Quotas
+from harness.engine.desktop import VNC_PORT
 from harness.engine.ports import Tunnel
 
 __all__ = ["ACTOR_PREFIX", "KILL_REASON", "PAGE_SIZE", "ClientQuota", "Console", "ConsoleError", "LiveSandbox",

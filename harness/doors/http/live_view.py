@@ -1,6 +1,6 @@
 """The console's live view of a desktop sandbox: noVNC in the page, a WebSocket to the console,
 and from there a Ports tunnel of the sandbox's agent to its VNC server (x11vnc on the
-sandbox's loopback, port :data:`VNC_PORT`, started with the display). No sandbox network is
+sandbox's loopback, port :data:`~harness.engine.desktop.VNC_PORT`, started with the display). No sandbox network is
 involved.
 
 **View-only unless taken over.** What the viewer sends goes through an
@@ -36,12 +36,10 @@ from harness.core.errors import CallboxError
 from harness.doors.http.rfb import RfbError, RfbInputFilter
 from harness.engine.ports import Tunnel
 
-__all__ = ["CONTROL_RULE", "GIVE_BACK", "TAKE_OVER", "VNC_PORT", "ControlDesk", "Holder", "relay_vnc"]
+__all__ = ["CONTROL_RULE", "GIVE_BACK", "TAKE_OVER", "ControlDesk", "Holder", "relay_vnc"]
 
 log = logging.getLogger("callbox.http")
 
-VNC_PORT = 5900
-"""x11vnc's port on the desktop sandbox's loopback (images/desktop/computer.py starts it)."""
 TAKE_OVER = "take_over"
 GIVE_BACK = "give_back"
 CONTROL_RULE = "console operator"

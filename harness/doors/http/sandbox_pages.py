@@ -121,7 +121,7 @@ def kill_confirm_page(box: LiveSandbox, *, csrf: str | None) -> Html:
 
 
 _LIVE_VIEW = Template("""<p>Sandbox <code>$id</code> of client <b>$client</b> ($state): its desktop, live.
-<span id="live-status" role="status">connecting…</span></p>
+Status: <span id="live-status" role="status">connecting…</span>.</p>
 $control
 <div id="live-screen" class="live-screen" data-socket="/sandboxes/$href/vnc" data-novnc="/sandboxes/$href/novnc/"
  data-control="$in_control" aria-label="the desktop of sandbox $id"></div>
