@@ -41,7 +41,10 @@ LOAD_TIMEOUT_S = 30.0
 MAX_WAIT_S = 60.0
 POLL_S = 0.1
 # Roles that only group: shown only when they name something, else their children take their place.
-QUIET_ROLES = {"generic", "none", "presentation", "group", "LineBreak", "InlineTextBox", "ignored", "paragraph"}
+QUIET_ROLES = {"generic", "none", "presentation", "group", "LineBreak", "InlineTextBox", "ignored", "paragraph",
+               "form", "LabelText", "Section"}
+# Decoration Chromium puts in the tree (a list item's bullet), left out with what is below it.
+HIDDEN_ROLES = {"ListMarker"}
 STATES = ("checked", "disabled", "expanded", "selected", "pressed", "required", "focused")
 MODIFIER_BITS = {"Alt": 1, "Control": 2, "ControlOrMeta": 2, "Meta": 4, "Shift": 8}
 # Key names as Playwright's keyboard.press takes them: (code, Windows virtual key code, text typed).
@@ -205,8 +208,12 @@ def format_snapshot(nodes: list[dict[str, Any]], refs: RefTable) -> str:
         kids = [by_id[c] for c in children_of.get(node["nodeId"], []) if c in by_id]
         if node.get("ignored") or role in ("RootWebArea", "WebArea") or (role in QUIET_ROLES and not name):
             return [line for kid in kids for line in render(kid, depth, name or parent_name)]
+        if role in HIDDEN_ROLES:
+            return []
         if role == "StaticText":
             return [] if not name or name == parent_name else [f"{'  ' * depth}- text: {_quote(name)}"]
+        # The ref first, then the children's: refs number the elements in document order.
+        ref = refs.ref(node["backendDOMNodeId"]) if node.get("backendDOMNodeId") else None
         below = [line for kid in kids for line in render(kid, depth + 1, name)]
         parts = [f"{'  ' * depth}- {role}"]
         if name:
@@ -215,10 +222,10 @@ def format_snapshot(nodes: list[dict[str, Any]], refs: RefTable) -> str:
             prop_name, prop_value = prop.get("name"), (prop.get("value") or {}).get("value")
             if prop_name in STATES and prop_value not in (None, False, "false"):
                 parts.append(f"[{prop_name}]" if prop_value in (True, "true") else f"[{prop_name}={prop_value}]")
-            elif prop_name == "level":
+            elif prop_name == "level" and role == "heading":
                 parts.append(f"[level={prop_value}]")
-        if node.get("backendDOMNodeId"):
-            parts.append(f"[ref={refs.ref(node['backendDOMNodeId'])}]")
+        if ref:
+            parts.append(f"[ref={ref}]")
         line = " ".join(parts)
         return [line + ":", *below] if below else [line]
 

@@ -122,6 +122,18 @@ def test_a_snapshot_is_playwrights_yaml_with_refs_in_first_seen_order() -> None:
         refs.node("button")
 
 
+def test_refs_follow_document_order_and_decoration_is_left_out() -> None:
+    tree = [
+        _node("1", "RootWebArea", "Tasks", ("2",), 1),
+        _node("2", "list", "Tasks", ("3",), 10),
+        _node("3", "listitem", "", ("4", "5"), 20, properties=[{"name": "level", "value": {"value": 1}}]),
+        _node("4", "ListMarker", "•", (), 21),
+        _node("5", "link", "Buy milk", (), 30),
+    ]
+    assert browser.format_snapshot(tree, browser.RefTable()).splitlines() == [
+        '- list "Tasks" [ref=e1]:', "  - listitem [ref=e2]:", '    - link "Buy milk" [ref=e3]']
+
+
 def test_key_names_are_playwrights() -> None:
     assert browser.key_event("Enter") == (0, {"key": "Enter", "code": "Enter", "windowsVirtualKeyCode": 13,
                                               "text": "\r"})
