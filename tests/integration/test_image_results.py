@@ -22,7 +22,10 @@ from harness.doors.mcp.http import serve_mcp_http
 from harness.engine.image.build import default_repo_root
 from harness.engine.image.variants import VARIANTS, build_variant
 from tests.conftest import IMAGE
-from tests.support.pictures import PNG_SCRIPT, png
+from tests.support.pictures import PNG_SCRIPT, gif, jpeg, png, webp_lossy
+
+OTHER_FORMATS = {"photo.jpg": (jpeg(40, 30), "image/jpeg"), "anim.gif": (gif(12, 7), "image/gif"),
+                 "shot.webp": (webp_lossy(64, 48), "image/webp")}
 
 pytestmark = pytest.mark.docker
 
@@ -50,9 +53,16 @@ def test_view_image_reaches_the_mcp_client_and_bounds_refuse_with_their_numbers(
             made = await client.call_tool("shell", {"command": (
                 f"cat > /tmp/png.py <<'EOF'\n{PNG_SCRIPT}EOF\n"
                 "python3 /tmp/png.py 320 200 chart.png && python3 /tmp/png.py 1100 1000 wide.png && "
-                "head -c 100000 /dev/urandom > noise.png && echo text > note.txt"
+                "head -c 100000 /dev/urandom > noise.png && echo text > note.txt && "
+                + " && ".join(f"echo {base64.b64encode(data).decode()} | base64 -d > {name}"
+                              for name, (data, _kind) in OTHER_FORMATS.items())
             )})
             assert made.is_error is False, _text(made)
+            for name, (data, kind) in OTHER_FORMATS.items():
+                other = await client.call_tool("view_image", {"path": name})
+                assert other.is_error is False, _text(other)
+                [picture] = [block for block in other.content if isinstance(block, ImageContent)]
+                assert picture.mime_type == kind and base64.b64decode(picture.data) == data, name
 
             seen = await client.call_tool("view_image", {"path": "chart.png"})
             assert seen.is_error is False, _text(seen)
@@ -85,7 +95,7 @@ def test_view_image_reaches_the_mcp_client_and_bounds_refuse_with_their_numbers(
     finally:
         server.stop()
     with AuditStore(audit_path) as audit:
-        call = audit.get_call(run_id, "mcp-000002")
+        call = audit.get_call(run_id, f"mcp-{2 + len(OTHER_FORMATS):06d}")  # the view of chart.png
         assert call is not None and call.result is not None
         assert call.result.meta["images"] == [{"media_type": "image/png", "width": 320, "height": 200,
                                                "bytes": len(png(320, 200)), "label": "chart.png",
