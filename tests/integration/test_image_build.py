@@ -72,6 +72,20 @@ def test_build_then_rebuild_is_up_to_date(client, built):
     assert find_image(client, f"callbox-sandbox:{built.content_hash[:12]}") == built.image_id
 
 
+def test_an_image_built_from_it_is_never_taken_for_it(client, built):
+    # A user's image FROM callbox's inherits its labels, the content hash among them; the next
+    # build must neither take it as "up to date" nor tag it as callbox's image.
+    dockerfile = f"FROM {DEFAULT_TAG}\nLABEL someone.else=1\n".encode()
+    derived, _ = client.images.build(fileobj=io.BytesIO(dockerfile), tag="cbx-test-derived:latest", rm=True)
+    try:
+        assert derived.labels["callbox.image.hash"] == built.content_hash and derived.id != built.image_id
+        again = build_image(client, repo_root=default_repo_root(), progress=lambda _line: None)
+        assert again.built is False and again.image_id == built.image_id
+        assert find_image(client, DEFAULT_TAG) == built.image_id
+    finally:
+        client.images.remove("cbx-test-derived:latest", force=True)
+
+
 def test_image_metadata(client, built):
     attrs = client.images.get(built.image_id).attrs
     config = attrs["Config"]

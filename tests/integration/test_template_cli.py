@@ -44,7 +44,8 @@ def test_build_ls_rm_an_operators_template(tmp_path: Path, store: dict[str, str]
     base_hash = engine.client.images.get(IMAGE).labels["callbox.image.hash"]
     template_hash = engine.client.images.get(image).labels["callbox.image.hash"]
     assert template_hash == f"{base_hash}+template"
-    assert image_with_hash(engine.client, base_hash) == engine.client.images.get(IMAGE).id
+    assert image_with_hash(engine.client, base_hash, f"callbox-sandbox:{base_hash[:12]}") == \
+        engine.client.images.get(IMAGE).id
 
     again = callbox(*args, env=store)
     assert again.returncode == 0, again.stderr.decode()

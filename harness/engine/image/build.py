@@ -174,7 +174,7 @@ def build_image(
             hash_tag = f"{IMAGE_REPO}:{digest[:12]}"
             tags = [tag] if tag == hash_tag else [tag, hash_tag]
             try:
-                existing = image_with_hash(client, digest)
+                existing = image_with_hash(client, digest, hash_tag)
             except docker.errors.APIError as exc:
                 raise ImageBuildError(f"could not list images: {docker_error(exc)}") from None
             if existing is not None:

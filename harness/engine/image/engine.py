@@ -25,14 +25,22 @@ def find_image(client: docker.DockerClient, tag: str = DEFAULT_TAG) -> str | Non
     return str(image.id)
 
 
-def image_with_hash(client: docker.DockerClient, digest: str) -> str | None:
-    """The tagged image built for ``digest``: an untagged one (a layer a failed build on top of
-    it left, say, which inherits its labels) is never taken for it."""
-    images = client.images.list(filters={"label": f"{LABEL_HASH}={digest}"})
-    for image in images:
-        if image.labels.get(LABEL_HASH) == digest and image.tags:
-            return str(image.id)
-    return None
+def image_with_hash(client: docker.DockerClient, digest: str, hash_tag: str) -> str | None:
+    """The image a build of ``digest`` made, found by the tag that build gave it (``hash_tag``,
+    ``REPO:DIGEST12``) and checked by its label. Never any other image with that label: an image
+    built ``FROM`` callbox's inherits its labels (a user's own, a template, a failed build's
+    layer), and taking it would tag someone else's image as callbox's."""
+    try:
+        image = client.images.get(hash_tag)
+    except docker.errors.ImageNotFound:
+        return None
+    return str(image.id) if (image.labels or {}).get(LABEL_HASH) == digest else None
+
+
+def hash_tag_of(tag: str, digest: str) -> str:
+    """The tag a build of ``digest`` gives its image beside ``tag``: ``tag``'s repository, the
+    digest's first 12 hex digits as the tag."""
+    return f"{split_tag(tag)[0]}:{digest[:12]}"
 
 
 _NAME_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"

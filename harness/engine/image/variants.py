@@ -35,7 +35,7 @@ from harness.engine.image.base import BASE_PACKAGES, base_tag, build_base
 from harness.engine.image.build import ImageBuildResult, _build_lock, build_image, cache_dir
 from harness.engine.image.common import IMAGE_FORMAT_VERSION, LABEL_BASE, LABEL_HASH, LABEL_VERSION
 from harness.engine.image.context import docker_build
-from harness.engine.image.engine import docker_error, find_image, image_with_hash, ping, tag_image
+from harness.engine.image.engine import docker_error, find_image, hash_tag_of, image_with_hash, ping, tag_image
 from harness.engine.image.errors import ImageBuildError
 from harness.engine.image.sources import host_suite
 
@@ -142,10 +142,11 @@ def build_variant(
         "files": [[rel, hashlib.sha256(data).hexdigest()] for rel, data in files],
     }
     digest = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+    hash_tag = hash_tag_of(variant.tag, digest)
     try:
-        existing = image_with_hash(client, digest)
+        existing = image_with_hash(client, digest, hash_tag)
         if existing is not None:
-            tag_image(client, existing, [variant.tag])
+            tag_image(client, existing, [variant.tag, hash_tag])
             progress(f"up to date: {variant.tag} ({existing[7:19]}, hash {digest[:12]})")
             return ImageBuildResult(tag=variant.tag, image_id=existing, content_hash=digest, built=False,
                                     seconds=time.monotonic() - started)
@@ -153,7 +154,7 @@ def build_variant(
         labels = {LABEL_HASH: digest, LABEL_VERSION: str(IMAGE_FORMAT_VERSION), LABEL_BASE: base_ref}
         image_id = docker_build(client, _context(dockerfile, files), base_ref=variant.agent_tag(), tag=variant.tag,
                                 labels=labels, progress=progress)
-        tag_image(client, image_id, [variant.tag])
+        tag_image(client, image_id, [variant.tag, hash_tag])
     except docker.errors.APIError as exc:
         raise ImageBuildError(f"the Docker engine failed during the {name} build: {docker_error(exc)}") from None
     seconds = time.monotonic() - started
