@@ -49,7 +49,9 @@ Rows:
     distribution), and the node's relay against a Ray actor proxy: bench_ray.py, section ``ray``
     (as root with ray installed; otherwise a row says why they were skipped);
 24. a template build through the E2B SDK, cold and from the cache: bench_templates.py, section ``templates``;
-25. the ``computer`` tool's screenshot and click on the desktop image variant: bench_desktop.py, section ``desktop``.
+25. the ``computer`` tool's screenshot and click on the desktop image variant: bench_desktop.py, section ``desktop``;
+28. a snapshot's export to one archive and its verified import, 100 MiB workspace, against ``tar``:
+    bench_snapshot_archive.py, section ``archive``.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ from tests.bench.bench_redaction import bench_redaction
 from tests.bench.bench_results import DEFAULT_RESULTS, Row, markdown_table, p50, p90, write_results
 from tests.bench.bench_runtimes import add_runtime_rows, bench_runtimes
 from tests.bench.bench_scale import add_create_rows, add_scale_rows, bench_create, bench_scale
+from tests.bench.bench_snapshot_archive import add_snapshot_archive_rows, bench_snapshot_archive
 from tests.bench.bench_telemetry import add_telemetry_rows, bench_telemetry
 from tests.bench.bench_templates import add_template_rows, bench_templates
 
@@ -117,7 +120,8 @@ TARGET_IDLE_MEMORY_MIB = 25.0
 TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
-            "interpreter", "desktop", "pool", "create", "door", "runtimes", "telemetry", "ray", "templates", "scale"]
+            "interpreter", "desktop", "pool", "create", "door", "runtimes", "telemetry", "ray", "templates", "archive",
+            "scale"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
 """``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
 DEFAULT_SCALE_SANDBOXES = 100
@@ -609,6 +613,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
     add_telemetry_rows(data, add)
     add_ray_rows(data, add, ray_skipped or {})
     add_template_rows(data, add)
+    add_snapshot_archive_rows(data, add)
     if "callbox_health" in data:
         add("5a. floor: gRPC unary Health/Check on the agent socket (interleaved)", "time",
             data["callbox_health"], "—", None, "— (info)")
@@ -784,6 +789,7 @@ def main(argv: list[str] | None = None) -> int:
                            quick=args.quick)),
         ("templates", "templates" in sections,
          lambda: bench_templates(engine.client, spec.image, args.samples, progress)),
+        ("archive", "archive" in sections, lambda: bench_snapshot_archive(res, spec, args.samples, kit)),
         ("scale", "scale" in sections,
          lambda: bench_scale(res, spec, args.sandboxes, kit,
                              lambda container, hint: memory_reading(engine.client, container, hint))),

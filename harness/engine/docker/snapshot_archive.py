@@ -307,6 +307,8 @@ def _receive(tar: tarfile.TarFile, staging: Path) -> _Received:
                 digest.update(chunk)
                 out.write(chunk)
                 size += len(chunk)
+            out.flush()
+            os.fsync(out.fileno())  # on disk before the snapshot's rename publishes it
         received.files[name] = (size, digest.hexdigest())
     if received.header is None:
         raise ArchiveRefused(HEADER, "missing: the archive is empty or not a snapshot archive")
