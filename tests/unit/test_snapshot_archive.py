@@ -16,7 +16,6 @@ from harness.engine.docker.snapshot_archive import (
     HASHES,
     HEADER,
     ArchiveRefused,
-    archive_name,
     export_archive,
     export_to_file,
     import_archive,
@@ -105,7 +104,6 @@ def test_export_then_import_under_a_new_name_is_byte_identical(tmp_path: Path) -
     assert names[1:3] == ["snapshot/manifest.json", "snapshot/spec.json"]
     assert "snapshot/memory/pages.img" in names and "snapshot/memory/empty" in names  # whatever it holds travels
     assert not any(".tmp" in n for n in names)
-    assert archive_name(target) == "base"
 
     store = SnapshotStore(tmp_path / "to")
     imported = import_from_file(store, target, name="copy", expect_digest=summary.digest)
@@ -115,6 +113,13 @@ def test_export_then_import_under_a_new_name_is_byte_identical(tmp_path: Path) -
     assert (imported.directory / "memory" / "empty").is_dir()
     assert json.loads((imported.directory / MANIFEST).read_text())["memory"] == "memory"
     assert sorted(p.name for p in store.root.iterdir()) == ["copy"]
+
+
+def test_a_compressed_archive_imports(tmp_path: Path) -> None:
+    import gzip
+
+    imported = import_archive(SnapshotStore(tmp_path / "to"), io.BytesIO(gzip.compress(_archive(tmp_path))))
+    assert (imported.directory / "memory" / "pages.img").read_bytes() == MEMORY
 
 
 def test_the_name_comes_from_the_archive_and_an_existing_one_is_kept_unless_replaced(tmp_path: Path) -> None:
@@ -186,6 +191,8 @@ REFUSALS: dict[str, tuple[Callable[[Members], Members], bool, str, str]] = {
                          "must be the last"),
     "no header first": (lambda ms: ms[1:], True, "snapshot/manifest.json", f"first member must be {HEADER}"),
     "no hashes": (lambda ms: ms[:-1], False, HASHES, "ends early"),
+    "a file under a file": (_with(_file("snapshot/spec.json/x"), b"x"), True, "snapshot/spec.json/x",
+                            "a file where another member is"),
     "place missing": (lambda ms: [(m, d) for m, d in ms if not m.name.endswith(".tar")], True,
                       "snapshot/places/0_workspace.tar", "the manifest names it"),
     "manifest missing": (lambda ms: [(m, d) for m, d in ms if not m.name.endswith(MANIFEST)], True,

@@ -10,7 +10,8 @@ chunk at a time), with three kinds of member, in this order::
     HASHES.json               {kind, format, snapshot, files: {member: {size, sha256}},
                               directories: [member, ...]}: the last member
 
-An import writes the members into a hidden staging directory next to the store, hashing as
+An import also reads the archive compressed (gzip, bzip2, xz: ``gzip -c`` on the way is
+fine). It writes the members into a hidden staging directory next to the store, hashing as
 it goes, and stores nothing until all of it holds: ``HASHES.json`` names every member with
 its size and SHA-256, no member is missing or added, none escapes (absolute, ``..``, ``.``
 or empty parts), every member is a regular file or a directory (a symbolic or hard link,
@@ -266,6 +267,28 @@ def _read_json(tar: tarfile.TarFile, member: tarfile.TarInfo, received: _Receive
     return data
 
 
+def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -> tuple[int, str]:
+    """Write a regular member to ``target`` (a new file, synced to disk); its size and SHA-256."""
+    source = tar.extractfile(member)
+    assert source is not None
+    digest, size = hashlib.sha256(), 0
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except (FileExistsError, NotADirectoryError, IsADirectoryError):
+        raise ArchiveRefused(member.name, "a file where another member is a file or a directory") from None
+    except OSError as exc:
+        raise SnapshotError(f"cannot write {target}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "wb") as out:
+        while chunk := source.read(CHUNK):
+            digest.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+        out.flush()
+        os.fsync(out.fileno())  # on disk before the snapshot's rename publishes it
+    return size, digest.hexdigest()
+
+
 def _receive(tar: tarfile.TarFile, staging: Path) -> _Received:
     """Write the members of ``tar`` under ``staging``, checking each as it comes."""
     received = _Received()
@@ -294,22 +317,13 @@ def _receive(tar: tarfile.TarFile, staging: Path) -> _Received:
             continue
         target = staging / name[len(PREFIX) + 1:]
         if member.isdir():
-            target.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                target.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except (FileExistsError, NotADirectoryError):
+                raise ArchiveRefused(name, "a directory where another member is a file") from None
             received.directories.add(name)
             continue
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        source = tar.extractfile(member)
-        assert source is not None
-        digest, size = hashlib.sha256(), 0
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            while chunk := source.read(CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
-                size += len(chunk)
-            out.flush()
-            os.fsync(out.fileno())  # on disk before the snapshot's rename publishes it
-        received.files[name] = (size, digest.hexdigest())
+        received.files[name] = _write_member(tar, member, target)
     if received.header is None:
         raise ArchiveRefused(HEADER, "missing: the archive is empty or not a snapshot archive")
     if received.hashes is None:
@@ -392,7 +406,7 @@ def import_archive(store: SnapshotStore, source: BinaryIO, *, name: str | None =
     staging.mkdir(mode=0o700)
     try:
         try:
-            with tarfile.open(fileobj=source, mode="r|", bufsize=CHUNK) as tar:
+            with tarfile.open(fileobj=source, mode="r|*", bufsize=CHUNK) as tar:
                 received = _receive(tar, staging)
         except tarfile.TarError as exc:
             raise ArchiveRefused("the archive", f"not a readable tar ({exc})") from None
@@ -426,12 +440,3 @@ def import_from_file(store: SnapshotStore, path: Path, **options: Any) -> Snapsh
     with source:
         return import_archive(store, source, **options)
 
-
-def archive_name(path: Path) -> str:
-    """The snapshot name an archive file was exported under (its first member), unverified."""
-    with open(path, "rb") as source, tarfile.open(fileobj=source, mode="r|") as tar:
-        received = _Received()
-        member = next(iter(tar), None)
-        if member is None or member.name != HEADER or not member.isreg():
-            raise ArchiveRefused(HEADER, "not the first member: not a snapshot archive")
-        return str(_read_json(tar, member, received).get("snapshot", ""))
