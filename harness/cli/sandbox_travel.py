@@ -77,7 +77,8 @@ def _export(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report), file=say, flush=True)
     else:
-        print(f"exported snapshot {summary.snapshot} to {args.output} ({size(summary.bytes)}, {summary.members} "
+        where = "standard output" if args.output == STDIO else args.output
+        print(f"exported snapshot {summary.snapshot} to {where} ({size(summary.bytes)}, {summary.members} "
               f"members, in {summary.seconds:.2f} s); sha256 {summary.digest}", file=say)
     return 0
 
