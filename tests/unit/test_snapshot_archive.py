@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import pickle
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -266,8 +267,10 @@ def test_a_copy_between_ray_nodes_is_the_verified_archive(tmp_path: Path) -> Non
         if not tamper:
             assert receiving.finish(replace=True).name == "moved"
             continue
-        with pytest.raises(ArchiveRefused):
+        with pytest.raises(ArchiveRefused) as caught:
             receiving.finish(replace=True)
+        again = pickle.loads(pickle.dumps(caught.value))  # as a Ray node's error reaches the driver
+        assert (again.message, again.part, again.code) == (caught.value.message, caught.value.part, caught.value.code)
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["moved"]
 
 

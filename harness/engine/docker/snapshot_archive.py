@@ -75,7 +75,9 @@ class ArchiveRefused(SnapshotError):
 
     code = ErrorCode.INVALID_REQUEST
 
-    def __init__(self, part: str, why: str) -> None:
+    def __init__(self, part: str, why: str = "") -> None:
+        # ``why`` has a default so that unpickling (a Ray node's refusal, rebuilt from its
+        # message, then its attributes) works.
         super().__init__(f"snapshot archive refused: {part}: {why}; nothing was imported")
         self.part = part
 
