@@ -173,6 +173,14 @@ class _CountingWriter:
 
 def export_archive(info: SnapshotInfo, out: BinaryIO) -> ExportSummary:
     """Write snapshot ``info`` (read from its directory) to ``out`` as an archive."""
+    try:
+        return _export(info, out)
+    except OSError as exc:  # the snapshot removed meanwhile, the disk full, the reader gone
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise SnapshotError(f"cannot export snapshot {info.name}: {exc.strerror or exc}{where}") from None
+
+
+def _export(info: SnapshotInfo, out: BinaryIO) -> ExportSummary:
     started = time.monotonic()
     files: dict[str, dict[str, Any]] = {}
     directories: list[str] = []
@@ -213,7 +221,7 @@ def export_to_file(info: SnapshotInfo, target: Path) -> ExportSummary:
             out.flush()
             os.fsync(out.fileno())
         temporary.replace(target)
-    except OSError as exc:
+    except OSError as exc:  # creating, syncing or renaming the file
         raise SnapshotError(f"cannot write the archive {target}: {exc.strerror or exc}") from None
     finally:
         with contextlib.suppress(FileNotFoundError):
