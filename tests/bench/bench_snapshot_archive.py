@@ -46,7 +46,7 @@ def bench_snapshot_archive(res: Resources, spec: SandboxSpec, samples: int, kit:
     box = res.create_sandbox(spec.model_copy(update={"memory": 1 << 30, "workspace_size": 256 << 20}))
     try:
         kit.progress(f"archive: a {WORKSPACE_MIB} MiB workspace, snapshotted once")
-        filled = collect(box.agent.exec(["sh", "-c", FILL], timeout=120))
+        filled = collect(box.agent.exec(["sh", "-c", FILL], timeout_ms=120_000))
         if filled.exit_code != 0:
             raise RuntimeError(f"filling the workspace: {filled.to_json()}")
         info = SnapshotStore(work / "from").write(SNAPSHOT, spec=box.spec, download=box.transfer.download,

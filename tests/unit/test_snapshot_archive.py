@@ -10,6 +10,7 @@ import pickle
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,13 +86,27 @@ def _pack(members: Members, *, rehash: bool = False) -> bytes:
     return out.getvalue()
 
 
+class _Pipe(io.RawIOBase):
+    """A source that cannot seek (standard input, a socket): read as a stream."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self._data.readinto(buffer)
+
+
 def _refused(store: SnapshotStore, archive: bytes, part: str, why: str, **options: object) -> None:
-    with pytest.raises(ArchiveRefused) as caught:
-        import_archive(store, io.BytesIO(archive), **options)  # type: ignore[arg-type]
-    assert caught.value.part == part, caught.value.message
-    assert why in caught.value.message
-    assert "nothing was imported" in caught.value.message
-    assert list(store.root.iterdir()) == [], "a refused import left something behind"
+    for source in (io.BytesIO(archive), _Pipe(archive)):  # a file is read in place, a pipe as a stream
+        with pytest.raises(ArchiveRefused) as caught:
+            import_archive(store, source, **options)  # type: ignore[arg-type]
+        assert caught.value.part == part, caught.value.message
+        assert why in caught.value.message
+        assert "nothing was imported" in caught.value.message
+        assert list(store.root.iterdir()) == [], "a refused import left something behind"
 
 
 def test_export_then_import_under_a_new_name_is_byte_identical(tmp_path: Path) -> None:
@@ -114,6 +129,8 @@ def test_export_then_import_under_a_new_name_is_byte_identical(tmp_path: Path) -
     assert (imported.directory / "memory" / "empty").is_dir()
     assert json.loads((imported.directory / MANIFEST).read_text())["memory"] == "memory"
     assert sorted(p.name for p in store.root.iterdir()) == ["copy"]
+    piped = import_archive(store, _Pipe(target.read_bytes()), name="piped")  # type: ignore[arg-type]
+    assert (piped.directory / "memory" / "pages.img").read_bytes() == MEMORY
 
 
 def test_a_compressed_archive_imports(tmp_path: Path) -> None:
@@ -220,10 +237,11 @@ def test_every_refusal_names_the_part_and_leaves_nothing(tmp_path: Path, case: s
 def test_a_truncated_or_foreign_archive_is_refused(tmp_path: Path) -> None:
     archive = _archive(tmp_path)
     store = SnapshotStore(tmp_path / "to")
-    with pytest.raises(ArchiveRefused) as caught:
-        import_archive(store, io.BytesIO(archive[: len(archive) // 2]))
-    assert "nothing was imported" in caught.value.message
-    assert list(store.root.iterdir()) == []
+    for source in (io.BytesIO(archive[: len(archive) // 2]), _Pipe(archive[: len(archive) // 2])):
+        with pytest.raises(ArchiveRefused) as caught:
+            import_archive(store, source)  # type: ignore[arg-type]
+        assert "nothing was imported" in caught.value.message
+        assert list(store.root.iterdir()) == []
     _refused(store, b"this is not a tar at all" * 100, "the archive", "not a readable tar")
     _refused(store, b"", "the archive", "empty file")
 

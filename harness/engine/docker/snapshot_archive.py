@@ -299,11 +299,12 @@ def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -
     return size, digest.hexdigest()
 
 
-def _receive(tar: tarfile.TarFile, staging: Path) -> _Received:
+def _receive(tar: tarfile.TarFile, staging: Path, *, stream: bool) -> _Received:
     """Write the members of ``tar`` under ``staging``, checking each as it comes."""
     received = _Received()
     for member in tar:
-        tar.members.clear()  # type: ignore[attr-defined]  # a stream-mode TarFile keeps every member
+        if stream:
+            tar.members.clear()  # type: ignore[attr-defined]  # a stream-mode TarFile keeps every member
         name = member.name
         if received.hashes is not None:
             raise ArchiveRefused(name, f"a member after {HASHES}, which must be the last")
@@ -416,8 +417,10 @@ def import_archive(store: SnapshotStore, source: BinaryIO, *, name: str | None =
     staging.mkdir(mode=0o700)
     try:
         try:
-            with tarfile.open(fileobj=source, mode="r|*", bufsize=CHUNK) as tar:
-                received = _receive(tar, staging)
+            # A file is read in place (no copies through tarfile's stream buffer); a pipe as a stream.
+            seekable = source.seekable()
+            with tarfile.open(fileobj=source, mode="r:*" if seekable else "r|*", bufsize=CHUNK) as tar:
+                received = _receive(tar, staging, stream=not seekable)
         except tarfile.TarError as exc:
             raise ArchiveRefused("the archive", f"not a readable tar ({exc})") from None
         _check_hashes(received)
