@@ -133,6 +133,29 @@ def test_export_then_import_under_a_new_name_is_byte_identical(tmp_path: Path) -
     assert (piped.directory / "memory" / "pages.img").read_bytes() == MEMORY
 
 
+class _PipeOut(io.RawIOBase):
+    """A target that cannot seek (standard output into a pipe): written as a stream."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.data += data
+        return len(data)
+
+
+def test_an_export_into_a_pipe_imports(tmp_path: Path) -> None:
+    out = _PipeOut()
+    summary = export_archive(_stored(tmp_path / "from"), out)  # type: ignore[arg-type]
+    assert summary.bytes == len(out.data) and summary.bytes % 10240 == 0
+    imported = import_archive(SnapshotStore(tmp_path / "to"), _Pipe(bytes(out.data)),  # type: ignore[arg-type]
+                              expect_digest=summary.digest)
+    assert (imported.directory / "places" / "0_workspace.tar").read_bytes() == PLACE
+
+
 def test_a_compressed_archive_imports(tmp_path: Path) -> None:
     import gzip
 

@@ -184,8 +184,12 @@ def _export(info: SnapshotInfo, out: BinaryIO) -> ExportSummary:
     started = time.monotonic()
     files: dict[str, dict[str, Any]] = {}
     directories: list[str] = []
+    # A file is written in place; a pipe through tarfile's stream buffer (a copy more per chunk).
+    seekable = out.seekable()
+    start = out.tell() if seekable else 0
     counter = _CountingWriter(out)
-    with tarfile.open(fileobj=counter, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:  # type: ignore[call-overload]
+    with tarfile.open(fileobj=out if seekable else counter, mode="w" if seekable else "w|",  # type: ignore[call-overload]
+                      format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:
         tar.copybufsize = CHUNK
         header = {"kind": KIND, "format": ARCHIVE_FORMAT, "snapshot": info.name}
         files[HEADER] = _json_member(tar, HEADER, header)
@@ -207,8 +211,9 @@ def _export(info: SnapshotInfo, out: BinaryIO) -> ExportSummary:
         hashes = {"kind": KIND, "format": ARCHIVE_FORMAT, "snapshot": info.name, "files": files,
                   "directories": directories}
         digest = _json_member(tar, HASHES, hashes)["sha256"]
-    counter.flush()
-    return ExportSummary(snapshot=info.name, bytes=counter.bytes, members=len(files) + len(directories) + 1,
+    out.flush()
+    written = out.tell() - start if seekable else counter.bytes
+    return ExportSummary(snapshot=info.name, bytes=written, members=len(files) + len(directories) + 1,
                          digest=digest, seconds=round(time.monotonic() - started, 3))
 
 
