@@ -2,7 +2,8 @@
 
 A snapshot is stored on the node of the sandbox it was taken of, in that node's snapshot
 store. Everything that needs it elsewhere gets a copy first (:meth:`RaySnapshots.copy_snapshot`,
-chunk by chunk through Ray): a fork placed on another node, or a sandbox on another node its
+chunk by chunk through Ray, as the archive ``export-snapshot`` writes, every hash checked on
+arrival): a fork placed on another node, or a sandbox on another node its
 files are restored into. Listing asks every node; a name held by several nodes (copies) is
 one snapshot. The small notes a door keeps with a snapshot are written to every copy.
 """
