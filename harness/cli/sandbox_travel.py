@@ -85,7 +85,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def _import(args: argparse.Namespace) -> int:
     from harness.core.errors import UsageError
-    from harness.engine.docker.snapshot_archive import import_archive, import_from_file
+    from harness.engine.docker.snapshot_archive import import_archive, import_from_file, open_archive
     from harness.engine.docker.snapshots import SnapshotStore
 
     options: dict[str, Any] = {"name": args.name, "replace": args.replace, "host_access": args.host_access,
@@ -99,7 +99,7 @@ def _import(args: argparse.Namespace) -> int:
         info = ray.import_snapshot(source, node=args.node, **options) if ray else import_archive(
             SnapshotStore(), source, **options)
     elif ray is not None:
-        with open(args.file, "rb") as source:
+        with open_archive(Path(args.file)) as source:
             info = ray.import_snapshot(source, node=args.node, **options)
     else:
         info = import_from_file(SnapshotStore(), Path(args.file), **options)

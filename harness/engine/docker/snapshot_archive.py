@@ -449,12 +449,16 @@ def import_archive(store: SnapshotStore, source: BinaryIO, *, name: str | None =
     return store.get(final)
 
 
-def import_from_file(store: SnapshotStore, path: Path, **options: Any) -> SnapshotInfo:
+def open_archive(path: Path) -> BinaryIO:
+    """The archive file ``path``, open for reading (a ``SnapshotError`` naming it if it cannot be)."""
     try:
-        source = open(path, "rb")  # noqa: SIM115 (closed below)
+        return open(path, "rb")  # noqa: SIM115 (the caller closes it)
     except OSError as exc:
         raise SnapshotError(f"cannot read the archive {path}: {exc.strerror or exc}",
                             code=ErrorCode.NOT_FOUND if isinstance(exc, FileNotFoundError) else None) from None
-    with source:
+
+
+def import_from_file(store: SnapshotStore, path: Path, **options: Any) -> SnapshotInfo:
+    with open_archive(path) as source:
         return import_archive(store, source, **options)
 
