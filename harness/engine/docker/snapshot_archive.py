@@ -452,7 +452,7 @@ def import_archive(store: SnapshotStore, source: BinaryIO, *, name: str | None =
 def open_archive(path: Path) -> BinaryIO:
     """The archive file ``path``, open for reading (a ``SnapshotError`` naming it if it cannot be)."""
     try:
-        return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+        return open(path, "rb")
     except OSError as exc:
         raise SnapshotError(f"cannot read the archive {path}: {exc.strerror or exc}",
                             code=ErrorCode.NOT_FOUND if isinstance(exc, FileNotFoundError) else None) from None
