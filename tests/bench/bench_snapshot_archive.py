@@ -43,6 +43,13 @@ def _tree_bytes(directory: Path) -> int:
 def bench_snapshot_archive(res: Resources, spec: SandboxSpec, samples: int, kit: Toolkit) -> dict[str, list[float]]:
     """Rows 28a-28b; the sandbox and every file made here are gone when it returns."""
     work = Path(tempfile.mkdtemp(prefix="cbx-barchive-"))
+    try:
+        return _measure(res, spec, samples, kit, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(res: Resources, spec: SandboxSpec, samples: int, kit: Toolkit, work: Path) -> dict[str, list[float]]:
     box = res.create_sandbox(spec.model_copy(update={"memory": 1 << 30, "workspace_size": 256 << 20}))
     try:
         kit.progress(f"archive: a {WORKSPACE_MIB} MiB workspace, snapshotted once")
@@ -56,42 +63,39 @@ def bench_snapshot_archive(res: Resources, spec: SandboxSpec, samples: int, kit:
     target = SnapshotStore(work / "to")
     archive, tar_archive, extracted = work / "snap.tar", work / "plain.tar", work / "extracted"
     size = _tree_bytes(info.directory)
-    try:
-        def export() -> dict[str, float]:
-            t0 = time.perf_counter_ns()
-            export_to_file(info, archive)
-            return {"archive_export": ms_since(t0)}
+    def export() -> dict[str, float]:
+        t0 = time.perf_counter_ns()
+        export_to_file(info, archive)
+        return {"archive_export": ms_since(t0)}
 
-        def tar_create() -> dict[str, float]:
-            t0 = time.perf_counter_ns()
-            subprocess.run(["tar", "-cf", str(tar_archive), "-C", str(info.directory), "."], check=True)
-            subprocess.run(["sync", str(tar_archive)], check=True)
-            return {"archive_export_tar": ms_since(t0)}
+    def tar_create() -> dict[str, float]:
+        t0 = time.perf_counter_ns()
+        subprocess.run(["tar", "-cf", str(tar_archive), "-C", str(info.directory), "."], check=True)
+        subprocess.run(["sync", str(tar_archive)], check=True)
+        return {"archive_export_tar": ms_since(t0)}
 
-        def import_() -> dict[str, float]:
-            t0 = time.perf_counter_ns()
-            import_from_file(target, archive, name="imported", replace=True)
-            elapsed = ms_since(t0)
-            target.remove("imported")
-            return {"archive_import": elapsed}
+    def import_() -> dict[str, float]:
+        t0 = time.perf_counter_ns()
+        import_from_file(target, archive, name="imported", replace=True)
+        elapsed = ms_since(t0)
+        target.remove("imported")
+        return {"archive_import": elapsed}
 
-        def tar_extract() -> dict[str, float]:
-            extracted.mkdir()
-            t0 = time.perf_counter_ns()
-            subprocess.run(["tar", "-xf", str(archive), "-C", str(extracted)], check=True)
-            files = [str(p) for p in extracted.rglob("*") if p.is_file()]
-            subprocess.run(["sync", *files], check=True)
-            elapsed = ms_since(t0)
-            shutil.rmtree(extracted)
-            return {"archive_import_tar": elapsed}
+    def tar_extract() -> dict[str, float]:
+        extracted.mkdir()
+        t0 = time.perf_counter_ns()
+        subprocess.run(["tar", "-xf", str(archive), "-C", str(extracted)], check=True)
+        files = [str(p) for p in extracted.rglob("*") if p.is_file()]
+        subprocess.run(["sync", *files], check=True)
+        elapsed = ms_since(t0)
+        shutil.rmtree(extracted)
+        return {"archive_import_tar": elapsed}
 
-        count = heavy_samples(samples)
-        data = kit.interleaved("archive export", [export, tar_create], count, 1, every=count)
-        data.update(kit.interleaved("archive import", [import_, tar_extract], count, 1, every=count))
-        data["archive_bytes"] = [float(size)]
-        return data
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    count = heavy_samples(samples)
+    data = kit.interleaved("archive export", [export, tar_create], count, 1, every=count)
+    data.update(kit.interleaved("archive import", [import_, tar_extract], count, 1, every=count))
+    data["archive_bytes"] = [float(size)]
+    return data
 
 
 def add_snapshot_archive_rows(data: dict[str, list[float]], add: Callable[..., Any]) -> None:
