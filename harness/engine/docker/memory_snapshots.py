@@ -118,6 +118,18 @@ def _wait_for(path: Path, timeout: float, what: str) -> None:
         time.sleep(0.002)
 
 
+def _listening_again(sandbox: Sandbox) -> None:
+    """Wait until the agent listens again and answers (its socket first, so the client's
+    channel does not try too early and back off)."""
+    from harness.engine.docker.living import wait_healthy
+    from harness.engine.docker.sandbox import AGENT_SOCKET_NAME
+
+    deadline = time.monotonic() + QUIESCE_TIMEOUT_S
+    while not (sandbox.socket_dir / AGENT_SOCKET_NAME).exists() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    wait_healthy(sandbox, max(0.1, deadline - time.monotonic()))
+
+
 def save(engine: DockerEngine, sandbox: Sandbox, directory: Path) -> MemoryImage:
     """Save the processes and memory of ``sandbox`` into ``directory / MEMORY``; it runs on."""
     refuse_unless_possible(sandbox.spec, sandbox.label)
@@ -129,7 +141,6 @@ def save(engine: DockerEngine, sandbox: Sandbox, directory: Path) -> MemoryImage
         leftover.unlink(missing_ok=True)
     image = directory / MEMORY
     started = time.monotonic()
-    sandbox.agent.close()  # the agent ends every connection; the next call reconnects
     try:
         engine.client.api.kill(sandbox.container_id, signal=QUIESCE_SIGNAL)
         _wait_for(quiesced, QUIESCE_TIMEOUT_S, f"the agent of sandbox {sandbox.label} closing its socket")
@@ -146,9 +157,7 @@ def save(engine: DockerEngine, sandbox: Sandbox, directory: Path) -> MemoryImage
                             f"{short_reason(exc)}") from None
     finally:
         resume.write_text("1\n")
-        from harness.engine.docker.living import wait_healthy
-
-        wait_healthy(sandbox, QUIESCE_TIMEOUT_S)
+        _listening_again(sandbox)
     size = sum(f.stat().st_size for f in image.rglob("*") if f.is_file())
     return MemoryImage(directory=MEMORY, runtime=RUNTIME, runtime_version=version[0] if version else "",
                        bytes=size, seconds=round(time.monotonic() - started, 3), frozen_seconds=round(frozen, 3))
