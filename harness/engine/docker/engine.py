@@ -265,10 +265,10 @@ class DockerEngine:
         write_expiry(socket_dir, created + ttl)
         extra = {labels.NAME: name or "", labels.PRINCIPAL: owner or ""}
         before_start = None
-        if memory_image is not None:
-            (socket_dir / memory_snapshots.RESUME_FILE).write_text("1\n")  # the restored agent listens at once
-            before_start = memory_snapshots.restore_request(memory_image)
         try:
+            if memory_image is not None:
+                before_start = memory_snapshots.restore_request(memory_image)
+                (socket_dir / memory_snapshots.RESUME_FILE).write_text("1\n")  # the restored agent listens at once
             attachment, container_id = self._run_container(spec, sandbox_id, socket_dir, uid, gid, created,
                                                            {k: v for k, v in extra.items() if v},
                                                            before_start=before_start)

@@ -165,7 +165,16 @@ def save(engine: DockerEngine, sandbox: Sandbox, directory: Path) -> MemoryImage
 
 def restore_request(image: Path) -> Callable[[str], None]:
     """What ``run_container`` calls between creating and starting a container that restores
-    ``image``: the marker callbox's runsc wrapper turns into ``runsc restore``."""
+    ``image``: the marker callbox's runsc wrapper turns into ``runsc restore``. Refused
+    before any container exists unless this is root (the marker is root's to write)."""
+    if os.geteuid() != 0:
+        raise CallboxError("restoring a memory snapshot asks the runtime for `runsc restore`, which only root may: "
+                           "run it as root (or fork the snapshot's files: a snapshot without --memory)",
+                           code=ErrorCode.PERMISSION_DENIED)
+    if not (image / "checkpoint.img").is_file():
+        raise SnapshotError(f"the memory image {image} is incomplete (no checkpoint.img): it cannot be restored",
+                            code=ErrorCode.DATA_LOST)
+
     def request(container_id: str) -> None:
         RESTORE_DIR.mkdir(parents=True, mode=0o700, exist_ok=True)
         marker = RESTORE_DIR / container_id
