@@ -50,6 +50,8 @@ RESUME_FILE = "resume"
 """Written by the harness in the socket directory (of this sandbox, or of one restored from
 its memory image) when the agent may listen again."""
 RESUME_POLL_S = 0.005
+QUIESCE_GRACE_S = 1.0
+"""Calls under way get this long to end before the socket closes (idle connections close at once)."""
 QUIESCE_MAX_S = 120.0
 """The agent listens again after this long without a resume (a harness that died meanwhile)."""
 _T = TypeVar("_T")
@@ -260,7 +262,7 @@ def _quiesce(agent: Agent, socket: str, owner: FsIdentity | None, stop: threadin
     the host's. A sandbox restored from the memory image wakes up here, in its own socket
     directory, where the harness wrote the resume before starting it."""
     directory = os.path.dirname(socket)
-    agent.server.stop(grace=None).wait()
+    agent.server.stop(grace=QUIESCE_GRACE_S).wait()
     with acting_as(owner):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(socket)

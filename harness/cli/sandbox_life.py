@@ -257,7 +257,7 @@ def _snapshot(args: argparse.Namespace) -> int:
         print_json(info.to_json())
         return 0
     node = getattr(sandbox, "node", None)  # the Ray engine's: the snapshot stays on that node
-    print(f"snapshot {info.name} of sandbox {sandbox.label}: {', '.join(info.captured) or 'nothing'} "
+    print(f"snapshot {info.name} of sandbox {sandbox.label}: {', '.join(info.captured) or 'nothing'}"
           + (" and its processes and memory" if info.memory else "")
           + f" ({size(info.bytes)} in {info.seconds:.2f} s) in {info.directory}" + (f" on node {node}" if node else ""))
     for note in info.skipped:
