@@ -91,6 +91,7 @@ def measure(engine: DockerEngine, samples: int, progress: Callable[[str], None])
                     eng.drain(DRAIN_S)  # untimed: no removal runs while the next sample is timed
             finally:
                 box.destroy()
+                eng.drain(DRAIN_S)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(store, ignore_errors=True)

@@ -146,7 +146,8 @@ def save(engine: DockerEngine, sandbox: Sandbox, directory: Path) -> MemoryImage
         _wait_for(quiesced, QUIESCE_TIMEOUT_S, f"the agent of sandbox {sandbox.label} closing its socket")
         frozen = time.monotonic()
         done = subprocess.run(
-            [*command, "checkpoint", "--leave-running", "--compression=none", f"--image-path={image}",
+            [*command, "checkpoint", "--leave-running", "--compression=none", "--exclude-committed-zero-pages",
+             f"--image-path={image}",
              sandbox.container_id], capture_output=True, text=True, timeout=CHECKPOINT_TIMEOUT_S, check=False)
         frozen = time.monotonic() - frozen
         if done.returncode != 0:
