@@ -31,8 +31,8 @@ Under runc, ``--memory`` is refused (``refuse_unless_possible``): the one way to
 processes there, CRIU, must run as root on the host with CAP_SYS_ADMIN over the container
 and ptrace its processes, and restores them with the same pids in a fresh pid namespace;
 Docker offers it only as an experimental daemon feature (``docker checkpoint``), which this
-engine does not enable, and Debian's ``criu`` is not installed by callbox. See
-docs/sandboxes.md for what it would take.
+engine does not enable, and Debian's ``criu`` (3.17.1 on bookworm) fails in its own start-up
+on a 6.18 kernel (its vDSO check). See docs/sandboxes.md for what it would take.
 """
 
 from __future__ import annotations
