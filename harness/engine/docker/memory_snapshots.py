@@ -38,6 +38,7 @@ on a 6.18 kernel (its vDSO check). See docs/sandboxes.md for what it would take.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shlex
 import subprocess
@@ -64,6 +65,7 @@ QUIESCE_SIGNAL = "SIGUSR2"
 """The agent's (sandbox/server.py ``QUIESCE_SIGNAL``)."""
 QUIESCED_FILE = "quiesced"
 RESUME_FILE = "resume"
+LOCK_FILE = "memory-snapshot.lock"
 QUIESCE_TIMEOUT_S = 10.0
 CHECKPOINT_TIMEOUT_S = 300.0
 NETWORKS = ("none",)
@@ -136,6 +138,12 @@ def save(engine: DockerEngine, sandbox: Sandbox, directory: Path) -> MemoryImage
     command = _runtime_command(engine, sandbox.container_id)
     version = subprocess.run([command[0], "--version"], capture_output=True, text=True, timeout=30,
                              check=False).stdout.splitlines()
+    with open(sandbox.socket_dir / LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one memory snapshot of a sandbox at a time, in any process
+        return _save(engine, sandbox, directory, command, version[0] if version else "")
+
+
+def _save(engine: DockerEngine, sandbox: Sandbox, directory: Path, command: list[str], version: str) -> MemoryImage:
     quiesced, resume = sandbox.socket_dir / QUIESCED_FILE, sandbox.socket_dir / RESUME_FILE
     for leftover in (quiesced, resume):
         leftover.unlink(missing_ok=True)
@@ -160,7 +168,7 @@ def save(engine: DockerEngine, sandbox: Sandbox, directory: Path) -> MemoryImage
         resume.write_text("1\n")
         _listening_again(sandbox)
     size = sum(f.stat().st_size for f in image.rglob("*") if f.is_file())
-    return MemoryImage(directory=MEMORY, runtime=RUNTIME, runtime_version=version[0] if version else "",
+    return MemoryImage(directory=MEMORY, runtime=RUNTIME, runtime_version=version,
                        bytes=size, seconds=round(time.monotonic() - started, 3), frozen_seconds=round(frozen, 3))
 
 
