@@ -44,6 +44,9 @@ EXPIRY_RECHECK_S = 5.0
 QUIESCE_SIGNAL = signal.SIGUSR2
 """Asks the agent to close its socket for a memory snapshot, until the harness writes
 ``RESUME_FILE`` (see ``_quiesce``)."""
+QUIESCABLE_FILE = "quiescable"
+"""Written in the socket directory whenever the agent listens: it answers ``QUIESCE_SIGNAL``
+(an agent from before memory snapshots would die of it)."""
 QUIESCED_FILE = "quiesced"
 """Written in the socket directory once the socket is closed and removed."""
 RESUME_FILE = "resume"
@@ -250,6 +253,8 @@ def _listen(server: grpc.Server, socket: str, owner: FsIdentity | None) -> None:
                 os.unlink(socket)
             server.add_insecure_port(f"unix:{socket}")
         server.start()
+        with acting_as(owner), open(os.path.join(os.path.dirname(socket), QUIESCABLE_FILE), "w") as f:
+            f.write(f"{QUIESCE_SIGNAL.name}\n")
     finally:
         os.umask(old_umask)
 

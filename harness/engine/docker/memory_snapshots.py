@@ -63,6 +63,8 @@ RESTORE_DIR = Path("/run/callbox-runsc/restore")
 container id, holding the image directory); the wrapper reads the same default."""
 QUIESCE_SIGNAL = "SIGUSR2"
 """The agent's (sandbox/server.py ``QUIESCE_SIGNAL``)."""
+QUIESCABLE_FILE = "quiescable"
+"""The agent writes it when it listens, if it knows ``QUIESCE_SIGNAL`` (an older agent dies of it)."""
 QUIESCED_FILE = "quiesced"
 RESUME_FILE = "resume"
 LOCK_FILE = "memory-snapshot.lock"
@@ -144,6 +146,10 @@ def save(engine: DockerEngine, sandbox: Sandbox, directory: Path) -> MemoryImage
 
 
 def _save(engine: DockerEngine, sandbox: Sandbox, directory: Path, command: list[str], version: str) -> MemoryImage:
+    if not (sandbox.socket_dir / QUIESCABLE_FILE).exists():
+        raise SnapshotError(f"the agent of sandbox {sandbox.label} predates memory snapshots (its image is older "
+                            "than this callbox): create the sandbox again from a current image to take one",
+                            code=ErrorCode.NOT_SUPPORTED)
     quiesced, resume = sandbox.socket_dir / QUIESCED_FILE, sandbox.socket_dir / RESUME_FILE
     for leftover in (quiesced, resume):
         leftover.unlink(missing_ok=True)
