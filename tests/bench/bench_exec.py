@@ -50,6 +50,8 @@ Rows:
     (as root with ray installed; otherwise a row says why they were skipped);
 24. a template build through the E2B SDK, cold and from the cache: bench_templates.py, section ``templates``;
 25. the ``computer`` tool's screenshot and click on the desktop image variant: bench_desktop.py, section ``desktop``;
+26. memory snapshots under gVisor (snapshot, restore, image size; 512 MiB and 2 GiB):
+    bench_memory_snapshots.py, section ``memsnap`` (as root with runsc; otherwise skipped, saying why);
 28. a snapshot's export to one archive and its verified import, 100 MiB workspace, against ``tar``:
     bench_snapshot_archive.py, section ``archive``.
 """
@@ -93,6 +95,7 @@ from tests.bench.bench_egress_ask import TARGET_ADDED_MS, bench_egress_ask
 from tests.bench.bench_egress_tls import add_egress_tls_rows, bench_egress_tls
 from tests.bench.bench_interpreter import add_interpreter_rows, bench_interpreter
 from tests.bench.bench_living import Toolkit, add_living_rows, bench_living
+from tests.bench.bench_memory_snapshots import add_memsnap_rows, bench_memsnap
 from tests.bench.bench_network_rules import TARGET_ENFORCED_MS, bench_network_update
 from tests.bench.bench_overhead import bench_overhead
 from tests.bench.bench_pool import add_pool_rows, bench_pool
@@ -120,8 +123,8 @@ TARGET_IDLE_MEMORY_MIB = 25.0
 TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
-            "interpreter", "desktop", "pool", "create", "door", "runtimes", "telemetry", "ray", "templates", "archive",
-            "scale"]
+            "interpreter", "desktop", "pool", "create", "door", "runtimes", "telemetry", "ray", "templates", "memsnap",
+            "archive", "scale"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
 """``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
 DEFAULT_SCALE_SANDBOXES = 100
@@ -605,6 +608,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
     add_e2b_rows(data, add)
     add_interpreter_rows(data, add)
     add_desktop_rows(data, add)
+    add_memsnap_rows(data, add)
     add_pool_rows(data, add)
     add_create_rows(data, add)
     add_door_rows(data, add)
@@ -789,6 +793,7 @@ def main(argv: list[str] | None = None) -> int:
                            quick=args.quick)),
         ("templates", "templates" in sections,
          lambda: bench_templates(engine.client, spec.image, args.samples, progress)),
+        ("memsnap", "memsnap" in sections, lambda: bench_memsnap(engine, args.samples, progress)),
         ("archive", "archive" in sections, lambda: bench_snapshot_archive(res, spec, args.samples, kit)),
         ("scale", "scale" in sections,
          lambda: bench_scale(res, spec, args.sandboxes, kit,

@@ -54,7 +54,9 @@ def _stored(root: Path, name: str = "base", spec: SandboxSpec | None = None) -> 
                         image="callbox-sandbox:latest",
                         places=(PlaceArchive("/workspace", "places/0_workspace.tar", 1, 0, 10, len(PLACE)),))
     (directory / SPEC).write_text((spec or SandboxSpec()).model_dump_json())
-    (directory / MANIFEST).write_text(json.dumps(info.to_json() | {"directory": None, "memory": "memory"}))
+    memory = {"directory": "memory", "runtime": "runsc", "runtime_version": "test", "bytes": len(MEMORY),
+              "seconds": 0.1, "frozen_seconds": 0.05}
+    (directory / MANIFEST).write_text(json.dumps(info.to_json() | {"directory": None, "memory": memory}))
     return SnapshotStore(root).get(name)
 
 
@@ -127,7 +129,7 @@ def test_export_then_import_under_a_new_name_is_byte_identical(tmp_path: Path) -
     for relative in ("places/0_workspace.tar", "memory/pages.img", "e2b.json", SPEC):
         assert (imported.directory / relative).read_bytes() == (info.directory / relative).read_bytes(), relative
     assert (imported.directory / "memory" / "empty").is_dir()
-    assert json.loads((imported.directory / MANIFEST).read_text())["memory"] == "memory"
+    assert imported.memory is not None and imported.memory.directory == "memory"
     assert sorted(p.name for p in store.root.iterdir()) == ["copy"]
     piped = import_archive(store, _Pipe(target.read_bytes()), name="piped")  # type: ignore[arg-type]
     assert (piped.directory / "memory" / "pages.img").read_bytes() == MEMORY
@@ -236,6 +238,8 @@ REFUSALS: dict[str, tuple[Callable[[Members], Members], bool, str, str]] = {
                             "a file where another member is"),
     "place missing": (lambda ms: [(m, d) for m, d in ms if not m.name.endswith(".tar")], True,
                       "snapshot/places/0_workspace.tar", "the manifest names it"),
+    "memory image missing": (lambda ms: [(m, d) for m, d in ms if not m.name.startswith("snapshot/memory")], True,
+                             "snapshot/memory", "the manifest names it"),
     "manifest missing": (lambda ms: [(m, d) for m, d in ms if not m.name.endswith(MANIFEST)], True,
                          "snapshot/manifest.json", "missing"),
     "spec unreadable": (lambda ms: [(m, b"{}x" if m.name.endswith(SPEC) else d) for m, d in ms], True,

@@ -393,6 +393,10 @@ def _check_snapshot(staging: Path, name: str, host_access: HostAccess) -> None:
         if member_problem(f"{PREFIX}/{place.file}") or not (staging / place.file).is_file():
             raise ArchiveRefused(f"{PREFIX}/{place.file}", f"the manifest names it for {place.path}, the archive "
                                                           "does not hold it")
+    if info.memory is not None and (member_problem(f"{PREFIX}/{info.memory.directory}")
+                                    or not (staging / info.memory.directory).is_dir()):
+        raise ArchiveRefused(f"{PREFIX}/{info.memory.directory}", "the manifest names it for the memory image, the "
+                                                                 "archive does not hold it")
     try:
         spec = SandboxSpec.model_validate_json((staging / SPEC).read_text())
     except FileNotFoundError:
