@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from sandbox.changes import ChangesService
 from sandbox.errors import answer, stream
 from sandbox.fs import FilesystemService
 from sandbox.health import SERVING, HealthService
@@ -27,6 +28,7 @@ from sandbox.process import ProcessRunner
 from sandbox.shell import ShellManager, ShellService
 from sandbox.spawner import Spawner
 from sandbox.v1 import (
+    changes_pb2_grpc,
     filesystem_pb2_grpc,
     jobs_pb2_grpc,
     ports_pb2_grpc,
@@ -176,9 +178,9 @@ def build_server(config: AgentConfig) -> Agent:
         ],
     )
     process_pb2_grpc.add_ProcessServicer_to_server(ProcessService(runner), server)
-    filesystem_pb2_grpc.add_FilesystemServicer_to_server(
-        FilesystemService(roots=list(config.roots), workspace=config.workspace, identity=identity), server
-    )
+    files = FilesystemService(roots=list(config.roots), workspace=config.workspace, identity=identity)
+    filesystem_pb2_grpc.add_FilesystemServicer_to_server(files, server)
+    changes_pb2_grpc.add_ChangesServicer_to_server(ChangesService(files.resolver, files.acting), server)
     shell_pb2_grpc.add_ShellServicer_to_server(
         ShellService(ShellManager(config.user, config.workspace, launcher)), server
     )
