@@ -30,11 +30,13 @@ from harness.audit.change_store import BlobWriter, ChangeRecord, Entry, EntryTyp
 from harness.core.errors import AgentCallError, CallboxError
 from harness.core.units import ByteSize
 from harness.engine.base import Sandbox
-from harness.engine.docker.snapshots import AGENT_RUNTIME
 from harness.engine.spec import TMP, SandboxSpec
 from sandbox.v1 import changes_pb2, filesystem_pb2
 
 log = logging.getLogger("callbox.changes")
+
+AGENT_RUNTIME = "callbox-shell-"
+"""The agent's shell sessions keep private runtime directories ``/tmp/callbox-shell-*``: left out."""
 
 _TYPES: dict[int, EntryType] = {
     filesystem_pb2.FILE_TYPE_FILE: "file",
