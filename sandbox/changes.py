@@ -19,16 +19,18 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator
 
 import grpc
 
 from sandbox.change_index import Key, PlaceIndex
-from sandbox.errors import INTERNAL, INVALID_ARGUMENT, TOO_LARGE, AgentError, abort
+from sandbox.errors import BUSY, INTERNAL, INVALID_ARGUMENT, TOO_LARGE, AgentError, abort
 from sandbox.paths import Resolver
 from sandbox.v1 import changes_pb2, changes_pb2_grpc, filesystem_pb2
 
 CHUNK_BYTES = 1 << 20
+LOCK_WAIT_S = 60.0
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -51,6 +53,8 @@ class ChangesService(changes_pb2_grpc.ChangesServicer):
         self._resolver = resolver
         self._acting = acting
         self._indexes: dict[tuple[str, ...], PlaceIndex] = {}
+        self._lock = threading.Lock()
+        """One Scan at a time: a second one would compare against an index the first has not committed."""
 
     def Scan(self, request: changes_pb2.ScanRequest, context: grpc.ServicerContext) -> Iterator[changes_pb2.ScanChunk]:
         try:
@@ -64,6 +68,14 @@ class ChangesService(changes_pb2_grpc.ChangesServicer):
         places = tuple(sorted(set(request.places)))
         if not places:
             raise AgentError(INVALID_ARGUMENT, "Scan needs at least one place.")
+        if not self._lock.acquire(timeout=LOCK_WAIT_S):
+            raise AgentError(BUSY, "Another Scan has been running for a minute; try again.")
+        try:
+            yield from self._scan(places, request)
+        finally:
+            self._lock.release()
+
+    def _scan(self, places: tuple[str, ...], request: changes_pb2.ScanRequest) -> Iterator[changes_pb2.ScanChunk]:
         index = self._indexes.get(places)
         if index is None or request.reset:
             if index is not None:

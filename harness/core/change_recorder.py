@@ -21,6 +21,7 @@ and so does the meta of the call that reached it.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Literal
 
@@ -77,6 +78,7 @@ class ChangeRecorder:
         self._seq = 0
         self._used = 0
         self._baseline = False
+        self._lock = threading.Lock()
         self.stopped = False
 
     def _load(self) -> dict[str, Entry]:
@@ -94,6 +96,17 @@ class ChangeRecorder:
 
     def before(self, sandbox: Sandbox) -> dict[str, Any] | None:
         """Take the baseline if the run has none yet; the result meta's ``changes`` on failure."""
+        with self._lock:
+            return self._before(sandbox)
+
+    def after(self, sandbox: Sandbox, call_id: str, tool: str) -> dict[str, Any]:
+        """Record what the call changed; the result meta's ``changes`` (counts, or what failed).
+        Calls of one run running at once are recorded one after the other, each with what its
+        scan found (a change the other call made may be counted in either)."""
+        with self._lock:
+            return self._after(sandbox, call_id, tool)
+
+    def _before(self, sandbox: Sandbox) -> dict[str, Any] | None:
         self._load()
         if self._baseline or self.stopped:
             return None
@@ -111,8 +124,7 @@ class ChangeRecorder:
         self._baseline = True
         return None
 
-    def after(self, sandbox: Sandbox, call_id: str, tool: str) -> dict[str, Any]:
-        """Record what the call changed; the result meta's ``changes`` (counts, or what failed)."""
+    def _after(self, sandbox: Sandbox, call_id: str, tool: str) -> dict[str, Any]:
         state = self._load()
         if self.stopped:
             return {"stopped": True}
