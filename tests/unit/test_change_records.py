@@ -205,3 +205,31 @@ def test_an_index_walks_everything_again_after_an_overflow(place: Path) -> None:
     entries, touched = index.refresh(opener)
     assert str(place / "README") in touched and len(touched) == len(entries)
     index.close()
+
+
+def test_the_cli_refuses_a_revert_while_the_run_is_open(place: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.audit.change_store import changes_root
+    from harness.audit.store import AuditStore
+    from harness.cli.main import main
+
+    db = tmp_path / "audit.sqlite3"
+    with AuditStore(db) as audit:
+        run_id = audit.start_run()
+    service = ChangesService(Resolver([str(place)], str(place)), contextlib.nullcontext)
+    sandbox: Any = _Sandbox(service)
+    recorder = ChangeRecorder(CheckpointSettings(mode="changes"), RunChanges(changes_root(db), run_id), SandboxSpec())
+    recorder.places, recorder.mounts = (str(place),), {str(place): str(place)}
+    before = _tree(place)
+    recorder.before(sandbox)
+    (place / "README").unlink()
+    recorder.after(sandbox, "c1", "shell")
+    assert main(["diff", run_id, "--audit-db", str(db)]) == 0
+    assert f"removed {place}/README:" in capsys.readouterr().out
+    assert main(["revert", run_id, "--to", "c1", "--audit-db", str(db)]) != 0
+    assert f"run {run_id} is still open" in capsys.readouterr().err
+    with AuditStore(db) as audit:
+        audit.end_run(run_id, "final")
+    assert main(["revert", run_id, "--to", "c1", "--audit-db", str(db)]) == 0
+    assert f"recreated {place}/README" in capsys.readouterr().out
+    assert _tree(place) == before
