@@ -26,7 +26,8 @@ import grpc
 
 from sandbox.change_index import Key, PlaceIndex
 from sandbox.errors import BUSY, INTERNAL, INVALID_ARGUMENT, TOO_LARGE, AgentError, abort
-from sandbox.paths import Resolver
+from sandbox.fs import FilesystemService
+from sandbox.paths import os_error
 from sandbox.v1 import changes_pb2, changes_pb2_grpc, filesystem_pb2
 
 CHUNK_BYTES = 1 << 20
@@ -47,11 +48,12 @@ def _type(mode: int) -> filesystem_pb2.FileType.ValueType:
 
 
 class ChangesService(changes_pb2_grpc.ChangesServicer):
-    """sandbox.v1.Changes over the agent's roots (``resolver``), as the tool user (``acting``)."""
+    """sandbox.v1.Changes over the Filesystem service's roots, as the tool user."""
 
-    def __init__(self, resolver: Resolver, acting: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
-        self._resolver = resolver
-        self._acting = acting
+    def __init__(self, files: FilesystemService) -> None:
+        self._files = files
+        self._resolver = files.resolver
+        self._acting: Callable[[], contextlib.AbstractContextManager[None]] = files.acting
         self._indexes: dict[tuple[str, ...], PlaceIndex] = {}
         self._lock = threading.Lock()
         """One Scan at a time: a second one would compare against an index the first has not committed."""
@@ -63,6 +65,43 @@ class ChangesService(changes_pb2_grpc.ChangesServicer):
             abort(context, exc)
         except OSError as exc:
             abort(context, AgentError(INTERNAL, f"Scan failed: {exc.strerror}."))
+
+    def Apply(self, request: changes_pb2.ApplyRequest, context: grpc.ServicerContext) -> changes_pb2.ApplyResponse:
+        path = ""
+        try:
+            with self._acting():
+                for op in request.ops:
+                    path = op.path
+                    self.apply(op)
+            return changes_pb2.ApplyResponse(applied=len(request.ops))
+        except AgentError as exc:
+            abort(context, exc)
+        except OSError as exc:
+            abort(context, os_error(exc, path))
+
+    def apply(self, op: changes_pb2.ApplyOp) -> None:
+        """One operation (run inside the tool user's identity)."""
+        kind = op.kind
+        if kind == changes_pb2.ApplyOp.REMOVE:
+            self._files.remove(filesystem_pb2.RemoveRequest(path=op.path, recursive=True))
+        elif kind == changes_pb2.ApplyOp.MAKE_DIR:
+            self._files.make_dir(filesystem_pb2.MakeDirRequest(path=op.path, exist_ok=True))
+        elif kind == changes_pb2.ApplyOp.WRITE:
+            self._files.write(filesystem_pb2.WriteRequest(path=op.path, data=op.data, mode=op.mode or 0o600,
+                                                          append=op.append))
+        elif kind == changes_pb2.ApplyOp.SYMLINK:
+            with self._resolver.resolve(op.path, follow_final=False) as res:
+                os.symlink(op.link_target, res.name, dir_fd=res.dir_fd)
+        elif kind == changes_pb2.ApplyOp.CHMOD:
+            with self._resolver.resolve(op.path, follow_final=False) as res:
+                fd = os.open(res.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=res.dir_fd)
+                try:
+                    if not stat.S_ISLNK(os.fstat(fd).st_mode):
+                        os.chmod(f"/proc/self/fd/{fd}", op.mode & 0o7777)
+                finally:
+                    os.close(fd)
+        else:
+            raise AgentError(INVALID_ARGUMENT, f"Unknown operation {kind} for {op.path}.")
 
     def scan(self, request: changes_pb2.ScanRequest) -> Iterator[changes_pb2.ScanChunk]:
         places = tuple(sorted(set(request.places)))

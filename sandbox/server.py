@@ -180,7 +180,7 @@ def build_server(config: AgentConfig) -> Agent:
     process_pb2_grpc.add_ProcessServicer_to_server(ProcessService(runner), server)
     files = FilesystemService(roots=list(config.roots), workspace=config.workspace, identity=identity)
     filesystem_pb2_grpc.add_FilesystemServicer_to_server(files, server)
-    changes_pb2_grpc.add_ChangesServicer_to_server(ChangesService(files.resolver, files.acting), server)
+    changes_pb2_grpc.add_ChangesServicer_to_server(ChangesService(files), server)
     shell_pb2_grpc.add_ShellServicer_to_server(
         ShellService(ShellManager(config.user, config.workspace, launcher)), server
     )

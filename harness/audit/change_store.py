@@ -9,9 +9,10 @@ data::
 
 A record is a :class:`ChangeRecord`: the ``baseline`` (every entry of the places, taken once
 before the run's first call that may change files), then one ``call`` record per such call
-(the entries it changed, with what they were before), or a ``stopped`` record when the run's
-size cap was reached. An entry is a :class:`Entry`: a file with its mode and content hash, a
-directory, a symlink with its target, or the removal of a path. The state of the places at any
+(the entries it changed, with what they were before), a ``stopped`` record when the run's
+size cap was reached, and ``revert`` records for what a revert of the living sandbox changed.
+An entry is a :class:`Entry`: a file with its mode and content hash, a directory, a symlink
+with its target, or the removal of a path. The state of the places at any
 point is the baseline with every later record applied in order (:meth:`RunChanges.state_before`).
 
 Storage grows with what changed: a blob is written once, whatever number of records name it.
@@ -38,7 +39,7 @@ RECORDS = "records.jsonl"
 BLOBS = "blobs"
 
 EntryType = Literal["file", "dir", "symlink", "other"]
-RecordKind = Literal["baseline", "call", "stopped"]
+RecordKind = Literal["baseline", "call", "stopped", "revert"]
 
 
 @dataclass(frozen=True)

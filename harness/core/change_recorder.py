@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -105,6 +106,28 @@ class ChangeRecorder:
         scan found (a change the other call made may be counted in either)."""
         with self._lock:
             return self._after(sandbox, call_id, tool)
+
+    def reverting(self, sandbox: Sandbox, to_call: str,
+                  put_back: Callable[[dict[str, Entry], dict[str, Entry]], None]) -> dict[str, Any]:
+        """Record what changed since the last record, call ``put_back(target, current)`` (the
+        recorded state just before ``to_call``, and now), then record what it changed as a
+        ``revert`` record; its counts."""
+        with self._lock:
+            state = self._load()
+            if not self._baseline:
+                raise CallboxError(f"run {self.store.run_id} has no baseline: no recorded call to revert to")
+            target = self.store.state_before(to_call)
+            entries, added = self._scan(sandbox, reset=False)
+            if entries:
+                self._append(ChangeRecord(seq=0, kind="revert", at=time.time(), entries=tuple(entries),
+                                          before={e.path: state.get(e.path) for e in entries}, bytes=added,
+                                          note="changes since the last record, found before a revert"))
+            put_back(target, dict(state))
+            entries, added = self._scan(sandbox, reset=False)
+            before = {e.path: state.get(e.path) for e in entries}
+            self._append(ChangeRecord(seq=0, kind="revert", at=time.time(), call_id=to_call, entries=tuple(entries),
+                                      before=before, bytes=added, note=f"revert to just before call {to_call}"))
+            return _counts(entries, before)
 
     def _before(self, sandbox: Sandbox) -> dict[str, Any] | None:
         self._load()

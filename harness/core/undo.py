@@ -11,12 +11,15 @@ undone: what the state does not hold is removed, files are written back byte for
 files, directories and symlinks recreated, and permission bits set. Since what is there is read
 afresh, a change no record saw is undone too.
 
-This module reverts a read-write mount through its host directory, which outlives the sandbox:
-a run's sandbox is gone once the run ended, and with it its scratch places (``/workspace``,
-``/tmp``, the home directory), which no revert can bring back. A revert whose calls changed
-such a place says so and is refused unless the caller accepts restoring the mounts only.
-The walk never follows a symlink: a path whose parent is not a real directory after the
-earlier steps is refused, not written through.
+Two ways to put places back. :func:`revert_live` works on the run's living sandbox, through its
+agent (every writable place, as the tool user, what it changed recorded as a ``revert`` record):
+for a process that holds the run's session (a server, its doors). :func:`revert` works on a
+read-write mount through its host directory, which outlives the sandbox: a run's sandbox is gone
+once the run ended, and with it its scratch places (``/workspace``, ``/tmp``, the home
+directory), which no revert can bring back; a revert whose calls changed such a place says so
+and is refused unless the caller accepts restoring the mounts only. Its walk never follows a
+symlink: a path whose parent is not a real directory after the earlier steps is refused, not
+written through.
 """
 
 from __future__ import annotations
@@ -32,9 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.audit.change_store import ChangeRecord, Entry, RunChanges
-from harness.core.errors import CallboxError, ErrorCode
+from harness.core.change_recorder import ChangeRecorder
+from harness.core.errors import AgentCallError, CallboxError, ErrorCode
+from harness.engine.base import Sandbox
+from sandbox.v1 import changes_pb2
 
 MAX_DIFF_BYTES = 1 << 20
+APPLY_BATCH_BYTES = 4 << 20
+"""Content per ``Changes.Apply`` request (a larger file goes in several appends)."""
 """Text files larger than this get the summary line instead of a diff."""
 
 
@@ -182,6 +190,78 @@ def revert(changes: RunChanges, to_call: str) -> RevertReport:
         wanted = {path: entry for path, entry in target.items() if _under(path, place)}
         _Restore(changes, place, Path(source), report).run(wanted)
     return report
+
+
+def revert_live(recorder: ChangeRecorder, sandbox: Sandbox, to_call: str) -> RevertReport:
+    """Put every writable place of the run's living ``sandbox`` back as it was just before
+    ``to_call`` ran, through its agent (``Changes.Apply``, as the tool user), and record what
+    that changed. The caller makes sure no call of the run is running."""
+    if recorder.store.call_record(to_call) is None:
+        raise UndoError(f"call {to_call!r} has no change record in run {recorder.store.run_id}; "
+                        f"{_recorded(recorder.store)}")
+    report = RevertReport()
+
+    def put_back(target: dict[str, Entry], current: dict[str, Entry]) -> None:
+        ops = _plan(recorder.store, target, current, report)
+        batch: list[changes_pb2.ApplyOp] = []
+        size = 0
+        for op in ops:
+            if batch and size + len(op.data) > APPLY_BATCH_BYTES:
+                sandbox.agent.apply_changes(batch)
+                batch, size = [], 0
+            batch.append(op)
+            size += len(op.data)
+        if batch:
+            sandbox.agent.apply_changes(batch)
+
+    try:
+        recorder.reverting(sandbox, to_call, put_back)
+    except AgentCallError as error:
+        raise UndoError(f"the revert of run {recorder.store.run_id} failed part way: {error.message}; "
+                        "what it changed is recorded, and a revert can be tried again") from None
+    return report
+
+
+def _plan(changes: RunChanges, target: dict[str, Entry], current: dict[str, Entry],
+          report: RevertReport) -> list[changes_pb2.ApplyOp]:
+    """The operations that turn ``current`` into ``target`` (both: sandbox path -> entry)."""
+    op = changes_pb2.ApplyOp
+    ops: list[changes_pb2.ApplyOp] = []
+    removed: list[str] = []
+    for path in sorted(current):
+        entry = target.get(path)
+        if (entry is None or entry.type != current[path].type) and not _under_any(path, tuple(removed)):
+            ops.append(op(kind=op.REMOVE, path=path))
+            removed.append(path)
+            report.removed.append(path)
+    for path in sorted(target):
+        entry, now = target[path], current.get(path)
+        gone = now is None or path in removed or _under_any(path, tuple(removed))
+        if entry.type == "dir" and gone:
+            ops.append(op(kind=op.MAKE_DIR, path=path))
+            report.created.append(path)
+        elif entry.type == "symlink" and (gone or (now is not None and now.target != entry.target)):
+            if not gone:
+                ops.append(op(kind=op.REMOVE, path=path))
+            ops.append(op(kind=op.SYMLINK, path=path, link_target=entry.target or ""))
+            report.created.append(path)
+        elif entry.type == "file" and (gone or (now is not None and now.sha256 != entry.sha256)):
+            if entry.sha256 is None or not changes.has_blob(entry.sha256):
+                report.not_restored.append(f"{path}: its content was not recorded (the tool user could not read it)")
+                continue
+            data = changes.read_blob(entry.sha256)
+            for start in range(0, max(len(data), 1), APPLY_BATCH_BYTES):
+                ops.append(op(kind=op.WRITE, path=path, data=data[start:start + APPLY_BATCH_BYTES],
+                              mode=entry.mode, append=start > 0))
+            (report.created if gone else report.written).append(path)
+    for path in sorted(target, reverse=True):  # a directory's bits last: they may forbid writing in it
+        entry, now = target[path], current.get(path)
+        if entry.type in ("file", "dir") and (now is None or now.mode != entry.mode or path in report.created
+                                               or path in report.written or _under_any(path, tuple(removed))):
+            ops.append(op(kind=op.CHMOD, path=path, mode=entry.mode))
+            if now is not None and now.mode != entry.mode and path not in report.created:
+                report.modes.append(path)
+    return ops
 
 
 class _Restore:

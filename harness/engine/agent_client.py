@@ -285,6 +285,10 @@ class AgentClient:
         finally:
             call.cancel()
 
+    def apply_changes(self, ops: Sequence[changes_pb2.ApplyOp], *, timeout: float = 300.0) -> int:
+        """Apply operations in order in the sandbox (``Changes.Apply``); how many were applied."""
+        return int(self._unary(self.changes.Apply, changes_pb2.ApplyRequest(ops=ops), timeout).applied)
+
     def upload_tar(
         self,
         dest: str,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from sandbox.v1 import filesystem_pb2 as sandbox_dot_v1_dot_filesystem__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandbox/v1/changes.proto\x12\nsandbox.v1\x1a\x1bsandbox/v1/filesystem.proto\"V\n\x0bScanRequest\x12\x0e\n\x06places\x18\x01 \x03(\t\x12\r\n\x05reset\x18\x02 \x01(\x08\x12\x11\n\tmax_bytes\x18\x03 \x01(\x04\x12\x15\n\rskip_prefixes\x18\x04 \x03(\t\"\x93\x01\n\tScanEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\"\n\x04type\x18\x02 \x01(\x0e\x32\x14.sandbox.v1.FileType\x12\x0c\n\x04mode\x18\x03 \x01(\r\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x13\n\x0blink_target\x18\x05 \x01(\t\x12\x0f\n\x07removed\x18\x06 \x01(\x08\x12\x12\n\nunreadable\x18\x07 \x01(\x08\"i\n\tScanChunk\x12$\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x15.sandbox.v1.ScanEntry\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12(\n\x07summary\x18\x03 \x01(\x0b\x32\x17.sandbox.v1.ScanSummary\"X\n\x0bScanSummary\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x04\x12\x10\n\x08reported\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x17\n\x0funreadable_dirs\x18\x04 \x01(\x04\x32\x43\n\x07\x43hanges\x12\x38\n\x04Scan\x12\x17.sandbox.v1.ScanRequest\x1a\x15.sandbox.v1.ScanChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandbox/v1/changes.proto\x12\nsandbox.v1\x1a\x1bsandbox/v1/filesystem.proto\"V\n\x0bScanRequest\x12\x0e\n\x06places\x18\x01 \x03(\t\x12\r\n\x05reset\x18\x02 \x01(\x08\x12\x11\n\tmax_bytes\x18\x03 \x01(\x04\x12\x15\n\rskip_prefixes\x18\x04 \x03(\t\"\x93\x01\n\tScanEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\"\n\x04type\x18\x02 \x01(\x0e\x32\x14.sandbox.v1.FileType\x12\x0c\n\x04mode\x18\x03 \x01(\r\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x13\n\x0blink_target\x18\x05 \x01(\t\x12\x0f\n\x07removed\x18\x06 \x01(\x08\x12\x12\n\nunreadable\x18\x07 \x01(\x08\"i\n\tScanChunk\x12$\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x15.sandbox.v1.ScanEntry\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12(\n\x07summary\x18\x03 \x01(\x0b\x32\x17.sandbox.v1.ScanSummary\"X\n\x0bScanSummary\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x04\x12\x10\n\x08reported\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x17\n\x0funreadable_dirs\x18\x04 \x01(\x04\"\xdb\x01\n\x07\x41pplyOp\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.sandbox.v1.ApplyOp.Kind\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0e\n\x06\x61ppend\x18\x05 \x01(\x08\x12\x13\n\x0blink_target\x18\x06 \x01(\t\"Y\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\n\n\x06REMOVE\x10\x01\x12\x0c\n\x08MAKE_DIR\x10\x02\x12\t\n\x05WRITE\x10\x03\x12\x0b\n\x07SYMLINK\x10\x04\x12\t\n\x05\x43HMOD\x10\x05\"0\n\x0c\x41pplyRequest\x12 \n\x03ops\x18\x01 \x03(\x0b\x32\x13.sandbox.v1.ApplyOp\" \n\rApplyResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\r2\x81\x01\n\x07\x43hanges\x12\x38\n\x04Scan\x12\x17.sandbox.v1.ScanRequest\x1a\x15.sandbox.v1.ScanChunk0\x01\x12<\n\x05\x41pply\x12\x18.sandbox.v1.ApplyRequest\x1a\x19.sandbox.v1.ApplyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,6 +40,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCANCHUNK']._serialized_end=412
   _globals['_SCANSUMMARY']._serialized_start=414
   _globals['_SCANSUMMARY']._serialized_end=502
-  _globals['_CHANGES']._serialized_start=504
-  _globals['_CHANGES']._serialized_end=571
+  _globals['_APPLYOP']._serialized_start=505
+  _globals['_APPLYOP']._serialized_end=724
+  _globals['_APPLYOP_KIND']._serialized_start=635
+  _globals['_APPLYOP_KIND']._serialized_end=724
+  _globals['_APPLYREQUEST']._serialized_start=726
+  _globals['_APPLYREQUEST']._serialized_end=774
+  _globals['_APPLYRESPONSE']._serialized_start=776
+  _globals['_APPLYRESPONSE']._serialized_end=808
+  _globals['_CHANGES']._serialized_start=811
+  _globals['_CHANGES']._serialized_end=940
 # @@protoc_insertion_point(module_scope)

@@ -10,6 +10,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from sandbox.v1 import filesystem_pb2 as _filesystem_pb2
 import builtins as _builtins
 import sys
@@ -163,3 +164,107 @@ class ScanSummary(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ScanSummary: _TypeAlias = ScanSummary  # noqa: Y015
+
+@_typing.final
+class ApplyOp(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Kind:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _KindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[ApplyOp._Kind.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        KIND_UNSPECIFIED: ApplyOp._Kind.ValueType  # 0
+        REMOVE: ApplyOp._Kind.ValueType  # 1
+        """Remove the path (a directory with everything in it)."""
+        MAKE_DIR: ApplyOp._Kind.ValueType  # 2
+        """Create the directory (an existing one is kept)."""
+        WRITE: ApplyOp._Kind.ValueType  # 3
+        """Write data to the file, replacing it, or appending with append."""
+        SYMLINK: ApplyOp._Kind.ValueType  # 4
+        """Create a symlink to link_target."""
+        CHMOD: ApplyOp._Kind.ValueType  # 5
+        """Set the permission bits of a file or directory (a symlink is left alone)."""
+
+    class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
+    KIND_UNSPECIFIED: ApplyOp.Kind.ValueType  # 0
+    REMOVE: ApplyOp.Kind.ValueType  # 1
+    """Remove the path (a directory with everything in it)."""
+    MAKE_DIR: ApplyOp.Kind.ValueType  # 2
+    """Create the directory (an existing one is kept)."""
+    WRITE: ApplyOp.Kind.ValueType  # 3
+    """Write data to the file, replacing it, or appending with append."""
+    SYMLINK: ApplyOp.Kind.ValueType  # 4
+    """Create a symlink to link_target."""
+    CHMOD: ApplyOp.Kind.ValueType  # 5
+    """Set the permission bits of a file or directory (a symlink is left alone)."""
+
+    KIND_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    APPEND_FIELD_NUMBER: _builtins.int
+    LINK_TARGET_FIELD_NUMBER: _builtins.int
+    kind: Global___ApplyOp.Kind.ValueType
+    path: _builtins.str
+    mode: _builtins.int
+    data: _builtins.bytes
+    append: _builtins.bool
+    link_target: _builtins.str
+    def __init__(
+        self,
+        *,
+        kind: Global___ApplyOp.Kind.ValueType = ...,
+        path: _builtins.str = ...,
+        mode: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        append: _builtins.bool = ...,
+        link_target: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "data", b"data", "kind", b"kind", "link_target", b"link_target", "mode", b"mode", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyOp: _TypeAlias = ApplyOp  # noqa: Y015
+
+@_typing.final
+class ApplyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ops(self) -> _containers.RepeatedCompositeFieldContainer[Global___ApplyOp]: ...
+    def __init__(
+        self,
+        *,
+        ops: _abc.Iterable[Global___ApplyOp] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ops", b"ops"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyRequest: _TypeAlias = ApplyRequest  # noqa: Y015
+
+@_typing.final
+class ApplyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPLIED_FIELD_NUMBER: _builtins.int
+    applied: _builtins.int
+    def __init__(
+        self,
+        *,
+        applied: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyResponse: _TypeAlias = ApplyResponse  # noqa: Y015

@@ -39,6 +39,11 @@ class ChangesStub:
                 request_serializer=sandbox_dot_v1_dot_changes__pb2.ScanRequest.SerializeToString,
                 response_deserializer=sandbox_dot_v1_dot_changes__pb2.ScanChunk.FromString,
                 _registered_method=True)
+        self.Apply = channel.unary_unary(
+                '/sandbox.v1.Changes/Apply',
+                request_serializer=sandbox_dot_v1_dot_changes__pb2.ApplyRequest.SerializeToString,
+                response_deserializer=sandbox_dot_v1_dot_changes__pb2.ApplyResponse.FromString,
+                _registered_method=True)
 
 
 class ChangesServicer:
@@ -57,6 +62,15 @@ class ChangesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Apply(self, request, context):
+        """Apply operations in order, as the tool user, each path confined like every
+        Filesystem path: how the harness puts a living sandbox's places back. The
+        first operation that fails stops the rest and fails the RPC.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChangesServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -64,6 +78,11 @@ def add_ChangesServicer_to_server(servicer, server):
                     servicer.Scan,
                     request_deserializer=sandbox_dot_v1_dot_changes__pb2.ScanRequest.FromString,
                     response_serializer=sandbox_dot_v1_dot_changes__pb2.ScanChunk.SerializeToString,
+            ),
+            'Apply': grpc.unary_unary_rpc_method_handler(
+                    servicer.Apply,
+                    request_deserializer=sandbox_dot_v1_dot_changes__pb2.ApplyRequest.FromString,
+                    response_serializer=sandbox_dot_v1_dot_changes__pb2.ApplyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -93,6 +112,33 @@ class Changes:
             '/sandbox.v1.Changes/Scan',
             sandbox_dot_v1_dot_changes__pb2.ScanRequest.SerializeToString,
             sandbox_dot_v1_dot_changes__pb2.ScanChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Apply(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandbox.v1.Changes/Apply',
+            sandbox_dot_v1_dot_changes__pb2.ApplyRequest.SerializeToString,
+            sandbox_dot_v1_dot_changes__pb2.ApplyResponse.FromString,
             options,
             channel_credentials,
             insecure,

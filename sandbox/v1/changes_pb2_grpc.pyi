@@ -43,6 +43,11 @@ class ChangesStub:
     the stream completes. Read as the tool user; a mount below a place is not
     crossed (it is a place of its own when writable).
     """
+    Apply: _grpc.UnaryUnaryMultiCallable[_changes_pb2.ApplyRequest, _changes_pb2.ApplyResponse]
+    """Apply operations in order, as the tool user, each path confined like every
+    Filesystem path: how the harness puts a living sandbox's places back. The
+    first operation that fails stops the rest and fails the RPC.
+    """
 
 @_typing.type_check_only
 class ChangesAsyncStub(ChangesStub):
@@ -55,6 +60,11 @@ class ChangesAsyncStub(ChangesStub):
     changed regular file follows its entry. The index is replaced only when
     the stream completes. Read as the tool user; a mount below a place is not
     crossed (it is a place of its own when writable).
+    """
+    Apply: _aio.UnaryUnaryMultiCallable[_changes_pb2.ApplyRequest, _changes_pb2.ApplyResponse]  # type: ignore[assignment]
+    """Apply operations in order, as the tool user, each path confined like every
+    Filesystem path: how the harness puts a living sandbox's places back. The
+    first operation that fails stops the rest and fails the RPC.
     """
 
 class ChangesServicer(metaclass=_abc_1.ABCMeta):
@@ -71,6 +81,17 @@ class ChangesServicer(metaclass=_abc_1.ABCMeta):
         changed regular file follows its entry. The index is replaced only when
         the stream completes. Read as the tool user; a mount below a place is not
         crossed (it is a place of its own when writable).
+        """
+
+    @_abc_1.abstractmethod
+    def Apply(
+        self,
+        request: _changes_pb2.ApplyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_changes_pb2.ApplyResponse, _abc.Awaitable[_changes_pb2.ApplyResponse]]:
+        """Apply operations in order, as the tool user, each path confined like every
+        Filesystem path: how the harness puts a living sandbox's places back. The
+        first operation that fails stops the rest and fails the RPC.
         """
 
 def add_ChangesServicer_to_server(servicer: ChangesServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -5,7 +5,6 @@ directory as a read-write mount's host directory, checked byte for byte against 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import stat
@@ -23,7 +22,7 @@ from harness.engine.spec import SandboxSpec
 from sandbox.change_index import PlaceIndex
 from sandbox.changes import ChangesService
 from sandbox.errors import AgentError
-from sandbox.paths import Resolver
+from sandbox.fs import FilesystemService
 from sandbox.v1 import changes_pb2, errors_pb2
 
 
@@ -85,7 +84,7 @@ def _scan(service: ChangesService, root: Path, **kw: Any) -> dict[str, changes_p
 
 
 def test_the_index_reports_only_what_changed_since_the_previous_scan(place: Path) -> None:
-    service = ChangesService(Resolver([str(place)], str(place)), contextlib.nullcontext)
+    service = ChangesService(FilesystemService([str(place)], str(place), None))
     first = _scan(service, place)
     assert {Path(p).relative_to(place).as_posix() for p in first} == {
         "src", "src/app.py", "README", "data.bin", "old", "old/a.txt", "link"}
@@ -109,7 +108,7 @@ def test_the_index_reports_only_what_changed_since_the_previous_scan(place: Path
 
 
 def test_a_scan_cut_short_is_reported_again(place: Path) -> None:
-    service = ChangesService(Resolver([str(place)], str(place)), contextlib.nullcontext)
+    service = ChangesService(FilesystemService([str(place)], str(place), None))
     _scan(service, place)
     (place / "README").write_text("changed\n")
     stream = service.scan(changes_pb2.ScanRequest(places=[str(place)]))
@@ -127,7 +126,7 @@ def _recorder(place: Path, tmp_path: Path, **settings: Any) -> tuple[ChangeRecor
 
 
 def test_diff_and_revert_restore_the_mount_byte_for_byte(place: Path, tmp_path: Path) -> None:
-    service = ChangesService(Resolver([str(place)], str(place)), contextlib.nullcontext)
+    service = ChangesService(FilesystemService([str(place)], str(place), None))
     sandbox: Any = _Sandbox(service)
     recorder, store = _recorder(place, tmp_path)
     copies = {}
@@ -173,7 +172,7 @@ def test_diff_and_revert_restore_the_mount_byte_for_byte(place: Path, tmp_path: 
 
 
 def test_records_survive_a_new_recorder_and_the_cap_stops_them(place: Path, tmp_path: Path) -> None:
-    service = ChangesService(Resolver([str(place)], str(place)), contextlib.nullcontext)
+    service = ChangesService(FilesystemService([str(place)], str(place), None))
     sandbox: Any = _Sandbox(service)
     recorder, store = _recorder(place, tmp_path, max_bytes=4096)
     recorder.before(sandbox)
@@ -216,7 +215,7 @@ def test_the_cli_refuses_a_revert_while_the_run_is_open(place: Path, tmp_path: P
     db = tmp_path / "audit.sqlite3"
     with AuditStore(db) as audit:
         run_id = audit.start_run()
-    service = ChangesService(Resolver([str(place)], str(place)), contextlib.nullcontext)
+    service = ChangesService(FilesystemService([str(place)], str(place), None))
     sandbox: Any = _Sandbox(service)
     recorder = ChangeRecorder(CheckpointSettings(mode="changes"), RunChanges(changes_root(db), run_id), SandboxSpec())
     recorder.places, recorder.mounts = (str(place),), {str(place): str(place)}
@@ -233,3 +232,37 @@ def test_the_cli_refuses_a_revert_while_the_run_is_open(place: Path, tmp_path: P
     assert main(["revert", run_id, "--to", "c1", "--audit-db", str(db)]) == 0
     assert f"recreated {place}/README" in capsys.readouterr().out
     assert _tree(place) == before
+
+
+class _LiveAgent(_Agent):
+    def apply_changes(self, ops: list[changes_pb2.ApplyOp]) -> int:
+        for op in ops:
+            self.service.apply(op)
+        return len(ops)
+
+
+def test_a_living_sandbox_is_reverted_through_its_agent_and_the_revert_is_recorded(
+        place: Path, tmp_path: Path) -> None:
+    service = ChangesService(FilesystemService([str(place)], str(place), None))
+    sandbox: Any = _Sandbox(service)
+    sandbox.agent = _LiveAgent(service)
+    recorder, store = _recorder(place, tmp_path)
+    recorder.before(sandbox)
+    copy = _tree(place)
+    (place / "src" / "app.py").write_text("changed\n")
+    (place / "src" / "app.py").chmod(0o700)
+    shutil.rmtree(place / "old")
+    (place / "README").unlink()
+    os.symlink("data.bin", place / "README")  # a file replaced by a symlink
+    (place / "made").mkdir()
+    (place / "made" / "x").write_text("x\n")
+    recorder.after(sandbox, "c1", "shell")
+    (place / "late.txt").write_text("changed after the last record\n")  # no record saw it yet
+    report = undo.revert_live(recorder, sandbox, "c1")
+    assert _tree(place) == copy
+    assert f"{place}/src/app.py" in report.written and f"{place}/made" in report.removed
+    kinds = [(r.kind, r.note.split(",")[0]) for r in store.records()]
+    assert kinds[-2:] == [("revert", "changes since the last record"), ("revert", "revert to just before call c1")]
+    assert recorder.after(sandbox, "c2", "shell") == {"created": 0, "changed": 0, "removed": 0}
+    undo.revert(store, "c2")  # the recorded state after the revert is what is there
+    assert _tree(place) == copy
