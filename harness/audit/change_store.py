@@ -173,6 +173,13 @@ class RunChanges:
         with (self.directory / RECORDS).open("a", encoding="utf-8") as out:
             out.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
 
+    def records_size(self) -> int:
+        """Bytes of the records file (0: none yet): tells a reader whether another process appended."""
+        try:
+            return (self.directory / RECORDS).stat().st_size
+        except FileNotFoundError:
+            return 0
+
     def records(self) -> list[ChangeRecord]:
         """Every complete record, in order (a partial last line, from a killed writer, is skipped)."""
         path = self.directory / RECORDS

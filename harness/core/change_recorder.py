@@ -76,6 +76,7 @@ class ChangeRecorder:
         self.places = tuple(sorted({*spec.scratch_tmpfs(), *mounts}))
         self.mounts = mounts
         self._state: dict[str, Entry] | None = None
+        self._size = 0
         self._seq = 0
         self._used = 0
         self._baseline = False
@@ -83,8 +84,9 @@ class ChangeRecorder:
         self.stopped = False
 
     def _load(self) -> dict[str, Entry]:
-        """The recorded state (after a restart: read back from the store)."""
-        if self._state is None:
+        """The recorded state: read back from the store the first time (after a restart) and
+        whenever another process appended to it (a revert from the command line)."""
+        if self._state is None or self.store.records_size() != self._size:
             records = self.store.records()
             self._state = {}
             for record in records:
@@ -93,6 +95,7 @@ class ChangeRecorder:
             self._used = self.store.stored_bytes()
             self.stopped = any(r.kind == "stopped" for r in records)
             self._baseline = any(r.kind == "baseline" for r in records)
+            self._size = self.store.records_size()
         return self._state
 
     def before(self, sandbox: Sandbox) -> dict[str, Any] | None:
@@ -173,6 +176,7 @@ class ChangeRecorder:
         self._seq += 1
         record = ChangeRecord(**{**record.__dict__, "seq": self._seq})
         self.store.append(record)
+        self._size = self.store.records_size()
         apply(state, record.entries)
 
     def _stop(self, call_id: str | None, tool: str | None, reason: str) -> dict[str, Any]:

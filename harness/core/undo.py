@@ -29,12 +29,13 @@ import hashlib
 import os
 import shutil
 import stat
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.audit.change_store import ChangeRecord, Entry, RunChanges
+from harness.audit.change_store import ChangeRecord, Entry, RunChanges, apply
 from harness.core.change_recorder import ChangeRecorder
 from harness.core.errors import AgentCallError, CallboxError, ErrorCode
 from harness.engine.base import Sandbox
@@ -189,7 +190,31 @@ def revert(changes: RunChanges, to_call: str) -> RevertReport:
     for place, source in sorted(baseline.mounts.items()):
         wanted = {path: entry for path, entry in target.items() if _under(path, place)}
         _Restore(changes, place, Path(source), report).run(wanted)
+    _record_mount_revert(changes, to_call, target, tuple(baseline.mounts))
     return report
+
+
+def _record_mount_revert(changes: RunChanges, to_call: str, target: dict[str, Entry], mounts: tuple[str, ...]) -> None:
+    """Append what the revert of the mounts changed, so the recorded state is what is there (a
+    paused run resumed later compares its next call with it)."""
+    records = changes.records()
+    current: dict[str, Entry] = {}
+    for record in records:
+        apply(current, record.entries)
+    entries: list[Entry] = []
+    for path in sorted(set(current) | set(target)):
+        if not _under_any(path, mounts):
+            continue
+        wanted = target.get(path)
+        if wanted is None:
+            entries.append(Entry(path=path))
+        elif not wanted.same(current.get(path)):
+            entries.append(wanted)
+    if entries:
+        changes.append(ChangeRecord(seq=(records[-1].seq if records else 0) + 1, kind="revert", at=time.time(),
+                                    call_id=to_call, entries=tuple(entries),
+                                    before={e.path: current.get(e.path) for e in entries},
+                                    note=f"revert of the read-write mounts to just before call {to_call}"))
 
 
 def revert_live(recorder: ChangeRecorder, sandbox: Sandbox, to_call: str) -> RevertReport:

@@ -165,6 +165,8 @@ def test_diff_and_revert_restore_the_mount_byte_for_byte(place: Path, tmp_path: 
     report = undo.revert(store, "c2")
     assert _tree(place) == copies["c2"]
     assert f"{place}/README" in report.created and not report.not_restored
+    assert store.records()[-1].kind == "revert"  # the recorded state follows: a resumed run compares with it
+    assert recorder.after(sandbox, "c2b", "shell") == {"created": 0, "changed": 0, "removed": 0}
     undo.revert(store, "c1")
     assert _tree(place) == copies["c1"]
     undo.revert(store, "c3")  # forward again: the records still hold every state
