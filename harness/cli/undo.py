@@ -6,8 +6,9 @@ unified diff per recorded call (one call with ``--call``). ``revert --to CALL`` 
 read-write mounts back as they were just before that call, through their host directories,
 and prints each path it restored; it is refused while a call of the run is running, or while
 the run is open (its sandbox may still change the mount), and, when the calls it undoes also
-changed scratch places (``/workspace``, ``/tmp``, home), which went with the run's sandbox,
-unless ``--mounts-only`` accepts that those stay lost.
+changed scratch places (``/workspace``, ``/tmp``, home), which only the run's sandbox holds,
+unless ``--mounts-only`` accepts that those stay as they are. A revert of a living sandbox's
+every place is :func:`harness.core.undo.revert_live`, for the process that holds the run.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def add_parsers(sub: Any) -> None:
     revert.add_argument("--to", required=True, metavar="CALL", help="the call before which to restore")
     revert.add_argument("--mounts-only", action="store_true",
                         help="restore the mounts even though the undone calls also changed scratch places, "
-                             "which went with the run's sandbox")
+                             "which only the run's sandbox holds")
     revert.add_argument("--json", action="store_true", help="print what was restored as JSON")
     revert.add_argument("--audit-db", type=Path, help=db_help)
 
@@ -61,13 +62,13 @@ def run(args: argparse.Namespace) -> int:
                              "once the run has ended (`callbox audit` shows its END)")
     lost = undo.scratch_changes(changes, args.to)
     if lost and not args.mounts_only:
-        raise undo.UndoError(f"the calls from {args.to} on also changed {', '.join(lost)}, which went with the "
-                             "run's sandbox and cannot be restored; add --mounts-only to restore the read-write "
-                             "mounts alone")
+        raise undo.UndoError(f"the calls from {args.to} on also changed {', '.join(lost)}, which only the "
+                             "run's sandbox holds (gone once the run ended, or kept for a paused run) and a revert "
+                             "from here cannot restore; add --mounts-only to restore the read-write mounts alone")
     report = undo.revert(changes, args.to)
     failed = bool(report.not_restored)
     if lost:
-        report.not_restored.extend(f"{place}: went with the run's sandbox" for place in lost)
+        report.not_restored.extend(f"{place}: only the run's sandbox holds it" for place in lost)
     if args.json:
         print(json.dumps({"removed": report.removed, "restored": report.written, "recreated": report.created,
                           "modes": report.modes, "not_restored": report.not_restored}, indent=2))

@@ -123,6 +123,6 @@ def test_diff_and_revert_of_a_run_in_a_read_write_mount(engine: object, tmp_path
     assert reverted.returncode == 0, reverted.stderr
     report = json.loads(reverted.stdout)
     assert "/data/new.txt" in report["removed"] and "/data/sub/b.txt" in report["recreated"]
-    assert "/workspace: went with the run's sandbox" in report["not_restored"]
-    assert all(line.endswith("went with the run's sandbox") for line in report["not_restored"])
+    assert "/workspace: only the run's sandbox holds it" in report["not_restored"]
+    assert all(line.endswith("only the run's sandbox holds it") for line in report["not_restored"])
     assert _tree(project) == before
