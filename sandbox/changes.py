@@ -17,6 +17,7 @@ is opened as the tool user and read after.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import stat
 import threading
@@ -29,6 +30,8 @@ from sandbox.errors import BUSY, INTERNAL, INVALID_ARGUMENT, TOO_LARGE, AgentErr
 from sandbox.fs import FilesystemService
 from sandbox.paths import os_error
 from sandbox.v1 import changes_pb2, changes_pb2_grpc, filesystem_pb2
+
+log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20
 LOCK_WAIT_S = 60.0
@@ -65,6 +68,9 @@ class ChangesService(changes_pb2_grpc.ChangesServicer):
             abort(context, exc)
         except OSError as exc:
             abort(context, AgentError(INTERNAL, f"Scan failed: {exc.strerror}."))
+        except Exception:
+            log.exception("Changes.Scan failed unexpectedly")
+            abort(context, AgentError(INTERNAL, "The agent failed internally during Scan."))
 
     def Apply(self, request: changes_pb2.ApplyRequest, context: grpc.ServicerContext) -> changes_pb2.ApplyResponse:
         path = ""
@@ -78,6 +84,9 @@ class ChangesService(changes_pb2_grpc.ChangesServicer):
             abort(context, exc)
         except OSError as exc:
             abort(context, os_error(exc, path))
+        except Exception:
+            log.exception("Changes.Apply failed unexpectedly")
+            abort(context, AgentError(INTERNAL, "The agent failed internally during Apply."))
 
     def apply(self, op: changes_pb2.ApplyOp) -> None:
         """One operation (run inside the tool user's identity)."""
