@@ -6,8 +6,10 @@ spend on its record (each ``fstatat`` is a syscall), so the index keeps an inoti
 every directory it holds and, on the next :meth:`PlaceIndex.refresh`, looks again only at the
 directories that had an event: their entries are stat'ed afresh, new directories are walked
 and watched, entries that vanished are dropped with everything below them. What the kernel
-could not tell (its queue overflowed, a place itself was moved), or a refresh whose report was
-cut short, makes the next refresh a full walk, so nothing is missed, only slower.
+could not tell (its queue overflowed, a place itself was moved, a directory could not be watched
+for the per-user watch limit), or a refresh whose report was cut short, makes the next refresh a
+full walk, so nothing is missed, only slower. A file written through a memory mapping raises no
+event: its change is seen by the next full walk.
 
 The walk goes through directory fds (``openat`` with ``O_NOFOLLOW``, ``fstatat`` without
 following), never follows a symlink and never crosses into another filesystem (a mount below a
@@ -82,6 +84,8 @@ class PlaceIndex:
         self._devices: dict[str, int] = {}
         self._fd = -1
         self._full_next = True
+        self._unwatched = False
+        """A directory could not be watched (the per-user watch limit): every refresh walks everything."""
         self._open_place: Callable[[str], int] = _no_place
 
     def close(self) -> None:
@@ -105,7 +109,7 @@ class PlaceIndex:
 
     def commit(self, entries: dict[str, Key]) -> None:
         self.entries = entries
-        self._full_next = False
+        self._full_next = self._unwatched
 
     # --- full walk -------------------------------------------------------------------------------
 
@@ -115,6 +119,7 @@ class PlaceIndex:
         self._children.clear()
         self._dir_ino.clear()
         self._wd_paths.clear()
+        self._unwatched = False
         self.unreadable_dirs = 0
         entries: dict[str, Key] = {}
         for place in self.places:
@@ -135,6 +140,9 @@ class PlaceIndex:
                 fd, path = stack.pop()
                 try:
                     self._watch(fd, path)
+                except OSError:  # the watch limit: listed all the same, and walked again next time
+                    self._unwatched = True
+                try:
                     names = os.listdir(fd)
                 except OSError:
                     self.unreadable_dirs += 1
