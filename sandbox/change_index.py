@@ -9,7 +9,7 @@ and watched, entries that vanished are dropped with everything below them. What 
 could not tell (its queue overflowed, a place itself was moved, a directory could not be watched
 for the per-user watch limit), or a refresh whose report was cut short, makes the next refresh a
 full walk, so nothing is missed, only slower. A file written through a memory mapping raises no
-event: its change is seen by the next full walk.
+event: its change is missed until a full walk.
 
 The walk goes through directory fds (``openat`` with ``O_NOFOLLOW``, ``fstatat`` without
 following), never follows a symlink and never crosses into another filesystem (a mount below a
