@@ -188,7 +188,7 @@ def revert(changes: RunChanges, to_call: str) -> RevertReport:
                         f"{_recorded(changes)}") from None
     report = RevertReport()
     for place, source in sorted(baseline.mounts.items()):
-        wanted = {path: entry for path, entry in target.items() if _under(path, place)}
+        wanted = {path: entry for path, entry in target.items() if _under(path, place) and path != place}
         _Restore(changes, place, Path(source), report).run(wanted)
     _record_mount_revert(changes, to_call, target, tuple(baseline.mounts))
     return report
@@ -203,7 +203,7 @@ def _record_mount_revert(changes: RunChanges, to_call: str, target: dict[str, En
         apply(current, record.entries)
     entries: list[Entry] = []
     for path in sorted(set(current) | set(target)):
-        if not _under_any(path, mounts):
+        if not _under_any(path, mounts) or path in mounts:
             continue
         wanted = target.get(path)
         if wanted is None:
@@ -382,6 +382,8 @@ class _Restore:
                 self.report.modes.append(entry.path)
 
     def _parent_is_real(self, host: Path) -> bool:
+        if not host.is_relative_to(self.source) or host == self.source:
+            return False
         parent = host.parent
         while parent != self.source:
             if parent.is_symlink() or not parent.is_dir():

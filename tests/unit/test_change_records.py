@@ -268,3 +268,19 @@ def test_a_living_sandbox_is_reverted_through_its_agent_and_the_revert_is_record
     assert recorder.after(sandbox, "c2", "shell") == {"created": 0, "changed": 0, "removed": 0}
     undo.revert(store, "c2")  # the recorded state after the revert is what is there
     assert _tree(place) == copy
+
+
+def test_a_mount_inside_another_place_is_reverted_without_its_mount_point(tmp_path: Path) -> None:
+    outer = tmp_path / "workspace"
+    project = outer / "project"  # a mount below /workspace: the walk of /workspace records its mount point
+    project.mkdir(parents=True)
+    (project / "a.txt").write_text("a\n")
+    service = ChangesService(FilesystemService([str(outer)], str(outer), None))
+    sandbox: Any = _Sandbox(service)
+    recorder, store = _recorder(project, tmp_path)
+    recorder.places = (str(outer), str(project))
+    recorder.before(sandbox)
+    (project / "a.txt").write_text("b\n")
+    recorder.after(sandbox, "c1", "shell")
+    report = undo.revert(store, "c1")
+    assert (project / "a.txt").read_text() == "a\n" and report.written == [f"{project}/a.txt"]
