@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import contextlib
 import logging
 import os
 import queue
@@ -11,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import grpc
@@ -42,6 +43,22 @@ log = logging.getLogger("callbox.agent")
 MAX_MESSAGE_BYTES = 64 << 20
 EXPIRY_FILE = "expires"
 EXPIRY_RECHECK_S = 5.0
+QUIESCE_SIGNAL = signal.SIGUSR2
+"""Asks the agent to close its socket for a memory snapshot, until the harness writes
+``RESUME_FILE`` (see ``_quiesce``)."""
+QUIESCABLE_FILE = "quiescable"
+"""Written in the socket directory whenever the agent listens: it answers ``QUIESCE_SIGNAL``
+(an agent from before memory snapshots would die of it)."""
+QUIESCED_FILE = "quiesced"
+"""Written in the socket directory once the socket is closed and removed."""
+RESUME_FILE = "resume"
+"""Written by the harness in the socket directory (of this sandbox, or of one restored from
+its memory image) when the agent may listen again."""
+RESUME_POLL_S = 0.005
+QUIESCE_GRACE_S = 1.0
+"""Calls under way get this long to end before the socket closes (idle connections close at once)."""
+QUIESCE_MAX_S = 120.0
+"""The agent listens again after this long without a resume (a harness that died meanwhile)."""
 _T = TypeVar("_T")
 
 
@@ -161,6 +178,8 @@ class Agent:
     runner: ProcessRunner
     jobs: JobManager
     health: HealthService
+    renew: Callable[[], grpc.Server]
+    """A new server with the same services and workers (a stopped one cannot listen again)."""
 
 
 def build_server(config: AgentConfig) -> Agent:
@@ -168,28 +187,36 @@ def build_server(config: AgentConfig) -> Agent:
     runner = ProcessRunner(config.user, config.workspace, config.max_concurrent, launcher)
     identity = FsIdentity(config.user.uid, config.user.gid) if config.user else None
     workers = config.max_concurrent + config.spare_workers
-    server = grpc.server(
-        PrestartedPool(workers),
-        maximum_concurrent_rpcs=workers,
-        options=[
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),
-        ],
-    )
-    process_pb2_grpc.add_ProcessServicer_to_server(ProcessService(runner), server)
-    files = FilesystemService(roots=list(config.roots), workspace=config.workspace, identity=identity)
-    filesystem_pb2_grpc.add_FilesystemServicer_to_server(files, server)
-    changes_pb2_grpc.add_ChangesServicer_to_server(ChangesService(files), server)
-    shell_pb2_grpc.add_ShellServicer_to_server(
-        ShellService(ShellManager(config.user, config.workspace, launcher)), server
-    )
+    pool = PrestartedPool(workers)
+    process = ProcessService(runner)
+    filesystem = FilesystemService(roots=list(config.roots), workspace=config.workspace, identity=identity)
+    changes = ChangesService(filesystem)
+    shell = ShellService(ShellManager(config.user, config.workspace, launcher))
     jobs = JobManager(config.user, config.workspace, launcher)
-    jobs_pb2_grpc.add_JobsServicer_to_server(JobsService(jobs), server)
-    ports_pb2_grpc.add_PortsServicer_to_server(PortsService(), server)
+    jobs_service = JobsService(jobs)
+    ports = PortsService()
     health = HealthService()
-    server.add_generic_rpc_handlers((health.handler(),))
-    return Agent(server, runner, jobs, health)
+
+    def renew() -> grpc.Server:
+        server = grpc.server(
+            pool,
+            maximum_concurrent_rpcs=workers,
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        process_pb2_grpc.add_ProcessServicer_to_server(process, server)
+        filesystem_pb2_grpc.add_FilesystemServicer_to_server(filesystem, server)
+        changes_pb2_grpc.add_ChangesServicer_to_server(changes, server)
+        shell_pb2_grpc.add_ShellServicer_to_server(shell, server)
+        jobs_pb2_grpc.add_JobsServicer_to_server(jobs_service, server)
+        ports_pb2_grpc.add_PortsServicer_to_server(ports, server)
+        server.add_generic_rpc_handlers((health.handler(),))
+        return server
+
+    return Agent(renew(), runner, jobs, health, renew)
 
 
 def _expired(expiry_file: str, owner: FsIdentity | None) -> bool:
@@ -220,6 +247,56 @@ def _socket_dir_owner(socket_dir: str) -> FsIdentity | None:
     return FsIdentity(st.st_uid, st.st_gid)
 
 
+def _listen(server: grpc.Server, socket: str, owner: FsIdentity | None) -> None:
+    old_umask = os.umask(0o177)
+    try:
+        # The socket belongs to whoever owns its directory (the harness's user on the
+        # host), so a harness that is not root can connect and nobody else can.
+        with acting_as(owner):
+            if os.path.lexists(socket):
+                os.unlink(socket)
+            server.add_insecure_port(f"unix:{socket}")
+        server.start()
+        with acting_as(owner), open(os.path.join(os.path.dirname(socket), QUIESCABLE_FILE), "w") as f:
+            f.write(f"{QUIESCE_SIGNAL.name}\n")
+    finally:
+        os.umask(old_umask)
+
+
+def _quiesce(agent: Agent, socket: str, owner: FsIdentity | None, stop: threading.Event) -> grpc.Server:
+    """Close the socket for a memory snapshot, wait for the harness's resume, listen again
+    (a new server: calls under way end; jobs, shells and processes keep running).
+
+    gVisor cannot save a socket bound on the host, which the agent's is: its directory is
+    the host's. A sandbox restored from the memory image wakes up here, in its own socket
+    directory, where the harness wrote the resume before starting it."""
+    directory = os.path.dirname(socket)
+    agent.server.stop(grace=QUIESCE_GRACE_S).wait()
+    with acting_as(owner):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket)
+        with open(os.path.join(directory, QUIESCED_FILE), "w") as f:
+            f.write(f"{os.getpid()}\n")
+    log.info("socket closed for a memory snapshot; waiting for %s", RESUME_FILE)
+    resume = os.path.join(directory, RESUME_FILE)
+    deadline = time.monotonic() + QUIESCE_MAX_S
+    while time.monotonic() < deadline and not stop.is_set():
+        with acting_as(owner):
+            if os.path.exists(resume):
+                break
+        time.sleep(RESUME_POLL_S)
+    with acting_as(owner):
+        for name in (RESUME_FILE, QUIESCED_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, name))
+    if stop.is_set():
+        return agent.server
+    server = agent.renew()
+    _listen(server, socket, owner)
+    log.info("agent serving again on %s", socket)
+    return server
+
+
 def serve(config: AgentConfig) -> int:
     """Serve until SIGTERM or SIGINT; return the process exit code."""
     owner = _socket_dir_owner(os.path.dirname(config.socket))
@@ -228,31 +305,37 @@ def serve(config: AgentConfig) -> int:
         # supplementary groups would still count in those permission checks.
         drop_supplementary_groups()
     agent = build_server(config)
-    server, runner, health = agent.server, agent.runner, agent.health
-    old_umask = os.umask(0o177)
-    try:
-        # The socket belongs to whoever owns its directory (the harness's user on the
-        # host), so a harness that is not root can connect and nobody else can.
-        with acting_as(owner):
-            if os.path.lexists(config.socket):
-                os.unlink(config.socket)
-            server.add_insecure_port(f"unix:{config.socket}")
-        server.start()
-    finally:
-        os.umask(old_umask)
+    runner, health = agent.runner, agent.health
+    _listen(agent.server, config.socket, owner)
     health.set("", SERVING)
     stop = threading.Event()
+    quiesce = threading.Event()
+    wake = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping", signum)
         stop.set()
+        wake.set()
+
+    def on_quiesce(_signum: int, _frame: object) -> None:
+        quiesce.set()
+        wake.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(QUIESCE_SIGNAL, on_quiesce)
     log.info("agent serving on %s", config.socket)
     expiry_file = os.path.join(os.path.dirname(config.socket), EXPIRY_FILE)
     why = "its container is being stopped: the Docker engine stopped or restarted, or `docker stop`"
-    while not stop.wait(timeout=EXPIRY_RECHECK_S):
+    while True:
+        wake.wait(timeout=EXPIRY_RECHECK_S)
+        wake.clear()
+        if stop.is_set():
+            break
+        if quiesce.is_set():
+            quiesce.clear()
+            agent = replace(agent, server=_quiesce(agent, config.socket, owner, stop))
+            continue
         if _expired(expiry_file, owner):
             # Nobody will ever clean up after us: stop, so the container stops too.
             log.info("the sandbox expired (%s); stopping", expiry_file)
@@ -260,5 +343,5 @@ def serve(config: AgentConfig) -> int:
             break
     runner.stop(why)
     agent.jobs.stop(why)
-    server.stop(grace=2).wait()
+    agent.server.stop(grace=2).wait()
     return 0

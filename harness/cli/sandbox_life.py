@@ -94,6 +94,9 @@ def add_verbs(verbs: Any) -> None:
     snap.add_argument("name", help="sandbox name or id (a server's sandbox: also its E2B or run id)")
     snap.add_argument("snapshot", help="the snapshot's name")
     snap.add_argument("--replace", action="store_true", help="replace a snapshot of that name")
+    snap.add_argument("--memory", action="store_true",
+                      help="also save its processes and memory (gVisor: runtime runsc, network none); a restore "
+                           "or fork resumes them")
     gate_options(snap)
     _json(snap, "print the snapshot's manifest")
 
@@ -245,17 +248,18 @@ def _snapshot(args: argparse.Namespace) -> int:
             guarded(args, policy, run_of(sandbox), "snapshot", {"sandbox": args.name, "name": args.snapshot},
                     workdir=sandbox.spec.workdir) as ticket:
         try:
-            info = sandbox.snapshot(args.snapshot, replace=args.replace)
+            info = sandbox.snapshot(args.snapshot, replace=args.replace, memory=args.memory)
         except SnapshotExists:
             raise SnapshotError(f"a snapshot named {args.snapshot} already exists; add --replace to replace it, "
                                 "or pick another name", code=ErrorCode.ALREADY_EXISTS) from None
-        ticket.outcome.update(bytes=info.bytes, places=info.captured)
+        ticket.outcome.update(bytes=info.bytes, places=info.captured, memory=info.memory is not None)
     if args.json:
         print_json(info.to_json())
         return 0
     node = getattr(sandbox, "node", None)  # the Ray engine's: the snapshot stays on that node
-    print(f"snapshot {info.name} of sandbox {sandbox.label}: {', '.join(info.captured) or 'nothing'} "
-          f"({size(info.bytes)} in {info.seconds:.2f} s) in {info.directory}" + (f" on node {node}" if node else ""))
+    print(f"snapshot {info.name} of sandbox {sandbox.label}: {', '.join(info.captured) or 'nothing'}"
+          + (" and its processes and memory" if info.memory else "")
+          + f" ({size(info.bytes)} in {info.seconds:.2f} s) in {info.directory}" + (f" on node {node}" if node else ""))
     for note in info.skipped:
         print(f"callbox: left out: {note}", file=sys.stderr)
     return 0
@@ -316,7 +320,7 @@ def _snapshots(args: argparse.Namespace) -> int:
     now = time.time()
     for s in found:
         print(f"{s.name:<{name_w}}{_source(s):<{source_w}}{age(now - s.created_at):<9}{size(s.bytes):>8}  "
-              f"{' '.join(s.captured)}")
+              f"{' '.join(s.captured)}" + (" +memory" if s.memory else ""))
     return 0
 
 

@@ -50,7 +50,9 @@ Rows:
     (as root with ray installed; otherwise a row says why they were skipped);
 24. a template build through the E2B SDK, cold and from the cache: bench_templates.py, section ``templates``;
 25. the ``computer`` tool's screenshot and click on the desktop image variant: bench_desktop.py, section ``desktop``;
-26. per-call change records (undo) on a 10,000-file project in a read-write mount, and a revert:
+26. memory snapshots under gVisor (snapshot, restore, image size; 512 MiB and 2 GiB):
+    bench_memory_snapshots.py, section ``memsnap`` (as root with runsc; otherwise skipped, saying why);
+27. per-call change records (undo) on a 10,000-file project in a read-write mount, and a revert:
     bench_undo.py, section ``undo``.
 """
 
@@ -93,6 +95,7 @@ from tests.bench.bench_egress_ask import TARGET_ADDED_MS, bench_egress_ask
 from tests.bench.bench_egress_tls import add_egress_tls_rows, bench_egress_tls
 from tests.bench.bench_interpreter import add_interpreter_rows, bench_interpreter
 from tests.bench.bench_living import Toolkit, add_living_rows, bench_living
+from tests.bench.bench_memory_snapshots import add_memsnap_rows, bench_memsnap
 from tests.bench.bench_network_rules import TARGET_ENFORCED_MS, bench_network_update
 from tests.bench.bench_overhead import bench_overhead
 from tests.bench.bench_pool import add_pool_rows, bench_pool
@@ -121,7 +124,7 @@ TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
             "interpreter", "desktop", "undo", "pool", "create", "door", "runtimes", "telemetry", "ray", "templates",
-            "scale"]
+            "memsnap", "scale"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
 """``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
 DEFAULT_SCALE_SANDBOXES = 100
@@ -606,6 +609,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
     add_interpreter_rows(data, add)
     add_desktop_rows(data, add)
     add_undo_rows(data, add)
+    add_memsnap_rows(data, add)
     add_pool_rows(data, add)
     add_create_rows(data, add)
     add_door_rows(data, add)
@@ -790,6 +794,7 @@ def main(argv: list[str] | None = None) -> int:
                            quick=args.quick)),
         ("templates", "templates" in sections,
          lambda: bench_templates(engine.client, spec.image, args.samples, progress)),
+        ("memsnap", "memsnap" in sections, lambda: bench_memsnap(engine, args.samples, progress)),
         ("scale", "scale" in sections,
          lambda: bench_scale(res, spec, args.sandboxes, kit,
                              lambda container, hint: memory_reading(engine.client, container, hint))),

@@ -3,13 +3,13 @@ project of 10,000 files and 200 MB (100 directories of 100 files of 20,000 bytes
 
 Rows:
 
-26a.-26c. what recording a call adds (``ChangeRecorder.after``: the agent's scan of the writable places,
+27a.-27c. what recording a call adds (``ChangeRecorder.after``: the agent's scan of the writable places,
      the content of the changed files into the run's store, the record appended) when the call changed
      0, 10 and 1,000 files, vs the call itself without records (an exec of the shell command that
      changes them, in the same sandbox); target p50 ≤ 30 ms at 10 files;
-26d. the baseline, once per run (every file of the places read and stored), with its bytes in the note;
-26e. storage added per call, 10 files changed (bytes; a changed file is stored whole, once per content);
-26f. ``revert`` of the mount, through its host directory, to before the run's last call, which changed
+27d. the baseline, once per run (every file of the places read and stored), with its bytes in the note;
+27e. storage added per call, 10 files changed (bytes; a changed file is stored whole, once per content);
+27f. ``revert`` of the mount, through its host directory, to before the run's last call, which changed
      10 files (every file of the mount compared by hash, the 10 written back).
 """
 
@@ -57,7 +57,7 @@ def _command(changed: int, sample: int) -> list[str]:
 
 
 def bench_undo(res: Resources, spec: SandboxSpec, samples: int, warmup: int, kit: Toolkit) -> dict[str, list[float]]:
-    """Rows 26a-26f; the sandbox started here is gone when it returns."""
+    """Rows 27a-27f; the sandbox started here is gone when it returns."""
     kit.progress("undo: a project of 10,000 files, 200 MB, in a read-write mount")
     source = res.mount_root / "undo-project"
     _project(source)
@@ -115,7 +115,7 @@ def bench_undo(res: Resources, spec: SandboxSpec, samples: int, warmup: int, kit
 
 
 def add_undo_rows(data: dict[str, list[float]], add: Callable[..., Any]) -> None:
-    """Rows 26a-26f of the report (``add`` takes ``Row``'s arguments)."""
+    """Rows 27a-27f of the report (``add`` takes ``Row``'s arguments)."""
     if "undo_record_10" not in data:
         return
     for letter, changed in (("a", 0), ("b", 10), ("c", 1000)):
@@ -123,13 +123,13 @@ def add_undo_rows(data: dict[str, list[float]], add: Callable[..., Any]) -> None
         if changed == 10:
             target = f"p50 ≤ {TARGET_RECORD_P50_MS:g} ms"
             check = lambda r: r.cb(p50) <= TARGET_RECORD_P50_MS  # noqa: E731
-        add(f"26{letter}. undo: a call's change record, {changed:,} of 10,000 files (200 MB) changed", "time",
+        add(f"27{letter}. undo: a call's change record, {changed:,} of 10,000 files (200 MB) changed", "time",
             data[f"undo_record_{changed}"], "the call itself (exec of the command), no record",
             data[f"undo_exec_{changed}"], target, check)
     baseline_mb = data["undo_baseline_bytes"][0] / 1e6
-    add("26d. undo: the run's baseline, once (every file of the writable places stored)", "time",
+    add("27d. undo: the run's baseline, once (every file of the writable places stored)", "time",
         data["undo_baseline"], "—", None, f"— (info; {baseline_mb:.0f} MB stored)")
-    add("26e. undo: storage added per call, 10 files changed", "mem", data["undo_bytes_10"], "—", None,
+    add("27e. undo: storage added per call, 10 files changed", "mem", data["undo_bytes_10"], "—", None,
         "— (info; proportional to the changed files' sizes)")
-    add("26f. undo: revert of the mount to before a call that changed 10 files", "time", data["undo_revert_10"],
+    add("27f. undo: revert of the mount to before a call that changed 10 files", "time", data["undo_revert_10"],
         "—", None, "— (info)")

@@ -6,6 +6,7 @@ container through docker-py's low-level API, in one create and one start call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,12 @@ def run_container(
     gid: int,
     now: float,
     extra_labels: dict[str, str],
+    *,
+    before_start: Callable[[str], None] | None = None,
 ) -> tuple[Attachment, str]:
     """Create the sandbox's network (if any), then create and start the container
-    through the low-level API (no extra inspect calls)."""
+    through the low-level API (no extra inspect calls); ``before_start`` gets the new
+    container's id before it starts (a restore from a memory image asks for it there)."""
     label_values = {
         labels.MANAGED: "1",
         labels.SANDBOX_ID: sandbox_id,
@@ -148,6 +152,8 @@ def run_container(
             labels=label_values,
             host_config=host_config,
         )
+        if before_start is not None:
+            before_start(str(created["Id"]))
         api.start(created["Id"])
     except docker.errors.ImageNotFound:
         raise ImageNotFound.named(spec.image) from None

@@ -39,7 +39,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ from harness.core.errors import (
     SandboxStartError,
     short_reason,
 )
-from harness.engine.docker import labels, living, reaper, teardown
+from harness.engine.docker import labels, living, memory_snapshots, reaper, teardown
 from harness.engine.docker.cgroup_stats import CgroupReader, SandboxStats
 from harness.engine.docker.client import (
     connect_client,
@@ -207,7 +207,8 @@ class DockerEngine:
 
     @engine_calls
     def create(self, spec: SandboxSpec, *, name: str | None = None, ttl_s: float | None = None,
-               owner: str | None = None, ready_timeout: float = READY_TIMEOUT_S) -> Sandbox:
+               owner: str | None = None, ready_timeout: float = READY_TIMEOUT_S,
+               memory_image: Path | None = None) -> Sandbox:
         """Start a sandbox for ``spec``; a spec this host cannot run (``SpecError``: too many
         cpus, a missing or unwritable mount, ...) is refused before any container exists.
 
@@ -216,6 +217,9 @@ class DockerEngine:
         (default the spec's ``ttl_seconds``). ``owner``: who it belongs to, shown by
         ``list_sandboxes`` (``user:1000``, ``grpc:client``). With any of them the sandbox
         gets a lifetime record, so ``open`` finds it from another process.
+
+        ``memory_image``: the sandbox resumes the processes of this memory image (a snapshot's,
+        taken under gVisor with the same spec) instead of starting fresh.
 
         Each create is counted, and timed, in the metrics by source (``pool`` or ``cold``)."""
         started = time.perf_counter()
@@ -228,7 +232,8 @@ class DockerEngine:
         for note in spec.loosened():
             log.warning("this policy loosens a hardened default: %s", note)
         uid, gid = _tool_identity(spec)
-        if self.pool is not None and (claimed := self.pool.claim(spec, uid, gid, name=name, owner=owner, ttl=ttl)):
+        pool = self.pool if memory_image is None else None  # a restore is never a pool's fresh sandbox
+        if pool is not None and (claimed := pool.claim(spec, uid, gid, name=name, owner=owner, ttl=ttl)):
             self._created("pool", started)
             return claimed
         sandbox_id = uuid.uuid4().hex[:12]
@@ -239,7 +244,7 @@ class DockerEngine:
         try:
             sandbox = self._start(spec, sandbox_id, socket_dir, uid, gid, name=name, owner=owner, ttl=ttl,
                                   record=name is not None or owner is not None or ttl_s is not None,
-                                  ready_timeout=ready_timeout)
+                                  ready_timeout=ready_timeout, memory_image=memory_image)
         except BaseException:
             if name is not None:
                 release_name(self.run_root, name, sandbox_id)
@@ -253,14 +258,22 @@ class DockerEngine:
         tracing.annotate("callbox.sandbox.source", source)
 
     def _start(self, spec: SandboxSpec, sandbox_id: str, socket_dir: Path, uid: int, gid: int, *,
-               name: str | None, owner: str | None, ttl: float, record: bool, ready_timeout: float) -> Sandbox:
+               name: str | None, owner: str | None, ttl: float, record: bool, ready_timeout: float,
+               memory_image: Path | None = None) -> Sandbox:
         created = time.time()
         socket_dir.mkdir(mode=0o700)
         write_expiry(socket_dir, created + ttl)
         extra = {labels.NAME: name or "", labels.PRINCIPAL: owner or ""}
+        before_start = None
         try:
+            if memory_image is not None:
+                before_start = memory_snapshots.restore_request(memory_image)
+                (socket_dir / memory_snapshots.RESUME_FILE).write_text("1\n")  # the restored agent listens at once
             attachment, container_id = self._run_container(spec, sandbox_id, socket_dir, uid, gid, created,
-                                                           {k: v for k, v in extra.items() if v})
+                                                           {k: v for k, v in extra.items() if v},
+                                                           before_start=before_start)
+            if memory_image is not None:
+                memory_snapshots.check_restored(container_id)
         except BaseException:
             # Also on Ctrl-C mid-request: the engine may have created the container already.
             self.destroy(sandbox_id, network=spec.network)
@@ -282,9 +295,10 @@ class DockerEngine:
         return sandbox
 
     def _run_container(self, spec: SandboxSpec, sandbox_id: str, socket_dir: Path, uid: int, gid: int,
-                       now: float, extra_labels: dict[str, str]) -> tuple[Attachment, str]:
+                       now: float, extra_labels: dict[str, str], *,
+                       before_start: Callable[[str], None] | None = None) -> tuple[Attachment, str]:
         return run_container(self.client, self.networks, self.owner.label(), spec, sandbox_id, socket_dir, uid, gid,
-                             now, {**self.extra_labels, **extra_labels})
+                             now, {**self.extra_labels, **extra_labels}, before_start=before_start)
 
     def _wait_ready(self, sandbox: Sandbox, timeout: float) -> None:
         """Wait for the agent's socket, then its health check; fail fast if the container dies."""
@@ -507,12 +521,13 @@ class DockerEngine:
         return living.sandbox_stats(self, sandbox)
 
     @engine_calls
-    def snapshot(self, sandbox: Sandbox, name: str, *, replace: bool = False,
+    def snapshot(self, sandbox: Sandbox, name: str, *, replace: bool = False, memory: bool = False,
                  owner: str | None = None) -> SnapshotInfo:
         """Store the writable places and spec of ``sandbox`` as snapshot ``name`` (see
         :mod:`harness.engine.docker.snapshots`); an existing name is ``SnapshotExists``
-        unless ``replace``."""
-        return living.snapshot(self, sandbox, name, replace_existing=replace, owner=owner)
+        unless ``replace``; ``memory``: its processes and memory too (gVisor only, see
+        :mod:`harness.engine.docker.memory_snapshots`)."""
+        return living.snapshot(self, sandbox, name, replace_existing=replace, owner=owner, memory=memory)
 
     def snapshots(self) -> list[SnapshotInfo]:
         """The stored snapshots, oldest first."""

@@ -41,7 +41,7 @@ from harness.core.errors import (
     SandboxStartError,
     short_reason,
 )
-from harness.engine.docker import labels
+from harness.engine.docker import labels, memory_snapshots
 from harness.engine.docker.cgroup_stats import CgroupReader, SandboxStats, stats_from_api
 from harness.engine.docker.kept import (
     STALE_AFTER_S,
@@ -231,7 +231,7 @@ def open_sandbox(engine: DockerEngine, name_or_id: str, ready_timeout: float) ->
     if state == "paused":
         sandbox.paused_here = True
         return sandbox
-    _wait_healthy(sandbox, ready_timeout)
+    wait_healthy(sandbox, ready_timeout)
     return sandbox
 
 
@@ -255,7 +255,7 @@ def _docker_state(engine: DockerEngine, container_id: str) -> str | None:
         raise EngineUnavailable(f"cannot inspect container {container_id[:12]}: {short_reason(exc)}") from None
 
 
-def _wait_healthy(sandbox: Sandbox, timeout: float) -> None:
+def wait_healthy(sandbox: Sandbox, timeout: float) -> None:
     """Wait until the agent answers its health check (it may be thawing)."""
     deadline = time.monotonic() + timeout
     delay = 0.001
@@ -384,7 +384,7 @@ def resume(engine: DockerEngine, sandbox: Sandbox, timeout: float) -> float:
     except docker.errors.DockerException as exc:
         raise CallboxError(f"cannot resume sandbox {sandbox.label}: {short_reason(exc)}") from None
     sandbox.paused_here = False
-    _wait_healthy(sandbox, timeout)
+    wait_healthy(sandbox, timeout)
     return sandbox.expires
 
 
@@ -484,8 +484,11 @@ def remove(engine: DockerEngine, name_or_id: str) -> str:
 
 
 def snapshot(engine: DockerEngine, sandbox: Sandbox, name: str, *, replace_existing: bool = False,
-             owner: str | None = None, temporary: bool = False) -> SnapshotInfo:
+             owner: str | None = None, temporary: bool = False, memory: bool = False) -> SnapshotInfo:
+    """``memory``: with the processes and memory too (gVisor only; see ``memory_image``)."""
     sandbox.require_running()
+    if memory:
+        memory_snapshots.refuse_unless_possible(sandbox.spec, sandbox.label)
     try:
         running = [f"pid {job.pid} {' '.join(job.command)[:60]}" for job in sandbox.agent.jobs.list()
                    if job.state == "running"]
@@ -496,6 +499,7 @@ def snapshot(engine: DockerEngine, sandbox: Sandbox, name: str, *, replace_exist
         name, spec=sandbox.spec, download=sandbox.transfer.download, source_sandbox_id=sandbox.id,
         source_name=sandbox.name, owner=owner if owner is not None else sandbox.owner, replace=replace_existing,
         temporary=temporary, running=running,
+        memory=(lambda directory: memory_snapshots.save(engine, sandbox, directory)) if memory else None,
     )
 
 
@@ -531,6 +535,10 @@ def fork(engine: DockerEngine, source: Sandbox | str, *, from_snapshot: bool, na
 def _fork_from(engine: DockerEngine, info: SnapshotInfo, *, name: str | None, owner: str | None,
                ttl_s: float | None) -> Sandbox:
     spec = engine.snapshot_store.spec(info)
+    if info.memory is not None:
+        # The processes resume from the memory image, the writable places with them.
+        return engine.create(spec, name=name, owner=owner if owner is not None else info.owner, ttl_s=ttl_s,
+                             memory_image=info.directory / info.memory.directory)
     forked = engine.create(spec, name=name, owner=owner if owner is not None else info.owner, ttl_s=ttl_s)
     try:
         restore_files(forked, info)

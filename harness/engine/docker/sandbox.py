@@ -161,9 +161,10 @@ class Sandbox:
 
         return set_network_rules(self.engine, self, allow, deny)
 
-    def snapshot(self, name: str, *, replace: bool = False) -> SnapshotInfo:
-        """Store its writable places and spec on the host as snapshot ``name``."""
-        return self.engine.snapshot(self, name, replace=replace)
+    def snapshot(self, name: str, *, replace: bool = False, memory: bool = False) -> SnapshotInfo:
+        """Store its writable places and spec on the host as snapshot ``name``; ``memory``:
+        its processes and memory too (gVisor only)."""
+        return self.engine.snapshot(self, name, replace=replace, memory=memory)
 
     def runtime(self) -> SandboxRuntime:
         """What a tool handler gets: the agent and the environment of this sandbox."""

@@ -13,6 +13,9 @@ live in a persistent state directory (not the run root, a tmpfs lost at reboot):
         spec.json             the SandboxSpec (without the egress proxy's environment)
         places/0_workspace.tar   the contents of /workspace, member names relative to it
         places/1_tmp.tar ...
+        memory/               with ``--memory`` (gVisor only): the sandbox's processes and memory
+                              as runsc saved them (:mod:`harness.engine.docker.memory_image`);
+                              the manifest's ``memory`` names it, else it is null
 
 A snapshot is written under ``.tmp-<name>-...`` and renamed into place when complete, so
 a listed snapshot is never half written; the archives are streamed from the agent's
@@ -25,7 +28,7 @@ Left out, and said so in the manifest: whatever a mount below a place holds (it 
 host's data: a fork mounts the same host directory again), the agent's own runtime files
 in ``/tmp`` (``callbox-shell-*``), and special files (the agent's Download skips devices,
 FIFOs and sockets itself). Not captured at all: read-write and read-only mounts (named
-one by one), running processes and their memory.
+one by one), running processes and their memory (unless the snapshot has a memory image).
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ FORMAT = 1
 MANIFEST = "manifest.json"
 SPEC = "spec.json"
 PLACES = "places"
+MEMORY = "memory"
+"""The memory image's directory in a snapshot."""
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy")
 """The environment the engine adds for an allowlist sandbox's egress proxy (a fork gets its own)."""
 AGENT_RUNTIME = "callbox-shell-"
@@ -120,6 +125,21 @@ class Link:
 
 
 @dataclass(frozen=True)
+class MemoryImage:
+    """The processes and memory of a snapshot's sandbox, as its runtime saved them."""
+
+    directory: str
+    """Relative to the snapshot directory (``memory``): every file under it belongs to the image."""
+    runtime: str
+    runtime_version: str
+    bytes: int
+    seconds: float
+    """How long taking it took, the agent's pause included."""
+    frozen_seconds: float
+    """How long the sandbox stood still while its memory was written."""
+
+
+@dataclass(frozen=True)
 class SnapshotInfo:
     """A stored snapshot (its manifest)."""
 
@@ -137,12 +157,14 @@ class SnapshotInfo:
     """What a snapshot cannot hold, one sentence each."""
     seconds: float = 0.0
     """How long taking it took."""
+    memory: MemoryImage | None = None
+    """Its processes and memory, when taken with ``--memory``: a restore or fork resumes them."""
     directory: Path = field(default=Path(), compare=False)
 
     @property
     def bytes(self) -> int:
-        """Bytes of the archives on disk."""
-        return sum(place.archive_bytes for place in self.places)
+        """Bytes on disk: the archives and the memory image."""
+        return sum(place.archive_bytes for place in self.places) + (self.memory.bytes if self.memory else 0)
 
     @property
     def captured(self) -> list[str]:
@@ -163,7 +185,8 @@ class SnapshotInfo:
             places=tuple(PlaceArchive(**p) for p in data["places"]),
             links=tuple(Link(**link) for link in data.get("links", ())),
             skipped=tuple(data.get("skipped", ())), not_captured=tuple(data.get("not_captured", ())),
-            seconds=float(data.get("seconds", 0.0)), directory=directory,
+            seconds=float(data.get("seconds", 0.0)),
+            memory=MemoryImage(**data["memory"]) if data.get("memory") else None, directory=directory,
         )
 
 
@@ -256,7 +279,7 @@ def filter_place(chunks: Iterable[bytes], place: str, out: BinaryIO, *, mounts: 
     return result
 
 
-def _not_captured(spec: SandboxSpec, running: Sequence[str]) -> list[str]:
+def _not_captured(spec: SandboxSpec, running: Sequence[str], memory: bool) -> list[str]:
     notes = []
     for mount in spec.mounts:
         if mount.read_only:
@@ -266,6 +289,10 @@ def _not_captured(spec: SandboxSpec, running: Sequence[str]) -> list[str]:
             notes.append(f"read-write mount {mount.target} (host {mount.source}): its host data is not copied; "
                          "a fork mounts the same host directory again and shares whatever it holds then")
     jobs = f" ({len(running)} running job(s): {'; '.join(running[:10])})" if running else ""
+    if memory:
+        notes.append("calls under way and connections to the agent: a restore resumes every process, but a call "
+                     "that ran while the memory image was taken ended")
+        return notes
     notes.append(f"running processes and their memory{jobs}: a fork starts with no processes (background jobs, "
                  "shell sessions and terminals are not copied)")
     return notes
@@ -383,10 +410,12 @@ class SnapshotStore:
 
     def write(self, name: str, *, spec: SandboxSpec, download: Download, source_sandbox_id: str,
               source_name: str | None = None, owner: str | None = None, replace: bool = False,
-              temporary: bool = False, running: Sequence[str] = ()) -> SnapshotInfo:
+              temporary: bool = False, running: Sequence[str] = (),
+              memory: Callable[[Path], MemoryImage] | None = None) -> SnapshotInfo:
         """Snapshot the places of a sandbox running ``spec`` through ``download``.
         ``temporary``: a hidden snapshot (a fork of a live sandbox), named as given;
-        ``running``: the sandbox's running jobs, for the manifest."""
+        ``running``: the sandbox's running jobs, for the manifest; ``memory``: saves the
+        sandbox's memory image into the (staging) snapshot directory it is given."""
         directory = self.root / (name if temporary else validate_name(name, "snapshot"))
         if not replace and (directory / MANIFEST).exists():
             raise SnapshotExists(name)
@@ -397,7 +426,7 @@ class SnapshotStore:
         (staging / PLACES).mkdir(parents=True, mode=0o700)
         try:
             info = self._fill(staging, name, spec, download, source_sandbox_id, source_name, owner, started,
-                              running)
+                              running, memory)
             self._publish(staging, directory, name, replace)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -405,7 +434,8 @@ class SnapshotStore:
         return SnapshotInfo.from_json(info.to_json(), directory)
 
     def _fill(self, staging: Path, name: str, spec: SandboxSpec, download: Download, source_sandbox_id: str,
-              source_name: str | None, owner: str | None, started: float, running: Sequence[str]) -> SnapshotInfo:
+              source_name: str | None, owner: str | None, started: float, running: Sequence[str],
+              memory: Callable[[Path], MemoryImage] | None) -> SnapshotInfo:
         places, links, skipped = [], [], []
         for index, place in enumerate(sorted(spec.scratch_tmpfs())):
             below = tuple(m.target for m in spec.mounts if m.target.startswith(place.rstrip("/") + "/"))
@@ -418,11 +448,12 @@ class SnapshotStore:
             skipped += result.skipped
             places.append(PlaceArchive(path=place, file=file, files=result.files, dirs=result.dirs,
                                        bytes=result.bytes, archive_bytes=(staging / file).stat().st_size))
+        image = memory(staging) if memory is not None else None
         info = SnapshotInfo(
             name=name, created_at=time.time(), source_sandbox_id=source_sandbox_id, source_name=source_name,
             owner=owner, image=spec.image, places=tuple(places), links=tuple(links), skipped=tuple(skipped),
-            not_captured=tuple(_not_captured(spec, running)), seconds=round(time.monotonic() - started, 3),
-            directory=staging,
+            not_captured=tuple(_not_captured(spec, running, image is not None)),
+            seconds=round(time.monotonic() - started, 3), memory=image, directory=staging,
         )
         (staging / SPEC).write_text(snapshot_spec(spec).model_dump_json(indent=2))
         (staging / MANIFEST).write_text(json.dumps(info.to_json() | {"directory": None}, indent=2))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from harness.core.errors import CallboxError, ErrorCode
 from harness.engine.agent_client import AgentClient
 from harness.engine.base import SandboxRuntime
 from harness.engine.docker.lifetime import SandboxPaused
@@ -127,7 +128,10 @@ class RaySandbox:
     def stats(self) -> SandboxStats:
         return self.engine.stats(self)
 
-    def snapshot(self, name: str, *, replace: bool = False) -> SnapshotInfo:
+    def snapshot(self, name: str, *, replace: bool = False, memory: bool = False) -> SnapshotInfo:
+        if memory:
+            raise CallboxError("the Ray engine keeps a snapshot's files only: memory snapshots (--memory) need the "
+                               "Docker engine and gVisor", code=ErrorCode.NOT_SUPPORTED)
         return self.engine.snapshot(self, name, replace=replace)
 
     def runtime(self) -> SandboxRuntime:
