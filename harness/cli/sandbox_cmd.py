@@ -6,6 +6,8 @@ The verbs, each with ``--json``:
 
 * lifetime (:mod:`harness.cli.sandbox_life`): ``new``, ``ls``, ``pause``, ``resume``,
   ``keep-alive``, ``rm``, ``snapshot``, ``snapshots``, ``rm-snapshot``, ``fork``, ``restore``;
+* snapshots that travel (:mod:`harness.cli.sandbox_travel`): ``export-snapshot``,
+  ``import-snapshot``;
 * processes (:mod:`harness.cli.sandbox_jobs`): ``exec`` (foreground, or ``--background`` as a
   job), ``ps``, ``logs``, ``kill``;
 * a terminal (:mod:`harness.cli.sandbox_terminal`): ``attach``;
@@ -26,14 +28,22 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from harness.cli import sandbox_files, sandbox_jobs, sandbox_life, sandbox_network, sandbox_terminal, sandbox_view
+from harness.cli import (
+    sandbox_files,
+    sandbox_jobs,
+    sandbox_life,
+    sandbox_network,
+    sandbox_terminal,
+    sandbox_travel,
+    sandbox_view,
+)
 from harness.cli.options import engine_options
 from harness.cli.sandbox_common import CommandParser, json_errors
 from harness.core.errors import UsageError
 
 COMMANDS = ("sandbox",)
 
-PARTS = (sandbox_life, sandbox_jobs, sandbox_terminal, sandbox_files, sandbox_network, sandbox_view)
+PARTS = (sandbox_life, sandbox_travel, sandbox_jobs, sandbox_terminal, sandbox_files, sandbox_network, sandbox_view)
 """The modules of the verbs, in the order ``callbox sandbox --help`` lists them."""
 
 

@@ -53,7 +53,9 @@ Rows:
 26. memory snapshots under gVisor (snapshot, restore, image size; 512 MiB and 2 GiB):
     bench_memory_snapshots.py, section ``memsnap`` (as root with runsc; otherwise skipped, saying why);
 27. per-call change records (undo) on a 10,000-file project in a read-write mount, and a revert:
-    bench_undo.py, section ``undo``.
+    bench_undo.py, section ``undo``;
+28. a snapshot's export to one archive and its verified import, 100 MiB workspace, against ``tar``:
+    bench_snapshot_archive.py, section ``archive``.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ from tests.bench.bench_redaction import bench_redaction
 from tests.bench.bench_results import DEFAULT_RESULTS, Row, markdown_table, p50, p90, write_results
 from tests.bench.bench_runtimes import add_runtime_rows, bench_runtimes
 from tests.bench.bench_scale import add_create_rows, add_scale_rows, bench_create, bench_scale
+from tests.bench.bench_snapshot_archive import add_snapshot_archive_rows, bench_snapshot_archive
 from tests.bench.bench_telemetry import add_telemetry_rows, bench_telemetry
 from tests.bench.bench_templates import add_template_rows, bench_templates
 from tests.bench.bench_undo import add_undo_rows, bench_undo
@@ -124,7 +127,7 @@ TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
             "interpreter", "desktop", "undo", "pool", "create", "door", "runtimes", "telemetry", "ray", "templates",
-            "memsnap", "scale"]
+            "memsnap", "archive", "scale"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
 """``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
 DEFAULT_SCALE_SANDBOXES = 100
@@ -618,6 +621,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
     add_telemetry_rows(data, add)
     add_ray_rows(data, add, ray_skipped or {})
     add_template_rows(data, add)
+    add_snapshot_archive_rows(data, add)
     if "callbox_health" in data:
         add("5a. floor: gRPC unary Health/Check on the agent socket (interleaved)", "time",
             data["callbox_health"], "—", None, "— (info)")
@@ -795,6 +799,7 @@ def main(argv: list[str] | None = None) -> int:
         ("templates", "templates" in sections,
          lambda: bench_templates(engine.client, spec.image, args.samples, progress)),
         ("memsnap", "memsnap" in sections, lambda: bench_memsnap(engine, args.samples, progress)),
+        ("archive", "archive" in sections, lambda: bench_snapshot_archive(res, spec, args.samples, kit)),
         ("scale", "scale" in sections,
          lambda: bench_scale(res, spec, args.sandboxes, kit,
                              lambda container, hint: memory_reading(engine.client, container, hint))),

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,6 +77,25 @@ def test_snapshot_verbs_on_the_cluster_with_the_engine_from_the_environment(
         shown = callbox("sandbox", "exec", fork, "--", "cat", "/workspace/f", env=env)
         assert (shown.returncode, shown.stdout) == (0, "kept\n"), shown.stderr
 
+        # The snapshot as an archive, imported onto the other node (verified there); a changed byte is refused.
+        other = "w2" if node == "w1" else "w1"
+        archive = tmp_path / "snap.tar"
+        exported = callbox("sandbox", "export-snapshot", snap, "-o", str(archive), env=env)
+        assert exported.returncode == 0, exported.stderr
+        imported = callbox("sandbox", "import-snapshot", str(archive), "--name", f"{snap}-moved", "--node", other,
+                           env=env)
+        assert imported.returncode == 0 and f"on node {other}" in imported.stdout, (imported.stdout, imported.stderr)
+        assert [h.name for h in ray_engine.snapshot_holders(f"{snap}-moved")] == [other]
+        with tarfile.open(archive) as tar:
+            (member,) = [m for m in tar.getmembers() if m.name.endswith("_workspace.tar")]
+        spoiled = bytearray(archive.read_bytes())
+        spoiled[member.offset_data + member.size // 2] ^= 0x01
+        archive.write_bytes(spoiled)
+        refused = callbox("sandbox", "import-snapshot", str(archive), "--name", f"{snap}-spoiled", "--node", other,
+                          env=env)
+        assert refused.returncode != 0 and f"refused: {member.name}: its SHA-256" in refused.stderr, refused.stderr
+        assert ray_engine.snapshot_holders(f"{snap}-spoiled") == []
+
         # The sandbox's container vanishes from its node (its name and snapshot stay): restore it.
         client = ray_cluster.docker_client(node)
         try:
@@ -98,5 +118,5 @@ def test_snapshot_verbs_on_the_cluster_with_the_engine_from_the_environment(
         for each in (fork, name):
             callbox("sandbox", "rm", each, env=env)
         for info in ray_engine.snapshots():
-            if info.name == snap:
-                ray_engine.remove_snapshot(snap)
+            if info.name in (snap, f"{snap}-moved"):
+                ray_engine.remove_snapshot(info.name)

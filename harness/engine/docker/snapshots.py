@@ -459,6 +459,11 @@ class SnapshotStore:
         (staging / MANIFEST).write_text(json.dumps(info.to_json() | {"directory": None}, indent=2))
         return info
 
+    def publish(self, staging: Path, name: str, *, replace: bool = False) -> None:
+        """Store a complete snapshot directory written elsewhere under the root (an import's
+        ``.tmp-*`` staging directory) as ``name``."""
+        self._publish(staging, self.directory(name), name, replace)
+
     def _publish(self, staging: Path, directory: Path, name: str, replace: bool) -> None:
         """Rename the complete snapshot into place; an existing one is replaced only if asked."""
         if replace and directory.exists():

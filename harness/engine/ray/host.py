@@ -49,6 +49,7 @@ from harness.engine.docker.lifetime import LifetimeRecord
 from harness.engine.docker.living import SandboxInfo
 from harness.engine.docker.sandbox import AGENT_SOCKET_NAME
 from harness.engine.docker.sandbox import Sandbox as DockerSandbox
+from harness.engine.docker.snapshot_archive import ExportSummary, HostAccess
 from harness.engine.docker.snapshots import SnapshotInfo
 from harness.engine.ray.drivers import DriverLedger, ended_jobs
 from harness.engine.ray.image_receive import ImageReceiver
@@ -385,11 +386,12 @@ class SandboxHost:
     def restore(self, name: str) -> SandboxHandle:
         return self._handle(self.engine.restore(name))
 
-    def export_snapshot(self, name: str) -> tuple[str, int]:
-        """Start sending snapshot ``name`` to another node: a transfer id and its size in bytes."""
+    def export_snapshot(self, name: str) -> tuple[str, int, ExportSummary]:
+        """Start sending snapshot ``name`` as an archive: a transfer id, its size in bytes, and
+        what it holds (its hash manifest's digest)."""
         export = SnapshotExport(self.engine.snapshot_store, name)
         self._exports[export.id] = export
-        return export.id, export.size
+        return export.id, export.size, export.summary
 
     def export_read(self, transfer_id: str, size: int) -> bytes:
         """The next at most ``size`` bytes of an export; empty at its end (the export is then closed)."""
@@ -400,7 +402,7 @@ class SandboxHost:
             export.close()
         return data
 
-    def import_begin(self, name: str) -> str:
+    def import_begin(self, name: str | None) -> str:
         imported = SnapshotImport(self.engine.snapshot_store, name)
         self._imports[imported.id] = imported
         return imported.id
@@ -408,8 +410,10 @@ class SandboxHost:
     def import_chunk(self, transfer_id: str, seq: int, data: bytes) -> None:
         self._imports[transfer_id].write(seq, data)
 
-    def import_finish(self, transfer_id: str, replace: bool) -> SnapshotInfo:
-        return self._imports.pop(transfer_id).finish(replace=replace)
+    def import_finish(self, transfer_id: str, replace: bool, host_access: HostAccess = "keep",
+                      expect_digest: str | None = None) -> SnapshotInfo:
+        return self._imports.pop(transfer_id).finish(replace=replace, host_access=host_access,
+                                                     expect_digest=expect_digest)
 
     def import_abort(self, transfer_id: str) -> None:
         imported = self._imports.pop(transfer_id, None)

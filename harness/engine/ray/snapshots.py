@@ -2,19 +2,24 @@
 
 A snapshot is stored on the node of the sandbox it was taken of, in that node's snapshot
 store. Everything that needs it elsewhere gets a copy first (:meth:`RaySnapshots.copy_snapshot`,
-chunk by chunk through Ray): a fork placed on another node, or a sandbox on another node its
+chunk by chunk through Ray, as the archive ``export-snapshot`` writes, every hash checked on
+arrival): a fork placed on another node, or a sandbox on another node its
 files are restored into. Listing asks every node; a name held by several nodes (copies) is
 one snapshot. The small notes a door keeps with a snapshot are written to every copy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
-from typing import TYPE_CHECKING
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
 from harness.engine.docker.lifetime import SandboxNotFound
+from harness.engine.docker.snapshot_archive import ExportSummary, HostAccess
 from harness.engine.docker.snapshots import SnapshotInfo, SnapshotNotFound
 from harness.engine.placement import Placement
 from harness.engine.ray.hosts import Host, HostDirectory, ask
@@ -97,7 +102,7 @@ class RaySnapshots:
 
     def copy_snapshot(self, name: str, source: Host, target: Host) -> SnapshotInfo:
         """Send snapshot ``name`` from ``source``'s node to ``target``'s (replacing one there)."""
-        transfer, _size = ask(source, "export_snapshot", name)
+        transfer, _size, _summary = ask(source, "export_snapshot", name)
         receiving = ask(target, "import_begin", name)
         try:
             for seq in itertools.count():
@@ -106,6 +111,49 @@ class RaySnapshots:
                     break
                 ask(target, "import_chunk", receiving, seq, data)
             info: SnapshotInfo = ask(target, "import_finish", receiving, True)
+        except BaseException:
+            target.handle.import_abort.remote(receiving)
+            raise
+        return info
+
+    def export_snapshot(self, name: str, out: BinaryIO) -> ExportSummary:
+        """Write snapshot ``name`` to ``out`` as an archive (``callbox sandbox export-snapshot``),
+        read from a node that holds it."""
+        holder = self._holders(name)[0]
+        transfer, _size, summary = ask(holder, "export_snapshot", name)
+        while data := ask(holder, "export_read", transfer, CHUNK_BYTES):
+            out.write(data)
+        exported: ExportSummary = summary
+        return exported
+
+    def export_snapshot_to_file(self, name: str, target: Path) -> ExportSummary:
+        """:meth:`export_snapshot` to ``target``, written under a temporary name and renamed when complete."""
+        temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            with open(temporary, "xb") as out:
+                summary = self.export_snapshot(name, out)
+            temporary.replace(target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temporary.unlink()
+        return summary
+
+    def import_snapshot(self, source: BinaryIO, *, node: str | None = None, name: str | None = None,
+                        replace: bool = False, host_access: HostAccess = "refuse",
+                        expect_digest: str | None = None) -> SnapshotInfo:
+        """Send the archive read from ``source`` to ``node`` (default: the first node), which
+        verifies it and stores its snapshot (``callbox sandbox import-snapshot --node``)."""
+        target = self.hosts.by_node(node) if node is not None else next(iter(self.hosts.hosts()), None)
+        if target is None:
+            raise SandboxNotFound(f"node {node}")
+        receiving = ask(target, "import_begin", name)
+        try:
+            for seq in itertools.count():
+                data = source.read(CHUNK_BYTES)
+                if not data:
+                    break
+                ask(target, "import_chunk", receiving, seq, data)
+            info: SnapshotInfo = ask(target, "import_finish", receiving, replace, host_access, expect_digest)
         except BaseException:
             target.handle.import_abort.remote(receiving)
             raise
