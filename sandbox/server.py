@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from sandbox.changes import ChangesService
 from sandbox.errors import answer, stream
 from sandbox.fs import FilesystemService
 from sandbox.health import SERVING, HealthService
@@ -28,6 +29,7 @@ from sandbox.process import ProcessRunner
 from sandbox.shell import ShellManager, ShellService
 from sandbox.spawner import Spawner
 from sandbox.v1 import (
+    changes_pb2_grpc,
     filesystem_pb2_grpc,
     jobs_pb2_grpc,
     ports_pb2_grpc,
@@ -188,6 +190,7 @@ def build_server(config: AgentConfig) -> Agent:
     pool = PrestartedPool(workers)
     process = ProcessService(runner)
     filesystem = FilesystemService(roots=list(config.roots), workspace=config.workspace, identity=identity)
+    changes = ChangesService(filesystem)
     shell = ShellService(ShellManager(config.user, config.workspace, launcher))
     jobs = JobManager(config.user, config.workspace, launcher)
     jobs_service = JobsService(jobs)
@@ -206,6 +209,7 @@ def build_server(config: AgentConfig) -> Agent:
         )
         process_pb2_grpc.add_ProcessServicer_to_server(process, server)
         filesystem_pb2_grpc.add_FilesystemServicer_to_server(filesystem, server)
+        changes_pb2_grpc.add_ChangesServicer_to_server(changes, server)
         shell_pb2_grpc.add_ShellServicer_to_server(shell, server)
         jobs_pb2_grpc.add_JobsServicer_to_server(jobs_service, server)
         ports_pb2_grpc.add_PortsServicer_to_server(ports, server)

@@ -36,11 +36,12 @@ from harness.cli import sandboxes as cli_sandboxes
 from harness.cli import serve as cli_serve
 from harness.cli import service as cli_service
 from harness.cli import template as cli_template
+from harness.cli import undo as cli_undo
 from harness.cli.options import UsageParser, say
 from harness.core.errors import EXIT_CALLBOX_FAILED, CallboxError, UsageError, short_reason
 
-GROUPS: tuple[ModuleType, ...] = (cli_image, cli_sandboxes, cli_sandbox, cli_calls, cli_run, cli_serve, cli_service,
-                                  cli_doctor, cli_template)
+GROUPS: tuple[ModuleType, ...] = (cli_image, cli_sandboxes, cli_sandbox, cli_calls, cli_undo, cli_run, cli_serve,
+                                  cli_service, cli_doctor, cli_template)
 """The command groups, in the order ``--help`` lists their commands."""
 
 

@@ -43,6 +43,7 @@ from harness.audit.records import final_decision, retry_safe
 from harness.audit.store import Claim, arguments_digest
 from harness.core.budgets import CallTimeout
 from harness.core.calls import Action, Decision, ErrorCode, ImagePart, ToolCall, ToolOutput, ToolResult
+from harness.core.change_recorder import ChangeRecorder
 from harness.core.context import OutputSink, ToolContext
 from harness.core.egress_ask import egress_meta, watch_egress
 from harness.core.errors import AgentCallError, CallboxError
@@ -333,12 +334,16 @@ class CallPath:
             image_bounds=budgets.image_bounds(),
         )
         self.decided(decision_label(decision))
+        recorder = s.changes if s.changes is not None and not tool.definition.annotations.read_only else None
+        changes = _record_before(recorder, provider) if recorder is not None else None
         started = time.perf_counter()
         self._stage = "handler"
         with watch_egress(s, call, self.on_output):
             output = self._unless_gone(self._run_handler(tool, ctx, args, stream))
         self._stage = "after"
         self.sandbox_s = time.perf_counter() - started
+        if recorder is not None and s.active_sandbox is not None:
+            changes = changes or recorder.after(s.active_sandbox, call.call_id, tool.definition.name)
         if trace is not None:
             trace.append(("callbox.exec", time.time_ns()))
         if output.error is ErrorCode.SANDBOX_UNAVAILABLE and not provider.handed_out:
@@ -363,6 +368,8 @@ class CallPath:
             meta.update(lowered.meta())
         if egress:
             meta["egress"] = egress_meta(egress)
+        if changes:
+            meta["changes"] = changes
         result = self.labelled(ToolResult(
             call_id=call.call_id, text=shaped.text, is_error=output.is_error, error=output.error,
             structured=structured, meta=meta, images=images.kept,
@@ -479,6 +486,16 @@ class CallPath:
         if self.trace is not None:
             self.trace.append(("callbox.audit", time.time_ns()))
         return result
+
+
+def _record_before(recorder: ChangeRecorder, provider: _CallSandbox) -> dict[str, Any] | None:
+    """The baseline of the run's writable places, if it has none yet (a sandbox that cannot
+    start is left to the handler to report)."""
+    try:
+        sandbox = provider.sandbox()
+    except CallboxError:
+        return None
+    return recorder.before(sandbox)
 
 
 def told_of_lowered_timeouts(output: ToolOutput, lowered: Sequence[CallTimeout]) -> ToolOutput:

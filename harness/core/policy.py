@@ -100,6 +100,11 @@ Sections:
     of environment variables whose values are redacted; values under 8 characters are
     ignored) and ``patterns`` (regular expressions, checked when the policy loads).
 
+``[checkpoints]``
+    ``mode = "changes"`` records what each call of a tool not annotated read-only changes in
+    the sandbox's writable places, for ``callbox diff`` and ``callbox revert``; ``max_bytes``
+    caps the content a run's records hold (:mod:`harness.core.change_recorder`). Off by default.
+
 ``engine`` and ``[ray]``
     Where the sandboxes run (:mod:`harness.engine.select`): absent or ``"docker"``, this
     machine's Docker engine; ``"ray"``, the Ray cluster ``[ray]`` describes. A command's
@@ -126,6 +131,7 @@ from harness.audit.records import ACTION_TOOL_PREFIX
 from harness.core.actions import ActionsPolicy
 from harness.core.budgets import Budgets, CallTimeout
 from harness.core.calls import TOOL_NAME_PATTERN, Action, Decision
+from harness.core.change_recorder import CheckpointSettings
 from harness.core.declared import DeclaredTool
 from harness.core.errors import CallboxError, ErrorCode
 from harness.core.redaction import RedactionSettings
@@ -238,6 +244,8 @@ class Policy(BaseModel):
     """``[pool]``: pre-started sandboxes a server's creates claim (off unless ``size`` > 0)."""
     runtime: RuntimeRequirement = Field(default_factory=RuntimeRequirement)
     """``[runtime]``: the weakest OCI runtime a sandbox may run under, for all or per tool."""
+    checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    """``[checkpoints]``: records of what each call changes in the writable places (off by default)."""
     engine: EngineName | None = None
     """Where the sandboxes run: ``docker`` (this machine) or ``ray`` (``[ray]``); absent: docker."""
     ray: RayTable = None

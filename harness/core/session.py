@@ -36,9 +36,11 @@ from typing import Any
 
 import tenacity
 
+from harness.audit.change_store import RunChanges, changes_root
 from harness.audit.store import AuditStore
 from harness.core.call_path import CallPath, DecisionSink
 from harness.core.calls import ErrorCode, ToolCall, ToolResult
+from harness.core.change_recorder import ChangeRecorder
 from harness.core.context import OutputSink
 from harness.core.errors import CallboxError, SandboxStartError, SessionClosed
 from harness.core.policy import Policy
@@ -85,6 +87,9 @@ class Session:
         """Takes the policy's secrets out of every result (built once: the env values are read now)."""
         self.redactor.add_literals(redaction_pairs(self.spec.secrets))  # a secret that cannot be read fails here
         self._engine_factory = engine_factory if engine_factory is not None else self._default_engine()
+        self.changes = None if policy.checkpoints.mode == "off" else ChangeRecorder(
+            policy.checkpoints, RunChanges(changes_root(audit.path), self.run_id), self.spec)
+        """Records what each call of a tool not annotated read-only changes (None: ``[checkpoints]`` is off)."""
         self._sandbox: Sandbox | None = None
         self._sandbox_lock = threading.Lock()
         self._closed = False

@@ -43,6 +43,8 @@ from harness.engine.transfer import TransferClient
 from harness.wire import MAX_MESSAGE_BYTES
 from sandbox import health
 from sandbox.v1 import (
+    changes_pb2,
+    changes_pb2_grpc,
     filesystem_pb2,
     filesystem_pb2_grpc,
     process_pb2,
@@ -160,6 +162,7 @@ class AgentClient:
         self._exec = process_pb2_grpc.ProcessStub(streams).Exec
         self._shell_run = shell_pb2_grpc.ShellStub(streams).Run
         self.files = filesystem_pb2_grpc.FilesystemStub(self.channel)
+        self.changes = changes_pb2_grpc.ChangesStub(self.channel)
         self.jobs = JobsClient(self.channel)
         """Background jobs and terminals (:mod:`harness.engine.jobs`)."""
         self.transfer = TransferClient(self.channel)
@@ -269,6 +272,22 @@ class AgentClient:
 
     def stat(self, path: str) -> filesystem_pb2.FileInfo:
         return self._unary(self.files.Stat, filesystem_pb2.StatRequest(path=path)).info  # type: ignore[no-any-return]
+
+    def scan_changes(
+        self, request: changes_pb2.ScanRequest, *, timeout: float = 600.0
+    ) -> Iterator[changes_pb2.ScanChunk]:
+        """What changed in the places since the agent's previous scan of them (``Changes.Scan``), streamed."""
+        call = self.changes.Scan(request, timeout=timeout)
+        try:
+            yield from call
+        except grpc.RpcError as error:
+            raise self._failure(error) from None
+        finally:
+            call.cancel()
+
+    def apply_changes(self, ops: Sequence[changes_pb2.ApplyOp], *, timeout: float = 300.0) -> int:
+        """Apply operations in order in the sandbox (``Changes.Apply``); how many were applied."""
+        return int(self._unary(self.changes.Apply, changes_pb2.ApplyRequest(ops=ops), timeout).applied)
 
     def upload_tar(
         self,

@@ -52,6 +52,8 @@ Rows:
 25. the ``computer`` tool's screenshot and click on the desktop image variant: bench_desktop.py, section ``desktop``;
 26. memory snapshots under gVisor (snapshot, restore, image size; 512 MiB and 2 GiB):
     bench_memory_snapshots.py, section ``memsnap`` (as root with runsc; otherwise skipped, saying why);
+27. per-call change records (undo) on a 10,000-file project in a read-write mount, and a revert:
+    bench_undo.py, section ``undo``;
 28. a snapshot's export to one archive and its verified import, 100 MiB workspace, against ``tar``:
     bench_snapshot_archive.py, section ``archive``.
 """
@@ -107,6 +109,7 @@ from tests.bench.bench_scale import add_create_rows, add_scale_rows, bench_creat
 from tests.bench.bench_snapshot_archive import add_snapshot_archive_rows, bench_snapshot_archive
 from tests.bench.bench_telemetry import add_telemetry_rows, bench_telemetry
 from tests.bench.bench_templates import add_template_rows, bench_templates
+from tests.bench.bench_undo import add_undo_rows, bench_undo
 
 MIN_SAMPLES = 30
 MIB = 1 << 20
@@ -123,8 +126,8 @@ TARGET_IDLE_MEMORY_MIB = 25.0
 TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
-            "interpreter", "desktop", "pool", "create", "door", "runtimes", "telemetry", "ray", "templates", "memsnap",
-            "archive", "scale"]
+            "interpreter", "desktop", "undo", "pool", "create", "door", "runtimes", "telemetry", "ray", "templates",
+            "memsnap", "archive", "scale"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
 """``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
 DEFAULT_SCALE_SANDBOXES = 100
@@ -608,6 +611,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
     add_e2b_rows(data, add)
     add_interpreter_rows(data, add)
     add_desktop_rows(data, add)
+    add_undo_rows(data, add)
     add_memsnap_rows(data, add)
     add_pool_rows(data, add)
     add_create_rows(data, add)
@@ -783,6 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         ("interpreter", "interpreter" in sections,
          lambda: bench_interpreter(res, args.samples, args.warmup, kit, quick=args.quick)),
         ("desktop", "desktop" in sections, lambda: bench_desktop(res, args.samples, args.warmup, kit)),
+        ("undo", "undo" in sections, lambda: bench_undo(res, spec, args.samples, args.warmup, kit)),
         ("pool", "pool" in sections, lambda: bench_pool(res, args.samples, kit, quick=args.quick)),
         ("create", "create" in sections, lambda: bench_create(res, spec, args.samples, kit, quick=args.quick)),
         ("door", "door" in sections, lambda: bench_door(res, spec, kit, quick=args.quick)),

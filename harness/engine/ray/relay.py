@@ -101,10 +101,10 @@ _NOT_FORWARDED = frozenset({RELAY_SANDBOX_KEY, RELAY_AUTH_KEY, "user-agent", "te
 def _unary_request_methods() -> frozenset[str]:
     """The agent's methods that take one request (all but the client-streaming ones)."""
     from sandbox import health
-    from sandbox.v1 import filesystem_pb2, jobs_pb2, ports_pb2, process_pb2, shell_pb2
+    from sandbox.v1 import changes_pb2, filesystem_pb2, jobs_pb2, ports_pb2, process_pb2, shell_pb2
 
     paths = {health.CHECK_METHOD, f"/{health.SERVICE_NAME}/Watch"}
-    for module in (filesystem_pb2, jobs_pb2, ports_pb2, process_pb2, shell_pb2):
+    for module in (changes_pb2, filesystem_pb2, jobs_pb2, ports_pb2, process_pb2, shell_pb2):
         for service in module.DESCRIPTOR.services_by_name.values():
             paths.update(f"/{service.full_name}/{m.name}" for m in service.methods if not m.client_streaming)
     return frozenset(paths)
