@@ -499,7 +499,7 @@ def snapshot(engine: DockerEngine, sandbox: Sandbox, name: str, *, replace_exist
         name, spec=sandbox.spec, download=sandbox.transfer.download, source_sandbox_id=sandbox.id,
         source_name=sandbox.name, owner=owner if owner is not None else sandbox.owner, replace=replace_existing,
         temporary=temporary, running=running,
-        memory=(lambda directory: memory_snapshots.save(engine, sandbox, directory)) if memory else None,
+        memory=(lambda directory: memory_snapshots.save(engine, sandbox, directory, wait_healthy)) if memory else None,
     )
 
 

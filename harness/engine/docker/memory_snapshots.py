@@ -53,6 +53,8 @@ from harness.core.errors import CallboxError, ErrorCode, short_reason
 from harness.engine.docker.snapshots import MEMORY, MemoryImage, SnapshotError
 from harness.engine.spec import SandboxSpec
 
+WaitHealthy = Callable[["Sandbox", float], None]
+
 if TYPE_CHECKING:
     from harness.engine.docker.engine import DockerEngine
     from harness.engine.docker.sandbox import Sandbox
@@ -122,10 +124,9 @@ def _wait_for(path: Path, timeout: float, what: str) -> None:
         time.sleep(0.002)
 
 
-def _listening_again(sandbox: Sandbox) -> None:
+def _listening_again(sandbox: Sandbox, wait_healthy: WaitHealthy) -> None:
     """Wait until the agent listens again and answers (its socket first, so the client's
     channel does not try too early and back off)."""
-    from harness.engine.docker.living import wait_healthy
     from harness.engine.docker.sandbox import AGENT_SOCKET_NAME
 
     deadline = time.monotonic() + QUIESCE_TIMEOUT_S
@@ -134,18 +135,21 @@ def _listening_again(sandbox: Sandbox) -> None:
     wait_healthy(sandbox, max(0.1, deadline - time.monotonic()))
 
 
-def save(engine: DockerEngine, sandbox: Sandbox, directory: Path) -> MemoryImage:
-    """Save the processes and memory of ``sandbox`` into ``directory / MEMORY``; it runs on."""
+def save(engine: DockerEngine, sandbox: Sandbox, directory: Path, wait_healthy: WaitHealthy) -> MemoryImage:
+    """Save the processes and memory of ``sandbox`` into ``directory / MEMORY``; it runs on.
+    ``wait_healthy(sandbox, timeout)`` waits for its agent to answer again (the living
+    sandbox's own wait, passed in: this module sits below it)."""
     refuse_unless_possible(sandbox.spec, sandbox.label)
     command = _runtime_command(engine, sandbox.container_id)
     version = subprocess.run([command[0], "--version"], capture_output=True, text=True, timeout=30,
                              check=False).stdout.splitlines()
     with open(sandbox.socket_dir / LOCK_FILE, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one memory snapshot of a sandbox at a time, in any process
-        return _save(engine, sandbox, directory, command, version[0] if version else "")
+        return _save(engine, sandbox, directory, command, version[0] if version else "", wait_healthy)
 
 
-def _save(engine: DockerEngine, sandbox: Sandbox, directory: Path, command: list[str], version: str) -> MemoryImage:
+def _save(engine: DockerEngine, sandbox: Sandbox, directory: Path, command: list[str], version: str,
+          wait_healthy: WaitHealthy) -> MemoryImage:
     if not (sandbox.socket_dir / QUIESCABLE_FILE).exists():
         raise SnapshotError(f"the agent of sandbox {sandbox.label} predates memory snapshots (its image is older "
                             "than this callbox): create the sandbox again from a current image to take one",
@@ -172,7 +176,7 @@ def _save(engine: DockerEngine, sandbox: Sandbox, directory: Path, command: list
                             f"{short_reason(exc)}") from None
     finally:
         resume.write_text("1\n")
-        _listening_again(sandbox)
+        _listening_again(sandbox, wait_healthy)
     size = sum(f.stat().st_size for f in image.rglob("*") if f.is_file())
     return MemoryImage(directory=MEMORY, runtime=RUNTIME, runtime_version=version,
                        bytes=size, seconds=round(time.monotonic() - started, 3), frozen_seconds=round(frozen, 3))
