@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,5 +76,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         for line in report.lines():
             print(line)
+        sys.stdout.flush()  # the paths first, then the summary on stderr, in a pipe as on a terminal
         say(f"reverted run {args.run} to just before call {args.to}: {report.count} paths put back")
     return 1 if failed else 0
