@@ -42,9 +42,9 @@ from harness.engine.base import Sandbox
 from sandbox.v1 import changes_pb2
 
 MAX_DIFF_BYTES = 1 << 20
+"""Text files larger than this get the summary line instead of a diff."""
 APPLY_BATCH_BYTES = 4 << 20
 """Content per ``Changes.Apply`` request (a larger file goes in several appends)."""
-"""Text files larger than this get the summary line instead of a diff."""
 
 
 class UndoError(CallboxError):
