@@ -315,16 +315,23 @@ def test_watch_dir_streams_envd_events(door: Door) -> None:
     first = events.get(timeout=WAIT_S)
     assert first is not None and first.WhichOneof("event") == "start"
     assert upload(door, "/workspace/watched/a.txt", b"hello").status == 200
+    seen: list[tuple[str, int]] = []
+
+    def until(wanted: tuple[str, int]) -> None:
+        while wanted not in seen:
+            message = events.get(timeout=WAIT_S)
+            assert message is not None, seen
+            event = message.filesystem
+            seen.append((event.name, event.type))
+            if (event.name, event.type) == ("a.txt", pb.EVENT_TYPE_WRITE):
+                assert event.entry.size == 5 and event.entry.path == "/workspace/watched/a.txt"
+
+    # The entry of an event is read when the event is: the file is moved only after its write
+    # was reported, or the entry could be of a file already gone.
+    until(("a.txt", pb.EVENT_TYPE_WRITE))
     fs.move(pb.MoveRequest(source="/workspace/watched/a.txt", destination="/workspace/watched/b.txt"), call)
     fs.remove(pb.RemoveRequest(path="/workspace/watched/b.txt"), call)
-    seen: list[tuple[str, int]] = []
-    while ("b.txt", pb.EVENT_TYPE_REMOVE) not in seen:
-        message = events.get(timeout=WAIT_S)
-        assert message is not None, seen
-        event = message.filesystem
-        seen.append((event.name, event.type))
-        if (event.name, event.type) == ("a.txt", pb.EVENT_TYPE_WRITE):
-            assert event.entry.size == 5 and event.entry.path == "/workspace/watched/a.txt"
+    until(("b.txt", pb.EVENT_TYPE_REMOVE))
     assert seen == [("a.txt", pb.EVENT_TYPE_CREATE), ("a.txt", pb.EVENT_TYPE_WRITE),
                     ("a.txt", pb.EVENT_TYPE_RENAME), ("b.txt", pb.EVENT_TYPE_CREATE),
                     ("b.txt", pb.EVENT_TYPE_REMOVE)], seen
