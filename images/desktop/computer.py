@@ -206,12 +206,22 @@ def encode_png(width: int, height: int, rgb: bytes) -> bytes:
             + chunk(b"IEND", b""))
 
 
+# xwd walks the root's child windows for their visuals; a window that closes during that walk (Chromium
+# opens and closes a few while it starts) fails the capture with BadWindow. The screen itself is fine, so
+# the capture is taken again.
+GRAB_ATTEMPTS = 5
+"""How many times a capture is taken when a window vanished during it."""
+
+
 def grab() -> tuple[int, int, bytes]:
-    done = subprocess.run(["xwd", "-root", "-silent", "-display", DISPLAY], env=_env(), capture_output=True,
-                          timeout=30, check=False)
-    if done.returncode != 0:
-        raise ActionError(f"xwd failed: {done.stderr.decode('utf-8', 'replace').strip()[-300:]}")
-    return xwd_to_rgb(done.stdout)
+    for _ in range(GRAB_ATTEMPTS):
+        done = subprocess.run(["xwd", "-root", "-silent", "-display", DISPLAY], env=_env(), capture_output=True,
+                              timeout=30, check=False)
+        if done.returncode == 0:
+            return xwd_to_rgb(done.stdout)
+        if b"BadWindow" not in done.stderr:
+            break
+    raise ActionError(f"xwd failed: {done.stderr.decode('utf-8', 'replace').strip()[-300:]}")
 
 
 def screenshot(region: tuple[int, int, int, int] | None = None) -> dict[str, Any]:
