@@ -42,37 +42,21 @@ def add_parsers(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.audit.change_store import RunChanges, changes_root
     from harness.audit.store import AuditStore
     from harness.core import undo
+    from harness.core.run_revert import revert_ended, run_changes
 
     with AuditStore(args.audit_db, create=False) as audit:
-        record = audit.get_run(args.run)
-        changes = RunChanges(changes_root(audit.path), args.run)
-        if not changes.exists:
-            raise undo.UndoError(f"run {args.run} has no change records: its policy's [checkpoints] mode was off "
-                                 'or none of its calls could change files (set mode = "changes" to record them)')
+        audit.get_run(args.run)
+        changes = run_changes(audit, args.run)
         if args.command == "diff":
             print(undo.diff(changes, args.call), end="")
             return 0
-        running = [c["call_id"] for c in audit.calls_for_run(args.run) if c.get("state") == "running"]
-    if running:
-        raise undo.UndoError(f"call {running[0]} of run {args.run} is running; revert once it has finished")
-    if record.ended is None:
-        raise undo.UndoError(f"run {args.run} is still open: its sandbox may still change its mounts; revert "
-                             "once the run has ended (`callbox audit` shows its END)")
+        report = revert_ended(audit, args.run, args.to, mounts_only=args.mounts_only)
     lost = undo.scratch_changes(changes, args.to)
-    if lost and not args.mounts_only:
-        raise undo.UndoError(f"the calls from {args.to} on also changed {', '.join(lost)}, which only the "
-                             "run's sandbox holds (gone once the run ended, or kept for a paused run) and a revert "
-                             "from here cannot restore; add --mounts-only to restore the read-write mounts alone")
-    report = undo.revert(changes, args.to)
-    failed = bool(report.not_restored)
-    if lost:
-        report.not_restored.extend(f"{place}: only the run's sandbox holds it" for place in lost)
+    failed = len(report.not_restored) > len(lost)
     if args.json:
-        print(json.dumps({"removed": report.removed, "restored": report.written, "recreated": report.created,
-                          "modes": report.modes, "not_restored": report.not_restored}, indent=2))
+        print(json.dumps(report.as_dict(), indent=2))
     else:
         for line in report.lines():
             print(line)

@@ -12,6 +12,7 @@ The actions (:data:`ACTIONS`), each one name in the policy and the audit store:
 ``fork``          start a sandbox from another one (or from its snapshot)
 ``pause``         pause or resume a sandbox
 ``network``       change a running sandbox's network rules (within its policy's network)
+``revert``        put a run's files back as they were before one of its calls (see the undo docs)
 
 Policy: ``[actions.NAME]`` with ``decision = "allow" | "ask" | "deny"``. ``port_forward``
 is ``deny`` unless the policy says otherwise (off by default: it opens a sandbox service to
@@ -54,7 +55,8 @@ The details a door passes (JSON values): ``sandbox`` (its name or id) and, per a
 ``tag``, ``pty``; ``attach``: ``pid``, ``mode`` (``logs`` | ``attach`` | ``terminal``); ``port_forward``: ``port``,
 ``host_port``; ``copy_in`` / ``copy_out``: ``path`` (in the sandbox), ``host_path``; ``snapshot``: ``name``; ``fork``:
 ``name``, ``from_snapshot``; ``pause``: ``op`` (``pause`` | ``resume``); ``network``: ``internet``, ``allow``,
-``deny``. Only ``port``, ``path`` and ``command`` are read by rules; the rest identify the action in the record.
+``deny``; ``revert``: ``to_call``, ``mounts_only``. Only ``port``, ``path`` and ``command`` are read by rules; the
+rest identify the action in the record.
 """
 
 from __future__ import annotations
@@ -107,7 +109,8 @@ __all__ = [
     "action_tool",
 ]
 
-ACTIONS = ("process", "attach", "port_forward", "copy_in", "copy_out", "snapshot", "fork", "pause", "network")
+ACTIONS = ("process", "attach", "port_forward", "copy_in", "copy_out", "snapshot", "fork", "pause", "network",
+           "revert")
 """Every sandbox action, as named in ``[actions.NAME]`` and in the audit (``sandbox.NAME``)."""
 
 DEFAULT_DECISIONS: dict[str, Action] = {name: Action.ALLOW for name in ACTIONS} | {"port_forward": Action.DENY}
@@ -128,6 +131,7 @@ _WHAT = {
     "fork": "forking a sandbox",
     "pause": "pausing or resuming a sandbox",
     "network": "changing a sandbox's network rules",
+    "revert": "reverting a run's files to before one of its calls",
 }
 _RANK = {Action.ALLOW: 1, Action.ASK: 2, Action.DENY: 3}
 _PORT_RANGE = re.compile(r"\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?", re.ASCII)
@@ -255,6 +259,8 @@ class ActionsPolicy(BaseModel):
     """Pausing or resuming a sandbox; ``allow`` by default, no rules."""
     network: ActionPolicy = Field(default_factory=ActionPolicy)
     """Changing a running sandbox's network rules (within its policy's); ``allow`` by default, no rules."""
+    revert: ActionPolicy = Field(default_factory=ActionPolicy)
+    """Putting a run's files back as they were before one of its calls; ``allow`` by default, no rules."""
 
     @field_validator(*ACTIONS)
     @classmethod

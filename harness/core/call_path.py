@@ -50,6 +50,7 @@ from harness.core.errors import AgentCallError, CallboxError
 from harness.core.images import bound_images, image_meta
 from harness.core.redaction import Finding, StreamRedactor, redaction_summary
 from harness.core.registry import Tool
+from harness.core.run_revert import live_undo
 from harness.core.shaping import bound_text, strip_terminal_codes
 from harness.core.stopping import STOPS, signals_held, stop_signal
 from harness.core.validation import CallRejected, validate_call
@@ -331,10 +332,11 @@ class CallPath:
             run_id=s.run_id, call_id=call.call_id, provider=provider,
             default_timeout_s=budgets.default_call_timeout_s, timeout_ceiling_s=budgets.call_timeout_ceiling_s,
             output_budget=budgets.max_output_bytes, on_output=stream or self.on_output,
-            image_bounds=budgets.image_bounds(),
+            image_bounds=budgets.image_bounds(), undo=live_undo(s),
         )
         self.decided(decision_label(decision))
-        recorder = s.changes if s.changes is not None and not tool.definition.annotations.read_only else None
+        recorded = tool.definition.records_changes and not tool.definition.annotations.read_only
+        recorder = s.changes if s.changes is not None and recorded else None
         changes = _record_before(recorder, provider) if recorder is not None else None
         started = time.perf_counter()
         self._stage = "handler"

@@ -11,11 +11,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from harness.core.budgets import Budgets, CallTimeout, clamp_timeout
 from harness.core.images import ImageBounds
 from harness.engine.base import Sandbox, SandboxRuntime
+
+if TYPE_CHECKING:
+    from harness.core.run_revert import LiveUndo
 
 OutputSink = Callable[[str, bytes], None]
 """Receives ``(stream, chunk)`` while a tool runs (stream is "stdout" or "stderr")."""
@@ -42,6 +45,9 @@ class ToolContext:
     image_bounds: ImageBounds = field(default_factory=lambda: Budgets().image_bounds())
     """What one picture of the result may be (policy budgets.max_image_bytes, ...): a tool
     that reads one can refuse it before reading it all."""
+    undo: LiveUndo | None = None
+    """The run's change records and the revert of its sandbox (the ``undo`` tool); None when
+    its policy records no changes (``[checkpoints] mode = "off"``)."""
     started_at: float = field(default_factory=time.monotonic)
     """``time.monotonic()`` when the context was made: the harness makes it just before the
     call's handler runs, after validation, policy and approval."""

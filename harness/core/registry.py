@@ -63,6 +63,9 @@ class ToolDefinition:
     """For a tool whose command is built from its arguments rather than given in one (a
     declared command tool's argv template): the command policy command rules match,
     from the arguments (a dict or the validated input model)."""
+    records_changes: bool = True
+    """False for a tool that records what it changes itself (``undo``: a revert record): the
+    call path then takes no change record of its calls, whatever its annotations."""
     freeform_field: str | None = None
     """If set, arguments that arrive as plain text instead of a JSON object (a freeform
     tool call, as Codex sends apply_patch) become ``{freeform_field: text}``."""

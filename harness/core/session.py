@@ -22,16 +22,19 @@ ever having been handed a sandbox cannot have started anything, so its result is
 Each running call has a :class:`~harness.engine.cancel.CallScope`; ``cancel_calls``
 cancels them (the agent kills what they started). ``close`` ends the session for good: it
 cancels the running calls, destroys the sandbox, and from then on no sandbox starts for the
-session and every call gets a ``sandbox_unavailable`` result.
+session and every call gets a ``sandbox_unavailable`` result. ``calls_held`` keeps every
+other call of the run out while a revert puts the sandbox's files back (a call that arrives
+meanwhile gets a ``conflict`` result).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tenacity
@@ -46,7 +49,9 @@ from harness.core.errors import CallboxError, SandboxStartError, SessionClosed
 from harness.core.policy import Policy
 from harness.core.redaction import Redactor
 from harness.core.registry import Tool, ToolRegistry
+from harness.core.run_revert import running_calls
 from harness.core.shared_engine import pooled_engine
+from harness.core.undo import RevertRefused
 from harness.core.validation import CallRejected, check_call_id
 from harness.engine.base import Engine, Sandbox, run_owner
 from harness.engine.cancel import CallScope, current_scope
@@ -96,6 +101,8 @@ class Session:
         self._calls_lock = threading.Lock()
         self._running: set[CallScope] = set()
         """The scopes of the calls running now, cancelled by ``cancel_calls`` and ``close``."""
+        self._held = False
+        """A revert of the run's places is under way (:meth:`calls_held`): no call runs meanwhile."""
 
     def _default_engine(self) -> Callable[[], Engine]:
         """Without an ``engine_factory``: the engine the policy's ``engine`` names (Docker when
@@ -183,6 +190,25 @@ class Session:
         for scope in running:
             scope.cancel()
         return len(running)
+
+    @contextlib.contextmanager
+    def calls_held(self, own: CallScope | None = None, own_call: str | None = None) -> Iterator[None]:
+        """No other call of the run runs while the block does (a revert of its places): a
+        RevertRefused error naming them if some run now (``own``, the scope of the caller's own
+        call ``own_call``, excepted), and a call that arrives meanwhile gets a ``conflict`` result."""
+        with self._calls_lock:
+            busy = self._held or bool(self._running - {own} if own is not None else self._running)
+            if not busy:
+                self._held = True
+        if busy:
+            running = running_calls(self.audit, self.run_id, but=own_call)
+            what = f"call {', '.join(running)}" if running else "another call or revert"
+            raise RevertRefused(f"{what} of run {self.run_id} is running; revert once it has finished")
+        try:
+            yield
+        finally:
+            with self._calls_lock:
+                self._held = False
 
     def close(self) -> int:
         """End the session for good: cancel the calls still running, destroy the run's
@@ -277,9 +303,13 @@ class Session:
             return path.labelled(ToolResult.failure(str(call.call_id)[:128], rejected.code, rejected.message))
         scope = scope if scope is not None else CallScope()
         with self._calls_lock:
-            closed = self._closed
-            if not closed:
+            closed, held = self._closed, self._held
+            if not closed and not held:
                 self._running.add(scope)
+        if held:
+            return path.labelled(ToolResult.failure(
+                call.call_id, ErrorCode.CONFLICT,
+                f"a revert of run {self.run_id}'s files is under way; send the call again once it has finished"))
         if closed:
             return path.labelled(ToolResult(
                 call_id=call.call_id, text=f"the session of run {self.run_id} has ended; its sandbox is gone",

@@ -53,12 +53,19 @@ class UndoError(CallboxError):
     code = ErrorCode.INVALID_REQUEST
 
 
+class RevertRefused(UndoError):
+    """A revert refused for the run's state (a call of it running, the run still open);
+    the message says what to wait for."""
+
+    code = ErrorCode.CONFLICT
+
+
 # --- diff ------------------------------------------------------------------------------------------
 
 
 def diff(changes: RunChanges, call_id: str | None = None) -> str:
     """What the recorded calls of the run changed (only ``call_id``'s when given), as text."""
-    records = [r for r in changes.records() if r.kind == "call" and (call_id is None or r.call_id == call_id)]
+    records = call_records(changes, call_id)
     if call_id is not None and not records:
         raise UndoError(f"call {call_id!r} has no change record in run {changes.run_id}; "
                         f"{_recorded(changes)}")
@@ -75,12 +82,23 @@ def _recorded(changes: RunChanges) -> str:
     return f"the recorded calls are: {', '.join(str(c) for c in calls)}" if calls else "it has no recorded call"
 
 
+def counts(record: ChangeRecord) -> tuple[int, int, int]:
+    """How many entries the record's call created, changed and removed."""
+    created = sum(1 for e in record.entries if not e.removed and record.before.get(e.path) is None)
+    removed = sum(1 for e in record.entries if e.removed)
+    return created, len(record.entries) - created - removed, removed
+
+
+def call_records(changes: RunChanges, call_id: str | None = None) -> list[ChangeRecord]:
+    """The run's call records (only ``call_id``'s when given), in order."""
+    return [r for r in changes.records() if r.kind == "call" and (call_id is None or r.call_id == call_id)]
+
+
 def _summary(record: ChangeRecord) -> str:
     if not record.entries:
         return "no changes"
-    created = sum(1 for e in record.entries if not e.removed and record.before.get(e.path) is None)
-    removed = sum(1 for e in record.entries if e.removed)
-    return f"{created} created, {len(record.entries) - created - removed} changed, {removed} removed"
+    created, changed, removed = counts(record)
+    return f"{created} created, {changed} changed, {removed} removed"
 
 
 def _entry_diff(changes: RunChanges, before: Entry | None, after: Entry) -> list[str]:
@@ -156,6 +174,11 @@ class RevertReport:
                 yield f"{verb} {path}"
         for why in self.not_restored:
             yield f"not restored: {why}"
+
+    def as_dict(self) -> dict[str, list[str]]:
+        """The report as JSON: what each list holds, by what was done."""
+        return {"removed": self.removed, "restored": self.written, "recreated": self.created, "modes": self.modes,
+                "not_restored": self.not_restored}
 
 
 def scratch_changes(changes: RunChanges, to_call: str) -> list[str]:

@@ -9,7 +9,9 @@ must not find a new tool beside them that runs any code unruled. ``computer`` (t
 served the same way, for the same reasons: it needs the desktop image, and it drives a browser
 and anything else on the desktop, which no shell rule sees. The ``browser_*`` tools (the desktop's
 Chromium, Playwright MCP's names) are served as one family, the same way, to a policy that names
-any of them or ``browser_*`` (``allowed_tools``, or a ``[tools."browser_*"]`` table)."""
+any of them or ``browser_*`` (``allowed_tools``, or a ``[tools."browser_*"]`` table). ``undo``
+(put the files back as they were before an earlier call) is served the same way, and only
+beside ``[checkpoints] mode = "changes"``: a policy that names it without is refused."""
 
 from __future__ import annotations
 
@@ -27,13 +29,16 @@ from harness.tools.editor import EDITOR
 from harness.tools.files import FILE_TOOLS
 from harness.tools.python_kernel import PYTHON
 from harness.tools.shell import SHELL
+from harness.tools.undo import UNDO
 from harness.tools.unified_exec import UNIFIED_EXEC_TOOLS
 from harness.tools.view_image import VIEW_IMAGE
 
 
-def builtin_registry(*, python: bool = True, computer: bool = True, browser: bool = True) -> ToolRegistry:
+def builtin_registry(*, python: bool = True, computer: bool = True, browser: bool = True,
+                     undo: bool = False) -> ToolRegistry:
     """Every built-in tool (``python``: with the kernel tool; ``computer``: with the desktop tool;
-    ``browser``: with the ``browser_*`` tools)."""
+    ``browser``: with the ``browser_*`` tools; ``undo``: with the undo tool, which is left out
+    unless asked for: a session of this registry offers it only when its policy records changes)."""
     registry = ToolRegistry()
     for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS, VIEW_IMAGE, *UNIFIED_EXEC_TOOLS):
         registry.register(tool)
@@ -44,6 +49,8 @@ def builtin_registry(*, python: bool = True, computer: bool = True, browser: boo
     if browser:
         for tool in BROWSER_TOOLS:
             registry.register(tool)
+    if undo:
+        registry.register(UNDO)
     return registry
 
 
@@ -64,14 +71,24 @@ def asks_for_browser(policy: Policy) -> bool:
     return bool(names & (BROWSER_TOOL_NAMES | {"browser_*"}))
 
 
+def asks_for_undo(policy: Policy) -> bool:
+    """Whether ``policy`` names the ``undo`` tool (``allowed_tools`` or ``[tools.undo]``); a
+    PolicyError when it does without recording changes, which the tool needs."""
+    asked = UNDO.name in (policy.allowed_tools or ()) or UNDO.name in policy.tools
+    if asked and policy.checkpoints.mode == "off":
+        raise PolicyError("policy: the undo tool is named (allowed_tools or [tools.undo]) but [checkpoints] mode "
+                          'is "off", so there would be nothing to undo; set [checkpoints] mode = "changes"')
+    return asked
+
+
 def registry_for(policy: Policy, engine_for: Callable[[], Engine] | None = None) -> ToolRegistry:
     """The built-in tools, then the tools ``policy`` declares; a declared tool named like a
     built-in one is a PolicyError naming it. An ``mcp`` table's tools are listed by its
     server, started once per process in a sandbox of ``engine_for`` (default: the local
     Docker engine, connected only when the policy has such a table)."""
     registry = builtin_registry(python=asks_for_python(policy), computer=asks_for_computer(policy),
-                                browser=asks_for_browser(policy))
-    builtins = set(builtin_registry().names())
+                                browser=asks_for_browser(policy), undo=asks_for_undo(policy))
+    builtins = set(builtin_registry(undo=True).names())
     for tool in declared_tools(policy, engine_for):
         if tool.name in registry:
             index = next((i for i, t in enumerate(policy.tool) if t.name == tool.name), None)

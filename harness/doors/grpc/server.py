@@ -1,5 +1,5 @@
-"""``callbox serve --grpc ADDR``: the ``harness.v1.Executor`` and ``harness.v1.Sandboxes`` services,
-with auth, health and reflection.
+"""``callbox serve --grpc ADDR``: the ``harness.v1.Executor``, ``harness.v1.Sandboxes`` and
+``harness.v1.Undo`` services, with auth, health and reflection.
 
 :func:`serve_grpc` starts the server in the background and returns a :class:`GrpcServer`
 handle (``stop()``, ``wait()``, ``serve_forever()``). Decisions:
@@ -27,8 +27,8 @@ handle (``stop()``, ``wait()``, ``serve_forever()``). Decisions:
   UNAUTHENTICATED with an ``ErrorDetail`` like every other error. Tokens: see
   :mod:`harness.doors.grpc.tokens`.
 * **Health and reflection.** ``grpc.health.v1.Health`` (``sandbox.health``, no extra
-  package) reports SERVING for ``""``, ``harness.v1.Executor`` and ``harness.v1.Sandboxes``
-  until shutdown starts. Reflection lists Executor, Sandboxes, Health and Reflection and can
+  package) reports SERVING for ``""``, ``harness.v1.Executor``, ``harness.v1.Sandboxes`` and
+  ``harness.v1.Undo`` until shutdown starts. Reflection lists Executor, Sandboxes, Undo, Health and Reflection and can
   describe each of them (it is served from a descriptor pool holding their files).
 * **Shutdown.** ``stop(grace)``: health goes NOT_SERVING, new sandboxes are refused,
   running tool calls are cancelled (their processes killed), the server stops accepting
@@ -72,17 +72,19 @@ from harness.doors.grpc.sandboxes import SandboxesService
 from harness.doors.grpc.service import ExecutorService
 from harness.doors.grpc.sessions import Limits
 from harness.doors.grpc.tokens import TOKEN_ENV, TokenSet, bearer_token, server_tokens
+from harness.doors.grpc.undo import UndoService
 from harness.doors.profiles import PolicySource
 from harness.doors.quota_ledger import QuotaExceeded, QuotaKeeper, fair_share
 from harness.engine.docker.engine import DockerEngine
 from harness.tools import registry_for
-from harness.v1 import executor_pb2, executor_pb2_grpc, sandboxes_pb2, sandboxes_pb2_grpc
+from harness.v1 import executor_pb2, executor_pb2_grpc, sandboxes_pb2, sandboxes_pb2_grpc, undo_pb2, undo_pb2_grpc
 from harness.wire import MAX_MESSAGE_BYTES, default_executor_socket
 from sandbox import health
 
 __all__ = [
     "EXECUTOR_SERVICE",
     "SANDBOXES_SERVICE",
+    "UNDO_SERVICE",
     "Address",
     "GrpcServer",
     "ServeError",
@@ -95,10 +97,11 @@ log = logging.getLogger("callbox.grpc")
 
 EXECUTOR_SERVICE = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
 SANDBOXES_SERVICE = sandboxes_pb2.DESCRIPTOR.services_by_name["Sandboxes"].full_name
+UNDO_SERVICE = undo_pb2.DESCRIPTOR.services_by_name["Undo"].full_name
 _SUN_PATH_MAX = 107
 _UNAUTHENTICATED_EXEMPT = (f"/{health.SERVICE_NAME}/",)
 _LONG_UNARY = frozenset({f"/{EXECUTOR_SERVICE}/CreateSandbox", f"/{SANDBOXES_SERVICE}/Fork",
-                         f"/{SANDBOXES_SERVICE}/Snapshot"})
+                         f"/{SANDBOXES_SERVICE}/Snapshot", f"/{UNDO_SERVICE}/RevertRun"})
 """The unary RPCs that hold a thread for long (a sandbox start, a snapshot): counted in a
 client's share like the streamed ones (the other unary RPCs are quick and always served)."""
 
@@ -297,6 +300,7 @@ def _reflection_pool() -> descriptor_pool.DescriptorPool:
 
     add(executor_pb2.DESCRIPTOR)
     add(sandboxes_pb2.DESCRIPTOR)
+    add(undo_pb2.DESCRIPTOR)
     add(reflection_pb2.DESCRIPTOR)
     pool.Add(_health_file())
     return pool
@@ -358,6 +362,7 @@ class GrpcServer:
             self.health.set("", health.NOT_SERVING)
             self.health.set(EXECUTOR_SERVICE, health.NOT_SERVING)
             self.health.set(SANDBOXES_SERVICE, health.NOT_SERVING)
+            self.health.set(UNDO_SERVICE, health.NOT_SERVING)
             self.service.begin_shutdown()
             self.server.stop(grace).wait()
             self.destroyed = self.service.shutdown()
@@ -487,10 +492,11 @@ def serve_grpc(
         )
         executor_pb2_grpc.add_ExecutorServicer_to_server(service, server)
         sandboxes_pb2_grpc.add_SandboxesServicer_to_server(SandboxesService(service), server)
+        undo_pb2_grpc.add_UndoServicer_to_server(UndoService(service), server)
         health_service = health.HealthService()
         server.add_generic_rpc_handlers((health_service.handler(),))
         reflection.enable_server_reflection(
-            (EXECUTOR_SERVICE, SANDBOXES_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server,
+            (EXECUTOR_SERVICE, SANDBOXES_SERVICE, UNDO_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server,
             pool=_reflection_pool(),
         )
         try:
@@ -515,6 +521,7 @@ def serve_grpc(
     health_service.set("", health.SERVING)
     health_service.set(EXECUTOR_SERVICE, health.SERVING)
     health_service.set(SANDBOXES_SERVICE, health.SERVING)
+    health_service.set(UNDO_SERVICE, health.SERVING)
     service.start_reaper(reaper_interval_s)
     handle = GrpcServer(
         server=server, service=service, health_service=health_service, address=address,
