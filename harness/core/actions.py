@@ -54,18 +54,15 @@ toward ``budgets.max_tool_calls``.
 The details a door passes (JSON values): ``sandbox`` (its name or id) and, per action, ``process``: ``command``,
 ``tag``, ``pty``; ``attach``: ``pid``, ``mode`` (``logs`` | ``attach`` | ``terminal``); ``port_forward``: ``port``,
 ``host_port``; ``copy_in`` / ``copy_out``: ``path`` (in the sandbox), ``host_path``; ``snapshot``: ``name``; ``fork``:
-``name``, ``from_snapshot``; ``pause``: ``op`` (``pause`` | ``resume``); ``network``: ``internet``, ``allow``,
-``deny``; ``revert``: ``to_call``, ``mounts_only``. Only ``port``, ``path`` and ``command`` are read by rules; the
-rest identify the action in the record.
+``name``, ``from_snapshot``; ``pause``: ``op`` (``pause`` | ``resume``); ``network``: ``internet``, ``allow``, ``deny``;
+``revert``: ``to_call``, ``mounts_only``. Only ``port``, ``path`` and ``command`` are read by rules; the rest identify
+the action in the record.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import posixpath
-import re
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -87,6 +84,7 @@ from pydantic import (
 
 from harness.audit.errors import AuditError
 from harness.audit.records import ACTION_CALL_PREFIX, ACTION_TOOL_PREFIX, arguments_digest, final_decision
+from harness.core.action_details import detail_command, detail_paths, detail_port, path_hit, port_range, show_ports
 from harness.core.calls import Action, Decision, ErrorCode, ToolResult
 from harness.core.errors import CallboxError, short_reason
 from harness.core.rules import Rule
@@ -134,7 +132,6 @@ _WHAT = {
     "revert": "reverting a run's files to before one of its calls",
 }
 _RANK = {Action.ALLOW: 1, Action.ASK: 2, Action.DENY: 3}
-_PORT_RANGE = re.compile(r"\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?", re.ASCII)
 
 
 def action_tool(action: str) -> str:
@@ -185,7 +182,7 @@ class ActionRule(BaseModel):
             return ()
         if not self.ports:
             raise ValueError("ports is empty; list the ports the rule is about, e.g. ports = [8000, \"9000-9100\"]")
-        return tuple(_port_range(entry) for entry in self.ports)
+        return tuple(port_range(entry) for entry in self.ports)
 
     @cached_property
     def pattern(self) -> Rule | None:
@@ -201,12 +198,12 @@ class ActionRule(BaseModel):
         """``allow ports [8000, "9000-9100"]`` / ``deny path "/etc/**"``."""
         if self.pattern is not None:
             return self.pattern.describe()
-        return f"{self.action} ports {_show_ports(self.ports or ())}"
+        return f"{self.action} ports {show_ports(self.ports or ())}"
 
     def match(self, details: Mapping[str, Any], workdir: str) -> str | None:
         """What of ``details`` made the rule apply (``the port 8000``), or None if it does not."""
         if self.ports is not None:
-            port = _port(details.get("port"))
+            port = detail_port(details.get("port"))
             if port is None:
                 return None
             return f"the port {port}" if any(lo <= port <= hi for lo, hi in self.port_ranges) else None
@@ -214,12 +211,12 @@ class ActionRule(BaseModel):
         assert rule is not None  # a ports rule returned above
         matcher, anchored = rule.compiled
         if self.command is not None:
-            command = _command(details.get("command"))
+            command = detail_command(details.get("command"))
             return "the command" if command is not None and matcher.fullmatch(command) else None
-        paths = _paths(details.get("path"), workdir)
+        paths = detail_paths(details.get("path"), workdir)
         if not paths:
             return None
-        hits = [p for p, relative in paths if _path_hit(matcher, anchored, p, relative)]
+        hits = [p for p, relative in paths if path_hit(matcher, anchored, p, relative)]
         if self.action is Action.ALLOW:
             return "every path" if len(hits) == len(paths) else None
         return f"the path {hits[0]!r}" if hits else None
@@ -316,63 +313,8 @@ class ActionsPolicy(BaseModel):
             return [f'{key}.decision = "{entry.decision}": sandbox ports can be forwarded to the host{how} '
                     '(the default is "deny")']
         return [f"{key}.rules[{index}] {'allows' if rule.action is Action.ALLOW else 'asks before'} forwarding "
-                f'sandbox ports {_show_ports(rule.ports or ())} to the host (the default is "deny")'
+                f'sandbox ports {show_ports(rule.ports or ())} to the host (the default is "deny")'
                 for index, rule in enumerate(entry.rules) if rule.action is not Action.DENY]
-
-
-def _port_range(entry: int | str) -> tuple[int, int]:
-    if isinstance(entry, int):
-        low = high = entry
-    else:
-        found = _PORT_RANGE.fullmatch(entry)
-        if found is None:
-            raise ValueError(f'ports entry {entry!r} is neither a port nor a range; write 8000 or "8000-8100"')
-        low = int(found.group(1))
-        high = int(found.group(2) or low)
-    if not 1 <= low <= high <= 65535:
-        raise ValueError(f"ports entry {entry!r} is not a port or an ascending range of ports (1 to 65535)")
-    return low, high
-
-
-def _show_ports(ports: tuple[int | str, ...]) -> str:
-    return "[" + ", ".join(str(p) if isinstance(p, int) else f'"{p}"' for p in ports) + "]"
-
-
-def _port(value: Any) -> int | None:
-    """A port detail as an integer (digits in a string count: a deny rule must not miss "22")."""
-    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
-        return int(value)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _command(value: Any) -> str | None:
-    if isinstance(value, str):
-        return " ".join(value.split())
-    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
-        return " ".join(" ".join(value).split())
-    return None
-
-
-def _paths(value: Any, workdir: str) -> list[tuple[str, str | None]]:
-    """Each sandbox path of the details as (absolute normalised path, path relative to workdir or None)."""
-    items = value if isinstance(value, list | tuple) else () if value is None else (value,)
-    out: list[tuple[str, str | None]] = []
-    for item in items:
-        if not isinstance(item, str | os.PathLike):
-            continue
-        norm = posixpath.normpath(posixpath.join(workdir, os.fsdecode(item)))
-        if norm.startswith("//"):
-            norm = "/" + norm.lstrip("/")
-        base = workdir.rstrip("/") + "/"
-        relative = "" if norm == workdir else norm[len(base):] if norm.startswith(base) else None
-        out.append((norm, relative))
-    return out
-
-
-def _path_hit(matcher: re.Pattern[str], anchored: bool, absolute: str, relative: str | None) -> bool:
-    if anchored:
-        return relative is not None and matcher.fullmatch(relative) is not None
-    return matcher.fullmatch(absolute) is not None
 
 
 def _rule_decision(action: str, index: int, rule: ActionRule, what: str) -> Decision:

@@ -39,7 +39,7 @@ def decide(p: Policy, action: str, **details: object) -> tuple[Action, str, str]
 def test_the_actions_are_the_fields_of_the_table() -> None:
     assert tuple(ActionsPolicy.model_fields) == ACTIONS
     assert ACTIONS == ("process", "attach", "port_forward", "copy_in", "copy_out", "snapshot", "fork", "pause",
-                       "network")
+                       "network", "revert")
     assert action_tool("port_forward") == "sandbox.port_forward"
     with pytest.raises(ValueError, match="unknown sandbox action 'forward'; the actions are process, attach"):
         action_tool("forward")
@@ -98,7 +98,7 @@ def test_default_decision_is_for_tools_only() -> None:
 def test_an_unknown_action_is_refused_naming_the_valid_ones() -> None:
     message = error('[actions.forward]\ndecision = "allow"')
     assert message.startswith("policy file test.toml: unexpected key 'actions.forward' (allowed: process, attach, "
-                              "port_forward, copy_in, copy_out, snapshot, fork, pause, network)")
+                              "port_forward, copy_in, copy_out, snapshot, fork, pause, network, revert)")
 
 
 @pytest.mark.parametrize(
