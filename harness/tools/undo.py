@@ -99,7 +99,8 @@ def _failed(text: str, code: ErrorCode) -> ToolOutput:
 
 def _result(to_call: str, undone: list[str], report: RevertReport) -> ToolOutput:
     lines = [f"The files are back as they were just before call {to_call}"
-             + (f" (undone: {', '.join(undone)})" if undone else "") + f"; {report.count} paths put back."]
+             + (f" (undone: {', '.join(undone)})" if undone else "")
+             + f"; {report.count} {'path' if report.count == 1 else 'paths'} put back."]
     structured: dict[str, object] = {"to_call": to_call, "undone": undone, "count": report.count}
     for name, paths in report.as_dict().items():
         structured[name] = paths[:MAX_LISTED]
