@@ -481,7 +481,7 @@ def test_health_and_reflection_answer(server):
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
         responses = list(stub.ServerReflectionInfo(iter([request]), metadata=(("authorization", f"Bearer {TOKEN_A}"),)))
         names = {s.name for s in responses[0].list_services_response.service}
-        assert names == {"harness.v1.Executor", "harness.v1.Sandboxes", "grpc.health.v1.Health",
+        assert names == {"harness.v1.Executor", "harness.v1.Sandboxes", "harness.v1.Undo", "grpc.health.v1.Health",
                          "grpc.reflection.v1alpha.ServerReflection"}
     finally:
         channel.close()
@@ -493,6 +493,7 @@ def test_health_and_reflection_answer(server):
             "ListTools", "CreateSandbox", "CallTool", "ResolveApproval", "GetRun", "ListRuns", "DeleteSandbox"}
         assert executor.methods_by_name["CallTool"].output_type.full_name == "harness.v1.CallToolEvent"
         assert pool.FindServiceByName("grpc.health.v1.Health").methods_by_name["Check"]
+        assert {m.name for m in pool.FindServiceByName("harness.v1.Undo").methods} == {"DiffRun", "RevertRun"}
     finally:
         authed.close()
 
