@@ -55,6 +55,10 @@ class UndoArgs(BaseModel):
 def undoable_calls(changes: RunChanges) -> list[str]:
     """The run's calls that changed files and are not undone yet, oldest first (a revert to a
     call undoes it and every call recorded after it)."""
+    return [call for _, call in _undoable(changes)]
+
+
+def _undoable(changes: RunChanges) -> list[tuple[int, str]]:
     order = {r.call_id: r.seq for r in call_records(changes)}
     stack: list[tuple[int, str]] = []
     for record in changes.records():
@@ -63,7 +67,7 @@ def undoable_calls(changes: RunChanges) -> list[str]:
         elif record.kind == "revert" and record.call_id in order:
             cut = order[record.call_id]
             stack = [(seq, call) for seq, call in stack if seq < cut]
-    return [call for _, call in stack]
+    return stack
 
 
 def run_undo(ctx: ToolContext, args: UndoArgs) -> ToolOutput:
@@ -71,7 +75,8 @@ def run_undo(ctx: ToolContext, args: UndoArgs) -> ToolOutput:
     if live is None:
         return _failed("this run records no file changes ([checkpoints] mode is off): there is nothing to undo",
                        ErrorCode.TOOL_FAILED)
-    undoable = undoable_calls(live.changes)
+    pending = _undoable(live.changes)
+    undoable = [call for _, call in pending]
     listed = f"the calls that can be undone: {', '.join(undoable)}" if undoable else "no call can be undone"
     if args.steps is not None:
         if args.steps > len(undoable):
@@ -89,7 +94,8 @@ def run_undo(ctx: ToolContext, args: UndoArgs) -> ToolOutput:
         return _failed(refused.message, ErrorCode.CONFLICT)
     except UndoError as error:
         return _failed(error.message, ErrorCode.TOOL_FAILED)
-    undone = undoable[undoable.index(to_call):] if to_call in undoable else []
+    target = live.changes.call_record(to_call)
+    undone = [call for seq, call in pending if target is not None and seq >= target.seq]
     return _result(to_call, undone, report)
 
 

@@ -117,8 +117,10 @@ def test_undo_to_a_call_and_its_refusals(live: tuple[Path, LiveUndo]) -> None:
     unknown = _undo(undo, to_call="call_of_another_run")
     assert unknown.is_error and unknown.error is ErrorCode.INVALID_ARGUMENTS
     assert "not a recorded call of this run" in unknown.text and "c1, c2, c4" in unknown.text
+    after_c3 = _undo(undo, to_call="c3")  # a call that changed nothing: the calls after it are undone
+    assert after_c3.structured["undone"] == ["c4"] and not (place / "b.txt").exists()
     done = _undo(undo, to_call="c1")
-    assert done.structured["undone"] == ["c1", "c2", "c4"] and "c1" in done.text
+    assert done.structured["undone"] == ["c1", "c2"] and "c1" in done.text
     assert (place / "a.txt").read_text() == "a0\n" and not (place / "b.txt").exists()
     nothing = _undo(undo, steps=1)
     assert nothing.is_error and "no call can be undone" in nothing.text
@@ -132,3 +134,25 @@ def test_undo_to_a_call_and_its_refusals(live: tuple[Path, LiveUndo]) -> None:
                                default_timeout_s=1, timeout_ceiling_s=1, output_budget=100),
                    validate_call(UNDO.definition, {"steps": 1}))
     assert off.is_error and "records no file changes" in off.text
+
+
+def test_a_session_holds_its_calls_off_during_a_revert(tmp_path: Path) -> None:
+    from harness.audit.store import AuditStore
+    from harness.core.calls import ToolCall
+    from harness.core.policy import Policy
+    from harness.core.session import Session
+    from harness.tools import builtin_registry
+
+    def no_engine() -> Any:
+        raise AssertionError("no sandbox is started while the calls are held")
+
+    with AuditStore(tmp_path / "audit.db") as audit, \
+            Session(builtin_registry(), Policy(), audit, run_id="r1", engine_factory=no_engine) as session:
+        with session.calls_held():
+            result = session.call(ToolCall("shell", {"command": "true"}, "c1"))
+            assert result.is_error and result.error is ErrorCode.CONFLICT and "revert" in result.text
+            with pytest.raises(RevertRefused, match="another call or revert of run r1 is running"), \
+                    session.calls_held():
+                pass
+        with session.calls_held():  # released: it can be taken again
+            pass

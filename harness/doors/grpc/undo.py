@@ -2,7 +2,7 @@
 
 A client reaches its own runs of this door (an operator every run of it), as ``GetRun``
 does; anyone else's is NOT_FOUND. ``RevertRun`` is the sandbox action ``revert``: authorized
-by the policy of the run's session (the client's profile's policy for an ended run), recorded
+by the policy of the run's session (its client's profile's policy for an ended run), recorded
 in the run with the actor ``grpc:CLIENT``. A run whose session is live here is reverted in its
 sandbox, every writable place, while no other call of it runs; an ended one through its
 read-write mounts' host directories (:mod:`harness.core.run_revert`). A paused sandbox is
@@ -55,7 +55,8 @@ class UndoService(SandboxesBase, undo_pb2_grpc.UndoServicer):
         session = self._live_session(request.run_id, client)
         if session is not None and session.paused:
             raise paused(request.run_id)
-        policy = session.policy if session is not None else self.executor.profiles.of(client)
+        owner = str(self.audit.get_run(request.run_id).meta.get("client") or client)
+        policy = session.policy if session is not None else self.executor.profiles.of(owner)
         details = {"sandbox": request.run_id, "to_call": request.to_call, "mounts_only": request.mounts_only}
         gate, ticket = self._authorize(policy, request.run_id, client, "revert", details, request.approval_id)
         with self._acting(gate, ticket, context):
