@@ -84,9 +84,11 @@ def live_undo(session: Session) -> LiveUndo | None:
     return LiveUndo(session.changes, lambda: session.active_sandbox, session.calls_held)
 
 
-def revert_ended(audit: AuditStore, run_id: str, to_call: str, *, mounts_only: bool) -> RevertReport:
+def revert_ended(audit: AuditStore, run_id: str, to_call: str, *, mounts_only: bool,
+                 flag: str = "--mounts-only") -> RevertReport:
     """An ended run's read-write mounts back as they were just before ``to_call``; the scratch
-    places the undone calls changed are listed in ``not_restored`` (``mounts_only``)."""
+    places the undone calls changed are listed in ``not_restored`` (``mounts_only``; ``flag``:
+    how the caller's user says it, named in the refusal without it)."""
     record = audit.get_run(run_id)
     changes = run_changes(audit, run_id)
     running = running_calls(audit, run_id)
@@ -99,19 +101,18 @@ def revert_ended(audit: AuditStore, run_id: str, to_call: str, *, mounts_only: b
     if lost and not mounts_only:
         raise UndoError(f"the calls from {to_call} on also changed {', '.join(lost)}, which only the "
                         "run's sandbox holds (gone once the run ended, or kept for a paused run) and a revert "
-                        "from here cannot restore; ask to restore the read-write mounts alone (--mounts-only, "
-                        "mounts_only) to go on")
+                        f"from here cannot restore; add {flag} to restore the read-write mounts alone")
     report = undo.revert(changes, to_call)
     report.not_restored.extend(f"{place}: only the run's sandbox holds it" for place in lost)
     return report
 
 
 def revert_run(audit: AuditStore, run_id: str, to_call: str, *, session: Session | None,
-               mounts_only: bool = False) -> tuple[RevertHow, RevertReport]:
+               mounts_only: bool = False, flag: str = "--mounts-only") -> tuple[RevertHow, RevertReport]:
     """Revert ``run_id`` to just before ``to_call``: its living sandbox when ``session`` (the
     run's live session in this process) has one, else its mounts (the run must have ended)."""
     live = live_undo(session) if session is not None and not session.closed else None
     if live is not None and live.sandbox() is not None:
         run_changes(audit, run_id)
         return "live", live.revert(to_call)
-    return "mounts", revert_ended(audit, run_id, to_call, mounts_only=mounts_only)
+    return "mounts", revert_ended(audit, run_id, to_call, mounts_only=mounts_only, flag=flag)

@@ -63,7 +63,7 @@ class UndoService(SandboxesBase, undo_pb2_grpc.UndoServicer):
             try:
                 how, report = revert_run(self.audit, request.run_id, request.to_call,
                                          session=session.harness if session is not None else None,
-                                         mounts_only=request.mounts_only)
+                                         mounts_only=request.mounts_only, flag="mounts_only = true")
             except CallboxError as error:
                 raise sandbox_failure(error, request.run_id) from None
             ticket.outcome.update({"how": how, "count": report.count, "not_restored": len(report.not_restored)})
