@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15harness/v1/undo.proto\x12\nharness.v1\"1\n\x0e\x44iffRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\"_\n\x0b\x43\x61llChanges\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\r\x12\x0f\n\x07\x63hanged\x18\x04 \x01(\r\x12\x0f\n\x07removed\x18\x05 \x01(\r\"G\n\x0f\x44iffRunResponse\x12\x0c\n\x04\x64iff\x18\x01 \x01(\t\x12&\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x17.harness.v1.CallChanges\"]\n\x10RevertRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07to_call\x18\x02 \x01(\t\x12\x13\n\x0bmounts_only\x18\x03 \x01(\x08\x12\x13\n\x0b\x61pproval_id\x18\x04 \x01(\t\"{\n\x11RevertRunResponse\x12\x0b\n\x03how\x18\x01 \x01(\t\x12\x0f\n\x07removed\x18\x02 \x03(\t\x12\x10\n\x08restored\x18\x03 \x03(\t\x12\x11\n\trecreated\x18\x04 \x03(\t\x12\r\n\x05modes\x18\x05 \x03(\t\x12\x14\n\x0cnot_restored\x18\x06 \x03(\t2\x94\x01\n\x04Undo\x12\x42\n\x07\x44iffRun\x12\x1a.harness.v1.DiffRunRequest\x1a\x1b.harness.v1.DiffRunResponse\x12H\n\tRevertRun\x12\x1c.harness.v1.RevertRunRequest\x1a\x1d.harness.v1.RevertRunResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15harness/v1/undo.proto\x12\nharness.v1\"1\n\x0e\x44iffRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\"_\n\x0b\x43\x61llChanges\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\r\x12\x0f\n\x07\x63hanged\x18\x04 \x01(\r\x12\x0f\n\x07removed\x18\x05 \x01(\r\"Z\n\x0f\x44iffRunResponse\x12\x0c\n\x04\x64iff\x18\x01 \x01(\t\x12&\n\x05\x63\x61lls\x18\x02 \x03(\x0b\x32\x17.harness.v1.CallChanges\x12\x11\n\ttruncated\x18\x03 \x01(\x08\"]\n\x10RevertRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07to_call\x18\x02 \x01(\t\x12\x13\n\x0bmounts_only\x18\x03 \x01(\x08\x12\x13\n\x0b\x61pproval_id\x18\x04 \x01(\t\"{\n\x11RevertRunResponse\x12\x0b\n\x03how\x18\x01 \x01(\t\x12\x0f\n\x07removed\x18\x02 \x03(\t\x12\x10\n\x08restored\x18\x03 \x03(\t\x12\x11\n\trecreated\x18\x04 \x03(\t\x12\r\n\x05modes\x18\x05 \x03(\t\x12\x14\n\x0cnot_restored\x18\x06 \x03(\t2\x94\x01\n\x04Undo\x12\x42\n\x07\x44iffRun\x12\x1a.harness.v1.DiffRunRequest\x1a\x1b.harness.v1.DiffRunResponse\x12H\n\tRevertRun\x12\x1c.harness.v1.RevertRunRequest\x1a\x1d.harness.v1.RevertRunResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,11 +36,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CALLCHANGES']._serialized_start=88
   _globals['_CALLCHANGES']._serialized_end=183
   _globals['_DIFFRUNRESPONSE']._serialized_start=185
-  _globals['_DIFFRUNRESPONSE']._serialized_end=256
-  _globals['_REVERTRUNREQUEST']._serialized_start=258
-  _globals['_REVERTRUNREQUEST']._serialized_end=351
-  _globals['_REVERTRUNRESPONSE']._serialized_start=353
-  _globals['_REVERTRUNRESPONSE']._serialized_end=476
-  _globals['_UNDO']._serialized_start=479
-  _globals['_UNDO']._serialized_end=627
+  _globals['_DIFFRUNRESPONSE']._serialized_end=275
+  _globals['_REVERTRUNREQUEST']._serialized_start=277
+  _globals['_REVERTRUNREQUEST']._serialized_end=370
+  _globals['_REVERTRUNRESPONSE']._serialized_start=372
+  _globals['_REVERTRUNRESPONSE']._serialized_end=495
+  _globals['_UNDO']._serialized_start=498
+  _globals['_UNDO']._serialized_end=646
 # @@protoc_insertion_point(module_scope)

@@ -87,7 +87,12 @@ class DiffRunResponse(_message.Message):
 
     DIFF_FIELD_NUMBER: _builtins.int
     CALLS_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
     diff: _builtins.str
+    """At most 8 Mi characters: a longer diff is cut at a line and truncated is
+    set (ask for one call_id at a time to see the rest).
+    """
+    truncated: _builtins.bool
     @_builtins.property
     def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___CallChanges]:
         """The recorded calls the diff covers, in order."""
@@ -97,10 +102,11 @@ class DiffRunResponse(_message.Message):
         *,
         diff: _builtins.str = ...,
         calls: _abc.Iterable[Global___CallChanges] | None = ...,
+        truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "diff", b"diff"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "diff", b"diff", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -123,7 +123,7 @@ def test_diff_and_revert_of_a_live_run_through_the_door(door: Door) -> None:
     counts = {c.call_id: (c.tool, c.created, c.changed, c.removed) for c in diff.calls}
     assert counts["c1"] == ("write_file", 1, 0, 0) and counts["list0"] == ("shell", 0, 0, 0)
     assert counts["c2"][0] == "shell" and counts["c2"][3] == 2  # sub/b.txt and sub
-    assert "+hello" in diff.diff and "-two" in diff.diff and "+TWO" in diff.diff
+    assert "+hello" in diff.diff and "-two" in diff.diff and "+TWO" in diff.diff and not diff.truncated
     assert "mode /workspace/p/tool.sh: 755 -> 600" in diff.diff
     assert "symlink /workspace/p/link -> new.txt (was a.txt)" in diff.diff
     one = door.undo.DiffRun(undo_pb2.DiffRunRequest(run_id=box, call_id="c3"), metadata=A, timeout=30)

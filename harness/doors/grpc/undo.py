@@ -23,7 +23,10 @@ from harness.doors.grpc.sandboxes_base import SandboxesBase
 from harness.doors.grpc.sessions import ClientSession
 from harness.v1 import undo_pb2, undo_pb2_grpc
 
-__all__ = ["UndoService"]
+__all__ = ["MAX_DIFF_CHARS", "UndoService"]
+
+MAX_DIFF_CHARS = 8 << 20
+"""Characters of a diff one DiffRun answers (cut at a line; in UTF-8 at most half the door's message size)."""
 
 
 class UndoService(SandboxesBase, undo_pb2_grpc.UndoServicer):
@@ -43,9 +46,12 @@ class UndoService(SandboxesBase, undo_pb2_grpc.UndoServicer):
         self._run(request.run_id, context)
         changes = run_changes(self.audit, request.run_id)
         text = undo.diff(changes, request.call_id or None)
+        truncated = len(text) > MAX_DIFF_CHARS
+        if truncated:
+            text = text[:text.rfind("\n", 0, MAX_DIFF_CHARS) + 1]
         calls = [undo_pb2.CallChanges(call_id=r.call_id or "", tool=r.tool or "", created=c, changed=m, removed=d)
                  for r in undo.call_records(changes, request.call_id or None) for c, m, d in [undo.counts(r)]]
-        return undo_pb2.DiffRunResponse(diff=text, calls=calls)
+        return undo_pb2.DiffRunResponse(diff=text, calls=calls, truncated=truncated)
 
     @handle_errors_any
     def RevertRun(self, request: undo_pb2.RevertRunRequest, context: grpc.ServicerContext) -> Any:
