@@ -7,8 +7,10 @@ read-write mounts back as they were just before that call, through their host di
 and prints each path it restored; it is refused while a call of the run is running, or while
 the run is open (its sandbox may still change the mount), and, when the calls it undoes also
 changed scratch places (``/workspace``, ``/tmp``, home), which only the run's sandbox holds,
-unless ``--mounts-only`` accepts that those stay as they are. A revert of a living sandbox's
-every place is :func:`harness.core.undo.revert_live`, for the process that holds the run.
+unless ``--mounts-only`` accepts that those stay as they are. A revert is the policy's sandbox
+action ``revert`` (``--policy``, default the packaged policy, which allows it; ``--approval`` for
+one a person approved), recorded in the run with the actor ``user:UID``. A revert of a living
+sandbox's every place is :mod:`harness.core.run_revert`'s, for the process that holds the run.
 """
 
 from __future__ import annotations
@@ -38,11 +40,16 @@ def add_parsers(sub: Any) -> None:
                         help="restore the mounts even though the undone calls also changed scratch places, "
                              "which only the run's sandbox holds")
     revert.add_argument("--json", action="store_true", help="print what was restored as JSON")
+    revert.add_argument("--policy", type=Path,
+                        help="policy whose [actions.revert] decides (default: the packaged default policy)")
+    revert.add_argument("--approval", metavar="ID",
+                        help="repeat a revert a person approved (`callbox approvals approve ID`)")
     revert.add_argument("--audit-db", type=Path, help=db_help)
 
 
 def run(args: argparse.Namespace) -> int:
     from harness.audit.store import AuditStore
+    from harness.cli.sandbox_common import guarded, load_gate_policy
     from harness.core import undo
     from harness.core.run_revert import revert_ended, run_changes
 
@@ -52,7 +59,12 @@ def run(args: argparse.Namespace) -> int:
         if args.command == "diff":
             print(undo.diff(changes, args.call), end="")
             return 0
+    policy = load_gate_policy(args)
+    details = {"sandbox": args.run, "to_call": args.to, "mounts_only": args.mounts_only}
+    with guarded(args, policy, args.run, "revert", details) as ticket, \
+            AuditStore(args.audit_db, create=False) as audit:
         report = revert_ended(audit, args.run, args.to, mounts_only=args.mounts_only)
+        ticket.outcome.update({"how": "mounts", "count": report.count, "not_restored": len(report.not_restored)})
     lost = undo.scratch_changes(changes, args.to)
     failed = len(report.not_restored) > len(lost)
     if args.json:

@@ -156,3 +156,34 @@ def test_a_session_holds_its_calls_off_during_a_revert(tmp_path: Path) -> None:
                 pass
         with session.calls_held():  # released: it can be taken again
             pass
+
+
+def test_the_cli_revert_is_the_policy_s_revert_action(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.audit.change_store import changes_root
+    from harness.audit.store import AuditStore
+    from harness.cli.main import main
+
+    place = tmp_path / "project"
+    place.mkdir()
+    (place / "a.txt").write_text("a0\n")
+    db = tmp_path / "audit.sqlite3"
+    with AuditStore(db) as audit:
+        run_id = audit.start_run()
+    service = ChangesService(FilesystemService([str(place)], str(place), None))
+    sandbox: Any = _Sandbox(service)
+    recorder = ChangeRecorder(CheckpointSettings(mode="changes"), RunChanges(changes_root(db), run_id), SandboxSpec())
+    recorder.places, recorder.mounts = (str(place),), {str(place): str(place)}
+    recorder.before(sandbox)
+    (place / "a.txt").write_text("a1\n")
+    recorder.after(sandbox, "c1", "shell")
+    with AuditStore(db) as audit:
+        audit.end_run(run_id, "final")
+    deny = tmp_path / "deny.toml"
+    deny.write_text('[actions.revert]\ndecision = "deny"\n')
+    assert main(["revert", run_id, "--to", "c1", "--audit-db", str(db), "--policy", str(deny)]) != 0
+    assert "actions.revert" in capsys.readouterr().err and (place / "a.txt").read_text() == "a1\n"
+    assert main(["revert", run_id, "--to", "c1", "--audit-db", str(db)]) == 0
+    assert (place / "a.txt").read_text() == "a0\n"
+    with AuditStore(db) as audit:
+        reverts = [c for c in audit.calls_for_run(run_id) if c["tool"] == "sandbox.revert"]
+    assert [c["state"] for c in reverts] == ["done", "done"] and len(reverts) == 2
