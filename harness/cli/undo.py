@@ -42,31 +42,14 @@ def add_parsers(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.audit.change_store import RunChanges, changes_root
     from harness.audit.store import AuditStore
     from harness.core import undo
 
     with AuditStore(args.audit_db, create=False) as audit:
-        record = audit.get_run(args.run)
-        changes = RunChanges(changes_root(audit.path), args.run)
-        if not changes.exists:
-            raise undo.UndoError(f"run {args.run} has no change records: its policy's [checkpoints] mode was off "
-                                 'or none of its calls could change files (set mode = "changes" to record them)')
         if args.command == "diff":
-            print(undo.diff(changes, args.call), end="")
+            print(undo.diff(undo.recorded_changes(audit, args.run), args.call), end="")
             return 0
-        running = [c["call_id"] for c in audit.calls_for_run(args.run) if c.get("state") == "running"]
-    if running:
-        raise undo.UndoError(f"call {running[0]} of run {args.run} is running; revert once it has finished")
-    if record.ended is None:
-        raise undo.UndoError(f"run {args.run} is still open: its sandbox may still change its mounts; revert "
-                             "once the run has ended (`callbox audit` shows its END)")
-    lost = undo.scratch_changes(changes, args.to)
-    if lost and not args.mounts_only:
-        raise undo.UndoError(f"the calls from {args.to} on also changed {', '.join(lost)}, which only the "
-                             "run's sandbox holds (gone once the run ended, or kept for a paused run) and a revert "
-                             "from here cannot restore; add --mounts-only to restore the read-write mounts alone")
-    report = undo.revert(changes, args.to)
+        report, lost = undo.revert_ended_run(audit, args.run, args.to, mounts_only=args.mounts_only)
     failed = bool(report.not_restored)
     if lost:
         report.not_restored.extend(f"{place}: only the run's sandbox holds it" for place in lost)

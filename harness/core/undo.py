@@ -34,12 +34,16 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from harness.audit.change_store import ChangeRecord, Entry, RunChanges, apply
+from harness.audit.change_store import ChangeRecord, Entry, RunChanges, apply, changes_root
 from harness.core.change_recorder import ChangeRecorder
 from harness.core.errors import AgentCallError, CallboxError, ErrorCode
 from harness.engine.base import Sandbox
 from sandbox.v1 import changes_pb2
+
+if TYPE_CHECKING:
+    from harness.audit.store import AuditStore
 
 MAX_DIFF_BYTES = 1 << 20
 """Text files larger than this get the summary line instead of a diff."""
@@ -416,3 +420,62 @@ def _under(path: str, place: str) -> bool:
 
 def _under_any(path: str, places: tuple[str, ...]) -> bool:
     return any(_under(path, p) for p in places)
+
+
+# --- per call, for a page --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallChanges:
+    """What one recorded call changed, as :func:`diff` shows it: its summary and its lines."""
+
+    call_id: str
+    tool: str | None
+    summary: str
+    """``1 created, 2 changed, 0 removed`` (or ``no changes``)."""
+    lines: tuple[str, ...]
+    """The unified diff of its text files and the summary lines of everything else."""
+
+
+def call_changes(changes: RunChanges) -> list[CallChanges]:
+    """Each recorded call's changes, in the order the calls ran (what :func:`diff` prints, one
+    item per call, for a caller that lays them out itself)."""
+    return [CallChanges(call_id=str(record.call_id), tool=record.tool, summary=_summary(record),
+                        lines=tuple(line for entry in record.entries
+                                    for line in _entry_diff(changes, record.before.get(entry.path), entry)))
+            for record in changes.records() if record.kind == "call"]
+
+
+# --- a revert of an ended run, with its refusals ---------------------------------------------------
+
+
+def recorded_changes(audit: AuditStore, run_id: str) -> RunChanges:
+    """The change records of ``run_id`` (which must be in ``audit``); UndoError when it has none."""
+    audit.get_run(run_id)
+    changes = RunChanges(changes_root(audit.path), run_id)
+    if not changes.exists:
+        raise UndoError(f"run {run_id} has no change records: its policy's [checkpoints] mode was off "
+                        'or none of its calls could change files (set mode = "changes" to record them)')
+    return changes
+
+
+def revert_ended_run(audit: AuditStore, run_id: str, to_call: str, *, mounts_only: bool,
+                     mounts_only_hint: str = "add --mounts-only") -> tuple[RevertReport, list[str]]:
+    """:func:`revert` of an ended run's mounts, refused (UndoError, saying why) while a call of
+    the run is running, while the run is open (its sandbox may still change its mounts), and,
+    unless ``mounts_only``, when the calls it undoes also changed scratch places (the refusal
+    ends with ``mounts_only_hint``, how the caller says mounts only); the report, and those
+    scratch places (not restored)."""
+    changes = recorded_changes(audit, run_id)
+    running = [c["call_id"] for c in audit.calls_for_run(run_id) if c.get("state") == "running"]
+    if running:
+        raise UndoError(f"call {running[0]} of run {run_id} is running; revert once it has finished")
+    if audit.get_run(run_id).ended is None:
+        raise UndoError(f"run {run_id} is still open: its sandbox may still change its mounts; revert "
+                        "once the run has ended (`callbox audit` shows its END)")
+    lost = scratch_changes(changes, to_call)
+    if lost and not mounts_only:
+        raise UndoError(f"the calls from {to_call} on also changed {', '.join(lost)}, which only the "
+                        "run's sandbox holds (gone once the run ended, or kept for a paused run) and a revert "
+                        f"from here cannot restore; {mounts_only_hint} to restore the read-write mounts alone")
+    return revert(changes, to_call), lost
