@@ -9,6 +9,7 @@ the run is open (its sandbox may still change the mount), and, when the calls it
 changed scratch places (``/workspace``, ``/tmp``, home), which only the run's sandbox holds,
 unless ``--mounts-only`` accepts that those stay as they are. A revert of a living sandbox's
 every place is :func:`harness.core.undo.revert_live`, for the process that holds the run.
+The refusals are :func:`harness.core.undo.revert_ended_run`'s, shared with the console.
 """
 
 from __future__ import annotations
