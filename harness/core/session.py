@@ -40,7 +40,7 @@ from harness.audit.change_store import RunChanges, changes_root
 from harness.audit.store import AuditStore
 from harness.core.call_path import CallPath, DecisionSink
 from harness.core.calls import ErrorCode, ToolCall, ToolResult
-from harness.core.change_recorder import ChangeRecorder
+from harness.core.change_recorder import ChangeRecorder, sweep_ended_runs
 from harness.core.context import OutputSink
 from harness.core.errors import CallboxError, SandboxStartError, SessionClosed
 from harness.core.policy import Policy
@@ -90,6 +90,8 @@ class Session:
         self.changes = None if policy.checkpoints.mode == "off" else ChangeRecorder(
             policy.checkpoints, RunChanges(changes_root(audit.path), self.run_id), self.spec)
         """Records what each call of a tool not annotated read-only changes (None: ``[checkpoints]`` is off)."""
+        if self.changes is not None:
+            sweep_ended_runs(audit, changes_root(audit.path), policy.checkpoints)
         self._sandbox: Sandbox | None = None
         self._sandbox_lock = threading.Lock()
         self._closed = False
