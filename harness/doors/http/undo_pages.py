@@ -20,9 +20,10 @@ DIFF_SHOWN = 20_000
 """Characters of one call's diff shown on the page."""
 
 _NOT_RECORDED = Html("""<h2 id="changes">Changes</h2>
-<p class="empty">No change records for this run: checkpoints were off for it. With
-<code>[checkpoints] mode = "changes"</code> in the policy, every call of a tool that may change files
-records what it changed, shown here with a revert to before it (see the undo page of the docs).</p>
+<p class="empty">No change records for this run: checkpoints were off for it (or its records were
+removed, <code>keep_days</code> after it ended). With <code>[checkpoints] mode = "changes"</code> in the policy,
+every call of a tool that may change files records what it changed, shown here with a revert to before it
+(see the undo page of the docs).</p>
 """)
 _HEAD = Template("""<h2 id="changes">Changes</h2>
 <p class="muted">$what</p>
