@@ -4,7 +4,8 @@ the console (the real app over real HTTP) shows each call's changes in the run's
 a revert with a readable reason (scratch places lost unless "mounts only", a call without a
 record, a run without records, a client's token), and in headless Chromium an operator reverts
 to before the first call: the page says what was put back and what was not, and the mount is
-back byte for byte. One run and one console for the module.
+back byte for byte. One run and one console for the module; then one sandbox of a gRPC door in
+the console's server, reverted through its agent (refused while one of its calls runs).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,7 +247,8 @@ def test_an_operator_reverts_in_chromium(undone: Undone, tmp_path: Path) -> None
 
 
 def test_an_operator_reverts_a_live_sandbox_through_its_agent(engine: object, tmp_path: Path) -> None:
-    """A run whose session lives in the console's server: every writable place is put back."""
+    """A run whose session lives in the console's server: refused while a call of it runs, then
+    every writable place put back (a scratch place's file too)."""
     short = Path(tempfile.mkdtemp(prefix="cbx-undo-", dir="/tmp"))  # sun_path is 108 bytes
     audit = AuditStore(tmp_path / "audit.sqlite3")
     policy = parse_policy(f'[sandbox]\nimage = "{IMAGE}"\nmemory = "256m"\n\n[checkpoints]\nmode = "changes"\n')
@@ -260,6 +264,20 @@ def test_an_operator_reverts_a_live_sandbox_through_its_agent(engine: object, tm
                             ("w2", "shell", {"command": "echo second >> /workspace/notes.txt && echo x > /tmp/new"})):
                         assert not agent.call(box, tool, arguments, call_id=call_id).is_error
                     live = Undone(http, audit, box, tmp_path, {}, "")
+                    waiting = threading.Thread(target=agent.call, args=(box, "shell", {
+                        "command": "while [ ! -e /tmp/go ]; do sleep 0.05; done"}), kwargs={"call_id": "w3"})
+                    waiting.start()
+                    try:
+                        deadline = time.monotonic() + WAIT_S
+                        while not any(c["call_id"] == "w3" and c.get("state") == "running"
+                                      for c in audit.calls_for_run(box)):
+                            assert time.monotonic() < deadline, "call w3 never started"
+                            time.sleep(0.05)
+                        busy = _revert(live, box, {"to": "w2"})
+                        assert busy.status_code == 409 and "call w3 of run" in busy.text and "is running" in busy.text
+                    finally:
+                        agent.call(box, "write_file", {"path": "/tmp/go", "content": ""})
+                        waiting.join(WAIT_S)
                     page = _get(live, f"/runs/{box}")
                     assert "every writable place of the run&#x27;s live sandbox" in page.text
                     assert '<span class="add">+second</span>' in page.text and 'name="mounts_only"' not in page.text
@@ -267,7 +285,7 @@ def test_an_operator_reverts_a_live_sandbox_through_its_agent(engine: object, tm
                     assert done.status_code == 200, done.text
                     assert f"run {box} reverted to just before call w2 (its sandbox's writable places)" in done.text
                     assert agent.call(box, "read_file", {"path": "/workspace/notes.txt"}).text.endswith("first\n")
-                    gone = agent.call(box, "shell", {"command": "test -e /tmp/new && echo there || echo gone"})
+                    gone = agent.call(box, "shell", {"command": "test -e /tmp/new || test -e /tmp/go || echo gone"})
                     assert gone.text.strip().endswith("gone"), gone.text
                     assert audit.get_run(box).meta["console_reverts"][0]["where"] == "sandbox"
                 finally:
