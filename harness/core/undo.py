@@ -439,3 +439,27 @@ def _under(path: str, place: str) -> bool:
 
 def _under_any(path: str, places: tuple[str, ...]) -> bool:
     return any(_under(path, p) for p in places)
+
+
+# --- per call, for a page --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallChanges:
+    """What one recorded call changed, as :func:`diff` shows it: its summary and its lines."""
+
+    call_id: str
+    tool: str | None
+    summary: str
+    """``1 created, 2 changed, 0 removed`` (or ``no changes``)."""
+    lines: tuple[str, ...]
+    """The unified diff of its text files and the summary lines of everything else."""
+
+
+def call_changes(changes: RunChanges) -> list[CallChanges]:
+    """Each recorded call's changes, in the order the calls ran (what :func:`diff` prints, one
+    item per call, for a caller that lays them out itself)."""
+    return [CallChanges(call_id=str(record.call_id), tool=record.tool, summary=_summary(record),
+                        lines=tuple(line for entry in record.entries
+                                    for line in _entry_diff(changes, record.before.get(entry.path), entry)))
+            for record in changes.records() if record.kind == "call"]

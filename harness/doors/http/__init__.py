@@ -19,6 +19,8 @@ Prometheus metrics, a health check, and the web console for operators.
   - ``/sandboxes/ID/view``: a desktop sandbox's screen, live (noVNC, the page's one script),
     view-only unless an operator takes over (:mod:`~.live_view`);
   - ``/runs`` and ``/runs/RUN``: runs, and a run's calls, one row each, opening to the whole call;
+    with change records, what each call changed and an operator's revert to just before it
+    (:mod:`~.console_undo`, :mod:`~.undo_pages`);
   - ``/egress``: what the egress proxies allowed and refused.
 
   Runs, the history and the egress log are filtered by a ``GET`` form (client, tool, state,
@@ -26,7 +28,7 @@ Prometheus metrics, a health check, and the web console for operators.
 
 **Who may use the console.** Any token of the server's token file logs in; its role (see
 :mod:`harness.doors.grpc.tokens`) says what it sees. An **operator** sees every client's
-runs, approvals, sandboxes and egress, and approves, denies and kills (recorded as
+runs, approvals, sandboxes and egress, and approves, denies, kills and reverts (recorded as
 ``console:NAME``). A **client** sees its own runs, approvals, sandboxes and egress, read-only:
 every action, resolving an approval of its own calls included, is 403 for it, by the form or
 by a bearer ``POST``, so an approval always means a person; it watches its own desktop
@@ -38,7 +40,8 @@ Modules: :mod:`~harness.doors.http.server` (binding, TLS, the thread), :mod:`~.a
 :mod:`~.pages` (the frame, approvals, a run), :mod:`~.browse_pages` (the paged lists),
 :mod:`~.sandbox_pages` (sandboxes, the kill's confirmation, the live view's page), :mod:`~.overview` and
 :mod:`~.charts` (the overview's SVG), :mod:`~.live_view` (the live view's WebSocket relay and
-take-over), :mod:`~.rfb` (what a viewer may send), :mod:`~.novnc_files` (noVNC from the image).
+take-over), :mod:`~.rfb` (what a viewer may send), :mod:`~.novnc_files` (noVNC from the image),
+:mod:`~.console_undo` and :mod:`~.undo_pages` (a run's changes and their revert).
 """
 
 from harness.doors.http.server import HttpServer, serve_http

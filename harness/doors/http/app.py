@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from harness.core.errors import CallboxError, ErrorCode
-from harness.doors.http import browse_pages, pages, sandbox_pages
+from harness.doors.http import browse_pages, pages, sandbox_pages, undo_pages
 from harness.doors.http.audit_export import export_endpoint
 from harness.doors.http.auth import (
     Caller,
@@ -41,6 +41,7 @@ from harness.doors.http.auth import (
     set_cookie,
 )
 from harness.doors.http.console import PAGE_SIZE, Console, ConsoleError
+from harness.doors.http.console_undo import ConsoleUndo
 from harness.doors.http.live_view import ControlDesk, relay_vnc
 from harness.doors.http.novnc_files import NovncError, NovncFiles
 from harness.doors.http.overview import REFRESH_S, overview_page
@@ -163,6 +164,7 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
     css = resources.files("harness").joinpath("data/console.css").read_bytes()
     live_js = resources.files("harness").joinpath("data/liveview.js").read_bytes()
     desk = ControlDesk(console.audit)
+    undoing = ConsoleUndo(console.audit, console.executor)
     novnc_files = novnc if novnc is not None else NovncFiles()
 
     # ---- no token ------------------------------------------------------------------------------------
@@ -294,7 +296,9 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
         run_id = request.path_params["run_id"]
         record, calls, approvals_of_run = console.run(run_id, viewer=caller.viewer)
         title = pages.fill(Template('<p class="run-id"><code>$id</code></p>\n'), id=record.id)
-        return pages.join([title, pages.run_page(record, calls, approvals_of_run, live=record.id in console.live())])
+        changes = undo_pages.changes_part(record.id, undoing.view(record), operator=caller.operator, csrf=_csrf(caller))
+        return pages.join([title, pages.run_page(record, calls, approvals_of_run, live=record.id in console.live()),
+                           changes])
 
     async def picture(request: Request) -> Response:
         """A picture a call of the run returned, for the ``<img>`` of the run's page (the
@@ -450,6 +454,13 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
         raise _Refused(400, "the form's control must be take (take over the mouse and keyboard) or give (give "
                             "them back)")
 
+    def revert(request: Request, caller: Caller, form: Mapping[str, str]) -> str:
+        return undoing.revert(request.path_params["run_id"], form.get("to", ""), client=caller.client,
+                              mounts_only=form.get("mounts_only") == "yes")
+
+    def changes_of(request: Request) -> str:
+        return f"/runs/{quote(request.path_params['run_id'], safe='')}#changes"
+
     def view_of(request: Request) -> str:
         return f"/sandboxes/{quote(request.path_params['sandbox_id'], safe='')}/view"
 
@@ -474,6 +485,7 @@ def console_app(console: Console, sessions: Sessions, *, engine_ping: Callable[[
         WebSocketRoute("/sandboxes/{sandbox_id}/vnc", vnc),
         Route("/runs", page("runs", "Runs", runs), methods=["GET"]),
         Route("/runs/{run_id}/images/{digest}", picture, methods=["GET"]),
+        Route("/runs/{run_id}/revert", action(changes_of, revert), methods=["POST"]),
         Route("/runs/{run_id:path}", page("runs", "Run", run), methods=["GET"]),
         Route("/egress", page("egress", "Egress log", egress), methods=["GET"]),
         Route("/approvals/{approval_id}/resolve", action("/", resolve), methods=["POST"]),
