@@ -203,6 +203,8 @@ def test_a_sandbox_paused_to_disk_waits_stopped_for_its_resume_within_the_paused
     assert not judge(state="exited", record=on_disk, kept_until=None, now=NOW + 600, expiry_file_passed=True).remove
     over = judge(state="exited", record=on_disk, kept_until=None, now=NOW + 601)
     assert (over.remove, over.drop_record) == (True, True)
+    # running while its resume (or pause) is under way: kept, though its expiry passed
+    assert not judge(state="running", record=on_disk, kept_until=None, now=NOW + 100).remove
     # a container that stopped while the record says a freezer pause is gone, as before
     assert judge(state="exited", record=record(expires=NOW + 10).paused(NOW), kept_until=None, now=NOW + 1).remove
     resumed = on_disk.resumed(NOW + 100)

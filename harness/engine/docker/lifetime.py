@@ -384,8 +384,9 @@ def judge(*, state: str | None, record: LifetimeRecord | None, kept_until: float
             return Verdict(True, False, "its creating process is gone")
         return Verdict(True, False, "stopped") if stopped else KEEP
     named = record.name is not None
-    # A pause to disk stopped the container on purpose: it waits, stopped, for its resume.
-    on_disk = record.paused_to_disk and state in STOPPED
+    # A pause to disk stopped the container on purpose: it waits, stopped, for its resume (and
+    # runs again, its record still paused, while a pause or a resume is under way).
+    on_disk = record.paused_to_disk and state is not None
     if (state == "paused" or on_disk) and record.paused_at is not None:
         deadline = record.pause_deadline
         if deadline is not None and deadline < now:
