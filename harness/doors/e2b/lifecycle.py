@@ -14,6 +14,9 @@ alone):
   refuses such a create, so a sandbox is never removed where its creator asked to keep it.
   The engine's own clock (which its agent obeys) runs :data:`PAUSE_GRACE_S` behind the
   door's, so the reaper pauses the sandbox before its agent would stop on its own.
+* A sandbox under gVisor with network ``none`` (on a server running as root) is paused to
+  disk (:func:`pauses_to_disk`): its processes saved, its container stopped, its memory
+  freed; any other is frozen in memory. Either way its processes come back on resume.
 * ``auto_resume``: an envd request (a command, a file, a watch) or a ``connect`` to a paused
   sandbox resumes it first (:func:`wake`), the ``pause`` action's ``op: resume``; it then has
   a fresh timeout of its original length, at least :data:`RESUME_TIMEOUT_S` (as E2B's auto-resume
@@ -35,7 +38,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeGuard
+from typing import Any, Literal, Protocol
 
 from harness.core.calls import Action
 from harness.core.errors import ErrorCode
@@ -172,7 +175,7 @@ def pause_at_timeout(sandboxes: Sandboxes, sandbox: Sandbox) -> bool:
     return True
 
 
-def pauses_to_disk(box: object) -> TypeGuard[DockerSandbox]:
+def pauses_to_disk(box: object) -> bool:
     """Whether the door's pause of ``box`` goes to disk: a Docker sandbox under gVisor with no
     network, on a server running as root, whose processes can be saved and its memory freed
     (:mod:`harness.engine.docker.disk_pause`). Any other is frozen in memory: E2B's pause keeps
@@ -183,10 +186,7 @@ def pauses_to_disk(box: object) -> TypeGuard[DockerSandbox]:
 
 def pause_box(box: LivingSandbox) -> None:
     """The door's pause of ``box``: to disk where :func:`pauses_to_disk`, else frozen."""
-    if pauses_to_disk(box):
-        box.pause(to_disk=True)
-    else:
-        box.pause()
+    box.pause(to_disk=pauses_to_disk(box))
 
 
 def wake(sandboxes: Sandboxes, sandbox: Sandbox) -> None:
