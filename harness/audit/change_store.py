@@ -20,6 +20,10 @@ The baseline is the exception: it holds every file of the places once, since the
 shell command changes in place cannot be recovered afterwards. Lines are appended and a blob is
 written under a temporary name and renamed, so a process killed half-way leaves at most a
 partial last line, which reading skips.
+
+They go with the run: :func:`sweep` removes the records of runs that ended longer ago than
+the policy keeps them; records of a run the audit store does not know, or of one still open,
+are left alone.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -116,6 +120,24 @@ class ChangeRecord:
                    before=before, places=tuple(data.get("places", ())), mounts=dict(data.get("mounts", {})),
                    seconds=float(data.get("seconds", 0.0)), bytes=int(data.get("bytes", 0)),
                    note=str(data.get("note", "")))
+
+
+def sweep(root: Path, ended_at: Callable[[str], float | None], keep_s: float, now: float) -> list[str]:
+    """Remove the records of every run that ended more than ``keep_s`` before ``now``
+    (``ended_at(run_id)``: when the run ended, None when it is open or unknown); the run ids removed."""
+    removed: list[str] = []
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if name.startswith(".") or not (root / name / RECORDS).exists():
+            continue
+        ended = ended_at(name)
+        if ended is not None and ended + keep_s < now:
+            RunChanges(root, name).remove()
+            removed.append(name)
+    return removed
 
 
 def changes_root(audit_path: Path) -> Path:

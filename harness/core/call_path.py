@@ -188,6 +188,15 @@ class CallPath:
             decision = approved
         return self._execute(tool, args, decision, running=start.running)
 
+    def refuse(self, failure: ToolResult, decision: Decision | None = None) -> ToolResult:
+        """Record a call its caller refused before the path (``failure``, with ``decision``
+        when a rule refused it), or return what an earlier claim of its call_id recorded."""
+        claim = self.session.audit.claim_call(self.session.run_id, self.call.call_id, self.call.name,
+                                              self.call.arguments)
+        if not claim.fresh:
+            return self._repeat(claim)
+        return self._finish(failure, decision)
+
     def _refused(self, failure: ToolResult) -> ToolResult:
         """Claim a call that cannot run and record ``failure`` as its result (or return what
         an earlier claim of its call_id recorded)."""

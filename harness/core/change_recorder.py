@@ -16,6 +16,10 @@ A record never fails its call: a scan that fails is logged and said in the resul
 (``changes.error``), and the run's next recorded call scans again. When the content stored for
 the run would pass ``max_bytes``, recording stops for the run: a ``stopped`` record says so,
 and so does the meta of the call that reached it.
+
+Records go with their run: :func:`sweep_ended_runs`, called when a recording session opens
+(at most every ``SWEEP_EVERY_S`` per store), removes those of runs ended more than the
+policy's ``keep_days`` ago.
 """
 
 from __future__ import annotations
@@ -24,11 +28,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.audit.change_store import BlobWriter, ChangeRecord, Entry, EntryType, RunChanges, apply
+from harness.audit.change_store import BlobWriter, ChangeRecord, Entry, EntryType, RunChanges, apply, sweep
+from harness.audit.errors import AuditError
+from harness.audit.store import AuditStore
 from harness.core.errors import AgentCallError, CallboxError
 from harness.core.units import ByteSize
 from harness.engine.base import Sandbox
@@ -64,6 +71,40 @@ class CheckpointSettings(BaseModel):
     max_bytes: ByteSize = Field(default=1 << 30, ge=0)
     """The most file content a run's records may hold, the baseline included (``"1g"`` or
     bytes); reaching it stops recording for the run, said in the result of the call that did."""
+    keep_days: float = Field(default=7, ge=0)
+    """How long a run's records are kept after the run ended, in days (0: until removed by
+    hand). A session that records sweeps the records of runs ended longer ago than that."""
+
+
+SWEEP_EVERY_S = 600.0
+"""How often one process looks for records of runs ended longer ago than ``keep_days``."""
+_last_sweep: dict[str, float] = {}
+_sweep_lock = threading.Lock()
+
+
+def sweep_ended_runs(audit: AuditStore, root: Path, settings: CheckpointSettings,
+                     *, now: float | None = None, force: bool = False) -> list[str]:
+    """Remove the change records under ``root`` of runs ended more than ``keep_days`` ago
+    (at most every ``SWEEP_EVERY_S`` per ``root`` unless ``force``); the run ids removed."""
+    if settings.keep_days <= 0:
+        return []
+    now = time.time() if now is None else now
+    with _sweep_lock:
+        if not force and now - _last_sweep.get(str(root), float("-inf")) < SWEEP_EVERY_S:
+            return []
+        _last_sweep[str(root)] = now
+
+    def ended_at(run_id: str) -> float | None:
+        try:
+            return audit.get_run(run_id).ended
+        except AuditError:
+            return None  # a run this store does not know: not ours to judge
+
+    removed = sweep(root, ended_at, settings.keep_days * 86400, now)
+    if removed:
+        log.info("removed the change records of %d runs ended more than %g days ago: %s",
+                 len(removed), settings.keep_days, ", ".join(removed))
+    return removed
 
 
 class ChangeRecorder:

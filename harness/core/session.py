@@ -39,8 +39,8 @@ import tenacity
 from harness.audit.change_store import RunChanges, changes_root
 from harness.audit.store import AuditStore
 from harness.core.call_path import CallPath, DecisionSink
-from harness.core.calls import ErrorCode, ToolCall, ToolResult
-from harness.core.change_recorder import ChangeRecorder
+from harness.core.calls import Decision, ErrorCode, ToolCall, ToolResult
+from harness.core.change_recorder import ChangeRecorder, sweep_ended_runs
 from harness.core.context import OutputSink
 from harness.core.errors import CallboxError, SandboxStartError, SessionClosed
 from harness.core.policy import Policy
@@ -90,6 +90,8 @@ class Session:
         self.changes = None if policy.checkpoints.mode == "off" else ChangeRecorder(
             policy.checkpoints, RunChanges(changes_root(audit.path), self.run_id), self.spec)
         """Records what each call of a tool not annotated read-only changes (None: ``[checkpoints]`` is off)."""
+        if self.changes is not None:
+            sweep_ended_runs(audit, changes_root(audit.path), policy.checkpoints)
         self._sandbox: Sandbox | None = None
         self._sandbox_lock = threading.Lock()
         self._closed = False
@@ -268,6 +270,20 @@ class Session:
                             result.error or ("error" if result.is_error else "ok"),
                             total - sandbox_s if sandbox_s is not None else total, sandbox_s)
         return result
+
+    def refuse(self, call: ToolCall, failure: ToolResult, decision: Decision | None = None, *,
+               on_decided: DecisionSink | None = None) -> ToolResult:
+        """Record ``call`` as refused by its caller before it reached the path (the loop: a
+        tool its turn did not offer, safety checks nobody may acknowledge, an action after a
+        failed one of its batch), so the run's record holds it as it holds every call; the
+        result (``failure`` with its decision label), or what an earlier claim of the call_id
+        recorded."""
+        path = CallPath(self, call, None, on_decided)
+        try:
+            check_call_id(call.call_id)
+        except CallRejected as rejected:
+            return path.labelled(ToolResult.failure(str(call.call_id)[:128], rejected.code, rejected.message))
+        return path.refuse(failure, decision)
 
     def _call(self, path: CallPath, scope: CallScope | None) -> ToolResult:
         call = path.call

@@ -7,7 +7,8 @@ tool_choice kept it out) gets a ``tool_not_allowed`` result from the loop itself
 other call goes to ``Session.call``, which validates, authorizes and records it. A call carrying
 the provider's pending safety checks (OpenAI's ``computer_call``) goes there only when the policy
 asks a person to approve it (their approval acknowledges the checks); otherwise the loop refuses
-it (``denied``, naming the checks): callbox never acknowledges a check it cannot judge. A call
+it (``denied``, naming the checks): callbox never acknowledges a check it cannot judge. Every
+call the loop refuses is recorded in the run's audit record like any other (``Session.refuse``). A call
 that is one action of a batch (``ModelToolCall.batch``) is not run once an earlier action of the
 batch failed: it gets ``tool_failed`` naming the one that failed. Once a
 call finds the sandbox unavailable, the calls after it are not run. Each call emits
@@ -21,7 +22,7 @@ import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from harness.core.calls import Action, ErrorCode, ToolCall, ToolResult
+from harness.core.calls import Action, Decision, ErrorCode, ToolCall, ToolResult
 from harness.core.session import Session
 from harness.loop.config import LoopConfig
 from harness.loop.events import Event, ToolCallFinished, ToolCallStarted, ToolOutputChunk
@@ -78,26 +79,17 @@ class CallRunner:
     def _one_call(self, call: ModelToolCall, turn: int, offered: tuple[str, ...] | None) -> ToolResult:
         if offered is not None and call.name not in offered and self._exposable(call.name):
             listed = ", ".join(offered) or "none"
-            result = ToolResult.failure(
+            return self._refuse(call, turn, ToolResult.failure(
                 call.call_id[:128], ErrorCode.TOOL_NOT_ALLOWED,
                 f"tool {call.name!r} is not offered in this turn; the tools you may call now are: {listed}",
-                decision="rejected",
-            )
-            self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, "rejected"))
-            self._emit(ToolCallFinished(turn, call.call_id, call.name, "rejected", result))
-            return result
+            ))
         if call.safety_checks and not self._asks_a_person(call):
-            result = ToolResult.failure(
-                call.call_id[:128], ErrorCode.DENIED,
-                f"this {call.name} call carries safety checks that a person must acknowledge "
-                f"({'; '.join(call.safety_checks)}); it was not run. The policy lets the call run without "
-                f"asking anyone, so nobody can: set decision = \"ask\" in [tools.{call.name}] to have such "
-                "calls approved by a person.",
-                decision="deny",
-            )
-            self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, "deny"))
-            self._emit(ToolCallFinished(turn, call.call_id, call.name, "deny", result))
-            return result
+            reason = (f"this {call.name} call carries safety checks that a person must acknowledge "
+                      f"({'; '.join(call.safety_checks)}); it was not run. The policy lets the call run without "
+                      f"asking anyone, so nobody can: set decision = \"ask\" in [tools.{call.name}] to have such "
+                      "calls approved by a person.")
+            return self._refuse(call, turn, ToolResult.failure(call.call_id[:128], ErrorCode.DENIED, reason),
+                                Decision(Action.DENY, "loop.safety_checks", reason))
 
         def decided(label: str) -> None:
             self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, label))
@@ -121,11 +113,19 @@ class CallRunner:
             if earlier.batch == call.batch and result is not None and result.is_error:
                 text = (f"not run: {earlier.call_id}, an earlier action of the same batch ({call.batch}), "
                         f"failed: {result.text[:300]}")
-                skipped = ToolResult.failure(call.call_id[:128], ErrorCode.TOOL_FAILED, text, decision="rejected")
-                self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, "rejected"))
-                self._emit(ToolCallFinished(turn, call.call_id, call.name, "rejected", skipped))
-                return skipped
+                return self._refuse(call, turn, ToolResult.failure(call.call_id[:128], ErrorCode.TOOL_FAILED, text))
         return None
+
+    def _refuse(self, call: ModelToolCall, turn: int, failure: ToolResult, decision: Decision | None = None
+                ) -> ToolResult:
+        """A call the loop does not run: recorded in the run as refused (a re-sent call_id gets
+        what was recorded), with its events."""
+        result = self.harness.refuse(ToolCall(call.name, call.arguments, call.call_id, flags=call.safety_checks),
+                                     failure, decision)
+        label = str(result.meta.get("decision") or "rejected")
+        self._emit(ToolCallStarted(turn, call.call_id, call.name, call.arguments, label))
+        self._emit(ToolCallFinished(turn, call.call_id, call.name, label, result))
+        return result
 
     def _asks_a_person(self, call: ModelToolCall) -> bool:
         """Whether the policy's decision for ``call`` is ``ask`` (a person approves it)."""

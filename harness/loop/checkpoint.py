@@ -77,19 +77,28 @@ class PausedCall:
     arguments: str | dict[str, Any]
     result: ToolResult | None = None
     approval_id: str | None = None
+    safety_checks: tuple[str, ...] = ()
+    """The provider's pending safety checks on the call (a person's approval acknowledges them)."""
+    batch: str = ""
+    """The provider item the call is one action of (its later actions stop once one fails)."""
 
     @property
     def pending(self) -> bool:
         return self.result is None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "call_id": self.call_id,
             "name": self.name,
             "arguments": self.arguments,
             "approval_id": self.approval_id,
             "result": None if self.result is None else json.loads(result_to_json(self.result)),
         }
+        if self.safety_checks:
+            data["safety_checks"] = list(self.safety_checks)
+        if self.batch:
+            data["batch"] = self.batch
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PausedCall:
@@ -101,6 +110,8 @@ class PausedCall:
             arguments=arguments if isinstance(arguments, dict) else str(arguments),
             result=None if raw is None else result_from_json(json.dumps(raw)),
             approval_id=data.get("approval_id"),
+            safety_checks=tuple(str(check) for check in data.get("safety_checks") or ()),
+            batch=str(data.get("batch") or ""),
         )
 
 

@@ -35,7 +35,7 @@ def checkpoint_of(state: RunState, *, model: ModelAdapter, config: LoopConfig, s
         PausedCall(
             call_id=call.call_id, name=call.name, arguments=call.arguments,
             result=None if result is None or result.error is ErrorCode.APPROVAL_PENDING else result,
-            approval_id=s.approvals.get(call.call_id),
+            approval_id=s.approvals.get(call.call_id), safety_checks=call.safety_checks, batch=call.batch,
         )
         for call, result in zip(s.calls, s.results, strict=True)
     ]
@@ -78,7 +78,8 @@ def restore(cp: Checkpoint, model: ModelAdapter, config: LoopConfig | None) -> t
         prior_seconds=cp.seconds,
         streak_key=cp.streak_key,
         streak_count=cp.streak_count,
-        calls=[ModelToolCall(c.call_id, c.name, _arguments_text(c.arguments)) for c in cp.calls],
+        calls=[ModelToolCall(c.call_id, c.name, _arguments_text(c.arguments), safety_checks=c.safety_checks,
+                             batch=c.batch) for c in cp.calls],
         results=[c.result for c in cp.calls],
         approvals={c.call_id: c.approval_id for c in cp.calls if c.approval_id is not None},
         sandbox=cp.sandbox,

@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
+from harness.audit.store import AuditStore
+from harness.core.calls import ToolCall
+from harness.core.policy import Policy
+from harness.core.session import Session
 from harness.engine.image.bundle import BUNDLE_DIR
+from harness.engine.spec import SandboxSpec
+from harness.tools import builtin_registry
 from tests.integration.helpers import callbox, run
 
 pytestmark = pytest.mark.docker
@@ -70,20 +77,23 @@ def test_busybox_memory_hog_is_reported_oom_killed(make_sandbox, busybox_image: 
     assert run(box, ["true"]).exit_code == 0  # the agent survived
 
 
-def test_busybox_tools_work_or_say_what_the_image_lacks(busybox_image: str) -> None:
-    def call(tool: str, arguments: dict[str, object]) -> dict[str, object]:
-        result = callbox("call", "--image", busybox_image, tool, json.dumps(arguments))
-        assert result.returncode in (0, 1), result.stderr
-        return json.loads(result.stdout)  # type: ignore[no-any-return]
+def test_busybox_tools_work_or_say_what_the_image_lacks(engine: object, busybox_image: str, tmp_path: Path) -> None:
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
+        builtin_registry(), Policy(), audit, spec=SandboxSpec(image=busybox_image), engine_factory=lambda: engine
+    ) as session:  # every tool's call in one sandbox of the image, as a run's would be
+        calls: list[str] = []
 
-    shell = call("shell", {"command": "echo hi && echo there"})
-    assert "hi\nthere" in str(shell["output"])
-    bash = call("bash", {"command": "echo hi"})
-    assert "image has no bash" in str(bash["output"]) and "shell tool" in str(bash["output"])
-    search = call("search", {"pattern": "hi"})
-    assert "needs ripgrep (rg)" in str(search["output"])
-    patch = call("apply_patch", {"patch": "*** Begin Patch\n*** Add File: a.txt\n+hello\n*** End Patch\n"})
-    assert "a.txt" in str(patch["output"]) and "rror" not in str(patch["output"]), patch
+        def call(tool: str, arguments: dict[str, object]) -> str:
+            calls.append(tool)
+            return session.call(ToolCall(tool, json.dumps(arguments), f"c-{len(calls)}")).text
+
+        assert "hi\nthere" in call("shell", {"command": "echo hi && echo there"})
+        bash = call("bash", {"command": "echo hi"})
+        assert "image has no bash" in bash and "shell tool" in bash
+        assert "needs ripgrep (rg)" in call("search", {"pattern": "hi"})
+        patch = call("apply_patch", {"patch": "*** Begin Patch\n*** Add File: a.txt\n+hello\n*** End Patch\n"})
+        assert "a.txt" in patch and "rror" not in patch, patch
+        assert "hello" in call("shell", {"command": "cat a.txt"})
 
 
 def test_bookworm_without_python_uses_the_images_user_database(make_sandbox,  # type: ignore[no-untyped-def]

@@ -9,7 +9,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,9 +46,15 @@ def test_call_shell_end_to_end_in_each_format(engine, audit_env):
         "anthropic": {"type", "tool_use_id", "content", "is_error"},
         "mcp": {"content", "structuredContent", "isError"},
     }
-    for fmt, keys in expected_keys.items():
-        proc = callbox("call", "shell", '{"command": "echo from-the-sandbox; id -u"}', "--call-id", f"c-{fmt}",
+
+    def call(fmt: str) -> Any:
+        return callbox("call", "shell", '{"command": "echo from-the-sandbox; id -u"}', "--call-id", f"c-{fmt}",
                        "--format", fmt, "--image", IMAGE, env=audit_env)
+
+    with ThreadPoolExecutor(len(expected_keys)) as pool:  # four processes, four sandboxes, at once
+        done = dict(zip(expected_keys, pool.map(call, expected_keys), strict=True))
+    for fmt, keys in expected_keys.items():
+        proc = done[fmt]
         assert proc.returncode == 0, proc.stderr
         item = json.loads(proc.stdout)
         assert set(item) == keys

@@ -6,7 +6,9 @@ What a client sees after the restart, with the same token: its sandboxes live ag
 files still there, a paused one still paused and resumable), its pending approval still
 pending and resolvable, the approved call run exactly once when re-sent, a call that was
 running when its server was killed recorded as interrupted (a re-send returns that record,
-the command does not run again), and a sandbox removed while no server ran reported gone.
+the command does not run again), a sandbox removed while no server ran reported gone, and the
+change records of a run go on where they were: a call after the restart records only what it
+changed, and the diff holds the calls of both servers.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from typing import Any
 import grpc
 import pytest
 
+from harness.audit.change_store import RunChanges, changes_root
 from harness.audit.store import AuditStore
 from harness.client import ExecutorClient, ExecutorError
+from harness.core import undo
 from harness.core.policy import parse_policy
 from harness.doors.grpc.server import GrpcServer, serve_grpc
 from harness.doors.grpc.tokens import TokenSet
@@ -48,6 +52,9 @@ POLICY = textwrap.dedent(f"""
 
     [tools.bash]
     decision = "ask"
+
+    [checkpoints]
+    mode = "changes"
 """)
 SIDE_EFFECT = '{"command": "echo ran >> /workspace/count"}'
 
@@ -144,6 +151,13 @@ def test_a_restarted_server_adopts_files_approvals_and_a_paused_sandbox(engine, 
             assert stub.GetStatus(sandboxes_pb2.GetStatusRequest(sandbox_id=idle), metadata=meta()).state == "paused"
             assert stub.GetStatus(sandboxes_pb2.GetStatusRequest(sandbox_id=box), metadata=meta()).state == "running"
             assert shell(client, box, "cat /workspace/note").text.count("kept") == 1
+            assert not shell(client, box, "echo again >> /workspace/note", call_id="c-after").is_error
+            changes = RunChanges(changes_root(audit_path), box)
+            after = changes.call_record("c-after")
+            assert after is not None and [e.path for e in after.entries] == ["/workspace/note"]
+            assert after.before["/workspace/note"] is not None  # known from the first server's records
+            shown = undo.diff(changes)
+            assert "+kept" in shown and "+again" in shown and shown.count("/workspace/note") >= 2
             # the approval asked before the restart is still pending, and resolvable now
             approval = next(a for a in client.get_run(box).approvals if a.approval_id == pending.approval_id)
             assert approval.state == "pending"

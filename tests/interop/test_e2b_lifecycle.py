@@ -25,7 +25,7 @@ from tests.interop.e2b_server import E2bServer, policy_text, sdk_environment, se
 
 pytestmark = [pytest.mark.docker, pytest.mark.interop]
 
-PAUSED_TTL_S = 30
+PAUSED_TTL_S = 20
 """The module's policy's ``sandbox.paused_ttl_seconds``."""
 TIMEOUT_S = 10
 """The shortest timeout the server keeps a sandbox for."""

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import pytest
 from e2b import (
@@ -502,33 +502,45 @@ def test_another_key_cannot_see_connect_or_kill(sdk: E2bServer) -> None:
             kill_quietly(theirs.sandbox_id, api_key=bob)
 
 
-def test_expiry_removes_a_sandbox_whose_client_vanished(sdk: E2bServer, engine: object) -> None:
+@pytest.fixture(scope="module", autouse=True)
+def abandoned(sdk: E2bServer, engine: object) -> Iterator[dict[str, Any]]:
+    """A sandbox made as the module starts by a client process that then exits: its timeout
+    runs out while the other tests run, so its test only checks the reaper's work (its own
+    ``suite`` label, so the listings other tests compare never see it come and go)."""
     case = unique("expiry")
     client = ("import sys\nfrom e2b import Sandbox\n"
-              f"s = Sandbox.create(timeout={EXPIRY_TIMEOUT_S}, metadata={{'suite': {SUITE!r}, 'case': {case!r}}})\n"
+              f"s = Sandbox.create(timeout={EXPIRY_TIMEOUT_S}, "
+              f"metadata={{'suite': {SUITE + '-abandoned'!r}, 'case': {case!r}}})\n"
               "print(s.sandbox_id)\n")
     before = set(owned_containers(engine, sdk.pid))
     gone = subprocess.run([sys.executable, "-c", client], env=sdk.child_env(), capture_output=True, text=True,
                           timeout=120, check=False)
-    assert gone.returncode == 0, gone.stderr
-    sandbox_id = gone.stdout.strip()
-    its_containers = set(owned_containers(engine, sdk.pid)) - before
+    made = {"case": case, "error": gone.stderr, "sandbox_id": gone.stdout.strip() if gone.returncode == 0 else "",
+            "containers": set(owned_containers(engine, sdk.pid)) - before,
+            "deadline": time.monotonic() + EXPIRY_TIMEOUT_S + EXPIRY_SLACK_S}
     try:
-        assert len(its_containers) == 1, f"containers the create started: {its_containers}"
-        deadline = time.monotonic() + EXPIRY_TIMEOUT_S + EXPIRY_SLACK_S
-        # The server's reaper runs on its own clock: poll what the SDK can see, with a deadline.
-        while sandbox_id in listed_ids(SandboxQuery(metadata={"case": case})):
-            assert time.monotonic() < deadline, f"{sandbox_id} still listed {EXPIRY_SLACK_S:g} s after its timeout"
-            time.sleep(0.25)
-        with pytest.raises(SandboxNotFoundException):
-            Sandbox.get_info(sandbox_id)
-        assert Sandbox.kill(sandbox_id) is False
-        # Its container goes too (removed just after the sandbox leaves the server's view).
-        while left := its_containers & set(owned_containers(engine, sdk.pid)):
-            assert time.monotonic() < deadline, f"the expired sandbox's container is still there: {left}"
-            time.sleep(0.25)
+        yield made
     finally:
-        kill_quietly(sandbox_id)
+        if made["sandbox_id"]:
+            kill_quietly(made["sandbox_id"])
+
+
+def test_expiry_removes_a_sandbox_whose_client_vanished(sdk: E2bServer, engine: object,
+                                                        abandoned: dict[str, Any]) -> None:
+    sandbox_id, its_containers, deadline = abandoned["sandbox_id"], abandoned["containers"], abandoned["deadline"]
+    assert sandbox_id, abandoned["error"]
+    assert len(its_containers) == 1, f"containers the create started: {its_containers}"
+    # The server's reaper runs on its own clock: poll what the SDK can see, with a deadline.
+    while sandbox_id in listed_ids(SandboxQuery(metadata={"case": abandoned["case"]})):
+        assert time.monotonic() < deadline, f"{sandbox_id} still listed {EXPIRY_SLACK_S:g} s after its timeout"
+        time.sleep(0.25)
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_info(sandbox_id)
+    assert Sandbox.kill(sandbox_id) is False
+    # Its container goes too (removed just after the sandbox leaves the server's view).
+    while left := its_containers & set(owned_containers(engine, sdk.pid)):
+        assert time.monotonic() < deadline, f"the expired sandbox's container is still there: {left}"
+        time.sleep(0.25)
 
 
 # ---- a script written for E2B --------------------------------------------------------------------

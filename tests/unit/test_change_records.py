@@ -284,3 +284,31 @@ def test_a_mount_inside_another_place_is_reverted_without_its_mount_point(tmp_pa
     recorder.after(sandbox, "c1", "shell")
     report = undo.revert(store, "c1")
     assert (project / "a.txt").read_text() == "a\n" and report.written == [f"{project}/a.txt"]
+
+
+def test_records_go_with_their_run_once_it_ended_longer_ago_than_keep_days(tmp_path: Path) -> None:
+    from harness.audit.change_store import ChangeRecord, changes_root
+    from harness.audit.store import AuditStore
+    from harness.core.change_recorder import sweep_ended_runs
+
+    with AuditStore(tmp_path / "audit.sqlite3") as audit:
+        root = changes_root(audit.path)
+        ended, open_run = audit.start_run(), audit.start_run()
+        audit.end_run(ended, "final")
+        runs = [ended, open_run, "not-in-this-store"]
+        for run_id in runs:
+            RunChanges(root, run_id).append(ChangeRecord(seq=1, kind="baseline", at=0.0))
+        ended_at = audit.get_run(ended).ended
+        assert ended_at is not None
+        week = CheckpointSettings(mode="changes")
+        assert week.keep_days == 7
+        # within the week nothing goes; a day after it, the ended run's records do, and only them
+        assert sweep_ended_runs(audit, root, week, now=ended_at + 6 * 86400, force=True) == []
+        assert sweep_ended_runs(audit, root, week, now=ended_at + 8 * 86400, force=True) == [ended]
+        assert [r for r in runs if RunChanges(root, r).exists] == [open_run, "not-in-this-store"]
+        # a sweep is done at most every SWEEP_EVERY_S in a process; keep_days = 0 keeps everything
+        audit.end_run(open_run, "final")
+        assert sweep_ended_runs(audit, root, week, now=ended_at + 8 * 86400 + 1) == []
+        forever = CheckpointSettings(mode="changes", keep_days=0)
+        assert sweep_ended_runs(audit, root, forever, now=ended_at + 1e9, force=True) == []
+        assert RunChanges(root, open_run).exists

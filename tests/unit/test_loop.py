@@ -335,9 +335,12 @@ def test_none_offers_no_tools_and_a_call_anyway_is_refused(make_harness, tools) 
 
 def test_allowed_tools_subset_refuses_other_tools(make_harness, tools) -> None:
     model = FakeModel([calls(("c1", "write", {"text": "x"}), ("c2", "echo", {"text": "y"})), final()])
-    run(model, make_harness(), LoopConfig(tool_choice=AllowTools(allowed=("echo",))))
+    harness = make_harness()
+    run(model, harness, LoopConfig(tool_choice=AllowTools(allowed=("echo",))))
     got = dict(outputs(model.requests[1].items))
     assert "tool 'write' is not offered in this turn; the tools you may call now are: echo" in got["c1"]
+    refused = harness.audit.get_call(harness.run_id, "c1")  # the run's record holds the refusal
+    assert refused is not None and refused.error_code == "tool_not_allowed" and refused.decision is None
     assert got["c2"] == "echo: y"
     assert "write" not in tools.ran
 

@@ -24,6 +24,7 @@ from harness.core.policy import Policy, ToolPolicy
 from harness.core.registry import Tool, ToolDefinition, ToolRegistry
 from harness.core.session import Session
 from harness.loop.agent_loop import Loop, resume
+from harness.loop.checkpoint import load as load_checkpoint
 from harness.loop.context_budget import elide
 from harness.models.anthropic_messages import AnthropicMessagesModel
 from harness.models.base import AllowedTools, ForcedTool, ModelConfigError, ModelToolCall
@@ -304,8 +305,12 @@ def test_pending_safety_checks_are_not_acknowledged_when_the_policy_asks_nobody(
         tmp_path: Path, make_session: Callable[..., Session], desktop: FakeDesktop) -> None:
     model = script(tmp_path, CHECKED_CLICK,
                    {"text": "stopped"})
-    outcome = Loop.start(model, make_session(), task="click").run()
+    session = make_session()
+    outcome = Loop.start(model, session, task="click").run()
     assert outcome.reason == "final" and desktop.actions == []  # refused, not run
+    refused = session.audit.get_call(session.run_id, "cc")  # and in the run's record, as every call
+    assert refused is not None and refused.state == "done" and refused.error_code == "denied"
+    assert refused.decision is not None and refused.decision.rule == "loop.safety_checks"
     output, note = model.requests[-1].items[2:]
     assert output == {"type": "computer_call_output", "call_id": "cc",
                       "output": {"type": "computer_screenshot", "image_url": BLANK_PNG_URL}}
@@ -321,6 +326,10 @@ def test_a_persons_approval_acknowledges_the_pending_safety_checks(
     session = make_session(ask, run_id="run-ask")
     paused = Loop.start(first, session, task="click").run()
     assert paused.reason == "approval_pending" and desktop.actions == []
+    checkpoint = load_checkpoint(session.audit, "run-ask")
+    assert checkpoint is not None
+    (saved,) = [c for c in checkpoint.calls if c.call_id == "cc"]
+    assert saved.safety_checks == ("malicious_instructions: The page asks you to ignore the user.",)
     (approval,) = session.audit.list_approvals(run_id="run-ask")
     assert "malicious_instructions: The page asks you to ignore the user." in approval.reason  # what is acknowledged
     session.audit.resolve_approval(approval.id, True, by="tester", reason=None)

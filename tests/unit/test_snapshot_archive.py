@@ -28,6 +28,7 @@ from harness.engine.docker.snapshots import (
     MANIFEST,
     SPEC,
     PlaceArchive,
+    SnapshotError,
     SnapshotExists,
     SnapshotInfo,
     SnapshotStore,
@@ -339,3 +340,21 @@ def test_the_cli_exports_imports_and_refuses(tmp_path: Path, monkeypatch: pytest
     assert not (tmp_path / "store" / "spoiled").exists()
     assert main(["sandbox", "import-snapshot", str(archive), "--node", "w1"]) != 0
     assert "--node names a node of the Ray engine" in capsys.readouterr().err
+
+
+def test_a_member_larger_than_the_free_disk_is_refused_before_a_byte_is_written(tmp_path: Path) -> None:
+    header, data = _members(_archive(tmp_path))[0]
+    out = io.BytesIO()
+    header.size = len(data)
+    out.write(header.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape"))
+    out.write(data + b"\0" * (-len(data) % tarfile.BLOCKSIZE))
+    huge = tarfile.TarInfo("snapshot/places/huge.tar")
+    huge.size = 1 << 60  # the header alone, as a hostile or broken archive would declare it
+    out.write(huge.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape"))
+    store = SnapshotStore(tmp_path / "to")
+    for source in (io.BytesIO(out.getvalue()), _Pipe(out.getvalue())):
+        with pytest.raises(SnapshotError) as caught:
+            import_archive(store, source)  # type: ignore[arg-type]
+        assert "cannot import member snapshot/places/huge.tar" in caught.value.message
+        assert f"holds {1 << 60} bytes" in caught.value.message and "nothing was imported" in caught.value.message
+        assert list(store.root.iterdir()) == []

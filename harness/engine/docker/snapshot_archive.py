@@ -66,6 +66,9 @@ CHUNK = 1 << 20
 MAX_MEMBER_NAME = 512
 MAX_JSON_BYTES = 16 << 20
 """The largest ``ARCHIVE.json`` or ``HASHES.json`` read into memory."""
+DISK_RESERVE = 256 << 20
+"""Free bytes an import leaves on the snapshot store's disk: a member that would take the disk
+below it is refused before a byte of it is written."""
 
 HostAccess = Literal["refuse", "drop", "keep"]
 
@@ -294,14 +297,27 @@ def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -
         raise ArchiveRefused(member.name, "a file where another member is a file or a directory") from None
     except OSError as exc:
         raise SnapshotError(f"cannot write {target}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "wb") as out:
-        while chunk := source.read(CHUNK):
-            digest.update(chunk)
-            out.write(chunk)
-            size += len(chunk)
-        out.flush()
-        os.fsync(out.fileno())  # on disk before the snapshot's rename publishes it
+    try:
+        with os.fdopen(fd, "wb") as out:
+            while chunk := source.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
+            out.flush()
+            os.fsync(out.fileno())  # on disk before the snapshot's rename publishes it
+    except OSError as exc:
+        raise SnapshotError(f"cannot write {target} (member {member.name}): {exc.strerror or exc}") from None
     return size, digest.hexdigest()
+
+
+def _check_room(member: tarfile.TarInfo, staging: Path) -> None:
+    """Refuse a member the store's disk has no room for, before writing any of it."""
+    free = shutil.disk_usage(staging).free
+    if member.size > free - DISK_RESERVE:
+        raise SnapshotError(
+            f"cannot import member {member.name}: it holds {member.size} bytes and the disk of the snapshot "
+            f"store ({staging.parent}) has {free} bytes free, {DISK_RESERVE} of which an import leaves; "
+            "free space there, or point CALLBOX_STATE_DIR at a larger disk; nothing was imported")
 
 
 def _receive(tar: tarfile.TarFile, staging: Path, *, stream: bool) -> _Received:
@@ -339,6 +355,7 @@ def _receive(tar: tarfile.TarFile, staging: Path, *, stream: bool) -> _Received:
                 raise ArchiveRefused(name, "a directory where another member is a file") from None
             received.directories.add(name)
             continue
+        _check_room(member, staging)
         received.files[name] = _write_member(tar, member, target)
     if received.header is None:
         raise ArchiveRefused(HEADER, "missing: the archive is empty or not a snapshot archive")
