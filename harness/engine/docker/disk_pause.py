@@ -129,7 +129,7 @@ def resume(engine: DockerEngine, sandbox: Sandbox, record: LifetimeRecord, set_e
         raise SandboxStartError(f"cannot resume sandbox {sandbox.label} from its image on disk: "
                                 f"{short_reason(exc)}") from None
     try:
-        wait_healthy(sandbox, timeout)
+        memory_snapshots.listening_again(sandbox, wait_healthy, timeout)
     finally:
         with locked(engine.run_root):
             current = read_record(engine.run_root, sandbox.id)

@@ -130,12 +130,12 @@ def _wait_for(path: Path, timeout: float, what: str) -> None:
         time.sleep(0.002)
 
 
-def listening_again(sandbox: Sandbox, wait_healthy: WaitHealthy) -> None:
+def listening_again(sandbox: Sandbox, wait_healthy: WaitHealthy, timeout: float = QUIESCE_TIMEOUT_S) -> None:
     """Wait until the agent listens again and answers (its socket first, so the client's
     channel does not try too early and back off)."""
     from harness.engine.docker.sandbox import AGENT_SOCKET_NAME
 
-    deadline = time.monotonic() + QUIESCE_TIMEOUT_S
+    deadline = time.monotonic() + timeout
     while not (sandbox.socket_dir / AGENT_SOCKET_NAME).exists() and time.monotonic() < deadline:
         time.sleep(0.001)
     wait_healthy(sandbox, max(0.1, deadline - time.monotonic()))
