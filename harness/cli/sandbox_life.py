@@ -69,15 +69,19 @@ def add_verbs(verbs: Any) -> None:
     _json(new, "print {name, sandbox_id, owner, created_at, expires_at, expires_in_s, image, network, workdir}")
 
     ls = verbs.add_parser("ls", help="list sandboxes: name, owner, age, expiry, state, CPU, memory")
-    _json(ls, "print a JSON list of {name, sandbox_id, owner, run_id, state, created_at, age_s, expires_at, "
-              "expires_in_s, cpu_usage_s, memory_bytes, pids, image}")
+    _json(ls, "print a JSON list of {name, sandbox_id, owner, run_id, state, paused_to_disk, created_at, age_s, "
+              "expires_at, expires_in_s, cpu_usage_s, memory_bytes, pids, image}")
 
     for verb, what in (("pause", "freeze a sandbox (its expiry clock stops)"),
                        ("resume", "thaw a paused sandbox (its expiry moves later by the paused time)")):
         p = verbs.add_parser(verb, help=what)
         p.add_argument("name", help="sandbox name or id (a server's sandbox: also its E2B or run id)")
+        if verb == "pause":
+            p.add_argument("--to-disk", action="store_true",
+                           help="save its processes and memory to disk and stop its container, freeing its memory "
+                                "(gVisor: runtime runsc, network none, as root); resume restores them")
         gate_options(p)
-        _json(p, "print {name, sandbox_id, state, expires_at}")
+        _json(p, "print {name, sandbox_id, state, paused_to_disk, expires_at}")
 
     keep = verbs.add_parser("keep-alive", help="push a sandbox's expiry")
     keep.add_argument("name", help="sandbox name or id (a server's sandbox: also its E2B or run id)")
@@ -155,13 +159,19 @@ def _ls(args: argparse.Namespace) -> int:
         return 0
     name_w = max([6, *(len(r["name"] or r["sandbox_id"]) + 2 for r in rows)])
     owner_w = max([7, *(len(r["owner"]) + 2 for r in rows)])
-    print(f"{'NAME':<{name_w}}{'OWNER':<{owner_w}}{'AGE':<9}{'EXPIRES':<11}{'STATE':<9}{'CPU':>8}  MEMORY")
+    state_w = max([9, *(len(_shown_state(r)) + 2 for r in rows)])
+    print(f"{'NAME':<{name_w}}{'OWNER':<{owner_w}}{'AGE':<9}{'EXPIRES':<11}{'STATE':<{state_w}}{'CPU':>8}  MEMORY")
     for r in rows:
         expires = "expired" if r["expires_in_s"] <= 0 else age(r["expires_in_s"])
         cpu = "-" if r["cpu_usage_s"] is None else f"{r['cpu_usage_s']:.2f}s"
         print(f"{r['name'] or r['sandbox_id']:<{name_w}}{r['owner']:<{owner_w}}{age(r['age_s']):<9}"
-              f"{expires:<11}{r['state']:<9}{cpu:>8}  {size(r['memory_bytes'])}")
+              f"{expires:<11}{_shown_state(r):<{state_w}}{cpu:>8}  {size(r['memory_bytes'])}")
     return 0
+
+
+def _shown_state(row: dict[str, Any]) -> str:
+    """``paused (disk)`` for a sandbox paused to disk, else its state."""
+    return "paused (disk)" if row["paused_to_disk"] else str(row["state"])
 
 
 def _info_json(info: SandboxInfo, now: float) -> dict[str, Any]:
@@ -169,7 +179,7 @@ def _info_json(info: SandboxInfo, now: float) -> dict[str, Any]:
 
     return {
         "name": info.name, "sandbox_id": info.sandbox_id, "owner": info.owner, "run_id": owner_run(info.owner),
-        "state": info.state,
+        "state": info.state, "paused_to_disk": info.paused_to_disk,
         "created_at": round(info.created, 3), "age_s": round(now - info.created),
         "expires_at": round(info.expires, 3), "expires_in_s": round(info.expires - now),
         "cpu_usage_s": None if info.cpu_usage_s is None else round(info.cpu_usage_s, 3),
@@ -181,19 +191,22 @@ def _pause_or_resume(args: argparse.Namespace) -> int:
     op = args.sandbox_command
     policy = load_gate_policy(args)
     engine = connect(args)
+    to_disk = op == "pause" and args.to_disk
     with opened(engine, args.name) as sandbox, \
-            guarded(args, policy, run_of(sandbox), "pause", {"sandbox": args.name, "op": op},
+            guarded(args, policy, run_of(sandbox), "pause",
+                    {"sandbox": args.name, "op": op, **({"to_disk": True} if to_disk else {})},
                     workdir=sandbox.spec.workdir):
         if op == "pause":
-            sandbox.pause()
+            sandbox.pause(to_disk=to_disk)
         else:
             sandbox.resume()
     state = "paused" if op == "pause" else "running"
     if args.json:
-        print_json({"name": sandbox.name, "sandbox_id": sandbox.id, "state": state,
+        print_json({"name": sandbox.name, "sandbox_id": sandbox.id, "state": state, "paused_to_disk": to_disk,
                     "expires_at": round(sandbox.expires, 3)})
     elif op == "pause":
-        print(f"paused sandbox {sandbox.label}; its expiry clock stands still until "
+        where = " to disk (its container stopped, its memory freed)" if to_disk else ""
+        print(f"paused sandbox {sandbox.label}{where}; its expiry clock stands still until "
               f"`callbox sandbox resume {sandbox.label}`")
     else:
         print(f"resumed sandbox {sandbox.label}, expires {until(sandbox.expires)}")

@@ -63,6 +63,12 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.enable_retries", 0),
+    # The agent's socket is local: a connection refused while it is not yet listening (a sandbox
+    # starting, or restored from a memory image) is tried again soon, not after gRPC's default
+    # backoff of a second and more
+    ("grpc.initial_reconnect_backoff_ms", 20),
+    ("grpc.min_reconnect_backoff_ms", 20),
+    ("grpc.max_reconnect_backoff_ms", 500),
 ]
 _SINGLE_THREADED = (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)
 """Server-streaming calls read on the calling thread, no channel spin thread (see the module docstring)."""
@@ -145,7 +151,8 @@ class AgentClient:
         client = cls.__new__(cls)
         client.target = address
         credentials = grpc.ssl_channel_credentials(root_certificates=certificate_pem)
-        options = [*_CHANNEL_OPTIONS, *_RELAY_OPTIONS]
+        relay_keys = {key for key, _ in _RELAY_OPTIONS}
+        options = [*(o for o in _CHANNEL_OPTIONS if o[0] not in relay_keys), *_RELAY_OPTIONS]
         channel = grpc.secure_channel(address, credentials, options=options)
         stream_channel = grpc.secure_channel(address, credentials, options=[*options, _SINGLE_THREADED])
         auth = _RelayCredentials(sandbox_id, token)

@@ -9,7 +9,12 @@ one python3 REPL job holding a variable):
 26b. of which the sandbox stood still (``runsc checkpoint``);
 26c. restore: a fork of the snapshot, create → agent ready, its processes resumed; target ≤ 500 ms
      at 512 MiB; against a cold start of the same spec;
-26d. the memory image's size on disk.
+26d. the memory image's size on disk;
+26e. fork from the memory snapshot to the fork's first command answered (``true``);
+26f. pause to disk (``pause(to_disk=True)``: the agent closing its socket, ``runsc checkpoint``,
+     the container stopped);
+26g. resume from disk (the same container started with ``runsc restore`` → agent ready), and
+     26h. to its first command answered.
 
 Skipped, with the reason, when the engine has no runsc runtime or this is not root. Everything
 started is removed in ``finally``.
@@ -28,7 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.engine.docker.engine import DockerEngine
+from harness.engine.docker.engine import DockerEngine, Sandbox
+from harness.engine.exec_result import collect
 from harness.engine.spec import SandboxSpec
 from tests.bench.bench_results import p50
 from tests.conftest import IMAGE
@@ -42,6 +48,12 @@ SKIPPED: dict[str, str] = {}
 
 def _ms(start: float) -> float:
     return (time.perf_counter() - start) * 1000
+
+
+def _answers(box: Sandbox) -> None:
+    """Run ``true`` in ``box`` (it must answer)."""
+    result = collect(box.agent.exec(["true"], timeout_ms=30_000))
+    assert result.exit_code == 0, result.stderr.data()
 
 
 def skip_reason(engine: DockerEngine) -> str | None:
@@ -82,7 +94,17 @@ def measure(engine: DockerEngine, samples: int, progress: Callable[[str], None])
                     start = time.perf_counter()
                     fork = eng.fork(info.name, from_snapshot=True)
                     data.setdefault(f"memsnap_restore_{key}", []).append(_ms(start))
+                    _answers(fork)
+                    data.setdefault(f"memsnap_fork_answers_{key}", []).append(_ms(start))
                     fork.destroy()
+                    start = time.perf_counter()
+                    box.pause(to_disk=True)
+                    data.setdefault(f"memsnap_pause_disk_{key}", []).append(_ms(start))
+                    start = time.perf_counter()
+                    box.resume()
+                    data.setdefault(f"memsnap_resume_disk_{key}", []).append(_ms(start))
+                    _answers(box)
+                    data.setdefault(f"memsnap_resume_answers_{key}", []).append(_ms(start))
                     start = time.perf_counter()
                     cold = eng.create(spec)
                     data.setdefault(f"memsnap_cold_{key}", []).append(_ms(start))
@@ -99,7 +121,7 @@ def measure(engine: DockerEngine, samples: int, progress: Callable[[str], None])
 
 
 def add_memsnap_rows(data: dict[str, list[float]], add: Callable[..., Any]) -> None:
-    """Rows 26a-26d (``add`` takes ``Row``'s arguments)."""
+    """Rows 26a-26h (``add`` takes ``Row``'s arguments)."""
     for label, _, key in SIZES:
         if f"memsnap_snapshot_{key}" not in data:
             continue
@@ -115,6 +137,14 @@ def add_memsnap_rows(data: dict[str, list[float]], add: Callable[..., Any]) -> N
             f"≤ {TARGET_RESTORE_MS:g} ms" if first else "— (info)",
             (lambda r: r.cb(p50) <= TARGET_RESTORE_MS) if first else None)
         add(f"26d. memory image on disk, {label}", "mem", data[f"memsnap_image_{key}"], "—", None, "— (info)")
+        add(f"26e. fork from a memory snapshot to its first command answered, {label}", "time",
+            data[f"memsnap_fork_answers_{key}"], "cold start, same spec", data[f"memsnap_cold_{key}"], "— (info)")
+        add(f"26f. pause to disk (runsc checkpoint, container stopped), {label}", "time",
+            data[f"memsnap_pause_disk_{key}"], "—", None, "— (info)")
+        add(f"26g. resume from disk (runsc restore → agent ready), {label}", "time",
+            data[f"memsnap_resume_disk_{key}"], "—", None, "— (info)")
+        add(f"26h. resume from disk to its first command answered, {label}", "time",
+            data[f"memsnap_resume_answers_{key}"], "—", None, "— (info)")
 
 
 def bench_memsnap(engine: DockerEngine, samples: int, progress: Callable[[str], None]) -> dict[str, list[float]]:

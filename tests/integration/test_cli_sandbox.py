@@ -199,6 +199,10 @@ def test_port_forward_asks_then_serves_a_network_none_sandbox(cli: Cli, web: dic
 
 def test_pause_and_resume(cli: Cli, web: dict[str, Any]) -> None:
     name = web["name"]
+    # a runc sandbox cannot be paused to disk: refused with the reason (test_memory_snapshots.py
+    # checks it is not frozen instead)
+    to_disk = cli("sandbox", "pause", name, "--to-disk")
+    assert to_disk.returncode != 0 and b"CRIU" in to_disk.stderr and b"runsc" in to_disk.stderr
     assert cli.json("sandbox", "pause", name)["state"] == "paused"
     try:
         assert [r["state"] for r in cli.json("sandbox", "ls") if r["name"] == name] == ["paused"]

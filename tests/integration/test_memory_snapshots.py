@@ -2,8 +2,9 @@
 REPL (a background job) holds a variable and a server listens on a port; a memory snapshot
 keeps both. A fork of the snapshot runs beside the original with its own state, and the
 original, removed and restored by name, has its REPL's variable and its server again.
-Under runc, ``--memory`` is refused, naming the runtime to use. One original, one fork and
-one restore: three gVisor sandboxes in all, at most two at once."""
+A pause to disk saves a fourth one's processes and stops its container; resume restores them.
+Under runc, ``--memory`` and a pause to disk are refused, naming the runtime to use. At most
+two gVisor sandboxes at once."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from harness.core.errors import CallboxError, ErrorCode
+from harness.engine.docker import disk_pause
 from harness.engine.docker.engine import DockerEngine, Sandbox
+from harness.engine.docker.lifetime import SandboxPaused, read_record
 from harness.engine.jobs import JobChunk
 from harness.engine.spec import SandboxSpec
 from tests.conftest import IMAGE, unavailable
@@ -115,7 +118,54 @@ def test_a_memory_snapshot_keeps_processes_through_a_fork_and_a_restore(life: Do
     assert _served(restored) == "served"
 
 
-def test_a_memory_snapshot_under_runc_is_refused_naming_runsc(life: DockerEngine) -> None:
+def _state(life: DockerEngine, box: Sandbox) -> str:
+    return str(life.client.api.inspect_container(box.container_id)["State"]["Status"])
+
+
+def test_a_pause_to_disk_stops_the_container_and_resume_restores_its_processes(life: DockerEngine) -> None:
+    box = life.create(SandboxSpec(image=IMAGE, runtime="runsc"), name="t-mem-disk")
+    repl = box.agent.jobs.start(["python3", "-u", "-i", "-q"], tag="repl", stdin=True).pid
+    box.agent.jobs.write(repl, b"kept = 'the value before the pause'\n")
+    assert run(box, "echo before the pause > /tmp/page.txt").exit_code == 0
+    box.agent.jobs.start(["python3", "-m", "http.server", str(PORT), "--bind", "127.0.0.1"], cwd="/tmp")
+    assert _served(box) == "before the pause"
+    expires = box.expires
+
+    box.pause(to_disk=True)
+    paused_at = time.time()
+    image = disk_pause.image_dir(life.run_root, box.id)
+    assert _state(life, box) == "exited" and (image / "checkpoint.img").is_file()
+    record = read_record(life.run_root, box.id)
+    assert record is not None and record.paused_to_disk and record.is_paused
+    with pytest.raises(SandboxPaused):
+        box.require_running()
+    # Another process sees it paused to disk, and gc keeps it.
+    other = DockerEngine(life.client, run_root=life.run_root, reap_on_start=False)
+    [shown] = [i for i in other.list_sandboxes() if i.name == "t-mem-disk"]
+    assert (shown.state, shown.paused_to_disk) == ("paused", True)
+    assert box.id not in other.gc()
+    reopened = other.open("t-mem-disk")
+    assert reopened.paused
+
+    # The other process resumes it: the same container, the processes where they were.
+    resuming = time.time()
+    new_expiry = reopened.resume()
+    assert new_expiry >= expires + (resuming - paused_at)  # the clock stood still while paused
+    assert _state(life, box) == "running" and not image.exists()
+    assert not read_record(life.run_root, box.id).paused_to_disk  # type: ignore[union-attr]
+    assert _repl_says(reopened, repl, "kept") == "the value before the pause"
+    assert _served(reopened) == "before the pause"
+    reopened.agent.close()
+
+    # Removed while paused to disk: its image goes with it.
+    box.pause(to_disk=True)
+    assert image.is_dir()
+    life.remove("t-mem-disk")
+    life.drain(60)
+    assert not image.exists() and not life.client.api.containers(all=True, filters={"id": box.container_id})
+
+
+def test_a_memory_snapshot_or_a_pause_to_disk_under_runc_is_refused_naming_runsc(life: DockerEngine) -> None:
     box = life.create(SandboxSpec(image=IMAGE, runtime="runc"))
     try:
         with pytest.raises(CallboxError) as refused:
@@ -123,5 +173,11 @@ def test_a_memory_snapshot_under_runc_is_refused_naming_runsc(life: DockerEngine
         assert refused.value.code == ErrorCode.NOT_SUPPORTED
         assert 'runtime = "runsc"' in str(refused.value) and "CRIU" in str(refused.value)
         assert not (life.snapshot_store.root / "t-mem-runc").exists()  # refused before anything was written
+        with pytest.raises(CallboxError) as refused:
+            box.pause(to_disk=True)
+        assert refused.value.code == ErrorCode.NOT_SUPPORTED and "CRIU" in str(refused.value)
+        assert "--to-disk" in str(refused.value)
+        # never a freezer pause instead
+        assert not box.paused and _state(life, box) == "running"
     finally:
         box.destroy()

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness.core.policy import Policy
 from harness.doors.e2b.errors import E2bError
-from harness.doors.e2b.lifecycle import KILL, Lifecycle, check_allowed, lifecycle_of_meta, parse_lifecycle
+from harness.doors.e2b.lifecycle import (
+    KILL,
+    Lifecycle,
+    check_allowed,
+    lifecycle_of_meta,
+    parse_lifecycle,
+    pauses_to_disk,
+)
+from harness.engine.docker.sandbox import Sandbox
+from harness.engine.spec import SandboxSpec
 
 
 @pytest.mark.parametrize(("body", "expected"), [
@@ -47,3 +58,15 @@ def test_a_policy_that_does_not_allow_pausing_refuses_pause_on_timeout() -> None
     with pytest.raises(E2bError, match=r"actions\.pause") as raised:
         check_allowed(Lifecycle("pause", False), asking)
     assert raised.value.error == "permission_denied"
+
+
+def _box(**spec: Any) -> Sandbox:
+    return Sandbox(None, "abcdef012345", "c" * 64, Path("/nonexistent"), SandboxSpec(**spec),  # type: ignore[arg-type]
+                   1000, 1000)
+
+
+def test_the_door_pauses_to_disk_only_a_gvisor_sandbox_without_network() -> None:
+    assert pauses_to_disk(_box(runtime="runsc", network="none")) == (os.geteuid() == 0)
+    assert not pauses_to_disk(_box(runtime="runc", network="none"))  # frozen in memory, as before
+    assert not pauses_to_disk(_box(runtime="runsc", network="allowlist", allow_hosts=("example.com",)))
+    assert not pauses_to_disk(object())

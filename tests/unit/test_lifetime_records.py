@@ -8,6 +8,7 @@ import os
 import tarfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -192,6 +193,22 @@ def test_the_paused_ttl_of_the_spec_is_the_hard_limit_of_a_pause() -> None:
     over = judge(state="paused", record=paused, kept_until=None, now=NOW + 601)
     assert (over.remove, over.drop_record) == (True, True)
     assert "paused TTL" in over.why
+
+
+def test_a_sandbox_paused_to_disk_waits_stopped_for_its_resume_within_the_paused_ttl() -> None:
+    on_disk = replace(record(expires=NOW + 10, spec=SandboxSpec(paused_ttl_seconds=600).model_dump(mode="json"))
+                      .paused(NOW), paused_to_disk=True)
+    assert LifetimeRecord.from_json(on_disk.to_json()) == on_disk
+    # its container exited on purpose: neither its expiry nor the stop reaps it, the paused TTL does
+    assert not judge(state="exited", record=on_disk, kept_until=None, now=NOW + 600, expiry_file_passed=True).remove
+    over = judge(state="exited", record=on_disk, kept_until=None, now=NOW + 601)
+    assert (over.remove, over.drop_record) == (True, True)
+    # running while its resume (or pause) is under way: kept, though its expiry passed
+    assert not judge(state="running", record=on_disk, kept_until=None, now=NOW + 100).remove
+    # a container that stopped while the record says a freezer pause is gone, as before
+    assert judge(state="exited", record=record(expires=NOW + 10).paused(NOW), kept_until=None, now=NOW + 1).remove
+    resumed = on_disk.resumed(NOW + 100)
+    assert not resumed.paused_to_disk and resumed.expires == NOW + 110
 
 
 def test_a_keep_and_a_record_the_later_expiry_wins() -> None:

@@ -67,6 +67,8 @@ from harness.doors.e2b.lifecycle import (
     Lifecycle,
     check_allowed,
     pause_at_timeout,
+    pause_box,
+    pauses_to_disk,
     wake,
 )
 from harness.doors.grpc.errors import ServiceError
@@ -475,8 +477,10 @@ class E2bSandboxes:
         with sandbox.lock:
             if sandbox.state == "paused":
                 raise E2bError(ErrorCode.ALREADY_EXISTS, f"sandbox {sandbox.sandbox_id} is already paused")
-            with self.acting(sandbox, "pause", {"op": "pause", **({"by": by} if by else {})}), e2b_errors(sandbox):
-                sandbox.box.pause()
+            to_disk = pauses_to_disk(sandbox.box)
+            details = {"op": "pause", **({"by": by} if by else {}), **({"to_disk": True} if to_disk else {})}
+            with self.acting(sandbox, "pause", details), e2b_errors(sandbox):
+                pause_box(sandbox.box)
                 sandbox.session.mark_paused(time.time())
 
     def resume(self, sandbox: E2bSandbox) -> None:

@@ -14,6 +14,9 @@ alone):
   refuses such a create, so a sandbox is never removed where its creator asked to keep it.
   The engine's own clock (which its agent obeys) runs :data:`PAUSE_GRACE_S` behind the
   door's, so the reaper pauses the sandbox before its agent would stop on its own.
+* A sandbox under gVisor with network ``none`` (on a server running as root) is paused to
+  disk (:func:`pauses_to_disk`): its processes saved, its container stopped, its memory
+  freed; any other is frozen in memory. Either way its processes come back on resume.
 * ``auto_resume``: an envd request (a command, a file, a watch) or a ``connect`` to a paused
   sandbox resumes it first (:func:`wake`), the ``pause`` action's ``op: resume``; it then has
   a fresh timeout of its original length, at least :data:`RESUME_TIMEOUT_S` (as E2B's auto-resume
@@ -32,6 +35,7 @@ server restart (:mod:`harness.doors.e2b.restart`) keeps it.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -41,10 +45,12 @@ from harness.core.errors import ErrorCode
 from harness.core.policy import Policy
 from harness.doors.e2b.errors import E2bError, invalid
 from harness.doors.grpc.sessions import ClientSession
+from harness.engine.base import LivingSandbox
+from harness.engine.docker.sandbox import Sandbox as DockerSandbox
 
 __all__ = ["KILL", "LIFECYCLE_META", "PAUSE_GRACE_S", "RESUME_TIMEOUT_S", "Lifecycle", "Sandbox", "Sandboxes",
            "check_allowed",
-           "lifecycle_of_meta", "parse_lifecycle", "pause_at_timeout", "wake"]
+           "lifecycle_of_meta", "parse_lifecycle", "pause_at_timeout", "pause_box", "pauses_to_disk", "wake"]
 
 log = logging.getLogger("callbox.e2b")
 
@@ -167,6 +173,20 @@ def pause_at_timeout(sandboxes: Sandboxes, sandbox: Sandbox) -> bool:
     log.info("sandbox %s of client %s paused at its timeout; kept paused for up to %d s", sandbox.sandbox_id,
              sandbox.client, keep)
     return True
+
+
+def pauses_to_disk(box: object) -> bool:
+    """Whether the door's pause of ``box`` goes to disk: a Docker sandbox under gVisor with no
+    network, on a server running as root, whose processes can be saved and its memory freed
+    (:mod:`harness.engine.docker.disk_pause`). Any other is frozen in memory: E2B's pause keeps
+    the processes either way."""
+    return (isinstance(box, DockerSandbox) and box.spec.runtime == "runsc" and box.spec.network == "none"
+            and os.geteuid() == 0)
+
+
+def pause_box(box: LivingSandbox) -> None:
+    """The door's pause of ``box``: to disk where :func:`pauses_to_disk`, else frozen."""
+    box.pause(to_disk=pauses_to_disk(box))
 
 
 def wake(sandboxes: Sandboxes, sandbox: Sandbox) -> None:

@@ -497,14 +497,16 @@ class DockerEngine:
         return living.is_removed(self, sandbox)
 
     @engine_calls
-    def pause(self, sandbox: Sandbox) -> None:
-        """Freeze ``sandbox`` (``docker pause``; its egress proxy too); its expiry clock stops."""
-        living.pause(self, sandbox)
+    def pause(self, sandbox: Sandbox, *, to_disk: bool = False) -> None:
+        """Freeze ``sandbox`` (``docker pause``; its egress proxy too); its expiry clock stops.
+        ``to_disk``: save its processes to disk and stop its container instead, freeing its
+        memory (gVisor only, see :mod:`harness.engine.docker.disk_pause`)."""
+        living.pause(self, sandbox, to_disk)
 
     @engine_calls
     def resume(self, sandbox: Sandbox, *, timeout: float = living.RESUME_TIMEOUT_S) -> float:
-        """Thaw ``sandbox`` and wait until its agent answers; its expiry, moved later by the
-        time it was paused."""
+        """Thaw ``sandbox`` (paused to disk: restore it) and wait until its agent answers; its
+        expiry, moved later by the time it was paused."""
         return living.resume(self, sandbox, timeout)
 
     @engine_calls

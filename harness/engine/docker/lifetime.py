@@ -17,10 +17,12 @@ The clock. A record's ``expires`` is when gc removes the sandbox (and when its a
 on its own: the engine writes the same time to the agent's expiry file). While the sandbox
 is paused (``docker pause``, the cgroup freezer) the clock stands still: the record keeps
 ``paused_at`` and the time that was left (``paused_remaining_s``); resuming sets the expiry
-to now plus that time, so the expiry moves later by exactly the time spent paused. gc never
-reaps a paused sandbox for its expiry, but a pause has a hard limit: a sandbox paused for
-longer than its spec's ``paused_ttl_seconds`` (the policy's ``sandbox.paused_ttl_seconds``,
-24 h by default) is removed.
+to now plus that time, so the expiry moves later by exactly the time spent paused. A pause
+to disk (gVisor) stops the container instead of freezing it; its record says so
+(``paused_to_disk``) and the stopped container is judged as a paused one. gc never reaps a
+paused sandbox for its expiry, but a pause has a hard limit: a sandbox paused for longer
+than its spec's ``paused_ttl_seconds`` (the policy's ``sandbox.paused_ttl_seconds``, 24 h by
+default) is removed.
 
 What gc does with a sandbox (``judge``, pure so it is unit-tested without a container):
 
@@ -146,6 +148,9 @@ class LifetimeRecord:
     """While paused: the time that was left on the clock when the pause began."""
     paused_total_s: float = 0.0
     """Time spent paused so far (earlier pauses)."""
+    paused_to_disk: bool = False
+    """While paused: its processes were saved to disk and its container stopped (a pause to
+    disk, :mod:`harness.engine.docker.disk_pause`), rather than frozen in memory."""
 
     @property
     def is_paused(self) -> bool:
@@ -181,7 +186,7 @@ class LifetimeRecord:
             return self
         remaining = self.paused_remaining_s if self.paused_remaining_s is not None else self.expires - self.paused_at
         return replace(self, expires=now + max(0.0, remaining), paused_at=None, paused_remaining_s=None,
-                       paused_total_s=self.paused_total_s + max(0.0, now - self.paused_at))
+                       paused_to_disk=False, paused_total_s=self.paused_total_s + max(0.0, now - self.paused_at))
 
     def extended(self, now: float, ttl_s: float | None = None) -> LifetimeRecord:
         """Kept alive at ``now`` for ``ttl_s`` (default its TTL) more seconds of running time
@@ -197,8 +202,8 @@ class LifetimeRecord:
     @classmethod
     def from_json(cls, text: str) -> LifetimeRecord:
         data = json.loads(text)
-        optional = {key: data[key] for key in ("process", "paused_at", "paused_remaining_s", "paused_total_s")
-                    if data.get(key) is not None}
+        keys = ("process", "paused_at", "paused_remaining_s", "paused_total_s", "paused_to_disk")
+        optional = {key: data[key] for key in keys if data.get(key) is not None}
         return cls(
             sandbox_id=str(data["sandbox_id"]), name=None if data.get("name") is None else str(data["name"]),
             owner=None if data.get("owner") is None else str(data["owner"]),
@@ -379,7 +384,10 @@ def judge(*, state: str | None, record: LifetimeRecord | None, kept_until: float
             return Verdict(True, False, "its creating process is gone")
         return Verdict(True, False, "stopped") if stopped else KEEP
     named = record.name is not None
-    if state == "paused" and record.paused_at is not None:
+    # A pause to disk stopped the container on purpose: it waits, stopped, for its resume (and
+    # runs again, its record still paused, while a pause or a resume is under way).
+    on_disk = record.paused_to_disk and state is not None
+    if (state == "paused" or on_disk) and record.paused_at is not None:
         deadline = record.pause_deadline
         if deadline is not None and deadline < now:
             return Verdict(True, True, f"paused for more than its paused TTL ({record.pause_limit_s:.0f} s)")

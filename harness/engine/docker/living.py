@@ -41,7 +41,7 @@ from harness.core.errors import (
     SandboxStartError,
     short_reason,
 )
-from harness.engine.docker import labels, memory_snapshots
+from harness.engine.docker import disk_pause, labels, memory_snapshots
 from harness.engine.docker.cgroup_stats import CgroupReader, SandboxStats, stats_from_api
 from harness.engine.docker.kept import (
     STALE_AFTER_S,
@@ -118,6 +118,8 @@ class SandboxInfo:
     memory_bytes: int | None = None
     pids: int | None = None
     paused_at: float | None = None
+    paused_to_disk: bool = False
+    """Paused to disk: its processes saved, its container stopped (state ``paused``)."""
     process: str = ""
     """The creating process (``host/pid/start``)."""
 
@@ -221,6 +223,10 @@ def open_sandbox(engine: DockerEngine, name_or_id: str, ready_timeout: float) ->
         raise SandboxNotFound(name_or_id)
     shown = record.name or sandbox_id
     state = _docker_state(engine, record.container_id)
+    if record.paused_to_disk and state in STOPPED:
+        sandbox = from_record(engine, record)
+        sandbox.paused_here = True
+        return sandbox
     if state is None or state in STOPPED:
         raise SandboxGone(
             f"sandbox {shown} is gone: its container {'stopped' if state else 'no longer exists'} (the Docker "
@@ -346,7 +352,10 @@ def _freeze(engine: DockerEngine, container: str, *, thaw: bool) -> None:
             time.sleep(0.02)
 
 
-def pause(engine: DockerEngine, sandbox: Sandbox) -> None:
+def pause(engine: DockerEngine, sandbox: Sandbox, to_disk: bool = False) -> None:
+    if to_disk:
+        disk_pause.pause(engine, sandbox, lambda: _ensure_record(engine, sandbox), wait_healthy)
+        return
     now = time.time()
     with locked(engine.run_root):
         before = _ensure_record(engine, sandbox)
@@ -367,15 +376,20 @@ def pause(engine: DockerEngine, sandbox: Sandbox) -> None:
 
 
 def resume(engine: DockerEngine, sandbox: Sandbox, timeout: float) -> float:
-    """Thaw the sandbox; its new expiry."""
+    """Thaw the sandbox (or restore it from disk); its new expiry."""
     now = time.time()
     with locked(engine.run_root):
         record = read_record(engine.run_root, sandbox.id)
-        if record is not None:
+        if record is not None and not record.paused_to_disk:
             record = record.resumed(now)
             write_record(engine.run_root, record)
             _set_expiry(engine, sandbox.id, record.socket_dir, record.expires)
             sandbox.expires = record.expires
+    if record is not None and record.paused_to_disk:
+        socket_dir = record.socket_dir
+        return disk_pause.resume(engine, sandbox, record,
+                                 lambda expires: _set_expiry(engine, sandbox.id, socket_dir, expires),
+                                 wait_healthy, timeout)
     if sandbox.spec.network == "allowlist":
         with contextlib.suppress(docker.errors.DockerException):
             _freeze(engine, proxy_name(sandbox.id), thaw=True)
@@ -415,6 +429,8 @@ def container_stats(engine: DockerEngine, container_id: str, *, find_pid: bool =
 
 def sandbox_stats(engine: DockerEngine, sandbox: Sandbox) -> SandboxStats:
     found = container_stats(engine, sandbox.container_id)
+    if found is None and (record := read_record(engine.run_root, sandbox.id)) is not None and record.paused_to_disk:
+        return SandboxStats(cpu_usage_s=0.0, memory_bytes=0, pids=0, source="paused to disk")
     if found is None:
         raise SandboxGone(f"sandbox {sandbox.label} is not running: it has no stats", sandbox_id=sandbox.id,
                           expired_at=None)
@@ -434,7 +450,8 @@ def list_sandboxes(engine: DockerEngine, *, with_stats: bool = True) -> list[San
         kept = record_for_container(lab)
         record = _record_of(lab)
         docker_state = str(c.get("State", "?"))
-        state = state_of(docker_state)
+        on_disk = record is not None and record.paused_to_disk and docker_state in STOPPED
+        state = "paused" if on_disk else state_of(docker_state)
         stats = container_stats(engine, str(c["Id"])) if with_stats and state in ("running", "paused") else None
         expires = record.expires_at(now) if record is not None else (
             kept.until if kept is not None else labels.time_label(lab, labels.EXPIRES))
@@ -446,6 +463,7 @@ def list_sandboxes(engine: DockerEngine, *, with_stats: bool = True) -> list[San
             name=record.name if record is not None else (lab.get(labels.NAME) or None), state=state,
             cpu_usage_s=stats.cpu_usage_s if stats else None, memory_bytes=stats.memory_bytes if stats else None,
             pids=stats.pids if stats else None, paused_at=record.paused_at if record is not None else None,
+            paused_to_disk=on_disk,
             process=lab.get(labels.OWNER, ""),
         ))
     for record in all_records(engine.run_root):

@@ -43,7 +43,7 @@ import os
 import shlex
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,27 +76,33 @@ NETWORKS = ("none",)
 """The networks a memory snapshot can keep (its loopback lives in gVisor's own stack)."""
 
 
-def refuse_unless_possible(spec: SandboxSpec, label: str) -> None:
-    """A memory snapshot of a sandbox running ``spec`` is possible, else a clear error."""
+SNAPSHOT = ("a memory snapshot (--memory)", "a snapshot without --memory keeps its files")
+"""What ``refuse_unless_possible`` names: what was asked, and what works instead."""
+
+
+def refuse_unless_possible(spec: SandboxSpec, label: str, asked: tuple[str, str] = SNAPSHOT) -> None:
+    """Saving the processes of a sandbox running ``spec`` is possible, else a clear error;
+    ``asked``: what the caller asked for and what works instead (default a memory snapshot)."""
+    what, instead = asked
     if spec.runtime != RUNTIME:
         raise CallboxError(
-            f"sandbox {label} runs under {spec.runtime}, which cannot save its processes: a memory snapshot "
-            f"(--memory) needs runtime = \"{RUNTIME}\" (gVisor; `make runsc`, then create the sandbox with "
+            f"sandbox {label} runs under {spec.runtime}, which cannot save its processes: {what} "
+            f"needs runtime = \"{RUNTIME}\" (gVisor; `make runsc`, then create the sandbox with "
             f"--runtime {RUNTIME}). Under runc the only way would be CRIU, which needs root with CAP_SYS_ADMIN over "
-            "the container and Docker's experimental checkpoints (docs/sandboxes.md); a snapshot without --memory "
-            "keeps its files", code=ErrorCode.NOT_SUPPORTED)
+            f"the container and Docker's experimental checkpoints (docs/sandboxes.md); {instead}",
+            code=ErrorCode.NOT_SUPPORTED)
     if spec.network not in NETWORKS:
         raise CallboxError(
-            f"sandbox {label} has network {spec.network!r}: a memory snapshot keeps only sandboxes with network "
+            f"sandbox {label} has network {spec.network!r}: {what} keeps only sandboxes with network "
             "\"none\" (connections to the outside and the egress proxy cannot be carried into a restored "
-            "sandbox); a snapshot without --memory keeps its files", code=ErrorCode.NOT_SUPPORTED)
+            f"sandbox); {instead}", code=ErrorCode.NOT_SUPPORTED)
     if os.geteuid() != 0:
         raise CallboxError(
-            "a memory snapshot runs `runsc checkpoint` on the runtime's state, which only root may: run it as root",
+            f"{what} runs `runsc checkpoint` on the runtime's state, which only root may: run it as root",
             code=ErrorCode.PERMISSION_DENIED)
 
 
-def _runtime_command(engine: DockerEngine, container_id: str) -> list[str]:
+def runtime_command(engine: DockerEngine, container_id: str) -> list[str]:
     """The runtime's binary and global flags as Docker runs it for this container: the
     registered path and runtimeArgs, and the state root the sandbox process was given."""
     runtimes = engine.docker_info().get("Runtimes") or {}
@@ -124,12 +130,12 @@ def _wait_for(path: Path, timeout: float, what: str) -> None:
         time.sleep(0.002)
 
 
-def _listening_again(sandbox: Sandbox, wait_healthy: WaitHealthy) -> None:
+def listening_again(sandbox: Sandbox, wait_healthy: WaitHealthy, timeout: float = QUIESCE_TIMEOUT_S) -> None:
     """Wait until the agent listens again and answers (its socket first, so the client's
     channel does not try too early and back off)."""
     from harness.engine.docker.sandbox import AGENT_SOCKET_NAME
 
-    deadline = time.monotonic() + QUIESCE_TIMEOUT_S
+    deadline = time.monotonic() + timeout
     while not (sandbox.socket_dir / AGENT_SOCKET_NAME).exists() and time.monotonic() < deadline:
         time.sleep(0.001)
     wait_healthy(sandbox, max(0.1, deadline - time.monotonic()))
@@ -140,16 +146,40 @@ def save(engine: DockerEngine, sandbox: Sandbox, directory: Path, wait_healthy: 
     ``wait_healthy(sandbox, timeout)`` waits for its agent to answer again (the living
     sandbox's own wait, passed in: this module sits below it)."""
     refuse_unless_possible(sandbox.spec, sandbox.label)
-    command = _runtime_command(engine, sandbox.container_id)
+    command = runtime_command(engine, sandbox.container_id)
+    with locked(sandbox):
+        image = directory / MEMORY
+        started = time.monotonic()
+        try:
+            frozen = checkpoint(engine, sandbox, image, command, leave_running=True)
+        finally:
+            (sandbox.socket_dir / RESUME_FILE).write_text("1\n")
+            listening_again(sandbox, wait_healthy)
+    size = sum(f.stat().st_size for f in image.rglob("*") if f.is_file())
+    return MemoryImage(directory=MEMORY, runtime=RUNTIME, runtime_version=runtime_version(command),
+                       bytes=size, seconds=round(time.monotonic() - started, 3), frozen_seconds=round(frozen, 3))
+
+
+def runtime_version(command: list[str]) -> str:
+    """The first line of ``runsc --version``."""
     version = subprocess.run([command[0], "--version"], capture_output=True, text=True, timeout=30,
                              check=False).stdout.splitlines()
+    return version[0] if version else ""
+
+
+@contextlib.contextmanager
+def locked(sandbox: Sandbox) -> Iterator[None]:
+    """One memory snapshot (or pause to disk) of a sandbox at a time, in any process."""
     with open(sandbox.socket_dir / LOCK_FILE, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one memory snapshot of a sandbox at a time, in any process
-        return _save(engine, sandbox, directory, command, version[0] if version else "", wait_healthy)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
-def _save(engine: DockerEngine, sandbox: Sandbox, directory: Path, command: list[str], version: str,
-          wait_healthy: WaitHealthy) -> MemoryImage:
+def checkpoint(engine: DockerEngine, sandbox: Sandbox, image: Path, command: list[str], *,
+               leave_running: bool) -> float:
+    """Ask the agent to close its socket, then save the sandbox into ``image`` with ``runsc
+    checkpoint``; ``leave_running``: it runs on (its agent waits for ``RESUME_FILE``), else
+    gVisor stops it and its container exits. The seconds the checkpoint took."""
     if not (sandbox.socket_dir / QUIESCABLE_FILE).exists():
         raise SnapshotError(f"the agent of sandbox {sandbox.label} predates memory snapshots (its image is older "
                             "than this callbox): create the sandbox again from a current image to take one",
@@ -157,29 +187,21 @@ def _save(engine: DockerEngine, sandbox: Sandbox, directory: Path, command: list
     quiesced, resume = sandbox.socket_dir / QUIESCED_FILE, sandbox.socket_dir / RESUME_FILE
     for leftover in (quiesced, resume):
         leftover.unlink(missing_ok=True)
-    image = directory / MEMORY
-    started = time.monotonic()
     try:
         engine.client.api.kill(sandbox.container_id, signal=QUIESCE_SIGNAL)
         _wait_for(quiesced, QUIESCE_TIMEOUT_S, f"the agent of sandbox {sandbox.label} closing its socket")
-        frozen = time.monotonic()
-        done = subprocess.run(
-            [*command, "checkpoint", "--leave-running", "--compression=none", "--exclude-committed-zero-pages",
-             f"--image-path={image}",
-             sandbox.container_id], capture_output=True, text=True, timeout=CHECKPOINT_TIMEOUT_S, check=False)
-        frozen = time.monotonic() - frozen
-        if done.returncode != 0:
-            raise SnapshotError(f"gVisor could not save sandbox {sandbox.label} ({shlex.join(command[:1])} "
-                                f"checkpoint): {(done.stderr or done.stdout).strip()[-500:]}")
     except docker.errors.DockerException as exc:
         raise SnapshotError(f"cannot ask the agent of sandbox {sandbox.label} to close its socket: "
                             f"{short_reason(exc)}") from None
-    finally:
-        resume.write_text("1\n")
-        _listening_again(sandbox, wait_healthy)
-    size = sum(f.stat().st_size for f in image.rglob("*") if f.is_file())
-    return MemoryImage(directory=MEMORY, runtime=RUNTIME, runtime_version=version,
-                       bytes=size, seconds=round(time.monotonic() - started, 3), frozen_seconds=round(frozen, 3))
+    started = time.monotonic()
+    done = subprocess.run(
+        [*command, "checkpoint", *(["--leave-running"] if leave_running else []), "--compression=none",
+         "--exclude-committed-zero-pages", f"--image-path={image}", sandbox.container_id],
+        capture_output=True, text=True, timeout=CHECKPOINT_TIMEOUT_S, check=False)
+    if done.returncode != 0:
+        raise SnapshotError(f"gVisor could not save sandbox {sandbox.label} ({shlex.join(command[:1])} "
+                            f"checkpoint): {(done.stderr or done.stdout).strip()[-500:]}")
+    return time.monotonic() - started
 
 
 def restore_request(image: Path) -> Callable[[str], None]:

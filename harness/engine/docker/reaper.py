@@ -22,7 +22,7 @@ import docker
 import docker.errors
 
 from harness.core.errors import EngineUnavailable, short_reason
-from harness.engine.docker import labels
+from harness.engine.docker import disk_pause, labels
 from harness.engine.docker.client import remove_container
 from harness.engine.docker.kept import (
     STALE_AFTER_S,
@@ -81,6 +81,7 @@ def gc(engine: DockerEngine, now: float) -> list[str]:
         socket_dir = lab.get(labels.SOCKET_DIR) or ""
         if socket_dir and Path(socket_dir).parent == engine.run_root:
             shutil.rmtree(socket_dir, ignore_errors=True)
+            disk_pause.remove_image(engine.run_root, sandbox_id)
             if kept is not None:
                 kept_path(engine.run_root, sandbox_id).unlink(missing_ok=True)
             if verdict.drop_record:
@@ -89,6 +90,7 @@ def gc(engine: DockerEngine, now: float) -> list[str]:
         removed.append(sandbox_id or c["Id"][:12])
     removed += gc_records(engine, listed, now)
     _remove_stale_socket_dirs(engine.run_root, live_ids)
+    disk_pause.remove_stale_images(engine.run_root, live_ids)
     remove_stale_records(engine.run_root, live_ids)
     remove_stale_claims(engine.run_root, now)
     try:
@@ -123,6 +125,7 @@ def gc_records(engine: DockerEngine, listed: set[str], now: float) -> list[str]:
         if judge(state=None, record=record, kept_until=None, now=now).drop_record:
             if Path(record.socket_dir).parent == engine.run_root:
                 shutil.rmtree(record.socket_dir, ignore_errors=True)
+                disk_pause.remove_image(engine.run_root, record.sandbox_id)
             remove_record(engine.run_root, record.sandbox_id)
             removed.append(record.sandbox_id)
     return removed

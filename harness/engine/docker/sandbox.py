@@ -138,9 +138,10 @@ class Sandbox:
         self.require_running()
         return forward_port(self.agent, port, host_port=host_port)
 
-    def pause(self) -> None:
-        """Freeze every process in it (``docker pause``); its expiry clock stops until ``resume``."""
-        self.engine.pause(self)
+    def pause(self, *, to_disk: bool = False) -> None:
+        """Freeze every process in it (``docker pause``); its expiry clock stops until ``resume``.
+        ``to_disk``: save them to disk and stop its container instead (gVisor only)."""
+        self.engine.pause(self, to_disk=to_disk)
 
     def resume(self) -> float:
         """Thaw it and wait until its agent answers; its new expiry (moved by the paused time)."""

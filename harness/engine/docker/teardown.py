@@ -11,9 +11,9 @@ of background workers owned by the engine:
   out;
 * in the background: the container, then (unless it has none) the egress proxy, network and
   proxy log (:meth:`SandboxNetworks.detach`, which also logs every decision), then the socket
-  directory. A removal that fails is retried with backoff for ``RETRY_FOR_S`` and each failure
-  logged; one that still fails is logged as an error and left to ``gc`` (its expiry has
-  passed, so any gc removes it).
+  directory and the memory image of a pause to disk. A removal that fails is retried with
+  backoff for ``RETRY_FOR_S`` and each failure logged; one that still fails is logged as an
+  error and left to ``gc`` (its expiry has passed, so any gc removes it).
 
 Nothing is lost at exit: ``drain`` waits (bounded) until the pending removals are done,
 ``close`` drains and then makes later destroys synchronous, and an ``atexit`` hook closes
@@ -43,6 +43,7 @@ import requests
 import tenacity
 
 from harness.core.errors import short_reason
+from harness.engine.docker import disk_pause
 from harness.engine.docker.client import remove_container
 from harness.engine.docker.kept import kept_path, write_expiry
 from harness.engine.docker.lifetime import remove_record
@@ -234,6 +235,7 @@ class Teardown:
         if removal.network != "none":
             engine.networks.detach(removal.sandbox_id)
         remove_tree(engine.run_root / removal.sandbox_id)
+        remove_tree(disk_pause.image_dir(engine.run_root, removal.sandbox_id))
 
 
 def remove_tree(path: Path) -> None:

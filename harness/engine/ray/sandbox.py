@@ -116,7 +116,10 @@ class RaySandbox:
         self.require_running()
         return forward_port(self.agent, port, host_port=host_port)
 
-    def pause(self) -> None:
+    def pause(self, *, to_disk: bool = False) -> None:
+        if to_disk:
+            raise CallboxError("the Ray engine pauses a sandbox in memory only: a pause to disk (--to-disk) needs the "
+                               "Docker engine and gVisor", code=ErrorCode.NOT_SUPPORTED)
         self.engine.pause(self)
 
     def resume(self) -> float:
