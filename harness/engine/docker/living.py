@@ -8,8 +8,8 @@ The records and the rules are in :mod:`harness.engine.docker.lifetime`, the stor
 Pause: ``docker pause`` freezes every process of the sandbox (and of its egress proxy, if it
 has one, so the proxy's own expiry clock stands still too). The record gets ``paused_at``
 before the freeze, so gc in any process sees the pause. Resume writes the moved expiry (the
-record, the agent's expiry file, the proxy's) before thawing, so the agent never sees a
-stale one, then waits until the agent answers its health check.
+record, the agent's expiry file, the proxy's) before thawing, then waits for the agent's
+health check. A pause to disk (gVisor) is :mod:`harness.engine.docker.disk_pause`'s.
 
 Restoring after the engine restarted: the containers are gone, a named sandbox's record
 stays (``list`` shows it ``gone``); ``restore(name)`` creates a new sandbox under the same
@@ -281,8 +281,7 @@ def wait_healthy(sandbox: Sandbox, timeout: float) -> None:
 
 
 def is_paused(engine: DockerEngine, sandbox: Sandbox) -> bool:
-    """Cheap (one small file read): what its record says (any process pauses and resumes
-    through it), else what this process saw (a container paused by ``docker pause``)."""
+    """Its record's word (any process pauses through it), else what this process saw (``docker pause``)."""
     record = read_record(engine.run_root, sandbox.id)
     return record.is_paused if record is not None else sandbox.paused_here
 
