@@ -23,7 +23,7 @@ from e2b.exceptions import NotFoundException
 
 from tests.interop.e2b_server import E2bServer, policy_text, sdk_environment, serve_e2b
 
-pytestmark = [pytest.mark.docker, pytest.mark.interop]
+pytestmark = [pytest.mark.docker, pytest.mark.interop, pytest.mark.clock]  # its tests wait on the reaper
 
 PAUSED_TTL_S = 20
 """The module's policy's ``sandbox.paused_ttl_seconds``."""
