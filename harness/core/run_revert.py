@@ -96,7 +96,8 @@ def revert_ended(audit: AuditStore, run_id: str, to_call: str, *, mounts_only: b
         raise RevertRefused(f"call {running[0]} of run {run_id} is running; revert once it has finished")
     if record.ended is None:
         raise RevertRefused(f"run {run_id} is still open: its sandbox may still change its mounts; revert "
-                            "once the run has ended (`callbox audit` shows its END)")
+                            "once the run has ended (`callbox audit` shows its END), or now through the server "
+                            "that holds it (its console's run page, or its gRPC door's Undo.RevertRun)")
     lost = undo.scratch_changes(changes, to_call)
     if lost and not mounts_only:
         raise UndoError(f"the calls from {to_call} on also changed {', '.join(lost)}, which only the "
