@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import sys
 import time
@@ -19,41 +18,11 @@ import pytest
 
 from tests.conftest import IMAGE
 from tests.integration.helpers import callbox
+from tests.support.file_trees import listing, make_project
 
 pytestmark = pytest.mark.docker
 
 WAIT_S = 120.0
-
-
-def _tree(root: Path) -> dict[str, tuple[str, int, bytes | str | None]]:
-    """Every entry below ``root``: (type, permission bits, content or symlink target)."""
-    found: dict[str, tuple[str, int, bytes | str | None]] = {}
-    for top, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(top, name)
-            st = path.lstat()
-            rel = str(path.relative_to(root))
-            if stat.S_ISLNK(st.st_mode):
-                found[rel] = ("symlink", 0, os.readlink(path))
-            elif stat.S_ISDIR(st.st_mode):
-                found[rel] = ("dir", stat.S_IMODE(st.st_mode), None)
-            else:
-                found[rel] = ("file", stat.S_IMODE(st.st_mode), path.read_bytes())
-    return found
-
-
-def _project(root: Path) -> None:
-    (root / "sub").mkdir(parents=True)
-    (root / "a.txt").write_text("one\ntwo\nthree\n")
-    (root / "sub" / "b.txt").write_text("bee\n")
-    (root / "tool.sh").write_text("#!/bin/sh\necho tool\n")
-    (root / "tool.sh").chmod(0o755)
-    (root / "blob.bin").write_bytes(bytes(range(256)))
-    os.symlink("a.txt", root / "link")
-    if os.geteuid() == 0:
-        for top, dirs, files in os.walk(root):
-            for name in [top, *(os.path.join(top, n) for n in dirs + files)]:
-                os.chown(name, 1000, 1000, follow_symlinks=False)
 
 
 PATCH = "*** Begin Patch\n*** Update File: /data/new.txt\n@@\n-hello\n+hello, patched\n*** End Patch\n"
@@ -61,8 +30,8 @@ PATCH = "*** Begin Patch\n*** Update File: /data/new.txt\n@@\n-hello\n+hello, pa
 
 def test_diff_and_revert_of_a_run_in_a_read_write_mount(engine: object, tmp_path: Path) -> None:
     project = tmp_path / "project"
-    _project(project)
-    before = _tree(project)
+    make_project(project, binary=True)
+    before = listing(project)
     policy = tmp_path / "policy.toml"
     policy.write_text('[checkpoints]\nmode = "changes"\n')
     shell_edit = ("sed -i 's/two/TWO/' /data/a.txt && rm -r /data/sub && chmod 600 /data/tool.sh"
@@ -125,4 +94,4 @@ def test_diff_and_revert_of_a_run_in_a_read_write_mount(engine: object, tmp_path
     assert "/data/new.txt" in report["removed"] and "/data/sub/b.txt" in report["recreated"]
     assert "/workspace: only the run's sandbox holds it" in report["not_restored"]
     assert all(line.endswith("only the run's sandbox holds it") for line in report["not_restored"])
-    assert _tree(project) == before
+    assert listing(project) == before

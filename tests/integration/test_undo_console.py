@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from harness.doors.grpc.tokens import TokenSet
 from harness.doors.http import HttpServer, serve_http
 from tests.browser import chromium
 from tests.conftest import IMAGE
+from tests.support.file_trees import listing, make_project
 
 pytestmark = pytest.mark.docker
 
@@ -47,36 +47,6 @@ WAIT_S = 180.0
 PAGE_TIMEOUT_MS = 30_000
 MARKUP = "hello <b>bold</b> & <script>alert(1)</script>\n"
 """What the first call writes: it must show as text, never as markup."""
-
-
-def _tree(root: Path) -> dict[str, tuple[str, int, bytes | str | None]]:
-    """Every entry below ``root``: (type, permission bits, content or symlink target)."""
-    found: dict[str, tuple[str, int, bytes | str | None]] = {}
-    for top, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(top, name)
-            st = path.lstat()
-            rel = str(path.relative_to(root))
-            if stat.S_ISLNK(st.st_mode):
-                found[rel] = ("symlink", 0, os.readlink(path))
-            elif stat.S_ISDIR(st.st_mode):
-                found[rel] = ("dir", stat.S_IMODE(st.st_mode), None)
-            else:
-                found[rel] = ("file", stat.S_IMODE(st.st_mode), path.read_bytes())
-    return found
-
-
-def _project(root: Path) -> None:
-    (root / "sub").mkdir(parents=True)
-    (root / "a.txt").write_text("one\ntwo\nthree\n")
-    (root / "sub" / "b.txt").write_text("bee\n")
-    (root / "tool.sh").write_text("#!/bin/sh\necho tool\n")
-    (root / "tool.sh").chmod(0o755)
-    os.symlink("a.txt", root / "link")
-    if os.geteuid() == 0:  # tools never run as root: the mount is uid 1000's
-        for top, dirs, files in os.walk(root):
-            for name in [top, *(os.path.join(top, n) for n in dirs + files)]:
-                os.chown(name, 1000, 1000, follow_symlinks=False)
 
 
 @dataclass
@@ -95,8 +65,8 @@ def undone(engine: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     """One ended run whose calls changed a read-write mount and /workspace, and the console on its audit store."""
     tmp = tmp_path_factory.mktemp("undo-console")
     project = tmp / "project"
-    _project(project)
-    before = _tree(project)
+    make_project(project)
+    before = listing(project)
     (tmp / "policy.toml").write_text('[checkpoints]\nmode = "changes"\n')
     edit = ("sed -i 's/two/TWO/' /data/a.txt && rm -r /data/sub && chmod 600 /data/tool.sh"
             " && ln -sfn new.txt /data/link && echo scratch > /workspace/scratch.txt")
@@ -178,7 +148,7 @@ def test_reverts_the_console_refuses_say_why(undone: Undone) -> None:
     assert no_records.status_code == 400 and "has no change records" in no_records.text
     unknown = _revert(undone, "no-such-run", {"to": "c1", "mounts_only": "yes"})
     assert unknown.status_code == 404, unknown.text
-    assert _tree(undone.project) != undone.before  # still the run's changes
+    assert listing(undone.project) != undone.before  # still the run's changes
 
 
 def _colored_pixels(browser: Any, png: bytes) -> dict[str, int]:
@@ -241,7 +211,7 @@ def test_an_operator_reverts_in_chromium(undone: Undone, tmp_path: Path) -> None
             page.screenshot(path=str(tmp_path / "undo-console-reverted.png"), full_page=True)
         finally:
             context.close()
-    assert _tree(undone.project) == undone.before  # byte for byte, modes and symlinks included
+    assert listing(undone.project) == undone.before  # byte for byte, modes and symlinks included
     reverts = undone.audit.get_run(undone.run_id).meta["console_reverts"]
     assert [(r["by"], r["to_call"], r["where"]) for r in reverts] == [("console:operator", "c1", "mounts")]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from sandbox.changes import ChangesService
 from sandbox.errors import AgentError
 from sandbox.fs import FilesystemService
 from sandbox.v1 import changes_pb2, errors_pb2
+from tests.support.file_trees import listing
 
 
 class _Agent:
@@ -43,23 +43,6 @@ class _Sandbox:
 
     def __init__(self, service: ChangesService) -> None:
         self.agent = _Agent(service)
-
-
-def _tree(root: Path) -> dict[str, tuple[str, int, bytes | str | None]]:
-    """Every entry below ``root``: (type, permission bits, content or symlink target)."""
-    found: dict[str, tuple[str, int, bytes | str | None]] = {}
-    for top, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(top, name)
-            st = path.lstat()
-            rel = str(path.relative_to(root))
-            if stat.S_ISLNK(st.st_mode):
-                found[rel] = ("symlink", 0, os.readlink(path))
-            elif stat.S_ISDIR(st.st_mode):
-                found[rel] = ("dir", stat.S_IMODE(st.st_mode), None)
-            else:
-                found[rel] = ("file", stat.S_IMODE(st.st_mode), path.read_bytes())
-    return found
 
 
 @pytest.fixture
@@ -132,7 +115,7 @@ def test_diff_and_revert_restore_the_mount_byte_for_byte(place: Path, tmp_path: 
     copies = {}
 
     def call(call_id: str) -> dict[str, Any] | None:
-        copies[call_id] = _tree(place)
+        copies[call_id] = listing(place)
         assert recorder.before(sandbox) is None
         return None
 
@@ -163,14 +146,14 @@ def test_diff_and_revert_restore_the_mount_byte_for_byte(place: Path, tmp_path: 
     assert f"removed directory {place}/old" in two or f"removed dir {place}/old" in two
 
     report = undo.revert(store, "c2")
-    assert _tree(place) == copies["c2"]
+    assert listing(place) == copies["c2"]
     assert f"{place}/README" in report.created and not report.not_restored
     assert store.records()[-1].kind == "revert"  # the recorded state follows: a resumed run compares with it
     assert recorder.after(sandbox, "c2b", "shell") == {"created": 0, "changed": 0, "removed": 0}
     undo.revert(store, "c1")
-    assert _tree(place) == copies["c1"]
+    assert listing(place) == copies["c1"]
     undo.revert(store, "c3")  # forward again: the records still hold every state
-    assert _tree(place) == copies["c3"]
+    assert listing(place) == copies["c3"]
 
 
 def test_records_survive_a_new_recorder_and_the_cap_stops_them(place: Path, tmp_path: Path) -> None:
@@ -221,7 +204,7 @@ def test_the_cli_refuses_a_revert_while_the_run_is_open(place: Path, tmp_path: P
     sandbox: Any = _Sandbox(service)
     recorder = ChangeRecorder(CheckpointSettings(mode="changes"), RunChanges(changes_root(db), run_id), SandboxSpec())
     recorder.places, recorder.mounts = (str(place),), {str(place): str(place)}
-    before = _tree(place)
+    before = listing(place)
     recorder.before(sandbox)
     (place / "README").unlink()
     recorder.after(sandbox, "c1", "shell")
@@ -233,7 +216,7 @@ def test_the_cli_refuses_a_revert_while_the_run_is_open(place: Path, tmp_path: P
         audit.end_run(run_id, "final")
     assert main(["revert", run_id, "--to", "c1", "--audit-db", str(db)]) == 0
     assert f"recreated {place}/README" in capsys.readouterr().out
-    assert _tree(place) == before
+    assert listing(place) == before
 
 
 class _LiveAgent(_Agent):
@@ -250,7 +233,7 @@ def test_a_living_sandbox_is_reverted_through_its_agent_and_the_revert_is_record
     sandbox.agent = _LiveAgent(service)
     recorder, store = _recorder(place, tmp_path)
     recorder.before(sandbox)
-    copy = _tree(place)
+    copy = listing(place)
     (place / "src" / "app.py").write_text("changed\n")
     (place / "src" / "app.py").chmod(0o700)
     shutil.rmtree(place / "old")
@@ -261,13 +244,13 @@ def test_a_living_sandbox_is_reverted_through_its_agent_and_the_revert_is_record
     recorder.after(sandbox, "c1", "shell")
     (place / "late.txt").write_text("changed after the last record\n")  # no record saw it yet
     report = undo.revert_live(recorder, sandbox, "c1")
-    assert _tree(place) == copy
+    assert listing(place) == copy
     assert f"{place}/src/app.py" in report.written and f"{place}/made" in report.removed
     kinds = [(r.kind, r.note.split(",")[0]) for r in store.records()]
     assert kinds[-2:] == [("revert", "changes since the last record"), ("revert", "revert to just before call c1")]
     assert recorder.after(sandbox, "c2", "shell") == {"created": 0, "changed": 0, "removed": 0}
     undo.revert(store, "c2")  # the recorded state after the revert is what is there
-    assert _tree(place) == copy
+    assert listing(place) == copy
 
 
 def test_a_mount_inside_another_place_is_reverted_without_its_mount_point(tmp_path: Path) -> None:
