@@ -452,14 +452,22 @@ class CallChanges:
     tool: str | None
     summary: str
     """``1 created, 2 changed, 0 removed`` (or ``no changes``)."""
-    lines: tuple[str, ...]
-    """The unified diff of its text files and the summary lines of everything else."""
+    entries: int
+    """How many paths it changed."""
+    lines: tuple[str, ...] | None
+    """The unified diff of its text files and the summary lines of everything else (None:
+    not worked out, the call being older than the ones asked for)."""
 
 
-def call_changes(changes: RunChanges) -> list[CallChanges]:
+def call_changes(changes: RunChanges, *, diffs: int | None = None) -> list[CallChanges]:
     """Each recorded call's changes, in the order the calls ran (what :func:`diff` prints, one
-    item per call, for a caller that lays them out itself)."""
+    item per call, for a caller that lays them out itself); with ``diffs``, only the latest
+    ``diffs`` calls get their lines (a diff reads every changed file's content)."""
+    records = [record for record in changes.records() if record.kind == "call"]
+    first_diffed = 0 if diffs is None else max(0, len(records) - diffs)
     return [CallChanges(call_id=str(record.call_id), tool=record.tool, summary=_summary(record),
-                        lines=tuple(line for entry in record.entries
-                                    for line in _entry_diff(changes, record.before.get(entry.path), entry)))
-            for record in changes.records() if record.kind == "call"]
+                        entries=len(record.entries),
+                        lines=None if n < first_diffed else tuple(
+                            line for entry in record.entries
+                            for line in _entry_diff(changes, record.before.get(entry.path), entry)))
+            for n, record in enumerate(records)]

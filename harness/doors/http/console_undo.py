@@ -47,6 +47,9 @@ REVERTS_KEPT = 20
 """Reverts kept in a run's meta (the latest ones)."""
 LINES_KEPT = 200
 """Paths of one revert kept in the run's meta (the count says how many there were)."""
+CALLS_DIFFED = 50
+"""The latest calls whose diffs the run's page shows (older ones: their counts, and the
+``callbox diff`` command that prints theirs), so a long run's page stays quick to draw."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,8 @@ class ConsoleUndo:
         """``run``'s change records, per call (the caller checked that the viewer may see it)."""
         changes = RunChanges(changes_root(self.audit.path), run.id)
         reverts = run.meta.get(REVERTS_META)
-        return RunChangesView(recorded=changes.exists, calls=undo.call_changes(changes) if changes.exists else [],
+        calls = undo.call_changes(changes, diffs=CALLS_DIFFED) if changes.exists else []
+        return RunChangesView(recorded=changes.exists, calls=calls,
                               reverts=[r for r in reverts if isinstance(r, dict)] if isinstance(reverts, list)
                               else [], live=self._live_session(run.id) is not None)
 

@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 from harness.core.undo import CallChanges
-from harness.doors.http.console_undo import RunChangesView
+from harness.doors.http.console_undo import CALLS_DIFFED, RunChangesView
 from harness.doors.http.pages import Html, csrf_field, fill, join, text, when
 
 __all__ = ["DIFF_SHOWN", "changes_part", "revert_path"]
@@ -72,10 +72,16 @@ def changes_part(run_id: str, view: RunChangesView, *, operator: bool, csrf: str
 
 def _call(run_id: str, changes: CallChanges, *, operator: bool, csrf: str | None, live: bool) -> Html:
     anchor = quote(changes.call_id, safe="")
-    diff = fill(Template('<pre class="diff">$diff</pre>\n'), diff=_diff(changes.lines, run_id, changes.call_id)) \
-        if changes.lines else Html("")
+    if changes.lines is None:
+        diff = fill(Template('<p class="muted">Its diff is not drawn here (the page shows the latest $latest '
+                             'calls\' diffs): <code>callbox diff $run --call $call</code> prints it.</p>\n'),
+                    latest=CALLS_DIFFED, run=run_id, call=changes.call_id)
+    elif changes.lines:
+        diff = fill(Template('<pre class="diff">$diff</pre>\n'), diff=_diff(changes.lines, run_id, changes.call_id))
+    else:
+        diff = Html("")
     revert = Html("")
-    if operator and changes.lines:
+    if operator and changes.entries:
         revert = fill(_REVERT, action=revert_path(run_id), csrf=csrf_field(csrf), call_id=changes.call_id,
                       mounts_only=Html("") if live else fill(_MOUNTS_ONLY, anchor=anchor))
     return fill(_CALL, anchor=anchor, call_id=changes.call_id, tool=changes.tool or "", summary=changes.summary,
