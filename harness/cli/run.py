@@ -76,6 +76,9 @@ def add_parsers(sub: Any) -> None:
     run.add_argument("--max-turns", type=int, help="model turns at most (default 50)")
     run.add_argument("--tool-choice", choices=["auto", "required", "none"],
                      help="tool_choice of the first turn (default auto)")
+    run.add_argument("--config", type=Path, metavar="RUN.toml",
+                     help="run config: the loop's settings as TOML (max_turns, stages, budgets, ...); "
+                          "flags given beside it win")
     run.add_argument("--resume", metavar="RUN_ID", help="continue a run that paused for an approval")
     run.add_argument("--policy", type=Path, help="policy file (default: the packaged default policy)")
     run.add_argument("--audit-db", type=Path, help="audit store (default $CALLBOX_AUDIT_DB or the state dir)")
@@ -100,13 +103,36 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give either a TRANSCRIPT or --model, not both")
     if args.model is not None and args.task is None and args.resume is None:
         raise UsageError("--model needs --task TEXT (what the model should do)")
+    if args.config is not None and args.resume is not None:
+        raise UsageError("--config cannot change a paused run: its config is in its checkpoint")
     options = {name: getattr(args, name) for name in LOOP_OPTIONS if getattr(args, name) is not None}
+    if args.config is not None:
+        from_file = read_run_config(args.config)
+        try:
+            loop_config(from_file)
+        except UsageError as exc:
+            raise UsageError(f"--config {args.config}: {exc}") from None
+        options = {**from_file, **options}
     loop_config(options)  # bad values are usage errors before anything starts
     with AuditStore(args.audit_db) as audit:
         outcome: RunOutcome = _resume(args, audit, options) if args.resume else _start(args, audit, options)
         if not args.json:
             print(f"audit record: run {outcome.run_id} in {audit.path} (`callbox audit --run {outcome.run_id}`)")
     return _exit_status(outcome.reason)
+
+
+def read_run_config(path: Path) -> dict[str, Any]:
+    """The run config file's settings (LoopConfig fields as TOML); a file that cannot be read
+    or parsed is a UsageError naming it."""
+    import tomllib
+
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except OSError as exc:
+        raise UsageError(f"--config {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"--config {path}: not valid TOML: {exc}") from None
 
 
 def loop_config(options: dict[str, Any], base: dict[str, Any] | None = None) -> Any:

@@ -83,6 +83,22 @@ class Stage(BaseModel):
         return turn >= first and (last is None or turn <= int(last))
 
 
+class AcceptanceCheck(BaseModel):
+    """A command run in the run's sandbox when the model gives its final answer; the run is
+    accepted only when every check exits with its expected code."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: str = Field(min_length=1)
+    """Shell command, run with ``sh -c`` as the run's commands are (e.g. ``python -m pytest -q``)."""
+    workdir: str | None = None
+    """Absolute directory in the sandbox to run it in; None: the sandbox's working directory."""
+    timeout_s: float = Field(default=300.0, gt=0)
+    """Seconds the check may take; a check still running then has failed."""
+    expect_exit: int = 0
+    """Exit code that counts as passing."""
+
+
 class LoopConfig(BaseModel):
     """How one agent run is driven and when it must stop."""
 
@@ -124,6 +140,12 @@ class LoopConfig(BaseModel):
     paused_sandbox_ttl_s: float | None = Field(default=None, ge=0)
     """How long a paused run's sandbox is kept from the pause; None: until the sandbox's own
     expiry (its creation plus the policy's ``sandbox.ttl_seconds``)."""
+    acceptance: tuple[AcceptanceCheck, ...] = ()
+    """Checks run when the model gives a final answer; all pass: the run ends
+    ``final:accepted``; one fails: the model is told what failed and the run goes on, up to
+    ``max_rejections`` times, then ends ``rejected:acceptance``. Empty: ``final`` as is."""
+    max_rejections: int = Field(default=3, ge=0)
+    """Final answers the checks may reject before the run ends ``rejected:acceptance``."""
 
 
 def to_tool_choice(setting: ChoiceSetting) -> ToolChoice:

@@ -220,6 +220,28 @@ def test_run_loop_options_out_of_range_name_the_flag_and_the_minimum(capsys: pyt
     assert not (tmp_path / "a.db").exists()
 
 
+@pytest.mark.parametrize(("text", "expected"), [
+    ("max_turns = [", "not valid TOML"),
+    ("max_turn = 3", "max_turn"),
+    ('[[acceptance]]\nworkdir = "/w"', "acceptance"),
+    ("max_rejections = -1", "max_rejections"),
+])
+def test_run_config_file_errors_are_usage_errors_naming_the_file_or_key(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, expected: str) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(text + "\n")
+    line = _usage_error(capsys, ["run", "--model", "openai:m", "--task", "t", "--config", str(config),
+                                 "--audit-db", str(tmp_path / "a.db")])
+    assert expected in line, line
+    assert not (tmp_path / "a.db").exists()
+
+
+def test_run_config_file_that_is_missing_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    line = _usage_error(capsys, ["run", "--model", "openai:m", "--task", "t", "--config",
+                                 str(tmp_path / "nope.toml")])
+    assert "nope.toml" in line and "No such file" in line, line
+
+
 def test_call_names_the_flag_over_a_policy(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     policy = tmp_path / "p.toml"
     policy.write_text("[sandbox]\npids = 64\n")
