@@ -258,3 +258,25 @@ def _exit_code(result: ToolResult) -> int | None:
 def _tell(context: Context, text: str) -> None:
     """Append a user message: the same shape opens every provider's context (``new_context``)."""
     context.items.append({"role": "user", "content": text})
+
+
+def record_lines(meta: dict[str, Any]) -> list[str]:
+    """A run's acceptance record (its meta's ``acceptance``) as lines for a person:
+    ``acceptance: final:accepted after 1 rejected answer``, then per answer checked
+    ``turn 1: ✗ check 1 `pytest -q` exit 1 (expected 0) accept-1-1-ab12cd34``. Empty without checks."""
+    kept = meta.get("acceptance")
+    if not isinstance(kept, dict):
+        return []
+    rejections = int(kept.get("rejections") or 0)
+    lines = [f"acceptance: {kept.get('verdict', '?')} after {rejections} rejected "
+             f"answer{'' if rejections == 1 else 's'} (max_rejections {kept.get('max_rejections', '?')})"]
+    for round_ in kept.get("rounds") or ():
+        for check in round_.get("checks") or ():
+            mark = "✓" if check.get("passed") else "✗"
+            code = check.get("exit_code")
+            how = f"exit {code}" if code is not None else str(check.get("error") or "not run")
+            if not check.get("passed") and code is not None:
+                how += f" (expected {check.get('expect_exit', 0)})"
+            lines.append(f"  turn {round_.get('turn')}: {mark} check {check.get('index')} `{check.get('command')}` "
+                         f"{how} {check.get('call_id')}")
+    return lines
