@@ -405,12 +405,12 @@ class _LiveView:
             self.console.print(f"  [dim]{_esc(line)}[/]")
 
     def _on_answer_rejected(self, e: Any) -> None:
+        counted = f"rejection {e.rejections}, max_rejections {e.max_rejections}"
         if e.ends_run:
-            self.console.print(f"[red]answer rejected ({e.rejections}; max_rejections {e.max_rejections}): "
-                               "the run ends[/]")
+            self.console.print(f"[red]answer rejected ({counted}): the run ends rejected:acceptance[/]")
         else:
-            self.console.print(f"[yellow]answer rejected ({e.rejections} of at most {e.max_rejections}): "
-                               "the model is told which check failed and goes on[/]")
+            self.console.print(f"[yellow]answer rejected ({counted}): the model is told which check failed "
+                               "and goes on[/]")
 
     def _on_context_elided(self, e: Any) -> None:
         self.console.print(f"[dim]context budget: elided {len(e.call_ids)} old tool outputs "

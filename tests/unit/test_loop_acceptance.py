@@ -254,3 +254,26 @@ def test_the_policys_acceptance_section_loads(tmp_path) -> None:
         parse_policy('[[acceptance.check]]\ncommand = "make"\nworkdir = "project"\n')
     with pytest.raises(PolicyError, match=r"acceptance\.check\[0\]"):
         parse_policy('[[acceptance.check]]\ncmd = "make"\n')
+
+
+def test_the_record_shows_in_callbox_audit_and_the_console(make_harness, shell, audit) -> None:
+    from harness.doors.http.pages import run_page
+    from harness.loop.acceptance import record_lines
+
+    shell.codes[PYTEST.command] = [1, 0]
+    harness = make_harness()
+    run(FakeModel([final("a"), final("<b>")]), harness, LoopConfig(acceptance=(PYTEST,)))
+    record = audit.get_run(harness.run_id)
+    calls = audit.calls_for_run(harness.run_id)
+    first, second = (c["call_id"] for c in calls)
+    assert record_lines(record.meta) == [
+        "acceptance: final:accepted after 1 rejected answer (max_rejections 3)",
+        f"  turn 1: ✗ check 1 `python -m pytest -q` exit 1 (expected 0) {first}",
+        f"  turn 2: ✓ check 1 `python -m pytest -q` exit 0 {second}",
+    ]
+    assert record_lines({}) == []
+    page = str(run_page(record, calls, [], live=False))
+    assert "<h2>Acceptance checks</h2>" in page and "final:accepted: 1 rejected answer(s), max_rejections 3" in page
+    assert f'<a href="#call-{first}"><code>{first}</code></a>' in page
+    assert '<td class="decision deny">failed</td><td>1</td>' in page
+    assert '<span class="tool">shell [acceptance]</span>' in page
