@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     if args.config is not None:
         from_file = read_run_config(args.config)
         try:
-            loop_config(from_file)
+            loop_config(from_file, flags=False)
         except UsageError as exc:
             raise UsageError(f"--config {args.config}: {exc}") from None
         options = {**from_file, **options}
@@ -157,15 +157,18 @@ def read_run_config(path: Path) -> dict[str, Any]:
         raise UsageError(f"--config {path}: not valid TOML: {exc}") from None
 
 
-def loop_config(options: dict[str, Any], base: dict[str, Any] | None = None) -> Any:
+def loop_config(options: dict[str, Any], base: dict[str, Any] | None = None, *, flags: bool = True) -> Any:
     """A LoopConfig of ``base`` (a checkpointed one; None: the defaults) with the command
-    line's ``options`` over it; a value the config refuses is a UsageError naming its flag."""
+    line's ``options`` over it; a value the config refuses is a UsageError naming its flag
+    (its key when ``flags`` is false: the options are a run config file's)."""
     from pydantic import ValidationError
 
     from harness.core.problems import describe_validation_error
     from harness.loop.agent_loop import LoopConfig
 
     def flag(path: str) -> str:
+        if not flags:
+            return path
         if path.startswith("acceptance") and "acceptance" in options:  # from --accept
             return "--accept-workdir" if path.endswith("workdir") else "--accept"
         return LOOP_OPTIONS.get(path, path)
