@@ -60,6 +60,7 @@ CHECK_CALL_PREFIX = "accept-"
 """Call ids of the checks start with this (then turn, check number and a random part)."""
 CHECK_TOOL = "shell"
 """The tool a check is a call of."""
+_REJECTED = "Your answer was not accepted: "
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ class Acceptance:
             how = f"could not be run to an exit ({result.error or 'error'})"
         else:
             how = f"exited with {exit_code}, expected {check.expect_exit}"
-        head = f"Your answer was not accepted: {describe(check, index)}, {index} of {total}, {how}."
+        head = f"{_REJECTED}{describe(check, index)}, {index} of {total}, {how}."
         body = f"Its output:\n{result.text}" if result.text else "It printed nothing."
         return Verdict("", f"{head}\n{body}")
 
@@ -227,9 +228,10 @@ class Acceptance:
             after = "the next rejection ends the run" if left == 0 else f"{left + 1} more rejections end the run"
             told = f"{failure}\nFix the problem, then give your final answer again ({after})."
         self._emit(AnswerRejected(state.turn, state.rejections, most, ends, told))
-        if ends:
+        if ends:  # the output was in the events already: the end's message names the check only
+            last = failure.split("\n", 1)[0].removeprefix(_REJECTED)
             return Verdict("rejected:acceptance", f"the acceptance checks rejected {_answers(state.rejections)} "
-                                                  f"(max_rejections = {most}); the last: {failure}")
+                                                  f"(max_rejections = {most}); the last: {last}")
         _tell(state.context, told)
         state.final_text = ""
         return Verdict("", told)
