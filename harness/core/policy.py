@@ -134,6 +134,7 @@ from harness.core.calls import TOOL_NAME_PATTERN, Action, Decision
 from harness.core.change_recorder import CheckpointSettings
 from harness.core.declared import DeclaredTool
 from harness.core.errors import CallboxError, ErrorCode
+from harness.core.memory import MemorySettings
 from harness.core.redaction import RedactionSettings
 from harness.core.rules import (
     PolicyTarget,
@@ -153,8 +154,7 @@ from harness.engine.select import EngineName, RayTable
 from harness.engine.spec import HostLimits, Mount, SandboxSpec, SpecError
 
 __all__ = [
-    "DEFAULT_POLICY_RESOURCE",
-    "RUNTIME_STRENGTH",
+    "DEFAULT_POLICY_RESOURCE", "RUNTIME_STRENGTH",
     "Budgets",
     "CallTimeout",
     "MountSetting",
@@ -246,6 +246,8 @@ class Policy(BaseModel):
     """``[runtime]``: the weakest OCI runtime a sandbox may run under, for all or per tool."""
     checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
     """``[checkpoints]``: records of what each call changes in the writable places (off by default)."""
+    memory: MemorySettings = Field(default_factory=MemorySettings)
+    """``[memory]``: the memory tool's scope, kept on this host, and its caps (:mod:`harness.core.memory`)."""
     engine: EngineName | None = None
     """Where the sandboxes run: ``docker`` (this machine) or ``ray`` (``[ray]``); absent: docker."""
     ray: RayTable = None
