@@ -115,3 +115,16 @@ def test_the_session_knows_its_client_from_the_run(tmp_path: Path) -> None:
             seen = local.call(ToolCall("memory", {"command": "view", "path": "/memories/b"}, "c"))
     assert seen.is_error and "does not exist" in seen.text
     assert (tmp_path / "mem" / "clients" / "bob" / "default" / "memories" / "b").read_text() == "bob's"
+
+
+def test_policy_path_rules_apply_to_memory_paths(tmp_path: Path) -> None:
+    policy = parse_policy(policy_text(tmp_path / "mem") + '\n[[tools.memory.rules]]\naction = "deny"\n'
+                          'path = "/memories/private/**"\nreason = "not for the model"\n')
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, Session(
+            registry_for(policy), policy, audit, engine_factory=no_engine) as session:
+        denied = session.call(ToolCall("memory", {"command": "rename", "old_path": "/memories/a",
+                                                  "new_path": "/memories/private/a"}, "c1"))
+        allowed = session.call(ToolCall("memory", {"command": "create", "path": "/memories/a", "file_text": ""}, "c2"))
+    assert denied.is_error and denied.meta["decision"] == "deny" and "not for the model" in denied.text
+    assert not allowed.is_error
+    assert not (tmp_path / "mem" / "projects" / "default" / "memories" / "private").exists()
