@@ -1,8 +1,8 @@
 """The memory tool end to end: two ``callbox run`` processes with scripted Anthropic-format
 transcripts (the second reads what the first wrote; the sandbox between them is gone and
-never held the memory), and the MCP door over HTTP with two bearer tokens, where a
-``client`` scope keeps each client's memory from the other, through the official ``mcp``
-client."""
+never held the memory); the MCP door over HTTP with two bearer tokens, where a ``client``
+scope keeps each client's memory from the other, through the official ``mcp`` client; and the
+gRPC door, which serves the tool with its plain schema in its client's scope."""
 
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from harness.audit.store import AuditStore
+from harness.core.policy import parse_policy
 from harness.doors.grpc.tokens import TokenSet
 from harness.doors.mcp.http import serve_mcp_http
 from tests.conftest import IMAGE
-from tests.integration.helpers import callbox
+from tests.integration.helpers import callbox, grpc_door
 
 pytestmark = pytest.mark.docker
 
@@ -135,3 +137,20 @@ def test_through_the_mcp_door_a_client_cannot_read_another_client_s_memory(tmp_p
     assert not got["back"].is_error and "alice's plan" in text(got["back"]) and "bob" not in text(got["back"])
     assert (store / "clients" / "alice" / "default" / "memories" / "secret.md").read_text() == "alice's plan\n"
     assert (store / "clients" / "bob" / "default" / "memories" / "secret.md").read_text() == "bob's plan\n"
+
+
+def test_the_grpc_door_serves_it_with_a_plain_schema_in_its_client_s_scope(engine: Any, tmp_path: Path) -> None:
+    store = tmp_path / "memory-store"
+    policy = parse_policy(f'[sandbox]\nimage = "{IMAGE}"\n\n[tools.memory]\ndecision = "allow"\n\n'
+                          f'[memory]\nscope = "client"\nroot = "{store}"\n')
+    with AuditStore(tmp_path / "audit.sqlite3") as audit, grpc_door(policy, audit) as client:
+        (tool,) = [t for t in client.list_tools("anthropic") if t["name"] == "memory"]
+        assert tool["input_schema"]["required"] == ["command"] and "type" not in tool  # a plain function here
+        sandbox = client.create_sandbox()
+        made = client.call(sandbox, "memory", {"command": "create", "path": "/memories/n.md", "file_text": "hi\n"},
+                           fmt="anthropic")
+        seen = client.call(sandbox, "memory", {"command": "view", "path": "/memories/n.md"})
+        client.delete_sandbox(sandbox)
+    assert not made.is_error and made.item["content"] == "File created successfully at: /memories/n.md"
+    assert seen.text.endswith("     1\thi") and seen.structured == {"command": "view", "scope": "client:tester/default"}
+    assert (store / "clients" / "tester" / "default" / "memories" / "n.md").read_text() == "hi\n"
