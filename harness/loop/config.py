@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.core.errors import CallboxError, ErrorCode
+from harness.loop.agents import AgentConfig, agent_problems
 from harness.models.base import AllowedTools, ForcedTool, ToolChoice
 
 
@@ -113,6 +114,12 @@ class LoopConfig(BaseModel):
     stages: tuple[Stage, ...] = ()
     """Per-stage overrides of the exposed tools and tool_choice; the first stage covering a
     turn applies to it."""
+    agents: tuple[AgentConfig, ...] = ()
+    """The run's agents (``[[agents]]``): each with its instructions, model, tools and the
+    agents it may hand the run to (:mod:`harness.loop.handoff`); empty: one agent, the run's
+    model with the run's system prompt and every exposed tool."""
+    start_agent: str | None = None
+    """The agent that takes the first turn; None: the first of ``agents``."""
     max_input_tokens: int | None = Field(default=None, ge=1)
     """Total input tokens the model may consume in the run (``budget:input_tokens``)."""
     max_output_tokens: int | None = Field(default=None, ge=1)
@@ -146,6 +153,13 @@ class LoopConfig(BaseModel):
     ``max_rejections`` times, then ends ``rejected:acceptance``. Empty: ``final`` as is."""
     max_rejections: int = Field(default=3, ge=0)
     """Final answers the checks may reject before the run ends ``rejected:acceptance``."""
+
+    @model_validator(mode="after")
+    def _agents(self) -> LoopConfig:
+        problems = agent_problems(self.agents, self.start_agent)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 def to_tool_choice(setting: ChoiceSetting) -> ToolChoice:

@@ -47,6 +47,8 @@ class RunStarted(_EventBase):
     run_id: str
     model: str
     resumed: bool
+    agent: str = ""
+    """The agent holding the run (a run with ``agents``); empty: a run of one agent."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,20 @@ class ToolCallFinished(_EventBase):
 
 
 @dataclass(frozen=True)
+class HandedOff(_EventBase):
+    """An agent handed the run to another (its ``transfer_to_<agent>`` call): the new agent's
+    instructions, model and tools apply from the next turn."""
+
+    kind: ClassVar[str] = "handoff"
+    turn: int
+    call_id: str
+    from_agent: str
+    to_agent: str
+    model: str
+    """The model of the agent now holding the run."""
+
+
+@dataclass(frozen=True)
 class ContextElided(_EventBase):
     kind: ClassVar[str] = "context_elided"
     turn: int
@@ -147,7 +163,7 @@ class RunEnded(_EventBase):
 
 
 Event = (RunStarted | TurnStarted | ModelRetrying | ModelReplied | ToolCallStarted | ToolOutputChunk
-         | ToolCallFinished | ContextElided | RunEnded)
+         | ToolCallFinished | HandedOff | ContextElided | RunEnded)
 EventSink = Callable[[Event], None]
 
 
