@@ -154,6 +154,13 @@ def test_a_transfer_hands_the_run_to_the_other_agent(make_harness, audit, script
     assert (run.meta["agent"], run.meta["agents"], run.meta["model"]) == ("billing", ["triage", "billing"], triage)
     assert run.end_reason == "final"
 
+    # the console's run page: the agents, who holds the run, the handoff among the calls
+    from harness.doors.http.pages import run_page
+
+    page = run_page(run, audit.calls_for_run(harness.run_id), [], live=False)
+    assert "<dt>Agents</dt><dd>triage, billing; held by <strong>billing</strong></dd>" in page
+    assert "allow · handoff: triage -&gt; billing" in page and "transfer_to_billing" in page
+
 
 def test_the_first_turn_offers_the_agents_tools_and_transfers_described_as_the_sdk_does(make_harness, script) -> None:
     triage = script("triage", {"text": "nothing to do"})
