@@ -67,7 +67,7 @@ from harness.models.common import set_system
 if TYPE_CHECKING:
     from harness.core.session import Session
 
-__all__ = ["IGNORED_HANDOFF", "Team", "transfer_message"]
+__all__ = ["IGNORED_HANDOFF", "Team", "transfer_message", "transfer_tool"]
 
 IGNORED_HANDOFF = "Multiple handoffs detected, ignoring this one."
 """The result of a second transfer in one turn (the OpenAI Agents SDK's words)."""
@@ -95,7 +95,9 @@ class _Agent:
         return self.config.name
 
 
-def _transfer_tool(agent: AgentConfig) -> ToolDefinition:
+def transfer_tool(agent: AgentConfig) -> ToolDefinition:
+    """The tool that hands the run to ``agent``: name, description and (empty) arguments as the
+    OpenAI Agents SDK makes them (without the SDK's trailing space when there is no description)."""
     description = f"Handoff to the {agent.name} agent to handle the request. {agent.handoff_description}".strip()
     hints = ToolAnnotations(read_only=False, destructive=False, title=f"Hand off to {agent.name}")
     return ToolDefinition(transfer_tool_name(agent.name), description, _NoArguments, annotations=hints)
@@ -110,7 +112,7 @@ class Team:
         self._state = state
         self._harness = harness
         self._emit = emit
-        self._agents = {a.name: _Agent(a, self._model_of(index, a, run_model), _transfer_tool(a))
+        self._agents = {a.name: _Agent(a, self._model_of(index, a, run_model), transfer_tool(a))
                         for index, a in enumerate(config.agents)}
         self._by_tool = {a.transfer.name: a for a in self._agents.values()}
         self._check(run_model)
