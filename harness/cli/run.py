@@ -71,6 +71,7 @@ SCRIPTED_TASK = "(scripted run: the transcript holds the model's turns)"
 
 
 COMMANDS = ("run",)
+_NO_MODEL = "give a TRANSCRIPT.jsonl, or --model PROVIDER:NAME --task TEXT, or --resume RUN_ID"
 
 
 def add_parsers(sub: Any) -> None:
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.loop.agent_loop import RunOutcome
 
     if args.transcript is None and args.model is None and args.resume is None and args.config is None:
-        raise UsageError("give a TRANSCRIPT.jsonl, or --model PROVIDER:NAME --task TEXT, or --resume RUN_ID")
+        raise UsageError(_NO_MODEL)
     if args.transcript is not None and args.model is not None:
         raise UsageError("give either a TRANSCRIPT or --model, not both")
     if args.model is not None and args.task is None and args.resume is None:
@@ -163,7 +164,7 @@ def _check_models(args: argparse.Namespace, config: Any) -> None:
     run_model = args.transcript is not None or args.model is not None
     if not config.agents:
         if not run_model:
-            raise UsageError("give a TRANSCRIPT.jsonl, or --model PROVIDER:NAME --task TEXT, or --resume RUN_ID")
+            raise UsageError(_NO_MODEL)
         return
     if args.system is not None:
         raise UsageError("--system: with [[agents]] in --config, each agent's instructions are its system prompt")
