@@ -4,12 +4,11 @@ that paused for an approval), and the names callers need, re-exported.
 The loop is a state machine, :class:`harness.loop.machine.Loop` (its module docstring
 describes every state); the rest is split by job: :mod:`harness.loop.state` (the steps and
 the run's state), :mod:`harness.loop.planning` (what a turn offers: tools and tool_choice),
-:mod:`harness.loop.calls` (running a turn's calls), :mod:`harness.loop.handoff` (a run of
-several agents: who holds it, their transfers; :mod:`harness.loop.agents`, their
-configuration), :mod:`harness.loop.paused` (a run's
+:mod:`harness.loop.calls` (running a turn's calls), :mod:`harness.loop.paused` (a run's
 state to its checkpoint and back), :mod:`harness.loop.checkpoint` (the checkpoint format),
 :mod:`harness.loop.config`, :mod:`harness.loop.events` and
-:mod:`harness.loop.context_budget`.
+:mod:`harness.loop.context_budget`; a run of several agents: :mod:`harness.loop.handoff`
+(who holds it, their transfers) and :mod:`harness.loop.agents` (their configuration).
 """
 
 from __future__ import annotations

@@ -80,6 +80,20 @@ class ModelReplied(_EventBase):
 
 
 @dataclass(frozen=True)
+class HandedOff(_EventBase):
+    """An agent handed the run to another (its ``transfer_to_<agent>`` call): the new agent's
+    instructions, model and tools apply from the next turn."""
+
+    kind: ClassVar[str] = "handoff"
+    turn: int
+    call_id: str
+    from_agent: str
+    to_agent: str
+    model: str
+    """The model of the agent now holding the run."""
+
+
+@dataclass(frozen=True)
 class ToolCallStarted(_EventBase):
     kind: ClassVar[str] = "tool_call_started"
     turn: int
@@ -108,20 +122,6 @@ class ToolCallFinished(_EventBase):
     decision: str
     """What happened, as recorded: allow | ask (pending) | deny | approved | rejected."""
     result: ToolResult
-
-
-@dataclass(frozen=True)
-class HandedOff(_EventBase):
-    """An agent handed the run to another (its ``transfer_to_<agent>`` call): the new agent's
-    instructions, model and tools apply from the next turn."""
-
-    kind: ClassVar[str] = "handoff"
-    turn: int
-    call_id: str
-    from_agent: str
-    to_agent: str
-    model: str
-    """The model of the agent now holding the run."""
 
 
 @dataclass(frozen=True)

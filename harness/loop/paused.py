@@ -46,8 +46,8 @@ def checkpoint_of(state: RunState, *, model: ModelAdapter, config: LoopConfig, s
         stage=s.stage, input_tokens=s.input_tokens, output_tokens=s.output_tokens, cost_usd=s.cost_usd,
         tool_calls=s.tool_calls, seconds=seconds, streak_key=s.streak_key, streak_count=s.streak_count,
         config=config.model_dump(mode="json"), sandbox=s.sandbox,
-        agents=None if s.handoff is None else s.handoff.to_json(),
         policy=session.policy.model_dump(mode="json"), spec=session.spec.model_dump(mode="json"),
+        agents=None if s.handoff is None else s.handoff.to_json(),
     )
 
 

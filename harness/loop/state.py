@@ -50,9 +50,9 @@ class RunState:
     """Their results, by position (None: not run yet)."""
     approvals: dict[str, str] = field(default_factory=dict)
     """call_id -> approval id, for the current turn's pending calls."""
-    sandbox: SandboxRef | None = None
     handoff: HandoffState | None = None
     """Who holds a run of several agents, and its handoffs (None: a run of one agent)."""
+    sandbox: SandboxRef | None = None
     final_text: str = ""
     reason: str = ""
     message: str = ""
