@@ -394,4 +394,3 @@ def test_serve_limits_must_be_positive_integers(capsys: pytest.CaptureFixture[st
     line = _usage_error(capsys, ["serve", "--grpc", *argv])
     assert argv[0].split("=")[0] in line
     assert "a whole number of at least 1" in line
-
