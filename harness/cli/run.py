@@ -29,6 +29,17 @@ loop options given again (``--max-turns``) replace the checkpointed ones. ``--re
 run the audit store does not hold, or of one that never paused, is a usage error saying
 which (naming the store, or how the run ended).
 
+A run config with ``[[agents]]`` (:mod:`harness.loop.handoff`) names each agent's model or
+leaves it to the run's: the TRANSCRIPT or ``--model`` is the model of every agent that names
+none, and is then required; when every agent names its own, the run needs neither (``callbox
+run --config RUN.toml``) and giving one is a usage error, as it would not be used. A relative
+``scripted:PATH`` in the file is taken from the file's directory. ``--task`` is required as
+soon as one model is a provider's (not a transcript). ``--system`` is refused beside agents:
+each agent's instructions are its system prompt. ``--base-url`` applies to ``--model`` only;
+an agent's model takes its base URL from ``OPENAI_BASE_URL``. A resumed run takes its agents
+and their models from its checkpoint; the TRANSCRIPT or ``--model`` is needed again only if an
+agent uses the run's model.
+
 Ctrl-C or SIGTERM ends the run ``error:interrupted`` (exit 130 or 143); the call in flight
 records itself as interrupted first (:mod:`harness.core.call_path`), so the audit shows
 neither open.
@@ -69,6 +80,7 @@ SCRIPTED_TASK = "(scripted run: the transcript holds the model's turns)"
 
 
 COMMANDS = ("run",)
+_NO_MODEL = "give a TRANSCRIPT.jsonl, or --model PROVIDER:NAME --task TEXT, or --resume RUN_ID"
 
 
 def add_parsers(sub: Any) -> None:
@@ -81,7 +93,8 @@ def add_parsers(sub: Any) -> None:
     run.add_argument("transcript", nargs="?", type=Path, help="JSONL transcript of model turns (scripted model)")
     run.add_argument("--model", help="PROVIDER:NAME, e.g. openai:gpt-5, openai-chat:NAME, anthropic:NAME")
     run.add_argument("--task", help="what the model should do (required with --model)")
-    run.add_argument("--system", default=DEFAULT_SYSTEM, help="system prompt")
+    run.add_argument("--system", help="system prompt (default: a careful software engineer's; with [[agents]] "
+                                      "in --config, each agent's instructions instead)")
     run.add_argument("--base-url", help="API base URL (OpenAI-compatible servers: vLLM, llama.cpp, Ollama)")
     run.add_argument("--max-turns", type=int, help="model turns at most (default 50)")
     run.add_argument("--tool-choice", choices=["auto", "required", "none"],
@@ -115,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
     from harness.audit.store import AuditStore
     from harness.loop.agent_loop import RunOutcome
 
-    if args.transcript is None and args.model is None and args.resume is None:
-        raise UsageError("give a TRANSCRIPT.jsonl, or --model PROVIDER:NAME --task TEXT, or --resume RUN_ID")
+    if args.transcript is None and args.model is None and args.resume is None and args.config is None:
+        raise UsageError(_NO_MODEL)
     if args.transcript is not None and args.model is not None:
         raise UsageError("give either a TRANSCRIPT or --model, not both")
     if args.model is not None and args.task is None and args.resume is None:
@@ -135,7 +148,9 @@ def run(args: argparse.Namespace) -> int:
         except UsageError as exc:
             raise UsageError(f"--config {args.config}: {exc}") from None
         options = {**from_file, **options}
-    loop_config(options)  # bad values are usage errors before anything starts
+    config = loop_config(options)  # bad values are usage errors before anything starts
+    if args.resume is None:
+        _check_models(args, config)
     with AuditStore(args.audit_db) as audit:
         outcome: RunOutcome = _resume(args, audit, options) if args.resume else _start(args, audit, options)
         if not args.json:
@@ -150,11 +165,42 @@ def read_run_config(path: Path) -> dict[str, Any]:
 
     try:
         with path.open("rb") as handle:
-            return tomllib.load(handle)
+            settings = tomllib.load(handle)
     except OSError as exc:
         raise UsageError(f"--config {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"--config {path}: not valid TOML: {exc}") from None
+    agents = settings.get("agents")
+    for agent in agents if isinstance(agents, list) else ():
+        spec = agent.get("model") if isinstance(agent, dict) else None
+        provider, _, transcript = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+        if provider.strip().lower() == "scripted" and transcript.strip():
+            # a transcript beside the file is found from any directory (and by a resume)
+            agent["model"] = f"scripted:{(path.parent / transcript.strip()).absolute()}"
+    return settings
+
+
+def _check_models(args: argparse.Namespace, config: Any) -> None:
+    """How the run's model (TRANSCRIPT or ``--model``) combines with its agents' models: a
+    UsageError saying what is missing or would not be used."""
+    run_model = args.transcript is not None or args.model is not None
+    if not config.agents:
+        if not run_model:
+            raise UsageError(_NO_MODEL)
+        return
+    if args.system is not None:
+        raise UsageError("--system: with [[agents]] in --config, each agent's instructions are its system prompt")
+    unmodelled = [a.name for a in config.agents if a.model is None]
+    if unmodelled and not run_model:
+        raise UsageError(f"agent {', '.join(unmodelled)} names no model: give the run's model (a TRANSCRIPT or "
+                         "--model PROVIDER:NAME), or a model for each agent in --config")
+    if not unmodelled and run_model:
+        given = "the TRANSCRIPT" if args.transcript is not None else "--model"
+        raise UsageError(f"every agent in --config names its own model, so {given} would not be used: drop it")
+    provider = next((a for a in config.agents if a.model and not a.model.strip().lower().startswith("scripted:")),
+                    None)
+    if provider is not None and args.task is None:
+        raise UsageError(f"agent {provider.name}'s model {provider.model} needs --task TEXT (what the model should do)")
 
 
 def loop_config(options: dict[str, Any], base: dict[str, Any] | None = None, *, flags: bool = True) -> Any:
@@ -200,9 +246,13 @@ def resume_command(args: argparse.Namespace, run_id: str, audit_path: Path) -> s
     return shlex.join(words)
 
 
-def _model(args: argparse.Namespace, *, turns_done: int = 0) -> Any:
+def _model(args: argparse.Namespace, *, turns_done: int = 0, agents: Any = ()) -> Any:
+    """The run's model: the TRANSCRIPT's (continuing after ``turns_done`` turns) or
+    ``--model``'s; without either, the first of ``agents`` (which all name their own)."""
     from harness.models.factory import make_model
 
+    if args.transcript is None and args.model is None and agents and all(a.model for a in agents):
+        return make_model(agents[0].model)  # every agent names its model: the loop makes each one
     if args.transcript is not None:
         model = make_model(f"scripted:{args.transcript}")
         model.position = turns_done  # type: ignore[attr-defined]  # resume where the transcript left off
@@ -221,13 +271,15 @@ def _start(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> Any
     policy = load_policy(args.policy)
     spec = spec_from_args(args, policy.sandbox_spec())
     policy, engine_factory = policy_engine(args, policy)
-    model = _model(args)
+    config = loop_config(options)
+    model = _model(args, agents=config.agents)
     task = args.task or SCRIPTED_TASK
+    system = args.system if args.system is not None else "" if config.agents else DEFAULT_SYSTEM
     show = _show(args, policy)
     announced = policy.sandbox_spec().loosened()  # load_policy said these, naming their keys
     with loosened_said_once(spec, announced), Session(registry_for(policy), policy, audit, spec=spec,
                                                       engine_factory=engine_factory) as harness:
-        return run_agent(model, harness, task=task, system=args.system, config=loop_config(options),
+        return run_agent(model, harness, task=task, system=system, config=config,
                          on_event=show, resume_command=resume_command(args, harness.run_id, audit.path))
 
 
@@ -240,8 +292,8 @@ def _resume(args: argparse.Namespace, audit: Any, options: dict[str, Any]) -> An
     saved = checkpoint.load(audit, args.resume)
     if saved is None:
         raise _not_resumable(audit, args.resume)
-    model = _model(args, turns_done=saved.turn)
     config = loop_config(options, saved.config) if options else None
+    model = _model(args, turns_done=saved.turn, agents=(config or loop_config({}, saved.config)).agents)
     policy, spec = saved.policy_model(), saved.spec_model()
     policy, engine_factory = policy_engine(args, policy)  # the run's engine, unless --engine says another
     show = _show(args, policy)
@@ -325,7 +377,12 @@ class _LiveView:
     def _on_run_started(self, e: Any) -> None:
         self.run_id = e.run_id
         verb = "resuming" if e.resumed else "run"
-        self.console.rule(f"[bold]callbox {verb} {e.run_id}[/] · {_esc(e.model)}")
+        agent = f" · agent {_esc(e.agent)}" if e.agent else ""
+        self.console.rule(f"[bold]callbox {verb} {e.run_id}[/] · {_esc(e.model)}{agent}")
+
+    def _on_handoff(self, e: Any) -> None:
+        self.console.print(f"[bold magenta]handoff:[/] {_esc(e.from_agent)} → {_esc(e.to_agent)} "
+                           f"[dim](from the next turn; model {_esc(e.model)})[/]")
 
     def _on_turn_started(self, e: Any) -> None:
         self.console.print(f"[dim]turn {e.turn} · tool_choice {_esc(e.tool_choice)} · "

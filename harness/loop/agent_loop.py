@@ -8,7 +8,8 @@ the run's state), :mod:`harness.loop.planning` (what a turn offers: tools and to
 checks of a final answer), :mod:`harness.loop.paused` (a run's
 state to its checkpoint and back), :mod:`harness.loop.checkpoint` (the checkpoint format),
 :mod:`harness.loop.config`, :mod:`harness.loop.events` and
-:mod:`harness.loop.context_budget`.
+:mod:`harness.loop.context_budget`; a run of several agents: :mod:`harness.loop.handoff`
+(who holds it, their transfers) and :mod:`harness.loop.agents` (their configuration).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from harness.loop.events import (
     ContextElided,
     Event,
     EventSink,
+    HandedOff,
     ModelReplied,
     ModelRetrying,
     RunEnded,
@@ -47,6 +49,7 @@ __all__ = [
     "Event",
     "EventSink",
     "ForceTool",
+    "HandedOff",
     "Loop",
     "LoopConfig",
     "LoopConfigError",

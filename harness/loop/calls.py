@@ -11,9 +11,11 @@ it (``denied``, naming the checks): callbox never acknowledges a check it cannot
 call the loop refuses is recorded in the run's audit record like any other (``Session.refuse``). A call
 that is one action of a batch (``ModelToolCall.batch``) is not run once an earlier action of the
 batch failed: it gets ``tool_failed`` naming the one that failed. Once a
-call finds the sandbox unavailable, the calls after it are not run. Each call emits
-``ToolCallStarted`` when the harness has decided it (with that decision), its
-``ToolOutputChunk``s and ``ToolCallFinished``.
+call finds the sandbox unavailable, the calls after it are not run. A call the loop answers
+itself (an agent's ``transfer_to_<agent>``: the ``answer`` hook, :mod:`harness.loop.handoff`)
+never reaches the harness; it is recorded in the run like a refused one, with the decision
+the hook gives. Each call emits ``ToolCallStarted`` when the harness has decided it (with that
+decision), its ``ToolOutputChunk``s and ``ToolCallFinished``.
 """
 
 from __future__ import annotations
@@ -28,14 +30,23 @@ from harness.loop.config import LoopConfig
 from harness.loop.events import Event, ToolCallFinished, ToolCallStarted, ToolOutputChunk
 from harness.models.base import ModelToolCall
 
+Recorder = Callable[[ModelToolCall, int, ToolResult, Decision | None], ToolResult]
+"""Records a call the loop answered itself (call, turn, its result, the decision) and
+returns what the run recorded for it."""
+Answerer = Callable[[ModelToolCall, int, tuple[str, ...] | None, Recorder], ToolResult | None]
+"""The loop's own answer to a call (call, turn, the tools the turn offers, the recorder), or
+None for a call the harness runs."""
+
 
 class CallRunner:
     """Runs calls of a turn for one loop."""
 
-    def __init__(self, harness: Session, config: LoopConfig, emit: Callable[[Event], None]) -> None:
+    def __init__(self, harness: Session, config: LoopConfig, emit: Callable[[Event], None], *,
+                 answer: Answerer | None = None) -> None:
         self.harness = harness
         self.config = config
         self._emit = emit
+        self._answer = answer
 
     def run(self, calls: Sequence[ModelToolCall], results: list[ToolResult | None], positions: Sequence[int], *,
             turn: int, offered: tuple[str, ...] | None) -> None:
@@ -77,6 +88,9 @@ class CallRunner:
         return tool is not None and tool.definition.annotations.read_only
 
     def _one_call(self, call: ModelToolCall, turn: int, offered: tuple[str, ...] | None) -> ToolResult:
+        answered = None if self._answer is None else self._answer(call, turn, offered, self._refuse)
+        if answered is not None:
+            return answered
         if offered is not None and call.name not in offered and self._exposable(call.name):
             listed = ", ".join(offered) or "none"
             return self._refuse(call, turn, ToolResult.failure(
@@ -118,8 +132,8 @@ class CallRunner:
 
     def _refuse(self, call: ModelToolCall, turn: int, failure: ToolResult, decision: Decision | None = None
                 ) -> ToolResult:
-        """A call the loop does not run: recorded in the run as refused (a re-sent call_id gets
-        what was recorded), with its events."""
+        """A call the loop does not run (it refused or answered it itself): recorded in the run
+        with ``failure`` as its result (a re-sent call_id gets what was recorded), with its events."""
         result = self.harness.refuse(ToolCall(call.name, call.arguments, call.call_id, flags=call.safety_checks),
                                      failure, decision)
         label = str(result.meta.get("decision") or "rejected")

@@ -34,6 +34,9 @@ The format is one JSON object (``version`` 1)::
       "rejections": 0,                    # final answers the acceptance checks rejected (absent: 0)
       "config": {...},                    # LoopConfig.model_dump(mode="json")
       "sandbox": {"id": "0123456789ab", "expires": 1735690000.0} | null,
+      "agents": {"current": "billing", "turns": {"triage": 1, "billing": 1}, "chain": []},
+                                          # a run of several agents only: who holds it
+                                          # (harness.loop.agents.HandoffState)
       "policy": {...},                    # Policy.model_dump(mode="json"), to rebuild the harness
       "spec": {...},                      # SandboxSpec of the run (mounts included)
       "saved": 1735686400.0
@@ -147,6 +150,8 @@ class Checkpoint:
     rejections: int = 0
     config: dict[str, Any] = field(default_factory=dict)
     sandbox: SandboxRef | None = None
+    agents: dict[str, Any] | None = None
+    """A run of several agents: who holds it (``HandoffState.to_json``); None: one agent."""
     policy: dict[str, Any] = field(default_factory=dict)
     spec: dict[str, Any] = field(default_factory=dict)
     saved: float = field(default_factory=time.time)
@@ -164,6 +169,7 @@ class Checkpoint:
         return SandboxSpec.model_validate(self.spec)
 
     def to_json(self) -> str:
+        agents = {} if self.agents is None else {"agents": self.agents}
         return json.dumps({
             "version": CHECKPOINT_VERSION,
             "run_id": self.run_id,
@@ -183,6 +189,7 @@ class Checkpoint:
             "rejections": self.rejections,
             "config": self.config,
             "sandbox": None if self.sandbox is None else {"id": self.sandbox.id, "expires": self.sandbox.expires},
+            **agents,
             "policy": self.policy,
             "spec": self.spec,
             "saved": self.saved,
@@ -221,6 +228,7 @@ class Checkpoint:
                 rejections=int(data.get("rejections", 0)),
                 config=dict(data.get("config") or {}),
                 sandbox=None if box is None else SandboxRef(str(box["id"]), float(box["expires"])),
+                agents=None if data.get("agents") is None else dict(data["agents"]),
                 policy=dict(data.get("policy") or {}),
                 spec=dict(data.get("spec") or {}),
                 saved=float(data.get("saved", 0.0)),

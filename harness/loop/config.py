@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.core.acceptance import AcceptanceCheck
 from harness.core.errors import CallboxError, ErrorCode
+from harness.loop.agents import AgentConfig, agent_problems
 from harness.models.base import AllowedTools, ForcedTool, ToolChoice
 
 __all__ = ["AcceptanceCheck", "AllowTools", "ChoiceSetting", "ForceTool", "LoopConfig", "LoopConfigError", "Stage",
@@ -101,6 +102,12 @@ class LoopConfig(BaseModel):
     stages: tuple[Stage, ...] = ()
     """Per-stage overrides of the exposed tools and tool_choice; the first stage covering a
     turn applies to it."""
+    agents: tuple[AgentConfig, ...] = ()
+    """The run's agents (``[[agents]]``): each with its instructions, model, tools and the
+    agents it may hand the run to (:mod:`harness.loop.handoff`); empty: one agent, the run's
+    model with the run's system prompt and every exposed tool."""
+    start_agent: str | None = None
+    """The agent that takes the first turn; None: the first of ``agents``."""
     max_input_tokens: int | None = Field(default=None, ge=1)
     """Total input tokens the model may consume in the run (``budget:input_tokens``)."""
     max_output_tokens: int | None = Field(default=None, ge=1)
@@ -136,6 +143,13 @@ class LoopConfig(BaseModel):
     max_rejections: int = Field(default=3, ge=0)
     """Rejected answers the model is told of (and may try again after); the next rejected
     answer ends the run ``rejected:acceptance`` (0: the first one does)."""
+
+    @model_validator(mode="after")
+    def _agents(self) -> LoopConfig:
+        problems = agent_problems(self.agents, self.start_agent)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 def to_tool_choice(setting: ChoiceSetting) -> ToolChoice:

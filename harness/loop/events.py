@@ -47,6 +47,8 @@ class RunStarted(_EventBase):
     run_id: str
     model: str
     resumed: bool
+    agent: str = ""
+    """The agent holding the run (a run with ``agents``); empty: a run of one agent."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,20 @@ class ModelReplied(_EventBase):
     text: str
     calls: tuple[ModelToolCall, ...]
     usage: Usage
+
+
+@dataclass(frozen=True)
+class HandedOff(_EventBase):
+    """An agent handed the run to another (its ``transfer_to_<agent>`` call): the new agent's
+    instructions, model and tools apply from the next turn."""
+
+    kind: ClassVar[str] = "handoff"
+    turn: int
+    call_id: str
+    from_agent: str
+    to_agent: str
+    model: str
+    """The model of the agent now holding the run."""
 
 
 @dataclass(frozen=True)
@@ -194,8 +210,8 @@ class RunEnded(_EventBase):
 
 
 Event = (RunStarted | TurnStarted | ModelRetrying | ModelReplied | ToolCallStarted | ToolOutputChunk
-         | ToolCallFinished | AcceptanceCheckStarted | AcceptanceCheckFinished | AnswerRejected | ContextElided
-         | RunEnded)
+         | ToolCallFinished | AcceptanceCheckStarted | AcceptanceCheckFinished | AnswerRejected | HandedOff
+         | ContextElided | RunEnded)
 EventSink = Callable[[Event], None]
 
 

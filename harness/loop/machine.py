@@ -23,6 +23,10 @@ the run's current one; on the first turn of a stage that sets ``tool_choice``, t
 (the initial ``tool_choice`` likewise applies from turn 1). ``none`` offers no tools;
 ``{"allowed": [...]}`` offers every exposed tool and restricts calls to the subset (the
 Responses API's allowed_tools, which keeps the tools list, and prompt caches, stable).
+A run of several agents (``LoopConfig.agents``, :mod:`harness.loop.handoff`) asks the model
+of the agent holding the run, with its instructions, its subset of those tools and its
+``transfer_to_<agent>`` tools; EXECUTE_CALLS answers a transfer itself, and CHECK_LIMITS
+first ends a handoff loop (``loop_detected``).
 
 **CALL_MODEL** asks the adapter, retrying only a ``ModelError`` with ``retryable`` (at most
 ``model_retries`` times, exponential backoff through tenacity); a non-retryable error, or
@@ -126,6 +130,7 @@ from harness.loop.events import (
     RunStarted,
     TurnStarted,
 )
+from harness.loop.handoff import Team
 from harness.loop.paused import checkpoint_of, pause_message, restore
 from harness.loop.planning import TurnPlan, check_config, plan_turn, stage_for, turn_tools
 from harness.loop.state import RunState, Step, call_key
@@ -163,7 +168,10 @@ class Loop:
         self._engine = engine
         self._clock = clock
         self._resume_command = resume_command
-        self._calls = CallRunner(harness, config, self._emit)
+        self._team = Team.of(config, state, model, harness, self._emit)  # a run of several agents
+        if self._team is not None:
+            self.model = self._team.model
+        self._calls = CallRunner(harness, config, self._emit, answer=None if self._team is None else self._team.answer)
         self._segment_start = clock()
         self._plan: TurnPlan | None = None
         self._resumed = first_step is Step.ATTACH_SANDBOX
@@ -211,7 +219,8 @@ class Loop:
         except LoopConfigError as exc:
             harness.audit.end_run(harness.run_id, "error:config")
             raise exc from None
-        harness.audit.update_run_meta(harness.run_id, {"model": model.name, "task": task[:2000], "loop": True})
+        harness.audit.update_run_meta(harness.run_id, {"model": loop.model.name, "task": task[:2000], "loop": True,
+                                                       **(loop._team.meta() if loop._team else {})})
         return loop
 
     @classmethod
@@ -283,7 +292,8 @@ class Loop:
             return Step.DONE
         if not self._announced:
             self._announced = True
-            self._emit(RunStarted(self.state.run_id, self.model.name, self._resumed))
+            self._emit(RunStarted(self.state.run_id, self.model.name, self._resumed,
+                                  self._team.current if self._team else ""))
         current = self.step
         try:
             following = self._handlers[current]()
@@ -350,7 +360,10 @@ class Loop:
             s.stage = index
             if stage is not None and stage.tool_choice is not None:
                 s.choice = to_tool_choice(stage.tool_choice)
-        plan = plan_turn(s.choice, turn_tools(self.harness, stage))
+        tools = turn_tools(self.harness, stage)
+        if self._team is not None:  # the agent holding the run: its model, instructions and tools
+            self.model, tools = self._team.begin_turn(tools)
+        plan = plan_turn(s.choice, tools)
         if isinstance(plan, str):
             return self._end("error:config", f"turn {s.turn}: {plan}")
         self._plan = plan
@@ -420,6 +433,9 @@ class Loop:
         return self._end(verdict.reason, verdict.message) if verdict.reason else Step.CHECK_LIMITS
 
     def _check_limits(self) -> Step:
+        handoff_loop = None if self._team is None else self._team.loop_message()
+        if handoff_loop:
+            return self._end("loop_detected", handoff_loop)
         reason = self._limit_reached()
         return self._end(reason) if reason else Step.SELECT_TOOLS
 

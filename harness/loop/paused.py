@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.core.calls import ErrorCode
 from harness.core.times import stamp
+from harness.loop.agents import HandoffState
 from harness.loop.checkpoint import Checkpoint, CheckpointError, PausedCall, SandboxRef
 from harness.loop.config import LoopConfig, choice_from_json, choice_to_json
 from harness.loop.state import RunState
@@ -46,6 +47,7 @@ def checkpoint_of(state: RunState, *, model: ModelAdapter, config: LoopConfig, s
         tool_calls=s.tool_calls, seconds=seconds, streak_key=s.streak_key, streak_count=s.streak_count,
         rejections=s.rejections, config=config.model_dump(mode="json"), sandbox=s.sandbox,
         policy=session.policy.model_dump(mode="json"), spec=session.spec.model_dump(mode="json"),
+        agents=None if s.handoff is None else s.handoff.to_json(),
     )
 
 
@@ -58,12 +60,13 @@ def restore(cp: Checkpoint, model: ModelAdapter, config: LoopConfig | None) -> t
             f"run {cp.run_id} was paused with {cp.model} ({cp.format} context); resume it with a model "
             f"of the same API, not {model.name} ({model.format})"
         )
-    if cp.model != model.name:
+    if cp.model != model.name and cp.agents is None:  # with agents, each agent's model is in the config
         log.warning("run %s was paused with %s and resumes with %s", cp.run_id, cp.model, model.name)
     try:
         config = config or LoopConfig.model_validate(cp.config)
         choice = choice_from_json(cp.tool_choice)
-    except ValueError as exc:
+        handoff = None if cp.agents is None else HandoffState.from_json(cp.agents)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"the checkpoint of run {cp.run_id} has an unusable configuration: {exc}") from None
     state = RunState(
         run_id=cp.run_id,
@@ -84,6 +87,7 @@ def restore(cp: Checkpoint, model: ModelAdapter, config: LoopConfig | None) -> t
         results=[c.result for c in cp.calls],
         approvals={c.call_id: c.approval_id for c in cp.calls if c.approval_id is not None},
         sandbox=cp.sandbox,
+        handoff=handoff,
     )
     return state, config
 

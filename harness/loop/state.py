@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from harness.audit.store import arguments_digest
 from harness.core.calls import ToolResult
+from harness.loop.agents import HandoffState
 from harness.loop.checkpoint import SandboxRef
 from harness.models.base import Context, ModelToolCall, ToolChoice
 
@@ -50,6 +51,8 @@ class RunState:
     """Their results, by position (None: not run yet)."""
     approvals: dict[str, str] = field(default_factory=dict)
     """call_id -> approval id, for the current turn's pending calls."""
+    handoff: HandoffState | None = None
+    """Who holds a run of several agents, and its handoffs (None: a run of one agent)."""
     sandbox: SandboxRef | None = None
     rejections: int = 0
     """Final answers the acceptance checks rejected so far."""

@@ -21,6 +21,7 @@ __all__ = [
     "check_tool_choice",
     "json_text",
     "new_context",
+    "set_system",
 ]
 
 
@@ -51,6 +52,22 @@ def new_context(fmt: Format, system: str, task: str) -> Context:
         items.append({"role": "system", "content": system})
     items.append({"role": "user", "content": task})
     return Context(system=system, items=items)
+
+
+def set_system(context: Context, fmt: Format, system: str) -> None:
+    """Give ``context`` another system prompt (another agent took the run over): its
+    ``system``, and in Chat the system message that opens the conversation (replaced, made
+    if there was none, removed for an empty prompt)."""
+    context.system = system
+    if fmt != "chat":
+        return
+    has_one = bool(context.items) and context.items[0].get("role") == "system"
+    if has_one and system:
+        context.items[0] = {"role": "system", "content": system}
+    elif has_one:
+        del context.items[0]
+    elif system:
+        context.items.insert(0, {"role": "system", "content": system})
 
 
 def append_items(context: Context, items: Iterable[dict[str, Any]]) -> None:

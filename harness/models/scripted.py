@@ -11,7 +11,9 @@ first non-blank character is ``#`` are skipped. Each turn is an object with thes
     ``name`` (required), ``arguments`` and ``call_id``. ``arguments`` may be an object
     (sent on as compact JSON text) or a string (sent verbatim, so malformed JSON can be
     scripted too); default ``{}``. ``call_id`` defaults to ``call_<turn>_<n>`` (both
-    counted from 1, e.g. ``call_2_1``).
+    counted from 1, e.g. ``call_2_1``; another prefix than ``call`` with ``call_prefix=``:
+    each agent of a run of several agents replays its own transcript, and its calls are
+    ``call_<agent>_<turn>_<n>`` so that the call_ids of one run stay distinct).
 ``usage``
     ``{"input_tokens": int, "output_tokens": int, "cost_usd": float}`` (each optional).
 ``stop_reason``
@@ -116,8 +118,10 @@ class ScriptedModel(ProviderContext):
         format: Format = "openai",
         name: str = "scripted",
         sources: Sequence[str] | None = None,
+        call_prefix: str = "call",
     ) -> None:
-        """``turns`` as parsed JSON objects; ``sources`` names where each came from (for errors)."""
+        """``turns`` as parsed JSON objects; ``sources`` names where each came from (for errors);
+        ``call_prefix``: what a call without a ``call_id`` is named by (``PREFIX_<turn>_<n>``)."""
         if format not in _CONTEXT_FORMATS:
             raise ScriptError(f"the scripted model cannot speak {format!r}; use one of: {', '.join(_CONTEXT_FORMATS)}")
         self.format: Format = format
@@ -130,7 +134,7 @@ class ScriptedModel(ProviderContext):
         if len(labels) != len(raw_turns):
             raise ValueError("sources must name one place per turn")
         self.turns: list[ModelTurn] = [
-            parse_turn(raw, number=number, fmt=format, where=label)
+            parse_turn(raw, number=number, fmt=format, where=label, call_prefix=call_prefix)
             for number, (raw, label) in enumerate(zip(raw_turns, labels, strict=True), start=1)
         ]
         self.requests: list[ScriptedRequest] = []
@@ -139,7 +143,7 @@ class ScriptedModel(ProviderContext):
         """How many turns were replayed."""
 
     @classmethod
-    def from_file(cls, path: str | Path, *, format: Format | None = None) -> ScriptedModel:
+    def from_file(cls, path: str | Path, *, format: Format | None = None, call_prefix: str = "call") -> ScriptedModel:
         """The model replaying the JSONL file at ``path``; ScriptError if it cannot be read.
         ``format``: the context's shapes (default: the file's ``{"format": ...}`` line, else openai)."""
         file = Path(path)
@@ -174,7 +178,8 @@ class ScriptedModel(ProviderContext):
             turns, sources = turns[1:], sources[1:]
         if not turns:
             raise ScriptError(f"transcript {str(file)!r} holds no turns; write one JSON object per line")
-        return cls(turns, format=format or written or "openai", name=f"scripted:{file}", sources=sources)
+        return cls(turns, format=format or written or "openai", name=f"scripted:{file}", sources=sources,
+                   call_prefix=call_prefix)
 
     @property
     def remaining(self) -> int:
@@ -204,7 +209,7 @@ class ScriptedModel(ProviderContext):
 # --- one turn -------------------------------------------------------------------------------------
 
 
-def parse_turn(raw: Mapping[str, Any], *, number: int, fmt: Format, where: str) -> ModelTurn:
+def parse_turn(raw: Mapping[str, Any], *, number: int, fmt: Format, where: str, call_prefix: str = "call") -> ModelTurn:
     """One transcript turn as the ModelTurn ``fmt``'s adapter would have returned."""
     if not isinstance(raw, Mapping):
         raise ScriptError(f"{where}: a turn must be a JSON object")
@@ -228,7 +233,7 @@ def parse_turn(raw: Mapping[str, Any], *, number: int, fmt: Format, where: str) 
         if not isinstance(call, Mapping):
             raise ScriptError(f"{call_where} must be an object with name, arguments and call_id")
         if call.get("type") == "computer_call":
-            item = _computer_call(call, f"call_{number}_{index}", fmt, call_where)
+            item = _computer_call(call, f"{call_prefix}_{number}_{index}", fmt, call_where)
             computer_items[len(calls)] = item
             mapped = computer_call_calls(item)
             calls.extend(mapped)
@@ -241,7 +246,7 @@ def parse_turn(raw: Mapping[str, Any], *, number: int, fmt: Format, where: str) 
         name = call.get("name")
         if not isinstance(name, str) or not name:
             raise ScriptError(f"{call_where} needs a 'name' (the tool to call)")
-        call_id = call.get("call_id", f"call_{number}_{index}")
+        call_id = call.get("call_id", f"{call_prefix}_{number}_{index}")
         if not isinstance(call_id, str):
             raise ScriptError(f"{call_where}: 'call_id' must be a string")
         arguments = call.get("arguments", {})

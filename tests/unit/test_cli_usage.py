@@ -242,6 +242,50 @@ def test_run_config_file_that_is_missing_is_named(capsys: pytest.CaptureFixture[
     assert "nope.toml" in line and "No such file" in line, line
 
 
+_TWO_AGENTS = """
+[[agents]]
+name = "triage"
+instructions = "Route the request."
+{triage}
+[[agents]]
+name = "billing"
+instructions = "Fix invoices."
+{billing}
+"""
+
+
+@pytest.mark.parametrize(("triage", "billing", "flags", "expected"), [
+    ("", "", [], "callbox: agent triage, billing names no model: give the run's model (a TRANSCRIPT or --model "
+                 "PROVIDER:NAME), or a model for each agent in --config"),
+    ('model = "scripted:t.jsonl"', 'model = "scripted:b.jsonl"', ["--model", "openai:m", "--task", "t"],
+     "callbox: every agent in --config names its own model, so --model would not be used: drop it"),
+    ('model = "scripted:t.jsonl"', "", ["--system", "be brief", "--model", "openai:m", "--task", "t"],
+     "callbox: --system: with [[agents]] in --config, each agent's instructions are its system prompt"),
+    ('model = "scripted:t.jsonl"', 'model = "anthropic:claude-x"', [],
+     "callbox: agent billing's model anthropic:claude-x needs --task TEXT (what the model should do)"),
+    ('model = "scripted:t.jsonl"\nhandoffs = ["nobody"]', "", ["--model", "openai:m", "--task", "t"],
+     "handoffs names 'nobody', which is not one of the agents (triage, billing)"),
+])
+def test_run_agents_and_the_runs_model_combine_or_say_why_not(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, triage: str, billing: str, flags: list[str],
+        expected: str) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(_TWO_AGENTS.format(triage=triage, billing=billing))
+    line = _usage_error(capsys, ["run", "--config", str(config), *flags, "--audit-db", str(tmp_path / "a.db")])
+    assert expected in line, line
+    assert not (tmp_path / "a.db").exists()
+
+
+def test_run_config_transcripts_are_found_beside_the_file(tmp_path: Path) -> None:
+    from harness.cli.run import read_run_config
+
+    config = tmp_path / "sub" / "run.toml"
+    config.parent.mkdir()
+    config.write_text(_TWO_AGENTS.format(triage='model = "scripted:t.jsonl"', billing='model = "openai:gpt-5"'))
+    agents = read_run_config(config)["agents"]
+    assert [a["model"] for a in agents] == [f"scripted:{tmp_path / 'sub' / 't.jsonl'}", "openai:gpt-5"]
+
+
 def test_call_names_the_flag_over_a_policy(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     policy = tmp_path / "p.toml"
     policy.write_text("[sandbox]\npids = 64\n")

@@ -376,14 +376,23 @@ def _pictures(run_id: str, images: list[dict[str, Any]]) -> Html:
     )
 
 
+def _agents_of(run: RunRecord) -> Html:
+    """A run of several agents: who holds it (its handoffs are calls, ruled ``handoff: A -> B``)."""
+    agents = run.meta.get("agents")
+    if not isinstance(agents, list) or not agents:
+        return Html("")
+    return fill(Template("<dt>Agents</dt><dd>$agents; held by <strong>$agent</strong></dd>\n"),
+                agents=", ".join(_s(a) for a in agents), agent=_s(run.meta.get("agent")))
+
+
 def run_page(run: RunRecord, calls: list[dict[str, Any]], approvals: list[Approval], *, live: bool) -> Html:
     summary = fill(Template("""<dl class="run">
 <dt>Door</dt><dd>$door</dd><dt>Client</dt><dd>$client</dd><dt>Started</dt><dd>$created</dd>
 <dt>Ended</dt><dd>$ended</dd><dt>Sandbox</dt><dd>$sandbox</dd><dt>Calls</dt><dd>$count</dd>
-</dl>
+$agents</dl>
 """), door=_s(run.meta.get("door")), client=_s(run.meta.get("client")), created=when(run.created),
         ended="no: live" if live else (f"{when(run.ended)}: {run.end_reason or ''}" if run.ended else "no"),
-        sandbox=_sandbox_of(run, live), count=run.calls)
+        sandbox=_sandbox_of(run, live), count=run.calls, agents=_agents_of(run))
     shown = join(
         fill(_CALL, anchor=quote(_s(c.get("call_id")), safe=""), n=i, call_id=c.get("call_id"),
              tool=f"{_s(c.get('tool'))} [{c['origin']}]" if c.get("origin") else c.get("tool"),
