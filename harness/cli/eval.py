@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         settings = EvalRun(tasks=tasks, model_for=model_for, policy=policy, audit=audit, results=results,
                            connect=connect, trials=args.trials, concurrency=args.concurrency, pool=not args.no_pool,
                            system=args.system, loop_options=options)
-        if done_before:
+        if args.resume:
             say(f"resuming: {len(done_before)} of {total} trials already finished in {out}")
         interrupted: BaseException | None = None
         try:
