@@ -14,7 +14,8 @@ language that reads as commands (``sh``, ``bash``, ``shell``, ...) is not run, s
 above it says why, ``<!-- not run: REASON -->``; the same marker keeps a ``console`` or
 ``python`` block from being run. A ``toml`` block is loaded by a unit test with the loader
 its marker names, ``<!-- toml: policy -->``, ``<!-- toml: config -->`` (a server
-configuration) or ``<!-- toml: tasks -->`` (an eval's task file), unless it is marked ``not run``. ``text``, ``json`` and other illustrations,
+configuration) or ``<!-- toml: tasks -->`` (an eval's task file), unless it is marked
+``not run``. ``text``, ``json`` and other illustrations,
 and blocks without a language, need no marker. Marker lines are HTML comments on the lines
 right above the fence (blank lines between them and the fence are allowed); the page does
 not show them.

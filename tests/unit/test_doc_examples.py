@@ -60,8 +60,8 @@ def problems(blocks: list[Block]) -> list[str]:
                          "with the output it prints, or put <!-- not run: REASON --> on the line above it")
         elif block.language == "toml" and block.not_run is None and block.toml_kind not in TOML_KINDS:
             found.append(f"{block.name}: say how this toml block is checked: put <!-- toml: policy --> or "
-                         "<!-- toml: config --> (or tasks: an eval's task file) on the line above it (a unit test loads it "
-                         "with that loader), "
+                         "<!-- toml: config --> (or tasks: an eval's task file) on the line above it (a unit test "
+                         "loads it with that loader), "
                          "or <!-- not run: REASON -->")
         elif block.toml_kind is not None and block.language != "toml":
             found.append(f"{block.name}: <!-- toml: ... --> marks toml blocks, and this one is {block.language!r}")
