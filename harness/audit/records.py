@@ -262,6 +262,13 @@ class CallRecord:
         return [entry for entry in found if isinstance(entry, dict)] if isinstance(found, list) else []
 
     @property
+    def origin(self) -> str | None:
+        """Who sent the call when not the model or a client: ``acceptance`` for an acceptance
+        check the agent loop ran on a final answer (the result's ``meta["origin"]``); None otherwise."""
+        found = None if self.result is None else self.result.meta.get("origin")
+        return found if isinstance(found, str) and found else None
+
+    @property
     def interrupted(self) -> dict[str, Any] | None:
         """For a call whose harness process stopped before it recorded a result: what the
         interrupted result says (:mod:`harness.audit.interruptions`); None for any other call."""
@@ -273,6 +280,7 @@ class CallRecord:
             "run_id": self.run_id,
             "call_id": self.call_id,
             "tool": self.tool,
+            "origin": self.origin,
             "args_digest": self.args_digest,
             "arguments": self.arguments,
             "arguments_truncated": self.arguments_truncated,

@@ -94,7 +94,7 @@ def _freeform(call: ToolCall, tool: Tool | None) -> ToolCall:
     field = tool.definition.freeform_field if tool is not None else None
     if field is None or not isinstance(call.arguments, str) or call.arguments.lstrip().startswith("{"):
         return call
-    return ToolCall(call.name, {field: call.arguments}, call.call_id)
+    return dataclasses.replace(call, arguments={field: call.arguments})
 
 
 class _CallSandbox:
@@ -153,7 +153,8 @@ class CallPath:
     def labelled(self, result: ToolResult, fallback: DecisionLabel = "rejected") -> ToolResult:
         """``result`` with the call's decision in its meta (``fallback`` if none was reported)."""
         self.decided(fallback)
-        return dataclasses.replace(result, meta={**result.meta, "decision": self.decision})
+        origin = {"origin": self.call.origin} if self.call.origin else {}
+        return dataclasses.replace(result, meta={**result.meta, "decision": self.decision, **origin})
 
     def run(self) -> ToolResult:
         """Claim the call_id, then run the call once, or return what a claim before this one

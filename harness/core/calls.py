@@ -49,6 +49,10 @@ class ToolCall:
     flags: tuple[str, ...] = ()
     """What the model's provider flags on this call (OpenAI's pending safety checks, as ``code:
     message``): a person asked to approve the call reads them beside its arguments."""
+    origin: str = ""
+    """Who sent it when not the model or a client: ``acceptance`` for a check the agent loop runs
+    on the model's final answer (the harness's own call). Kept in the recorded result's
+    ``meta["origin"]``, so the audit tells such calls from the model's."""
 
 
 @dataclass(frozen=True)

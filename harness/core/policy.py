@@ -105,6 +105,10 @@ Sections:
     the sandbox's writable places, for ``callbox diff`` and ``callbox revert``; ``max_bytes``
     caps the content a run's records hold (:mod:`harness.core.change_recorder`). Off by default.
 
+``[acceptance]``
+    Checks a run's final answer must pass, ``[[acceptance.check]]`` (``command``, ``workdir``,
+    ``timeout_s``, ``expect_exit``), and ``max_rejections`` (:mod:`harness.core.acceptance`).
+
 ``engine`` and ``[ray]``
     Where the sandboxes run (:mod:`harness.engine.select`): absent or ``"docker"``, this
     machine's Docker engine; ``"ray"``, the Ray cluster ``[ray]`` describes. A command's
@@ -128,6 +132,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.audit.records import ACTION_TOOL_PREFIX
+from harness.core.acceptance import AcceptancePolicy
 from harness.core.actions import ActionsPolicy
 from harness.core.budgets import Budgets, CallTimeout
 from harness.core.calls import TOOL_NAME_PATTERN, Action, Decision
@@ -250,6 +255,8 @@ class Policy(BaseModel):
     """Where the sandboxes run: ``docker`` (this machine) or ``ray`` (``[ray]``); absent: docker."""
     ray: RayTable = None
     """``[ray]``: the Ray cluster of ``engine = "ray"`` (:mod:`harness.engine.ray.settings`)."""
+    acceptance: AcceptancePolicy = Field(default_factory=AcceptancePolicy)
+    """``[acceptance]``: checks every run's final answer must pass (:mod:`harness.core.acceptance`)."""
 
     @field_validator("allowed_tools")
     @classmethod
@@ -460,7 +467,7 @@ class Policy(BaseModel):
         ]
         if s.network != "none":
             notes.append(f'sandbox.network = "{s.network}" (the default is "none")')
-        for key, show in (("memory", format_size), ("cpus", _plain), ("pids", _plain), ("nofile", _plain),
+        for key, show in (("memory", format_size), ("cpus", _PLAIN), ("pids", _PLAIN), ("nofile", _PLAIN),
                           ("fsize", format_size)):
             value, default = getattr(s, key), _spec_default(key)
             if value > default:
@@ -478,10 +485,6 @@ def _within(path: str, target: str) -> bool:
     return target in (path, "/") or path.startswith(target + "/")
 
 
-def _plain(value: float) -> str:
-    return f"{value:g}"
-
-
 def _spec_error(exc: ValidationError, model: type[BaseModel], prefix: str) -> PolicyError:
     """``exc`` (of the spec's ``model``) as a PolicyError whose keys are under ``prefix``."""
     return PolicyError("; ".join(_under(prefix, p) for p in describe_validation_error(exc, model, noun="key")))
@@ -496,6 +499,7 @@ def _under(prefix: str, problem: str) -> str:
 
 
 _GLOB_CHARS = re.compile(r"[*?]")
+_PLAIN = "{:g}".format
 
 
 def _is_glob(key: str) -> bool:
@@ -505,9 +509,7 @@ def _is_glob(key: str) -> bool:
 
 def _check_tool_name(name: str) -> None:
     if TOOL_NAME_PATTERN.fullmatch(name) is None:
-        raise ValueError(
-            f"{name!r} is not a tool name (1 to 64 letters, digits, '_', '.', '-'; see `callbox tools`)"
-        )
+        raise ValueError(f"{name!r} is not a tool name (1 to 64 letters, digits, '_', '.', '-'; see `callbox tools`)")
 
 
 # --- loading -------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ The format is one JSON object (``version`` 1)::
       "tool_calls": 7,                    # calls the model has issued in the run
       "seconds": 12.5,                    # active run time so far (pauses not counted)
       "streak": {"key": "...", "count": 1},   # loop detection: last call and its repeats
+      "rejections": 0,                    # final answers the acceptance checks rejected (absent: 0)
       "config": {...},                    # LoopConfig.model_dump(mode="json")
       "sandbox": {"id": "0123456789ab", "expires": 1735690000.0} | null,
       "policy": {...},                    # Policy.model_dump(mode="json"), to rebuild the harness
@@ -143,6 +144,7 @@ class Checkpoint:
     seconds: float = 0.0
     streak_key: str | None = None
     streak_count: int = 0
+    rejections: int = 0
     config: dict[str, Any] = field(default_factory=dict)
     sandbox: SandboxRef | None = None
     policy: dict[str, Any] = field(default_factory=dict)
@@ -178,6 +180,7 @@ class Checkpoint:
             "tool_calls": self.tool_calls,
             "seconds": self.seconds,
             "streak": {"key": self.streak_key, "count": self.streak_count},
+            "rejections": self.rejections,
             "config": self.config,
             "sandbox": None if self.sandbox is None else {"id": self.sandbox.id, "expires": self.sandbox.expires},
             "policy": self.policy,
@@ -215,6 +218,7 @@ class Checkpoint:
                 seconds=float(data.get("seconds", 0.0)),
                 streak_key=streak.get("key"),
                 streak_count=int(streak.get("count", 0)),
+                rejections=int(data.get("rejections", 0)),
                 config=dict(data.get("config") or {}),
                 sandbox=None if box is None else SandboxRef(str(box["id"]), float(box["expires"])),
                 policy=dict(data.get("policy") or {}),

@@ -12,8 +12,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from harness.core.acceptance import AcceptanceCheck
 from harness.core.errors import CallboxError, ErrorCode
 from harness.models.base import AllowedTools, ForcedTool, ToolChoice
+
+__all__ = ["AcceptanceCheck", "AllowTools", "ChoiceSetting", "ForceTool", "LoopConfig", "LoopConfigError", "Stage",
+           "choice_from_json", "choice_to_json", "describe_choice", "relaxed", "to_tool_choice"]
 
 
 class LoopConfigError(CallboxError):
@@ -83,22 +87,6 @@ class Stage(BaseModel):
         return turn >= first and (last is None or turn <= int(last))
 
 
-class AcceptanceCheck(BaseModel):
-    """A command run in the run's sandbox when the model gives its final answer; the run is
-    accepted only when every check exits with its expected code."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    command: str = Field(min_length=1)
-    """Shell command, run with ``sh -c`` as the run's commands are (e.g. ``python -m pytest -q``)."""
-    workdir: str | None = None
-    """Absolute directory in the sandbox to run it in; None: the sandbox's working directory."""
-    timeout_s: float = Field(default=300.0, gt=0)
-    """Seconds the check may take; a check still running then has failed."""
-    expect_exit: int = 0
-    """Exit code that counts as passing."""
-
-
 class LoopConfig(BaseModel):
     """How one agent run is driven and when it must stop."""
 
@@ -141,11 +129,13 @@ class LoopConfig(BaseModel):
     """How long a paused run's sandbox is kept from the pause; None: until the sandbox's own
     expiry (its creation plus the policy's ``sandbox.ttl_seconds``)."""
     acceptance: tuple[AcceptanceCheck, ...] = ()
-    """Checks run when the model gives a final answer; all pass: the run ends
-    ``final:accepted``; one fails: the model is told what failed and the run goes on, up to
-    ``max_rejections`` times, then ends ``rejected:acceptance``. Empty: ``final`` as is."""
+    """Checks run when the model gives a final answer (:mod:`harness.loop.acceptance`); all
+    pass: the run ends ``final:accepted``; one fails: the model is told what failed and the
+    run goes on, up to ``max_rejections`` times, then ends ``rejected:acceptance``. Empty:
+    the policy's ``[acceptance]`` checks, if any, else ``final`` as is."""
     max_rejections: int = Field(default=3, ge=0)
-    """Final answers the checks may reject before the run ends ``rejected:acceptance``."""
+    """Rejected answers the model is told of (and may try again after); the next rejected
+    answer ends the run ``rejected:acceptance`` (0: the first one does)."""
 
 
 def to_tool_choice(setting: ChoiceSetting) -> ToolChoice:

@@ -109,6 +109,51 @@ class ToolCallFinished(_EventBase):
 
 
 @dataclass(frozen=True)
+class AcceptanceCheckStarted(_EventBase):
+    kind: ClassVar[str] = "acceptance_check_started"
+    turn: int
+    """The turn whose final answer is being checked."""
+    index: int
+    """The check's place in the run's list, from 1."""
+    total: int
+    """How many checks the run has."""
+    call_id: str
+    """The check's call in the audit (``accept-...``; the harness's own call, not the model's)."""
+    command: str
+    workdir: str | None
+
+
+@dataclass(frozen=True)
+class AcceptanceCheckFinished(_EventBase):
+    kind: ClassVar[str] = "acceptance_check_finished"
+    turn: int
+    index: int
+    total: int
+    call_id: str
+    command: str
+    passed: bool
+    """Exited with ``expect_exit`` (and did not time out)."""
+    exit_code: int | None
+    """None: the command did not run to an exit (refused, sandbox gone)."""
+    expect_exit: int
+    result: ToolResult
+    """The check's result as recorded (its text bounded like every result's)."""
+
+
+@dataclass(frozen=True)
+class AnswerRejected(_EventBase):
+    kind: ClassVar[str] = "answer_rejected"
+    turn: int
+    rejections: int
+    """Answers rejected so far in the run, this one included."""
+    max_rejections: int
+    ends_run: bool
+    """This rejection was one too many: the run ends ``rejected:acceptance``."""
+    message: str
+    """What the model is told (the failed check, its exit code and output)."""
+
+
+@dataclass(frozen=True)
 class ContextElided(_EventBase):
     kind: ClassVar[str] = "context_elided"
     turn: int
@@ -134,6 +179,8 @@ class RunEnded(_EventBase):
     pending_approvals: tuple[str, ...]
     resume_command: str = ""
     """Paused: the command that continues the run, if the caller gave one."""
+    rejections: int = 0
+    """Final answers the acceptance checks rejected."""
 
     @classmethod
     def of(cls, out: RunOutcome) -> RunEnded:
@@ -142,12 +189,13 @@ class RunEnded(_EventBase):
             run_id=out.run_id, reason=out.reason, turns=out.turns, tool_calls=out.tool_calls, seconds=out.seconds,
             input_tokens=out.usage.input_tokens, output_tokens=out.usage.output_tokens,
             cost_usd=out.usage.cost_usd, final_text=out.final_text, message=out.message,
-            pending_approvals=out.pending_approvals, resume_command=out.resume_command,
+            pending_approvals=out.pending_approvals, resume_command=out.resume_command, rejections=out.rejections,
         )
 
 
 Event = (RunStarted | TurnStarted | ModelRetrying | ModelReplied | ToolCallStarted | ToolOutputChunk
-         | ToolCallFinished | ContextElided | RunEnded)
+         | ToolCallFinished | AcceptanceCheckStarted | AcceptanceCheckFinished | AnswerRejected | ContextElided
+         | RunEnded)
 EventSink = Callable[[Event], None]
 
 
@@ -166,6 +214,8 @@ class RunOutcome:
     pending_approvals: tuple[str, ...] = ()
     resume_command: str = ""
     """Paused: the command that continues the run, if the caller gave one."""
+    rejections: int = 0
+    """Final answers the acceptance checks rejected (:mod:`harness.loop.acceptance`)."""
 
     @property
     def paused(self) -> bool:

@@ -2,12 +2,13 @@
 
 ::
 
-    start ──> SELECT_TOOLS ──> CALL_MODEL ──(final answer)──────────────────────> FINISH ──> DONE
-                  ^                 │ (tool calls)                                  ^
-                  │                 v                                               │
-                  │            EXECUTE_CALLS ──> APPEND_RESULTS ──(a call pending)──> PAUSE ──> DONE
-                  │                                   │
-                  └──────(within limits)─── CHECK_LIMITS ──(a limit reached)──> FINISH
+    start ──> SELECT_TOOLS ──> CALL_MODEL ──(final answer)──> VERIFY ──(accepted, or no checks)──> FINISH ──> DONE
+                  ^                 │ (tool calls)                 │ (rejected)                      ^
+                  │                 v                              v                                 │
+                  │            EXECUTE_CALLS ──> APPEND_RESULTS ──> CHECK_LIMITS                     │
+                  │                                   │ (a call pending)  │ (a limit reached) ───────┘
+                  │                                   └──> PAUSE ──> DONE │
+                  └─────────────────────(within limits)───────────────────┘
 
     resume ──> ATTACH_SANDBOX ──> RESEND_CALLS ──> APPEND_RESULTS ──> ...
                     └──(sandbox expired or gone)──> FINISH
@@ -26,7 +27,17 @@ Responses API's allowed_tools, which keeps the tools list, and prompt caches, st
 **CALL_MODEL** asks the adapter, retrying only a ``ModelError`` with ``retryable`` (at most
 ``model_retries`` times, exponential backoff through tenacity); a non-retryable error, or
 the last retry failing, ends the run with ``error:model``. The adapter's items are
-appended. A turn without tool calls ends the run with ``final``.
+appended. A turn without tool calls is a final answer: VERIFY.
+
+**VERIFY** (:mod:`harness.loop.acceptance`): without acceptance checks the run ends
+``final``. With checks (``LoopConfig.acceptance``, else the policy's ``[acceptance]``),
+they run in the run's sandbox as the harness's own calls of ``shell`` (through the session:
+authorized, audited, marked ``origin: acceptance``); all pass: ``final:accepted``. The
+first that fails rejects the answer: the model gets a user message naming it, with its exit
+code and bounded output, and the run goes to CHECK_LIMITS; past ``max_rejections`` the run
+ends ``rejected:acceptance``. A check the run cannot run ends it (``error:config``,
+``budget:*``, ``error:sandbox_unavailable``); checks the policy refuses are refused before
+the first turn (``error:config``).
 
 **EXECUTE_CALLS** turns every ModelToolCall into ``harness.call(ToolCall(name, arguments,
 call_id), on_output=...)`` (validation, policy, approvals, at-most-once and audit are the
@@ -69,12 +80,13 @@ approved call runs exactly once, a denied one returns the denial, a still-pendin
 pauses the run again), appends the whole turn's results in order and continues.
 
 **FINISH** records the reason with ``audit.end_run``. Every run ends with one of ``final``,
-``max_turns``, ``budget:tool_calls``, ``budget:wall_time``, ``budget:input_tokens``,
+``final:accepted`` (every acceptance check passed), ``rejected:acceptance``, ``max_turns``,
+``budget:tool_calls``, ``budget:wall_time``, ``budget:input_tokens``,
 ``budget:output_tokens``, ``budget:cost``, ``loop_detected``, ``approval_pending``
 (paused), ``error:model``, ``error:sandbox_expired``, ``error:sandbox_unavailable``,
-``error:config`` (a stage names a tool this turn cannot offer), ``error:harness`` (the
-audit store or engine failed), ``error:internal`` (a bug, logged) or
-``error:interrupted`` (Ctrl-C; re-raised).
+``error:config`` (a stage names a tool this turn cannot offer, or an acceptance check
+cannot run), ``error:harness`` (the audit store or engine failed), ``error:internal`` (a
+bug, logged) or ``error:interrupted`` (Ctrl-C; re-raised).
 
 **Events**: ``on_event`` receives small frozen dataclasses (:data:`Event`), each with a
 ``kind`` and ``to_dict()`` for JSON lines. Events from concurrent calls are delivered one
@@ -97,6 +109,7 @@ from harness.core.session import Session
 from harness.core.times import stamp
 from harness.engine.docker.engine import DockerEngine, SandboxExpired
 from harness.loop import checkpoint as checkpoints
+from harness.loop.acceptance import Acceptance, effective, preflight
 from harness.loop.calls import CallRunner
 from harness.loop.checkpoint import Checkpoint, CheckpointError, SandboxRef
 from harness.loop.config import LoopConfig, LoopConfigError, describe_choice, relaxed, to_tool_choice
@@ -139,6 +152,7 @@ class Loop:
         clock: Callable[[], float] = time.monotonic,
         resume_command: str | None = None,
     ) -> None:
+        config = effective(config, harness.policy)  # the policy's acceptance checks, unless the config has some
         self.model = model
         self.harness = harness
         self.state = state
@@ -161,11 +175,15 @@ class Loop:
             Step.CALL_MODEL: self._call_model,
             Step.EXECUTE_CALLS: self._execute_calls,
             Step.APPEND_RESULTS: self._append_results,
+            Step.VERIFY: self._verify,
             Step.CHECK_LIMITS: self._check_limits,
             Step.PAUSE: self._pause,
             Step.FINISH: self._finish,
         }
         check_config(config, harness)
+        preflight(config, harness)
+        self._acceptance = Acceptance(harness, config, self._emit,
+                                      lambda: harness.policy.budgets.max_wall_time_s - self.seconds())
 
     # ---- construction -------------------------------------------------------------------
 
@@ -289,7 +307,7 @@ class Loop:
             run_id=s.run_id, reason=s.reason, final_text=s.final_text, turns=s.turn, tool_calls=s.tool_calls,
             seconds=round(self.seconds(), 3), usage=Usage(s.input_tokens, s.output_tokens, s.cost_usd),
             message=s.message, pending_approvals=tuple(s.approvals.values()) if s.reason == PAUSED else (),
-            resume_command=(self._resume_command or "") if s.reason == PAUSED else "",
+            resume_command=(self._resume_command or "") if s.reason == PAUSED else "", rejections=s.rejections,
         )
 
     def seconds(self) -> float:
@@ -355,7 +373,7 @@ class Loop:
         self._emit(ModelReplied(s.turn, turn.text, turn.tool_calls, turn.usage))
         if turn.is_final:
             s.final_text = turn.text
-            return self._end("final")
+            return Step.VERIFY
         s.calls = list(turn.tool_calls)
         s.results = [None] * len(s.calls)
         s.approvals = {}
@@ -396,6 +414,10 @@ class Loop:
             if elision.changed:
                 self._emit(ContextElided(s.turn, elision.call_ids, elision.bytes_before, elision.bytes_after))
         return Step.CHECK_LIMITS
+
+    def _verify(self) -> Step:
+        verdict = self._acceptance.verify(self.state)
+        return self._end(verdict.reason, verdict.message) if verdict.reason else Step.CHECK_LIMITS
 
     def _check_limits(self) -> Step:
         reason = self._limit_reached()

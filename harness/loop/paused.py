@@ -44,7 +44,7 @@ def checkpoint_of(state: RunState, *, model: ModelAdapter, config: LoopConfig, s
         items=list(s.context.items), turn=s.turn, calls=calls, tool_choice=choice_to_json(s.choice),
         stage=s.stage, input_tokens=s.input_tokens, output_tokens=s.output_tokens, cost_usd=s.cost_usd,
         tool_calls=s.tool_calls, seconds=seconds, streak_key=s.streak_key, streak_count=s.streak_count,
-        config=config.model_dump(mode="json"), sandbox=s.sandbox,
+        rejections=s.rejections, config=config.model_dump(mode="json"), sandbox=s.sandbox,
         policy=session.policy.model_dump(mode="json"), spec=session.spec.model_dump(mode="json"),
     )
 
@@ -78,6 +78,7 @@ def restore(cp: Checkpoint, model: ModelAdapter, config: LoopConfig | None) -> t
         prior_seconds=cp.seconds,
         streak_key=cp.streak_key,
         streak_count=cp.streak_count,
+        rejections=cp.rejections,
         calls=[ModelToolCall(c.call_id, c.name, _arguments_text(c.arguments), safety_checks=c.safety_checks,
                              batch=c.batch) for c in cp.calls],
         results=[c.result for c in cp.calls],

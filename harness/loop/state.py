@@ -21,6 +21,7 @@ class Step(enum.StrEnum):
     CALL_MODEL = "call_model"
     EXECUTE_CALLS = "execute_calls"
     APPEND_RESULTS = "append_results"
+    VERIFY = "verify"
     CHECK_LIMITS = "check_limits"
     PAUSE = "pause"
     FINISH = "finish"
@@ -50,6 +51,8 @@ class RunState:
     approvals: dict[str, str] = field(default_factory=dict)
     """call_id -> approval id, for the current turn's pending calls."""
     sandbox: SandboxRef | None = None
+    rejections: int = 0
+    """Final answers the acceptance checks rejected so far."""
     final_text: str = ""
     reason: str = ""
     message: str = ""

@@ -265,7 +265,7 @@ def test_next_step_walks_the_states(make_harness) -> None:
     while loop.step is not Step.DONE:
         steps.append(loop.next_step())
     assert steps == [Step.SELECT_TOOLS, Step.CALL_MODEL, Step.EXECUTE_CALLS, Step.APPEND_RESULTS, Step.CHECK_LIMITS,
-                     Step.SELECT_TOOLS, Step.CALL_MODEL, Step.FINISH, Step.DONE]
+                     Step.SELECT_TOOLS, Step.CALL_MODEL, Step.VERIFY, Step.FINISH, Step.DONE]
     assert loop.outcome.reason == "final"
 
 

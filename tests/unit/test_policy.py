@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from harness.core.acceptance import AcceptanceCheck, AcceptancePolicy
 from harness.core.calls import Action, Decision
 from harness.core.change_recorder import CheckpointSettings
 from harness.core.errors import CallboxError
@@ -91,16 +92,16 @@ def test_default_policy_allows_every_tool() -> None:
 def test_default_policy_documents_every_key() -> None:
     text = (resources.files("harness") / "data/default-policy.toml").read_text()
     models: list[type[BaseModel]] = [Policy, SandboxSettings, Budgets, Rule, RedactionSettings, PoolSettings,
-                                     Placement, CheckpointSettings]
+                                     Placement, CheckpointSettings, AcceptancePolicy, AcceptanceCheck]
     for model in models:
         for key in model.model_fields:
             if key in ("sandbox", "budgets", "tools", "mounts", "env", "rules", "redaction", "pool", "placement",
-                       "checkpoints"):
+                       "checkpoints", "acceptance", "check"):
                 continue  # tables, documented by their [header]
             assert re.search(rf"^#? ?{key} = ", text, re.MULTILINE), f"{model.__name__}.{key} is not documented"
     for header in ("[sandbox]", "[sandbox.env]", "[[sandbox.mounts]]", "[sandbox.placement]", "[budgets]",
                    "[redaction]", "[tools.shell]", "[checkpoints]",
-                   "[[tools.shell.rules]]", "[pool]"):
+                   "[[tools.shell.rules]]", "[pool]", "[acceptance]", "[[acceptance.check]]"):
         assert header in text
 
 
@@ -164,7 +165,8 @@ def test_load_from_a_file_names_the_file(tmp_path: Path) -> None:
     ("text", "problem"),
     [
         ('sandboxx = 1', "unexpected key 'sandboxx' (allowed: sandbox, allowed_tools, default_decision, tools, "
-                         "budgets, redaction, tool, secret, actions, pool, runtime, checkpoints, engine, ray)"),
+                         "budgets, redaction, tool, secret, actions, pool, runtime, checkpoints, engine, ray, "
+                         "acceptance)"),
         ('[sandbox]\nmemroy = "1g"', "unexpected key 'sandbox.memroy' (allowed: image, runtime, memory, cpus, "
                                      "pids, network, allow_hosts, ask_timeout, egress_allow, egress_deny, mounts, "
                                      "allowed_mount_roots, workdir, env, tmp_size, workspace_size, home_size, "
