@@ -6,8 +6,11 @@ placement spreads the sandboxes over its nodes). With a warm pool (the default) 
 each distinct sandbox spec of the tasks: the policy's ``[pool]`` when it has one, else
 ``concurrency`` sandboxes per spec, so the trials that run at once each claim a started
 sandbox. A task's project directory is *copied* in after the claim, so its spec is the
-pooled one; a *mounted* project changes the spec (a mount) and starts cold. The pool is
-closed (its sandboxes destroyed) when the eval ends, also on Ctrl-C.
+pooled one; a *mounted* project changes the spec (a mount) and starts cold. A task in a
+template gets the template's image, environment and working directory, and the files its
+image holds under the sandbox's scratch places (as the E2B door's sandboxes of a template);
+its start command is not run. The pool is closed (its sandboxes destroyed) when the eval
+ends, also on Ctrl-C.
 
 **A trial** is a run of the agent loop (:class:`~harness.loop.machine.Loop`) on a
 :class:`~harness.core.session.Session` of its own: the task's instruction, its acceptance
@@ -37,13 +40,14 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from harness.audit.store import AuditStore
-from harness.core.errors import CallboxError
+from harness.core.errors import CallboxError, UsageError
 from harness.core.policy import Policy
 from harness.core.sandbox_settings import PoolSettings
 from harness.core.session import Session
 from harness.core.shared_engine import SharedEngine
 from harness.engine.base import Engine, LivingSandbox
 from harness.engine.spec import Mount, SandboxSpec
+from harness.engine.templates.store import Built
 from harness.eval.results import ResultsLog
 from harness.eval.scoring import TrialResult, passed
 from harness.eval.tasks import EvalTask
@@ -53,7 +57,7 @@ from harness.loop.machine import Loop
 from harness.loop.state import Step
 from harness.models.base import ModelAdapter, Usage
 
-__all__ = ["EvalRun", "Watcher", "run_eval"]
+__all__ = ["EvalRun", "Watcher", "run_eval", "task_spec", "template_of"]
 
 log = logging.getLogger("callbox.eval")
 
@@ -90,22 +94,31 @@ class EvalRun:
     watcher: Watcher | None = None
 
 
-def task_spec(task: EvalTask, base: SandboxSpec) -> SandboxSpec:
-    """The sandbox spec of ``task``: ``base`` (the policy's) with its image, and its project
-    mounted read-write at the working directory when it is mounted; checked for this host."""
+def template_of(task: EvalTask) -> Built | None:
+    """The operator's built template ``task`` runs in (None: it names none); a CallboxError
+    naming the fix when there is no such template, or it was never built."""
+    if task.project.template is None:
+        return None
+    from harness.engine.templates.store import OPERATOR, TemplateStore
+
+    store = TemplateStore()
+    template = store.find(OPERATOR, task.project.template)
+    built = store.built(template.key) if template is not None and template.key else None
+    if built is None:
+        raise CallboxError(f"task {task.id!r}: no built template {task.project.template!r} of the operator's in "
+                           f"{store.root} (`callbox template ls` lists them; `callbox template build` makes one)")
+    return built
+
+
+def task_spec(task: EvalTask, base: SandboxSpec, built: Built | None = None) -> SandboxSpec:
+    """The sandbox spec of ``task``: ``base`` (the policy's) with its image (or its template's
+    ``built`` image, environment and working directory), and its project mounted read-write
+    at the working directory when it is mounted; checked for this host."""
     update: dict[str, Any] = {}
     project = task.project
     if project.image is not None:
         update["image"] = project.image
-    if project.template is not None:
-        from harness.engine.templates.store import OPERATOR, TemplateStore
-
-        store = TemplateStore()
-        template = store.find(OPERATOR, project.template)
-        built = store.built(template.key) if template is not None and template.key else None
-        if built is None:
-            raise CallboxError(f"task {task.id!r}: no built template {project.template!r} of the operator's "
-                               "(`callbox template ls` lists them; `callbox template build` makes one)")
+    if built is not None:
         update.update(image=built.image, env={**built.env, **base.env}, workdir=built.workdir or base.workdir)
     if project.how == "mount" and project.dir is not None:
         update["mounts"] = (*base.mounts, Mount(source=project.dir, target=update.get("workdir", base.workdir),
@@ -128,8 +141,17 @@ class _Eval:
     def __init__(self, settings: EvalRun) -> None:
         self.s = settings
         base = settings.policy.sandbox_spec()
-        spec_of = settings.spec_of or (lambda task: task_spec(task, base))
-        self.specs = {task.id: spec_of(task) for task in settings.tasks}  # a bad spec fails before anything runs
+        # A missing template or a bad spec fails here, before anything runs.
+        self.templates: dict[str, Built | None] = {}
+        self.specs: dict[str, SandboxSpec] = {}
+        for task in settings.tasks:
+            try:
+                self.templates[task.id] = template_of(task)
+                self.specs[task.id] = (settings.spec_of(task) if settings.spec_of is not None
+                                       else task_spec(task, base, self.templates[task.id]))
+            except CallboxError as exc:
+                message = exc.message if exc.message.startswith("task ") else f"task {task.id!r}: {exc.message}"
+                raise UsageError(message) from None
         pooled: list[SandboxSpec] = []
         for task in settings.tasks:
             spec = self.specs[task.id]
@@ -211,6 +233,11 @@ class _Eval:
                                                         "out": str(self.s.results.out)}})
         try:
             config = LoopConfig.model_validate({**self.s.loop_options, **task.loop_settings()})
+            built = self.templates[task.id]
+            if built is not None:  # the files its image holds where the sandbox has scratch tmpfs
+                from harness.engine.templates.store import TemplateStore
+
+                TemplateStore().seed_into(built, _living(session))
             if task.project.dir is not None and task.project.how == "copy":
                 _copy_project(session, task.project.dir)
             if self.stop.is_set():
@@ -234,17 +261,21 @@ class _Eval:
             return _unstarted(session.run_id, "error:internal", f"{type(exc).__name__}: {exc}")
 
 
+def _living(session: Session) -> LivingSandbox:
+    """The session's sandbox (started now), as one that takes files."""
+    sandbox = session.sandbox()
+    if getattr(sandbox, "transfer", None) is None:
+        raise CallboxError("this engine's sandboxes cannot take files, so a project cannot be copied in; mount it "
+                           'instead (project.how = "mount")')
+    return cast(LivingSandbox, sandbox)
+
+
 def _copy_project(session: Session, folder: Path) -> None:
     """The files of ``folder`` into the working directory of the session's sandbox (started now)."""
     from harness.engine.tarstream import HostTar, chunked
 
-    sandbox = session.sandbox()
-    transfer = getattr(sandbox, "transfer", None)
-    if transfer is None:
-        raise CallboxError(f"the sandbox of this engine cannot take files, so project {folder} cannot be copied in; "
-                           'mount it instead (project.how = "mount")')
-    living = cast(LivingSandbox, sandbox)
-    living.transfer.upload_tar_stream(sandbox.spec.workdir, chunked(HostTar(folder, ".").pieces()), overwrite=True)
+    box = _living(session)
+    box.transfer.upload_tar_stream(box.spec.workdir, chunked(HostTar(folder, ".").pieces()), overwrite=True)
 
 
 def _unstarted(run_id: str, reason: str, message: str) -> RunOutcome:

@@ -63,7 +63,7 @@ class Project(BaseModel):
     """Local image to run the task in instead of the policy's ``sandbox.image``."""
     template: str | None = None
     """The operator's template (``callbox template build NAME``) to run the task in: its image,
-    environment and working directory."""
+    environment, working directory and files (its start command is not run)."""
 
     @model_validator(mode="after")
     def _one_image(self) -> Project:

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "eval"
 SLOW = '{"text": "Waiting.", "tool_calls": [{"name": "shell", "arguments": {"command": "sleep 25"}}]}\n'
-QUICK = ('{"text": "Done.", "tool_calls": [{"name": "write_file", "arguments": {"path": "done.txt", "content": "ok"}}]}\n'
-         '{"text": "done.txt is written."}\n')
+QUICK = ('{"text": "Done.", "tool_calls": [{"name": "write_file", '
+         '"arguments": {"path": "done.txt", "content": "ok"}}]}\n{"text": "done.txt is written."}\n')
 
 
 def _default_sigint() -> None:

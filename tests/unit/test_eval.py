@@ -251,3 +251,55 @@ def test_the_html_report_is_self_contained_and_draws_the_trajectory(tmp_path: Pa
     assert "call_1" in page and "echo &lt;b&gt;hi&lt;/b&gt;" in page
     assert "no run gone-run any more" in page and "the checks said no" in page
     assert "Not run yet." in page  # task d
+
+
+# ---- a task's sandbox, the progress lines ------------------------------------------------------
+
+
+def test_a_tasks_spec_takes_its_image_or_mounts_its_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.engine.spec import SandboxSpec
+    from harness.eval.runner import task_spec, template_of
+
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj").chmod(0o777)  # writable by the tool user, as a rw mount must be
+    base = SandboxSpec(image="callbox-sandbox:latest")
+    toml = _write(tmp_path / "t.toml", '[[task]]\nid = "a"\ninstruction = "x"\nproject = "proj"\n'
+                  '[[task]]\nid = "b"\ninstruction = "x"\n'
+                  'project = { dir = "proj", how = "mount", image = "other:1" }\n'
+                  '[[task]]\nid = "c"\ninstruction = "x"\nproject = { template = "no-such-template" }\n')
+    copied, mounted, templated = load_tasks(toml)
+    monkeypatch.setenv("CALLBOX_TEMPLATE_DIR", str(tmp_path / "templates"))
+    assert task_spec(copied, base) == base  # copied after the claim: the pooled spec
+    spec = task_spec(mounted, base)
+    assert spec.image == "other:1"
+    assert [(m.source, m.target, m.read_only) for m in spec.mounts] == [(tmp_path / "proj", base.workdir, False)]
+    with pytest.raises(Exception, match="no built template 'no-such-template'"):
+        template_of(templated)
+
+
+def test_progress_without_a_terminal_prints_a_line_per_trial() -> None:
+    import io
+
+    from harness.eval.progress import Progress
+
+    stream = io.StringIO()
+    with Progress(3, done=1, passes=1, stream=stream) as progress:
+        progress.started("b", 1)
+        progress.finished(_result("b", 1, False))
+        progress.finished(_result("c", 1, True))
+    assert stream.getvalue().splitlines() == [
+        "eval: 2/3 · 1 pass · 1 fail · b #1 fail (rejected:acceptance, 2 turns, 1.5 s)",
+        "eval: 3/3 · 2 pass · 1 fail · c #1 pass (final:accepted, 2 turns, 1.5 s)"]
+
+
+def test_progress_on_a_terminal_draws_a_bar_with_the_counts() -> None:
+    import io
+
+    from harness.eval.progress import Progress
+
+    stream = io.StringIO()
+    with Progress(2, stream=stream, live=True) as progress:
+        progress.finished(_result("a", 1, True))
+        progress.finished(_result("b", 1, False))
+    drawn = stream.getvalue()
+    assert "2/2" in drawn and "1 pass" in drawn and "1 fail" in drawn
