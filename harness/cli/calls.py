@@ -194,6 +194,7 @@ def _approvals(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
     from harness.audit.interruptions import audit_line
     from harness.audit.store import AuditStore
+    from harness.loop.acceptance import record_lines
 
     with AuditStore(args.audit_db, create=False) as audit:
         if args.run:
@@ -201,20 +202,23 @@ def _audit(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(calls, indent=2, default=str))
                 return 0
-            # Sandbox actions are listed with the calls: tool sandbox.NAME, call id action-HEX.
+            # Sandbox actions are listed with the calls: tool sandbox.NAME, call id action-HEX; the
+            # harness's own calls (acceptance checks) name their origin after the tool.
             call_w = _width(28, (_s(c.get("call_id")) for c in calls))
-            tool_w = _width(12, (_s(c.get("tool")) for c in calls))
+            tool_w = _width(12, (_tool(c) for c in calls))
             state_w = _width(9, (_state(c) for c in calls))
             print(f"{'CALL':<{call_w}}{'TOOL':<{tool_w}}{'DECISION':<10}{'STATE':<{state_w}}{'EXIT':<6}{'MS':>9}  "
                   f"{'REDACTED':<9}RULE")
             for c in calls:
                 redacted = (c.get("redactions") or {}).get("count") or ""  # secrets taken out of the result
-                print(f"{_s(c.get('call_id')):<{call_w}}{_s(c.get('tool')):<{tool_w}}{_s(c.get('decision')):<10}"
+                print(f"{_s(c.get('call_id')):<{call_w}}{_tool(c):<{tool_w}}{_s(c.get('decision')):<10}"
                       f"{_state(c):<{state_w}}{_s(c.get('exit_code')):<6}{_ms(c.get('duration_ms')):>9}  "
                       f"{_s(redacted):<9}{_s(c.get('rule'))}")
             for c in calls:  # what a person needs to know of each interrupted call, in words
                 if c.get("interrupted"):
                     print(audit_line(_s(c.get("call_id")), c["interrupted"]))
+            for line in record_lines(audit.get_run(args.run).meta):  # the checks of the final answers
+                print(line)
             return 0
         runs = audit.list_runs()
         if args.json:
@@ -231,6 +235,12 @@ def _audit(args: argparse.Namespace) -> int:
 def _width(least: int, values: Iterable[str]) -> int:
     """A column as wide as ``least`` or its longest value and two spaces."""
     return max([least, *(len(v) + 2 for v in values)])
+
+
+def _tool(call: dict[str, Any]) -> str:
+    """A call's tool, with its origin when the harness sent it (``shell [acceptance]``)."""
+    origin = call.get("origin")
+    return f"{_s(call.get('tool'))} [{origin}]" if origin else _s(call.get("tool"))
 
 
 def _state(call: dict[str, Any]) -> str:

@@ -33,9 +33,18 @@ Ctrl-C or SIGTERM ends the run ``error:interrupted`` (exit 130 or 143); the call
 records itself as interrupted first (:mod:`harness.core.call_path`), so the audit shows
 neither open.
 
-Exit status: 0 when the model gave its final answer; 3 when the run paused for an
-approval; 1 when a limit ended it (max_turns, budget:*, loop_detected); 125 for
-``error:*``; 2 for bad usage.
+Acceptance checks (:mod:`harness.loop.acceptance`): ``--accept CMD`` (repeatable) runs CMD in
+the run's sandbox on each final answer, in the order given, in ``--accept-workdir DIR`` (one
+for all of them; default the sandbox's workdir); ``--max-rejections N`` bounds the rejected
+answers the model may try again after. A check's own timeout or expected exit code is set in
+a run config's ``[[acceptance]]`` tables. Checks from the command line replace the run
+config's, which replace the policy's ``[acceptance]``. The terminal shows each check and
+its result, and a rejected answer with what the model is told.
+
+Exit status: 0 when the model gave its final answer (``final``, or ``final:accepted`` when
+every acceptance check passed); 3 when the run paused for an approval; 1 when a limit ended
+it (max_turns, budget:*, loop_detected, rejected:acceptance); 125 for ``error:*``; 2 for bad
+usage.
 """
 
 from __future__ import annotations
@@ -65,8 +74,9 @@ COMMANDS = ("run",)
 def add_parsers(sub: Any) -> None:
     run = sub.add_parser(
         "run", help="run the agent loop (a scripted transcript or a real model)",
-        epilog="exit status: 0 final answer, 3 paused for approval, 1 another limit (max_turns, budget:*, "
-               "loop_detected), 125 an error (error:*, e.g. error:sandbox_unavailable), 2 bad usage",
+        epilog="exit status: 0 final answer (final, final:accepted), 3 paused for approval, 1 another limit "
+               "(max_turns, budget:*, loop_detected, rejected:acceptance), 125 an error (error:*, e.g. "
+               "error:sandbox_unavailable), 2 bad usage",
     )
     run.add_argument("transcript", nargs="?", type=Path, help="JSONL transcript of model turns (scripted model)")
     run.add_argument("--model", help="PROVIDER:NAME, e.g. openai:gpt-5, openai-chat:NAME, anthropic:NAME")
@@ -76,6 +86,14 @@ def add_parsers(sub: Any) -> None:
     run.add_argument("--max-turns", type=int, help="model turns at most (default 50)")
     run.add_argument("--tool-choice", choices=["auto", "required", "none"],
                      help="tool_choice of the first turn (default auto)")
+    run.add_argument("--accept", action="append", metavar="CMD",
+                     help="acceptance check: run CMD in the sandbox on each final answer; the answer is accepted "
+                          "when every check exits 0 (repeatable, run in order; replaces the checks of --config "
+                          "and the policy)")
+    run.add_argument("--accept-workdir", metavar="DIR", help="directory in the sandbox the --accept checks run in")
+    run.add_argument("--max-rejections", type=int, metavar="N",
+                     help="rejected answers the model may try again after; the next ends the run "
+                          "rejected:acceptance (default 3)")
     run.add_argument("--config", type=Path, metavar="RUN.toml",
                      help="run config: the loop's settings as TOML (max_turns, stages, budgets, ...); "
                           "flags given beside it win")
@@ -89,7 +107,7 @@ def add_parsers(sub: Any) -> None:
     engine_options(run)
 
 
-LOOP_OPTIONS = {"max_turns": "--max-turns", "tool_choice": "--tool-choice"}
+LOOP_OPTIONS = {"max_turns": "--max-turns", "tool_choice": "--tool-choice", "max_rejections": "--max-rejections"}
 """LoopConfig fields set from the command line, and their flags."""
 
 
@@ -106,10 +124,14 @@ def run(args: argparse.Namespace) -> int:
     if args.config is not None and args.resume is not None:
         raise UsageError("--config cannot change a paused run: its config is in its checkpoint")
     options = {name: getattr(args, name) for name in LOOP_OPTIONS if getattr(args, name) is not None}
+    if args.accept_workdir is not None and not args.accept:
+        raise UsageError("--accept-workdir is the directory of the --accept checks: give --accept CMD too")
+    if args.accept:
+        options["acceptance"] = [{"command": command, "workdir": args.accept_workdir} for command in args.accept]
     if args.config is not None:
         from_file = read_run_config(args.config)
         try:
-            loop_config(from_file)
+            loop_config(from_file, flags=False)
         except UsageError as exc:
             raise UsageError(f"--config {args.config}: {exc}") from None
         options = {**from_file, **options}
@@ -135,15 +157,20 @@ def read_run_config(path: Path) -> dict[str, Any]:
         raise UsageError(f"--config {path}: not valid TOML: {exc}") from None
 
 
-def loop_config(options: dict[str, Any], base: dict[str, Any] | None = None) -> Any:
+def loop_config(options: dict[str, Any], base: dict[str, Any] | None = None, *, flags: bool = True) -> Any:
     """A LoopConfig of ``base`` (a checkpointed one; None: the defaults) with the command
-    line's ``options`` over it; a value the config refuses is a UsageError naming its flag."""
+    line's ``options`` over it; a value the config refuses is a UsageError naming its flag
+    (its key when ``flags`` is false: the options are a run config file's)."""
     from pydantic import ValidationError
 
     from harness.core.problems import describe_validation_error
     from harness.loop.agent_loop import LoopConfig
 
     def flag(path: str) -> str:
+        if not flags:
+            return path
+        if path.startswith("acceptance") and "acceptance" in options:  # from --accept
+            return "--accept-workdir" if path.endswith("workdir") else "--accept"
         return LOOP_OPTIONS.get(path, path)
 
     try:
@@ -246,7 +273,7 @@ def _show(args: argparse.Namespace, policy: Any) -> Any:
 
 
 def _exit_status(reason: str) -> int:
-    if reason == "final":
+    if reason in ("final", "final:accepted"):
         return 0
     if reason == "approval_pending":
         return 3
@@ -367,6 +394,27 @@ class _LiveView:
         if text:
             self.console.out(text, end="", style="dim", highlight=False)
 
+    def _on_acceptance_check_started(self, e: Any) -> None:
+        where = f" [dim](in {_esc(e.workdir)})[/]" if e.workdir else ""
+        self.console.print(f"[bold]⚖ acceptance check {e.index}/{e.total}:[/] {_esc(e.command)}{where}")
+
+    def _on_acceptance_check_finished(self, e: Any) -> None:
+        if e.passed:
+            self.console.print(f"[green]✓ passed[/] [dim](exit {e.exit_code}) {e.call_id}[/]")
+            return
+        why = f"exit {e.exit_code}, expected {e.expect_exit}" if e.exit_code is not None else str(e.result.error)
+        self.console.print(f"[red]✗ failed[/] [dim]({_esc(why)}) {e.call_id}[/]")
+        for line in e.result.text.splitlines():  # bounded like every result
+            self.console.print(f"  [dim]{_esc(line)}[/]")
+
+    def _on_answer_rejected(self, e: Any) -> None:
+        counted = f"rejection {e.rejections}, max_rejections {e.max_rejections}"
+        if e.ends_run:
+            self.console.print(f"[red]answer rejected ({counted}): the run ends rejected:acceptance[/]")
+        else:
+            self.console.print(f"[yellow]answer rejected ({counted}): the model is told which check failed "
+                               "and goes on[/]")
+
     def _on_context_elided(self, e: Any) -> None:
         self.console.print(f"[dim]context budget: elided {len(e.call_ids)} old tool outputs "
                            f"({e.bytes_before} → {e.bytes_after} bytes)[/]")
@@ -381,6 +429,8 @@ class _LiveView:
         table.add_row("reason", e.reason)
         table.add_row("turns", str(e.turns))
         table.add_row("tool calls", str(e.tool_calls))
+        if e.rejections or e.reason in ("final:accepted", "rejected:acceptance"):
+            table.add_row("rejected answers", str(e.rejections))
         table.add_row("time", f"{e.seconds:.1f} s")
         table.add_row("tokens in/out", f"{e.input_tokens}/{e.output_tokens}")
         self.console.print(table)

@@ -60,6 +60,7 @@ CHECK_CALL_PREFIX = "accept-"
 """Call ids of the checks start with this (then turn, check number and a random part)."""
 CHECK_TOOL = "shell"
 """The tool a check is a call of."""
+_REJECTED = "Your answer was not accepted: "
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ class Acceptance:
             how = f"could not be run to an exit ({result.error or 'error'})"
         else:
             how = f"exited with {exit_code}, expected {check.expect_exit}"
-        head = f"Your answer was not accepted: {describe(check, index)}, {index} of {total}, {how}."
+        head = f"{_REJECTED}{describe(check, index)}, {index} of {total}, {how}."
         body = f"Its output:\n{result.text}" if result.text else "It printed nothing."
         return Verdict("", f"{head}\n{body}")
 
@@ -227,9 +228,10 @@ class Acceptance:
             after = "the next rejection ends the run" if left == 0 else f"{left + 1} more rejections end the run"
             told = f"{failure}\nFix the problem, then give your final answer again ({after})."
         self._emit(AnswerRejected(state.turn, state.rejections, most, ends, told))
-        if ends:
+        if ends:  # the output was in the events already: the end's message names the check only
+            last = failure.split("\n", 1)[0].removeprefix(_REJECTED)
             return Verdict("rejected:acceptance", f"the acceptance checks rejected {_answers(state.rejections)} "
-                                                  f"(max_rejections = {most}); the last: {failure}")
+                                                  f"(max_rejections = {most}); the last: {last}")
         _tell(state.context, told)
         state.final_text = ""
         return Verdict("", told)
@@ -258,3 +260,25 @@ def _exit_code(result: ToolResult) -> int | None:
 def _tell(context: Context, text: str) -> None:
     """Append a user message: the same shape opens every provider's context (``new_context``)."""
     context.items.append({"role": "user", "content": text})
+
+
+def record_lines(meta: dict[str, Any]) -> list[str]:
+    """A run's acceptance record (its meta's ``acceptance``) as lines for a person:
+    ``acceptance: final:accepted after 1 rejected answer``, then per answer checked
+    ``turn 1: ✗ check 1 `pytest -q` exit 1 (expected 0) accept-1-1-ab12cd34``. Empty without checks."""
+    kept = meta.get("acceptance")
+    if not isinstance(kept, dict):
+        return []
+    rejections = int(kept.get("rejections") or 0)
+    lines = [f"acceptance: {kept.get('verdict', '?')} after {rejections} rejected "
+             f"answer{'' if rejections == 1 else 's'} (max_rejections {kept.get('max_rejections', '?')})"]
+    for round_ in kept.get("rounds") or ():
+        for check in round_.get("checks") or ():
+            mark = "✓" if check.get("passed") else "✗"
+            code = check.get("exit_code")
+            how = f"exit {code}" if code is not None else str(check.get("error") or "not run")
+            if not check.get("passed") and code is not None:
+                how += f" (expected {check.get('expect_exit', 0)})"
+            lines.append(f"  turn {round_.get('turn')}: {mark} check {check.get('index')} `{check.get('command')}` "
+                         f"{how} {check.get('call_id')}")
+    return lines

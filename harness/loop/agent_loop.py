@@ -4,7 +4,8 @@ that paused for an approval), and the names callers need, re-exported.
 The loop is a state machine, :class:`harness.loop.machine.Loop` (its module docstring
 describes every state); the rest is split by job: :mod:`harness.loop.state` (the steps and
 the run's state), :mod:`harness.loop.planning` (what a turn offers: tools and tool_choice),
-:mod:`harness.loop.calls` (running a turn's calls), :mod:`harness.loop.paused` (a run's
+:mod:`harness.loop.calls` (running a turn's calls), :mod:`harness.loop.acceptance` (the
+checks of a final answer), :mod:`harness.loop.paused` (a run's
 state to its checkpoint and back), :mod:`harness.loop.checkpoint` (the checkpoint format),
 :mod:`harness.loop.config`, :mod:`harness.loop.events` and
 :mod:`harness.loop.context_budget`.
@@ -14,8 +15,11 @@ from __future__ import annotations
 
 from harness.core.session import Session
 from harness.engine.docker.engine import DockerEngine
-from harness.loop.config import AllowTools, ForceTool, LoopConfig, LoopConfigError, Stage
+from harness.loop.config import AcceptanceCheck, AllowTools, ForceTool, LoopConfig, LoopConfigError, Stage
 from harness.loop.events import (
+    AcceptanceCheckFinished,
+    AcceptanceCheckStarted,
+    AnswerRejected,
     ContextElided,
     Event,
     EventSink,
@@ -34,7 +38,11 @@ from harness.loop.state import RunState, Step
 from harness.models.base import ModelAdapter
 
 __all__ = [
+    "AcceptanceCheck",
+    "AcceptanceCheckFinished",
+    "AcceptanceCheckStarted",
     "AllowTools",
+    "AnswerRejected",
     "ContextElided",
     "Event",
     "EventSink",

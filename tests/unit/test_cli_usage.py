@@ -350,3 +350,25 @@ def test_serve_limits_must_be_positive_integers(capsys: pytest.CaptureFixture[st
     line = _usage_error(capsys, ["serve", "--grpc", *argv])
     assert argv[0].split("=")[0] in line
     assert "a whole number of at least 1" in line
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--accept-workdir", "/w"], "callbox: --accept-workdir is the directory of the --accept checks: give --accept "
+                                 "CMD too"),
+    (["--accept", "make", "--accept-workdir", "w"], "callbox: --accept-workdir: workdir 'w' must be an absolute path "
+                                                    "in the sandbox, e.g. /workspace/w"),
+    (["--accept", ""], "callbox: --accept must have at least 1 character"),
+    (["--max-rejections", "-1"], "callbox: --max-rejections: -1 is below the minimum of 0"),
+])
+def test_run_acceptance_flags_errors_name_the_flag(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                   argv: list[str], expected: str) -> None:
+    line = _usage_error(capsys, ["run", "--model", "openai:m", "--task", "t", *argv,
+                                 "--audit-db", str(tmp_path / "a.db")])
+    assert line.startswith(expected), line
+    assert not (tmp_path / "a.db").exists()
+
+
+def test_run_exit_status_of_the_acceptance_ends() -> None:
+    from harness.cli.run import _exit_status
+
+    assert (_exit_status("final:accepted"), _exit_status("final"), _exit_status("rejected:acceptance")) == (0, 0, 1)

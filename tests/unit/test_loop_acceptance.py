@@ -146,7 +146,9 @@ def test_past_max_rejections_the_run_ends_rejected_acceptance(make_harness, shel
     model = FakeModel([final("a"), final("b"), final("c")])
     outcome = run(model, harness, LoopConfig(acceptance=(PYTEST,), max_rejections=2))
     assert (outcome.reason, outcome.rejections, outcome.turns) == ("rejected:acceptance", 3, 3)
-    assert "rejected 3 answers (max_rejections = 2)" in outcome.message
+    assert outcome.message == ("the acceptance checks rejected 3 answers (max_rejections = 2); the last: acceptance "
+                               "check 1 (`python -m pytest -q` in /workspace/project), 1 of 1, exited with 1, "
+                               "expected 0.")
     assert outcome.final_text == "c"  # the last answer, the one rejected
     assert "the next rejection ends the run" in model.requests[2].items[-1]["content"]
     assert audit.get_run(harness.run_id).end_reason == "rejected:acceptance"
@@ -254,3 +256,49 @@ def test_the_policys_acceptance_section_loads(tmp_path) -> None:
         parse_policy('[[acceptance.check]]\ncommand = "make"\nworkdir = "project"\n')
     with pytest.raises(PolicyError, match=r"acceptance\.check\[0\]"):
         parse_policy('[[acceptance.check]]\ncmd = "make"\n')
+
+
+def test_the_record_shows_in_callbox_audit_and_the_console(make_harness, shell, audit) -> None:
+    from harness.doors.http.pages import run_page
+    from harness.loop.acceptance import record_lines
+
+    shell.codes[PYTEST.command] = [1, 0]
+    harness = make_harness()
+    run(FakeModel([final("a"), final("<b>")]), harness, LoopConfig(acceptance=(PYTEST,)))
+    record = audit.get_run(harness.run_id)
+    calls = audit.calls_for_run(harness.run_id)
+    first, second = (c["call_id"] for c in calls)
+    assert record_lines(record.meta) == [
+        "acceptance: final:accepted after 1 rejected answer (max_rejections 3)",
+        f"  turn 1: ✗ check 1 `python -m pytest -q` exit 1 (expected 0) {first}",
+        f"  turn 2: ✓ check 1 `python -m pytest -q` exit 0 {second}",
+    ]
+    assert record_lines({}) == []
+    page = str(run_page(record, calls, [], live=False))
+    assert "<h2>Acceptance checks</h2>" in page and "final:accepted: 1 rejected answer(s), max_rejections 3" in page
+    assert f'<a href="#call-{first}"><code>{first}</code></a>' in page
+    assert '<td class="decision deny">failed</td><td>1</td>' in page
+    assert '<span class="tool">shell [acceptance]</span>' in page
+
+
+def test_a_checks_timeout_is_at_most_what_is_left_of_the_wall_time_budget(make_harness, shell) -> None:
+    now = [0.0]
+    harness = make_harness(Policy(budgets=Budgets(max_wall_time_s=10)))
+    loop = Loop.start(FakeModel([final()]), harness, task="t", config=LoopConfig(acceptance=(PYTEST,)),
+                      clock=lambda: now[0])
+    now[0] = 7.0  # the model took 7 of the run's 10 seconds
+    assert loop.run().reason == "final:accepted"
+    assert shell.ran[0]["timeout_ms"] == 3000
+
+
+def test_a_check_that_timed_out_fails_whatever_its_exit_code(make_harness, shell) -> None:
+    def timed_out(ctx: Any, args: ShellArgs) -> ToolOutput:
+        return ToolOutput(text="command timed out after 1000 milliseconds", is_error=True, error=ErrorCode.TIMED_OUT,
+                          structured={"exit_code": 124, "timed_out": True})
+
+    shell.run = timed_out  # type: ignore[method-assign]
+    check = AcceptanceCheck(command="sleep 100", expect_exit=124, timeout_s=1)
+    model = FakeModel([final("a")])
+    outcome = run(model, make_harness(), LoopConfig(acceptance=(check,), max_rejections=0))
+    assert outcome.reason == "rejected:acceptance"
+    assert "did not finish within its timeout (exit code 124)" in outcome.message

@@ -385,7 +385,8 @@ def run_page(run: RunRecord, calls: list[dict[str, Any]], approvals: list[Approv
         ended="no: live" if live else (f"{when(run.ended)}: {run.end_reason or ''}" if run.ended else "no"),
         sandbox=_sandbox_of(run, live), count=run.calls)
     shown = join(
-        fill(_CALL, anchor=quote(_s(c.get("call_id")), safe=""), n=i, tool=c.get("tool"), call_id=c.get("call_id"),
+        fill(_CALL, anchor=quote(_s(c.get("call_id")), safe=""), n=i, call_id=c.get("call_id"),
+             tool=f"{_s(c.get('tool'))} [{c['origin']}]" if c.get("origin") else c.get("tool"),
              decision=c.get("decision") or "none yet", decision_css=f"decision {_s(c.get('decision'))}",
              rule=c.get("rule") or "", state=c.get("state"), exit=_s(c.get("exit_code")),
              duration=duration(c.get("duration_ms")), short_args=_one_line(_s(c.get("arguments")), SHORT_ARGUMENTS),
@@ -411,7 +412,39 @@ $rows</tbody></table></div>
 """), rows=approval_rows) if approvals else Html("")
     calls_part = (join([Html("<h2>Calls</h2>\n"), _CALLS_HEAD, shown, Html("</div>\n")]) if calls
                   else Html('<p class="empty">No call in this run yet.</p>'))
-    return join([summary, approvals_table, calls_part])
+    return join([summary, approvals_table, _acceptance(run), calls_part])
+
+
+_CHECK_ROW = Template('<tr><td>$turn</td><td>$index</td><td><code>$command</code></td><td>$workdir</td>'
+                      '<td class="$css">$verdict</td><td>$exit</td><td>$duration</td>'
+                      '<td><a href="#call-$anchor"><code>$call_id</code></a></td></tr>\n')
+
+
+def _acceptance(run: RunRecord) -> Html:
+    """The acceptance checks run on the run's final answers (its meta's ``acceptance``, kept
+    by the agent loop): the verdict, then one row per check run, linked to its call."""
+    kept = run.meta.get("acceptance")
+    if not isinstance(kept, dict):
+        return Html("")
+    rows = join(
+        fill(_CHECK_ROW, turn=_s(round_.get("turn")), index=_s(check.get("index")), command=_s(check.get("command")),
+             workdir=_s(check.get("workdir")), css="decision allow" if check.get("passed") else "decision deny",
+             verdict="passed" if check.get("passed") else "failed",
+             exit=_s(check.get("exit_code") if check.get("exit_code") is not None else check.get("error")),
+             duration=duration(check.get("duration_ms")), anchor=quote(_s(check.get("call_id")), safe=""),
+             call_id=_s(check.get("call_id")))
+        for round_ in kept.get("rounds") or () if isinstance(round_, dict)
+        for check in round_.get("checks") or () if isinstance(check, dict)
+    )
+    return fill(Template("""<h2>Acceptance checks</h2>
+<p>$verdict: $rejections rejected answer(s), max_rejections $most. Each check is the harness's own call
+(origin <code>acceptance</code>), run on the model's final answer.</p>
+<div class="scroll"><table><thead><tr><th>Turn</th><th>Check</th><th>Command</th><th>Workdir</th><th>Verdict</th>
+<th>Exit</th><th>Duration</th><th>Call</th></tr></thead>
+<tbody>
+$rows</tbody></table></div>
+"""), verdict=_s(kept.get("verdict")), rejections=_s(kept.get("rejections")), most=_s(kept.get("max_rejections")),
+        rows=rows)
 
 
 def not_found_page(message: str) -> Html:
