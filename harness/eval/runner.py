@@ -16,10 +16,10 @@ ends, also on Ctrl-C.
 :class:`~harness.core.session.Session` of its own: the task's instruction, its acceptance
 checks and limits as the run's ``LoopConfig`` (over the eval's loop options), the task's
 ``timeout_s`` as the policy's ``budgets.max_wall_time_s``. The run's record in the audit
-store carries ``meta.eval = {"task", "trial", "out"}``. The checks run inside the loop (its
-final answer's verification); the eval only reads how the run ended
-(:func:`harness.eval.scoring.passed`). A trial whose sandbox cannot start or whose project
-cannot be copied ends ``error:setup``, with the reason, and fails; a bug in a trial
+store carries ``meta.door = "eval"`` and ``meta.eval = {"task", "trial", "out"}``. The
+checks run inside the loop (its final answer's verification); the eval only reads how the
+run ended (:func:`harness.eval.scoring.passed`). A trial whose sandbox cannot start or whose
+project cannot be copied ends ``error:setup``, with the reason, and fails; a bug in a trial
 (``error:internal``) is logged and fails that trial only.
 
 **Ctrl-C** (or SIGTERM) sets a stop flag and cancels the running tool calls; each running
@@ -205,7 +205,7 @@ class _Eval:
         from harness.tools import registry_for
 
         with Session(registry_for(policy), policy, self.s.audit, spec=self.specs[task.id],
-                     engine_factory=self.engine) as session:
+                     engine_factory=self.engine, door="eval") as session:
             with self._lock:
                 self._sessions.add(session)
             try:
@@ -229,8 +229,8 @@ class _Eval:
     def _run(self, task: EvalTask, trial: int, session: Session) -> RunOutcome | None:
         """The trial's run on ``session``: its outcome, or None when the eval was interrupted."""
         audit = self.s.audit
-        audit.update_run_meta(session.run_id, {"eval": {"task": task.id, "trial": trial,
-                                                        "out": str(self.s.results.out)}})
+        audit.update_run_meta(session.run_id, {"door": "eval", "eval": {"task": task.id, "trial": trial,
+                                                                         "out": str(self.s.results.out)}})
         try:
             config = LoopConfig.model_validate({**self.s.loop_options, **task.loop_settings()})
             built = self.templates[task.id]
