@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else Path(f"eval-{args.tasks.stem}")
     identity = {"tasks": str(args.tasks.resolve()), "model": args.model,
                 "transcripts": str(args.transcripts.resolve()) if args.transcripts else None, "trials": args.trials}
+    policy, connect = policy_engine(args, load_policy(args.policy))  # bad engine flags fail before --out is made
     results = ResultsLog(out, identity, resume=args.resume)
-    policy, connect = policy_engine(args, load_policy(args.policy))
     task_ids = [task.id for task in tasks]
     total = len(tasks) * args.trials
     done_before = [r for r in results.results if r.task in task_ids and r.trial <= args.trials]
