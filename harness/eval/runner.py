@@ -39,9 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
+from pydantic import ValidationError
+
 from harness.audit.store import AuditStore
 from harness.core.errors import CallboxError, UsageError
 from harness.core.policy import Policy
+from harness.core.problems import describe_validation_error
 from harness.core.sandbox_settings import PoolSettings
 from harness.core.session import Session
 from harness.core.shared_engine import SharedEngine
@@ -144,14 +147,19 @@ class _Eval:
         # A missing template or a bad spec fails here, before anything runs.
         self.templates: dict[str, Built | None] = {}
         self.specs: dict[str, SandboxSpec] = {}
+        self.configs: dict[str, LoopConfig] = {}
         for task in settings.tasks:
             try:
                 self.templates[task.id] = template_of(task)
                 self.specs[task.id] = (settings.spec_of(task) if settings.spec_of is not None
                                        else task_spec(task, base, self.templates[task.id]))
+                self.configs[task.id] = LoopConfig.model_validate({**settings.loop_options, **task.loop_settings()})
             except CallboxError as exc:
                 message = exc.message if exc.message.startswith("task ") else f"task {task.id!r}: {exc.message}"
                 raise UsageError(message) from None
+            except ValidationError as exc:
+                problems = describe_validation_error(exc, LoopConfig, noun="key")
+                raise UsageError(f"task {task.id!r}: " + "; ".join(problems)) from None
         pooled: list[SandboxSpec] = []
         for task in settings.tasks:
             spec = self.specs[task.id]
@@ -232,7 +240,7 @@ class _Eval:
         audit.update_run_meta(session.run_id, {"door": "eval", "eval": {"task": task.id, "trial": trial,
                                                                          "out": str(self.s.results.out)}})
         try:
-            config = LoopConfig.model_validate({**self.s.loop_options, **task.loop_settings()})
+            config = self.configs[task.id]
             built = self.templates[task.id]
             if built is not None:  # the files its image holds where the sandbox has scratch tmpfs
                 from harness.engine.templates.store import TemplateStore
