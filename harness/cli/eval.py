@@ -25,7 +25,7 @@ from typing import Any
 
 from harness.cli.options import engine_options, policy_engine, say
 from harness.cli.run import DEFAULT_SYSTEM, loop_config
-from harness.core.errors import UsageError
+from harness.core.errors import CallboxError, UsageError
 
 COMMANDS = ("eval",)
 
@@ -126,11 +126,16 @@ def _model_factory(args: argparse.Namespace, tasks: list[Any]) -> Any:
         raise UsageError(f"--transcripts {folder}: no transcript for task {missing[0]!r}: write {folder}/"
                          f"{missing[0]}.jsonl (every trial) or {missing[0]}.<trial>.jsonl (one trial)")
 
-    def model(task: Any, trial: int) -> Any:
+    def transcript(task: Any, trial: int) -> Path:
         own = folder / f"{task.id}.{trial}.jsonl"
-        return make_model(f"scripted:{own if own.is_file() else folder / f'{task.id}.jsonl'}")
+        return own if own.is_file() else folder / f"{task.id}.jsonl"
 
-    return model
+    for path in sorted({transcript(task, k) for task in tasks for k in range(1, args.trials + 1)}):
+        try:
+            make_model(f"scripted:{path}")  # a transcript that cannot be read fails before anything runs
+        except CallboxError as exc:
+            raise UsageError(f"--transcripts: {exc.message}") from None
+    return lambda task, trial: make_model(f"scripted:{transcript(task, trial)}")
 
 
 def _resume_command(args: argparse.Namespace, out: Path) -> str:

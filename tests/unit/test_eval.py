@@ -303,3 +303,21 @@ def test_progress_on_a_terminal_draws_a_bar_with_the_counts() -> None:
         progress.finished(_result("b", 1, False))
     drawn = stream.getvalue()
     assert "2/2" in drawn and "1 pass" in drawn and "1 fail" in drawn
+
+
+def test_trial_k_replays_its_own_transcript_when_there_is_one(tmp_path: Path) -> None:
+    import argparse
+
+    from harness.cli.eval import _model_factory
+
+    folder = tmp_path / "tr"
+    folder.mkdir()
+    _write(folder / "a.jsonl", '{"text": "every trial"}\n')
+    _write(folder / "a.2.jsonl", '{"text": "trial 2"}\n')
+    tasks = load_tasks(_write(tmp_path / "t.toml", '[[task]]\nid = "a"\ninstruction = "x"\n'))
+    args = argparse.Namespace(model=None, transcripts=folder, trials=3, base_url=None)
+    model_for = _model_factory(args, tasks)
+    assert [model_for(tasks[0], k).turns[0].text for k in (1, 2, 3)] == ["every trial", "trial 2", "every trial"]
+    _write(folder / "a.3.jsonl", '{"text": "broken"\n')
+    with pytest.raises(UsageError, match=r"--transcripts: .*a\.3\.jsonl"):
+        _model_factory(args, tasks)
