@@ -168,7 +168,13 @@ class _Eval:
         pool = settings.policy.pool
         if settings.pool and pool.size == 0:
             pool = PoolSettings(size=min(settings.concurrency, len(settings.tasks) * settings.trials))
-        self.engine = SharedEngine(settings.connect, pool=pool if settings.pool else None, pool_specs=pooled)
+        self._connected: Engine | None = None
+
+        def connect() -> Engine:
+            self._connected = settings.connect()
+            return self._connected
+
+        self.engine = SharedEngine(connect, pool=pool if settings.pool else None, pool_specs=pooled)
         self.stop = threading.Event()
         self._sessions: set[Session] = set()
         self._lock = threading.Lock()
@@ -199,6 +205,10 @@ class _Eval:
         finally:
             executor.shutdown(wait=True)
             self.engine.close()
+            # A pool kept elsewhere (the Ray nodes' own, which the shared engine does not hold) goes too.
+            disable = getattr(self._connected, "disable_pool", None)
+            if self.s.pool and disable is not None:
+                disable()
 
     def _trial(self, task: EvalTask, trial: int) -> None:
         if self.stop.is_set():
