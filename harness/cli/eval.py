@@ -73,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--concurrency {args.concurrency}: run at least 1 trial at a time")
     if args.trials < 1:
         raise UsageError(f"--trials {args.trials}: give at least 1 trial per task")
+    if args.base_url is not None and args.model is None:
+        raise UsageError("--base-url is for --model (an OpenAI-compatible server); the transcripts need none")
     options = {"max_turns": args.max_turns} if args.max_turns is not None else {}
     loop_config(options)  # a bad value is a usage error before anything starts
     tasks = load_tasks(args.tasks)
