@@ -342,7 +342,7 @@ class CallPath:
             run_id=s.run_id, call_id=call.call_id, provider=provider,
             default_timeout_s=budgets.default_call_timeout_s, timeout_ceiling_s=budgets.call_timeout_ceiling_s,
             output_budget=budgets.max_output_bytes, on_output=stream or self.on_output,
-            image_bounds=budgets.image_bounds(), undo=live_undo(s),
+            image_bounds=budgets.image_bounds(), undo=live_undo(s), memory=s.memory,
         )
         self.decided(decision_label(decision))
         recorded = tool.definition.records_changes and not tool.definition.annotations.read_only

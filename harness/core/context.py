@@ -18,6 +18,7 @@ from harness.core.images import ImageBounds
 from harness.engine.base import Sandbox, SandboxRuntime
 
 if TYPE_CHECKING:
+    from harness.core.memory import MemoryScope
     from harness.core.run_revert import LiveUndo
 
 OutputSink = Callable[[str, bytes], None]
@@ -48,6 +49,9 @@ class ToolContext:
     undo: LiveUndo | None = None
     """The run's change records and the revert of its sandbox (the ``undo`` tool); None when
     its policy records no changes (``[checkpoints] mode = "off"``)."""
+    memory: MemoryScope | None = None
+    """The run's memory scope on this host (the ``memory`` tool): its directory and caps (None:
+    a context made outside a session, which has no memory)."""
     started_at: float = field(default_factory=time.monotonic)
     """``time.monotonic()`` when the context was made: the harness makes it just before the
     call's handler runs, after validation, policy and approval."""

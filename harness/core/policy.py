@@ -106,8 +106,7 @@ Sections:
     caps the content a run's records hold (:mod:`harness.core.change_recorder`). Off by default.
 
 ``[acceptance]``
-    Checks a run's final answer must pass, ``[[acceptance.check]]`` (``command``, ``workdir``,
-    ``timeout_s``, ``expect_exit``), and ``max_rejections`` (:mod:`harness.core.acceptance`).
+    Checks an agent run's final answer must pass, and ``max_rejections`` (:mod:`harness.core.acceptance`).
 
 ``engine`` and ``[ray]``
     Where the sandboxes run (:mod:`harness.engine.select`): absent or ``"docker"``, this
@@ -139,6 +138,7 @@ from harness.core.calls import TOOL_NAME_PATTERN, Action, Decision
 from harness.core.change_recorder import CheckpointSettings
 from harness.core.declared import DeclaredTool
 from harness.core.errors import CallboxError, ErrorCode
+from harness.core.memory import MemorySettings
 from harness.core.redaction import RedactionSettings
 from harness.core.rules import (
     PolicyTarget,
@@ -158,8 +158,7 @@ from harness.engine.select import EngineName, RayTable
 from harness.engine.spec import HostLimits, Mount, SandboxSpec, SpecError
 
 __all__ = [
-    "DEFAULT_POLICY_RESOURCE",
-    "RUNTIME_STRENGTH",
+    "DEFAULT_POLICY_RESOURCE", "RUNTIME_STRENGTH",
     "Budgets",
     "CallTimeout",
     "MountSetting",
@@ -251,6 +250,8 @@ class Policy(BaseModel):
     """``[runtime]``: the weakest OCI runtime a sandbox may run under, for all or per tool."""
     checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
     """``[checkpoints]``: records of what each call changes in the writable places (off by default)."""
+    memory: MemorySettings = Field(default_factory=MemorySettings)
+    """``[memory]``: the memory tool's scope, kept on this host, and its caps (:mod:`harness.core.memory`)."""
     engine: EngineName | None = None
     """Where the sandboxes run: ``docker`` (this machine) or ``ray`` (``[ray]``); absent: docker."""
     ray: RayTable = None
@@ -531,10 +532,8 @@ def load_policy(path: Path | None = None, *, host: HostLimits | None = None) -> 
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            raise PolicyError(
-                f"{label} does not exist; pass an existing TOML file to --policy, "
-                "or leave --policy out to use the default policy"
-            ) from None
+            raise PolicyError(f"{label} does not exist; pass an existing TOML file to --policy, "
+                              "or leave --policy out to use the default policy") from None
         except IsADirectoryError:
             raise PolicyError(f"{label} is a directory; pass the policy's TOML file") from None
         except OSError as exc:

@@ -46,6 +46,7 @@ from harness.core.calls import Decision, ErrorCode, ToolCall, ToolResult
 from harness.core.change_recorder import ChangeRecorder, sweep_ended_runs
 from harness.core.context import OutputSink
 from harness.core.errors import CallboxError, SandboxStartError, SessionClosed
+from harness.core.memory import LOCAL_CLIENT, MemoryScope
 from harness.core.policy import Policy
 from harness.core.redaction import Redactor
 from harness.core.registry import Tool, ToolRegistry
@@ -76,6 +77,7 @@ class Session:
         spec: SandboxSpec | None = None,
         engine_factory: Callable[[], Engine] | None = None,
         door: str | None = None,
+        client: str | None = None,
     ) -> None:
         policy.check_tools(t.definition for t in registry.tools())
         self.registry = registry
@@ -87,6 +89,11 @@ class Session:
         self.door = door or str(run.meta.get("door") or "local")
         """How the run's calls arrive (``grpc``, ``mcp``, ``e2b``, ``local``): a label of the
         call metrics and spans; the run's recorded ``door`` unless given."""
+        self.client = client or str(run.meta.get("client") or LOCAL_CLIENT)
+        """Who the run's calls come from: a door's authenticated client (the run's recorded
+        ``client`` unless given), ``local`` for the command line; the memory tool's ``client`` scope."""
+        self.memory = MemoryScope.of(policy.memory, self.client)
+        """Where the run's ``memory`` tool keeps its files on this host (made on its first use)."""
         self.spec = spec if spec is not None else policy.sandbox_spec()
         self.redactor = Redactor.for_policy(policy.redaction, os.environ, self.spec.env)
         """Takes the policy's secrets out of every result (built once: the env values are read now)."""

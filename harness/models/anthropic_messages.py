@@ -21,7 +21,9 @@ ToolChoice                    sent as
 With no tools at all neither ``tools`` nor ``tool_choice`` is sent. The ``computer`` tool is
 sent as Anthropic's computer tool type, ``computer_20251124`` or ``computer_20250124`` as the
 model needs (``computer_tool=`` chooses another), with that version's ``anthropic-beta`` header
-(added to any the request options send); see :mod:`harness.models.computer_use`.
+(added to any the request options send); see :mod:`harness.models.computer_use`. The ``memory``
+tool is sent as Anthropic's memory tool type, ``{"type": "memory_20250818", "name": "memory"}``
+(generally available: no beta header); its ``tool_use`` input is the tool's arguments as they are.
 
 Response: ``tool_use`` blocks (``id``, ``name``, ``input``) are the calls, in order, with the
 input object serialized as compact JSON text for ``arguments``; the text is the ``text``
@@ -70,6 +72,7 @@ from harness.models.computer_use import (
     anthropic_computer_version,
     is_computer,
 )
+from harness.tools.memory import is_memory
 
 __all__ = ["DEFAULT_MAX_TOKENS", "AnthropicMessagesModel", "anthropic_tool_choice", "parse_message"]
 
@@ -78,6 +81,8 @@ KEY_VARIABLE = "ANTHROPIC_API_KEY"
 TOKEN_VARIABLE = "ANTHROPIC_AUTH_TOKEN"  # noqa: S105 (a variable name, not a secret)
 BASE_URL_VARIABLE = "ANTHROPIC_BASE_URL"
 DEFAULT_MAX_TOKENS = 8192
+MEMORY_TOOL = {"type": "memory_20250818", "name": "memory"}
+"""The Messages API's tool entry for the ``memory`` tool (:mod:`harness.tools.memory`)."""
 
 
 def anthropic_tool_choice(choice: ToolChoice) -> dict[str, Any]:
@@ -152,8 +157,7 @@ class AnthropicMessagesModel(ApiModel):
             offered = tools
             if isinstance(choice, AllowedTools):
                 offered = [tool for tool in tools if tool.name in choice.names]
-            body["tools"] = [anthropic_computer_tool(self.computer_tool) if is_computer(tool)
-                             else tool_definitions([tool], "anthropic")[0] for tool in offered]
+            body["tools"] = [self._tool_entry(tool) for tool in offered]
             body["tool_choice"] = anthropic_tool_choice(choice)
         body.update(self.request_options)
         if any(is_computer(tool) for tool in offered):
@@ -163,6 +167,15 @@ class AnthropicMessagesModel(ApiModel):
             headers["anthropic-beta"] = ",".join([*betas, beta] if beta not in betas else betas)
             body["extra_headers"] = headers
         return body
+
+    def _tool_entry(self, tool: ToolDefinition) -> dict[str, Any]:
+        """One offered tool as the request names it: computer and memory as Anthropic's own tool
+        types, every other tool as a function with its plain schema."""
+        if is_computer(tool):
+            return anthropic_computer_tool(self.computer_tool)
+        if is_memory(tool):
+            return dict(MEMORY_TOOL)
+        return tool_definitions([tool], "anthropic")[0]
 
 
 # --- the response -------------------------------------------------------------------------------

@@ -11,7 +11,9 @@ and anything else on the desktop, which no shell rule sees. The ``browser_*`` to
 Chromium, Playwright MCP's names) are served as one family, the same way, to a policy that names
 any of them or ``browser_*`` (``allowed_tools``, or a ``[tools."browser_*"]`` table). ``undo``
 (put the files back as they were before an earlier call) is served the same way, and only
-beside ``[checkpoints] mode = "changes"``: a policy that names it without is refused."""
+beside ``[checkpoints] mode = "changes"``: a policy that names it without is refused. ``memory``
+(files kept on this host between runs, per the policy's ``[memory]`` scope) is served the same
+way: it writes outside the sandbox, which no policy written before it allowed."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from harness.tools.computer import COMPUTER
 from harness.tools.declared import declared_tools
 from harness.tools.editor import EDITOR
 from harness.tools.files import FILE_TOOLS
+from harness.tools.memory import MEMORY
 from harness.tools.python_kernel import PYTHON
 from harness.tools.shell import SHELL
 from harness.tools.undo import UNDO
@@ -35,10 +38,11 @@ from harness.tools.view_image import VIEW_IMAGE
 
 
 def builtin_registry(*, python: bool = True, computer: bool = True, browser: bool = True,
-                     undo: bool = False) -> ToolRegistry:
+                     undo: bool = False, memory: bool = False) -> ToolRegistry:
     """Every built-in tool (``python``: with the kernel tool; ``computer``: with the desktop tool;
     ``browser``: with the ``browser_*`` tools; ``undo``: with the undo tool, which is left out
-    unless asked for: a session of this registry offers it only when its policy records changes)."""
+    unless asked for: a session of this registry offers it only when its policy records changes;
+    ``memory``: with the memory tool, also left out unless asked for)."""
     registry = ToolRegistry()
     for tool in (SHELL, BASH, EDITOR, APPLY_PATCH, *FILE_TOOLS, VIEW_IMAGE, *UNIFIED_EXEC_TOOLS):
         registry.register(tool)
@@ -51,6 +55,8 @@ def builtin_registry(*, python: bool = True, computer: bool = True, browser: boo
             registry.register(tool)
     if undo:
         registry.register(UNDO)
+    if memory:
+        registry.register(MEMORY)
     return registry
 
 
@@ -81,14 +87,22 @@ def asks_for_undo(policy: Policy) -> bool:
     return asked
 
 
+def asks_for_memory(policy: Policy) -> bool:
+    """Whether ``policy`` names the ``memory`` tool (``allowed_tools`` or ``[tools.memory]``) and
+    declares no tool of that name itself (``[[tool]]``: then the name is that tool's)."""
+    named = MEMORY.name in (policy.allowed_tools or ()) or MEMORY.name in policy.tools
+    return named and all(declared.name != MEMORY.name for declared in policy.tool)
+
+
 def registry_for(policy: Policy, engine_for: Callable[[], Engine] | None = None) -> ToolRegistry:
     """The built-in tools, then the tools ``policy`` declares; a declared tool named like a
     built-in one is a PolicyError naming it. An ``mcp`` table's tools are listed by its
     server, started once per process in a sandbox of ``engine_for`` (default: the local
     Docker engine, connected only when the policy has such a table)."""
     registry = builtin_registry(python=asks_for_python(policy), computer=asks_for_computer(policy),
-                                browser=asks_for_browser(policy), undo=asks_for_undo(policy))
-    builtins = set(builtin_registry(undo=True).names())
+                                browser=asks_for_browser(policy), undo=asks_for_undo(policy),
+                                memory=asks_for_memory(policy))
+    builtins = set(builtin_registry(undo=True, memory=True).names())
     for tool in declared_tools(policy, engine_for):
         if tool.name in registry:
             index = next((i for i, t in enumerate(policy.tool) if t.name == tool.name), None)

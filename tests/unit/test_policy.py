@@ -165,7 +165,7 @@ def test_load_from_a_file_names_the_file(tmp_path: Path) -> None:
     ("text", "problem"),
     [
         ('sandboxx = 1', "unexpected key 'sandboxx' (allowed: sandbox, allowed_tools, default_decision, tools, "
-                         "budgets, redaction, tool, secret, actions, pool, runtime, checkpoints, engine, ray, "
+                         "budgets, redaction, tool, secret, actions, pool, runtime, checkpoints, memory, engine, ray, "
                          "acceptance)"),
         ('[sandbox]\nmemroy = "1g"', "unexpected key 'sandbox.memroy' (allowed: image, runtime, memory, cpus, "
                                      "pids, network, allow_hosts, ask_timeout, egress_allow, egress_deny, mounts, "

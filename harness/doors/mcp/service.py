@@ -55,7 +55,8 @@ class McpSession:
             extra["engine_factory"] = service.engine_factory
         policy = service.policy_for(client)
         spec = service.spec if policy is service.policy else policy.sandbox_spec()
-        self.harness = Session(service.registry, policy, service.audit, spec=spec, door="mcp", **extra)
+        self.harness = Session(service.registry, policy, service.audit, spec=spec, door="mcp", client=client,
+                               **extra)
         self.client = client
         """The client name of the session's bearer token (``local`` without tokens)."""
         self._quotas = service.quotas
