@@ -13,8 +13,9 @@ The rule for the other blocks (tests/unit/test_doc_examples.py enforces it): a b
 language that reads as commands (``sh``, ``bash``, ``shell``, ...) is not run, so the line
 above it says why, ``<!-- not run: REASON -->``; the same marker keeps a ``console`` or
 ``python`` block from being run. A ``toml`` block is loaded by a unit test with the loader
-its marker names, ``<!-- toml: policy -->`` or ``<!-- toml: config -->`` (a server
-configuration), unless it is marked ``not run``. ``text``, ``json`` and other illustrations,
+its marker names, ``<!-- toml: policy -->``, ``<!-- toml: config -->`` (a server
+configuration) or ``<!-- toml: tasks -->`` (an eval's task file), unless it is marked
+``not run``. ``text``, ``json`` and other illustrations,
 and blocks without a language, need no marker. Marker lines are HTML comments on the lines
 right above the fence (blank lines between them and the fence are allowed); the page does
 not show them.
@@ -36,7 +37,7 @@ RUN_LANGUAGES = frozenset({"console", "python"})
 COMMAND_LANGUAGES = frozenset({"sh", "bash", "shell", "zsh", "fish", "console", "shell-session", "sh-session",
                                "python", "py", "python3", "pycon", "powershell", "ps1", "bat", "cmd"})
 """Languages whose blocks read as something to run: run, or marked ``not run`` with a reason."""
-TOML_KINDS = ("policy", "config")
+TOML_KINDS = ("policy", "config", "tasks")
 """What a ``<!-- toml: KIND -->`` marker may name: the loader the block is checked with."""
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*)$")

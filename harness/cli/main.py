@@ -29,6 +29,7 @@ from typing import NoReturn, TextIO
 
 from harness.cli import calls as cli_calls
 from harness.cli import doctor as cli_doctor
+from harness.cli import eval as cli_eval
 from harness.cli import image as cli_image
 from harness.cli import run as cli_run
 from harness.cli import sandbox_cmd as cli_sandbox
@@ -40,8 +41,8 @@ from harness.cli import undo as cli_undo
 from harness.cli.options import UsageParser, say
 from harness.core.errors import EXIT_CALLBOX_FAILED, CallboxError, UsageError, short_reason
 
-GROUPS: tuple[ModuleType, ...] = (cli_image, cli_sandboxes, cli_sandbox, cli_calls, cli_undo, cli_run, cli_serve,
-                                  cli_service, cli_doctor, cli_template)
+GROUPS: tuple[ModuleType, ...] = (cli_image, cli_sandboxes, cli_sandbox, cli_calls, cli_undo, cli_run, cli_eval,
+                                  cli_serve, cli_service, cli_doctor, cli_template)
 """The command groups, in the order ``--help`` lists their commands."""
 
 

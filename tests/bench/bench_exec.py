@@ -55,7 +55,9 @@ Rows:
 27. per-call change records (undo) on a 10,000-file project in a read-write mount, and a revert:
     bench_undo.py, section ``undo``;
 28. a snapshot's export to one archive and its verified import, 100 MiB workspace, against ``tar``:
-    bench_snapshot_archive.py, section ``archive``.
+    bench_snapshot_archive.py, section ``archive``;
+29. ``callbox eval``'s tasks per minute with the warm pool, 4 at a time, against the same tasks one
+    by one with every sandbox cold: bench_eval.py, section ``eval``.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ from tests.bench.bench_door import add_door_rows, bench_door
 from tests.bench.bench_e2b import add_e2b_rows, bench_e2b
 from tests.bench.bench_egress_ask import TARGET_ADDED_MS, bench_egress_ask
 from tests.bench.bench_egress_tls import add_egress_tls_rows, bench_egress_tls
+from tests.bench.bench_eval import add_eval_rows, bench_eval
 from tests.bench.bench_interpreter import add_interpreter_rows, bench_interpreter
 from tests.bench.bench_living import Toolkit, add_living_rows, bench_living
 from tests.bench.bench_memory_snapshots import add_memsnap_rows, bench_memsnap
@@ -127,7 +130,7 @@ TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
             "interpreter", "desktop", "undo", "pool", "create", "door", "runtimes", "telemetry", "ray", "templates",
-            "memsnap", "archive", "scale"]
+            "memsnap", "archive", "eval", "scale"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
 """``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
 DEFAULT_SCALE_SANDBOXES = 100
@@ -622,6 +625,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
     add_ray_rows(data, add, ray_skipped or {})
     add_template_rows(data, add)
     add_snapshot_archive_rows(data, add)
+    add_eval_rows(data, add)
     if "callbox_health" in data:
         add("5a. floor: gRPC unary Health/Check on the agent socket (interleaved)", "time",
             data["callbox_health"], "—", None, "— (info)")
@@ -800,6 +804,7 @@ def main(argv: list[str] | None = None) -> int:
          lambda: bench_templates(engine.client, spec.image, args.samples, progress)),
         ("memsnap", "memsnap" in sections, lambda: bench_memsnap(engine, args.samples, progress)),
         ("archive", "archive" in sections, lambda: bench_snapshot_archive(res, spec, args.samples, kit)),
+        ("eval", "eval" in sections, lambda: bench_eval(res, args.samples, kit, quick=args.quick)),
         ("scale", "scale" in sections,
          lambda: bench_scale(res, spec, args.sandboxes, kit,
                              lambda container, hint: memory_reading(engine.client, container, hint))),

@@ -5,8 +5,8 @@ snippets are the code the interop tests run.
 The rule (see tests/doc_examples.py): a block whose language reads as commands (``sh``,
 ``bash``, ...) carries ``<!-- not run: REASON -->`` on the line above it (``console`` and
 ``python`` blocks are run by tests/integration/test_doc_examples.py unless so marked); a
-``toml`` block carries ``<!-- toml: policy -->`` or ``<!-- toml: config -->`` and is loaded
-here with that loader, or is marked ``not run``.
+``toml`` block carries ``<!-- toml: policy -->``, ``<!-- toml: config -->`` or ``<!-- toml: tasks -->``
+(an eval's task file) and is loaded here with that loader, or is marked ``not run``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pytest
 from harness.cli.server_config import parse_config
 from harness.core.calls import Action
 from harness.core.policy import load_policy, parse_policy
+from harness.eval.tasks import load_tasks
 from harness.tools import builtin_registry
 from harness.tools.shell import SHELL
 from tests.doc_examples import (
@@ -59,7 +60,8 @@ def problems(blocks: list[Block]) -> list[str]:
                          "with the output it prints, or put <!-- not run: REASON --> on the line above it")
         elif block.language == "toml" and block.not_run is None and block.toml_kind not in TOML_KINDS:
             found.append(f"{block.name}: say how this toml block is checked: put <!-- toml: policy --> or "
-                         "<!-- toml: config --> on the line above it (a unit test loads it with that loader), "
+                         "<!-- toml: config --> (or tasks: an eval's task file) on the line above it (a unit test "
+                         "loads it with that loader), "
                          "or <!-- not run: REASON -->")
         elif block.toml_kind is not None and block.language != "toml":
             found.append(f"{block.name}: <!-- toml: ... --> marks toml blocks, and this one is {block.language!r}")
@@ -96,6 +98,14 @@ def test_toml_block_loads(block: Block, tmp_path: Path) -> None:
         for directory in _relative_mount_sources(data):
             (tmp_path / directory).mkdir(parents=True, exist_ok=True)
         parse_policy(block.body, source=block.name, base_dir=tmp_path)
+    elif block.toml_kind == "tasks":  # an eval's task file: its project directories exist beside it
+        for task in data.get("task", []):
+            project = task.get("project")
+            folder = project if isinstance(project, str) else (project or {}).get("dir")
+            if isinstance(folder, str) and not os.path.isabs(folder):
+                (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tasks.toml").write_text(block.body)
+        load_tasks(tmp_path / "tasks.toml")
     else:
         token = data.get("ray", {}).get("token_file")
         if isinstance(token, str) and not os.path.isabs(token):

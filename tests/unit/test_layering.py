@@ -1,6 +1,7 @@
 """The shape of the code, read from its source: no import cycles, dependencies pointing one
-way (cli and doors -> loop -> core -> engine -> agent client -> wire), and no hand-written
-module over 600 lines.
+way (cli and doors -> loop -> core -> engine -> agent client -> wire; cli -> eval -> loop, the
+eval reading the audit store and drawing with the console's page helpers), and no
+hand-written module over 600 lines.
 
 Imports are read with ``ast`` (nothing is imported): those at module level and those inside
 functions both count, those under ``if TYPE_CHECKING:`` do not (they never run). ``from pkg
@@ -273,6 +274,11 @@ RULES = (
     Rule("harness.loop", "harness.cli", "the CLI drives the loop; move the shared code into harness.loop"),
     Rule("harness.doors", "harness.cli", "doors are started by the CLI, never the reverse; move the shared "
          "code into the door or harness.core"),
+    Rule("harness.eval", "harness.cli", "the CLI drives the eval; move the shared code into harness.eval or "
+         "harness.loop"),
+    *(Rule(lower, "harness.eval", "the eval sits on the loop (cli -> eval -> loop); move the shared code into "
+           f"{lower} or below it") for lower in ("harness.loop", "harness.core", "harness.engine", "harness.tools",
+                                                 "harness.models", "harness.audit", "harness.doors")),
     Rule("sandbox", "harness", "the in-container agent ships alone (stdlib, grpcio, protobuf, psutil); "
          "copy the small piece it needs into sandbox/ or put it in the proto"),
 )

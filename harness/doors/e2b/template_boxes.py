@@ -89,14 +89,7 @@ class BuiltTemplates:
             raise E2bError(ErrorCode.NOT_FOUND, f"template {sandbox.template_id!r} was removed while its sandbox "
                                                 "started")
         template, built = found
-        box = sandbox.running()
-        places = box.spec.scratch_tmpfs()
-        for place in built.seeds:
-            if place not in places:
-                continue  # a mount covers it: the sandbox sees the mount, as any sandbox of the policy
-            path = self.store.seed(built, place)
-            with path.open("rb") as stream:
-                box.transfer.upload_tar_stream(place, iter(lambda: stream.read(1 << 20), b""), overwrite=True)
+        self.store.seed_into(built, sandbox.running())
         if template.start_cmd:
             self._run(sandboxes, sandbox, template.start_cmd, tag=START_TAG, wait=False)
         if template.ready_cmd:

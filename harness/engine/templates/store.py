@@ -36,10 +36,13 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from harness.core.errors import CallboxError, ErrorCode
 from harness.core.state_dirs import state_dir
+
+if TYPE_CHECKING:
+    from harness.engine.base import LivingSandbox
 
 __all__ = ["OPERATOR", "Built", "Template", "TemplateStore", "default_template_dir", "valid_name"]
 
@@ -275,6 +278,16 @@ class TemplateStore:
 
     def seed(self, built: Built, place: str) -> Path:
         return self.cache_dir(built.key) / built.seeds[place]
+
+    def seed_into(self, built: Built, box: LivingSandbox) -> None:
+        """Put back, in a new sandbox of ``built``'s image, the files the image holds in the
+        places the sandbox covers with scratch tmpfs (a place a mount covers keeps the mount)."""
+        places = box.spec.scratch_tmpfs()
+        for place in built.seeds:
+            if place not in places:
+                continue
+            with self.seed(built, place).open("rb") as stream:
+                box.transfer.upload_tar_stream(place, iter(lambda: stream.read(1 << 20), b""), overwrite=True)
 
     def keys_in_use(self) -> set[str]:
         return {t.key for t in self.all() if t.key}
