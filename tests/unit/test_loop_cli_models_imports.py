@@ -65,4 +65,4 @@ def test_command_groups_do_not_import_main() -> None:
 def test_adapters_do_not_import_the_factory() -> None:
     graph = _graph()
     importers = sorted(m for m, imported in graph.items() if "harness.models.factory" in imported)
-    assert importers == ["harness.cli.run", "harness.loop.handoff"]  # the run's model, and its agents' models
+    assert importers == ["harness.cli.eval", "harness.cli.run", "harness.loop.handoff"]  # runs, and agents
