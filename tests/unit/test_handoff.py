@@ -15,13 +15,13 @@ from harness.audit.store import AuditStore
 from harness.core.calls import Action, ToolOutput
 from harness.core.policy import Policy, ToolPolicy
 from harness.core.registry import Tool, ToolAnnotations, ToolDefinition, ToolRegistry
-from harness.core.session import Session
 from harness.loop import checkpoint as checkpoints
 from harness.loop.agent_loop import AllowTools, Loop, LoopConfig, LoopConfigError, RunStarted, resume, run_agent
 from harness.loop.agents import transfer_tool_name
 from harness.loop.events import HandedOff, ToolCallFinished
 from harness.loop.handoff import IGNORED_HANDOFF
 from harness.models.scripted import ScriptedModel
+from tests.support.loop_sessions import SessionMaker, session_maker
 
 TRIAGE = "You are triage: route the request to the right agent."
 BILLING = "You are billing: fix invoices."
@@ -58,20 +58,9 @@ def audit(tmp_path: Path) -> Iterator[AuditStore]:
 
 
 @pytest.fixture
-def make_harness(ran: list[str], audit: AuditStore) -> Iterator[Callable[..., Session]]:
-    made: list[Session] = []
-
-    def no_engine() -> Any:
-        raise AssertionError("unit tests never start a sandbox")
-
-    def make(policy: Policy | None = None, run_id: str | None = None) -> Session:
-        harness = Session(_registry(ran), policy or Policy(), audit, run_id=run_id, engine_factory=no_engine)
-        made.append(harness)
-        return harness
-
-    yield make
-    for harness in made:
-        harness.close()
+def make_harness(ran: list[str], audit: AuditStore) -> Iterator[SessionMaker]:
+    with session_maker(lambda: _registry(ran), audit) as make:
+        yield make
 
 
 @pytest.fixture

@@ -57,6 +57,7 @@ from harness.models.base import (
     ToolChoice,
     Usage,
 )
+from tests.support.loop_sessions import SessionMaker, no_engine, session_maker
 
 # --------------------------------------------------------------------------- the fake model
 
@@ -214,22 +215,10 @@ def audit(tmp_path: Path) -> Iterator[AuditStore]:
         yield store
 
 
-def no_engine() -> Any:
-    raise AssertionError("unit tests never start a sandbox")
-
-
 @pytest.fixture
-def make_harness(tools: Tools, audit: AuditStore) -> Iterator[Callable[..., Session]]:
-    made: list[Session] = []
-
-    def make(policy: Policy | None = None, run_id: str | None = None) -> Session:
-        harness = Session(tools.registry(), policy or Policy(), audit, run_id=run_id, engine_factory=no_engine)
-        made.append(harness)
-        return harness
-
-    yield make
-    for harness in made:
-        harness.close()
+def make_harness(tools: Tools, audit: AuditStore) -> Iterator[SessionMaker]:
+    with session_maker(tools.registry, audit) as make:
+        yield make
 
 
 def run(model: FakeModel, harness: Session, config: LoopConfig | None = None,

@@ -8,7 +8,7 @@ integration tests (tests/integration/test_acceptance.py) run real checks in a re
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from harness.loop.acceptance import CHECK_CALL_PREFIX, ORIGIN, effective
 from harness.loop.agent_loop import Loop, LoopConfig, RunEnded, resume
 from harness.loop.events import AcceptanceCheckFinished, AcceptanceCheckStarted, AnswerRejected
 from harness.tools.shell import ShellArgs
+from tests.support.loop_sessions import SessionMaker, session_maker
 from tests.unit.test_loop import FakeModel, TextArgs, calls, final
 
 
@@ -67,22 +68,10 @@ def audit(tmp_path: Path) -> Iterator[AuditStore]:
         yield store
 
 
-def no_engine() -> Any:
-    raise AssertionError("unit tests never start a sandbox")
-
-
 @pytest.fixture
-def make_harness(shell: Shell, audit: AuditStore) -> Iterator[Callable[..., Session]]:
-    made: list[Session] = []
-
-    def make(policy: Policy | None = None, run_id: str | None = None) -> Session:
-        harness = Session(shell.registry(), policy or Policy(), audit, run_id=run_id, engine_factory=no_engine)
-        made.append(harness)
-        return harness
-
-    yield make
-    for harness in made:
-        harness.close()
+def make_harness(shell: Shell, audit: AuditStore) -> Iterator[SessionMaker]:
+    with session_maker(shell.registry, audit) as make:
+        yield make
 
 
 def run(model: FakeModel, harness: Session, config: LoopConfig | None = None, events: list[Any] | None = None) -> Any:
