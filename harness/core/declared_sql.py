@@ -107,7 +107,7 @@ def parse_database(url: str) -> Database:
             raise ValueError(f"database {url!r}: a SQLite database is sqlite:///ABSOLUTE/PATH (three slashes, "
                              "the path inside the sandbox, no query)")
         path = "/" + posixpath.normpath(unquote(url[len("sqlite:///"):])).lstrip("/")
-        if path == "/" or "\0" in path:
+        if path in ("/", "/.") or "\0" in path:
             raise ValueError(f"database {url!r}: name the database file, e.g. sqlite:///workspace/app.db")
         return Database(engine="sqlite", path=path)
     parts = urlsplit(url)
