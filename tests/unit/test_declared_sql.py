@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -289,3 +291,52 @@ def test_postgresql_without_its_client_library_names_the_fix(monkeypatch: pytest
     out = sql_runner.run({"engine": "postgresql", "write": False, "query": "SELECT 1", "params": None,
                           "max_rows": 1, "max_bytes": 1024, "timeout_ms": 1000})
     assert out["stage"] == "client" and "python3-psycopg" in out["error"]
+
+
+# ---- the runner's tunnel through the egress proxy --------------------------------------------------
+
+
+class FakeProxy:
+    """A local stand-in for the egress proxy: it answers each CONNECT with ``status`` and,
+    after a 200, echoes what it receives; it records the targets asked for."""
+
+    def __init__(self, status: str, body: bytes = b"") -> None:
+        self.status, self.body = status, body
+        self.targets: list[str] = []
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            conn, _ = self.server.accept()
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(4096)
+            self.targets.append(head.split(b" ")[1].decode())
+            conn.sendall(f"HTTP/1.1 {self.status}\r\nContent-Length: {len(self.body)}\r\n\r\n".encode() + self.body)
+            while self.status.startswith("200") and (data := conn.recv(4096)):
+                conn.sendall(data)
+
+
+def test_a_refusal_by_the_proxy_is_reported_in_its_words() -> None:
+    proxy = FakeProxy("403 Forbidden", b"callbox egress proxy refused db.example.com:5432: not allowed")
+    with pytest.raises(sql_runner.Failure) as info:
+        sql_runner.Relay(proxy.url, "db.example.com", 5432, 5.0)
+    assert info.value.envelope["stage"] == "connect"
+    assert info.value.envelope["error"] == ("the egress proxy refused db.example.com:5432: HTTP/1.1 403 Forbidden: "
+                                            "callbox egress proxy refused db.example.com:5432: not allowed")
+
+
+def test_each_connection_to_the_relay_is_a_tunnel_of_its_own() -> None:
+    proxy = FakeProxy("200 Connection established")
+    relay = sql_runner.Relay(proxy.url, "2001:db8::5", 6543, 5.0)
+    for word in (b"first", b"second"):
+        with socket.create_connection(("127.0.0.1", relay.port), timeout=5) as client:
+            client.sendall(word)
+            assert client.recv(100) == word
+    assert proxy.targets == ["[2001:db8::5]:6543", "[2001:db8::5]:6543"]

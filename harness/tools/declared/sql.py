@@ -34,6 +34,7 @@ from harness.core.context import ToolContext
 from harness.core.declared import DeclaredTool
 from harness.core.declared_sql import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, DEFAULT_STATEMENT_TIMEOUT_S
 from harness.core.errors import CallboxError
+from harness.core.redaction import replacement
 from harness.core.registry import Tool
 from harness.engine.exec_result import ExecResult
 from harness.tools.declared.running import definition_for, run_argv
@@ -89,14 +90,14 @@ def _text(envelope: dict[str, Any], max_rows: int, max_bytes: int) -> str:
     return "OK" if affected is None or affected < 0 else f"OK, {affected} row{'s' if affected != 1 else ''} changed"
 
 
-def _hide(value: Any, secret: str) -> Any:
-    """``value`` with ``secret`` taken out of every string in it."""
+def _hide(value: Any, secret: str, stand_in: str) -> Any:
+    """``value`` with ``secret`` replaced by ``stand_in`` in every string in it."""
     if isinstance(value, str):
-        return value.replace(secret, "[redacted: password]")
+        return value.replace(secret, stand_in)
     if isinstance(value, list):
-        return [_hide(v, secret) for v in value]
+        return [_hide(v, secret, stand_in) for v in value]
     if isinstance(value, dict):
-        return {k: _hide(v, secret) for k, v in value.items()}
+        return {k: _hide(v, secret, stand_in) for k, v in value.items()}
     return value
 
 
@@ -133,8 +134,10 @@ def sql_tool(declared: DeclaredTool) -> Tool:
         if isinstance(ran, NotRan):
             return agent_failure(ran.error, started=ran.started)
         output = _output(database.engine, ran.result, max_rows, max_bytes)
-        if password:
-            output = replace(output, text=_hide(output.text, password), structured=_hide(output.structured, password))
+        if password:  # the session redacts it too, as it does a [[secret]]: this is for a password set since
+            stand_in = replacement(f"secret:{declared.name}.password")
+            output = replace(output, text=_hide(output.text, password, stand_in),
+                             structured=_hide(output.structured, password, stand_in))
         return output
 
     # The query is the tool's command: [tools.NAME] command rules match its text.
