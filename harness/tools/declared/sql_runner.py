@@ -298,9 +298,10 @@ def run_postgresql(request: dict[str, Any]) -> dict[str, Any]:
                       "use callbox's image (`callbox image build`) or add python3-psycopg to yours") from None
     write = bool(request["write"])
     timeout_ms = int(request["timeout_ms"])
+    # passfile: a path that cannot exist, so libpq never reads a ~/.pgpass the model wrote
     values = {"dbname": request["dbname"], "user": request["user"], "application_name": "callbox-sql",
               "connect_timeout": str(max(2, timeout_ms // 1000)), "options": f"-c statement_timeout={timeout_ms}",
-              "sslmode": request.get("sslmode") or "prefer"}
+              "sslmode": request.get("sslmode") or "prefer", "passfile": "/nonexistent/.pgpass"}
     if request.get("password") is not None:
         values["password"] = request["password"]
     if request.get("proxy"):
