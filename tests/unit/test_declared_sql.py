@@ -340,3 +340,14 @@ def test_each_connection_to_the_relay_is_a_tunnel_of_its_own() -> None:
             client.sendall(word)
             assert client.recv(100) == word
     assert proxy.targets == ["[2001:db8::5]:6543", "[2001:db8::5]:6543"]
+
+
+def test_the_byte_cap_counts_utf8_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "wide.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (s TEXT)")
+        conn.executemany("INSERT INTO t VALUES (?)", [("é" * 100,)] * 20)  # 200 bytes, 100 characters each
+    conn.close()
+    out = run(path, "SELECT s FROM t", max_bytes=1024)
+    assert out["truncated"] == "max_bytes" and out["row_count"] == 4  # each row is 205 bytes: 5 would be 1025
+    assert len(json.dumps(out["rows"], ensure_ascii=False).encode()) <= 1024

@@ -34,7 +34,7 @@ What the database itself enforces:
   starts ("canceling statement due to statement timeout").
 
 Caps: at most ``max_rows`` rows and ``max_bytes`` bytes of rows (each row counted as its
-JSON text) come back; the envelope says which cap cut the result. PostgreSQL rows arrive
+JSON text in UTF-8) come back; the envelope says which cap cut the result. PostgreSQL rows arrive
 one by one (single-row mode), so a huge result is never held in memory; a read-only
 statement is abandoned (its connection closed) once a cap is reached, a writing one is read
 to its end (its rows dropped) so that it completes before ``COMMIT``.
@@ -96,7 +96,7 @@ class Rows:
         if len(self.rows) >= self.max_rows:
             self.truncated = "max_rows"
             return False
-        size = len(json.dumps(row, ensure_ascii=False)) + 1
+        size = len(json.dumps(row, ensure_ascii=False).encode()) + 1
         if self.size + size > self.max_bytes:
             self.truncated = "max_bytes"
             return False
