@@ -174,7 +174,8 @@ password = {{ file = "{wrong}" }}
 
 
 @pytest.fixture(scope="module")
-def session(net_engine: Any, postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module's directory: data/shop.db (mounted at /data), the policy, the audit store."""
     root = tmp_path_factory.mktemp("sql")
     data = root / "data"
     data.mkdir()
@@ -185,15 +186,18 @@ def session(net_engine: Any, postgres: Postgres, tmp_path_factory: pytest.TempPa
     for path in (data, data / "shop.db"):
         os.chown(path, 1000, 1000)  # the sandbox's user may write the file and its journal
     (root / "wrong").write_text("not-the-password\n")
-    policy_path = root / "policy.toml"
-    policy_path.write_text(POLICY.format(image=IMAGE, data=data, var=PASSWORD_VAR, wrong=root / "wrong"))
+    (root / "policy.toml").write_text(POLICY.format(image=IMAGE, data=data, var=PASSWORD_VAR, wrong=root / "wrong"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def session(net_engine: Any, postgres: Postgres, root: Path) -> Iterator[Session]:
     saved = os.environ.get(PASSWORD_VAR)
     os.environ[PASSWORD_VAR] = PASSWORD
-    policy = parse_policy(policy_path.read_text(), source=str(policy_path), base_dir=root,
+    policy = parse_policy((root / "policy.toml").read_text(), source=str(root / "policy.toml"), base_dir=root,
                           host=HostLimits(cpus=None, memory=None))
     audit = AuditStore(root / "audit.sqlite3")
     harness = Session(registry_for(policy), policy, audit, engine_factory=lambda: net_engine)
-    harness.root = root  # type: ignore[attr-defined]
     try:
         yield harness
     finally:
@@ -218,7 +222,7 @@ def call(session: Session, tool: str, query: str, params: list[Any] | None = Non
 # ---- SQLite in a mount -----------------------------------------------------------------------------
 
 
-def test_sqlite_reads_refuses_writes_and_writes_with_write_true(session: Session) -> None:
+def test_sqlite_reads_refuses_writes_and_writes_with_write_true(session: Session, root: Path) -> None:
     read = call(session, "shop", "SELECT id, name, price FROM items WHERE price < ? ORDER BY id", [4])
     assert not read.is_error, read.text
     assert read.text == "id | name  | price\n---+-------+------\n1  | item1 | 1.5\n2  | item2 | 3.0\n(2 rows)"
@@ -238,7 +242,6 @@ def test_sqlite_reads_refuses_writes_and_writes_with_write_true(session: Session
     assert two.is_error and "You can only execute one statement at a time." in two.text
     wrote = call(session, "shop_admin", "INSERT INTO items (name, price) VALUES (?, ?)", [evil, 9])
     assert not wrote.is_error and wrote.text == "OK, 1 row changed"
-    root: Path = session.root  # type: ignore[attr-defined]
     with sqlite3.connect(root / "data" / "shop.db") as conn:
         assert conn.execute("SELECT count(*), max(name) FROM items WHERE id > 20").fetchone() == (1, evil)
         assert conn.execute("SELECT count(*) FROM items").fetchone() == (21,)
@@ -314,11 +317,10 @@ def test_injection_stays_within_one_statement_and_one_transaction(session: Sessi
     assert postgres.psql("DELETE FROM items WHERE id > 40 RETURNING name") == evil
 
 
-def test_the_password_reaches_neither_results_nor_the_audit(session: Session) -> None:
+def test_the_password_reaches_neither_results_nor_the_audit(session: Session, root: Path) -> None:
     wrong = call(session, "pg_wrong_password", "SELECT 1")
     assert wrong.is_error and wrong.text.startswith("could not connect to PostgreSQL:")
     assert 'password authentication failed for user "agent"' in wrong.text
-    root: Path = session.root  # type: ignore[attr-defined]
     for path in root.iterdir():  # after this module's every call (but the one below) so far
         if path.name.startswith("audit.sqlite3"):
             assert PASSWORD.encode() not in path.read_bytes(), path
