@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CALLBOX := $(VENV)/bin/callbox
 
-.PHONY: setup npm-tools browser engine image image-code-interpreter image-desktop runsc test test-runsc unit demo demo-desktop tour bench bench-scale bench-docs proto proto-check lint docs docs-serve
+.PHONY: setup npm-tools browser postgresql engine image image-code-interpreter image-desktop runsc test test-runsc unit demo demo-desktop tour bench bench-scale bench-docs proto proto-check lint docs docs-serve
 
 setup:
 	@scripts/setup-python.sh
@@ -19,6 +19,10 @@ npm-tools:
 # Debian's chromium, for the browser tests of the web console and the documentation site (test-only).
 browser:
 	@scripts/setup-browser.sh
+
+# Debian's postgresql, the server the sql tool's tests start in the test network namespace (test-only).
+postgresql:
+	@scripts/setup-postgresql.sh
 
 engine:
 	@scripts/ensure-docker.sh
@@ -56,7 +60,7 @@ lint: setup
 unit: setup
 	@$(VENV)/bin/pytest tests/unit -q
 
-test: setup npm-tools browser proto-check lint engine image image-code-interpreter image-desktop runsc
+test: setup npm-tools browser postgresql proto-check lint engine image image-code-interpreter image-desktop runsc
 	@echo "callbox: running the test suite (unit, integration, security, interop) on the real engine"
 	@scripts/run-tests.sh
 

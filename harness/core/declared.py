@@ -8,6 +8,9 @@ naming the key, before any call:
 * unknown keys, or a key of another kind (``argv`` on a ``python`` tool);
 * for ``mcp`` (:mod:`harness.core.declared_mcp`): no ``command``, ``arguments`` or
   ``parameters`` (the server lists its own), a name containing ``__``;
+* for ``sql`` (:mod:`harness.core.declared_sql`): a ``database`` that is not ``sqlite:///PATH``
+  or ``postgresql://USER@HOST[:PORT]/DBNAME``, a password in the URL, ``arguments``,
+  ``parameters`` or ``env`` (its arguments are fixed: ``query`` and ``params``);
 * for ``http`` (:mod:`harness.core.declared_http`): a URL whose scheme or host is not literal,
   a placeholder outside the path, query and body, a header that is not literal or
   ``{ env = "VAR" }``, a body on ``GET``;
@@ -58,6 +61,7 @@ from harness.core.declared_http import (
     split_url,
 )
 from harness.core.declared_mcp import check_mcp_table
+from harness.core.declared_sql import SQL_KEYS, Database, SqlPassword, check_sql_table, sql_input_model
 from harness.core.sandbox_settings import MountSetting
 
 __all__ = [
@@ -75,7 +79,7 @@ _TEMPLATE_TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 _NOT_YET: tuple[str, ...] = ()
 _KIND_KEYS = {"command": ("argv", "workdir"), "python": ("function", "path"),
-              "http": ("method", "url", "query", "headers", "body"), "mcp": ("command",)}
+              "http": ("method", "url", "query", "headers", "body"), "mcp": ("command",), "sql": SQL_KEYS}
 _SCHEMA_KEYS = frozenset({"type", "description", "enum", "default", "items"})
 
 
@@ -198,10 +202,11 @@ class DeclaredTool(BaseModel):
 
     name: str
     """The tool's name as the model sees it (letters, digits, ``_``, ``.``, ``-``)."""
-    kind: Literal["command", "python", "http", "mcp"]
+    kind: Literal["command", "python", "http", "mcp", "sql"]
     """``command`` (an argv template), ``python`` (a function from a mounted directory),
-    ``http`` (a request made from the sandbox through its egress proxy) or ``mcp`` (the
-    tools of a stdio MCP server started in the sandbox)."""
+    ``http`` (a request made from the sandbox through its egress proxy), ``mcp`` (the
+    tools of a stdio MCP server started in the sandbox) or ``sql`` (one statement on a
+    SQLite file or a PostgreSQL server, run from the sandbox)."""
     description: str | None = None
     """What the model reads about the tool; default a sentence naming the argv or function."""
     arguments: dict[str, ArgumentSpec] | None = None
@@ -236,6 +241,19 @@ class DeclaredTool(BaseModel):
     """``http``: literal values, or ``{ env = "VAR", prefix = "Bearer " }`` read from the host's environment."""
     body: HttpBody | None = None
     """``http``: ``{ json = { ... } }`` (an object template) or ``{ text = "{name}" }``."""
+    database: str | None = None
+    """``sql``: ``sqlite:///PATH`` (a file inside the sandbox) or ``postgresql://USER@HOST[:PORT]/DBNAME``."""
+    password: SqlPassword | None = None
+    """``sql``: ``{ env = "VAR" }`` or ``{ file = "/path" }`` on the harness's host (PostgreSQL); never in the sandbox's
+    environment, the model's view or the audit."""
+    write: bool | None = None
+    """``sql``: ``true`` lets the statement change the database (default false: the database refuses changes)."""
+    max_rows: int | None = Field(default=None, ge=1, le=100_000)
+    """``sql``: rows a result returns at most (default 100)."""
+    max_bytes: int | None = Field(default=None, ge=1024, le=8 << 20)
+    """``sql``: bytes of rows (as JSON) a result returns at most (default 65536)."""
+    statement_timeout_s: float | None = Field(default=None, gt=0)
+    """``sql``: seconds the database lets the statement run (default 10; within the call's timeout)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -284,6 +302,8 @@ class DeclaredTool(BaseModel):
             self._check_command()
         elif self.kind == "mcp":
             check_mcp_table(self.command, self.name, self.arguments is not None or self.parameters is not None)
+        elif self.kind == "sql":
+            _ = self.sql_database
         elif self.kind == "http":
             _check_http(method=self.method, url=self.url, query=self.query or {}, headers=self.headers or {},
                         body=self.body, env=self.env, specs=self.argument_specs)
@@ -344,8 +364,18 @@ class DeclaredTool(BaseModel):
         return dict(self.arguments or {})
 
     @cached_property
+    def sql_database(self) -> Database:
+        """``sql``: the checked ``database`` (ValueError for a table that is not a good sql one)."""
+        return check_sql_table(database=self.database, password=self.password,
+                               has_arguments=self.arguments is not None or self.parameters is not None,
+                               has_env=bool(self.env), timeout_s=self.timeout_s,
+                               statement_timeout_s=self.statement_timeout_s)
+
+    @cached_property
     def input_model(self) -> type[BaseModel]:
         """The pydantic model the call's arguments are validated with."""
+        if self.kind == "sql":
+            return sql_input_model(_model_name(self.name), self.shown_description, self.sql_database)
         fields = {name: spec.field() for name, spec in self.argument_specs.items()}
         model: type[BaseModel] = create_model(  # type: ignore[call-overload]
             _model_name(self.name), __config__=ConfigDict(extra="forbid"), __doc__=self.shown_description,
@@ -362,6 +392,9 @@ class DeclaredTool(BaseModel):
             return f"Call the Python function {self.function} in the sandbox."
         if self.kind == "http":
             return f"Send {self.method or 'GET'} {self.url} (an HTTP request made from the sandbox)."
+        if self.kind == "sql":
+            mode = "it may change data" if self.write else "read-only: the database refuses changes"
+            return f"Run one SQL statement on {self.sql_database.shown()} ({mode})."
         return f"Run {' '.join(self.argv or ())} in the sandbox."
 
 

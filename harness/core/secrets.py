@@ -1,6 +1,7 @@
 """The secrets a policy gives its sandboxes: its ``[[secret]]`` tables and the secret headers
 of its declared ``http`` tools (:mod:`harness.engine.secrets` defines them; the egress proxy
-carries them).
+carries them), and the passwords of its declared ``sql`` tools (the sandbox gets one only
+inside a call's request; :func:`tool_password_pairs` has each redacted like a secret).
 
 :func:`sandbox_secrets` is what :meth:`Policy.sandbox_spec` puts in the spec;
 :func:`secret_problems` is what the policy loader checks before the first call: each
@@ -21,7 +22,7 @@ from sandbox.egress_policy import Allowlist, split_host_port
 if TYPE_CHECKING:
     from harness.core.policy import Policy
 
-__all__ = ["SecretSpec", "sandbox_secrets", "secret_problems"]
+__all__ = ["SecretSpec", "sandbox_secrets", "secret_problems", "tool_password_pairs"]
 
 
 def sandbox_secrets(policy: Policy) -> tuple[SecretSpec, ...]:
@@ -34,6 +35,19 @@ def sandbox_secrets(policy: Policy) -> tuple[SecretSpec, ...]:
     implied = [s for t in policy.tool if t.kind == "http" and policy.tool_allowed(t.name) for s in implied_secrets(t)
                if all(allowlist.permits(host, port or 443) is None for host, port in map(split_host_port, s.hosts))]
     return (*policy.secret, *implied)
+
+
+def tool_password_pairs(policy: Policy) -> list[tuple[str, str]]:
+    """``(kind, value)`` pairs for the redactor: the password of each declared sql tool that
+    can be read now (one that cannot is that tool's call's error, not the session's)."""
+    pairs: list[tuple[str, str]] = []
+    for tool in policy.tool:
+        if tool.kind == "sql" and tool.password is not None:
+            try:
+                pairs.append((f"secret:{tool.name}.password", tool.password.read(tool.name)))
+            except CallboxError:
+                continue
+    return pairs
 
 
 def secret_problems(policy: Policy) -> str | None:

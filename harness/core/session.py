@@ -51,6 +51,7 @@ from harness.core.policy import Policy
 from harness.core.redaction import Redactor
 from harness.core.registry import Tool, ToolRegistry
 from harness.core.run_revert import running_calls
+from harness.core.secrets import tool_password_pairs
 from harness.core.shared_engine import pooled_engine
 from harness.core.undo import RevertRefused
 from harness.core.validation import CallRejected, check_call_id
@@ -98,6 +99,7 @@ class Session:
         self.redactor = Redactor.for_policy(policy.redaction, os.environ, self.spec.env)
         """Takes the policy's secrets out of every result (built once: the env values are read now)."""
         self.redactor.add_literals(redaction_pairs(self.spec.secrets))  # a secret that cannot be read fails here
+        self.redactor.add_literals(tool_password_pairs(policy))
         self._engine_factory = engine_factory if engine_factory is not None else self._default_engine()
         self.changes = None if policy.checkpoints.mode == "off" else ChangeRecorder(
             policy.checkpoints, RunChanges(changes_root(audit.path), self.run_id), self.spec)

@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from harness.core.errors import CallboxError, ErrorCode
 
-__all__ = ["PLACEHOLDER_PREFIX", "SecretSpec", "SecretUnavailable", "new_placeholder", "redaction_pairs",
-           "secrets_problem"]
+__all__ = ["PLACEHOLDER_PREFIX", "SecretSpec", "SecretUnavailable", "new_placeholder", "read_source",
+           "redaction_pairs", "secrets_problem"]
 
 PLACEHOLDER_PREFIX = "CALLBOX_PLACEHOLDER_"
 """Every placeholder starts so: ``CALLBOX_PLACEHOLDER_<name>_<24 random hex digits>``."""
@@ -130,26 +130,34 @@ class SecretSpec(BaseModel):
 
     def read(self, environ: Mapping[str, str] | None = None) -> str:
         """The value now; SecretUnavailable naming the source and the fix (never the value)."""
-        if self.env is not None:
-            value = (os.environ if environ is None else environ).get(self.env)
-            if not value:
-                raise SecretUnavailable(f"secret {self.name} takes its value from the environment variable "
-                                        f"{self.env} of the harness, which is not set; set it where callbox runs")
-        else:
-            assert self.file is not None
-            try:
-                value = self.file.read_text(encoding="utf-8").removesuffix("\n").removesuffix("\r")
-            except (OSError, UnicodeDecodeError) as exc:
-                why = getattr(exc, "strerror", None) or type(exc).__name__
-                raise SecretUnavailable(f"secret {self.name} takes its value from the file {self.file}, which "
-                                        f"cannot be read ({why}); create it, readable by the user callbox "
-                                        "runs as") from None
-            if not value:
-                raise SecretUnavailable(f"secret {self.name}: the file {self.file} is empty")
+        value = read_source(f"secret {self.name}", self.env, self.file, environ)
         if any(c in value for c in "\r\n\0"):
             raise SecretUnavailable(f"secret {self.name}: {self.source()} holds a line break or NUL; "
                                     "a header value is one line")
         return value
+
+
+def read_source(what: str, env: str | None, file: Path | None, environ: Mapping[str, str] | None = None) -> str:
+    """The value of a secret (``what`` names it in messages) from the harness's environment
+    variable ``env`` or the ``file`` (one trailing newline dropped); SecretUnavailable
+    naming the source and the fix, never the value."""
+    if env is not None:
+        value = (os.environ if environ is None else environ).get(env)
+        if not value:
+            raise SecretUnavailable(f"{what} takes its value from the environment variable "
+                                    f"{env} of the harness, which is not set; set it where callbox runs")
+        return value
+    assert file is not None
+    try:
+        value = file.read_text(encoding="utf-8").removesuffix("\n").removesuffix("\r")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or type(exc).__name__
+        raise SecretUnavailable(f"{what} takes its value from the file {file}, which "
+                                f"cannot be read ({why}); create it, readable by the user callbox "
+                                "runs as") from None
+    if not value:
+        raise SecretUnavailable(f"{what}: the file {file} is empty")
+    return value
 
 
 def redaction_pairs(specs: tuple[SecretSpec, ...],

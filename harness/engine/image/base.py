@@ -45,6 +45,10 @@ BASE_PACKAGES: tuple[str, ...] = (
     "procps",
     "less",
     "passwd",
+    # The sql declared tool's PostgreSQL client: psycopg 3 (pure Python over libpq5 through ctypes). With
+    # libpq5 and python3-typing-extensions it adds 2.1 MB to the image (measured: 2,144,280 bytes on bookworm),
+    # small enough for every image rather than a variant. SQLite is Python's own sqlite3.
+    "python3-psycopg",
 )
 #: What is removed from the debootstrapped tree to keep the base small, as (directory, file names kept
 #: anywhere below it): apt caches and lists, logs, manuals, translations, docs but their copyright files.

@@ -1,6 +1,7 @@
 """The tools a policy declares (``[[tool]]``, modelled in :mod:`harness.core.declared`) as
 registered tools: ``command`` (:mod:`.command`), ``python`` (:mod:`.python`), ``http``
-(:mod:`.http`) and ``mcp`` (:mod:`.mcp`: one table, the tools its server lists)."""
+(:mod:`.http`), ``sql`` (:mod:`.sql`) and ``mcp`` (:mod:`.mcp`: one table, the tools its
+server lists)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from harness.tools.declared.command import command_tool
 from harness.tools.declared.http import http_tool
 from harness.tools.declared.mcp import DISCOVERY_TIMEOUT_S, McpDiscoveryError, discover, mcp_tools
 from harness.tools.declared.python import python_tool
+from harness.tools.declared.sql import sql_tool
 from sandbox.egress_policy import Allowlist
 
 __all__ = ["declared_tool", "declared_tools"]
@@ -26,6 +28,8 @@ def declared_tool(declared: DeclaredTool) -> Tool:
         return python_tool(declared)
     if declared.kind == "http":
         return http_tool(declared)
+    if declared.kind == "sql":
+        return sql_tool(declared)
     if declared.kind == "mcp":
         raise ValueError(f"{declared.name!r} is an mcp tool: its tools come from declared_tools(policy)")
     return command_tool(declared)
@@ -36,6 +40,8 @@ def _check_reachable(policy: Policy) -> None:
     ``allowlist`` mode and its ``allow_hosts`` must permit the tool's host and port."""
     network, hosts = policy.sandbox.network, policy.sandbox.allow_hosts
     for index, declared in enumerate(policy.tool):
+        if declared.kind == "sql":
+            _check_sql_reachable(index, declared, network, hosts)
         if declared.kind != "http" or declared.url is None:
             continue
         parts = split_url(declared.url)
@@ -50,6 +56,25 @@ def _check_reachable(policy: Policy) -> None:
             raise PolicyError(
                 f"policy: key 'sandbox.allow_hosts': the http tool {declared.name!r} (tool[{index}]) calls "
                 f'{target}, which the allowlist does not permit ({refusal}); add "{target}" to sandbox.allow_hosts')
+
+
+def _check_sql_reachable(index: int, declared: DeclaredTool, network: str, hosts: tuple[str, ...]) -> None:
+    """A PostgreSQL server is reached through the egress proxy (``allowlist``, which must
+    permit its host and port) or directly (``open``); never from a ``none`` sandbox."""
+    database = declared.sql_database
+    if database.engine != "postgresql" or network == "open":
+        return
+    target = database.target
+    if network != "allowlist":
+        raise PolicyError(
+            f"policy: key 'tool[{index}].database': the sql tool {declared.name!r} connects to {target} from the "
+            f'sandbox, whose network is "{network}"; set network = "allowlist" and allow_hosts = ["{target}"] in '
+            "[sandbox]")
+    refusal = Allowlist.parse(hosts).permits(database.host, database.port)
+    if refusal is not None:
+        raise PolicyError(
+            f"policy: key 'sandbox.allow_hosts': the sql tool {declared.name!r} (tool[{index}]) connects to "
+            f'{target}, which the allowlist does not permit ({refusal}); add "{target}" to sandbox.allow_hosts')
 
 
 def declared_tools(policy: Policy, engine_for: Callable[[], Engine] | None = None) -> list[Tool]:

@@ -11,7 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from harness.core.context import ToolContext
-from harness.core.declared import DeclaredTool
+from harness.core.declared import DeclaredAnnotations, DeclaredTool
 from harness.core.registry import ToolAnnotations, ToolDefinition
 from harness.tools.shell import NotRan, Ran, run_in_sandbox
 
@@ -32,8 +32,13 @@ def run_argv(
 
 
 def definition_for(declared: DeclaredTool, **hints: Any) -> ToolDefinition:
-    """What the model sees of ``declared`` (``hints``: more ToolDefinition fields)."""
+    """What the model sees of ``declared`` (``hints``: more ToolDefinition fields). A sql tool
+    without ``[tool.annotations]`` is annotated from ``write``: read-only (and idempotent)
+    unless it may write, destructive when it may."""
     a = declared.annotations
+    if declared.kind == "sql" and "annotations" not in declared.model_fields_set:
+        a = DeclaredAnnotations(read_only=not declared.write, destructive=bool(declared.write),
+                                idempotent=not declared.write)
     return ToolDefinition(
         name=declared.name, description=declared.shown_description, input_model=declared.input_model,
         annotations=ToolAnnotations(read_only=a.read_only, destructive=a.destructive, idempotent=a.idempotent,
