@@ -144,10 +144,14 @@ def _user_shell(base: Path) -> Shell:
     venv = _user_venv()
     repo = base / "user-repo"
     _copy_repository(repo)
+    # A home of its own for this run, as root's: what an example keeps in the home (the state
+    # dir, memories) starts empty, as on a new machine, however often the suite runs.
+    home = base / "user-home"
+    home.mkdir(mode=0o700)
     for path in (base, repo):
         path.chmod(0o755)
-    subprocess.run(["chown", "-R", f"{account.pw_uid}:{account.pw_gid}", str(repo)], check=True)
-    env = _base_env(Path(account.pw_dir)) | {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "USER": USER}
+    subprocess.run(["chown", "-R", f"{account.pw_uid}:{account.pw_gid}", str(repo), str(home)], check=True)
+    env = _base_env(home) | {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "USER": USER}
     return Shell(USER, repo, env, ("runuser", "-u", USER, "--"))
 
 
