@@ -120,3 +120,34 @@ def test_snapshot_verbs_on_the_cluster_with_the_engine_from_the_environment(
         for info in ray_engine.snapshots():
             if info.name in (snap, f"{snap}-moved"):
                 ray_engine.remove_snapshot(info.name)
+
+
+def test_an_eval_runs_its_trials_on_the_cluster_nodes_and_leaves_nothing_there(
+        ray_cluster: RayTestCluster, ray_engine: Any, tmp_path: Path) -> None:
+    """``callbox eval --engine ray``: each trial's sandbox is on a worker node (its acceptance
+    check reads the node's name in the sandbox), the pool the eval enabled on the nodes is
+    emptied at its end, and no sandbox is left behind."""
+    token = tmp_path / "ray-token"
+    shutil.copy(ray_cluster.token_file, token)
+    token.chmod(0o600)
+    flags = ["--engine", "ray", "--ray-address", ray_cluster.address, "--ray-token-file", str(token)]
+    tasks = tmp_path / "tasks.toml"
+    tasks.write_text('[[task]]\nid = "on-a-node"\ninstruction = "Write the node\'s name into node.txt."\n'
+                     "acceptance = [{ command = \"grep -qx 'w[12]' node.txt\", timeout_s = 30 }]\n")
+    transcripts = tmp_path / "transcripts"
+    transcripts.mkdir()
+    (transcripts / "on-a-node.jsonl").write_text(
+        '{"text": "Noting it.", "tool_calls": [{"name": "shell", "arguments": '
+        '{"command": "echo \\"$CALLBOX_NODE\\" > node.txt && cat node.txt"}}]}\n'
+        '{"text": "node.txt names the node."}\n')
+    live_before = ray_engine.sandbox_census()[0]
+    out = tmp_path / "out"
+    ran = callbox("eval", str(tasks), "--transcripts", str(transcripts), "--trials", "2", "--concurrency", "2",
+                  "--out", str(out), *flags)
+    assert ran.returncode == 0, (ran.stdout, ran.stderr)
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["trial"], r["passed"], r["reason"]) for r in results) == [
+        (1, True, "final:accepted"), (2, True, "final:accepted")], results
+    assert "pass@1 100.0% (2 of 2 trials passed)" in ran.stdout, ran.stdout
+    assert ray_engine.pooled_count() == 0
+    assert ray_engine.sandbox_census()[0] == live_before
