@@ -92,6 +92,7 @@ from harness.engine.docker.engine import DockerEngine, Sandbox, seccomp_profile
 from harness.engine.exec_result import ExecResult, collect
 from harness.engine.spec import AGENT_DIR, TOOL_GID, TOOL_UID, SandboxSpec
 from tests.bench.bench_audit_chain import add_audit_chain_rows, bench_audit_chain
+from tests.bench.bench_burst import add_burst_rows, bench_burst
 from tests.bench.bench_desktop import add_desktop_rows, bench_desktop
 from tests.bench.bench_door import add_door_rows, bench_door
 from tests.bench.bench_e2b import add_e2b_rows, bench_e2b
@@ -129,8 +130,8 @@ TARGET_IDLE_MEMORY_MIB = 25.0
 TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",
-            "interpreter", "desktop", "undo", "pool", "create", "door", "runtimes", "telemetry", "ray", "templates",
-            "memsnap", "archive", "eval", "scale"]
+            "interpreter", "desktop", "undo", "pool", "burst", "create", "door", "runtimes", "telemetry", "ray",
+            "templates", "memsnap", "archive", "eval", "scale"]
 DEFAULT_SECTIONS = [s for s in SECTIONS if s != "scale"]
 """``make bench``: all but the scale probe (``make bench-scale``, or ``--only scale``)."""
 DEFAULT_SCALE_SANDBOXES = 100
@@ -617,6 +618,7 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
     add_undo_rows(data, add)
     add_memsnap_rows(data, add)
     add_pool_rows(data, add)
+    add_burst_rows(data, add)
     add_create_rows(data, add)
     add_door_rows(data, add)
     add_runtime_rows(data, add)
@@ -793,6 +795,7 @@ def main(argv: list[str] | None = None) -> int:
         ("desktop", "desktop" in sections, lambda: bench_desktop(res, args.samples, args.warmup, kit)),
         ("undo", "undo" in sections, lambda: bench_undo(res, spec, args.samples, args.warmup, kit)),
         ("pool", "pool" in sections, lambda: bench_pool(res, args.samples, kit, quick=args.quick)),
+        ("burst", "burst" in sections, lambda: bench_burst(res, kit, quick=args.quick)),
         ("create", "create" in sections, lambda: bench_create(res, spec, args.samples, kit, quick=args.quick)),
         ("door", "door" in sections, lambda: bench_door(res, spec, kit, quick=args.quick)),
         ("runtimes", "runtimes" in sections, lambda: bench_runtimes(res, args.samples, progress)),

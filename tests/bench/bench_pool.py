@@ -49,10 +49,14 @@ def _first_result(engine: DockerEngine) -> tuple[float, Sandbox]:
     """Milliseconds from create to the first result of ``true``, and the sandbox."""
     start = time.perf_counter()
     box = engine.create(SPEC)
-    result = collect(box.agent.exec(["true"]))
-    elapsed = (time.perf_counter() - start) * 1000
-    if result.exit_code != 0:
-        raise RuntimeError(f"true failed in sandbox {box.id}: {result}")
+    try:
+        result = collect(box.agent.exec(["true"]))
+        elapsed = (time.perf_counter() - start) * 1000
+        if result.exit_code != 0:
+            raise RuntimeError(f"true failed in sandbox {box.id}: {result}")
+    except BaseException:
+        box.destroy()
+        raise
     return elapsed, box
 
 
@@ -87,18 +91,27 @@ def sequential(pooled: DockerEngine, cold: DockerEngine, samples: int) -> tuple[
     return claims, colds
 
 
-def burst(engine: DockerEngine, size: int) -> list[float]:
-    """``size`` creates -> first result at once, one thread each, released together (ms each)."""
+def burst(engine: DockerEngine, size: int, failures: list[str] | None = None) -> list[float]:
+    """``size`` creates -> first result at once, one thread each, released together (ms each).
+
+    With ``failures``, a create or first exec that fails is recorded there (its error) and the
+    burst goes on; the list returned then holds the successful ones only. Without, it raises."""
     boxes: list[Sandbox] = []
     gate = threading.Barrier(size)
 
-    def one(_: int) -> tuple[float, Sandbox]:
+    def one(_: int) -> tuple[float, Sandbox] | None:
         gate.wait()
-        return _first_result(engine)
+        try:
+            return _first_result(engine)
+        except Exception as exc:
+            if failures is None:
+                raise
+            failures.append(f"{type(exc).__name__}: {exc}")
+            return None
 
     try:
         with ThreadPoolExecutor(max_workers=size) as threads:
-            results = list(threads.map(one, range(size)))
+            results = [result for result in threads.map(one, range(size)) if result is not None]
         boxes = [box for _, box in results]
         return [ms for ms, _ in results]
     finally:
