@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite, as `make test` runs it, in seven pytest runs:
+# The whole test suite, as `make test` runs it, in eight pytest runs:
 #   1. the lifecycle soak (marker `slow`: a thousand sandboxes, bound by the Docker engine,
 #      not by this process), then tests/unit (no engine; they mostly wait on subprocesses and
 #      timers), then the tests that mostly wait on clocks (marker `clock`: timeouts, TTLs,
-#      reapers), one after the other in the background, their output kept in a log;
+#      reapers), then tests/interop (software nobody here wrote driving callbox; they mostly
+#      wait on their own programs, and by then the harnesses' virtualenvs are made), one
+#      after the other in the background, their output kept in a log;
 #   2. meanwhile everything else but the tests that stop dockerd (the security suite
 #      among them, under runc);
 #   3. then tests/security again, every sandbox under gVisor (CALLBOX_TEST_RUNTIME=runsc),
@@ -22,7 +24,7 @@ PYTEST=${PYTEST:-.venv/bin/pytest}
 log=$(mktemp "${TMPDIR:-/tmp}/callbox-soak.XXXXXX")
 trap 'rm -f "$log"' EXIT
 start=$SECONDS
-echo "callbox: the lifecycle soak, then the unit tests, run in the background (their output follows the main run)"
+echo "callbox: the lifecycle soak, the unit tests, the clock tests and tests/interop, run in the background (their output follows the main run)"
 (
     "$PYTEST" -q -m slow -p no:cacheprovider "$@" >"$log" 2>&1
     echo $? >"$log.soak"
@@ -31,22 +33,27 @@ echo "callbox: the lifecycle soak, then the unit tests, run in the background (t
     "$PYTEST" -q -m "clock and not slow and not engine_restart" -p no:cacheprovider --ignore=tests/ray \
         --ignore=tests/unit "$@" >"$log.clock" 2>&1
     echo $? >"$log.clockrc"
+    "$PYTEST" -q -m "not slow and not engine_restart and not clock" -p no:cacheprovider tests/interop \
+        "$@" >"$log.interop" 2>&1
+    echo $? >"$log.interoprc"
 ) &
 soak_pid=$!
 # The agent harnesses' virtualenvs (tests/interop/requirements/) are made meanwhile, all at
 # once: pip waits on the network. An interop test that needs one still being made waits for it.
 venvs_log=$(mktemp "${TMPDIR:-/tmp}/callbox-venvs.XXXXXX")
-trap 'rm -f "$log" "$log.soak" "$log.unit" "$log.unitrc" "$log.clock" "$log.clockrc" "$venvs_log"' EXIT
+trap 'rm -f "$log" "$log.soak" "$log.unit" "$log.unitrc" "$log.clock" "$log.clockrc" "$log.interop" "$log.interoprc" "$venvs_log"' EXIT
 .venv/bin/python -m tests.interop.harness_venvs --all >"$venvs_log" 2>&1 &
 venvs_pid=$!
 # --durations: the slowest tests of the main run close its output, so the next one to make
 # cheaper is in every CI log.
-"$PYTEST" -q -m "not slow and not engine_restart and not clock" --ignore=tests/ray --ignore=tests/unit --durations=40 "$@"
+"$PYTEST" -q -m "not slow and not engine_restart and not clock" --ignore=tests/ray --ignore=tests/unit \
+    --ignore=tests/interop --durations=40 "$@"
 main=$?
 wait "$soak_pid"
 soak=$(cat "$log.soak" 2>/dev/null || echo 1)
 unit=$(cat "$log.unitrc" 2>/dev/null || echo 1)
 clock=$(cat "$log.clockrc" 2>/dev/null || echo 1)
+interop=$(cat "$log.interoprc" 2>/dev/null || echo 1)
 wait "$venvs_pid" || { echo "callbox: making the harnesses' virtualenvs failed:"; cat "$venvs_log"; }
 echo "callbox: the lifecycle soak (pytest -m slow):"
 cat "$log"
@@ -54,6 +61,8 @@ echo "callbox: the unit tests (pytest tests/unit), run beside the main run:"
 cat "$log.unit" 2>/dev/null
 echo "callbox: the tests that wait on clocks (pytest -m clock), run beside the main run:"
 cat "$log.clock" 2>/dev/null
+echo "callbox: tests/interop (software nobody here wrote driving callbox), run beside the main run:"
+cat "$log.interop" 2>/dev/null
 echo "callbox: the security suite under gVisor (CALLBOX_TEST_RUNTIME=runsc pytest tests/security):"
 CALLBOX_TEST_RUNTIME=runsc "$PYTEST" -q -m "not slow and not engine_restart" -p no:cacheprovider tests/security "$@"
 runsc=$?
@@ -64,7 +73,7 @@ echo "callbox: the Ray engine on a three-node test cluster (CALLBOX_TEST_ENGINE=
 CALLBOX_TEST_ENGINE=ray "$PYTEST" -q -m "not slow and not engine_restart" -p no:cacheprovider tests/ray tests/security "$@"
 ray=$?
 status=0
-for run in "main:$main" "soak:$soak" "unit:$unit" "clock:$clock" "security_runsc:$runsc" "engine_restart:$restart" "ray:$ray"; do
+for run in "main:$main" "soak:$soak" "unit:$unit" "clock:$clock" "interop:$interop" "security_runsc:$runsc" "engine_restart:$restart" "ray:$ray"; do
     rc=${run#*:}
     # 5: no tests collected (e.g. a -k that selects none of a run's tests) is not a failure.
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
@@ -72,5 +81,5 @@ for run in "main:$main" "soak:$soak" "unit:$unit" "clock:$clock" "security_runsc
         status=1
     fi
 done
-echo "callbox: test suite finished in $((SECONDS - start)) s (main $main, soak $soak, unit $unit, clock $clock, security under runsc $runsc, engine_restart $restart, ray $ray)"
+echo "callbox: test suite finished in $((SECONDS - start)) s (main $main, soak $soak, unit $unit, clock $clock, interop $interop, security under runsc $runsc, engine_restart $restart, ray $ray)"
 exit $status
