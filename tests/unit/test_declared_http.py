@@ -8,12 +8,11 @@ import pytest
 
 from harness.core.calls import ErrorCode
 from harness.core.declared_http import split_url
-from harness.core.policy import Policy, PolicyError, parse_policy
-from harness.engine.spec import HostLimits
+from harness.core.policy import Policy
 from harness.tools import registry_for
 from harness.tools.declared.http import RequestProblem, render_body, render_query, render_url
+from tests.support.declared_policies import load, problem
 
-HOST = HostLimits(cpus=None, memory=None)
 SANDBOX = '[sandbox]\nnetwork = "allowlist"\nallow_hosts = ["api.example.com:443"]\n'
 ISSUES = """
 [[tool]]
@@ -35,17 +34,6 @@ enum = ["open", "closed"]
 [tool.arguments.labels]
 type = "array"
 """
-
-
-def load(text: str) -> Policy:
-    return parse_policy(text, source="test.toml", base_dir=None, host=HOST)
-
-
-def problem(text: str) -> str:
-    with pytest.raises(PolicyError) as info:
-        registry_for(load(text))
-    assert info.value.exit_code == 2
-    return info.value.message
 
 
 def test_an_http_tool_loads_and_is_registered_with_its_arguments() -> None:

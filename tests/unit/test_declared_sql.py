@@ -20,14 +20,12 @@ from typing import Any
 import pytest
 
 from harness.core.declared_sql import parse_database
-from harness.core.policy import Policy, PolicyError, parse_policy
 from harness.core.secrets import tool_password_pairs
-from harness.engine.spec import HostLimits
 from harness.tools import registry_for
 from harness.tools.declared import sql_runner
 from harness.tools.declared.sql import RUNNER, render_table
+from tests.support.declared_policies import load, problem
 
-HOST = HostLimits(cpus=None, memory=None)
 SQLITE_TOOL = """
 [[tool]]
 name = "shop"
@@ -44,17 +42,6 @@ write = true
 max_rows = 5
 """
 ALLOWLIST = '[sandbox]\nnetwork = "allowlist"\nallow_hosts = ["db.example.com:6543"]\n'
-
-
-def load(text: str) -> Policy:
-    return parse_policy(text, source="test.toml", base_dir=None, host=HOST)
-
-
-def problem(text: str) -> str:
-    with pytest.raises(PolicyError) as info:
-        registry_for(load(text))
-    assert info.value.exit_code == 2
-    return info.value.message
 
 
 # ---- the table -------------------------------------------------------------------------------------

@@ -10,13 +10,11 @@ import pytest
 
 from harness.core.calls import Action
 from harness.core.formats import FORMATS, tool_definitions
-from harness.core.policy import Policy, PolicyError, parse_policy
+from harness.core.policy import Policy, PolicyError
 from harness.core.validation import CallRejected, validate_call
-from harness.engine.spec import HostLimits
 from harness.tools import builtin_registry, registry_for
 from harness.tools.declared.command import render_argv, render_env
-
-HOST = HostLimits(cpus=None, memory=None)
+from tests.support.declared_policies import load, problem
 
 RUN_TESTS = """
 [[tool]]
@@ -29,18 +27,6 @@ type = "string"
 description = "A test module or pattern."
 required = true
 """
-
-
-def load(text: str, base_dir: Path | None = None) -> Policy:
-    return parse_policy(text, source="test.toml", base_dir=base_dir, host=HOST)
-
-
-def problem(text: str, base_dir: Path | None = None) -> str:
-    with pytest.raises(PolicyError) as info:
-        policy = load(text, base_dir)
-        registry_for(policy)
-    assert info.value.exit_code == 2
-    return info.value.message
 
 
 def python_tool(pytools: Path, extra: str = "") -> str:
