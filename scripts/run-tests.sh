@@ -3,9 +3,11 @@
 #   1. the lifecycle soak (marker `slow`: a thousand sandboxes, bound by the Docker engine,
 #      not by this process), then tests/unit (no engine; they mostly wait on subprocesses and
 #      timers), then the tests that mostly wait on clocks (marker `clock`: timeouts, TTLs,
-#      reapers), then tests/interop (software nobody here wrote driving callbox; they mostly
-#      wait on their own programs, and by then the harnesses' virtualenvs are made), one
-#      after the other in the background, their output kept in a log;
+#      reapers), then tests/interop (software nobody here wrote driving callbox, marker
+#      `interop`; they mostly wait on their own programs, and by then the harnesses'
+#      virtualenvs are made) but those that hold the network destination (marker `netdest`,
+#      tests/netdest.py: one holder at a time, so they run in the main run with the other
+#      network tests), one after the other in the background, their output kept in a log;
 #   2. meanwhile everything else but the tests that stop dockerd (the security suite
 #      among them, under runc);
 #   3. then tests/security again, every sandbox under gVisor (CALLBOX_TEST_RUNTIME=runsc),
@@ -33,8 +35,8 @@ echo "callbox: the lifecycle soak, the unit tests, the clock tests and tests/int
     "$PYTEST" -q -m "clock and not slow and not engine_restart" -p no:cacheprovider --ignore=tests/ray \
         --ignore=tests/unit "$@" >"$log.clock" 2>&1
     echo $? >"$log.clockrc"
-    "$PYTEST" -q -m "not slow and not engine_restart and not clock" -p no:cacheprovider tests/interop \
-        "$@" >"$log.interop" 2>&1
+    "$PYTEST" -q -m "interop and not netdest and not slow and not engine_restart and not clock" \
+        -p no:cacheprovider tests/interop "$@" >"$log.interop" 2>&1
     echo $? >"$log.interoprc"
 ) &
 soak_pid=$!
@@ -46,8 +48,10 @@ trap 'rm -f "$log" "$log.soak" "$log.unit" "$log.unitrc" "$log.clock" "$log.cloc
 venvs_pid=$!
 # --durations: the slowest tests of the main run close its output, so the next one to make
 # cheaper is in every CI log.
-"$PYTEST" -q -m "not slow and not engine_restart and not clock" --ignore=tests/ray --ignore=tests/unit \
-    --ignore=tests/interop --durations=40 "$@"
+# The interop tests run in the background lane above, but those that hold the network
+# destination (marker netdest), which the main run's network tests hold too.
+"$PYTEST" -q -m "not slow and not engine_restart and not clock and (netdest or not interop)" --ignore=tests/ray \
+    --ignore=tests/unit --durations=40 "$@"
 main=$?
 wait "$soak_pid"
 soak=$(cat "$log.soak" 2>/dev/null || echo 1)

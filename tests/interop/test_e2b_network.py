@@ -17,7 +17,7 @@ from tests.conftest import DEST_HOSTS
 from tests.interop.e2b_server import E2bServer, policy_text, sdk_environment, serve_e2b
 from tests.netdest import HTTP_PORT
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.interop, pytest.mark.netdest]
 
 DEST = f"dest.callbox.test:{HTTP_PORT}"
 API = f"api.callbox.test:{HTTP_PORT}"
