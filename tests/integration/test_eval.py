@@ -57,7 +57,7 @@ def _wait_until(what: Callable[[], bool], proc: subprocess.Popen[bytes], timeout
 
 def _sandboxes_of(engine: Any, pid: int) -> list[str]:
     found = []
-    for container in engine.client.containers.list(all=True, filters={"label": labels.MANAGED}):
+    for container in engine.client.containers.list(all=True, filters={"label": labels.MANAGED}, ignore_removed=True):
         owner = labels.Owner.parse(container.labels.get(labels.OWNER, ""))
         if owner is not None and owner.pid == pid and labels.SANDBOX_ID in container.labels:
             found.append(container.labels[labels.SANDBOX_ID])

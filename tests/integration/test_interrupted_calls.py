@@ -79,7 +79,7 @@ def _started(shared: Path) -> Callable[[], bool]:
 
 def _remove_sandboxes_of(engine: Any, pid: int) -> None:
     """Destroy what the (stopped) callbox process ``pid`` left on the engine."""
-    for container in engine.client.containers.list(all=True, filters={"label": labels.MANAGED}):
+    for container in engine.client.containers.list(all=True, filters={"label": labels.MANAGED}, ignore_removed=True):
         owner = labels.Owner.parse(container.labels.get(labels.OWNER, ""))
         if owner is not None and owner.pid == pid and labels.SANDBOX_ID in container.labels:
             engine.destroy(container.labels[labels.SANDBOX_ID])

@@ -76,12 +76,12 @@ def test_an_older_runsc_registration_refuses_a_networked_sandbox_before_any_cont
 
     from harness.engine.spec import SandboxSpec, SpecError
 
-    before = {c.id for c in engine.client.containers.list(all=True)}
+    before = {c.id for c in engine.client.containers.list(all=True, ignore_removed=True)}
     monkeypatch.setattr(engine, "_host", replace(engine.host_limits(), runsc_network="none"))
     with pytest.raises(SpecError, match=r"--network=none .*make runsc") as refused:
         engine.create(SandboxSpec(runtime="runsc", network="open"))
     assert refused.value.key == "runtime"
-    assert {c.id for c in engine.client.containers.list(all=True)} <= before
+    assert {c.id for c in engine.client.containers.list(all=True, ignore_removed=True)} <= before
 
 
 def test_runsc_refuses_to_give_a_container_the_hosts_network_namespace(engine) -> None:  # type: ignore[no-untyped-def]
@@ -113,9 +113,10 @@ def test_runsc_refuses_to_give_a_container_the_hosts_network_namespace(engine) -
             engine.client.containers.run(IMAGE, ["true"], entrypoint=[], runtime="runsc", network_mode="host",
                                          remove=True, labels=mark)
     finally:  # a container whose start failed is not removed by remove=True
-        for left in engine.client.containers.list(all=True, filters={"label": f"callbox-test={mark['callbox-test']}"}):
+        for left in engine.client.containers.list(all=True, filters={"label": f"callbox-test={mark['callbox-test']}"},
+                                                     ignore_removed=True):
             left.remove(force=True)
     assert addresses() == before
     # the refused container's sandbox (started by `runsc create`) is not left running
-    known = {c.id for c in engine.client.containers.list(all=True)}
+    known = {c.id for c in engine.client.containers.list(all=True, ignore_removed=True)}
     assert {i for i in runsc_sandboxes() - sandboxes_before if i not in known} == set()

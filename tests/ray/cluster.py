@@ -284,7 +284,7 @@ class RayTestCluster:
             return
         client = self.docker_client(worker.name)
         try:
-            for container in client.containers.list(all=True):
+            for container in client.containers.list(all=True, ignore_removed=True):
                 container.remove(force=True, v=True)
         except Exception as exc:  # its data goes with the data root anyway
             self._say(f"removing the containers of {worker.name}: {exc}")

@@ -99,7 +99,8 @@ def test_snapshot_verbs_on_the_cluster_with_the_engine_from_the_environment(
         # The sandbox's container vanishes from its node (its name and snapshot stay): restore it.
         client = ray_cluster.docker_client(node)
         try:
-            for container in client.containers.list(all=True, filters={"label": f"callbox.name={name}"}):
+            for container in client.containers.list(all=True, filters={"label": f"callbox.name={name}"},
+                                                        ignore_removed=True):
                 container.remove(force=True)
         finally:
             client.close()
