@@ -252,16 +252,13 @@ class ExecLoop:
         assert code is not None
         ended = self.ended_at or time.monotonic()
         signum = -code if code < 0 else 0
-        oom_after = oom_kill_count()
-        # The leader itself, or a child whose death the shell reports as 128 + 9.
+        # The leader itself, or a child whose death the shell reports as 128 + 9; only
+        # then can the OOM killer be the cause, and only then is the counter read again.
         killed = signum == signal.SIGKILL or code == 128 + signal.SIGKILL
-        oom = (
-            killed
-            and not self.timed_out
-            and oom_before is not None
-            and oom_after is not None
-            and oom_after > oom_before
-        )
+        oom = False
+        if killed and not self.timed_out and oom_before is not None:
+            oom_after = oom_kill_count()
+            oom = oom_after is not None and oom_after > oom_before
         stats = self.output.stats()
         return process_pb2.ExecEvent(
             exited=process_pb2.Exited(
