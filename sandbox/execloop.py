@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from google.protobuf.duration_pb2 import Duration
 
+from sandbox import proctree
 from sandbox.cgroup import oom_kill_count
 from sandbox.outputcap import HeadTailBuffer
 from sandbox.v1 import process_pb2
@@ -116,6 +117,7 @@ class ExecLoop:
         execution: Execution,
         started_at: float,
         timeout_ms: int,
+        pid_max: int = 0,
     ) -> None:
         cap = request.output_cap_bytes or DEFAULT_OUTPUT_CAP
         self.execution = execution
@@ -123,6 +125,8 @@ class ExecLoop:
         self.child = execution.child
         self.wake_r = execution.wake_r
         self.started_at = started_at
+        # The kernel's pid_max (0: unknown, and every exit is swept); see _end_leftovers.
+        self.pid_max = pid_max
         self.deadline = started_at + timeout_ms / 1000
         self.grace = (request.kill_grace_ms or DEFAULT_KILL_GRACE_MS) / 1000
         self.kill_at: float | None = None
@@ -175,9 +179,7 @@ class ExecLoop:
                         sel.unregister(pidfd)
                         child.reap()
                         self.ended_at = now
-                        # Nothing outlives its call: kill what the leader left behind.
-                        self.execution.kill_all()
-                        self.swept = True
+                        self._end_leftovers()
                         self.drain_until = now + DRAIN_LIMIT_S
                     elif key.data == "stdin":
                         self._write_stdin(sel)
@@ -195,6 +197,14 @@ class ExecLoop:
         finally:
             sel.close()
             os.close(pidfd)
+
+    def _end_leftovers(self) -> None:
+        """Nothing outlives its call: kill what the leader left behind. When no process or
+        thread was created in the container since the leader was, there is nothing to find,
+        and the two scans of every process are skipped."""
+        if not proctree.no_task_since(self.child.pid, self.started_at, self.pid_max):
+            self.execution.kill_all()
+        self.swept = True
 
     def _write_stdin(self, sel: selectors.BaseSelector) -> None:
         stdin = self.child.stdin

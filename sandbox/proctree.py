@@ -12,9 +12,15 @@ import itertools
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 PROC = "/proc"
+LOADAVG = "/proc/loadavg"
+PID_MAX = "/proc/sys/kernel/pid_max"
+TASK_CREATION_FLOOR_NS = 1000
+"""No machine creates tasks faster than one per this many nanoseconds per CPU (a fork or
+a thread costs several microseconds): bounds how soon the pids can wrap round."""
 # Far above any uid/gid a distribution allocates; never owns a file.
 MARKER_BASE = 3_000_000_000
 MARKER_SPAN = 1_000_000
@@ -100,21 +106,70 @@ def signal_marked(marker: int, signum: int) -> int:
     return delivered
 
 
+def last_pid() -> int:
+    """The pid (or thread id) the kernel allocated last in this pid namespace, from
+    ``/proc/loadavg``; 0 when it does not say (gVisor writes 0 there).
+
+    Every process and thread is allocated a pid in every pid namespace above its own, so
+    while this number stays the same no task was created in the container, whatever
+    namespaces the task made for itself.
+    """
+    try:
+        fd = os.open(LOADAVG, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        data = os.read(fd, 128)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    last = data.rsplit(maxsplit=1)[-1:] if data else []
+    return int(last[0]) if last and last[0].isdigit() else 0
+
+
+def no_task_since(pid: int, started: float, pid_max: int) -> bool:
+    """Whether no process or thread was created in the container since ``pid`` was (a
+    command's leader, started at ``time.monotonic()`` ``started`` or later): then none of
+    the command's processes can be left, and the leader's exit needs no sweep.
+
+    ``last_pid`` still being ``pid`` could also mean the pids wrapped round to it, after
+    ``pid_max`` creations; so this holds only while too little time has passed for that,
+    at a creation rate (one per microsecond per CPU) no machine reaches.
+    """
+    if pid <= 0 or last_pid() != pid:
+        return False
+    window_ns = pid_max * TASK_CREATION_FLOOR_NS // (os.cpu_count() or 1)
+    return (time.monotonic() - started) * 1e9 < window_ns
+
+
+def pid_max() -> int:
+    """The kernel's ``pid_max`` (the pids of a namespace wrap round after it); 0 if unknown."""
+    try:
+        with open(PID_MAX) as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
 def kill_marked(marker: int, max_rounds: int = 200) -> int:
     """SIGKILL every marked process until a scan finds none; return processes killed.
 
     A fork bomb may fork between scans, so the scan repeats; processes already killed
     cannot fork, so the set shrinks every round and the pids limit bounds it. A process
     forked during a scan by a parent that exits before the scan reads it can be missed
-    once, so it takes two empty scans in a row to stop.
+    once, so it takes two empty scans in a row to stop, unless no task at all was
+    created in the container while the empty scan ran (``last_pid`` unchanged: a wrap of
+    the pids within one scan is out of reach).
     """
     killed = 0
     empty = 0
     for _ in range(max_rounds):
+        before = last_pid()
         pids = list(marked_pids(marker))
         if not pids:
             empty += 1
-            if empty == 2:
+            if empty == 2 or (before != 0 and last_pid() == before):
                 return killed
             continue
         empty = 0
