@@ -20,13 +20,14 @@ import grpc
 from sandbox import proctree
 from sandbox.cgroup import oom_kill_count
 from sandbox.errors import AgentError
-from sandbox.execloop import ExecLoop
+from sandbox.execloop import DEFAULT_OUTPUT_CAP, ExecLoop
 from sandbox.launch import BASE_ENV, Child, Launcher, ToolUser
 from sandbox.shells import command_shell
 from sandbox.toolstart import DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, ToolStarter, checked_timeout_ms
 from sandbox.v1 import errors_pb2, process_pb2
 
-__all__ = ["BASE_ENV", "DEFAULT_TIMEOUT_MS", "MAX_TIMEOUT_MS", "Execution", "ProcessRunner", "ToolUser"]
+__all__ = ["BASE_ENV", "DEFAULT_TIMEOUT_MS", "MAX_BUFFERED_OUTPUT_CAP", "MAX_TIMEOUT_MS", "Execution", "ProcessRunner",
+           "ToolUser"]
 
 
 @dataclass
@@ -119,6 +120,10 @@ class Execution:
 MAX_PENDING_STDIN = 16 << 20
 """At most this much WriteStdin data may wait for a command to read it."""
 
+MAX_BUFFERED_OUTPUT_CAP = 16 << 20
+"""The largest ``output_cap_bytes`` ExecBuffered takes: two streams' kept bytes in one answer,
+well within the agent's message limit."""
+
 
 def _new_exec_id() -> str:
     """32 random hex digits, the shape of ``uuid.uuid4().hex`` (the uuid module, which nothing
@@ -205,6 +210,22 @@ class ProcessRunner:
             yield loop.exited(oom_before)
         finally:
             self._finish(execution, swept)
+
+    def run_buffered(
+        self, request: process_pb2.ExecRequest, on_start: Callable[[Execution], None] | None = None
+    ) -> process_pb2.ExecEvents:
+        """Run the request's command to its end; its Started, Output... and Exited in one message.
+
+        Both streams' kept bytes (each at most ``output_cap_bytes``) must fit in one message,
+        so a larger cap is refused, naming Exec, which streams."""
+        cap = request.output_cap_bytes or DEFAULT_OUTPUT_CAP
+        if cap > MAX_BUFFERED_OUTPUT_CAP:
+            raise AgentError(errors_pb2.ERROR_REASON_INVALID_ARGUMENT,
+                             f"output_cap_bytes {cap} is over the {MAX_BUFFERED_OUTPUT_CAP} that ExecBuffered "
+                             "answers in one message; use Exec, which streams the output")
+        answer = process_pb2.ExecEvents()
+        answer.events.extend(self.run(request, on_start))
+        return answer
 
     # ---- internals --------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from sandbox.identity import FsIdentity, acting_as, drop_supplementary_groups
 from sandbox.jobs import JobManager, JobsService
 from sandbox.launch import SpawnerLauncher, ToolUser
 from sandbox.ports import PortsService
-from sandbox.process import ProcessRunner
+from sandbox.process import Execution, ProcessRunner
 from sandbox.shell import ShellManager, ShellService
 from sandbox.spawner import Spawner
 from sandbox.v1 import (
@@ -63,7 +63,7 @@ _T = TypeVar("_T")
 
 
 class ProcessService(process_pb2_grpc.ProcessServicer):
-    """Exec, Signal and WriteStdin over the ProcessRunner."""
+    """Exec, ExecBuffered, Signal and WriteStdin over the ProcessRunner."""
 
     def __init__(self, runner: ProcessRunner) -> None:
         self.runner = runner
@@ -72,6 +72,14 @@ class ProcessService(process_pb2_grpc.ProcessServicer):
         self, request: process_pb2.ExecRequest, context: grpc.ServicerContext
     ) -> Iterator[process_pb2.ExecEvent]:
         return stream(context, lambda on_start: self.runner.run(request, on_start))
+
+    def ExecBuffered(
+        self, request: process_pb2.ExecRequest, context: grpc.ServicerContext
+    ) -> process_pb2.ExecEvents:
+        def on_start(execution: Execution) -> None:
+            context.add_callback(execution.cancel)
+
+        return answer(context, lambda: self.runner.run_buffered(request, on_start))
 
     def Signal(
         self, request: process_pb2.SignalRequest, context: grpc.ServicerContext

@@ -302,7 +302,7 @@ def _probe(sandbox: Sandbox) -> Probe | None:
     from harness.engine.exec_result import collect
 
     try:
-        result = collect(sandbox.agent.exec(PROBE_COMMAND, timeout_ms=20_000))
+        result = collect(sandbox.agent.exec_buffered(PROBE_COMMAND, timeout_ms=20_000))
     except CallboxError:
         return None
     if result.exit_code != 0:

@@ -157,7 +157,7 @@ def probe_runsc(engine: DockerEngine, info: Mapping[str, Any], ev: Evidence | No
         return RuntimeProbe(False, f"the sandbox did not start: {exc.message}")
     start_s = time.monotonic() - started
     try:
-        result = collect(sandbox.agent.exec(PROBE_COMMAND, timeout_ms=20_000))
+        result = collect(sandbox.agent.exec_buffered(PROBE_COMMAND, timeout_ms=20_000))
         recorded = _recorded_runtime(engine, sandbox.container_id)
     except CallboxError as exc:
         return RuntimeProbe(False, f"the sandbox started in {start_s:.1f} s but ran no command: {exc.message}",

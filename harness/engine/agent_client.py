@@ -36,7 +36,7 @@ import grpc.experimental
 
 from harness.core.errors import AgentCallError
 from harness.engine.agent_errors import SANDBOX_GONE, sandbox_gone, translate
-from harness.engine.cancel import StreamTracker
+from harness.engine.cancel import StreamTracker, active_scope
 from harness.engine.jobs import JobsClient
 from harness.engine.ports import PortsClient
 from harness.engine.transfer import TransferClient
@@ -56,6 +56,8 @@ from sandbox.v1 import (
 DEFAULT_AGENT_TIMEOUT_MS = 30_000  # the agent's default when a request sets none
 RPC_MARGIN_S = 30.0
 UPLOAD_CHUNK_BYTES = 1 << 20
+OLD_AGENT = ("this sandbox's agent has no ExecBuffered: its image was built by an older callbox; rebuild the "
+             "image (`callbox image build`) and start a new sandbox from it")
 
 
 _TRACKER = StreamTracker()
@@ -95,6 +97,28 @@ _RELAY_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
+
+
+def _exec_request(
+    command: Sequence[str] | str, *, cwd: str, env: Mapping[str, str] | None, stdin: bytes, timeout_ms: int,
+    output_cap_bytes: int, exec_id: str, kill_grace_ms: int, keep_stdin_open: bool,
+) -> process_pb2.ExecRequest:
+    """An ExecRequest: argv when ``command`` is a sequence, ``bash -c`` when a string."""
+    request = process_pb2.ExecRequest(
+        cwd=cwd, env=dict(env or {}), stdin=stdin, timeout_ms=timeout_ms,
+        output_cap_bytes=output_cap_bytes, exec_id=exec_id, kill_grace_ms=kill_grace_ms,
+        keep_stdin_open=keep_stdin_open,
+    )
+    if isinstance(command, str):
+        request.shell = command
+    else:
+        request.argv.args.extend(command)
+    return request
+
+
+def _rpc_timeout(timeout_ms: int) -> float:
+    """Never wait forever on a wedged agent: the command's own limit plus a margin."""
+    return (timeout_ms or DEFAULT_AGENT_TIMEOUT_MS) / 1000 + RPC_MARGIN_S
 
 
 class _CallDetails(
@@ -167,6 +191,7 @@ class AgentClient:
         self._stream_channel = stream_channel
         self.process = process_pb2_grpc.ProcessStub(self.channel)
         self._exec = process_pb2_grpc.ProcessStub(streams).Exec
+        self._exec_buffered = self.process.ExecBuffered
         self._shell_run = shell_pb2_grpc.ShellStub(streams).Run
         self.files = filesystem_pb2_grpc.FilesystemStub(self.channel)
         self.changes = changes_pb2_grpc.ChangesStub(self.channel)
@@ -227,18 +252,11 @@ class AgentClient:
 
         With ``keep_stdin_open`` the command's stdin stays open after ``stdin`` is written;
         :meth:`write_stdin` (with the same ``exec_id``) sends more and closes it."""
-        request = process_pb2.ExecRequest(
-            cwd=cwd, env=dict(env or {}), stdin=stdin, timeout_ms=timeout_ms,
-            output_cap_bytes=output_cap_bytes, exec_id=exec_id, kill_grace_ms=kill_grace_ms,
-            keep_stdin_open=keep_stdin_open,
-        )
-        if isinstance(command, str):
-            request.shell = command
-        else:
-            request.argv.args.extend(command)
+        request = _exec_request(command, cwd=cwd, env=env, stdin=stdin, timeout_ms=timeout_ms,
+                                output_cap_bytes=output_cap_bytes, exec_id=exec_id, kill_grace_ms=kill_grace_ms,
+                                keep_stdin_open=keep_stdin_open)
         if rpc_timeout is None:
-            # Never wait forever on a wedged agent: the command's own limit plus a margin.
-            rpc_timeout = (timeout_ms or DEFAULT_AGENT_TIMEOUT_MS) / 1000 + RPC_MARGIN_S
+            rpc_timeout = _rpc_timeout(timeout_ms)
         stream = self._exec(request, timeout=rpc_timeout)
         try:
             yield from stream
@@ -246,6 +264,51 @@ class AgentClient:
             raise self._failure(error) from None
         finally:
             stream.cancel()
+
+    def exec_buffered(
+        self,
+        command: Sequence[str] | str,
+        *,
+        cwd: str = "",
+        env: Mapping[str, str] | None = None,
+        stdin: bytes = b"",
+        timeout_ms: int = 0,
+        output_cap_bytes: int = 0,
+        exec_id: str = "",
+        kill_grace_ms: int = 0,
+        rpc_timeout: float | None = None,
+    ) -> list[process_pb2.ExecEvent]:
+        """Run a command to its end and return the events :meth:`exec` would yield, all in one
+        answer (``ExecBuffered``: one message each way, no stream), for a caller that does not
+        watch the output as it arrives; ``collect`` takes them as it takes a stream.
+
+        ``output_cap_bytes`` is at most the agent's ``MAX_BUFFERED_OUTPUT_CAP`` (16 MiB; more is refused):
+        a larger cap needs :meth:`exec`. The call is cancelled with the current
+        :class:`~harness.engine.cancel.CallScope`, as :meth:`exec`'s stream is."""
+        request = _exec_request(command, cwd=cwd, env=env, stdin=stdin, timeout_ms=timeout_ms,
+                                output_cap_bytes=output_cap_bytes, exec_id=exec_id, kill_grace_ms=kill_grace_ms,
+                                keep_stdin_open=False)
+        if rpc_timeout is None:
+            rpc_timeout = _rpc_timeout(timeout_ms)
+        scope = active_scope()
+        try:
+            if scope is None:
+                answer = self._exec_buffered(request, timeout=rpc_timeout)
+            else:
+                # Only a call started as a future can be cancelled from another thread.
+                future = self._exec_buffered.future(request, timeout=rpc_timeout)
+                scope.track(future)
+                answer = future.result()
+        except grpc.RpcError as error:
+            if isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise AgentCallError(OLD_AGENT, reason="UNSPECIFIED", grpc_code="UNIMPLEMENTED",
+                                     retryable=False) from None
+            raise self._failure(error) from None
+        except grpc.FutureCancelledError:
+            # What a cancelled Exec stream raises, so callers need not tell the two apart.
+            raise AgentCallError("the call was cancelled", reason="UNSPECIFIED", grpc_code="CANCELLED",
+                                 retryable=False) from None
+        return list(answer.events)
 
     def signal(self, exec_id: str, signum: int) -> int:
         return int(self._unary(self.process.Signal, process_pb2.SignalRequest(exec_id=exec_id, signal=signum))

@@ -43,7 +43,7 @@ def has_server(agent: AgentClient) -> bool:
     """Whether the sandbox's image has the server (the code-interpreter variant's file is there;
     asked with ``test -f``, as the agent's file calls see only the sandbox's writable roots)."""
     try:
-        return collect(agent.exec(["test", "-f", SERVER_ARGV[1]], timeout_ms=10_000)).exit_code == 0
+        return collect(agent.exec_buffered(["test", "-f", SERVER_ARGV[1]], timeout_ms=10_000)).exit_code == 0
     except AgentCallError as error:
         if error.reason == "SPAWN_FAILED":  # an image without even `test` has no server either
             return False

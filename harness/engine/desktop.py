@@ -35,7 +35,7 @@ BROWSER_WINDOW_TIMEOUT_S = 30.0
 def has_desktop(agent: AgentClient) -> bool:
     """Whether the sandbox's image has the desktop (its script is there; asked with ``test -f``)."""
     try:
-        return collect(agent.exec(["test", "-f", DESKTOP_SCRIPT], timeout_ms=10_000)).exit_code == 0
+        return collect(agent.exec_buffered(["test", "-f", DESKTOP_SCRIPT], timeout_ms=10_000)).exit_code == 0
     except AgentCallError as error:
         if error.reason == "SPAWN_FAILED":  # an image without even `test` has no desktop either
             return False
@@ -71,8 +71,8 @@ def pool_prepare(box: LivingSandbox) -> None:
     problem = start_display(box.agent, box.spec.env)
     if problem is not None:
         raise CallboxError(f"the desktop's display did not start in a pooled sandbox: {problem}")
-    window = collect(box.agent.exec(["xdotool", "search", "--sync", "--onlyvisible", "--class", "chromium"],
-                                    env={"DISPLAY": ":1"}, timeout_ms=int(BROWSER_WINDOW_TIMEOUT_S * 1000)))
+    window = collect(box.agent.exec_buffered(["xdotool", "search", "--sync", "--onlyvisible", "--class", "chromium"],
+                                             env={"DISPLAY": ":1"}, timeout_ms=int(BROWSER_WINDOW_TIMEOUT_S * 1000)))
     if window.exit_code != 0:
         raise CallboxError(f"Chromium's window did not show within {BROWSER_WINDOW_TIMEOUT_S:g} s in a pooled "
                            f"desktop sandbox: {window.stderr.data().decode('utf-8', 'replace').strip()[-300:]}")

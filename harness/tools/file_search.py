@@ -166,8 +166,8 @@ def run_search(ctx: ToolContext, args: SearchArgs) -> ToolOutput:
     _check_search_root(agent, args.path)
     timeout_s = ctx.timeout_for(None)
     try:
-        result = collect(agent.exec(search_argv(args), timeout_ms=max(1, int(timeout_s * 1000)),
-                                    output_cap_bytes=SEARCH_OUTPUT_CAP))
+        result = collect(agent.exec_buffered(search_argv(args), timeout_ms=max(1, int(timeout_s * 1000)),
+                                             output_cap_bytes=SEARCH_OUTPUT_CAP))
     except AgentCallError as error:
         if error.message.startswith("rg: command not found"):
             return ToolOutput(text="search needs ripgrep (rg), which this sandbox's image does not have: "

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandbox/v1/process.proto\x12\nsandbox.v1\x1a\x1egoogle/protobuf/duration.proto\"\x14\n\x04\x41rgv\x12\x0c\n\x04\x61rgs\x18\x01 \x03(\t\"\xb1\x02\n\x0b\x45xecRequest\x12 \n\x04\x61rgv\x18\x01 \x01(\x0b\x32\x10.sandbox.v1.ArgvH\x00\x12\x0f\n\x05shell\x18\x02 \x01(\tH\x00\x12\x0b\n\x03\x63wd\x18\x03 \x01(\t\x12-\n\x03\x65nv\x18\x04 \x03(\x0b\x32 .sandbox.v1.ExecRequest.EnvEntry\x12\r\n\x05stdin\x18\x05 \x01(\x0c\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12\x18\n\x10output_cap_bytes\x18\x07 \x01(\x04\x12\x0f\n\x07\x65xec_id\x18\x08 \x01(\t\x12\x15\n\rkill_grace_ms\x18\t \x01(\r\x12\x17\n\x0fkeep_stdin_open\x18\n \x01(\x08\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\t\n\x07\x63ommand\"\x88\x01\n\tExecEvent\x12&\n\x07started\x18\x01 \x01(\x0b\x32\x13.sandbox.v1.StartedH\x00\x12$\n\x06output\x18\x02 \x01(\x0b\x32\x12.sandbox.v1.OutputH\x00\x12$\n\x06\x65xited\x18\x03 \x01(\x0b\x32\x12.sandbox.v1.ExitedH\x00\x42\x07\n\x05\x65vent\"\'\n\x07Started\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0f\n\x07\x65xec_id\x18\x02 \x01(\t\"Y\n\x06Output\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x06stdout\x18\x02 \x01(\x0cH\x00\x12\x10\n\x06stderr\x18\x03 \x01(\x0cH\x00\x12\x16\n\x0e\x64ropped_before\x18\x04 \x01(\x04\x42\x06\n\x04\x64\x61ta\"9\n\x0bStreamStats\x12\x13\n\x0btotal_bytes\x18\x01 \x01(\x04\x12\x15\n\rdropped_bytes\x18\x02 \x01(\x04\"\xd1\x01\n\x06\x45xited\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x0e\n\x06signal\x18\x02 \x01(\x05\x12\x11\n\ttimed_out\x18\x03 \x01(\x08\x12\x12\n\noom_killed\x18\x04 \x01(\x08\x12+\n\x08\x64uration\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\'\n\x06stdout\x18\x06 \x01(\x0b\x32\x17.sandbox.v1.StreamStats\x12\'\n\x06stderr\x18\x07 \x01(\x0b\x32\x17.sandbox.v1.StreamStats\"0\n\rSignalRequest\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x0e\n\x06signal\x18\x02 \x01(\x05\"#\n\x0eSignalResponse\x12\x11\n\tdelivered\x18\x01 \x01(\r\"A\n\x11WriteStdinRequest\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\r\n\x05\x63lose\x18\x03 \x01(\x08\"+\n\x12WriteStdinResponse\x12\x15\n\rpending_bytes\x18\x01 \x01(\x04\x32\xd1\x01\n\x07Process\x12\x38\n\x04\x45xec\x12\x17.sandbox.v1.ExecRequest\x1a\x15.sandbox.v1.ExecEvent0\x01\x12?\n\x06Signal\x12\x19.sandbox.v1.SignalRequest\x1a\x1a.sandbox.v1.SignalResponse\x12K\n\nWriteStdin\x12\x1d.sandbox.v1.WriteStdinRequest\x1a\x1e.sandbox.v1.WriteStdinResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandbox/v1/process.proto\x12\nsandbox.v1\x1a\x1egoogle/protobuf/duration.proto\"\x14\n\x04\x41rgv\x12\x0c\n\x04\x61rgs\x18\x01 \x03(\t\"\xb1\x02\n\x0b\x45xecRequest\x12 \n\x04\x61rgv\x18\x01 \x01(\x0b\x32\x10.sandbox.v1.ArgvH\x00\x12\x0f\n\x05shell\x18\x02 \x01(\tH\x00\x12\x0b\n\x03\x63wd\x18\x03 \x01(\t\x12-\n\x03\x65nv\x18\x04 \x03(\x0b\x32 .sandbox.v1.ExecRequest.EnvEntry\x12\r\n\x05stdin\x18\x05 \x01(\x0c\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\x12\x18\n\x10output_cap_bytes\x18\x07 \x01(\x04\x12\x0f\n\x07\x65xec_id\x18\x08 \x01(\t\x12\x15\n\rkill_grace_ms\x18\t \x01(\r\x12\x17\n\x0fkeep_stdin_open\x18\n \x01(\x08\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\t\n\x07\x63ommand\"\x88\x01\n\tExecEvent\x12&\n\x07started\x18\x01 \x01(\x0b\x32\x13.sandbox.v1.StartedH\x00\x12$\n\x06output\x18\x02 \x01(\x0b\x32\x12.sandbox.v1.OutputH\x00\x12$\n\x06\x65xited\x18\x03 \x01(\x0b\x32\x12.sandbox.v1.ExitedH\x00\x42\x07\n\x05\x65vent\"3\n\nExecEvents\x12%\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x15.sandbox.v1.ExecEvent\"\'\n\x07Started\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x0f\n\x07\x65xec_id\x18\x02 \x01(\t\"Y\n\x06Output\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x06stdout\x18\x02 \x01(\x0cH\x00\x12\x10\n\x06stderr\x18\x03 \x01(\x0cH\x00\x12\x16\n\x0e\x64ropped_before\x18\x04 \x01(\x04\x42\x06\n\x04\x64\x61ta\"9\n\x0bStreamStats\x12\x13\n\x0btotal_bytes\x18\x01 \x01(\x04\x12\x15\n\rdropped_bytes\x18\x02 \x01(\x04\"\xd1\x01\n\x06\x45xited\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x0e\n\x06signal\x18\x02 \x01(\x05\x12\x11\n\ttimed_out\x18\x03 \x01(\x08\x12\x12\n\noom_killed\x18\x04 \x01(\x08\x12+\n\x08\x64uration\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\'\n\x06stdout\x18\x06 \x01(\x0b\x32\x17.sandbox.v1.StreamStats\x12\'\n\x06stderr\x18\x07 \x01(\x0b\x32\x17.sandbox.v1.StreamStats\"0\n\rSignalRequest\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x0e\n\x06signal\x18\x02 \x01(\x05\"#\n\x0eSignalResponse\x12\x11\n\tdelivered\x18\x01 \x01(\r\"A\n\x11WriteStdinRequest\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\r\n\x05\x63lose\x18\x03 \x01(\x08\"+\n\x12WriteStdinResponse\x12\x15\n\rpending_bytes\x18\x01 \x01(\x04\x32\x92\x02\n\x07Process\x12\x38\n\x04\x45xec\x12\x17.sandbox.v1.ExecRequest\x1a\x15.sandbox.v1.ExecEvent0\x01\x12?\n\x0c\x45xecBuffered\x12\x17.sandbox.v1.ExecRequest\x1a\x16.sandbox.v1.ExecEvents\x12?\n\x06Signal\x12\x19.sandbox.v1.SignalRequest\x1a\x1a.sandbox.v1.SignalResponse\x12K\n\nWriteStdin\x12\x1d.sandbox.v1.WriteStdinRequest\x1a\x1e.sandbox.v1.WriteStdinResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,22 +42,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECREQUEST_ENVENTRY']._serialized_end=389
   _globals['_EXECEVENT']._serialized_start=403
   _globals['_EXECEVENT']._serialized_end=539
-  _globals['_STARTED']._serialized_start=541
-  _globals['_STARTED']._serialized_end=580
-  _globals['_OUTPUT']._serialized_start=582
-  _globals['_OUTPUT']._serialized_end=671
-  _globals['_STREAMSTATS']._serialized_start=673
-  _globals['_STREAMSTATS']._serialized_end=730
-  _globals['_EXITED']._serialized_start=733
-  _globals['_EXITED']._serialized_end=942
-  _globals['_SIGNALREQUEST']._serialized_start=944
-  _globals['_SIGNALREQUEST']._serialized_end=992
-  _globals['_SIGNALRESPONSE']._serialized_start=994
-  _globals['_SIGNALRESPONSE']._serialized_end=1029
-  _globals['_WRITESTDINREQUEST']._serialized_start=1031
-  _globals['_WRITESTDINREQUEST']._serialized_end=1096
-  _globals['_WRITESTDINRESPONSE']._serialized_start=1098
-  _globals['_WRITESTDINRESPONSE']._serialized_end=1141
-  _globals['_PROCESS']._serialized_start=1144
-  _globals['_PROCESS']._serialized_end=1353
+  _globals['_EXECEVENTS']._serialized_start=541
+  _globals['_EXECEVENTS']._serialized_end=592
+  _globals['_STARTED']._serialized_start=594
+  _globals['_STARTED']._serialized_end=633
+  _globals['_OUTPUT']._serialized_start=635
+  _globals['_OUTPUT']._serialized_end=724
+  _globals['_STREAMSTATS']._serialized_start=726
+  _globals['_STREAMSTATS']._serialized_end=783
+  _globals['_EXITED']._serialized_start=786
+  _globals['_EXITED']._serialized_end=995
+  _globals['_SIGNALREQUEST']._serialized_start=997
+  _globals['_SIGNALREQUEST']._serialized_end=1045
+  _globals['_SIGNALRESPONSE']._serialized_start=1047
+  _globals['_SIGNALRESPONSE']._serialized_end=1082
+  _globals['_WRITESTDINREQUEST']._serialized_start=1084
+  _globals['_WRITESTDINREQUEST']._serialized_end=1149
+  _globals['_WRITESTDINRESPONSE']._serialized_start=1151
+  _globals['_WRITESTDINRESPONSE']._serialized_end=1194
+  _globals['_PROCESS']._serialized_start=1197
+  _globals['_PROCESS']._serialized_end=1471
 # @@protoc_insertion_point(module_scope)

@@ -159,6 +159,28 @@ class ExecEvent(_message.Message):
 Global___ExecEvent: _TypeAlias = ExecEvent  # noqa: Y015
 
 @_typing.final
+class ExecEvents(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___ExecEvent]:
+        """Started, then any Output, then Exited: in the order Exec sends them."""
+
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___ExecEvent] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecEvents: _TypeAlias = ExecEvents  # noqa: Y015
+
+@_typing.final
 class Started(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

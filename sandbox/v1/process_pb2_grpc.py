@@ -39,6 +39,11 @@ class ProcessStub:
                 request_serializer=sandbox_dot_v1_dot_process__pb2.ExecRequest.SerializeToString,
                 response_deserializer=sandbox_dot_v1_dot_process__pb2.ExecEvent.FromString,
                 _registered_method=True)
+        self.ExecBuffered = channel.unary_unary(
+                '/sandbox.v1.Process/ExecBuffered',
+                request_serializer=sandbox_dot_v1_dot_process__pb2.ExecRequest.SerializeToString,
+                response_deserializer=sandbox_dot_v1_dot_process__pb2.ExecEvents.FromString,
+                _registered_method=True)
         self.Signal = channel.unary_unary(
                 '/sandbox.v1.Process/Signal',
                 request_serializer=sandbox_dot_v1_dot_process__pb2.SignalRequest.SerializeToString,
@@ -59,6 +64,19 @@ class ProcessServicer:
         Output, then exactly one Exited. A command that cannot be started ends
         the stream with a status (reason SPAWN_FAILED) instead of Started.
         Cancelling the RPC kills the command's whole process tree.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExecBuffered(self, request, context):
+        """Exec answered in one message once the command has ended: the events
+        Exec would stream (Started, Output..., Exited), for a caller that does
+        not watch the output as it arrives. Cancelling the RPC kills the
+        command's process tree, as for Exec. A request whose output_cap_bytes
+        could make the answer larger than one message
+        (MAX_BUFFERED_OUTPUT_CAP_BYTES) is refused with INVALID_ARGUMENT: use
+        Exec for it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -86,6 +104,11 @@ def add_ProcessServicer_to_server(servicer, server):
                     servicer.Exec,
                     request_deserializer=sandbox_dot_v1_dot_process__pb2.ExecRequest.FromString,
                     response_serializer=sandbox_dot_v1_dot_process__pb2.ExecEvent.SerializeToString,
+            ),
+            'ExecBuffered': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExecBuffered,
+                    request_deserializer=sandbox_dot_v1_dot_process__pb2.ExecRequest.FromString,
+                    response_serializer=sandbox_dot_v1_dot_process__pb2.ExecEvents.SerializeToString,
             ),
             'Signal': grpc.unary_unary_rpc_method_handler(
                     servicer.Signal,
@@ -125,6 +148,33 @@ class Process:
             '/sandbox.v1.Process/Exec',
             sandbox_dot_v1_dot_process__pb2.ExecRequest.SerializeToString,
             sandbox_dot_v1_dot_process__pb2.ExecEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecBuffered(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandbox.v1.Process/ExecBuffered',
+            sandbox_dot_v1_dot_process__pb2.ExecRequest.SerializeToString,
+            sandbox_dot_v1_dot_process__pb2.ExecEvents.FromString,
             options,
             channel_credentials,
             insecure,

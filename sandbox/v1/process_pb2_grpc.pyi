@@ -37,6 +37,15 @@ class ProcessStub:
     the stream with a status (reason SPAWN_FAILED) instead of Started.
     Cancelling the RPC kills the command's whole process tree.
     """
+    ExecBuffered: _grpc.UnaryUnaryMultiCallable[_process_pb2.ExecRequest, _process_pb2.ExecEvents]
+    """Exec answered in one message once the command has ended: the events
+    Exec would stream (Started, Output..., Exited), for a caller that does
+    not watch the output as it arrives. Cancelling the RPC kills the
+    command's process tree, as for Exec. A request whose output_cap_bytes
+    could make the answer larger than one message
+    (MAX_BUFFERED_OUTPUT_CAP_BYTES) is refused with INVALID_ARGUMENT: use
+    Exec for it.
+    """
     Signal: _grpc.UnaryUnaryMultiCallable[_process_pb2.SignalRequest, _process_pb2.SignalResponse]
     """Send a signal to every process of a running Exec."""
     WriteStdin: _grpc.UnaryUnaryMultiCallable[_process_pb2.WriteStdinRequest, _process_pb2.WriteStdinResponse]
@@ -52,6 +61,15 @@ class ProcessAsyncStub(ProcessStub):
     Output, then exactly one Exited. A command that cannot be started ends
     the stream with a status (reason SPAWN_FAILED) instead of Started.
     Cancelling the RPC kills the command's whole process tree.
+    """
+    ExecBuffered: _aio.UnaryUnaryMultiCallable[_process_pb2.ExecRequest, _process_pb2.ExecEvents]  # type: ignore[assignment]
+    """Exec answered in one message once the command has ended: the events
+    Exec would stream (Started, Output..., Exited), for a caller that does
+    not watch the output as it arrives. Cancelling the RPC kills the
+    command's process tree, as for Exec. A request whose output_cap_bytes
+    could make the answer larger than one message
+    (MAX_BUFFERED_OUTPUT_CAP_BYTES) is refused with INVALID_ARGUMENT: use
+    Exec for it.
     """
     Signal: _aio.UnaryUnaryMultiCallable[_process_pb2.SignalRequest, _process_pb2.SignalResponse]  # type: ignore[assignment]
     """Send a signal to every process of a running Exec."""
@@ -71,6 +89,21 @@ class ProcessServicer(metaclass=_abc_1.ABCMeta):
         Output, then exactly one Exited. A command that cannot be started ends
         the stream with a status (reason SPAWN_FAILED) instead of Started.
         Cancelling the RPC kills the command's whole process tree.
+        """
+
+    @_abc_1.abstractmethod
+    def ExecBuffered(
+        self,
+        request: _process_pb2.ExecRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_process_pb2.ExecEvents, _abc.Awaitable[_process_pb2.ExecEvents]]:
+        """Exec answered in one message once the command has ended: the events
+        Exec would stream (Started, Output..., Exited), for a caller that does
+        not watch the output as it arrives. Cancelling the RPC kills the
+        command's process tree, as for Exec. A request whose output_cap_bytes
+        could make the answer larger than one message
+        (MAX_BUFFERED_OUTPUT_CAP_BYTES) is refused with INVALID_ARGUMENT: use
+        Exec for it.
         """
 
     @_abc_1.abstractmethod

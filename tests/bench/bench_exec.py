@@ -13,9 +13,11 @@ bind-mount directories) is removed in ``finally``, also on Ctrl-C or SIGTERM.
 
 Rows:
 
-1. exec round trip of ``true`` in a live sandbox, vs docker-py ``exec_run`` into the
+1. exec round trip of ``true`` in a live sandbox (``exec_buffered``, the call the harness
+   makes for a command whose output it does not watch), vs docker-py ``exec_run`` into the
    same sandbox container: interleaved (an idle gap between two callbox calls, as
-   between an agent's tool calls) and back to back (1b);
+   between an agent's tool calls) and back to back (1b); 1c: back to back through the
+   streamed ``Exec``;
 2. cold start: ``engine.create`` (create -> agent ready) and create -> first result,
    vs a hardened ``docker run --rm IMAGE true`` through docker-py (same flags as the
    engine's ``_run_container``), plus create+start+wait with the removal untimed;
@@ -343,12 +345,20 @@ def bench_round_trip(box: Sandbox, samples: int, warmup: int) -> dict[str, list[
     agent_durations: list[float] = []
 
     def cb_exec() -> dict[str, float]:
+        # What the harness calls for a command whose output it does not watch as it comes.
         t0 = time.perf_counter_ns()
-        result = collect(box.agent.exec(["true"]))
+        result = collect(box.agent.exec_buffered(["true"]))
         elapsed = ms_since(t0)
         checked(result, "exec true")
         agent_durations.append(result.duration_ms)
         return {"callbox_exec": elapsed}
+
+    def cb_exec_stream() -> dict[str, float]:
+        t0 = time.perf_counter_ns()
+        result = collect(box.agent.exec(["true"]))
+        elapsed = ms_since(t0)
+        checked(result, "exec true (streamed)")
+        return {"callbox_exec_stream": elapsed}
 
     def cb_health() -> dict[str, float]:
         t0 = time.perf_counter_ns()
@@ -372,11 +382,12 @@ def bench_round_trip(box: Sandbox, samples: int, warmup: int) -> dict[str, list[
     out["agent_exec_duration"] = agent_durations[-samples:]
     # The same calls back to back: no idle gap (and no other client's traffic) between two
     # calls of one kind, so the CPUs stay awake; the interleaved figures include wake-ups.
-    for case in (cb_exec, docker_exec_run, cb_health):
+    for case in (cb_exec, docker_exec_run, cb_health, cb_exec_stream):
         block = interleaved("round trip, back to back", [case], samples, warmup)
         for name, values in block.items():
             out[f"{name}_b2b"] = values
-    out["agent_exec_duration_b2b"] = agent_durations[-samples:]
+        if case is cb_exec:
+            out["agent_exec_duration_b2b"] = agent_durations[-samples:]
     return out
 
 
@@ -628,6 +639,10 @@ def build_rows(data: dict[str, list[float]], stream_size: int, memory_samples: s
     add_template_rows(data, add)
     add_snapshot_archive_rows(data, add)
     add_eval_rows(data, add)
+    if "callbox_exec_stream_b2b" in data:
+        add("1c. exec round trip of `true` through the streamed Exec, back to back", "time",
+            data["callbox_exec_stream_b2b"], "docker-py `exec_run`, back to back", data["docker_exec_run_b2b"],
+            "— (info)")
     if "callbox_health" in data:
         add("5a. floor: gRPC unary Health/Check on the agent socket (interleaved)", "time",
             data["callbox_health"], "—", None, "— (info)")

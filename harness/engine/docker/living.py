@@ -526,7 +526,7 @@ def restore_files(sandbox: Sandbox, info: SnapshotInfo) -> None:
         if place.files or place.dirs:
             sandbox.agent.upload_tar(place.path, info.directory / place.file, overwrite=True)
     for argv in link_commands(info.links):
-        result = collect(sandbox.agent.exec(argv, timeout_ms=60_000))
+        result = collect(sandbox.agent.exec_buffered(argv, timeout_ms=60_000))
         if result.exit_code != 0:
             raise SnapshotError(f"cannot recreate the links of snapshot {info.name} in sandbox {sandbox.label}: "
                                 f"{result.stderr.data().decode('utf-8', 'replace').strip()[-300:]}")
