@@ -117,7 +117,7 @@ class ExecLoop:
         execution: Execution,
         started_at: float,
         timeout_ms: int,
-        pid_max: int = 0,
+        wrap_window: float = 0.0,
     ) -> None:
         cap = request.output_cap_bytes or DEFAULT_OUTPUT_CAP
         self.execution = execution
@@ -125,8 +125,9 @@ class ExecLoop:
         self.child = execution.child
         self.wake_r = execution.wake_r
         self.started_at = started_at
-        # The kernel's pid_max (0: unknown, and every exit is swept); see _end_leftovers.
-        self.pid_max = pid_max
+        # Seconds in which the container's pids cannot wrap round (0.0: unknown, and every
+        # exit is swept); see _end_leftovers.
+        self.wrap_window = wrap_window
         self.deadline = started_at + timeout_ms / 1000
         self.grace = (request.kill_grace_ms or DEFAULT_KILL_GRACE_MS) / 1000
         self.kill_at: float | None = None
@@ -202,7 +203,7 @@ class ExecLoop:
         """Nothing outlives its call: kill what the leader left behind. When no process or
         thread was created in the container since the leader was, there is nothing to find,
         and the two scans of every process are skipped."""
-        if not proctree.no_task_since(self.child.pid, self.started_at, self.pid_max):
+        if not proctree.no_task_since(self.child.pid, self.started_at, self.wrap_window):
             self.execution.kill_all()
         self.swept = True
 

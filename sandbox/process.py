@@ -145,7 +145,7 @@ class ProcessRunner:
         self._lock = threading.Lock()
         self._live: dict[str, Execution] = {}
         self._stopping: str | None = None
-        self._pid_max = proctree.pid_max()
+        self._wrap_window = proctree.wrap_window()
 
     # ---- public API -------------------------------------------------------------
 
@@ -202,7 +202,7 @@ class ProcessRunner:
             if on_start is not None:
                 on_start(execution)
             yield process_pb2.ExecEvent(started=process_pb2.Started(pid=child.pid, exec_id=execution.exec_id))
-            loop = ExecLoop(request, execution, started_at, timeout_ms, self._pid_max)
+            loop = ExecLoop(request, execution, started_at, timeout_ms, self._wrap_window)
             yield from loop.events()
             swept = loop.swept
             if self._stopping is not None and execution.cancelled.is_set():

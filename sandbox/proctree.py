@@ -112,44 +112,55 @@ def last_pid() -> int:
 
     Every process and thread is allocated a pid in every pid namespace above its own, so
     while this number stays the same no task was created in the container, whatever
-    namespaces the task made for itself.
+    namespaces the task made for itself. The file is opened once and read with ``pread``
+    at offset 0, which the kernel renders afresh.
     """
-    try:
-        fd = os.open(LOADAVG, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    fd = _loadavg_fd(LOADAVG)
+    if fd is None:
         return 0
     try:
-        data = os.read(fd, 128)
+        data = os.pread(fd, 128, 0)
     except OSError:
         return 0
-    finally:
-        os.close(fd)
-    last = data.rsplit(maxsplit=1)[-1:] if data else []
+    last = data.rsplit(maxsplit=1)[-1:]
     return int(last[0]) if last and last[0].isdigit() else 0
 
 
-def no_task_since(pid: int, started: float, pid_max: int) -> bool:
+_open_lock = threading.Lock()
+_loadavg_fds: dict[str, int | None] = {}
+
+
+def _loadavg_fd(path: str) -> int | None:
+    with _open_lock:
+        if path not in _loadavg_fds:
+            try:
+                _loadavg_fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                _loadavg_fds[path] = None
+        return _loadavg_fds[path]
+
+
+def wrap_window() -> float:
+    """Seconds in which the pids of this namespace cannot wrap round: ``pid_max`` creations
+    at a rate (one per microsecond per CPU) no machine reaches; 0.0 when ``pid_max`` is
+    unknown."""
+    try:
+        with open(PID_MAX) as f:
+            pid_max = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0.0
+    return pid_max * TASK_CREATION_FLOOR_NS / 1e9 / (os.cpu_count() or 1)
+
+
+def no_task_since(pid: int, started: float, window: float) -> bool:
     """Whether no process or thread was created in the container since ``pid`` was (a
     command's leader, started at ``time.monotonic()`` ``started`` or later): then none of
     the command's processes can be left, and the leader's exit needs no sweep.
 
-    ``last_pid`` still being ``pid`` could also mean the pids wrapped round to it, after
-    ``pid_max`` creations; so this holds only while too little time has passed for that,
-    at a creation rate (one per microsecond per CPU) no machine reaches.
+    ``last_pid`` still being ``pid`` could also mean the pids wrapped round to it; so this
+    holds only within ``window`` seconds (``wrap_window``) of ``started``.
     """
-    if pid <= 0 or last_pid() != pid:
-        return False
-    window_ns = pid_max * TASK_CREATION_FLOOR_NS // (os.cpu_count() or 1)
-    return (time.monotonic() - started) * 1e9 < window_ns
-
-
-def pid_max() -> int:
-    """The kernel's ``pid_max`` (the pids of a namespace wrap round after it); 0 if unknown."""
-    try:
-        with open(PID_MAX) as f:
-            return int(f.read().strip() or 0)
-    except (OSError, ValueError):
-        return 0
+    return pid > 0 and last_pid() == pid and time.monotonic() - started < window
 
 
 def kill_marked(marker: int, max_rounds: int = 200) -> int:
