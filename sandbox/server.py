@@ -33,7 +33,7 @@ from sandbox.v1 import (
     process_pb2_grpc,
     shell_pb2_grpc,
 )
-from sandbox.workers import WorkerPool
+from sandbox.workers import CORE_WORKERS, WorkerPool
 
 log = logging.getLogger("callbox.agent")
 
@@ -42,9 +42,6 @@ EXPIRY_FILE = "expires"
 EXPIRY_RECHECK_S = 5.0
 TOP_UP_S = 0.5
 """How often workers are tried again while calls wait for one (see ``WorkerPool.top_up``)."""
-CORE_WORKERS = 8
-"""RPC threads an idle agent keeps: health, Signal, WriteStdin, file operations and a few
-commands are served by them even when a fork bomb holds every pid."""
 QUIESCE_SIGNAL = signal.SIGUSR2
 """Asks the agent to close its socket for a memory snapshot, until the harness writes
 ``RESUME_FILE`` (see ``_quiesce``)."""
