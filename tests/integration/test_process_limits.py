@@ -13,8 +13,9 @@ from harness.core.errors import AgentCallError
 from harness.engine.docker.container import AGENT_PIDS_RESERVE
 from harness.engine.exec_result import ExecResult
 from sandbox import health
-from sandbox.server import CORE_WORKERS
 from sandbox.watch import MAX_ACTIVE
+from sandbox.workers import AGENT_OTHER_THREADS, CORE_WORKERS
+from tests.conftest import RUNTIME
 from tests.integration.helpers import run
 
 pytestmark = pytest.mark.docker
@@ -74,6 +75,8 @@ def test_with_every_pid_taken_and_every_worker_held_a_call_waits_for_a_free_work
     pids = 64
     box = make_sandbox(pids=pids)
     assert run(box, "mkdir -p /tmp/held").exit_code == 0
+    if RUNTIME == "runc":  # idle: docker-init, the spawner and the agent's threads (gVisor counts its own)
+        assert box.stats().pids == 2 + AGENT_OTHER_THREADS + CORE_WORKERS
     assert MAX_ACTIVE >= CORE_WORKERS
     # Watches hold a worker each for as long as they are open, and need no pid.
     watches = [box.agent.transfer.watch("/tmp/held") for _ in range(CORE_WORKERS)]
