@@ -83,9 +83,11 @@ def _open_scratch_tmp(path: str | None) -> None:
         os.chmod(path, 0o1777)  # noqa: S103 (a fresh, empty tmpfs: what /tmp is everywhere)
 
 
-DEFERRED_MODULES = ("asyncio", "grpc.aio")
-"""Imported by gRPC for its asyncio API, which the agent never uses: asyncio (and ssl with it)
-would cost each sandbox about 3.4 MiB, so they are only imported if something touches them."""
+DEFERRED_MODULES = ("asyncio", "grpc.aio", "google.protobuf.internal.python_message")
+"""Imported but never used by the agent, so imported only if something touches them: asyncio
+(and ssl with it) and gRPC's asyncio API, which gRPC imports at once (3.4 MiB per sandbox);
+protobuf's pure-Python message classes (and its text format with them), which its upb classes
+replace (1 MiB)."""
 
 
 def _defer(names: tuple[str, ...]) -> None:

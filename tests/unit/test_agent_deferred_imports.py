@@ -1,4 +1,5 @@
-"""The agent defers modules gRPC imports but the agent never uses (asyncio, gRPC's asyncio API):
+"""The agent defers modules gRPC and protobuf import but the agent never uses (asyncio, gRPC's
+asyncio API, protobuf's pure-Python messages):
 importing gRPC and serving leaves them unloaded, and the first real use loads them."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ server.start()
 with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
     assert health.check(channel, 10) == SERVING
 assert "asyncio.events" not in sys.modules and "ssl" not in sys.modules, sorted(sys.modules)
+assert "google.protobuf.text_format" not in sys.modules, sorted(sys.modules)
 import asyncio
 assert asyncio.run(asyncio.sleep(0, "real")) == "real"
 assert "asyncio.events" in sys.modules and grpc.aio.insecure_channel is not None
