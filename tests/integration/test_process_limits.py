@@ -96,7 +96,7 @@ def test_with_every_pid_taken_and_every_worker_held_a_call_waits_for_a_free_work
         # a new command gets a worker too, and is refused as retryable: its process gets no pid
         with pytest.raises(AgentCallError) as refused:
             run(box, ["true"], rpc_timeout=10)
-        assert refused.value.retryable and "process limit is reached" in str(refused.value)
+        assert (refused.value.reason, refused.value.retryable) == ("BUSY", True), refused.value
     finally:
         for watch in watches:
             watch.close()
