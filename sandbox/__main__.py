@@ -83,6 +83,30 @@ def _open_scratch_tmp(path: str | None) -> None:
         os.chmod(path, 0o1777)  # noqa: S103 (a fresh, empty tmpfs: what /tmp is everywhere)
 
 
+DEFERRED_MODULES = ("asyncio", "grpc.aio", "google.protobuf.internal.python_message")
+"""Imported but never used by the agent, so imported only if something touches them: asyncio
+(and ssl with it) and gRPC's asyncio API, which gRPC imports at once (3.4 MiB per sandbox);
+protobuf's pure-Python message classes (and its text format with them), which its upb classes
+replace (1 MiB)."""
+
+
+def _defer(names: tuple[str, ...]) -> None:
+    """Stand a placeholder in for each module in ``names`` not imported yet: importing the name
+    binds the placeholder, and the first use of one of its attributes imports the real module."""
+    import importlib
+    import types
+
+    class Deferred(types.ModuleType):
+        def __getattr__(self, attribute: str) -> object:
+            if sys.modules.get(self.__name__) is self:
+                del sys.modules[self.__name__]
+            return getattr(importlib.import_module(self.__name__), attribute)
+
+    for name in names:
+        if name not in sys.modules:
+            sys.modules[name] = Deferred(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     if "--gvisor" in (sys.argv[1:] if argv is None else argv):
         # before the spawner's fork and its thread: the filter must cover every thread
@@ -99,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
     import logging
 
+    _defer(DEFERRED_MODULES)
     from sandbox.server import AgentConfig, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import logging
 import os
-import queue
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent import futures
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
 
 import grpc
 
@@ -37,12 +33,15 @@ from sandbox.v1 import (
     process_pb2_grpc,
     shell_pb2_grpc,
 )
+from sandbox.workers import CORE_WORKERS, WorkerPool
 
 log = logging.getLogger("callbox.agent")
 
 MAX_MESSAGE_BYTES = 64 << 20
 EXPIRY_FILE = "expires"
 EXPIRY_RECHECK_S = 5.0
+TOP_UP_S = 0.5
+"""How often workers are tried again while calls wait for one (see ``WorkerPool.top_up``)."""
 QUIESCE_SIGNAL = signal.SIGUSR2
 """Asks the agent to close its socket for a memory snapshot, until the harness writes
 ``RESUME_FILE`` (see ``_quiesce``)."""
@@ -59,7 +58,6 @@ QUIESCE_GRACE_S = 1.0
 """Calls under way get this long to end before the socket closes (idle connections close at once)."""
 QUIESCE_MAX_S = 120.0
 """The agent listens again after this long without a resume (a harness that died meanwhile)."""
-_T = TypeVar("_T")
 
 
 class ProcessService(process_pb2_grpc.ProcessServicer):
@@ -104,78 +102,10 @@ class AgentConfig:
     spare_workers: int = 40
     """RPC threads beyond one per concurrent command: health, Signal, file operations and the
     long-lived streams (job attaches, terminals, tunnels, watches), each of which holds one."""
+    core_workers: int = CORE_WORKERS
+    """RPC threads started up front and kept: what serves when no pid is left to start more."""
     spawner: Spawner | None = None
     """Starts tool processes; None starts them from this process (slower, for tests)."""
-
-
-class PrestartedPool(futures.Executor):
-    """A fixed set of worker threads, all running before the first RPC.
-
-    Threads count against the container's pids limit. A fork bomb in the sandbox can
-    use up every pid; a pool that starts threads on demand would then fail to start
-    one, and gRPC's request loop would wedge. Starting them all now means serving
-    never needs a new thread.
-
-    gRPC's server only submits calls and watches their futures. The workers are started
-    with ``_thread`` rather than as ``threading.Thread`` objects: those start one at a
-    time, each waiting for the new thread to run, which makes a pool of 72 cost several
-    milliseconds more of the agent's start-up; here all are started back to back and
-    one barrier waits for them together.
-    """
-
-    def __init__(self, workers: int) -> None:
-        self._queue: queue.SimpleQueue[_WorkItem | None] = queue.SimpleQueue()
-        self._workers = workers
-        self._shutdown = False
-        self._lock = threading.Lock()
-        barrier = threading.Barrier(workers + 1)
-        for _ in range(workers):
-            _thread.start_new_thread(self._work, (barrier,))
-        barrier.wait()
-
-    def _work(self, barrier: threading.Barrier) -> None:
-        barrier.wait()
-        while (item := self._queue.get()) is not None:
-            item.run()
-            del item  # the finished call's arguments and result are not kept alive
-
-    def submit(
-        self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any
-    ) -> futures.Future[_T]:
-        future: futures.Future[_T] = futures.Future()
-        with self._lock:
-            if self._shutdown:
-                raise RuntimeError("cannot schedule new futures after shutdown")
-            self._queue.put(_WorkItem(future, fn, args, kwargs))
-        return future
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Stop the workers once the queued calls are done (``wait`` is not supported:
-        workers busy in a long-lived call are daemon threads the process may exit over)."""
-        with self._lock:
-            if self._shutdown:
-                return
-            self._shutdown = True
-            for _ in range(self._workers):
-                self._queue.put(None)
-
-
-class _WorkItem:
-    __slots__ = ("args", "fn", "future", "kwargs")
-
-    def __init__(self, future: futures.Future[Any], fn: Callable[..., Any], args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> None:
-        self.future, self.fn, self.args, self.kwargs = future, fn, args, kwargs
-
-    def run(self) -> None:
-        if not self.future.set_running_or_notify_cancel():
-            return
-        try:
-            result = self.fn(*self.args, **self.kwargs)
-        except BaseException as exc:  # handed to the future, as ThreadPoolExecutor does
-            self.future.set_exception(exc)
-        else:
-            self.future.set_result(result)
 
 
 @dataclass(frozen=True)
@@ -186,6 +116,7 @@ class Agent:
     runner: ProcessRunner
     jobs: JobManager
     health: HealthService
+    pool: WorkerPool
     renew: Callable[[], grpc.Server]
     """A new server with the same services and workers (a stopped one cannot listen again)."""
 
@@ -195,7 +126,7 @@ def build_server(config: AgentConfig) -> Agent:
     runner = ProcessRunner(config.user, config.workspace, config.max_concurrent, launcher)
     identity = FsIdentity(config.user.uid, config.user.gid) if config.user else None
     workers = config.max_concurrent + config.spare_workers
-    pool = PrestartedPool(workers)
+    pool = WorkerPool(config.core_workers, workers)
     process = ProcessService(runner)
     filesystem = FilesystemService(roots=list(config.roots), workspace=config.workspace, identity=identity)
     changes = ChangesService(filesystem)
@@ -224,7 +155,7 @@ def build_server(config: AgentConfig) -> Agent:
         server.add_generic_rpc_handlers((health.handler(),))
         return server
 
-    return Agent(renew(), runner, jobs, health, renew)
+    return Agent(renew(), runner, jobs, health, pool, renew)
 
 
 def _expired(expiry_file: str, owner: FsIdentity | None) -> bool:
@@ -336,8 +267,9 @@ def serve(config: AgentConfig) -> int:
     expiry_file = os.path.join(os.path.dirname(config.socket), EXPIRY_FILE)
     why = "its container is being stopped: the Docker engine stopped or restarted, or `docker stop`"
     while True:
-        wake.wait(timeout=EXPIRY_RECHECK_S)
+        wake.wait(timeout=TOP_UP_S if agent.pool.waiting else EXPIRY_RECHECK_S)
         wake.clear()
+        agent.pool.top_up()
         if stop.is_set():
             break
         if quiesce.is_set():

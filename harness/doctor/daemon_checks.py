@@ -25,6 +25,7 @@ from harness.doctor.evidence import (
     under_gvisor,
 )
 from harness.doctor.report import CheckResult, result_maker
+from sandbox.workers import AGENT_OTHER_THREADS, CORE_WORKERS
 
 LEAKY_VESSELS = "CVE-2024-21626"
 RUNC_2025 = ("CVE-2025-31133", "CVE-2025-52565", "CVE-2025-52881")
@@ -261,10 +262,12 @@ def check_packet_filter(problem: str | None, remote_engine: bool) -> CheckResult
                         "filters that keep them from the host, each other and link-local metadata")
 
 
-PIDS_PER_IDLE_SANDBOX = 95
-"""Host pids an idle sandbox holds: the agent's 82 threads (its request threads are all
-started before the first request, so a fork bomb cannot keep it from serving), its
-spawner, docker-init, and about 10 threads of its containerd-shim."""
+SHIM_THREADS = 11
+"""Threads of a sandbox's containerd-shim (outside its cgroup, but host pids all the same)."""
+PIDS_PER_IDLE_SANDBOX = CORE_WORKERS + AGENT_OTHER_THREADS + 2 + SHIM_THREADS
+"""Host pids an idle sandbox holds (31): the agent's core of RPC workers (kept so that a fork
+bomb cannot keep it from serving; more start on demand and end when idle) and its other
+threads, its spawner, docker-init, and its containerd-shim's threads."""
 
 
 def check_pid_max(pid_max: int | None, remote_engine: bool) -> CheckResult:

@@ -5,11 +5,17 @@ from __future__ import annotations
 import threading
 import time
 
+import grpc
 import psutil
 import pytest
 
 from harness.core.errors import AgentCallError
+from harness.engine.docker.container import AGENT_PIDS_RESERVE
 from harness.engine.exec_result import ExecResult
+from sandbox import health
+from sandbox.watch import MAX_ACTIVE
+from sandbox.workers import AGENT_OTHER_THREADS, CORE_WORKERS
+from tests.conftest import RUNTIME
 from tests.integration.helpers import run
 
 pytestmark = pytest.mark.docker
@@ -43,6 +49,63 @@ def test_background_process_does_not_outlive_its_call(sandbox):
     assert result.stdout.data() == b"started\n"
     assert time.monotonic() - started < 5
     assert run(sandbox, "ps -e -o comm= | grep -c '^sleep$' || true").stdout.data().strip() == b"0"
+
+
+HOLD_EVERY_PID = """
+import os, time
+while True:
+    try:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+    except BlockingIOError:
+        break
+print("every pid taken", flush=True)
+time.sleep(60)
+"""
+"""A fork bomb that keeps what it took: unlike a shell bomb, whose failing forks end and free
+pids all the time, no pid comes free while it runs."""
+
+
+def test_with_every_pid_taken_and_every_worker_held_a_call_waits_for_a_free_worker(make_sandbox):
+    """The agent keeps only a small core of RPC workers and starts more on demand. A fork bomb
+    that takes every pid while long-lived calls hold every worker: a new call cannot get a
+    thread, so it waits (it is neither refused nor lost, and the agent keeps serving), and it
+    is answered as soon as a worker comes free."""
+    pids = 64
+    box = make_sandbox(pids=pids)
+    assert run(box, "mkdir -p /tmp/held").exit_code == 0
+    if RUNTIME == "runc":  # idle: docker-init, the spawner and the agent's threads (gVisor counts its own)
+        assert box.stats().pids == 2 + AGENT_OTHER_THREADS + CORE_WORKERS
+    assert MAX_ACTIVE >= CORE_WORKERS
+    # Watches hold a worker each for as long as they are open, and need no pid.
+    watches = [box.agent.transfer.watch("/tmp/held") for _ in range(CORE_WORKERS)]
+    outcome: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault(
+        "bomb", run(box, ["python3", "-c", HOLD_EVERY_PID], timeout_ms=7_000)))
+    thread.start()  # its Exec takes one more worker, started on demand while pids were free
+    try:
+        deadline = time.monotonic() + 10
+        while box.stats().pids < pids + AGENT_PIDS_RESERVE:
+            assert time.monotonic() < deadline, "the bomb never took every pid"
+        with pytest.raises(grpc.RpcError) as waited:
+            health.check(box.agent.channel, timeout=1.5)
+        assert waited.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        watches.pop().close()  # a worker comes free
+        assert box.agent.health(timeout=10) == health.SERVING
+        # a new command gets a worker too, and is refused as retryable: its process gets no pid
+        with pytest.raises(AgentCallError) as refused:
+            run(box, ["true"], rpc_timeout=10)
+        assert (refused.value.reason, refused.value.retryable) == ("BUSY", True), refused.value
+    finally:
+        for watch in watches:
+            watch.close()
+        thread.join(30)
+    assert not thread.is_alive()
+    bomb = outcome["bomb"]
+    assert isinstance(bomb, ExecResult) and bomb.timed_out
+    assert bomb.stdout.data() == b"every pid taken\n"
+    assert run(box, ["true"]).exit_code == 0
 
 
 def test_memory_hog_is_reported_oom_killed(make_sandbox):

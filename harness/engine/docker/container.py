@@ -26,11 +26,10 @@ from harness.engine.docker.sandbox import AGENT_SOCKET_NAME
 from harness.engine.spec import AGENT_DIR, TMP, SandboxSpec
 
 AGENT_SOCKET = f"{AGENT_DIR}/{AGENT_SOCKET_NAME}"
-# The agent starts its RPC threads up front (32 commands + 40 spare, for the long-lived
-# streams of attached jobs, terminals, tunnels and watches) so a fork bomb cannot starve
-# it; they, gRPC's own threads and a thread per terminal or tunnel count against the pids
-# limit, so the engine adds this reserve on top of the spec's limit, which is what tool
-# processes get.
+# The agent's RPC threads (a core of 8 kept, up to 72 started on demand: 32 commands + 40
+# for the long-lived streams of attached jobs, terminals, tunnels and watches), gRPC's own
+# threads and a thread per terminal or tunnel count against the pids limit, so the engine
+# adds this reserve on top of the spec's limit, which is what tool processes get.
 AGENT_MAX_CONCURRENT = 32
 AGENT_PIDS_RESERVE = 128
 
