@@ -117,10 +117,14 @@ SCRATCH_DIRS = ("/workspace", "/tmp")
 
 @pytest.fixture
 def clean_sandbox(module_sandbox):  # type: ignore[no-untyped-def]
-    """The module's shared sandbox, its scratch directories emptied before the test (as the tool
-    user, who made everything in them). Processes a test starts are its own to end."""
+    """The module's shared sandbox, reset before the test to what a test can tell from a fresh
+    one: no persistent shell session (the ``bash`` tool's, with its processes, is killed and
+    forgotten, so the next call starts one as in a new sandbox) and empty scratch directories
+    (emptied as the tool user, who made everything in them). Other processes a test starts are
+    its own to end."""
     from harness.engine.exec_result import collect
 
+    module_sandbox.agent.shell_close("default")
     dirs = " ".join(SCRATCH_DIRS)
     script = f"find {dirs} -mindepth 1 -delete && test -z \"$(find {dirs} -mindepth 1 -print -quit)\""
     result = collect(module_sandbox.agent.exec(script))
