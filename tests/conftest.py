@@ -94,6 +94,44 @@ def sandbox(make_sandbox):  # type: ignore[no-untyped-def]
     return make_sandbox()
 
 
+@pytest.fixture(scope="module")
+def module_sandbox(engine) -> Iterator[object]:  # type: ignore[no-untyped-def]
+    """One default sandbox shared by a module's tests; use it through ``clean_sandbox``.
+
+    A sandbox costs about a second to start (more under gVisor or on the Ray cluster), so a
+    module whose tests only need a default sandbox with empty scratch directories shares one.
+    A test that needs more (its own spec, a mount, a container of its own to kill, a second
+    sandbox to tell apart) keeps ``sandbox``/``make_sandbox``."""
+    from harness.engine.spec import SandboxSpec
+
+    box = engine.create(SandboxSpec(image=IMAGE, runtime=RUNTIME))
+    try:
+        yield box
+    finally:
+        box.destroy()
+
+
+SCRATCH_DIRS = ("/workspace", "/tmp")
+"""The directories a sandbox's tool processes may write to; ``clean_sandbox`` empties them."""
+
+
+@pytest.fixture
+def clean_sandbox(module_sandbox):  # type: ignore[no-untyped-def]
+    """The module's shared sandbox, reset before the test to what a test can tell from a fresh
+    one: no persistent shell session (the ``bash`` tool's, with its processes, is killed and
+    forgotten, so the next call starts one as in a new sandbox) and empty scratch directories
+    (emptied as the tool user, who made everything in them). Other processes a test starts are
+    its own to end."""
+    from harness.engine.exec_result import collect
+
+    module_sandbox.agent.shell_close("default")
+    dirs = " ".join(SCRATCH_DIRS)
+    script = f"find {dirs} -mindepth 1 -delete && test -z \"$(find {dirs} -mindepth 1 -print -quit)\""
+    result = collect(module_sandbox.agent.exec(script))
+    assert result.exit_code == 0, f"could not reset the shared sandbox: {result.stderr.data()!r}"
+    return module_sandbox
+
+
 @pytest.fixture(scope="session")
 def destination():  # type: ignore[no-untyped-def]
     """Servers in a network namespace this test session owns (see tests/netdest.py): the

@@ -69,6 +69,14 @@ def remote_client(relay: AgentRelay, box: Any, token: str | None = None,
 
 
 @pytest.fixture
+def sandbox(clean_sandbox: Any) -> Any:
+    """The module's shared sandbox (reset before each test): the relay's guarantees hold for any
+    sandbox, and each test registers it with a relay of its own. Tests that kill or destroy
+    their sandbox, or need two, still make their own."""
+    return clean_sandbox
+
+
+@pytest.fixture
 def remote(relay: AgentRelay, sandbox: Any) -> Iterator[AgentClient]:
     with remote_client(relay, sandbox) as client:
         yield client
@@ -286,8 +294,9 @@ def test_a_peer_that_vanishes_fails_the_call_within_seconds_and_the_relay_cancel
 # ---- who may call ------------------------------------------------------------------------
 
 
-def test_a_wrong_token_and_an_unknown_sandbox_are_refused_alike(relay: AgentRelay, make_sandbox: Any) -> None:
-    first, second = make_sandbox(), make_sandbox()
+def test_a_wrong_token_and_an_unknown_sandbox_are_refused_alike(relay: AgentRelay, sandbox: Any,
+                                                                  make_sandbox: Any) -> None:
+    first, second = sandbox, make_sandbox()  # a second sandbox of its own: two ids, two tokens
     token = relay.register(first.id, socket_of(first))
     other = relay.register(second.id, socket_of(second))
     assert token != other and relay.register(first.id, socket_of(first)) == token
@@ -385,7 +394,7 @@ def test_a_restarted_relay_accepts_the_old_token_and_the_client_reconnects(state
 
 
 def test_a_sandbox_killed_mid_call_reads_as_gone(make_sandbox: Any, relay: AgentRelay) -> None:
-    box = make_sandbox()
+    box = make_sandbox()  # killed or destroyed here: a sandbox of its own
     with remote_client(relay, box) as client:
         events = client.exec("exec sleep 100", timeout_ms=60_000)
         started(events)
@@ -397,7 +406,7 @@ def test_a_sandbox_killed_mid_call_reads_as_gone(make_sandbox: Any, relay: Agent
 
 def test_a_sandbox_destroyed_by_its_host_mid_call_reads_as_gone(make_sandbox: Any, relay: AgentRelay) -> None:
     """As the node's host destroys one: unregistered from the relay first, then removed."""
-    box = make_sandbox()
+    box = make_sandbox()  # killed or destroyed here: a sandbox of its own
     with remote_client(relay, box) as client:
         events = client.exec("exec sleep 100", timeout_ms=60_000)
         started(events)

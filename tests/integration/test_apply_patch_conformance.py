@@ -155,10 +155,10 @@ def _context(box: Any, call_id: str) -> ToolContext:
 
 
 @pytest.mark.parametrize("name", _scenario_names())
-def test_codex_scenario(name, make_sandbox):
+def test_codex_scenario(name, clean_sandbox):
     scenario = SCENARIOS / name
-    box = make_sandbox()
-    assert sandbox_tree(box.agent) == {}, "a fresh sandbox's workspace must start empty"
+    box = clean_sandbox  # the module's shared sandbox, its workspace emptied for each scenario
+    assert sandbox_tree(box.agent) == {}, "each scenario's workspace must start empty"
     copy_in(box.agent, scenario / "input")
     assert sandbox_tree(box.agent) == host_tree(scenario / "input"), "the input must arrive byte for byte"
 
@@ -177,9 +177,9 @@ def test_codex_scenario(name, make_sandbox):
         assert output.error is None
 
 
-def test_partial_success_is_reported_in_structured_output(sandbox):
+def test_partial_success_is_reported_in_structured_output(clean_sandbox):
     patch = (SCENARIOS / "015_failure_after_partial_success_leaves_changes" / "patch.txt").read_text()
-    output = APPLY_PATCH.handler(_context(sandbox, "c-015"), ApplyPatchArgs(patch=patch))
+    output = APPLY_PATCH.handler(_context(clean_sandbox, "c-015"), ApplyPatchArgs(patch=patch))
     assert output.is_error
     assert output.structured == {"applied": False, "added": ["created.txt"], "modified": [], "deleted": []}
 

@@ -219,6 +219,13 @@ def test_a_lone_surrogate_is_refused_by_the_schema():
 # ---- write_file ------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def sandbox(clean_sandbox: Any) -> Any:
+    """For the tests that write: the module's shared default sandbox with an empty workspace
+    (``box``, with its tree, stays read-only)."""
+    return clean_sandbox
+
+
 def test_write_creates_parents_and_reports_bytes(sandbox):
     out = write(sandbox, path="a/b/c.txt", content="héllo\n")
     assert (out.is_error, out.text) == (False, "Wrote 7 bytes to a/b/c.txt (new file).")

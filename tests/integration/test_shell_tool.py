@@ -50,6 +50,13 @@ def _split(text: str) -> tuple[re.Match[str], str]:
     return match, text[match.end():]
 
 
+@pytest.fixture
+def sandbox(clean_sandbox: Any) -> Any:
+    """The module's shared sandbox (reset before each test): these tests read what one command
+    printed. Those that go through a Session start the Session's own."""
+    return clean_sandbox
+
+
 def test_success_is_codex_text(sandbox):
     out = _shell(sandbox, "echo hello; echo world")
     match, body = _split(out.text)

@@ -63,6 +63,13 @@ def read_back(box: Any, path: str) -> bytes:
             return b"".join(pieces)
 
 
+@pytest.fixture
+def sandbox(clean_sandbox: Any) -> Any:
+    """The module's shared sandbox (reset before each test): each test uploads into a directory
+    of its own and reads it back."""
+    return clean_sandbox
+
+
 def test_nested_directories_and_files_upload_and_read_back_as_the_tool_user(sandbox):
     rng = random.Random(7)
     files = {

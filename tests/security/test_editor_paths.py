@@ -29,6 +29,7 @@ import pytest
 from harness.core.context import ToolContext
 from harness.engine.exec_result import collect
 from harness.tools.editor import EDITOR, EditorArgs
+from harness.tools.editor_history import HISTORY
 
 pytestmark = pytest.mark.docker
 
@@ -66,9 +67,15 @@ def call(box: Any, **arguments: Any) -> tuple[Any, int]:
 
 
 @pytest.fixture
-def box(sandbox):  # type: ignore[no-untyped-def]
+def box(clean_sandbox):  # type: ignore[no-untyped-def]
+    """The module's shared sandbox, set up afresh for each test: scratch directories and the
+    witness emptied, no undo history, then the links and the secret. Each test compares the
+    witness before and after its own calls, so a refusal that failed still shows in that test."""
+    sandbox = clean_sandbox
+    HISTORY.forget(sandbox.id)
     sh(sandbox, f"""
         set -e
+        find /dev/shm -mindepth 1 -delete
         printf '%s\\n' '{SECRET}' > /dev/shm/secret.txt
         touch /dev/shm/probe && rm /dev/shm/probe   # the tool user CAN write here; only confinement stops it
         cd /workspace
@@ -186,7 +193,9 @@ def test_the_refusal_names_the_roots(box):
 
 
 def test_a_sibling_whose_name_extends_a_root_is_outside_it(make_sandbox):
-    sibling = make_sandbox(workdir="/dev/sh")  # roots: /dev/sh, ...; /dev/shm exists, is writable, and is not one
+    # A spec of its own (so a sandbox of its own); roots: /dev/sh, ...; /dev/shm exists, is writable, and is
+    # not one.
+    sibling = make_sandbox(workdir="/dev/sh")
     sh(sibling, f"printf '%s\\n' '{SECRET}' > /dev/shm/secret.txt")
     before = outside(sibling)
     for arguments in EDITS:

@@ -15,6 +15,15 @@ from tests.security.engines import ON_RAY, docker_client, listening_neighbours, 
 pytestmark = pytest.mark.docker
 
 
+@pytest.fixture
+def sandbox(clean_sandbox):  # type: ignore[no-untyped-def]
+    """The module's shared default sandbox (reset before each test): these tests read the
+    defaults of a default sandbox, and the one attack among them (on the agent) would break
+    the sandbox for every later test too, so it cannot pass unseen. Tests that need a spec of
+    their own (mounts, env) still make their own sandbox."""
+    return clean_sandbox
+
+
 def test_tool_processes_are_unprivileged(sandbox):
     status = run(sandbox, "grep -E '^(Uid|CapEff|CapPrm|NoNewPrivs):' /proc/self/status").stdout.data().decode()
     fields = {line.split(":")[0]: line.split(":", 1)[1].split() for line in status.splitlines()}
