@@ -20,39 +20,20 @@ def gap_marker(dropped: int) -> bytes:
     return f"\n[... {dropped} bytes dropped ...]\n".encode()
 
 
+@dataclass
 class StreamResult:
-    """One output stream as kept by the agent: head, then (after a gap) the tail.
+    """One output stream as kept by the agent: head, then (after a gap) the tail."""
 
-    The chunks are kept as they arrive and joined once, when ``head`` or ``tail`` is first
-    read: growing one buffer chunk by chunk copied a large output over and over."""
-
-    def __init__(self, head: bytes = b"") -> None:
-        self._head: list[bytes] = [head] if head else []
-        self._tail: list[bytes] = []
-        self._in_tail = False
-        self.total_bytes = 0
-        self.dropped_bytes = 0
+    head: bytearray = field(default_factory=bytearray)
+    tail: bytearray = field(default_factory=bytearray)
+    total_bytes: int = 0
+    dropped_bytes: int = 0
+    _in_tail: bool = False
 
     def add(self, data: bytes, dropped_before: int) -> None:
         if dropped_before:
             self._in_tail = True
-        (self._tail if self._in_tail else self._head).append(data)
-
-    @staticmethod
-    def _joined(parts: list[bytes]) -> bytes:
-        if len(parts) > 1:
-            parts[:] = [b"".join(parts)]
-        return parts[0] if parts else b""
-
-    @property
-    def head(self) -> bytes:
-        """What was received before the gap (all of it when nothing was dropped)."""
-        return self._joined(self._head)
-
-    @property
-    def tail(self) -> bytes:
-        """What was received after the gap."""
-        return self._joined(self._tail)
+        (self.tail if self._in_tail else self.head).extend(data)
 
     @property
     def truncated(self) -> bool:
@@ -60,26 +41,13 @@ class StreamResult:
 
     def data(self) -> bytes:
         """Everything received, with no marker (what the process wrote, minus the gap)."""
-        tail = self.tail
-        return self.head + tail if tail else self.head
+        return bytes(self.head + self.tail)
 
     def rendered(self) -> bytes:
         """Head, a one-line marker naming the dropped byte count, then tail."""
         if not self.truncated:
             return self.data()
-        return self.head + gap_marker(self.dropped_bytes) + self.tail
-
-    def __repr__(self) -> str:
-        return (f"StreamResult(head={self.head!r}, tail={self.tail!r}, total_bytes={self.total_bytes}, "
-                f"dropped_bytes={self.dropped_bytes})")
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, StreamResult):
-            return NotImplemented
-        return (self.head, self.tail, self.total_bytes, self.dropped_bytes) == (
-            other.head, other.tail, other.total_bytes, other.dropped_bytes)
-
-    __hash__ = None  # type: ignore[assignment]
+        return bytes(self.head) + gap_marker(self.dropped_bytes) + bytes(self.tail)
 
 
 @dataclass
@@ -127,7 +95,7 @@ class ExecResult:
     def not_started(cls, exit_code: int, message: str) -> ExecResult:
         """A command that could not start, as a shell reports it: ``exit_code`` and the
         message on stderr."""
-        stderr = StreamResult(head=f"callbox: {message}\n".encode())
+        stderr = StreamResult(head=bytearray(f"callbox: {message}\n".encode()))
         stderr.total_bytes = len(stderr.head)
         return cls(exit_code=exit_code, signal=0, timed_out=False, oom_killed=False, duration_ms=0.0,
                    stdout=StreamResult(), stderr=stderr, error=message)

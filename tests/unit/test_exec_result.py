@@ -311,17 +311,3 @@ def test_stream_result_and_exec_result_can_be_built_directly() -> None:
     )
     assert result.to_json()["stdout"] == "a" + gap_marker(2).decode() + "b"
     assert result.pid == 0
-
-
-def test_a_stream_keeps_its_chunks_and_joins_them_once_when_read() -> None:
-    out = StreamResult()
-    chunks = [bytes([n]) * 1000 for n in range(50)]
-    for chunk in chunks:
-        out.add(chunk, 0)
-    head = out.head
-    assert head == b"".join(chunks)
-    assert out.head is head  # joined once: a second read copies nothing
-    assert out.data() is head  # no tail: the head itself
-    assert out.tail == b""
-    assert StreamResult(head=b"x") == StreamResult(head=b"x")
-    assert StreamResult(head=b"x") != StreamResult(head=b"y")
