@@ -28,9 +28,10 @@ modes have a per-sandbox network and egress proxy with an expiry of their own, s
 **Claim.** Under the pool's lock the entry is taken out of the pool before anything else
 is done with it, so no sandbox is handed out twice; the claimer is the first and only user
 (the pool runs nothing in it but an entry's ``prepare``). Its agent must answer a health check
-(``CLAIM_HEALTH_TIMEOUT_S``); one that does not is destroyed and the create goes cold. Then
-the claimer's clock, owner and name are written where gc, ``list_sandboxes`` and
-``callbox ps`` read them: the agent's expiry file and the lifetime record (:mod:`.lifetime`) get
+(``CLAIM_HEALTH_TIMEOUT_S``); one that does not is destroyed and the create goes cold. While
+that check's round trip runs, the claimer's clock, owner and name are written where gc,
+``list_sandboxes`` and ``callbox ps`` read them (a sandbox that then does not answer is
+destroyed with them): the agent's expiry file and the lifetime record (:mod:`.lifetime`) get
 claim time + the claimer's TTL (the full TTL, counted from the claim), the record the
 claimer's owner and name (a name is claimed exactly as a cold create claims it). The
 container's labels cannot change: their ``callbox.owner`` is this process (also the
@@ -82,14 +83,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from harness.core.errors import AgentCallError, CallboxError, ErrorCode
+import grpc
+
+from harness.core.errors import CallboxError, ErrorCode
 from harness.engine import desktop
 from harness.engine.base import LivingSandbox, PoolEntry
 from harness.engine.docker import living
 from harness.engine.docker.kept import write_expiry
 from harness.engine.docker.lifetime import release_name, write_record
 from harness.engine.spec import SandboxSpec
-from sandbox.health import SERVING
+from sandbox.health import CHECK_METHOD, SERVING, HealthCheckRequest, HealthCheckResponse
 
 if TYPE_CHECKING:
     from harness.engine.docker.engine import DockerEngine
@@ -221,16 +224,23 @@ class WarmPool:
             sandbox = slot.ready.popleft()  # out of the pool before anything else: never twice
             self._claiming += 1
         try:
-            # A blocking check on the calling thread: a future would start a thread of gRPC's
-            # for each claim, which a burst of claims paid for many times over.
-            if not _serving(sandbox):
-                log.warning("pooled sandbox %s does not answer; destroying it", sandbox.id)
-                self._discard(sandbox)
-                return None
-            claimed = self._hand_over(sandbox, spec, name=name, owner=owner, ttl=ttl)
-            with self._lock:
+            # The health check's round trip runs while the claim is written (both take a few
+            # ms, tens in a burst of claims); a sandbox that does not answer is destroyed
+            # with what was written for it, and the create goes cold.
+            answer = _ask_health(sandbox)
+            try:
+                claimed = self._hand_over(sandbox, spec, name=name, owner=owner, ttl=ttl)
+            except BaseException:
+                answer.cancel()
+                raise
+            if _answered(answer):
                 self.claims += 1
-            return claimed
+                return claimed
+            log.warning("pooled sandbox %s does not answer; destroying it", sandbox.id)
+            if name is not None:
+                release_name(self.engine.run_root, name, sandbox.id)
+            self._discard(sandbox)
+            return None
         finally:
             with self._lock:
                 self._claiming -= 1
@@ -444,11 +454,20 @@ class WarmPool:
             log.warning("destroying pooled sandbox %s failed: %s", sandbox.id, exc)
 
 
-def _serving(sandbox: Sandbox) -> bool:
-    """Whether the agent of ``sandbox`` answers a health check in time, serving."""
+def _ask_health(sandbox: Sandbox) -> grpc.Future:
+    """Start the agent's health check (``Sandbox.agent.health``, without waiting for it)."""
+    check = sandbox.agent.channel.unary_unary(
+        CHECK_METHOD, request_serializer=HealthCheckRequest.SerializeToString,
+        response_deserializer=HealthCheckResponse.FromString)
+    future: grpc.Future = check.future(HealthCheckRequest(service=""), timeout=CLAIM_HEALTH_TIMEOUT_S)
+    return future
+
+
+def _answered(answer: grpc.Future) -> bool:
+    """Whether the health check ``_ask_health`` started says the agent is serving."""
     try:
-        return sandbox.agent.health(CLAIM_HEALTH_TIMEOUT_S) == SERVING
-    except AgentCallError:
+        return int(answer.result().status) == SERVING
+    except (grpc.RpcError, grpc.FutureCancelledError):
         return False
 
 
