@@ -14,6 +14,7 @@ from typing import ParamSpec, TypeVar
 import docker
 import docker.errors
 import requests
+from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnectionPool
 
 from harness.core.errors import EngineUnavailable, ImageNotFound, SandboxStartError, short_reason
 from harness.telemetry.metrics import record_engine_error
@@ -27,11 +28,47 @@ def engine_host() -> str:
     return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
 
+ENGINE_CONNECTIONS = 128
+"""Connections to the engine kept open for reuse: as many as the harness runs requests at once
+(the gRPC door's 128 RPC threads). A request beyond them still goes through, on a connection
+of its own that is closed after it."""
+
+
+class OnePoolAdapter(UnixHTTPAdapter):
+    """docker-py's unix-socket adapter with one connection pool for the socket.
+
+    docker-py's own keys its pools by the whole URL (container ids and query strings
+    included) and keeps the 25 last used: 100 concurrent creates made more pools than that,
+    so one still lending connections was evicted and closed, and a request returning its
+    connection to it while it overflowed failed with ``AttributeError: 'NoneType' object has
+    no attribute 'qsize'`` (urllib3's ``_put_conn``)."""
+
+    POOL_KEY = "http+docker://localhost"
+
+    def get_connection(self, url: bytes | str, proxies: object = None) -> UnixHTTPConnectionPool:
+        return super().get_connection(self.POOL_KEY, proxies)
+
+
+def _one_pool(client: docker.DockerClient) -> None:
+    """Give a unix-socket ``client`` one pool of ``ENGINE_CONNECTIONS`` for its socket."""
+    api = client.api
+    old = api.get_adapter(OnePoolAdapter.POOL_KEY)
+    if not isinstance(old, UnixHTTPAdapter):
+        return  # tcp:// or ssh://: requests' and docker-py's adapters key by host already
+    adapter = OnePoolAdapter(f"http+unix://{old.socket_path}", timeout=old.timeout,
+                             max_pool_size=ENGINE_CONNECTIONS)
+    api.mount("http+docker://", adapter)
+    api._custom_adapter = adapter  # type: ignore[attr-defined]  # docker-py's fallback (not in its stubs)
+    old.close()
+
+
 def connect_client(timeout: int = 60) -> docker.DockerClient:
-    """A client of the engine named by DOCKER_HOST (default socket) that answered a ping;
+    """A client of the engine named by DOCKER_HOST (default socket) that answered a ping,
+    with one connection pool for as many requests as the harness runs at once;
     EngineUnavailable naming the engine and the fix otherwise."""
     try:
-        client = docker.from_env(timeout=timeout)
+        client = docker.from_env(timeout=timeout, max_pool_size=ENGINE_CONNECTIONS)
+        _one_pool(client)
         client.ping()
     except docker.errors.DockerException as exc:
         record_engine_error("engine_unavailable")
