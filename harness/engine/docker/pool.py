@@ -234,7 +234,8 @@ class WarmPool:
                 answer.cancel()
                 raise
             if _answered(answer):
-                self.claims += 1
+                with self._lock:  # concurrent claims: an unlocked += can lose a count
+                    self.claims += 1
                 return claimed
             log.warning("pooled sandbox %s does not answer; destroying it", sandbox.id)
             if name is not None:
