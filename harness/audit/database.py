@@ -125,9 +125,11 @@ class _Queued:
     body: Callable[[sqlite3.Connection], Any]
     """What to run inside the transaction."""
     done: threading.Event = field(default_factory=threading.Event)
-    """Set when the outcome is known, or when this writer is to lead the next group."""
+    """Set when the outcome is known (``finished``), or when this writer is to lead the next group (``lead``)."""
+    lead: bool = False
+    """Handed the lead of the next group, which holds this body (set under the queue lock)."""
     finished: bool = False
-    """The outcome is known (``result`` or ``error``); False after ``done``: lead the next group."""
+    """The outcome is known: ``result`` or ``error``."""
     result: Any = None
     """What ``body`` returned, once its transaction committed."""
     error: BaseException | None = None
@@ -284,8 +286,12 @@ class Database:
             lead = not self._leading
             self._leading = True
         if not lead:
-            queued.done.wait()
-            lead = not queued.finished  # handed the lead of the next group, which holds this body
+            try:
+                queued.done.wait()
+            except BaseException:  # Ctrl-C in the main thread, say
+                self._withdraw(queued)
+                raise
+            lead = queued.lead
         if lead:
             self._lead()
         if queued.error is not None:
@@ -309,11 +315,30 @@ class Database:
             with self._queue_lock:
                 successor = self._queued[0] if self._queued else None
                 self._leading = successor is not None
+                if successor is not None:
+                    successor.lead = True
             for queued in group:
                 queued.finished = True
                 queued.done.set()
             if successor is not None:
-                successor.done.set()  # not finished: it leads the next group
+                successor.done.set()
+
+    def _withdraw(self, queued: _Queued) -> None:
+        """A writer stopped while it waited: its body leaves the queue unless a group took it
+        already (then it commits or fails without its writer), and a lead it was handed
+        passes on to the next writer queued, so that no writer waits for a leader that left."""
+        with self._queue_lock:
+            if queued not in self._queued:
+                return
+            self._queued.remove(queued)
+            if not queued.lead:
+                return
+            successor = self._queued[0] if self._queued else None
+            self._leading = successor is not None
+            if successor is not None:
+                successor.lead = True
+        if successor is not None:
+            successor.done.set()
 
     def _commit(self, group: list[_Queued]) -> list[tuple[Any, BaseException | None]]:
         """One transaction running ``group``'s bodies, each in a savepoint of its own when

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from harness.audit.chain_verify import verify
-from harness.audit.database import ENSURE_RUN
+from harness.audit.database import ENSURE_RUN, _Queued
 from harness.audit.store import AuditError, AuditStore
 
 WRITERS = 6
@@ -177,3 +177,28 @@ def test_many_threads_many_writes_keep_the_chain_one_line(tmp_path: Path) -> Non
     assert len(_committed_runs(db)) == 8 * 40
     verdict = verify(db)
     assert verdict.ok, verdict
+
+
+def test_a_writer_interrupted_while_it_waits_passes_on_the_lead(tmp_path: Path) -> None:
+    """A writer stopped while it waited (Ctrl-C in the main thread) after it was handed the
+    lead of the next group: the lead passes on, so the writers queued behind it still commit."""
+    db = tmp_path / "audit.sqlite3"
+    with AuditStore(db) as store:
+        group = _Group(store, [])
+        first = threading.Thread(target=store._write, args=(group._first,))
+        first.start()
+        assert group.held.wait(10)
+        stopped = _Queued(_insert_run("never"))
+        with store._queue_lock:
+            store._queued.append(stopped)  # queued behind the first writer, as _write queues it
+        behind = threading.Thread(target=store._write, args=(_insert_run("behind"),), daemon=True)
+        behind.start()
+        _wait_until(lambda: len(store._queued) == 2)
+        group.hold.set()
+        first.join(10)
+        assert stopped.done.wait(10) and stopped.lead and not stopped.finished  # it was handed the lead
+        store._withdraw(stopped)  # what _write does when the wait is interrupted
+        behind.join(10)
+        assert not behind.is_alive(), "the writer queued behind the interrupted one never committed"
+        assert not store._queued and not store._leading
+    assert _committed_runs(db) == {"first", "behind"}
