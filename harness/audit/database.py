@@ -1,7 +1,19 @@
 """The audit database's connection: opening it (WAL, busy timeout, foreign keys, the schema
-migrated, its added columns and per-run call counts made), one transaction per write,
+migrated, its added columns and per-run call counts made), writes committed in groups,
 retries while another process holds the write lock, and a fresh connection in a forked
 child.
+
+**Group commit.** The threads of one process that write at the same time share one
+transaction. A writer queues its body; if no writer leads, it leads: it takes every body
+queued, runs each in a SAVEPOINT of one ``BEGIN IMMEDIATE`` transaction, seals the audit
+chain once and commits once. The others wait for that COMMIT; a body queued meanwhile waits
+for the next group, led by the first of them. Each caller still returns only after the
+COMMIT that holds its own record (what ``_write`` promised before: a record returned is a
+record committed), and raises its own body's error: a body that raises is rolled back to its
+savepoint alone, and the others' records commit. A failure of the group itself (the COMMIT,
+the chain's seal, the write lock held by another process past the busy timeout) fails every
+body of the group, each caller with an :class:`AuditError` that says so. One writer alone
+runs as before: one transaction, no savepoint.
 
 :class:`Database` is the base the store's parts (:mod:`harness.audit.store`,
 :mod:`~harness.audit.approvals`, :mod:`~harness.audit.checkpoints`,
@@ -19,8 +31,9 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 
 from harness.audit.chain import Chain, ChainHead, read_head
 from harness.audit.errors import AuditError
@@ -100,10 +113,40 @@ _open_stores: weakref.WeakSet[Database] = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     for store in list(_open_stores):
         store._lock = threading.Lock()  # another thread may have held it at fork time
+        store._queue_lock = threading.Lock()
+        store._queued = []  # the parent's writers are not in this process
+        store._leading = False
+
+
+@dataclass(eq=False)
+class _Queued:
+    """One writer's body waiting for a group commit, and its outcome once committed or failed."""
+
+    body: Callable[[sqlite3.Connection], Any]
+    """What to run inside the transaction."""
+    done: threading.Event = field(default_factory=threading.Event)
+    """Set when the outcome is known (``finished``), or when this writer is to lead the next group (``lead``)."""
+    lead: bool = False
+    """Handed the lead of the next group, which holds this body (set under the queue lock)."""
+    finished: bool = False
+    """The outcome is known: ``result`` or ``error``."""
+    result: Any = None
+    """What ``body`` returned, once its transaction committed."""
+    error: BaseException | None = None
+    """Why this body's record was not committed: its own error, or the group's."""
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _group_failed(exc: BaseException, size: int) -> AuditError:
+    """The error of a writer whose record was in a group commit that failed as a whole."""
+    error = AuditError(f"the audit record was not written: the group commit of {size} records it was part of "
+                       f"failed: {exc}",
+                       code=exc.code if isinstance(exc, AuditError) else ErrorCode.INTERNAL)
+    error.__cause__ = exc
+    return error
 
 
 class Database:
@@ -124,6 +167,11 @@ class Database:
         self._closed = False
         self._owner: tuple[int, str] | None = None
         self._chain: Chain | None = None
+        self._queue_lock = threading.Lock()
+        self._queued: list[_Queued] = []
+        """Bodies waiting for the next group commit (under ``_queue_lock``)."""
+        self._leading = False
+        """A writer is leading a group commit now (under ``_queue_lock``)."""
         with self._lock:
             self._connection()
         _open_stores.add(self)
@@ -223,29 +271,113 @@ class Database:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.05)
             except sqlite3.Error as exc:
-                raise AuditError(f"audit database {self.path}: {exc}", code=ErrorCode.INTERNAL) from exc
+                raise self._sqlite_error(exc) from exc
+
+    def _sqlite_error(self, exc: sqlite3.Error) -> AuditError:
+        return AuditError(f"audit database {self.path}: {exc}", code=ErrorCode.INTERNAL)
 
     def _write(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        """``body`` inside one BEGIN IMMEDIATE transaction (rolled back if it raises)."""
-
-        def attempt() -> T:
-            conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")
+        """``body`` inside a BEGIN IMMEDIATE transaction, committed before this returns,
+        perhaps together with other threads' bodies (the module docstring's group commit);
+        if ``body`` raises, what it did is rolled back and its error raised here."""
+        queued = _Queued(body)
+        with self._queue_lock:
+            self._queued.append(queued)
+            lead = not self._leading
+            self._leading = True
+        if not lead:
             try:
-                out = body(conn)
-                if self._chain is not None:
-                    self._chain.seal(conn)  # what the body changed enters the chain in its transaction
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                if self._chain is not None:
-                    self._chain.forget()
+                queued.done.wait()
+            except BaseException:  # Ctrl-C in the main thread, say
+                self._withdraw(queued)
                 raise
-            return out
+            lead = queued.lead
+        if lead:
+            self._lead()
+        if queued.error is not None:
+            raise queued.error
+        return cast(T, queued.result)
 
-        with self._lock:
-            return self._retrying(attempt)
+    def _lead(self) -> None:
+        """Commit every body queued as one group, tell their writers, and hand the lead to the
+        first body queued meanwhile (or give it up)."""
+        with self._queue_lock:
+            group, self._queued = self._queued, []
+        try:
+            with self._lock:
+                outcomes = self._retrying(lambda: self._commit(group))
+            for queued, (result, error) in zip(group, outcomes, strict=True):
+                queued.result, queued.error = result, error
+        except BaseException as exc:
+            for queued in group:
+                queued.error = exc if queued is group[0] else _group_failed(exc, len(group))
+        finally:
+            with self._queue_lock:
+                successor = self._queued[0] if self._queued else None
+                self._leading = successor is not None
+                if successor is not None:
+                    successor.lead = True
+            for queued in group:
+                queued.finished = True
+                queued.done.set()
+            if successor is not None:
+                successor.done.set()
+
+    def _withdraw(self, queued: _Queued) -> None:
+        """A writer stopped while it waited: its body leaves the queue unless a group took it
+        already (then it commits or fails without its writer), and a lead it was handed
+        passes on to the next writer queued, so that no writer waits for a leader that left."""
+        with self._queue_lock:
+            if queued not in self._queued:
+                return
+            self._queued.remove(queued)
+            if not queued.lead:
+                return
+            successor = self._queued[0] if self._queued else None
+            self._leading = successor is not None
+            if successor is not None:
+                successor.lead = True
+        if successor is not None:
+            successor.done.set()
+
+    def _commit(self, group: list[_Queued]) -> list[tuple[Any, BaseException | None]]:
+        """One transaction running ``group``'s bodies, each in a savepoint of its own when
+        there are several; what each returned or raised."""
+        conn = self._connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            outcomes: list[tuple[Any, BaseException | None]] = []
+            if len(group) == 1:
+                outcomes.append((group[0].body(conn), None))
+            else:
+                for queued in group:
+                    outcomes.append(self._savepoint(conn, queued.body))
+            if self._chain is not None:
+                self._chain.seal(conn)  # what the bodies changed enters the chain in their transaction
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if self._chain is not None:
+                self._chain.forget()
+            raise
+        return outcomes
+
+    def _savepoint(self, conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], Any]
+                   ) -> tuple[Any, BaseException | None]:
+        """``body`` in a savepoint: kept if it returns, rolled back alone if it raises (a
+        busy database is the group's problem: it is raised, and the whole group retried)."""
+        conn.execute("SAVEPOINT audit_write")
+        try:
+            out = body(conn)
+        except Exception as exc:
+            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+                raise
+            conn.execute("ROLLBACK TO audit_write")
+            conn.execute("RELEASE audit_write")
+            return None, self._sqlite_error(exc) if isinstance(exc, sqlite3.Error) else exc
+        conn.execute("RELEASE audit_write")
+        return out, None
 
     def _read(self, body: Callable[[sqlite3.Connection], T]) -> T:
         with self._lock:
