@@ -128,7 +128,7 @@ CGROUP_V1_MEMORY = Path("/sys/fs/cgroup/memory/docker")
 TARGET_EXEC_P50_MS = 1.2
 TARGET_COLD_START_FACTOR = 1.15
 TARGET_STREAM_FACTOR = 1.5
-TARGET_IDLE_MEMORY_MIB = 25.0
+TARGET_IDLE_MEMORY_MIB = 20.0
 TARGET_OVERHEAD_P50_MS = 0.3
 
 SECTIONS = ["roundtrip", "cold", "stream", "memory", "overhead", "network", "redaction", "living", "e2b",

@@ -27,7 +27,7 @@ and the agent are inside the cgroup, the shim is not), then every one answers ``
 all are live (16 at once), then all are destroyed (8 at once).
 
 These rows have no baseline (no docker-py figure does the same job); they are information,
-except the targets the issue sets (destroy ≤ 5 ms, 19b ≤ 25 MiB per sandbox, 19c every answer
+except the targets the issue sets (destroy ≤ 5 ms, 19b ≤ 20 MiB per sandbox, 19c every answer
 within 1 s). Everything started here is destroyed before the function returns, or by the
 run's cleanup (the sandboxes are in ``res.sandboxes`` from the moment ``create`` returns).
 """
@@ -57,7 +57,7 @@ SCALE_ANSWERERS = 16
 SCALE_MEMORY = 128 * MIB
 CLEANUP_THREADS = 8
 TARGET_DESTROY_P50_MS = 5.0
-TARGET_SCALE_MEMORY_MIB = 25.0
+TARGET_SCALE_MEMORY_MIB = 20.0
 TARGET_SCALE_ANSWER_MS = 1000.0
 
 MemoryReading = Callable[[Container, str], dict[str, float]]
