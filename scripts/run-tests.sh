@@ -14,7 +14,8 @@
 #      alone: gVisor's ptrace platform is CPU-hungry, and beside the main run it slowed
 #      that run by half and made its timing-sensitive tests flaky;
 #   4. then, alone, the tests that stop and restart dockerd (marker `engine_restart`): a
-#      restart would kill the sandboxes of anything running beside them;
+#      restart would kill the sandboxes of anything running beside them; and those that need
+#      no other callbox process on the engine (marker `alone`: another process's gc races them);
 #   5. then the Ray engine on a three-node Ray cluster in network namespaces, each worker with
 #      a dockerd of its own (tests/ray/cluster.py; needs root): tests/ray, and tests/security
 #      again with every sandbox on a remote node (CALLBOX_TEST_ENGINE=ray). The main run
@@ -50,7 +51,7 @@ venvs_pid=$!
 # cheaper is in every CI log.
 # The interop tests run in the background lane above, but those that hold the network
 # destination (marker netdest), which the main run's network tests hold too.
-"$PYTEST" -q -m "not slow and not engine_restart and not clock and (netdest or not interop)" --ignore=tests/ray \
+"$PYTEST" -q -m "not slow and not engine_restart and not alone and not clock and (netdest or not interop)" --ignore=tests/ray \
     --ignore=tests/unit --durations=40 "$@"
 main=$?
 wait "$soak_pid"
@@ -70,8 +71,8 @@ cat "$log.interop" 2>/dev/null
 echo "callbox: the security suite under gVisor (CALLBOX_TEST_RUNTIME=runsc pytest tests/security):"
 CALLBOX_TEST_RUNTIME=runsc "$PYTEST" -q -m "not slow and not engine_restart" -p no:cacheprovider tests/security "$@"
 runsc=$?
-echo "callbox: the tests that restart dockerd, alone (pytest -m engine_restart):"
-"$PYTEST" -q -m engine_restart -p no:cacheprovider "$@"
+echo "callbox: the tests that restart dockerd or need the engine to themselves, alone (pytest -m 'engine_restart or alone'):"
+"$PYTEST" -q -m "engine_restart or alone" -p no:cacheprovider "$@"
 restart=$?
 echo "callbox: the Ray engine on a three-node test cluster (CALLBOX_TEST_ENGINE=ray pytest tests/ray tests/security):"
 CALLBOX_TEST_ENGINE=ray "$PYTEST" -q -m "not slow and not engine_restart" -p no:cacheprovider tests/ray tests/security "$@"

@@ -162,7 +162,11 @@ def test_background_job_keeps_running_between_calls(box):
     exec_done = f'for i in $(seq 200); do [ "$(ps -o args= -p {pid})" = "sleep 30" ] && break; sleep 0.05; done'
     assert _ok(box, f"{exec_done}; ps -o args= -p {pid}") == "sleep 30"
     _bash(box, restart=True)
-    assert run(box, f"ps -o args= -p {pid} || echo gone").stdout.data() == b"gone\n"
+    # Killed with the session; until its new parent reaps it, the job is a zombie (state Z),
+    # dead all the same: wait (bounded) for it to be gone or a zombie.
+    dead = (f"for i in $(seq 200); do ps -o stat= -p {pid} | grep -qv '^Z' || {{ echo gone; exit 0; }}; "
+            "sleep 0.05; done; ps -o stat=,args= -p " + pid)
+    assert run(box, dead).stdout.data() == b"gone\n"
 
 
 def test_output_of_a_background_job_arrives_with_the_next_call(box):
