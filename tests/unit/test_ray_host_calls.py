@@ -1,5 +1,6 @@
-"""How the harness asks a node's host: a method that only reads waits out a host that is
-restarting; any other is never repeated (its outcome is unknown, and reported so)."""
+"""How the harness asks a node's host: a method that only reads, or that may be asked twice
+(destroy), waits out a host that is restarting; any other is never repeated (its outcome is
+unknown, and reported so)."""
 
 from __future__ import annotations
 
@@ -63,8 +64,16 @@ def test_a_change_is_never_asked_twice(monkeypatch: pytest.MonkeyPatch) -> None:
     host = _host()
     monkeypatch.setattr(hosts, "call", _restarting_for(1, None))
     with pytest.raises(HostRestarting, match="unavailable"):
-        ask(host, "destroy", "sb-1", None)
-    assert host.handle.submitted == [("destroy", ("sb-1", None))]
+        ask(host, "remove", "sb-1")
+    assert host.handle.submitted == [("remove", ("sb-1",))]
+
+
+def test_a_destroy_waits_out_a_restarting_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second destroy finds nothing left and is no error: a restart never fails a destroy."""
+    host = _host()
+    monkeypatch.setattr(hosts, "call", _restarting_for(2, None))
+    assert ask(host, "destroy", "sb-1", None) is None
+    assert host.handle.submitted == [("destroy", ("sb-1", None))] * 3
 
 
 def test_a_read_stops_waiting_when_the_node_is_declared_dead(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,5 +105,6 @@ def test_every_read_is_a_host_method() -> None:
     from harness.engine.ray.host import SandboxHost
 
     assert all(callable(getattr(SandboxHost, name, None)) for name in hosts.READS)
-    assert not hosts.READS & {"create", "destroy", "remove", "keep", "pause", "resume", "snapshot", "fork",
+    assert all(callable(getattr(SandboxHost, name, None)) for name in hosts.REPEATABLE)
+    assert not hosts.REPEATABLE & {"create", "remove", "keep", "pause", "resume", "snapshot", "fork",
                               "restore", "image_begin", "image_chunk", "image_finish", "gc", "close", "drain"}

@@ -45,8 +45,12 @@ READS = frozenset({
     "list_sandboxes", "census", "pooled_count", "snapshots", "snapshot_spec", "snapshot_note", "image_digest",
 })
 """Host methods that change nothing (``attach`` and ``open`` only hand out the relay token a
-sandbox already has): asked again while their host restarts. Any other method caught by a
-restart is reported as may-or-may-not-have-happened, never repeated."""
+sandbox already has): asked again while their host restarts."""
+
+REPEATABLE = READS | frozenset({"destroy"})
+"""Methods asked again while their host restarts: the reads, and ``destroy``, whose second asking
+finds nothing left to remove and is no error. Any other method caught by a restart is reported
+as may-or-may-not-have-happened, never repeated."""
 
 T = TypeVar("T")
 
@@ -119,15 +123,15 @@ def call(ray_ref: Any, *, timeout: float = HOST_CALL_TIMEOUT_S, node: str = "?")
 
 
 def ask(host: Host, method: str, *args: Any, timeout: float = HOST_CALL_TIMEOUT_S, **kwargs: Any) -> Any:
-    """Call ``host``'s ``method`` (as :func:`call`). A method that only reads (:data:`READS`)
-    waits out a host that is restarting, up to :data:`RESTART_WAIT_S`, unless its node is
-    declared dead meanwhile; any other method fails at once with ``HostRestarting``."""
+    """Call ``host``'s ``method`` (as :func:`call`). A method that may be asked twice
+    (:data:`REPEATABLE`) waits out a host that is restarting, up to :data:`RESTART_WAIT_S`, unless
+    its node is declared dead meanwhile; any other method fails at once with ``HostRestarting``."""
     deadline = time.monotonic() + RESTART_WAIT_S
     while True:
         try:
             return call(getattr(host.handle, method).remote(*args, **kwargs), timeout=timeout, node=host.name)
         except HostRestarting:
-            if method not in READS or not host.alive or time.monotonic() >= deadline:
+            if method not in REPEATABLE or not host.alive or time.monotonic() >= deadline:
                 raise
             log.info("the host of node %s is restarting: asking %s again", host.name, method)
             time.sleep(RESTART_POLL_S)
@@ -269,7 +273,7 @@ class HostDirectory:
                 try:
                     answer = call(ref, node=host.name)
                 except HostRestarting:
-                    if method not in READS:
+                    if method not in REPEATABLE:
                         raise
                     answer = ask(host, method, *args, **kwargs)
                 yield host, answer
