@@ -46,8 +46,9 @@ Limits: at most :data:`MAX_UPLOAD_BYTES` (1 GiB, the default ``fsize`` ulimit) o
 per upload, or the request's lower ``max_bytes``; a member larger than what is left is refused
 before its data is read (TOO_LARGE). At most :data:`MAX_MEMBERS` members, and each pax or GNU
 long-name header at most :data:`MAX_HEADER_BYTES` (``tarfile`` reads those whole). The ``fsize``
-ulimit and the size of the filesystem apply too (EFBIG, ENOSPC: TOO_LARGE). At most
-:data:`MAX_TRAILING_BYTES` may follow the end-of-archive marker.
+ulimit and the size of the filesystem apply too (EFBIG, ENOSPC: TOO_LARGE). The archive must end
+with tar's end-of-archive marker (a zero block): one cut short anywhere, even between two members,
+is refused. At most :data:`MAX_TRAILING_BYTES` may follow the marker.
 """
 
 from __future__ import annotations
@@ -155,12 +156,34 @@ def _check_type(member: tarfile.TarInfo, shown: str) -> None:
     raise AgentError(INVALID_ARGUMENT, f"Upload refused: member {shown} is {what}; {_ALLOWED_ONLY}.")
 
 
+CUT_SHORT = (
+    "Upload refused: the data is not a complete tar archive: it ends before tar's end-of-archive marker "
+    "(was it cut short, or did the sender cancel?)."
+)
+
+
 class CheckedTarInfo(tarfile.TarInfo):
-    """TarInfo that refuses oversized pax / GNU long-name headers before ``tarfile`` reads them whole."""
+    """TarInfo that refuses oversized pax / GNU long-name headers before ``tarfile`` reads them whole,
+    and an archive that ends anywhere but at its end-of-archive marker.
+
+    ``tarfile`` takes a missing, short or invalid header after the first member for the end of the
+    archive. Here each is an error: a stream cut at a member boundary (a client that cancelled,
+    which gRPC may deliver as an ordinary end of stream) would otherwise publish part of an upload.
+    Only the zero block ``tarfile`` reports as ``EOFHeaderError`` ends an archive cleanly.
+    """
 
     @classmethod
     def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
-        info = super().frombuf(buf, encoding, errors)
+        if len(buf) != tarfile.BLOCKSIZE:
+            raise AgentError(INVALID_ARGUMENT, CUT_SHORT)
+        if buf.count(tarfile.NUL) == tarfile.BLOCKSIZE:
+            return super().frombuf(buf, encoding, errors)  # the zero block: tarfile ends the archive here
+        try:
+            info = super().frombuf(buf, encoding, errors)
+        except tarfile.HeaderError as exc:
+            raise AgentError(
+                INVALID_ARGUMENT, f"Upload refused: the data is not a complete tar archive (a bad header: {exc})."
+            ) from None
         if info.type in _EXTENSION_TYPES and info.size > MAX_HEADER_BYTES:
             raise AgentError(
                 TOO_LARGE,

@@ -20,6 +20,7 @@ import tracemalloc
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -363,7 +364,32 @@ def test_copy_in_destinations_follow_docker_cp(agent: Agent, here: Path, tmp_pat
         agent.transfer.copy_in(tmp_path / "missing", str(here))
 
 
-def test_a_failing_source_cancels_the_upload_and_its_error_is_raised(agent: Agent, here: Path) -> None:
+def wait_for_file(directory: Path, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.listdir(directory):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: nothing in {directory} after {timeout} s")
+        time.sleep(0.005)
+
+
+def test_a_failing_source_cancels_the_upload_and_its_error_is_raised(
+    agent: Agent, here: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox import upload
+
+    # The agent rolls back on its own thread once it sees the cancellation, maybe after the
+    # client's error is raised here: the test waits for the agent's upload to return.
+    received = upload.receive
+    returned = threading.Event()
+
+    def receive(*args: Any) -> Any:
+        try:
+            return received(*args)
+        finally:
+            returned.set()
+
+    monkeypatch.setattr(upload, "receive", receive)
+
     def chunks() -> Iterator[bytes]:
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -371,12 +397,10 @@ def test_a_failing_source_cancels_the_upload_and_its_error_is_raised(agent: Agen
             info.size = 3
             tar.addfile(info, io.BytesIO(b"abc"))
         yield buf.getvalue()[:1024]  # one whole member: ending here would look like a whole archive
+        wait_for_file(here, "the agent staging the first member")
         raise RuntimeError("the source broke")
 
     with pytest.raises(RuntimeError, match="the source broke"):
         agent.transfer.upload_tar_stream(str(here), chunks())
-    # The agent rolls back on its own thread once it sees the cancellation: wait for that.
-    deadline = time.monotonic() + 10
-    while os.listdir(here) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert returned.wait(10), "the agent's upload did not return within 10 s of the cancel"
     assert os.listdir(here) == []

@@ -297,6 +297,36 @@ def test_the_destination_is_confined_and_must_be_a_directory(root, dest, reason)
     assert caught.value.reason == reason
 
 
+@pytest.mark.parametrize("gzip", [False, True])
+def test_an_archive_cut_at_a_member_boundary_is_refused(root, gzip):
+    """gRPC may deliver a client's cancel as an ordinary end of stream: an archive that stops
+    between two members must not be taken for a complete one."""
+    resolver, ws = root
+    whole = archive(file("a", b"x" * 1000), file("b", b"y" * 1000))
+    boundary = 512 + 1024  # a's pax-less header and its padded data
+    cut = whole[:boundary]
+    if gzip:
+        import gzip as gz
+
+        cut = gz.compress(cut)
+    with tarfile.open(fileobj=io.BytesIO(cut)) as alone:
+        assert alone.getnames() == ["a"]  # tarfile alone takes it for a whole archive
+    error = refused(resolver, cut)
+    assert error.reason == INVALID_ARGUMENT and "end-of-archive marker" in error.message
+    assert tree(ws / "dst") == []
+
+
+def test_an_invalid_header_after_the_first_member_is_refused(root):
+    resolver, ws = root
+    whole = archive(file("a", b"x" * 1000))
+    garbage = bytearray(whole[:1536]) + b"\x07" * 512 + whole[1536:]
+    with tarfile.open(fileobj=io.BytesIO(bytes(garbage))) as alone:
+        assert alone.getnames() == ["a"]
+    error = refused(resolver, bytes(garbage))
+    assert error.reason == INVALID_ARGUMENT and "bad header" in error.message
+    assert tree(ws / "dst") == []
+
+
 def test_a_stream_that_breaks_off_leaves_nothing_behind(root):
     resolver, ws = root
     data = archive(directory("n"), file("n/f", b"x" * 5000), file("g", b"y" * 5000))
