@@ -54,7 +54,6 @@ from typing import Protocol, TypeVar
 
 import grpc
 
-from sandbox import move, watch
 from sandbox.errors import (
     ALREADY_EXISTS,
     INTERNAL,
@@ -193,11 +192,15 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
     def Move(
         self, request: filesystem_pb2.MoveRequest, context: grpc.ServicerContext
     ) -> filesystem_pb2.MoveResponse:
+        from sandbox import move
+
         return self._call(context, "Move", request.source, lambda: move.move(self._resolver, request))
 
     def Watch(
         self, request: filesystem_pb2.WatchRequest, context: grpc.ServicerContext
     ) -> Iterator[filesystem_pb2.WatchEvent]:
+        from sandbox import watch  # with ctypes, for inotify
+
         return self._stream(context, "Watch", request.path, lambda: watch.stream(
             self._resolver, request, self.acting, context.is_active, context.add_callback))
 

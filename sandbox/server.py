@@ -13,16 +13,13 @@ from dataclasses import dataclass, replace
 
 import grpc
 
-from sandbox.changes import ChangesService
 from sandbox.errors import answer, stream
 from sandbox.fs import FilesystemService
 from sandbox.health import SERVING, HealthService
 from sandbox.identity import FsIdentity, acting_as, drop_supplementary_groups
-from sandbox.jobs import JobManager, JobsService
-from sandbox.launch import SpawnerLauncher, ToolUser
-from sandbox.ports import PortsService
+from sandbox.later import Later, on_first_call
+from sandbox.launch import Launcher, SpawnerLauncher, ToolUser
 from sandbox.process import Execution, ProcessRunner
-from sandbox.shell import ShellManager, ShellService
 from sandbox.spawner import Spawner
 from sandbox.v1 import (
     changes_pb2_grpc,
@@ -34,6 +31,13 @@ from sandbox.v1 import (
     shell_pb2_grpc,
 )
 from sandbox.workers import CORE_WORKERS, WorkerPool
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sandbox.changes import ChangesService
+    from sandbox.jobs import JobManager, JobsService
+    from sandbox.ports import PortsService
+    from sandbox.shell import ShellService
 
 log = logging.getLogger("callbox.agent")
 
@@ -114,7 +118,8 @@ class Agent:
 
     server: grpc.Server
     runner: ProcessRunner
-    jobs: JobManager
+    jobs: Later[JobManager]
+    """Built by the first Jobs call (its modules are imported then); stopped with the agent if built."""
     health: HealthService
     pool: WorkerPool
     renew: Callable[[], grpc.Server]
@@ -129,11 +134,12 @@ def build_server(config: AgentConfig) -> Agent:
     pool = WorkerPool(config.core_workers, workers)
     process = ProcessService(runner)
     filesystem = FilesystemService(roots=list(config.roots), workspace=config.workspace, identity=identity)
-    changes = ChangesService(filesystem)
-    shell = ShellService(ShellManager(config.user, config.workspace, launcher))
-    jobs = JobManager(config.user, config.workspace, launcher)
-    jobs_service = JobsService(jobs)
-    ports = PortsService()
+    jobs = Later(lambda: _job_manager(config, launcher))
+    # Services many sandboxes are never asked for: imported and built on their first call.
+    changes = on_first_call(Later(lambda: _changes_service(filesystem)))
+    shell = on_first_call(Later(lambda: _shell_service(config, launcher)))
+    jobs_service = on_first_call(Later(lambda: _jobs_service(jobs.value())))
+    ports = on_first_call(Later(_ports_service))
     health = HealthService()
 
     def renew() -> grpc.Server:
@@ -156,6 +162,36 @@ def build_server(config: AgentConfig) -> Agent:
         return server
 
     return Agent(renew(), runner, jobs, health, pool, renew)
+
+
+def _job_manager(config: AgentConfig, launcher: Launcher | None) -> JobManager:
+    from sandbox.jobs import JobManager
+
+    return JobManager(config.user, config.workspace, launcher)
+
+
+def _jobs_service(manager: JobManager) -> JobsService:
+    from sandbox.jobs import JobsService
+
+    return JobsService(manager)
+
+
+def _changes_service(filesystem: FilesystemService) -> ChangesService:
+    from sandbox.changes import ChangesService
+
+    return ChangesService(filesystem)
+
+
+def _shell_service(config: AgentConfig, launcher: Launcher | None) -> ShellService:
+    from sandbox.shell import ShellManager, ShellService
+
+    return ShellService(ShellManager(config.user, config.workspace, launcher))
+
+
+def _ports_service() -> PortsService:
+    from sandbox.ports import PortsService
+
+    return PortsService()
 
 
 def _expired(expiry_file: str, owner: FsIdentity | None) -> bool:
@@ -282,6 +318,7 @@ def serve(config: AgentConfig) -> int:
             why = "it reached its expiry"
             break
     runner.stop(why)
-    agent.jobs.stop(why)
+    if agent.jobs.built:
+        agent.jobs.value().stop(why)
     agent.server.stop(grace=2).wait()
     return 0

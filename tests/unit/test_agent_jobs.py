@@ -50,7 +50,7 @@ def agent() -> Iterator[tuple[Agent, str]]:
     try:
         yield built, socket
     finally:
-        built.jobs.stop("the test module ended")
+        built.jobs.value().stop("the test module ended")
         built.runner.stop("the test module ended")
         built.server.stop(grace=1).wait()
         spawner.close()
@@ -116,7 +116,7 @@ def test_kill_reaches_a_double_forked_tree_that_ignores_sigterm(agent: tuple[Age
     live = Follower(client.jobs.attach(info.pid, follow=True), wait_s=WAIT_S)
     orphan = int(live.wait_for(rb"orphan (\d+)").group(1))
     live.wait_for(b"leader")
-    marker = agent[0].jobs.get(info.pid).marker
+    marker = agent[0].jobs.value().get(info.pid).marker
     assert orphan in set(proctree.marked_pids(marker))
 
     assert client.jobs.signal(info.pid, signal.SIGTERM) >= 2  # ignored by all of them
@@ -141,11 +141,11 @@ def test_leftovers_die_with_the_leader_unless_the_job_keeps_them(agent: tuple[Ag
             info = client.jobs.start(script, keep_leftovers=keep)
             ended = Follower(client.jobs.attach(info.pid, follow=True), wait_s=WAIT_S).finish()[-1]
             assert isinstance(ended, JobEnded) and ended.info.exit_code == 0
-            marker = agent[0].jobs.get(info.pid).marker
+            marker = agent[0].jobs.value().get(info.pid).marker
             left = list(proctree.marked_pids(marker))
             if keep:
                 assert len(left) == 2, left  # both live on, carrying the job's marker
-                assert marker in agent[0].jobs._leftover_markers  # never given to another job
+                assert marker in agent[0].jobs.value()._leftover_markers  # never given to another job
                 pids[keep] = marker
             else:
                 assert left == []
