@@ -107,7 +107,31 @@ def _defer(names: tuple[str, ...]) -> None:
             sys.modules[name] = Deferred(name)
 
 
+MALLOC_TUNING = ((-8, 1), (-3, 4 << 20), (-1, 8 << 20))
+"""glibc ``mallopt`` settings for the agent (M_ARENA_MAX, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD).
+
+By default glibc gives each thread that allocates its own arena, and serves each block of 1 MiB
+(an output message, the read before it) with a fresh ``mmap``: every message of a large output
+costs page faults and page clearing, and after a large output the agent held some 20 MiB more
+than before it. One arena, blocks up to 4 MiB from the heap and at most 8 MiB kept free at its
+top: measured with ``head -c 64M``, the agent spends about 40% less CPU per stream and keeps
+less memory after it, and an idle agent holds slightly less."""
+
+
+def _tune_malloc() -> None:
+    """Apply :data:`MALLOC_TUNING` (before any thread starts: the arena limit needs it); a C
+    library without ``mallopt`` (musl) keeps its own allocator's behaviour."""
+    import ctypes
+
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is None:
+        return
+    for option, value in MALLOC_TUNING:
+        mallopt(option, value)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _tune_malloc()
     if "--gvisor" in (sys.argv[1:] if argv is None else argv):
         # before the spawner's fork and its thread: the filter must cover every thread
         from sandbox import gvisor
