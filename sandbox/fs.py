@@ -193,14 +193,12 @@ class FilesystemService(filesystem_pb2_grpc.FilesystemServicer):
         self, request: filesystem_pb2.MoveRequest, context: grpc.ServicerContext
     ) -> filesystem_pb2.MoveResponse:
         from sandbox import move
-
         return self._call(context, "Move", request.source, lambda: move.move(self._resolver, request))
 
     def Watch(
         self, request: filesystem_pb2.WatchRequest, context: grpc.ServicerContext
     ) -> Iterator[filesystem_pb2.WatchEvent]:
         from sandbox import watch  # with ctypes, for inotify
-
         return self._stream(context, "Watch", request.path, lambda: watch.stream(
             self._resolver, request, self.acting, context.is_active, context.add_callback))
 
