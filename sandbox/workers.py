@@ -37,9 +37,10 @@ log = logging.getLogger("callbox.agent")
 CORE_WORKERS = 8
 """RPC threads an idle agent keeps: health, Signal, WriteStdin, file operations and a few
 commands are served by them even when a fork bomb holds every pid."""
-AGENT_OTHER_THREADS = 10
-"""The idle agent's threads besides its workers: the main thread, the spawner's reader, the
-jobs' I/O loop, gRPC's server loop, and gRPC core's six (4 event engine, timer, lifeguard)."""
+AGENT_OTHER_THREADS = 9
+"""The idle agent's threads besides its workers: the main thread, the spawner's reader, gRPC's
+server loop, and gRPC core's six (4 event engine, timer, lifeguard). The jobs' I/O loop starts
+with the first Jobs call."""
 IDLE_RETIRE_S = 20.0
 """A worker beyond the core ends after waiting this long for a call."""
 _T = TypeVar("_T")

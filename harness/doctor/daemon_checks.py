@@ -265,7 +265,7 @@ def check_packet_filter(problem: str | None, remote_engine: bool) -> CheckResult
 SHIM_THREADS = 11
 """Threads of a sandbox's containerd-shim (outside its cgroup, but host pids all the same)."""
 PIDS_PER_IDLE_SANDBOX = CORE_WORKERS + AGENT_OTHER_THREADS + 2 + SHIM_THREADS
-"""Host pids an idle sandbox holds (31): the agent's core of RPC workers (kept so that a fork
+"""Host pids an idle sandbox holds (30): the agent's core of RPC workers (kept so that a fork
 bomb cannot keep it from serving; more start on demand and end when idle) and its other
 threads, its spawner, docker-init, and its containerd-shim's threads."""
 

@@ -11,12 +11,12 @@ from harness.doctor.evidence import read_pid_max
 def test_room_is_counted_and_the_fix_named_when_it_is_short() -> None:
     default = check_pid_max(32768, remote_engine=False)
     assert default.status == "PASS" and default.id == "host.pid-max"
-    assert "room for about 1057 live sandboxes" in default.reason and "sysctl" not in default.reason
+    assert "room for about 1092 live sandboxes" in default.reason and "sysctl" not in default.reason
     short = check_pid_max(8192, remote_engine=False)
     assert f"room for about {8192 // PIDS_PER_IDLE_SANDBOX} live sandboxes" in short.reason
     assert "sysctl -w kernel.pid_max=4194304" in short.reason
     raised = check_pid_max(4194304, remote_engine=False)
-    assert "room for about 135300 live sandboxes" in raised.reason and "sysctl" not in raised.reason
+    assert "room for about 139810 live sandboxes" in raised.reason and "sysctl" not in raised.reason
 
 
 def test_unknown_says_why() -> None:
