@@ -190,8 +190,15 @@ def test_cli_rejects_bad_allowlists_before_any_engine_is_contacted():
 def test_egress_events_are_json_lines_with_the_sandbox_id(make_box):
     box = make_box(network="allowlist", allow_hosts=("dest.callbox.test:8080",))
     curl(box, "http://nope.callbox.test:8080/")
-    raw = box.engine.client.api.logs(proxy_name(box.id), stdout=True, stderr=False).decode()
-    lines = [json.loads(line) for line in raw.splitlines()]
+    api = box.engine.client.api
+    # Docker's log copier may lag the proxy's write: wait for the first line to reach the log.
+    follow = api.logs(proxy_name(box.id), stdout=True, stderr=False, stream=True, follow=True)
+    try:
+        next(follow)
+    finally:
+        follow.close()
+    raw = api.logs(proxy_name(box.id), stdout=True, stderr=False).decode()
+    lines = [json.loads(line) for line in raw.splitlines() if line.strip()]
     assert lines and all(line["sandbox_id"] == box.id for line in lines)
 
 
