@@ -14,6 +14,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,7 +29,7 @@ from tests.integration.helpers import callbox
 
 pytestmark = pytest.mark.docker
 
-COMMAND = "echo started >> /data/count; sleep 30"
+COMMAND = "echo started >> /data/count; echo command-is-running; sleep 30"
 ARGS = json.dumps({"command": COMMAND})
 RESEND_S = 15.0
 """A re-send answers from the record: well under the 30 s the command would take (most of
@@ -125,15 +126,42 @@ def _audited(env: dict[str, str], run_id: str, call_id: str) -> dict[str, Any]:
     return next(c for c in json.loads(listed.stdout) if c["call_id"] == call_id)
 
 
+class _Stderr:
+    """Reads a process's stderr as it comes; ``seen`` is set once ``needle`` has arrived."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], needle: bytes) -> None:
+        self.data = b""
+        self.seen = threading.Event()
+        self._proc, self._needle = proc, needle
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self._proc.stderr is not None
+        while chunk := self._proc.stderr.read1(4096):
+            self.data += chunk
+            if self._needle in self.data:
+                self.seen.set()
+
+    def all(self, timeout: float) -> bytes:
+        self._thread.join(timeout)
+        return self.data
+
+
 @pytest.mark.parametrize(("signum", "code", "name"), [(signal.SIGINT, 130, "SIGINT"),
                                                        (signal.SIGTERM, 143, "SIGTERM")])
 def test_a_stopped_callbox_call_records_its_call_interrupted_and_a_resend_runs_nothing(
         shared, env, stopped, signum, code, name):
-    proc = _start(*_call(shared), env=env)
+    # With --stream the call copies the command's output to stderr as it comes: the output
+    # follows the agent's Started event in its stream, so once its line is on stderr, the
+    # harness process knows the command started (the file alone could come first).
+    proc = _start(*_call(shared, "--stream"), env=env)
     stopped.append(proc)
-    _wait_until(_started(shared), proc)  # the command runs in the sandbox
+    stderr = _Stderr(proc, b"command-is-running")
+    _wait_until(stderr.seen.is_set, proc)  # the command runs, and the harness has seen it start
     proc.send_signal(signum)
-    out, err = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
+    out, err = proc.stdout.read() if proc.stdout else b"", stderr.all(timeout=10)
     assert proc.returncode == code, (out, err)
     assert b"Traceback" not in err
     call = _audited(env, "r", "x1")
