@@ -25,8 +25,9 @@ Events, each with the absolute sandbox path and whether it is a directory:
 
 With ``recursive`` every directory below is watched, and so is each directory created or moved
 in later. Entries that a new directory already holds when its watch is added (``mkdir -p a/b``
-followed at once by a file in ``a/b``) are reported as CREATED by scanning it, so one of them
-may be reported twice. A directory moved out of the tree stops being watched.
+followed at once by a file in ``a/b``) are reported as CREATED by scanning it, and a regular
+file that already has content as MODIFIED too (a watch in place would have seen it written), so
+one of them may be reported twice. A directory moved out of the tree stops being watched.
 
 The first message is READY, sent once every watch is in place. The stream ends when the RPC is
 cancelled or its deadline passes (a wake pipe the RPC's termination callback writes to interrupts
@@ -189,6 +190,8 @@ class Watcher:
         is_dir = stat.S_ISDIR(st.st_mode)
         if scan is not None:
             scan.append(_event(filesystem_pb2.WATCH_EVENT_KIND_CREATED, path, is_dir))
+            if stat.S_ISREG(st.st_mode) and st.st_size:  # written before its directory was watched
+                scan.append(_event(filesystem_pb2.WATCH_EVENT_KIND_MODIFIED, path, False))
         if is_dir and self.recursive and depth < MAX_DEPTH:
             try:
                 child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)

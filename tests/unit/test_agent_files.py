@@ -308,6 +308,28 @@ def test_recursive_watch_follows_new_directories_and_ends_with_its_directory(age
         changes.close()
 
 
+def test_a_directory_moved_in_reports_its_files_as_created_and_the_written_ones_as_modified(
+    agent: Agent, here: Path
+) -> None:
+    """What a new directory already holds when its watch is added is found by a scan: a file with
+    content is reported CREATED then MODIFIED, as a watch in place would have seen it written."""
+    outside = here.parent / f"{here.name}-outside"
+    (outside / "d").mkdir(parents=True)
+    (outside / "d" / "full.txt").write_text("content")
+    (outside / "d" / "empty.txt").write_text("")
+    changes = Changes(agent.transfer.watch(str(here), recursive=True))
+    try:
+        os.rename(outside / "d", here / "d")
+        seen = changes.until("modified", here / "d" / "full.txt")  # the scan lists by name: empty.txt first
+        full = [c.kind for c in seen if c.path == str(here / "d" / "full.txt")]
+        assert full[:2] == ["created", "modified"], seen
+        empty = [c.kind for c in seen if c.path == str(here / "d" / "empty.txt")]
+        assert empty == ["created"], seen
+    finally:
+        changes.close()
+        shutil.rmtree(outside, ignore_errors=True)
+
+
 def test_watch_refusals_and_cancelled_watches_free_their_slot(agent: Agent, here: Path) -> None:
     (here / "file").write_text("x")
     for path, expected in ((str(here / "file"), "WRONG_TYPE"), ("/etc", "PATH_ESCAPE"),
